@@ -1,0 +1,1 @@
+"""The shared DiT core. Imports nothing from orchestrator/ or worker/."""

@@ -1,0 +1,239 @@
+"""The arm spec: the contract between the REST API, the arm files, the scheduler and the trainer.
+
+Every section forbids unknown keys. The source study lost its AsymFlow arm because a config block
+nested under the wrong key was silently ignored; here that is a validation error naming the key.
+
+Defaults are arm A (the study's baseline). Arms B..I in `arms/*.yaml` name a parent and change
+only what they change. This module imports no torch: the controller imports it at start-up.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+PositiveInt = Annotated[int, Field(gt=0)]
+NonNegInt = Annotated[int, Field(ge=0)]
+PositiveFloat = Annotated[float, Field(gt=0)]
+Fraction = Annotated[float, Field(ge=0, le=1)]
+
+
+class Strict(BaseModel):
+    """Base for every spec section: unknown keys and wrong types fail loudly."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class SizePreset(Strict):
+    hidden: PositiveInt
+    depth: PositiveInt
+    heads: PositiveInt
+    patch: PositiveInt
+    resolution: PositiveInt  # native image side in pixels
+    text_tokens: PositiveInt  # caption length the cross-attention sees
+
+
+# seed: the study's 239M NanoDiT (4096 image tokens). small: a quick GPU arm. tiny: CPU tests and the demo.
+SIZES: dict[str, SizePreset] = {
+    "seed": SizePreset(hidden=768, depth=18, heads=12, patch=16, resolution=1024, text_tokens=128),
+    "small": SizePreset(hidden=384, depth=12, heads=6, patch=8, resolution=256, text_tokens=64),
+    "tiny": SizePreset(hidden=64, depth=4, heads=4, patch=4, resolution=32, text_tokens=16),
+}
+
+
+class ModelSpec(Strict):
+    size: Literal["seed", "small", "tiny"] = "seed"
+    # Explicit dims override the preset one by one (None = the preset's value).
+    hidden: PositiveInt | None = None
+    depth: PositiveInt | None = None
+    heads: PositiveInt | None = None
+    patch: PositiveInt | None = None
+    mlp_ratio: PositiveFloat = 4.0  # FFN width / hidden, as in DiT
+    identity_tokens: NonNegInt = 16  # pooled reference-image tokens for reconstruction conditioning
+
+    def dims(self) -> SizePreset:
+        """The preset with explicit dims applied."""
+        preset = SIZES[self.size]
+        over = {k: getattr(self, k) for k in ("hidden", "depth", "heads", "patch") if getattr(self, k)}
+        return preset.model_copy(update=over)
+
+    @model_validator(mode="after")
+    def _heads_divide_hidden(self) -> ModelSpec:
+        d = self.dims()
+        if d.hidden % d.heads:
+            raise ValueError(f"hidden ({d.hidden}) must be divisible by heads ({d.heads})")
+        return self
+
+
+class DataSpec(Strict):
+    dataset: Literal["shapes", "digits", "imagefolder"] = "shapes"
+    path: str | None = None  # imagefolder: a directory with images and captions.jsonl
+    resolution: PositiveInt | None = None  # None = the model size's native resolution
+    # unit = [0, 1] (the study's A-E, reproduced on purpose); symmetric = [-1, 1] (arm F's fix).
+    pixel_range: Literal["unit", "symmetric"] = "unit"
+    # learned: built-in tokenizer + embedding; minilm: offline all-MiniLM-L6-v2 token states;
+    # precomputed: embeddings stored with the dataset (e.g. T5 states computed elsewhere).
+    text_encoder: Literal["learned", "minilm", "precomputed"] = "learned"
+    num_images: PositiveInt = 4096  # procedural datasets: how many training images to draw
+    held_out: PositiveInt = 64  # images kept out of training for evaluation
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _imagefolder_needs_path(self) -> DataSpec:
+        if self.dataset == "imagefolder" and not self.path:
+            raise ValueError("dataset 'imagefolder' needs data.path: a directory with images and captions.jsonl")
+        return self
+
+
+class MuonSpec(Strict):
+    momentum: Fraction = 0.95
+    nesterov: bool = True
+    ns_steps: PositiveInt = 5
+    adjust_lr_fn: Literal["original", "match_rms_adamw"] = "match_rms_adamw"
+
+
+class OptimizerSpec(Strict):
+    # muon: torch.optim.Muon on 2-D hidden weights, AdamW on embeddings, norms, biases and output.
+    name: Literal["adamw", "muon"] = "adamw"
+    betas: tuple[Fraction, Fraction] = (0.9, 0.95)
+    weight_decay: Annotated[float, Field(ge=0)] = 0.03
+    eps: PositiveFloat = 1e-8
+    grad_clip: Annotated[float, Field(ge=0)] = 1.0  # 0 disables clipping
+    muon: MuonSpec = MuonSpec()
+
+
+class EMASpec(Strict):
+    enabled: bool = True
+    decay: Fraction = 0.9999
+    warmup_steps: NonNegInt = 500  # decay ramps as min(decay, (1+s)/(10+s)) until here
+
+
+class ScheduleSpec(Strict):
+    steps: PositiveInt = 5000
+    batch_size: PositiveInt = 256  # global batch per optimizer step (micro-batch = batch / grad_accum)
+    grad_accum: PositiveInt = 1
+    lr: PositiveFloat = 3e-4
+    min_lr: Annotated[float, Field(ge=0)] = 1e-6
+    lr_schedule: Literal["cosine", "constant"] = "cosine"
+    warmup_steps: NonNegInt = 500
+    ema: EMASpec = EMASpec()
+    checkpoint_every: PositiveInt = 500  # evaluation + checkpoint interval in optimizer steps
+    # Test hook for the collapse detector: multiply the lr by this after lr_explode_after steps.
+    lr_explode_after: NonNegInt | None = None
+    lr_explode_factor: PositiveFloat = 1.0
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ScheduleSpec:
+        if self.batch_size % self.grad_accum:
+            raise ValueError(f"batch_size ({self.batch_size}) must be divisible by grad_accum ({self.grad_accum})")
+        if self.min_lr > self.lr:
+            raise ValueError(f"min_lr ({self.min_lr}) must not exceed lr ({self.lr})")
+        return self
+
+
+class TreadSpec(Strict):
+    """TREAD token routing (Krause et al. 2025): a random subset of tokens skips the middle blocks."""
+
+    enabled: bool = False
+    rate: Annotated[float, Field(ge=0, lt=1)] = 0.5  # fraction of tokens routed past the blocks
+    first_block: NonNegInt = 1
+    last_block: int | None = None  # inclusive; None = depth - 2 (re-inject before the final block)
+
+
+class RepaSpec(Strict):
+    """REPA (Yu et al. 2024): align a middle block's states to a frozen vision teacher's patch features."""
+
+    enabled: bool = False
+    weight: Annotated[float, Field(ge=0)] = 0.5
+    block: NonNegInt | None = None  # None = depth // 2
+    # dinov2: a real teacher loaded from teacher_path; random_standin: a frozen random conv net,
+    # allowed only when chosen explicitly and labelled on the run.
+    teacher: Literal["dinov2", "random_standin"] = "dinov2"
+    teacher_path: str | None = None
+    # Linear warm-down of the weight to 0 by this fraction of the steps (arm E: 0.25); None = no decay.
+    warmdown_end: Fraction | None = None
+
+
+class FlowSpec(Strict):
+    kind: Literal["standard", "asymflow"] = "standard"
+    prediction: Literal["x", "v"] = "x"  # the study predicts x0
+    rank: PositiveInt = 8  # AsymFlow: rank of the patch-wise PCA subspace
+    logit_normal_mean: float = 0.0
+    logit_normal_std: PositiveFloat = 1.0
+
+
+class PrecisionSpec(Strict):
+    mode: Literal["bf16", "fp8", "fp32"] = "bf16"
+    # fp8 only. tensorwise / rowwise run on sm89+ GPUs (and on CPU); mxfp8 needs sm100+.
+    fp8_recipe: Literal["tensorwise", "rowwise", "mxfp8"] = "tensorwise"
+    # fnmatch patterns over module names; only nn.Linear with both dims divisible by 16 convert.
+    fp8_modules: list[str] = Field(default_factory=lambda: ["*.attn.qkv", "*.attn.proj", "*.mlp.fc1", "*.mlp.fc2"])
+    compile: bool = False  # regional torch.compile of each block
+
+
+class AdaLNSpec(Strict):
+    kind: Literal["per_block", "shared"] = "per_block"
+    lora_rank: PositiveInt = 8  # shared: per-block LoRA rank on the shared projection
+
+
+class EvalSpec(Strict):
+    num_samples: PositiveInt = 25  # n per metric (the study used 25)
+    sampler_steps: PositiveInt = 50  # Euler steps
+    seed: int = 1234  # per-sample noise is seeded from this and the sample index
+    # alexnet: the lpips package's AlexNet; its backbone weights come from lpips_weights (a local file)
+    # or torchvision's cache. random_standin: an untrained AlexNet, only when chosen, labelled on metrics.
+    lpips_backbone: Literal["alexnet", "random_standin"] = "alexnet"
+    lpips_weights: str | None = None
+    use_ema: bool = True
+
+
+class DetectorPolicy(Strict):
+    """Collapse-detector policy; see orchestrator/detector.py for how each field is used."""
+
+    mode: Literal["stop", "warn", "off"] = "stop"
+    metric: str = "recon_lpips"  # primary metric, lower is better
+    secondary: list[str] = Field(default_factory=lambda: ["text_lpips", "text_manip_delta"])
+    worsening_checkpoints: PositiveInt = 2  # k consecutive worsening checkpoints
+    margin_abs: Annotated[float, Field(ge=0)] = 0.03  # over the best, in metric units
+    margin_se: Annotated[float, Field(ge=0)] = 2.0  # over the best, in standard errors
+    ceiling: float | None = 1.0  # LPIPS >= 1 is worse than a trivial baseline
+    stall_grace_fraction: Fraction = 0.4  # no stall verdict before this fraction of the steps
+    stall_margin: Annotated[float, Field(ge=0)] = 0.05  # best worse than control's by this
+
+
+class ArmSpec(Strict):
+    name: str = "A"
+    parent: str | None = None
+    description: str = ""
+    model: ModelSpec = ModelSpec()
+    data: DataSpec = DataSpec()
+    optimizer: OptimizerSpec = OptimizerSpec()
+    schedule: ScheduleSpec = ScheduleSpec()
+    tread: TreadSpec = TreadSpec()
+    repa: RepaSpec = RepaSpec()
+    flow: FlowSpec = FlowSpec()
+    precision: PrecisionSpec = PrecisionSpec()
+    adaln: AdaLNSpec = AdaLNSpec()
+    eval: EvalSpec = EvalSpec()
+    detector: DetectorPolicy = DetectorPolicy()
+
+    @model_validator(mode="after")
+    def _cross_section(self) -> ArmSpec:
+        depth = self.model.dims().depth
+        if self.tread.enabled:
+            last = self.tread.last_block if self.tread.last_block is not None else depth - 2
+            if not 0 <= self.tread.first_block <= last < depth:
+                raise ValueError(
+                    f"tread blocks {self.tread.first_block}..{last} must lie within 0..{depth - 1}"
+                )
+        if self.repa.enabled and self.repa.block is not None and self.repa.block >= depth:
+            raise ValueError(f"repa.block ({self.repa.block}) must be < model depth ({depth})")
+        if self.flow.kind == "asymflow":
+            patch = self.model.dims().patch
+            if self.flow.rank > 3 * patch * patch:
+                raise ValueError(f"flow.rank ({self.flow.rank}) exceeds the patch dimension {3 * patch * patch}")
+        return self
+
+    def resolution(self) -> int:
+        return self.data.resolution or self.model.dims().resolution

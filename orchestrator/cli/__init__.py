@@ -1,0 +1,50 @@
+"""The `ablate` command. Each command group lives in its own module and registers itself on `app`.
+
+Commands import heavy libraries (torch, ray) inside their bodies, so `ablate --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+from pydantic import ValidationError
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help="Ablation orchestration for DiT training.")
+
+
+class CLIError(RuntimeError):
+    """An error the user can fix; printed as one line, exit code 2."""
+
+
+def _register() -> None:
+    # Imported for their side effect of adding commands to `app`.
+    from orchestrator.cli import core  # noqa: F401
+
+
+def main() -> None:
+    """Console-script entry: known errors become one clear line instead of a traceback."""
+    from orchestrator.arms import ArmError, validation_message
+    from orchestrator.settings import SettingsError
+
+    _register()
+    try:
+        app(standalone_mode=False)
+    except (CLIError, ArmError, SettingsError, FileNotFoundError) as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        sys.exit(2)
+    except ValidationError as exc:
+        typer.secho(f"error: invalid spec: {validation_message(exc)}", fg="red", err=True)
+        sys.exit(2)
+    except typer.Abort:
+        sys.exit(130)
+    except (typer.Exit, SystemExit) as exc:
+        code = getattr(exc, "exit_code", getattr(exc, "code", 0))
+        sys.exit(code)
+    except Exception as exc:  # click usage errors arrive here in non-standalone mode
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            sys.exit(exc.exit_code)
+        raise

@@ -1,0 +1,177 @@
+"""SQLAlchemy 2 typed models. The schema changes only through Alembic revisions in migrations/."""
+
+from __future__ import annotations
+
+import enum
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import JSON, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON, datetime: DateTime(timezone=True)}
+
+
+class RunState(enum.StrEnum):
+    """queued -> starting -> running -> completed | stopped | failed (DESIGN.md, scheduling)."""
+
+    queued = "queued"
+    starting = "starting"
+    running = "running"
+    completed = "completed"
+    stopped = "stopped"
+    failed = "failed"
+
+
+TERMINAL_STATES = frozenset({RunState.completed, RunState.stopped, RunState.failed})
+
+
+class Grid(Base):
+    __tablename__ = "grids"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    control_arm: Mapped[str | None] = mapped_column(String(64))
+    overrides: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    # "submitted" over REST/CLI, or "imported" from published curves (a finished study).
+    source: Mapped[str] = mapped_column(String(32), default="submitted")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    runs: Mapped[list[Run]] = relationship(back_populates="grid", order_by="Run.position")
+
+
+class Run(Base):
+    """One arm of one grid."""
+
+    __tablename__ = "runs"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    grid_id: Mapped[int] = mapped_column(ForeignKey("grids.id", ondelete="CASCADE"), index=True)
+    position: Mapped[int] = mapped_column(Integer, default=0)  # order within the grid (FIFO)
+    arm: Mapped[str] = mapped_column(String(64))
+    spec: Mapped[dict[str, Any]] = mapped_column()  # the resolved ArmSpec, exactly as trained
+    state: Mapped[str] = mapped_column(String(16), default=RunState.queued, index=True)
+    gpu_index: Mapped[str | None] = mapped_column(String(64))  # CUDA_VISIBLE_DEVICES the worker saw
+    gpu_name: Mapped[str | None] = mapped_column(String(128))
+    gpu_uuid: Mapped[str | None] = mapped_column(String(128))
+    node: Mapped[str | None] = mapped_column(String(200))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column()
+    finished_at: Mapped[datetime | None] = mapped_column()
+    retries: Mapped[int] = mapped_column(Integer, default=0)
+    stop_requested: Mapped[bool] = mapped_column(default=False)
+    checkpoint_dir: Mapped[str | None] = mapped_column(Text)
+    last_checkpoint_step: Mapped[int | None] = mapped_column(Integer)
+    best_step: Mapped[int | None] = mapped_column(Integer)
+    best_value: Mapped[float | None] = mapped_column(Float)
+    best_checkpoint: Mapped[str | None] = mapped_column(Text)
+    decision: Mapped[str | None] = mapped_column(String(16))  # continue | collapse | diverged | stalled
+    decision_step: Mapped[int | None] = mapped_column(Integer)
+    decision_reason: Mapped[str | None] = mapped_column(Text)
+    error: Mapped[str | None] = mapped_column(Text)
+    # What the run could not do as asked and did instead (fp8 -> bf16 linears, compile off,
+    # LPIPS stand-in backbone...), shown on the dashboard: never a silent degradation.
+    fallbacks: Mapped[list[Any]] = mapped_column(default=list)
+    # Code and library versions the worker ran with.
+    versions: Mapped[dict[str, Any]] = mapped_column(default=dict)
+
+    grid: Mapped[Grid] = relationship(back_populates="runs")
+    metrics: Mapped[list[Metric]] = relationship(back_populates="run", order_by="Metric.step")
+
+
+class Metric(Base):
+    """One checkpoint of one run. Unique per (run, step): a re-sent checkpoint never duplicates."""
+
+    __tablename__ = "metrics"
+    __table_args__ = (UniqueConstraint("run_id", "step", name="uq_metrics_run_step"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    step: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    train_loss: Mapped[float | None] = mapped_column(Float)
+    grad_norm: Mapped[float | None] = mapped_column(Float)
+    lr: Mapped[float | None] = mapped_column(Float)
+    recon_lpips: Mapped[float | None] = mapped_column(Float)
+    recon_lpips_se: Mapped[float | None] = mapped_column(Float)
+    recon_lpips_n: Mapped[int | None] = mapped_column(Integer)
+    text_lpips: Mapped[float | None] = mapped_column(Float)
+    text_lpips_se: Mapped[float | None] = mapped_column(Float)
+    text_lpips_n: Mapped[int | None] = mapped_column(Integer)
+    text_manip_delta: Mapped[float | None] = mapped_column(Float)
+    text_manip_delta_se: Mapped[float | None] = mapped_column(Float)
+    text_manip_delta_n: Mapped[int | None] = mapped_column(Integer)
+    iter_per_sec: Mapped[float | None] = mapped_column(Float)
+    samples_per_sec: Mapped[float | None] = mapped_column(Float)
+    tokens_per_sec: Mapped[float | None] = mapped_column(Float)
+    peak_memory_gb: Mapped[float | None] = mapped_column(Float)
+    wall_time_s: Mapped[float | None] = mapped_column(Float)
+    gpu_hours: Mapped[float | None] = mapped_column(Float)
+    # "alexnet" for real LPIPS; "random_standin" marks a metric from an untrained backbone.
+    lpips_backbone: Mapped[str | None] = mapped_column(String(32))
+    extra: Mapped[dict[str, Any]] = mapped_column(default=dict)
+
+    run: Mapped[Run] = relationship(back_populates="metrics")
+
+
+METRIC_FIELDS = tuple(
+    c.name for c in Metric.__table__.columns if c.name not in {"id", "run_id", "step", "created_at", "extra"}
+)
+
+
+class Event(Base):
+    __tablename__ = "events"
+    __table_args__ = (Index("ix_events_run_time", "run_id", "time"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    grid_id: Mapped[int | None] = mapped_column(ForeignKey("grids.id", ondelete="CASCADE"))
+    node_id: Mapped[int | None] = mapped_column(ForeignKey("nodes.id", ondelete="SET NULL"))
+    time: Mapped[datetime] = mapped_column(default=utcnow)
+    # started, checkpoint, stopped, failed, resumed, decision, node.command, schedule.fired, ...
+    kind: Mapped[str] = mapped_column(String(64))
+    message: Mapped[str] = mapped_column(Text, default="")
+    data: Mapped[dict[str, Any]] = mapped_column(default=dict)
+
+
+class Node(Base):
+    """A rented GPU machine reached over SSH (known host keys only)."""
+
+    __tablename__ = "nodes"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    host: Mapped[str] = mapped_column(String(255))
+    port: Mapped[int] = mapped_column(Integer, default=22)
+    user: Mapped[str] = mapped_column(String(64))
+    key_path: Mapped[str] = mapped_column(Text)
+    known_hosts_path: Mapped[str | None] = mapped_column(Text)
+    price_per_hour: Mapped[float] = mapped_column(Float, default=0.0)
+    state: Mapped[str] = mapped_column(String(32), default="registered")  # registered|ready|joined|drained
+    gpus: Mapped[list[Any]] = mapped_column(default=list)  # from the last probe
+    last_probe: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Schedule(Base):
+    """A cron-triggered sweep: provision nodes, run a grid, copy results back, tear down."""
+
+    __tablename__ = "schedules"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    cron: Mapped[str] = mapped_column(String(120))
+    grid: Mapped[dict[str, Any]] = mapped_column()  # a grid body as POST /api/grids takes it
+    nodes: Mapped[list[Any]] = mapped_column(default=list)  # node names
+    budget: Mapped[float | None] = mapped_column(Float)  # currency units: price per hour x hours
+    misfire: Mapped[str] = mapped_column(String(16), default="run_once")  # run_once | skip
+    paused: Mapped[bool] = mapped_column(default=False)
+    last_fire_at: Mapped[datetime | None] = mapped_column()
+    next_fire_at: Mapped[datetime | None] = mapped_column()
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -1,0 +1,67 @@
+"""Engine and sessions, and the Alembic upgrade that creates or changes the schema."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import cache
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.orm import Session, sessionmaker
+
+import migrations
+
+MIGRATIONS_DIR = Path(migrations.__file__).parent
+
+
+def alembic_config(database_url: str) -> Config:
+    """Alembic config built in code, so an installed package finds its migrations anywhere."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.set_main_option("sqlalchemy.url", database_url.replace("%", "%%"))
+    return cfg
+
+
+def upgrade(database_url: str, revision: str = "head") -> None:
+    if database_url.startswith("sqlite:///"):
+        Path(database_url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    command.upgrade(alembic_config(database_url), revision)
+
+
+@cache
+def engine_for(database_url: str) -> Engine:
+    if database_url.startswith("sqlite"):
+        engine = create_engine(database_url, connect_args={"check_same_thread": False, "timeout": 30})
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_pragmas(conn, _record) -> None:  # type: ignore[no-untyped-def]
+            # WAL lets the dashboard read while the scheduler writes; FKs are off by default in SQLite.
+            cur = conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.close()
+
+        return engine
+    return create_engine(database_url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+
+
+@cache
+def session_factory(database_url: str) -> sessionmaker[Session]:
+    return sessionmaker(engine_for(database_url), expire_on_commit=False)
+
+
+@contextmanager
+def session_scope(database_url: str) -> Iterator[Session]:
+    """A session that commits on success and rolls back on error."""
+    session = session_factory(database_url)()
+    try:
+        yield session
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()

@@ -1,0 +1,66 @@
+"""Service settings: one pydantic-settings object, every variable prefixed ABLATE_."""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_DIR = Path(".ablate")
+
+
+class SettingsError(RuntimeError):
+    """Invalid environment: the message names each ABLATE_ variable and what is wrong with it."""
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ABLATE_", extra="ignore")
+
+    # SQLite under ./.ablate/ is the embedded default; production points this at Postgres
+    # (postgresql+psycopg://user@host/db).
+    database_url: str = f"sqlite:///{DEFAULT_DIR / 'ablate.db'}"
+    # Bearer token for every write. Unset: `ablate serve` generates one into storage_dir/api_token.
+    api_token: str | None = None
+    # Ray cluster to join ("auto", "ray://host:10001", an address); unset: start a local Ray.
+    ray_address: str | None = None
+    # Checkpoints, run outputs, the generated token.
+    storage_dir: Path = DEFAULT_DIR
+    host: str = "127.0.0.1"
+    port: Annotated[int, Field(ge=1, le=65535)] = 8000
+    # Logical GPUs to declare to a local Ray on a machine without GPUs (tests, the demo);
+    # 0 = let Ray detect the real ones.
+    logical_gpus: Annotated[int, Field(ge=0)] = 0
+    # How often the scheduler looks for queued runs and free GPUs, in seconds.
+    scheduler_interval_s: Annotated[float, Field(gt=0)] = 0.5
+    # How many times a run whose worker died is re-queued before it is marked failed.
+    max_retries: Annotated[int, Field(ge=0)] = 2
+    # Local AlexNet weights for the lpips backbone (torchvision's alexnet state dict), for offline use.
+    lpips_weights: Path | None = None
+
+    @field_validator("database_url")
+    @classmethod
+    def _known_driver(cls, v: str) -> str:
+        if not v.startswith(("sqlite", "postgresql")):
+            raise ValueError("must be a sqlite:/// or postgresql+psycopg:// URL")
+        return v
+
+    @property
+    def token_file(self) -> Path:
+        return self.storage_dir / "api_token"
+
+
+def load_settings() -> Settings:
+    """Settings from the environment, or SettingsError naming the offending variables."""
+    try:
+        return Settings()
+    except ValidationError as exc:
+        problems = [f"ABLATE_{str(err['loc'][0]).upper()}: {err['msg']}" for err in exc.errors()]
+        raise SettingsError("invalid settings: " + "; ".join(problems)) from None
+
+
+@cache
+def get_settings() -> Settings:
+    return load_settings()

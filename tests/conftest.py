@@ -1,0 +1,59 @@
+"""Shared fixtures: a migrated database per test module (Postgres when ABLATE_DATABASE_URL points at
+one, as in CI; a SQLite file otherwise) and the published curves."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+from orchestrator.db.session import upgrade
+
+FIXTURES = Path(__file__).parent / "fixtures"
+SERVER_URL = os.environ.get("ABLATE_DATABASE_URL", "")
+
+
+def _fresh_postgres(server_url: str) -> tuple[str, str]:
+    """Create an empty database on the test server; returns (its URL, its name)."""
+    name = f"ablate_test_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(make_url(server_url).set(database="postgres"), isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    admin.dispose()
+    return make_url(server_url).set(database=name).render_as_string(hide_password=False), name
+
+
+def _drop_postgres(server_url: str, name: str) -> None:
+    admin = create_engine(make_url(server_url).set(database="postgres"), isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture(scope="module")
+def empty_database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A database with no schema yet (for migration tests)."""
+    if SERVER_URL.startswith("postgresql"):
+        url, name = _fresh_postgres(SERVER_URL)
+        yield url
+        _drop_postgres(SERVER_URL, name)
+    else:
+        yield f"sqlite:///{tmp_path_factory.mktemp('db') / 'ablate.db'}"
+
+
+@pytest.fixture(scope="module")
+def database_url(empty_database_url: str) -> str:
+    """A database migrated to head, shared by one test module."""
+    upgrade(empty_database_url)
+    return empty_database_url
+
+
+@pytest.fixture(scope="session")
+def published_curves() -> dict:
+    return json.loads((FIXTURES / "published_ablation_a_to_d.json").read_text())
