@@ -22,7 +22,8 @@ Fraction = Annotated[float, Field(ge=0, le=1)]
 class Strict(BaseModel):
     """Base for every spec section: unknown keys and wrong types fail loudly."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # No inf/nan either: a spec is stored as strict JSON (Postgres rejects Infinity) and none needs them.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class SizePreset(Strict):
@@ -189,17 +190,45 @@ class EvalSpec(Strict):
 
 
 class DetectorPolicy(Strict):
-    """Collapse-detector policy; see orchestrator/detector.py for how each field is used."""
+    """Collapse-detector policy; see orchestrator/detector.py for how each field is used.
 
+    Defaults are tuned on the published A-D curves: they stop B (best recon LPIPS 0.907 @3000,
+    then 0.922, 0.951, ...) at step 4000 and let A, C, D finish (C ends 0.017 above its best).
+    """
+
+    # stop: a flagged arm is stopped; warn: flagged and recorded, the arm runs on; off: never judged.
     mode: Literal["stop", "warn", "off"] = "stop"
-    metric: str = "recon_lpips"  # primary metric, lower is better
-    secondary: list[str] = Field(default_factory=lambda: ["text_lpips", "text_manip_delta"])
-    worsening_checkpoints: PositiveInt = 2  # k consecutive worsening checkpoints
-    margin_abs: Annotated[float, Field(ge=0)] = 0.03  # over the best, in metric units
-    margin_se: Annotated[float, Field(ge=0)] = 2.0  # over the best, in standard errors
-    ceiling: float | None = 1.0  # LPIPS >= 1 is worse than a trivial baseline
+    metric: str = "recon_lpips"  # primary metric: the only one that can stop an arm
+    metric_mode: Literal["min", "max"] = "min"  # LPIPS: lower is better
+    # Secondary metrics and their better direction: they only add warnings, never stop an arm (C's
+    # text LPIPS rose 0.038 at the end of a healthy run). text_manip_delta: a larger edit response is better.
+    secondary: dict[str, Literal["min", "max"]] = Field(
+        default_factory=lambda: {"text_lpips": "min", "text_manip_delta": "max"}
+    )
+    # k: the metric must have worsened at each of the last k checkpoints; 2 ignores a single noisy
+    # checkpoint (n=25 samples) yet catches B at its second worse checkpoint.
+    worsening_checkpoints: PositiveInt = 2
+    # ... and now be worse than its best by more than this, in metric units: above C's final 0.017
+    # rise (not collapse), below B's 0.044 at step 4000.
+    margin_abs: Annotated[float, Field(ge=0)] = 0.03
+    # ... and by more than this many standard errors of the difference sqrt(se_best^2 + se_now^2).
+    margin_se: Annotated[float, Field(ge=0)] = 2.0
+    # SE per checkpoint when the metric carries none (no `<metric>_se`): the study's per-sample std
+    # 0.030 / sqrt(25). None = judge on margin_abs alone; the reason says which was used.
+    assumed_se: Annotated[float, Field(gt=0)] | None = 0.006
+    ceiling: float | None = 1.0  # crossing it is collapse at once: LPIPS >= 1 is worse than a trivial baseline
     stall_grace_fraction: Fraction = 0.4  # no stall verdict before this fraction of the steps
-    stall_margin: Annotated[float, Field(ge=0)] = 0.05  # best worse than control's by this
+    # stalled: the arm's best is worse than the control's best up to the same step by more than this.
+    # Generous on purpose: a weaker arm finishing is a result; only a clear failure (H: 0.982) stops.
+    stall_margin: Annotated[float, Field(ge=0)] = 0.05
+    # Besides metric and secondary: NaN/Inf in any of these means diverged.
+    divergence_fields: list[str] = Field(default_factory=lambda: ["train_loss", "grad_norm"])
+
+    @model_validator(mode="after")
+    def _primary_not_secondary(self) -> DetectorPolicy:
+        if self.metric in self.secondary:
+            raise ValueError(f"detector.secondary must not repeat the primary metric {self.metric!r}")
+        return self
 
 
 class ArmSpec(Strict):

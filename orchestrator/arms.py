@@ -52,6 +52,8 @@ def resolve_raw(spec: dict[str, Any], known: dict[str, dict[str, Any]] | None = 
     seen: set[str] = set()
     parent = spec.get("parent")
     while parent is not None:
+        if not isinstance(parent, str):
+            raise ArmError(f"parent must be an arm letter such as 'A', not {parent!r}")
         if parent in seen:
             raise ArmError(f"parent cycle through arm {parent!r}")
         if parent not in known:

@@ -17,7 +17,8 @@ class SettingsError(RuntimeError):
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="ABLATE_", extra="ignore")
+    # An empty variable (ABLATE_API_TOKEN=) counts as unset, never as an empty token or path.
+    model_config = SettingsConfigDict(env_prefix="ABLATE_", extra="ignore", env_ignore_empty=True)
 
     # SQLite under ./.ablate/ is the embedded default; production points this at Postgres
     # (postgresql+psycopg://user@host/db).
@@ -37,14 +38,21 @@ class Settings(BaseSettings):
     scheduler_interval_s: Annotated[float, Field(gt=0)] = 0.5
     # How many times a run whose worker died is re-queued before it is marked failed.
     max_retries: Annotated[int, Field(ge=0)] = 2
+    # Ray namespace of the workers (named, detached actors): a restarted controller finds them there.
+    ray_namespace: str = "ablate"
+    # torch intra-op threads per worker; 0 = leave it to Ray (OMP_NUM_THREADS) and torch.
+    worker_threads: Annotated[int, Field(ge=0)] = 0
     # Local AlexNet weights for the lpips backbone (torchvision's alexnet state dict), for offline use.
     lpips_weights: Path | None = None
 
     @field_validator("database_url")
     @classmethod
     def _known_driver(cls, v: str) -> str:
-        if not v.startswith(("sqlite", "postgresql")):
-            raise ValueError("must be a sqlite:/// or postgresql+psycopg:// URL")
+        if not v.startswith(("sqlite:///", "postgresql")):
+            raise ValueError("must be a sqlite:///PATH or postgresql+psycopg://USER@HOST:PORT/DB URL")
+        # psycopg 3 is the driver installed; plain postgresql:// would make SQLAlchemy look for psycopg2.
+        if v.startswith("postgresql://"):
+            return "postgresql+psycopg://" + v.removeprefix("postgresql://")
         return v
 
     @property

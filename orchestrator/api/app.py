@@ -2,15 +2,45 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
 from fastapi import FastAPI
 
+from orchestrator.api.errors import install_error_handlers
+from orchestrator.api.routes import arms, grids, health, nodes, runs, schedules
+from orchestrator.dashboard import install as install_dashboard
 from orchestrator.settings import Settings
+
+# A hook gets the app (settings on app.state.settings). Startup hooks run in order before the first
+# request (the scheduler registers its start here), shutdown hooks in reverse order after the last.
+Hook = Callable[[FastAPI], None]
+
+
+@asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    try:
+        for hook in app.state.startup_hooks:
+            hook(app)
+        yield
+    finally:
+        for hook in reversed(app.state.shutdown_hooks):
+            hook(app)
 
 
 def create_app(settings: Settings, api_token: str) -> FastAPI:
     """The controller's app. `api_token` guards every write (see orchestrator.api.deps.require_token)."""
-    app = FastAPI(title="ablate", version="0.1.0", description="Ablation orchestration for DiT training")
+    app = FastAPI(
+        title="ablate", version="0.1.0", description="Ablation orchestration for DiT training", lifespan=_lifespan
+    )
     app.state.settings = settings
     app.state.api_token = api_token
+    app.state.startup_hooks = []
+    app.state.shutdown_hooks = []
+    install_error_handlers(app)
     # Routers are included here, one per resource (orchestrator/api/routes/*.py).
+    for module in (health, arms, grids, runs, nodes, schedules):
+        app.include_router(module.router)
+    # The web dashboard: pages at / and /grids/{id}, their JSON, the CSV export, static files.
+    install_dashboard(app)
     return app

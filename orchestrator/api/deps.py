@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Iterator
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -51,3 +51,16 @@ def require_token(
 
 
 AuthDep = Annotated[None, Depends(require_token)]
+
+
+T = TypeVar("T")
+# Ids are 32-bit integer keys; anything outside that range cannot exist (and must not reach Postgres).
+_MAX_ID = 2**31 - 1
+
+
+def get_or_404(session: Session, model: type[T], obj_id: int) -> T:
+    """The row with this id, or 404 naming what was not found."""
+    obj = session.get(model, obj_id) if 1 <= obj_id <= _MAX_ID else None
+    if obj is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no {model.__name__.lower()} with id {obj_id}")
+    return obj

@@ -19,7 +19,15 @@ class CLIError(RuntimeError):
 
 def _register() -> None:
     # Imported for their side effect of adding commands to `app`.
-    from orchestrator.cli import core  # noqa: F401
+    from orchestrator.cli import (
+        core,  # noqa: F401
+        demo,  # noqa: F401
+        importer,  # noqa: F401
+        model_info,  # noqa: F401
+        nodes,  # noqa: F401
+        replay,  # noqa: F401
+        schedules,  # noqa: F401
+    )
 
 
 def main() -> None:

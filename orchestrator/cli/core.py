@@ -2,4 +2,214 @@
 
 from __future__ import annotations
 
-from orchestrator.cli import app  # noqa: F401
+import socket
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from orchestrator.cli import CLIError, app
+from orchestrator.settings import Settings, get_settings
+
+console = Console()
+db_app = typer.Typer(no_args_is_help=True, help="The database schema (Alembic migrations).")
+app.add_typer(db_app, name="db")
+
+
+def _fmt(value: Any, digits: int = 4) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}g}"
+    return str(value)
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+@app.command()
+def serve(
+    host: Annotated[str | None, typer.Option(help="Interface to bind (default: ABLATE_HOST)")] = None,
+    port: Annotated[int | None, typer.Option(min=1, max=65535, help="Port (default: ABLATE_PORT)")] = None,
+) -> None:
+    """Run the controller: migrate the database, then serve the REST API (OpenAPI at /docs)."""
+    from orchestrator.server import serve as run_server
+
+    settings = get_settings()
+    host, port = host or settings.host, port or settings.port
+    if not _port_free(host, port):
+        raise CLIError(f"{host}:{port} is already in use: pass --port or set ABLATE_PORT")
+    run_server(settings, host, port)
+
+
+@db_app.command("upgrade")
+def db_upgrade(revision: Annotated[str, typer.Argument(help="Alembic revision")] = "head") -> None:
+    """Create or migrate the database schema (ABLATE_DATABASE_URL) to REVISION."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from orchestrator.db.session import upgrade
+    from orchestrator.server import display_url
+
+    settings = get_settings()
+    try:
+        upgrade(settings.database_url, revision)
+    except SQLAlchemyError as exc:
+        raise CLIError(f"cannot migrate {display_url(settings.database_url)}: {_first_line(exc)}") from None
+    typer.echo(f"{display_url(settings.database_url)}: at revision {_current_revision(settings)}")
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(getattr(exc, "orig", None) or exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def _current_revision(settings: Settings) -> str:
+    from alembic.migration import MigrationContext
+
+    from orchestrator.db.session import engine_for
+
+    with engine_for(settings.database_url).connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision() or "base (empty)"
+
+
+def _load_grid_file(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise CLIError(f"cannot read {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise CLIError(f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise CLIError(f"{path} must hold a mapping with name, arms, overrides, control")
+    return data
+
+
+def _validation_line(exc: ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(str(p) for p in e['loc']) or '(grid)'}: {e['msg']}"
+        for e in exc.errors(include_url=False, include_context=False, include_input=False)
+    )
+
+
+@app.command()
+def submit(
+    grid_file: Annotated[Path, typer.Argument(help="YAML grid: name, arms, overrides, control (see arms/demo.yaml)")],
+    url: Annotated[str | None, typer.Option(help="Server URL (default: http://ABLATE_HOST:ABLATE_PORT)")] = None,
+) -> None:
+    """Submit a grid to the running server; prints the new grid's id."""
+    import httpx
+
+    from orchestrator.grids import GridCreate, GridError, resolve_grid
+    from orchestrator.server import read_token
+
+    data = _load_grid_file(grid_file)
+    try:
+        # Checked here first so a bad spec fails at once, with its path, even without a server.
+        resolve_grid(GridCreate.model_validate(data))
+    except ValidationError as exc:
+        raise CLIError(f"{grid_file}: {_validation_line(exc)}") from None
+    except GridError as exc:
+        raise CLIError(f"{grid_file}: {exc.message()}") from None
+
+    settings = get_settings()
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
+    base = (url or f"http://{host}:{settings.port}").rstrip("/")
+    token = read_token(settings)
+    if token is None:
+        raise CLIError(f"no API token: set ABLATE_API_TOKEN or start the server once (it writes {settings.token_file})")
+    try:
+        resp = httpx.post(
+            f"{base}/api/grids", json=data, headers={"Authorization": f"Bearer {token}"}, timeout=30
+        )
+    except httpx.HTTPError:
+        raise CLIError(f"no ablate server reachable at {base}: start one with `ablate serve` or pass --url") from None
+    if resp.status_code == 401:
+        raise CLIError(f"{base} rejected the API token: use the server's (ABLATE_API_TOKEN or {settings.token_file})")
+    if resp.status_code == 422:
+        detail = resp.json().get("detail", [])
+        problems = "; ".join(f"{'.'.join(str(p) for p in d['loc'][1:])}: {d['msg']}" for d in detail)
+        raise CLIError(f"{grid_file}: {problems}")
+    if resp.status_code != 201:
+        raise CLIError(f"{base} answered {resp.status_code}: {resp.text[:200]}")
+    typer.echo(resp.json()["id"])
+
+
+@app.command()
+def status(grid_id: Annotated[int | None, typer.Argument(help="Show this grid's runs")] = None) -> None:
+    """List grids, or show one grid's runs with their latest metrics (reads ABLATE_DATABASE_URL)."""
+    from sqlalchemy import select
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from orchestrator.db.models import Grid
+    from orchestrator.db.session import session_scope
+    from orchestrator.grids import grid_summary
+    from orchestrator.server import display_url
+
+    settings = get_settings()
+    try:
+        with session_scope(settings.database_url) as session:
+            if grid_id is None:
+                grids = [grid_summary(session, g) for g in session.scalars(select(Grid).order_by(Grid.id.desc()))]
+                _print_grids(grids)
+                return
+            grid = session.get(Grid, grid_id) if 1 <= grid_id < 2**31 else None
+            if grid is None:
+                raise CLIError(f"no grid with id {grid_id}; `ablate status` lists them")
+            _print_runs(grid_summary(session, grid))
+    except SQLAlchemyError as exc:
+        raise CLIError(
+            f"cannot read {display_url(settings.database_url)}: {_first_line(exc)} (run `ablate db upgrade`?)"
+        ) from None
+
+
+def _print_grids(grids: list[dict[str, Any]]) -> None:
+    table = Table(title="grids")
+    for col in ("id", "name", "control", "source", "created", "runs"):
+        table.add_column(col)
+    for g in grids:
+        states = ", ".join(f"{n} {s}" for s, n in sorted(g["states"].items()))
+        created = f"{g['created_at']:%Y-%m-%d %H:%M}"
+        table.add_row(str(g["id"]), g["name"], _fmt(g["control"]), g["source"], created, states)
+    console.print(table)
+
+
+def _print_runs(grid: dict[str, Any]) -> None:
+    table = Table(title=f"grid {grid['id']}: {grid['name']} (control {grid['control']})")
+    for col in ("run", "arm", "state", "step", "recon LPIPS", "text LPIPS", "iter/s", "decision"):
+        table.add_column(col)
+    for r in grid["runs"]:
+        recon = _fmt(r["recon_lpips"])
+        if r["recon_lpips_se"] is not None:
+            recon += f" ± {r['recon_lpips_se']:.3f}"
+        decision = "-"
+        if r["decision"] is not None:
+            decision = f"{r['decision']} @ {_fmt(r['decision_step'])}: {r['decision_reason']}"
+        state = r["state"] + (" (stop requested)" if r["stop_requested"] and r["state"] == "running" else "")
+        table.add_row(
+            str(r["id"]), r["arm"], state, _fmt(r["latest_step"]), recon, _fmt(r["text_lpips"]),
+            _fmt(r["iter_per_sec"], 3), decision,
+        )
+    console.print(table)
+
+
+@app.command()
+def arms() -> None:
+    """The arms A..I, resolved, and what each changes against its parent."""
+    from orchestrator.arms import lineage_table
+
+    table = Table(title="arms (arms/*.yaml)", show_lines=True)
+    for col in ("arm", "parent", "changes vs parent", "description"):
+        table.add_column(col)
+    for row in lineage_table():
+        changed = "\n".join(f"{k} = {v}" for k, v in row["changes"].items()) or "(baseline)"
+        table.add_row(row["arm"], row["parent"] or "-", changed, row["description"])
+    console.print(table)

@@ -175,3 +175,27 @@ class Schedule(Base):
     last_fire_at: Mapped[datetime | None] = mapped_column()
     next_fire_at: Mapped[datetime | None] = mapped_column()
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Sweep(Base):
+    """One firing of a schedule: the nodes it provisioned, the grid it ran, what it cost, how it ended."""
+
+    __tablename__ = "sweeps"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    schedule_id: Mapped[int] = mapped_column(ForeignKey("schedules.id", ondelete="CASCADE"), index=True)
+    scheduled_for: Mapped[datetime] = mapped_column()  # the cron time this sweep belongs to
+    fired_at: Mapped[datetime] = mapped_column()  # when it started; later than scheduled_for for a misfire
+    late: Mapped[bool] = mapped_column(default=False)  # fired after the controller was down (misfire run_once)
+    # provisioning -> running -> (stopping) -> collecting -> completed | stopped | failed
+    state: Mapped[str] = mapped_column(String(16), default="provisioning", index=True)
+    grid_id: Mapped[int | None] = mapped_column(ForeignKey("grids.id", ondelete="SET NULL"))
+    nodes: Mapped[list[Any]] = mapped_column(default=list)  # node names provisioned
+    price_per_hour: Mapped[float] = mapped_column(Float, default=0.0)  # sum over its nodes, at fire time
+    budget: Mapped[float | None] = mapped_column(Float)
+    spend: Mapped[float] = mapped_column(Float, default=0.0)  # price_per_hour x hours since fired_at
+    stop_reason: Mapped[str | None] = mapped_column(Text)  # why it stopped early (budget reached, ...)
+    stop_requested_at: Mapped[datetime | None] = mapped_column()  # when its runs were asked to stop
+    error: Mapped[str | None] = mapped_column(Text)  # the failing command and its output
+    results_dir: Mapped[str | None] = mapped_column(Text)  # where checkpoints and metrics were copied
+    finished_at: Mapped[datetime | None] = mapped_column()

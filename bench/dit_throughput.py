@@ -1,0 +1,363 @@
+"""DiT-core training throughput on one GPU (issue 3, item 11). Results go in docs/benchmarks.md.
+
+Measures, at seed size (768/18/12/p16, 1024 px -> 4096 tokens), batch 4, 128 text tokens + 16
+identity tokens: step time (forward + backward + optimizer), tokens/s, model TFLOP/s and % of the
+bf16 peak measured here (an 8192^3 bf16 matmul), peak memory; for arms A, B, C, G, H, I eager and
+compiled (regional compile of each block). Then FP8 (arm I) against bf16 (arm G) at seed shapes
+and at a GEMM-bound shape (hidden 1152, depth 28, 1024 tokens, batch 8), and a per-linear
+microbenchmark (bf16 vs float8 tensorwise/rowwise, forward + backward, compiled, at the real
+shapes) from which an "I-tuned" filter keeps only the linears that gain.
+
+The REPA arms (G, H, I) use a fixed random tensor as teacher features: the teacher is frozen and
+its features can be cached, so its forward is not part of the DiT core. The flow-matching target is
+a random tensor too (its cost is a few elementwise ops). Model FLOPs count every matmul (linears,
+attention's QK^T and AV) of the tokens actually computed (TREAD-routed blocks see fewer), x3 for
+forward + backward.
+
+    python bench/dit_throughput.py --out results/            # everything (~8 min on an H200)
+    python bench/dit_throughput.py --quick --size tiny       # CPU smoke test of the script itself
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from model.nanodit import STUDY_TEXT_DIM, NanoDiT  # noqa: E402
+from model.optim import build_optimizers  # noqa: E402
+from model.precision import apply_precision, autocast_ctx  # noqa: E402
+from model.repa import RepaProjector, repa_loss  # noqa: E402
+from orchestrator.arms import resolve  # noqa: E402
+
+ROWS: list[dict] = []
+GEMM_BOUND = {"model": {"hidden": 1152, "depth": 28, "heads": 16, "patch": 16}, "data": {"resolution": 512}}
+LINEARS = ["attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2", "cross.q", "cross.proj"]
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def timed(fn, warmup: int, iters: int) -> float:
+    """Median seconds per call of fn(), timed with CUDA events (host clock on CPU)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        if torch.cuda.is_available():
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]
+
+
+def bf16_peak(n: int) -> float:
+    """TFLOP/s of an n^3 bf16 matmul on random data: the ceiling the % column refers to."""
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    return 2 * n**3 / timed(lambda: a @ b, 5, 20) / 1e12
+
+
+def forward_flops(spec, batch: int, text_len: int, teacher_dim: int) -> float:
+    """Matmul FLOPs of one forward pass (2 per multiply-add), TREAD-aware."""
+    d = spec.model.dims()
+    D, p, r = d.hidden, d.patch, spec.model.mlp_ratio
+    T = (spec.resolution() // p) ** 2
+    L = 1 + text_len + spec.model.identity_tokens
+    last = spec.tread.last_block if spec.tread.last_block is not None else d.depth - 2
+    f = 2 * T * 3 * p * p * D * 2  # x_embed + id_embed
+    f += 2 * T * D * 3 * p * p  # final linear
+    f += 2 * L * D * D + 2 * L * D * 2 * D * d.depth  # text_proj + cross kv of every block
+    for i in range(d.depth):
+        routed = spec.tread.enabled and spec.tread.first_block <= i <= last
+        n = max(1, round(T * (1 - spec.tread.rate))) if routed else T
+        f += 2 * n * D * (3 * D + D + D + D + 2 * r * D)  # qkv, proj, cross q, cross proj, fc1+fc2
+        f += 4 * n * n * D + 4 * n * L * D  # self- and cross-attention scores and values
+        if spec.repa.enabled and i == (spec.repa.block if spec.repa.block is not None else d.depth // 2):
+            f += 2 * n * D * teacher_dim
+    return batch * f
+
+
+def run_arm(
+    label: str,
+    arm: str,
+    compiled: bool,
+    args,
+    overrides: dict | None = None,
+    fp8_modules=None,
+    batch: int | None = None,
+) -> dict:
+    """One training configuration: build, (convert, compile), time full optimizer steps."""
+    torch._dynamo.reset()
+    gc.collect()  # free the previous configuration's model and optimizer state
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    over = {"model": {"size": args.size}, "precision": {"compile": compiled}}
+    for key, val in (overrides or {}).items():
+        over[key] = {**over.get(key, {}), **val}
+    if fp8_modules is not None:
+        over["precision"]["fp8_modules"] = fp8_modules
+    spec = resolve(arm, over)
+    dev = torch.device(args.device)
+    torch.manual_seed(0)
+    model = NanoDiT(spec, STUDY_TEXT_DIM).to(dev).train()
+    report = apply_precision(model, spec.precision, dev)
+    B, L = batch or args.batch, args.text_tokens
+    res = spec.resolution()
+    grid = res // spec.model.dims().patch
+    teacher_dim = 768
+    projector = RepaProjector(spec.model.dims().hidden, teacher_dim).to(dev) if spec.repa.enabled else None
+    extra = list(projector.named_parameters(prefix="repa")) if projector else []
+    optimizers = build_optimizers(model, spec, extra)
+    g = torch.Generator(device=dev).manual_seed(0)
+    x = torch.randn(B, 3, res, res, device=dev, generator=g)
+    target = torch.randn(B, 3, res, res, device=dev, generator=g)
+    text = torch.randn(B, L, STUDY_TEXT_DIM, device=dev, generator=g)
+    teacher = torch.randn(B, grid * grid, teacher_dim, device=dev, generator=g)
+    t = torch.rand(B, device=dev, generator=g)
+    repa_block = spec.repa.block if spec.repa.block is not None else spec.model.dims().depth // 2
+
+    def step() -> None:
+        for opt in optimizers:
+            opt.zero_grad(set_to_none=True)
+        with autocast_ctx(spec.precision, dev):
+            res_ = model(x, t, text, identity=x, repa_block=repa_block if projector else None)
+            loss = F.mse_loss(res_.out.float(), target)
+            if projector is not None:
+                loss = loss + spec.repa.weight * repa_loss(res_.hidden, res_.kept, teacher, projector)
+        loss.backward()
+        for opt in optimizers:
+            opt.step()
+
+    t0 = time.perf_counter()
+    step()  # first step: compile, autotune
+    sync()
+    first_s = time.perf_counter() - t0
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    step_s = timed(step, args.warmup, args.iters)
+    tokens = B * grid * grid
+    flops = 3 * forward_flops(spec, B, L, teacher_dim)
+    row = {
+        "label": label,
+        "arm": arm,
+        "mode": "compiled" if report.compiled else "eager",
+        "precision": spec.precision.mode + (f"/{spec.precision.fp8_recipe}" if spec.precision.mode == "fp8" else ""),
+        "hidden": spec.model.dims().hidden,
+        "tokens": grid * grid,
+        "batch": B,
+        "step_ms": round(step_s * 1e3, 2),
+        "tokens_per_s": round(tokens / step_s),
+        "tflops": round(flops / step_s / 1e12, 1),
+        "pct_peak": round(100 * flops / step_s / 1e12 / args.peak, 1) if args.peak else None,
+        "peak_mem_gb": round(torch.cuda.max_memory_allocated() / 2**30, 2) if dev.type == "cuda" else None,
+        "first_step_s": round(first_s, 1),
+        "fp8_linears": len(report.fp8_linears),
+        "fallbacks": report.fallbacks,
+    }
+    return row
+
+
+def linear_micro(args) -> list[dict]:
+    """Per-linear forward+backward time, bf16 vs float8 tensorwise, compiled, at the real shapes.
+
+    Each case is LayerNorm -> Linear under bf16 autocast (the input cast can fuse into the norm, as in
+    the block). cross.q and cross.proj have attn.proj's shape (D x D), so they share its result.
+    """
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    out = []
+    dev = torch.device(args.device)
+    hidden = 64 if args.size == "tiny" else 768
+    tags = (("seed/routed", hidden, args.batch * 2048), ("gemm-bound", hidden * 3 // 2, 8 * 1024))
+    if args.size == "tiny":
+        tags = (("seed/routed", 64, 256), ("gemm-bound", 96, 256))
+    for tag, D, M in tags:
+        for name, (k, n) in {
+            "attn.qkv": (D, 3 * D),
+            "attn.proj": (D, D),
+            "mlp.fc1": (D, 4 * D),
+            "mlp.fc2": (4 * D, D),
+        }.items():
+            times = {}
+            for recipe in ("bf16", "tensorwise"):
+                torch._dynamo.reset()
+                torch.manual_seed(0)
+                net = torch.nn.Sequential(
+                    torch.nn.LayerNorm(k, elementwise_affine=False), torch.nn.Linear(k, n, bias=False)
+                ).to(dev)
+                if recipe != "bf16":
+                    convert_to_float8_training(net, config=Float8LinearConfig.from_recipe_name(recipe))
+                net = torch.compile(net, dynamic=False)
+                xin = torch.randn(M, k, device=dev, requires_grad=True)
+                gout = torch.randn(M, n, device=dev, dtype=torch.bfloat16)
+
+                def fb(net=net, xin=xin, gout=gout) -> None:
+                    with torch.autocast(dev.type, dtype=torch.bfloat16):
+                        y = net(xin)
+                    y.backward(gout)
+
+                times[recipe] = timed(fb, 3, args.iters * 2)
+            for same in [name] + (["cross.q", "cross.proj"] if name == "attn.proj" else []):
+                row = {
+                    "shape": tag,
+                    "linear": same,
+                    "M": M,
+                    "K": k,
+                    "N": n,
+                    "bf16_us": round(times["bf16"] * 1e6, 1),
+                    "fp8_us": round(times["tensorwise"] * 1e6, 1),
+                    "tensorwise_speedup": round(times["bf16"] / times["tensorwise"], 3),
+                }
+                print(json.dumps(row), flush=True)
+                out.append(row)
+    return out
+
+
+def tuned_filter(micro: list[dict], shape: str, recipe: str, threshold: float) -> list[str]:
+    """fnmatch patterns for the linears whose float8 speedup at `shape` beats `threshold`."""
+    return [f"*.{r['linear']}" for r in micro if r["shape"] == shape and r[f"{recipe}_speedup"] >= threshold]
+
+
+def table(rows: list[dict]) -> str:
+    cols = [
+        "label",
+        "mode",
+        "precision",
+        "batch",
+        "tokens",
+        "step_ms",
+        "tokens_per_s",
+        "tflops",
+        "pct_peak",
+        "peak_mem_gb",
+        "fp8_linears",
+        "first_step_s",
+    ]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        lines.append("| " + " | ".join(str(r.get(c, "")) for c in cols) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--size", default="seed")
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--text-tokens", type=int, default=128)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "bench_out")))
+    ap.add_argument("--quick", action="store_true", help="CPU smoke test: arms A and I, eager only")
+    ap.add_argument("--threshold", type=float, default=1.05, help="I-tuned keeps linears faster than this in fp8")
+    ap.add_argument("--skip", default="", help="comma list of stages to skip: micro,seed,gemm,others,eager")
+    ap.add_argument("--budget-s", type=float, default=1e9, help="start no new configuration after this many seconds")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    torch._dynamo.config.cache_size_limit = 64
+    skip = set(filter(None, args.skip.split(",")))
+    env = {
+        "torch": torch.__version__,
+        "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+        "date": time.strftime("%Y-%m-%d"),
+        "argv": sys.argv,
+    }
+    try:
+        import torchao
+
+        env["torchao"] = torchao.__version__
+    except ImportError:
+        env["torchao"] = None
+    args.peak = bf16_peak(8192) if args.device == "cuda" else None
+    env["bf16_peak_tflops"] = round(args.peak, 1) if args.peak else None
+    print(json.dumps(env), flush=True)
+    results = {"env": env, "rows": ROWS, "micro": []}
+
+    def save() -> None:
+        (args.out / "dit_throughput.json").write_text(json.dumps(results, indent=1))
+
+    start = time.perf_counter()
+
+    def add(label, arm, compiled, **kw) -> None:
+        if time.perf_counter() - start > args.budget_s:
+            print(f"skipped (over --budget-s): {label} {'compiled' if compiled else 'eager'}", flush=True)
+            return
+        try:
+            row = run_arm(label, arm, compiled, args, **kw)
+        except Exception as exc:
+            traceback.print_exc()
+            row = {"label": label, "mode": "compiled" if compiled else "eager", "error": f"{type(exc).__name__}: {exc}"}
+        ROWS.append(row)
+        print(json.dumps(row), flush=True)
+        save()
+
+    if args.quick:
+        for arm in ("A", "I"):
+            add(arm, arm, False)
+        print(table(ROWS))
+        return
+    if "micro" not in skip:
+        results["micro"] = linear_micro(args)
+        save()
+    tuned = {s: tuned_filter(results["micro"], s, "tensorwise", args.threshold) for s in ("seed/routed", "gemm-bound")}
+    results["tuned_filters"] = tuned
+    print("tuned filters:", json.dumps(tuned), flush=True)
+    if "seed" not in skip:
+        add("A", "A", True)
+        add("G", "G", True)
+        add("I (all 4 block linears)", "I", True)
+        if tuned["seed/routed"]:
+            add(f"I-tuned {tuned['seed/routed']}", "I", True, fp8_modules=tuned["seed/routed"])
+    if "gemm" not in skip:
+        add("gemm-bound G", "G", True, overrides=GEMM_BOUND, batch=8)
+        add("gemm-bound I", "I", True, overrides=GEMM_BOUND, batch=8)
+        if tuned["gemm-bound"]:
+            add(
+                f"gemm-bound I-tuned {tuned['gemm-bound']}",
+                "I",
+                True,
+                overrides=GEMM_BOUND,
+                fp8_modules=tuned["gemm-bound"],
+                batch=8,
+            )
+    if "others" not in skip:
+        for arm in ("B", "C", "H"):
+            add(arm, arm, True)
+    if "eager" not in skip:
+        for arm in ("A", "B", "C", "G", "H", "I"):
+            add(arm, arm, False)
+    print(table(ROWS))
+    by = {(r["label"], r.get("mode")): r for r in ROWS if "error" not in r}
+    for a, b in (("I (all 4 block linears)", "G"), ("gemm-bound I", "gemm-bound G")):
+        if (a, "compiled") in by and (b, "compiled") in by:
+            print(f"{a} over {b}: {by[(b, 'compiled')]['step_ms'] / by[(a, 'compiled')]['step_ms']:.3f}x")
+    for r in ROWS:
+        if "tuned" in r["label"] and "error" not in r:
+            base = by.get(("gemm-bound G" if "gemm" in r["label"] else "G", "compiled"))
+            if base:
+                print(f"{r['label']} over its bf16 G: {base['step_ms'] / r['step_ms']:.3f}x")
+    save()
+
+
+if __name__ == "__main__":
+    main()

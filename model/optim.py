@@ -1,0 +1,153 @@
+"""Optimizers, the learning-rate schedule and the EMA of the weights.
+
+AdamW everywhere (arm A), or Muon (Jordan et al. 2024, `torch.optim.Muon`) on the 2-D hidden
+weights, i.e. the weights of the linear layers inside the transformer blocks, with AdamW on
+everything else: embeddings, norms, biases, the output layer, the text embedding and the REPA
+projector. Muon's own docs say it is "only for hidden weight layers"; input/output layers and
+gains belong to AdamW.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from model.spec import ArmSpec, EMASpec, ScheduleSpec
+
+# Module-name prefix under which the transformer blocks live (NanoDiT.blocks).
+BLOCKS_PREFIX = "blocks."
+
+
+def hidden_weight_names(model: nn.Module) -> list[str]:
+    """Names of the 2-D weights of the nn.Linear layers inside the blocks: Muon's parameters."""
+    names = []
+    for mod_name, mod in model.named_modules():
+        if isinstance(mod, nn.Linear) and mod_name.startswith(BLOCKS_PREFIX) and mod.weight.requires_grad:
+            names.append(f"{mod_name}.weight")
+    return names
+
+
+def _adamw_groups(named: Iterable[tuple[str, nn.Parameter]], weight_decay: float) -> list[dict]:
+    """Weight decay on matrices and embeddings, none on 1-D tensors (biases, norm gains), as nanoGPT."""
+    decay, no_decay = [], []
+    for _, p in named:
+        if p.requires_grad:
+            (decay if p.dim() >= 2 else no_decay).append(p)
+    groups = []
+    if decay:
+        groups.append({"params": decay, "weight_decay": weight_decay})
+    if no_decay:
+        groups.append({"params": no_decay, "weight_decay": 0.0})
+    return groups
+
+
+def build_optimizers(
+    model: nn.Module, spec: ArmSpec, extra: Iterable[tuple[str, nn.Parameter]] = ()
+) -> list[torch.optim.Optimizer]:
+    """The optimizers for `model` (the DiT) plus `extra` named parameters (text embedding, REPA projector).
+
+    optimizer.name "adamw": one AdamW. "muon": [Muon over hidden_weight_names(model), AdamW over the rest].
+    The lr is set per step by `set_lr`; the initial value here is the peak lr.
+    """
+    opt = spec.optimizer
+    lr = spec.schedule.lr
+    named = list(model.named_parameters()) + list(extra)
+    if opt.name == "adamw":
+        hidden: list[nn.Parameter] = []
+        rest = named
+    else:
+        names = set(hidden_weight_names(model))
+        if not names:
+            raise ValueError("optimizer.name 'muon' found no 2-D hidden weights (nn.Linear under 'blocks.')")
+        hidden = [p for n, p in model.named_parameters() if n in names]
+        hidden_ids = {id(p) for p in hidden}
+        rest = [(n, p) for n, p in named if id(p) not in hidden_ids]
+    optimizers: list[torch.optim.Optimizer] = []
+    if hidden:
+        m = opt.muon
+        optimizers.append(
+            torch.optim.Muon(
+                hidden,
+                lr=lr,
+                weight_decay=opt.weight_decay,
+                momentum=m.momentum,
+                nesterov=m.nesterov,
+                ns_steps=m.ns_steps,
+                adjust_lr_fn=m.adjust_lr_fn,
+            )
+        )
+    groups = _adamw_groups(rest, opt.weight_decay)
+    if groups:
+        optimizers.append(torch.optim.AdamW(groups, lr=lr, betas=tuple(opt.betas), eps=opt.eps))
+    return optimizers
+
+
+def lr_at(step: int, schedule: ScheduleSpec) -> float:
+    """Learning rate for optimizer step `step` (0-based).
+
+    Linear warm-up from lr/warmup to lr over `warmup_steps`, then cosine from lr to min_lr at the
+    last step (or constant lr). Past `lr_explode_after` the lr is multiplied by `lr_explode_factor`
+    (a hook that makes a real run degrade, for the collapse detector's tests).
+    """
+    s = schedule
+    if step < s.warmup_steps:
+        lr = s.lr * (step + 1) / s.warmup_steps
+    elif s.lr_schedule == "constant":
+        lr = s.lr
+    else:
+        span = max(1, s.steps - 1 - s.warmup_steps)
+        progress = min(1.0, (step - s.warmup_steps) / span)
+        lr = s.min_lr + 0.5 * (s.lr - s.min_lr) * (1 + math.cos(math.pi * progress))
+    if s.lr_explode_after is not None and step >= s.lr_explode_after:
+        lr *= s.lr_explode_factor
+    return lr
+
+
+def set_lr(optimizers: Iterable[torch.optim.Optimizer], lr: float) -> None:
+    for o in optimizers:
+        for g in o.param_groups:
+            g["lr"] = lr
+
+
+def ema_decay(step: int, ema: EMASpec) -> float:
+    """EMA decay after optimizer step `step`: min(decay, (1+s)/(10+s)) during warm-up, then `decay`.
+
+    The warm-up keeps the average from being dominated by the random initial weights.
+    """
+    if step < ema.warmup_steps:
+        return min(ema.decay, (1 + step) / (10 + step))
+    return ema.decay
+
+
+class EMA:
+    """An exponential moving average of a module's floating-point parameters (buffers are copied).
+
+    `module` is a frozen deep copy used for evaluation; the average is kept in float32.
+    """
+
+    def __init__(self, model: nn.Module, spec: EMASpec) -> None:
+        self.spec = spec
+        self.module = copy.deepcopy(model).eval().requires_grad_(False)
+        for p in self.module.parameters():
+            p.data = p.data.float()
+
+    @torch.no_grad()
+    def update(self, model: nn.Module, step: int) -> float:
+        """Blend the live weights in after optimizer step `step`; returns the decay used."""
+        d = ema_decay(step, self.spec)
+        ema_params = [p for p in self.module.parameters()]
+        live = [p.detach().float() for p in model.parameters()]
+        torch._foreach_lerp_(ema_params, live, 1.0 - d)
+        for eb, b in zip(self.module.buffers(), model.buffers(), strict=True):
+            eb.copy_(b)
+        return d
+
+    def state_dict(self) -> dict:
+        return self.module.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.module.load_state_dict(state)

@@ -1,0 +1,49 @@
+"""Grids: submit one (one queued run per arm), list them, show one with its runs' latest metrics."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, status
+from sqlalchemy import select
+from sqlalchemy.orm import selectinload
+
+from orchestrator.api.deps import AuthDep, SessionDep, get_or_404
+from orchestrator.api.schemas import GridCreate, GridCreated, GridDetail, GridPublic
+from orchestrator.db.models import Grid
+from orchestrator.grids import create_grid, grid_summary
+
+router = APIRouter(prefix="/api/grids", tags=["grids"])
+
+
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    response_model=GridCreated,
+    responses={401: {"description": "missing or wrong bearer token"}, 422: {"description": "invalid grid"}},
+)
+def submit_grid(body: GridCreate, session: SessionDep, _: AuthDep) -> GridCreated:
+    """Store the grid and queue one run per arm. Invalid arms answer 422 naming the field path."""
+    grid = create_grid(session, body)
+    session.commit()  # committed before the 201 goes out, so the id is durable when the client sees it
+    return GridCreated(id=grid.id)
+
+
+@router.get("", response_model=list[GridPublic])
+def list_grids(
+    session: SessionDep,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    offset: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0,
+) -> list[dict]:
+    """Newest first."""
+    grids = session.scalars(
+        select(Grid).options(selectinload(Grid.runs)).order_by(Grid.id.desc()).limit(limit).offset(offset)
+    )
+    return [
+        {k: v for k, v in grid_summary(session, g).items() if k in GridPublic.model_fields} for g in grids
+    ]
+
+
+@router.get("/{grid_id}", response_model=GridDetail, responses={404: {"description": "no such grid"}})
+def get_grid(grid_id: int, session: SessionDep) -> dict:
+    return grid_summary(session, get_or_404(session, Grid, grid_id))

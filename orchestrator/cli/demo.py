@@ -1,0 +1,242 @@
+"""`ablate demo`: the whole job in one command on embedded defaults.
+
+SQLite under the storage dir, a local Ray with 4 logical GPUs, the controller (API + dashboard +
+scheduler) in this process, arms A-D of arms/demo.yaml at tiny size on procedural shapes; a live
+table while they train, a per-arm summary at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from arms import ARMS_DIR
+from orchestrator.cli import CLIError, app
+from orchestrator.settings import Settings, get_settings
+
+console = Console()
+DEMO_GRID = ARMS_DIR / "demo.yaml"
+DEMO_GPUS = 4
+
+
+def _free_port(host: str, preferred: int) -> int:
+    """`preferred` when free, else any free port (the demo must not fail because 8000 is taken)."""
+    for port in (preferred, 0):
+        with socket.socket() as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return sock.getsockname()[1]
+    raise CLIError(f"no free port on {host}")
+
+
+def demo_settings(base: Settings) -> Settings:
+    """The demo's settings: its own SQLite DB unless ABLATE_DATABASE_URL is set, 4 logical GPUs on a local Ray."""
+    update: dict[str, Any] = {}
+    if "ABLATE_DATABASE_URL" not in os.environ:
+        update["database_url"] = f"sqlite:///{(base.storage_dir / 'demo.db').resolve()}"
+    if not base.ray_address and base.logical_gpus == 0:
+        update["logical_gpus"] = DEMO_GPUS
+    if base.worker_threads == 0:
+        update["worker_threads"] = 1  # four arms share the cores: one intra-op thread each
+    return base.model_copy(update=update)
+
+
+def demo_grid(settings: Settings) -> dict[str, Any]:
+    """arms/demo.yaml; with ABLATE_LPIPS_WEIGHTS set, LPIPS uses the real AlexNet backbone."""
+    body = yaml.safe_load(DEMO_GRID.read_text())
+    body["name"] = f"{body['name']} {time.strftime('%Y-%m-%d %H:%M:%S')}"
+    if settings.lpips_weights:
+        body["overrides"].setdefault("eval", {})["lpips_backbone"] = "alexnet"
+    return body
+
+
+def _retire_leftovers(settings: Settings) -> None:
+    """Runs a killed demo left queued or running in the demo DB would compete for the GPUs: stop them."""
+    from sqlalchemy import select
+
+    from orchestrator.db.models import TERMINAL_STATES, Event, Run, RunState, utcnow
+    from orchestrator.db.session import session_scope
+
+    with session_scope(settings.database_url) as session:
+        for run in session.scalars(select(Run).where(Run.state.not_in(TERMINAL_STATES))).all():
+            run.state, run.finished_at = RunState.stopped, utcnow()
+            run.decision, run.decision_reason = "user", "left over from an interrupted demo"
+            session.add(Event(run_id=run.id, grid_id=run.grid_id, kind="stopped", message=run.decision_reason))
+
+
+def _rows(settings: Settings, grid_id: int) -> list[dict[str, Any]]:
+    """Per run: arm, state, GPU, latest and best metrics (best with its SE and step)."""
+    from sqlalchemy import select
+
+    from orchestrator.db.models import Metric, Run
+    from orchestrator.db.session import session_scope
+
+    out = []
+    with session_scope(settings.database_url) as session:
+        for run in session.scalars(select(Run).where(Run.grid_id == grid_id).order_by(Run.position)).all():
+            metrics = session.scalars(select(Metric).where(Metric.run_id == run.id).order_by(Metric.step)).all()
+            latest = metrics[-1] if metrics else None
+            best = next((m for m in metrics if m.step == run.best_step), None)
+            rates = [m.iter_per_sec for m in metrics if m.iter_per_sec]
+            out.append(
+                {
+                    "arm": run.arm,
+                    "state": run.state,
+                    "decision": run.decision,
+                    "reason": run.decision_reason or run.error,
+                    "gpu": run.gpu_index,
+                    "steps": (run.spec.get("schedule") or {}).get("steps"),
+                    "step": latest.step if latest else None,
+                    "final": latest.recon_lpips if latest else None,
+                    "best": run.best_value,
+                    "best_se": best.recon_lpips_se if best else None,
+                    "best_step": run.best_step,
+                    "iter_s": rates[-1] if rates else None,
+                    "backbone": latest.lpips_backbone if latest else None,
+                }
+            )
+    return out
+
+
+def _f(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _progress_table(rows: list[dict[str, Any]], elapsed: float, url: str) -> Table:
+    table = Table(title=f"ablate demo: {elapsed:4.0f} s   dashboard {url}", title_justify="left")
+    for col in ("arm", "state", "GPU", "step", "recon LPIPS", "best", "iter/s"):
+        table.add_column(col, justify="left" if col in ("arm", "state") else "right")
+    for r in rows:
+        state = r["state"] + (f" ({r['decision']})" if r["decision"] and r["decision"] != "user" else "")
+        table.add_row(
+            r["arm"],
+            state,
+            r["gpu"] or "-",
+            f"{r['step'] or 0}/{r['steps']}",
+            _f(r["final"]),
+            f"{_f(r['best'])} @{r['best_step']}" if r["best"] is not None else "-",
+            _f(r["iter_s"], 1),
+        )
+    return table
+
+
+def summary_table(rows: list[dict[str, Any]]) -> Table:
+    """The demo's result: arm, GPU, state/decision, best recon LPIPS +- SE @ step, final recon LPIPS, iter/s."""
+    table = Table(title="ablate demo: result per arm", title_justify="left", show_lines=False)
+    for col in ("arm", "GPU", "state / decision", "best recon LPIPS ± SE", "@ step", "final recon LPIPS", "iter/s"):
+        table.add_column(col, justify="left" if col in ("arm", "state / decision") else "right")
+    for r in rows:
+        state = r["state"] if not r["decision"] else f"{r['state']} / {r['decision']}"
+        best = f"{_f(r['best'])} ± {_f(r['best_se'])}" if r["best"] is not None else "-"
+        table.add_row(
+            r["arm"], r["gpu"] or "-", state, best, str(r["best_step"] or "-"), _f(r["final"]), _f(r["iter_s"], 1)
+        )
+    return table
+
+
+class _ApiServer:
+    """uvicorn in a daemon thread (API + dashboard), stopped by flag."""
+
+    def __init__(self, settings: Settings, host: str, port: int) -> None:
+        import uvicorn
+
+        from orchestrator.server import build_app
+
+        config = uvicorn.Config(build_app(settings), host=host, port=port, log_level="warning")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, name="ablate-api", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+        deadline = time.monotonic() + 15
+        while not self.server.started and self.thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(5)
+
+
+@app.command()
+def demo(
+    port: Annotated[int | None, typer.Option(help="Dashboard/API port (default: ABLATE_PORT, else any free)")] = None,
+    hold: Annotated[bool, typer.Option(help="Keep serving the dashboard after the arms finish (Ctrl-C ends)")] = False,
+) -> None:
+    """Train arms A-D (tiny, shapes) on 4 logical GPUs with the full controller, then print a per-arm table."""
+    import ray
+
+    from orchestrator.db.models import TERMINAL_STATES
+    from orchestrator.db.session import session_scope, upgrade
+    from orchestrator.grids import GridCreate, create_grid
+    from orchestrator.scheduler import Scheduler, connect_ray
+
+    settings = demo_settings(get_settings())
+    upgrade(settings.database_url)
+    own_db = "ABLATE_DATABASE_URL" not in os.environ
+    if own_db:
+        _retire_leftovers(settings)
+    host = settings.host
+    port = _free_port(host, port or settings.port)
+    url = f"http://{host}:{port}/"
+    body = demo_grid(settings)
+
+    if settings.lpips_weights:
+        console.print(f"LPIPS: AlexNet backbone from {settings.lpips_weights} (ABLATE_LPIPS_WEIGHTS)")
+    else:
+        console.print(
+            "[yellow]LPIPS: random stand-in backbone (offline; metrics labelled 'random_standin'); "
+            "set ABLATE_LPIPS_WEIGHTS=alexnet.pth for real LPIPS[/yellow]"
+        )
+    console.print("REPA (arm D): random stand-in teacher (no DINOv2 weights offline; labelled on the run)")
+    t0 = time.monotonic()
+    # The workers' logs would tear through the live table; they stay in Ray's session logs.
+    connect_ray(settings, log_to_driver=False, configure_logging=False)
+    console.print(f"Ray: {settings.logical_gpus or 'detected'} GPUs; database {settings.database_url}")
+    scheduler = Scheduler(settings)
+    api = _ApiServer(settings, host, port)
+    try:
+        api.start()
+        scheduler.start()
+        with session_scope(settings.database_url) as session:
+            grid_id = create_grid(session, GridCreate(**body)).id
+        console.print(f"submitted grid {grid_id} ({', '.join(map(str, body['arms']))}); dashboard: {url}")
+        with Live(console=console, refresh_per_second=2, transient=False) as live:
+            while True:
+                rows = _rows(settings, grid_id)
+                live.update(_progress_table(rows, time.monotonic() - t0, url))
+                if rows and all(r["state"] in TERMINAL_STATES for r in rows):
+                    break
+                time.sleep(1.0)
+        elapsed = time.monotonic() - t0
+        rows = _rows(settings, grid_id)
+        console.print(summary_table(rows))
+        backbones = sorted({r["backbone"] for r in rows if r["backbone"]})
+        console.print(f"LPIPS backbone: {', '.join(backbones) or '-'}   total {elapsed:.0f} s   dashboard {url}")
+        for r in rows:
+            if r["reason"] and r["state"] != "completed":
+                console.print(f"  {r['arm']}: {r['reason'].splitlines()[0]}")
+        console.print(f"checkpoints: {Path(settings.storage_dir).resolve() / 'runs'}")
+        if hold:
+            console.print("serving the dashboard; Ctrl-C to end")
+            while True:
+                time.sleep(1)
+    except KeyboardInterrupt:
+        console.print("interrupted: the demo's runs end with it")
+        if own_db:
+            _retire_leftovers(settings)
+    finally:
+        scheduler.stop()
+        api.stop()
+        ray.shutdown()

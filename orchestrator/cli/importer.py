@@ -1,0 +1,85 @@
+"""`ablate import CURVES.json --name NAME`: store published curves as a finished grid, detector replayed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from orchestrator.cli import CLIError, app
+
+
+def _arm_map(pairs: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, letter = pair.partition("=")
+        if not sep or not key or not letter:
+            raise CLIError(f"--arm {pair!r}: expected CURVE_KEY=ARM_LETTER, e.g. --arm baseline=A")
+        out[key] = letter
+    return out
+
+
+@app.command("import")
+def import_command(
+    curves: Annotated[Path, typer.Argument(help="Curves JSON: {arm: {label, start_time, checkpoints: [{step, ...}]}}")],
+    name: Annotated[str, typer.Option("--name", help="Name of the new grid")],
+    control: Annotated[
+        str | None, typer.Option("--control", help="Control arm (curve key or letter; default: the first curve)")
+    ] = None,
+    arm: Annotated[
+        list[str] | None,
+        typer.Option("--arm", help="CURVE_KEY=LETTER for a curve not named after its arm (repeatable)"),
+    ] = None,
+    policy: Annotated[
+        Path | None, typer.Option("--policy", help="DetectorPolicy YAML/JSON for every arm (default: each arm's spec)")
+    ] = None,
+) -> None:
+    """Import recorded curves as a finished grid and replay the collapse detector over them.
+
+    One run per curve (state completed, or stopped where the detector stops it, with its reason and
+    best checkpoint), one metric row per checkpoint. Prints the grid id and each arm's verdict.
+    """
+    import json
+
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from orchestrator.cli.replay import load_policy
+    from orchestrator.curves import CurvesError, load_curves
+    from orchestrator.db.session import session_scope, upgrade
+    from orchestrator.grids import GridError
+    from orchestrator.importer import CurvesImportError, import_curves, start_times_of
+    from orchestrator.server import display_url
+    from orchestrator.settings import get_settings
+
+    pol = load_policy(policy) if policy is not None else None
+    try:
+        loaded = load_curves(curves)
+    except CurvesError as exc:
+        raise CLIError(str(exc)) from None
+    starts = start_times_of(json.loads(curves.read_text()))
+    settings = get_settings()
+    try:
+        upgrade(settings.database_url)
+        with session_scope(settings.database_url) as session:
+            grid = import_curves(
+                session,
+                loaded,
+                name,
+                control=control,
+                arm_map=_arm_map(arm or []),
+                policy=pol,
+                source=curves.name,
+                start_times=starts,
+            )
+            rows = [(r.arm, r.state, r.decision, r.decision_step, r.best_step, r.best_value) for r in grid.runs]
+            grid_id = grid.id
+    except (CurvesImportError, GridError) as exc:
+        raise CLIError(f"{curves}: {exc}") from None
+    except SQLAlchemyError as exc:
+        first = (str(getattr(exc, "orig", None) or exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise CLIError(f"cannot write to {display_url(settings.database_url)}: {first}") from None
+    typer.echo(f"grid {grid_id} {name!r}: {len(rows)} arms imported from {curves}")
+    for arm_name, state, decision, step, best_step, best_value in rows:
+        best = f"best {best_value:.4f} @{best_step}" if best_value is not None else "no best"
+        typer.echo(f"  {arm_name}: {state:<9} {decision} @{step}  ({best})")

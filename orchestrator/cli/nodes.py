@@ -1,0 +1,156 @@
+"""`ablate nodes ...`: register rented GPU nodes, probe them, bootstrap/drain/tear them down.
+
+Talks to the database directly (ABLATE_DATABASE_URL), like `ablate status`: SSH keys and known-hosts
+files are paths on the controller machine, so these commands run there.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from orchestrator.cli import CLIError, app
+
+nodes_app = typer.Typer(no_args_is_help=True, help="Rented GPU nodes reached over SSH (known host keys only).")
+app.add_typer(nodes_app, name="nodes")
+console = Console()
+
+
+@contextmanager
+def node_errors() -> Iterator[None]:
+    """NodeError, bad input and database errors as one clear line."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from orchestrator.nodes import NodeError
+
+    try:
+        yield
+    except NodeError as exc:
+        raise CLIError(str(exc)) from None
+    except ValidationError as exc:
+        raise CLIError(
+            "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors(include_url=False))
+        ) from None
+    except SQLAlchemyError as exc:
+        first = (str(getattr(exc, "orig", None) or exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise CLIError(f"database error: {first} (run `ablate db upgrade`?)") from None
+
+
+def _database_url() -> str:
+    from orchestrator.settings import load_settings
+
+    return load_settings().database_url
+
+
+@nodes_app.command("add")
+def add(
+    name: Annotated[str, typer.Argument(help="A short unique name, e.g. quad-4090-a")],
+    host: Annotated[str, typer.Option(help="Host name or IP address")],
+    user: Annotated[str, typer.Option(help="SSH user")],
+    key: Annotated[Path, typer.Option(help="Private key file on this machine")],
+    port: Annotated[int, typer.Option(help="SSH port")] = 22,
+    known_hosts: Annotated[
+        Path | None, typer.Option(help="known_hosts file holding the node's host key (default ~/.ssh/known_hosts)")
+    ] = None,
+    price_per_hour: Annotated[float, typer.Option(help="What the node costs per hour (budget units)")] = 0.0,
+) -> None:
+    """Register a node. Its host key must already be in the known-hosts file (`ssh-keyscan`)."""
+    from orchestrator.db.session import session_scope
+    from orchestrator.nodes import NodeCreate, add_node
+
+    with node_errors():
+        body = NodeCreate(
+            name=name,
+            host=host,
+            port=port,
+            user=user,
+            key_path=str(key),
+            known_hosts_path=str(known_hosts) if known_hosts else None,
+            price_per_hour=price_per_hour,
+        )
+        with session_scope(_database_url()) as session:
+            add_node(session, body)
+    typer.echo(f"registered node {name} ({user}@{host}:{port}); check it with `ablate nodes probe {name}`")
+
+
+@nodes_app.command("list")
+def list_() -> None:
+    """Registered nodes with their state, price and GPUs from the last probe."""
+    from orchestrator.db.session import session_scope
+    from orchestrator.nodes import list_nodes
+
+    table = Table(title="nodes")
+    for col in ("name", "address", "state", "price/h", "gpus", "last probe"):
+        table.add_column(col)
+    with node_errors(), session_scope(_database_url()) as session:
+        for n in list_nodes(session):
+            gpus = ", ".join(sorted({g["name"] for g in n.gpus}))
+            gpus = f"{len(n.gpus)}x {gpus}" if n.gpus else "-"
+            table.add_row(
+                n.name,
+                f"{n.user}@{n.host}:{n.port}",
+                n.state,
+                f"{n.price_per_hour:g}",
+                gpus,
+                n.last_probe.get("probed_at", "-"),
+            )
+    console.print(table)
+
+
+@nodes_app.command("probe")
+def probe(name: Annotated[str, typer.Argument(help="Node name")]) -> None:
+    """SSH to the node; print JSON with gpus (nvidia-smi), free disk (GB) and the Python version."""
+    from orchestrator.nodes import probe_node
+
+    with node_errors():
+        result = probe_node(_database_url(), name)
+    typer.echo(json.dumps(result, indent=2))
+
+
+@nodes_app.command("bootstrap")
+def bootstrap(name: Annotated[str, typer.Argument(help="Node name")]) -> None:
+    """Install the worker environment and join the Ray cluster (ABLATE_NODE_* settings)."""
+    from orchestrator.nodes import BootstrapConfig, bootstrap_node
+
+    with node_errors():
+        found = bootstrap_node(_database_url(), name, BootstrapConfig())
+    typer.echo(f"node {name} joined with {len(found['gpus'])} GPUs")
+
+
+@nodes_app.command("drain")
+def drain(name: Annotated[str, typer.Argument(help="Node name")]) -> None:
+    """Leave the Ray cluster (`ray stop`); the environment stays for the next bootstrap."""
+    from orchestrator.nodes import BootstrapConfig, drain_node
+
+    with node_errors():
+        drain_node(_database_url(), name, BootstrapConfig())
+    typer.echo(f"node {name} drained")
+
+
+@nodes_app.command("teardown")
+def teardown(name: Annotated[str, typer.Argument(help="Node name")]) -> None:
+    """Leave the Ray cluster and delete the node's working directory."""
+    from orchestrator.nodes import BootstrapConfig, teardown_node
+
+    with node_errors():
+        teardown_node(_database_url(), name, BootstrapConfig())
+    typer.echo(f"node {name} torn down")
+
+
+@nodes_app.command("remove")
+def remove(name: Annotated[str, typer.Argument(help="Node name")]) -> None:
+    """Forget a node (its command events stay, unlinked). Does not touch the machine."""
+    from orchestrator.db.session import session_scope
+    from orchestrator.nodes import remove_node
+
+    with node_errors(), session_scope(_database_url()) as session:
+        remove_node(session, name)
+    typer.echo(f"removed node {name}")

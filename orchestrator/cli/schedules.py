@@ -1,0 +1,164 @@
+"""`ablate schedules ...`: cron-fired sweeps on rented nodes (create, list, pause, resume, delete, run).
+
+Talks to the database directly (ABLATE_DATABASE_URL), like `ablate nodes` and `ablate status`.
+`ablate schedules run` is the sweep loop for a controller that does not run it inside `ablate serve`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from orchestrator.cli import CLIError, app
+from orchestrator.cli.nodes import node_errors
+
+schedules_app = typer.Typer(no_args_is_help=True, help="Cron-fired sweeps on rented nodes (cron times are UTC).")
+app.add_typer(schedules_app, name="schedules")
+console = Console()
+
+
+def _settings() -> Any:
+    from orchestrator.settings import load_settings
+
+    return load_settings()
+
+
+def _load_grid(path: Path) -> dict[str, Any]:
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise CLIError(f"cannot read {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise CLIError(f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise CLIError(f"{path} must hold a mapping with name, arms, overrides, control")
+    return data
+
+
+@contextmanager
+def _schedule_errors() -> Iterator[None]:
+    """ScheduleError, NodeError, bad input and database errors as one clear line."""
+    from orchestrator.sweeps import ScheduleError
+
+    with node_errors():
+        try:
+            yield
+        except ScheduleError as exc:
+            raise CLIError(str(exc)) from None
+
+
+@schedules_app.command("create")
+def create(
+    name: Annotated[str, typer.Argument(help="A short unique name, e.g. nightly-abcd")],
+    cron: Annotated[str, typer.Option(help="Five-field cron expression in UTC, e.g. '0 22 * * *'")],
+    grid: Annotated[Path, typer.Option(help="Grid YAML as `ablate submit` takes it")],
+    nodes: Annotated[str, typer.Option(help="Comma-separated node names (`ablate nodes list`)")],
+    budget: Annotated[float | None, typer.Option(help="Most to spend per sweep: sum of price/hour x hours")] = None,
+    misfire: Annotated[
+        str, typer.Option(help="A fire missed while the controller was down: run_once (late) or skip")
+    ] = "run_once",
+) -> None:
+    """Schedule a grid: at each fire, provision the nodes, run it, copy results back, tear down."""
+    from orchestrator.db.session import session_scope
+    from orchestrator.sweeps import ScheduleCreate, create_schedule
+
+    body_grid = _load_grid(grid)
+    node_list = [n.strip() for n in nodes.split(",") if n.strip()]
+    with _schedule_errors():
+        body = ScheduleCreate(
+            name=name,
+            cron=cron,
+            grid=body_grid,
+            nodes=node_list,
+            budget=budget,
+            misfire=misfire,  # type: ignore[arg-type]
+        )
+        with session_scope(_settings().database_url) as session:
+            schedule = create_schedule(session, body)
+            first = schedule.next_fire_at
+    typer.echo(f"schedule {name} created; first fire {first:%Y-%m-%d %H:%M} UTC")
+
+
+@schedules_app.command("list")
+def list_() -> None:
+    """Schedules with their next fire and their latest sweep."""
+    from orchestrator.db.session import session_scope
+    from orchestrator.sweeps import list_schedules, schedule_public
+
+    table = Table(title="schedules (UTC)")
+    for col in ("name", "cron", "nodes", "budget", "misfire", "status", "next fire", "last sweep"):
+        table.add_column(col)
+    with _schedule_errors(), session_scope(_settings().database_url) as session:
+        for s in list_schedules(session):
+            p = schedule_public(session, s)
+            last = "-"
+            if p["sweeps"]:
+                w = p["sweeps"][0]
+                last = f"#{w['id']} {w['state']} spent {w['spend']:.2f}" + (" (late)" if w["late"] else "")
+            nxt = f"{p['next_fire_at']:%Y-%m-%d %H:%M}" if p["next_fire_at"] and not p["paused"] else "-"
+            table.add_row(
+                p["name"],
+                p["cron"],
+                ",".join(p["nodes"]),
+                "-" if p["budget"] is None else f"{p['budget']:g}",
+                p["misfire"],
+                "paused" if p["paused"] else "active",
+                nxt,
+                last,
+            )
+    console.print(table)
+
+
+@schedules_app.command("pause")
+def pause(name: Annotated[str, typer.Argument(help="Schedule name")]) -> None:
+    """No more fires until resumed (a sweep under way carries on)."""
+    from orchestrator.db.session import session_scope
+    from orchestrator.sweeps import pause_schedule
+
+    with _schedule_errors(), session_scope(_settings().database_url) as session:
+        pause_schedule(session, name)
+    typer.echo(f"schedule {name} paused")
+
+
+@schedules_app.command("resume")
+def resume(name: Annotated[str, typer.Argument(help="Schedule name")]) -> None:
+    """Fire again from the next cron time (fires that fell in the pause are not run)."""
+    from orchestrator.db.session import session_scope
+    from orchestrator.sweeps import resume_schedule
+
+    with _schedule_errors(), session_scope(_settings().database_url) as session:
+        nxt = resume_schedule(session, name).next_fire_at
+    typer.echo(f"schedule {name} resumed; next fire {nxt:%Y-%m-%d %H:%M} UTC")
+
+
+@schedules_app.command("delete")
+def delete(name: Annotated[str, typer.Argument(help="Schedule name")]) -> None:
+    """Delete a schedule and its sweep history (refused while a sweep is under way)."""
+    from orchestrator.db.session import session_scope
+    from orchestrator.sweeps import delete_schedule
+
+    with _schedule_errors(), session_scope(_settings().database_url) as session:
+        delete_schedule(session, name)
+    typer.echo(f"schedule {name} deleted")
+
+
+@schedules_app.command("run")
+def run(interval: Annotated[float, typer.Option(help="Seconds between ticks")] = 30.0) -> None:
+    """Fire schedules and drive their sweeps in the foreground until interrupted."""
+    from orchestrator.sweeps import SweepRunner
+
+    settings = _settings()
+    runner = SweepRunner(settings.database_url, settings.storage_dir)
+    typer.echo(f"sweep runner: ticking every {interval:g} s against {settings.database_url.split('@')[-1]}")
+    try:
+        runner.run_forever(interval)
+    except KeyboardInterrupt:
+        typer.echo("sweep runner stopped")

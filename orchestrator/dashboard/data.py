@@ -1,0 +1,316 @@
+"""What the dashboard shows, read from the DB: the grid list, one grid's series, paired differences
+against the control arm, what each arm changes against its parent, and the CSV export.
+
+Pure reads over the stored models, so the dashboard works on imported or finished grids and shows
+live grids as the scheduler writes them.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import math
+from collections import Counter
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+from pydantic import ValidationError
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, selectinload
+
+from model.spec import ArmSpec
+from orchestrator.arms import LINEAGE_KEYS, ArmError, changes, flatten, resolve
+from orchestrator.db.models import METRIC_FIELDS, TERMINAL_STATES, Grid, Metric, Run, RunState
+
+# Quality metrics with stored standard errors; lower is better for the two LPIPS ones.
+QUALITY = ("recon_lpips", "text_lpips", "text_manip_delta")
+PRIMARY = "recon_lpips"
+STOP_DECISIONS = frozenset({"collapse", "diverged", "stalled", "user"})
+STANDIN = "random_standin"
+
+
+def _iso(t: datetime | None) -> str | None:
+    return t.isoformat() if t is not None else None
+
+
+def grid_state(states: Iterable[str]) -> str:
+    """One word for a grid: empty | queued | running | failed | finished."""
+    counts = Counter(states)
+    if not counts:
+        return "empty"
+    if counts[RunState.running] or counts[RunState.starting]:
+        return "running"
+    if counts[RunState.queued]:
+        # Some arms done, others waiting for a GPU: the grid is still going.
+        return "running" if sum(counts[s] for s in TERMINAL_STATES) else "queued"
+    return "failed" if counts[RunState.failed] else "finished"
+
+
+def _run_gpu_hours(session: Session, run_ids: list[int]) -> dict[int, float]:
+    """GPU-hours so far per run: the largest value its checkpoints reported."""
+    if not run_ids:
+        return {}
+    rows = session.execute(
+        select(Metric.run_id, func.max(Metric.gpu_hours)).where(Metric.run_id.in_(run_ids)).group_by(Metric.run_id)
+    )
+    return {rid: float(h) for rid, h in rows if h is not None and math.isfinite(h)}
+
+
+def grid_rows(session: Session) -> list[dict[str, Any]]:
+    """One row per grid, newest first: state, arms with their states, started, GPU-hours."""
+    grids = session.scalars(select(Grid).options(selectinload(Grid.runs)).order_by(Grid.id.desc())).all()
+    hours = _run_gpu_hours(session, [r.id for g in grids for r in g.runs])
+    rows = []
+    for g in grids:
+        started = [r.started_at for r in g.runs if r.started_at is not None]
+        run_hours = [hours[r.id] for r in g.runs if r.id in hours]
+        rows.append(
+            {
+                "id": g.id,
+                "name": g.name,
+                "source": g.source,
+                "state": grid_state(r.state for r in g.runs),
+                "arms": [{"arm": r.arm, "state": r.state, "decision": r.decision} for r in g.runs],
+                "created_at": _iso(g.created_at),
+                "started_at": _iso(min(started)) if started else None,
+                "gpu_hours": round(sum(run_hours), 3) if run_hours else None,
+            }
+        )
+    return rows
+
+
+def grid_version(session: Session, grid_id: int) -> str:
+    """A short token that changes whenever anything the grid page shows changes (for polling)."""
+    runs = session.execute(
+        select(Run.id, Run.state, Run.decision, Run.decision_step, Run.best_step, Run.fallbacks, Run.stop_requested)
+        .where(Run.grid_id == grid_id)
+        .order_by(Run.id)
+    ).all()
+    ids = [r[0] for r in runs]
+    metrics = (
+        session.execute(select(func.count(Metric.id), func.max(Metric.id)).where(Metric.run_id.in_(ids))).one()
+        if ids
+        else (0, None)
+    )
+    blob = json.dumps([[list(r) for r in runs], list(metrics)], default=str)
+    return hashlib.sha1(blob.encode()).hexdigest()[:16]
+
+
+def _finite(x: float | None) -> float | None:
+    """JSON has no NaN/Inf: a diverged metric is sent as null (the run's decision says why)."""
+    return x if x is not None and math.isfinite(x) else None
+
+
+def _series(metrics: list[Metric]) -> dict[str, list[Any]]:
+    cols: dict[str, list[Any]] = {"step": [m.step for m in metrics]}
+    for name in METRIC_FIELDS:
+        values = [getattr(m, name) for m in metrics]
+        if any(v is not None for v in values):
+            cols[name] = [_finite(v) if isinstance(v, float) else v for v in values]
+    return cols
+
+
+def _samples(m: Metric, metric: str) -> list[float] | None:
+    """Per-sample values, if the worker stored them in `extra` (enables a truly paired SE)."""
+    values = (m.extra or {}).get(f"{metric}_samples")
+    return values if isinstance(values, list) and values else None
+
+
+def paired_difference(arm: list[Metric], control: list[Metric], metric: str) -> dict[str, Any]:
+    """arm - control at each checkpoint both have, with the SE of the difference and how it was got.
+
+    paired: per-sample differences on the same seeded samples, SE = sd(d)/sqrt(n) (the evaluation
+    seeds noise per sample, so samples pair up); independent: sqrt(se_a^2 + se_c^2), an upper bound
+    when the samples are positively correlated; none: no SE stored (e.g. published curves).
+    """
+    by_step = {m.step: m for m in control}
+    steps, diffs, ses, methods = [], [], [], []
+    for m in arm:
+        c = by_step.get(m.step)
+        a_val, c_val = (getattr(m, metric), getattr(c, metric)) if c else (None, None)
+        if c is None or _finite(a_val) is None or _finite(c_val) is None:
+            continue
+        steps.append(m.step)
+        diffs.append(a_val - c_val)
+        sa, sc = _samples(m, metric), _samples(c, metric)
+        se_a, se_c = getattr(m, f"{metric}_se"), getattr(c, f"{metric}_se")
+        if sa and sc and len(sa) == len(sc) > 1:
+            d = [x - y for x, y in zip(sa, sc, strict=True)]
+            mean = sum(d) / len(d)
+            sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (len(d) - 1))
+            ses.append(sd / math.sqrt(len(d)))
+            methods.append("paired")
+        elif se_a is not None and se_c is not None:
+            ses.append(math.sqrt(se_a**2 + se_c**2))
+            methods.append("independent")
+        else:
+            ses.append(None)
+            methods.append("none")
+    method = Counter(methods).most_common(1)[0][0] if methods else "none"
+    return {"step": steps, "diff": diffs, "se": [_finite(s) for s in ses], "se_method": method}
+
+
+def _as_spec(raw: dict[str, Any]) -> ArmSpec | None:
+    try:
+        return ArmSpec.model_validate(raw)
+    except ValidationError:
+        return None
+
+
+def lineage(grid: Grid) -> list[dict[str, Any]]:
+    """Per run: its parent and what it changes against it (orchestrator.arms.changes on stored specs).
+
+    The parent is taken from the grid when one of its runs is that arm, else resolved from arms/ with
+    the grid's overrides applied (so a tiny-size grid is not compared with a seed-size parent).
+    """
+    by_name: dict[str, Run] = {}
+    for r in grid.runs:
+        by_name.setdefault(r.arm, r)
+        name = (r.spec or {}).get("name")
+        if isinstance(name, str):
+            by_name.setdefault(name, r)
+    rows = []
+    for r in grid.runs:
+        spec = r.spec or {}
+        parent = spec.get("parent")
+        row: dict[str, Any] = {
+            "arm": r.arm,
+            "description": spec.get("description"),
+            "parent": parent,
+            "parent_source": None,
+            "changes": {},
+            "note": None,
+        }
+        if not parent:
+            row["note"] = "root arm (no parent)"
+            rows.append(row)
+            continue
+        parent_raw: dict[str, Any] | None = None
+        if parent in by_name:
+            parent_raw, row["parent_source"] = by_name[parent].spec, "grid"
+        else:
+            try:
+                overrides = {k: v for k, v in (grid.overrides or {}).items() if k not in LINEAGE_KEYS}
+                parent_raw, row["parent_source"] = resolve(parent, overrides).model_dump(mode="json"), "arms/"
+            except (ArmError, ValidationError) as exc:
+                row["note"] = f"parent {parent!r} not resolvable: {exc}"
+        if parent_raw is not None:
+            mine, theirs = _as_spec(spec), _as_spec(parent_raw)
+            if mine is not None and theirs is not None:
+                row["changes"] = changes(mine, theirs)
+            else:
+                # A spec stored by an older schema: diff the raw fields rather than show nothing.
+                strip = set(LINEAGE_KEYS)
+                a = flatten({k: v for k, v in spec.items() if k not in strip})
+                b = flatten({k: v for k, v in parent_raw.items() if k not in strip})
+                row["changes"] = {k: v for k, v in a.items() if b.get(k) != v}
+                row["note"] = "raw diff: a stored spec no longer validates against the current schema"
+        rows.append(row)
+    return rows
+
+
+def _metrics_by_run(session: Session, run_ids: list[int]) -> dict[int, list[Metric]]:
+    out: dict[int, list[Metric]] = {rid: [] for rid in run_ids}
+    if run_ids:
+        for m in session.scalars(select(Metric).where(Metric.run_id.in_(run_ids)).order_by(Metric.run_id, Metric.step)):
+            out[m.run_id].append(m)
+    return out
+
+
+def _best(run: Run, metrics: list[Metric]) -> tuple[int | None, float | None]:
+    """The stored best checkpoint; before the detector has written one, the lowest primary metric so far."""
+    if run.best_step is not None:
+        return run.best_step, run.best_value
+    scored = [(m.recon_lpips, m.step) for m in metrics if _finite(m.recon_lpips) is not None]
+    if not scored:
+        return None, None
+    value, step = min(scored)
+    return step, value
+
+
+def grid_detail(session: Session, grid: Grid) -> dict[str, Any]:
+    """Everything the grid page draws, as JSON-ready data."""
+    runs = list(grid.runs)
+    metrics = _metrics_by_run(session, [r.id for r in runs])
+    control = next((r for r in runs if r.arm == grid.control_arm), runs[0] if runs else None)
+    out_runs = []
+    for r in runs:
+        ms = metrics[r.id]
+        best_step, best_value = _best(r, ms)
+        standin = sorted({m.step for m in ms if m.lpips_backbone == STANDIN})
+        backbones = sorted({m.lpips_backbone for m in ms if m.lpips_backbone})
+        out_runs.append(
+            {
+                "id": r.id,
+                "arm": r.arm,
+                "position": r.position,
+                "description": (r.spec or {}).get("description"),
+                "state": r.state,
+                "stop_requested": r.stop_requested,
+                "decision": r.decision,
+                "decision_step": r.decision_step,
+                "decision_reason": r.decision_reason,
+                "stopped": r.decision in STOP_DECISIONS and r.decision_step is not None,
+                "best_step": best_step,
+                "best_value": _finite(best_value),
+                "best_from_detector": r.best_step is not None,
+                "fallbacks": r.fallbacks or [],
+                "lpips_backbones": backbones,
+                "standin_steps": standin,
+                "gpu_name": r.gpu_name,
+                "node": r.node,
+                "retries": r.retries,
+                "error": r.error,
+                "started_at": _iso(r.started_at),
+                "finished_at": _iso(r.finished_at),
+                "series": _series(ms),
+                "paired": (
+                    {q: paired_difference(ms, metrics[control.id], q) for q in QUALITY}
+                    if control is not None and r.id != control.id
+                    else None
+                ),
+            }
+        )
+    return {
+        "id": grid.id,
+        "name": grid.name,
+        "source": grid.source,
+        "control": control.arm if control else None,
+        "state": grid_state(r.state for r in runs),
+        "live": any(r.state not in TERMINAL_STATES for r in runs),
+        "created_at": _iso(grid.created_at),
+        "version": grid_version(session, grid.id),
+        "runs": out_runs,
+        "lineage": lineage(grid),
+    }
+
+
+CSV_RUN_COLUMNS = ("grid_id", "grid", "run_id", "arm", "state", "decision", "decision_step", "step")
+
+
+def metrics_csv(session: Session, grid: Grid) -> str:
+    """Every checkpoint of every run of the grid, one row each; `extra` as a JSON column."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow([*CSV_RUN_COLUMNS, *METRIC_FIELDS, "extra"])
+    metrics = _metrics_by_run(session, [r.id for r in grid.runs])
+    for r in grid.runs:
+        for m in metrics[r.id]:
+            writer.writerow(
+                [
+                    grid.id,
+                    grid.name,
+                    r.id,
+                    r.arm,
+                    r.state,
+                    r.decision or "",
+                    "" if r.decision_step is None else r.decision_step,
+                    m.step,
+                    *("" if getattr(m, f) is None else getattr(m, f) for f in METRIC_FIELDS),
+                    json.dumps(m.extra or {}, sort_keys=True),
+                ]
+            )
+    return buf.getvalue()

@@ -1,0 +1,74 @@
+"""The dashboard's pages and the read-only JSON/CSV they use. No auth: the dashboard never writes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import HTMLResponse
+from fastapi.templating import Jinja2Templates
+
+from orchestrator.api.deps import SessionDep, get_or_404
+from orchestrator.dashboard.data import grid_detail, grid_rows, grid_version, metrics_csv
+from orchestrator.db.models import Grid
+
+HERE = Path(__file__).parent
+STATIC_DIR = HERE / "static"
+STATIC_URL = "/dashboard/static"
+# How often an open page asks whether anything changed, in seconds (only while runs are live).
+POLL_SECONDS = 3.0
+
+templates = Jinja2Templates(directory=HERE / "templates")
+router = APIRouter(tags=["dashboard"])
+
+
+def _page(request: Request, name: str, **context: Any) -> HTMLResponse:
+    return templates.TemplateResponse(request, name, {"static": STATIC_URL, "poll_seconds": POLL_SECONDS, **context})
+
+
+@router.get("/", response_class=HTMLResponse, include_in_schema=False)
+def index_page(request: Request, session: SessionDep) -> HTMLResponse:
+    """The grid list, rendered on the server (readable without JS) and refreshed by polling."""
+    return _page(request, "index.html", grids=grid_rows(session))
+
+
+@router.get("/grids/{grid_id}", response_class=HTMLResponse, include_in_schema=False)
+def grid_page(grid_id: int, request: Request, session: SessionDep) -> HTMLResponse:
+    grid = get_or_404(session, Grid, grid_id)
+    return _page(request, "grid.html", grid={"id": grid.id, "name": grid.name, "source": grid.source})
+
+
+@router.get("/api/dashboard/grids")
+def dashboard_grids(session: SessionDep) -> list[dict[str, Any]]:
+    """Grid list rows: state, arms with states, started, GPU-hours (newest first)."""
+    return grid_rows(session)
+
+
+@router.get("/api/dashboard/grids/{grid_id}", responses={404: {"description": "no such grid"}})
+def dashboard_grid(grid_id: int, session: SessionDep, since: str | None = None) -> dict[str, Any]:
+    """Everything the grid page draws. With `since` = the last `version` seen, an unchanged grid
+    answers just {"version", "unchanged": true}, so polling a finished grid costs two small queries."""
+    grid = get_or_404(session, Grid, grid_id)
+    if since is not None:
+        version = grid_version(session, grid.id)
+        if version == since:
+            return {"version": version, "unchanged": True}
+    return grid_detail(session, grid)
+
+
+@router.get(
+    "/api/grids/{grid_id}/metrics.csv",
+    response_class=Response,
+    responses={200: {"content": {"text/csv": {}}}, 404: {"description": "no such grid"}},
+    tags=["grids"],
+)
+def grid_metrics_csv(grid_id: int, session: SessionDep) -> Response:
+    """Every checkpoint of every arm of the grid as CSV (one row per run and step)."""
+    grid = get_or_404(session, Grid, grid_id)
+    safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in grid.name)[:80] or "grid"
+    return Response(
+        metrics_csv(session, grid),
+        media_type="text/csv; charset=utf-8",
+        headers={"Content-Disposition": f'attachment; filename="grid{grid.id}_{safe}_metrics.csv"'},
+    )

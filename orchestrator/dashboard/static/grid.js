@@ -1,0 +1,465 @@
+// The grid page: fetches /api/dashboard/grids/{id}, draws every chart with uPlot, polls while runs are live.
+// Arm colours come from the Okabe-Ito palette (distinguishable with common colour-vision deficiencies)
+// and are fixed by the arm's position in the grid, so an arm has the same colour in every chart.
+"use strict";
+
+(function () {
+  const PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#B8A400"];
+  const STOP_KINDS = new Set(["collapse", "diverged", "stalled", "user"]);
+  const QUALITY = [
+    { key: "recon_lpips", title: "Reconstruction LPIPS", primary: true },
+    { key: "text_lpips", title: "Text-only LPIPS" },
+    { key: "text_manip_delta", title: "Text-manipulation delta" },
+  ];
+  const SPEED = [
+    { key: "iter_per_sec", title: "Iterations / s" },
+    { key: "samples_per_sec", title: "Samples / s" },
+  ];
+
+  const root = document.getElementById("grid");
+  const gridId = root.dataset.gridId;
+  const pollMs = 1000 * parseFloat(root.dataset.pollSeconds || "3");
+  const hidden = new Set();  // arms the user switched off (click an arm in the table)
+  let data = null;
+  let charts = [];
+  let pollTimer = null;
+
+  // --- small DOM helpers (textContent everywhere: arm names and reasons are user data) ---
+  function el(tag, attrs, ...children) {
+    const node = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (v === null || v === undefined || v === false) continue;
+      if (k === "class") node.className = v;
+      else if (k === "style") node.style.cssText = v;
+      else if (k.startsWith("data-")) node.setAttribute(k, String(v));
+      else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
+      else node.setAttribute(k, String(v));
+    }
+    for (const c of children.flat()) {
+      if (c === null || c === undefined || c === false) continue;
+      node.append(c instanceof Node ? c : document.createTextNode(String(c)));
+    }
+    return node;
+  }
+
+  const colour = (run) => PALETTE[run.position % PALETTE.length];
+  const dash = (run) => (run.position >= PALETTE.length ? [7, 4] : undefined);
+  function alpha(hex, a) {
+    const n = parseInt(hex.slice(1), 16);
+    return `rgba(${(n >> 16) & 255},${(n >> 8) & 255},${n & 255},${a})`;
+  }
+  function fmt(v, digits) {
+    if (v === null || v === undefined || Number.isNaN(v)) return "—";
+    if (digits !== undefined) return v.toFixed(digits);
+    const a = Math.abs(v);
+    if (a !== 0 && (a < 0.001 || a >= 1e5)) return v.toExponential(2);
+    if (Number.isInteger(v)) return String(v);
+    const t = v.toPrecision(4);
+    return t.includes(".") && !t.includes("e") ? t.replace(/\.?0+$/, "") : t;
+  }
+  const signed = (v) => (v === null || v === undefined ? "—" : (v > 0 ? "+" : "") + v.toFixed(4));
+  const stopped = (run) => run.stopped && STOP_KINDS.has(run.decision);
+  const valueAt = (run, key, step) => {
+    const s = run.series;
+    const i = s.step.indexOf(step);
+    return i >= 0 && s[key] ? s[key][i] : null;
+  };
+  function fallbackText(f) {
+    if (typeof f === "string") return f;
+    if (f && typeof f === "object") {
+      const what = f.what || f.name || f.kind || f.field;
+      const why = f.why || f.reason || f.detail || f.message;
+      if (what || why) return [what, why].filter(Boolean).join(": ");
+    }
+    return JSON.stringify(f);
+  }
+
+  // --- series tables -> one aligned uPlot data array ---
+  // A "table" is {run, xs, ys, lo, hi, after}: one line (+ optional band) of one arm.
+  function lineTables(run, xKey, yKey, seKey, seScale) {
+    const s = run.series;
+    if (!s[yKey] || !s[xKey]) return [];
+    const pts = [];
+    for (let i = 0; i < s.step.length; i++) {
+      const x = s[xKey][i], y = s[yKey][i];
+      if (x === null || x === undefined || y === null || y === undefined) continue;
+      const se = seKey && s[seKey] ? s[seKey][i] : null;
+      pts.push({ step: s.step[i], x, y, se });
+    }
+    pts.sort((a, b) => a.x - b.x);
+    // A stopped arm whose curve goes on (an imported study ran to the end): the part after the
+    // detector's stop is drawn faded and dashed, as what the stop would have saved.
+    const cut = stopped(run) ? run.decision_step : null;
+    const parts = cut === null ? [[pts, false]] : [[pts.filter((p) => p.step <= cut), false], [pts.filter((p) => p.step >= cut), true]];
+    return parts
+      .filter(([p]) => p.length > 0)
+      .map(([p, after]) => {
+        const hasSe = p.some((q) => q.se !== null && q.se !== undefined);
+        return {
+          run, after,
+          xs: p.map((q) => q.x),
+          ys: p.map((q) => q.y),
+          hi: hasSe ? p.map((q) => (q.se === null ? null : q.y + seScale * q.se)) : null,
+          lo: hasSe ? p.map((q) => (q.se === null ? null : q.y - seScale * q.se)) : null,
+        };
+      });
+  }
+
+  function pairedTables(run, key) {
+    const p = run.paired && run.paired[key];
+    if (!p || p.step.length === 0) return [];
+    const hasSe = p.se.some((v) => v !== null);
+    return [{
+      run, after: false, xs: p.step, ys: p.diff,
+      hi: hasSe ? p.diff.map((d, i) => (p.se[i] === null ? null : d + 2 * p.se[i])) : null,
+      lo: hasSe ? p.diff.map((d, i) => (p.se[i] === null ? null : d - 2 * p.se[i])) : null,
+      seMethod: p.se_method,
+    }];
+  }
+
+  function align(tables) {
+    const xs = Array.from(new Set(tables.flatMap((t) => t.xs))).sort((a, b) => a - b);
+    const index = new Map(xs.map((x, i) => [x, i]));
+    const column = (t, ys) => {
+      const out = new Array(xs.length).fill(null);
+      t.xs.forEach((x, i) => { out[index.get(x)] = ys[i]; });
+      return out;
+    };
+    const cols = [xs];
+    const series = [{}];
+    const bands = [];
+    for (const t of tables) {
+      const c = colour(t.run);
+      if (t.hi) {
+        cols.push(column(t, t.hi), column(t, t.lo));
+        const hiIdx = cols.length - 2;
+        series.push({ stroke: "transparent", points: { show: false }, spanGaps: true, label: `${t.run.arm} +se` });
+        series.push({ stroke: "transparent", points: { show: false }, spanGaps: true, label: `${t.run.arm} -se` });
+        bands.push({ series: [hiIdx, hiIdx + 1], fill: alpha(c, t.after ? 0.06 : 0.16) });
+      }
+      cols.push(column(t, t.ys));
+      series.push({
+        label: t.run.arm,
+        stroke: t.after ? alpha(c, 0.45) : c,
+        width: t.after ? 1.5 : 2,
+        dash: t.after ? [5, 4] : dash(t.run),
+        spanGaps: true,
+        points: { show: true, size: t.after ? 4 : 5, fill: t.after ? alpha(c, 0.45) : c, stroke: t.after ? alpha(c, 0.45) : c },
+        _arm: t.run.arm, _main: !t.after,
+      });
+    }
+    return { cols, series, bands };
+  }
+
+  // --- markers: DOM elements over the plot area (queryable, with the reason as text) ---
+  function placeMarkers(u, markers) {
+    let layer = u.over.querySelector(".markers");
+    if (!layer) {
+      layer = el("div", { class: "markers" });
+      u.over.append(layer);
+    }
+    layer.replaceChildren();
+    const w = u.over.clientWidth, h = u.over.clientHeight;
+    for (const m of markers) {
+      const left = u.valToPos(m.x, "x");
+      if (!(left >= -1 && left <= w + 1)) continue;
+      const attrs = { "data-kind": m.kind, "data-arm": m.run.arm, "data-step": m.step, title: m.title, style: `left:${left}px;--c:${colour(m.run)}` };
+      if (m.kind === "stop" || m.kind === "stop-line") {
+        attrs["data-decision"] = m.run.decision;
+        attrs["data-reason"] = m.run.decision_reason || "";
+        const mk = el("div", { ...attrs, class: `marker ${m.kind}` });
+        if (m.kind === "stop" && m.y !== null && m.y !== undefined) {
+          const top = u.valToPos(m.y, "y");
+          mk.append(el("span", { class: "x", style: `top:${top}px` }, "✕"));
+          mk.append(el("span", { class: "label", style: `top:${Math.min(Math.max(top - 30, 2), h - 20)}px` },
+            `${m.run.arm} stopped @${m.step}: ${m.run.decision}`));
+        }
+        layer.append(mk);
+      } else if (m.y !== null && m.y !== undefined) {
+        const top = u.valToPos(m.y, "y");
+        if (top < -1 || top > h + 1) continue;
+        attrs.style += `;top:${top}px`;
+        layer.append(el("div", { ...attrs, class: "marker best" }, "★"));
+      }
+    }
+  }
+
+  function refLine(u, y, label) {
+    const pos = u.valToPos(y, "y", true);
+    const { left, top, width, height } = u.bbox;
+    if (pos < top || pos > top + height) return;
+    const ctx = u.ctx;
+    ctx.save();
+    ctx.strokeStyle = "#666";
+    ctx.setLineDash([4, 4]);
+    ctx.lineWidth = devicePixelRatio;
+    ctx.beginPath();
+    ctx.moveTo(left, pos);
+    ctx.lineTo(left + width, pos);
+    ctx.stroke();
+    if (label) {
+      ctx.fillStyle = "#555";
+      ctx.font = `${11 * devicePixelRatio}px system-ui, sans-serif`;
+      ctx.textAlign = "right";
+      ctx.fillText(label, left + width - 4 * devicePixelRatio, pos - 4 * devicePixelRatio);
+    }
+    ctx.restore();
+  }
+
+  function chartCard(container, spec) {
+    const { title, note, tables, xLabel, yLabel, markers = [], refs = [], key, axis, fmtY = fmt } = spec;
+    const visible = tables.filter((t) => !hidden.has(t.run.arm));
+    const arms = Array.from(new Map(tables.map((t) => [t.run.arm, t.run])).values());
+    const legend = el("ul", { class: "legend" }, arms.map((r) =>
+      el("li", { "data-arm": r.arm, class: hidden.has(r.arm) ? "off" : null, style: `--c:${colour(r)}` },
+        el("i", { class: "sw" }), r.arm)));
+    const readout = el("div", { class: "readout" }, "\u00a0");
+    const plot = el("div", { class: "plot" });
+    const card = el("figure", { class: "chart", "data-key": key, "data-axis": axis, "data-arms": arms.map((r) => r.arm).join(",") },
+      el("figcaption", {}, el("strong", {}, title), note ? el("span", { class: "note" }, note) : null), legend, plot, readout);
+    container.append(card);
+    if (visible.length === 0) {
+      plot.append(el("p", { class: "nodata" }, tables.length ? "all arms hidden" : "no data stored for this metric"));
+      return null;
+    }
+    const { cols, series, bands } = align(visible);
+    const width = Math.max(280, card.clientWidth - 16);
+    const opts = {
+      width, height: 230,
+      legend: { show: false },
+      cursor: { drag: { x: true, y: false }, points: { size: 7 } },
+      series,
+      bands,
+      scales: { x: { time: false }, y: { range: spec.yRange } },
+      axes: [
+        { label: xLabel, labelSize: 18, size: 34, stroke: "#333", grid: { stroke: "#eee" }, ticks: { stroke: "#ccc" } },
+        { label: yLabel, labelSize: 18, size: 58, stroke: "#333", grid: { stroke: "#eee" }, ticks: { stroke: "#ccc" }, values: (u, vals) => vals.map((v) => fmtY(v)) },
+      ],
+      hooks: {
+        draw: [(u) => {
+          refs.forEach((r) => refLine(u, r.y, r.label));
+          placeMarkers(u, markers.filter((m) => !hidden.has(m.run.arm)));
+          // Which arms have a drawn line: read by the browser test next to the canvas pixels.
+          card.dataset.bands = String(bands.length);
+          card.dataset.drawn = Array.from(new Set(u.series.filter((s, i) => i > 0 && s._main && s.show && u.data[i].some((v) => v !== null)).map((s) => s._arm))).join(",");
+        }],
+        setCursor: [(u) => {
+          const i = u.cursor.idx;
+          if (i === null || i === undefined) { readout.textContent = "\u00a0"; return; }
+          const parts = [`${xLabel} ${fmt(u.data[0][i])}`];
+          u.series.forEach((s, k) => { if (k > 0 && s._arm && u.data[k][i] !== null) parts.push(`${s._arm}${s._main ? "" : " (after stop)"} ${fmtY(u.data[k][i])}`); });
+          readout.textContent = parts.join("   ");
+        }],
+      },
+    };
+    const chart = new uPlot(opts, cols, plot);
+    return chart;
+  }
+
+  function rangeWithZero(u, min, max) {
+    const lo = Math.min(min, 0), hi = Math.max(max, 0);
+    const pad = (hi - lo) * 0.08 || 0.01;
+    return [lo - pad, hi + pad];
+  }
+
+  // --- page sections ---
+  function badge(state, extra) {
+    return el("span", { class: `badge state-${state}`, "data-state": state }, extra || state);
+  }
+
+  function renderHeader(d) {
+    document.getElementById("grid-name").textContent = d.name;
+    const st = document.getElementById("grid-state");
+    st.className = `badge state-${d.state}`;
+    st.textContent = d.state;
+    const hours = d.runs.map((r) => lastOf(r.series.gpu_hours)).filter((v) => v !== null);
+    const total = hours.length ? hours.reduce((a, b) => a + b, 0) : null;
+    document.getElementById("grid-meta").textContent =
+      `${d.runs.length} arms · control ${d.control ?? "—"} · ${d.source}` + (total !== null ? ` · ${total.toFixed(1)} GPU-hours` : "");
+    document.getElementById("control-name").textContent = d.control ? `(${d.control})` : "";
+    const live = document.getElementById("live");
+    live.hidden = !d.live;
+    live.textContent = `live · updated ${new Date().toLocaleTimeString()}`;
+  }
+
+  function lastOf(arr) {
+    if (!arr) return null;
+    for (let i = arr.length - 1; i >= 0; i--) if (arr[i] !== null) return arr[i];
+    return null;
+  }
+
+  function renderBanners(d) {
+    const box = document.getElementById("banners");
+    box.replaceChildren();
+    for (const r of d.runs) {
+      if (stopped(r)) {
+        box.append(el("div", { class: "banner stop", "data-arm": r.arm, style: `--c:${colour(r)}` },
+          el("strong", {}, `${r.arm} stopped at step ${r.decision_step} (${r.decision}). `),
+          r.decision_reason || "",
+          r.best_step !== null ? ` Best checkpoint kept: step ${r.best_step}, recon LPIPS ${fmt(r.best_value, 4)}.` : ""));
+      }
+      if (r.standin_steps.length) {
+        box.append(el("div", { class: "banner standin", "data-arm": r.arm },
+          el("strong", {}, `${r.arm}: stand-in LPIPS. `),
+          `${r.standin_steps.length} checkpoint(s) were scored with a random (untrained) LPIPS backbone: these values are not comparable with real LPIPS.`));
+      }
+      if (r.fallbacks.length) {
+        box.append(el("div", { class: "banner fallback", "data-arm": r.arm },
+          el("strong", {}, `${r.arm} fallbacks: `), r.fallbacks.map(fallbackText).join("; ")));
+      }
+      if (r.state === "failed" && r.error) {
+        box.append(el("div", { class: "banner failed", "data-arm": r.arm }, el("strong", {}, `${r.arm} failed: `), r.error));
+      }
+    }
+  }
+
+  function renderArms(d) {
+    const body = document.querySelector("#arms tbody");
+    body.replaceChildren();
+    for (const r of d.runs) {
+      const s = r.series;
+      const notes = [];
+      if (r.standin_steps.length) notes.push(el("span", { class: "tag standin", title: "LPIPS from a random stand-in backbone" }, "stand-in LPIPS"));
+      for (const f of r.fallbacks) notes.push(el("span", { class: "tag fallback", title: fallbackText(f) }, "fallback: " + fallbackText(f)));
+      if (r.stop_requested && !stopped(r)) notes.push(el("span", { class: "tag" }, "stop requested"));
+      if (r.retries) notes.push(el("span", { class: "tag" }, `${r.retries} retries`));
+      if (r.gpu_name) notes.push(el("span", { class: "tag plain" }, r.gpu_name));
+      const detector = r.decision && r.decision !== "continue"
+        ? el("span", {}, badge(stopped(r) ? "stopped" : r.decision, r.decision), r.decision_step !== null ? ` @${r.decision_step} ` : " ",
+            el("span", { class: "reason", title: r.decision_reason || "" }, r.decision_reason || ""))
+        : el("span", { class: "muted" }, r.decision === "continue" ? "continue" : "—");
+      const row = el("tr", { "data-arm": r.arm, class: hidden.has(r.arm) ? "off" : null, title: "click to show/hide this arm in the charts",
+        onclick: () => { hidden.has(r.arm) ? hidden.delete(r.arm) : hidden.add(r.arm); render(data); } },
+        el("td", {}, el("i", { class: "sw", style: `--c:${colour(r)}` }), el("strong", {}, r.arm), r.description ? el("span", { class: "desc", title: r.description }, r.description) : null),
+        el("td", {}, badge(r.state)),
+        el("td", { class: "num" }, fmt(lastOf(s.step))),
+        el("td", { class: "num" }, fmt(lastOf(s.recon_lpips), 4)),
+        el("td", { class: "nowrap" }, r.best_step !== null ? `${fmt(r.best_value, 4)} @${r.best_step}` : "—"),
+        el("td", {}, detector),
+        el("td", { class: "num" }, fmt(lastOf(s.gpu_hours), 1)),
+        el("td", { class: "num" }, fmt(lastOf(s.iter_per_sec))),
+        el("td", {}, notes));
+      body.append(row);
+    }
+  }
+
+  function renderLineage(d) {
+    const body = document.querySelector("#lineage tbody");
+    body.replaceChildren();
+    const byArm = new Map(d.runs.map((r) => [r.arm, r]));
+    for (const row of d.lineage) {
+      const entries = Object.entries(row.changes);
+      const changes = entries.length
+        ? el("ul", { class: "changes" }, entries.map(([k, v]) => el("li", {}, el("code", {}, k), " = ", el("code", {}, JSON.stringify(v)))))
+        : el("span", { class: "muted" }, row.note || "no field differs");
+      const run = byArm.get(row.arm);
+      body.append(el("tr", { "data-arm": row.arm },
+        el("td", {}, el("i", { class: "sw", style: `--c:${run ? colour(run) : "#999"}` }), el("strong", {}, row.arm), row.description ? el("span", { class: "desc" }, row.description) : null),
+        el("td", {}, row.parent ? `${row.parent}${row.parent_source === "arms/" ? " (from arms/)" : ""}` : "—"),
+        el("td", {}, changes, entries.length && row.note ? el("div", { class: "muted" }, row.note) : null)));
+    }
+  }
+
+  function qualityMarkers(d, q, xKey) {
+    const out = [];
+    for (const r of d.runs) {
+      const xAt = (step) => (xKey === "step" ? step : valueAt(r, xKey, step));
+      if (q.primary && r.best_step !== null) {
+        const y = r.best_value ?? valueAt(r, q.key, r.best_step);
+        out.push({ kind: "best", run: r, step: r.best_step, x: xAt(r.best_step), y, title: `${r.arm} best checkpoint: step ${r.best_step}, recon LPIPS ${fmt(y, 4)}` });
+      }
+      if (stopped(r)) {
+        out.push({ kind: q.primary ? "stop" : "stop-line", run: r, step: r.decision_step, x: xAt(r.decision_step), y: valueAt(r, q.key, r.decision_step),
+          title: `${r.arm} stopped at step ${r.decision_step} (${r.decision}): ${r.decision_reason || ""}` });
+      }
+    }
+    return out.filter((m) => m.x !== null && m.x !== undefined);
+  }
+
+  function standinNote(d) {
+    const arms = d.runs.filter((r) => r.standin_steps.length).map((r) => r.arm);
+    return arms.length ? `⚠ stand-in LPIPS backbone: ${arms.join(", ")}` : null;
+  }
+
+  function renderCharts(d) {
+    charts.forEach((c) => c && c.destroy());
+    charts = [];
+    const rows = { step: "row-step", hours: "row-hours", paired: "row-paired", speed: "row-speed" };
+    for (const id of Object.values(rows)) document.getElementById(id).replaceChildren();
+    const note = standinNote(d);
+    for (const [axis, xKey, xLabel] of [["step", "step", "step"], ["hours", "gpu_hours", "GPU-hours"]]) {
+      for (const q of QUALITY) {
+        charts.push(chartCard(document.getElementById(rows[axis]), {
+          key: q.key, axis, title: `${q.title}${axis === "hours" ? " vs GPU-hours" : ""}`, note: q.key !== "text_manip_delta" ? note : null,
+          xLabel, yLabel: q.key === "text_manip_delta" ? "LPIPS delta" : "LPIPS",
+          tables: d.runs.flatMap((r) => lineTables(r, xKey, q.key, `${q.key}_se`, 1)),
+          markers: qualityMarkers(d, q, xKey),
+          refs: q.key !== "text_manip_delta" ? [{ y: 1.0, label: "LPIPS 1.0 (trivial baseline)" }] : [],
+        }));
+      }
+    }
+    const others = d.runs.filter((r) => r.paired);
+    for (const q of QUALITY) {
+      const tables = others.flatMap((r) => pairedTables(r, q.key));
+      const methods = new Set(tables.map((t) => t.seMethod));
+      const seNote = methods.has("paired") ? "±2 SE of per-sample paired differences"
+        : methods.has("independent") ? "±2 SE from the two arms' SEs (independent: conservative)"
+        : "no SE stored: no bands";
+      charts.push(chartCard(document.getElementById(rows.paired), {
+        key: `paired_${q.key}`, axis: "paired", title: `Δ ${q.title} vs ${d.control}`, note: seNote,
+        xLabel: "step", yLabel: "Δ", tables, fmtY: (v) => signed(v).replace(/0+$/, "").replace(/\.$/, ""),
+        yRange: rangeWithZero, refs: [{ y: 0, label: `= ${d.control}` }],
+        markers: others.filter(stopped).map((r) => ({ kind: "stop-line", run: r, step: r.decision_step, x: r.decision_step, y: null,
+          title: `${r.arm} stopped at step ${r.decision_step} (${r.decision}): ${r.decision_reason || ""}` })),
+      }));
+    }
+    for (const s of SPEED) {
+      charts.push(chartCard(document.getElementById(rows.speed), {
+        key: s.key, axis: "step", title: s.title, xLabel: "step", yLabel: s.key === "iter_per_sec" ? "it/s" : "samples/s",
+        tables: d.runs.flatMap((r) => lineTables(r, "step", s.key, null, 1)),
+        markers: d.runs.filter(stopped).map((r) => ({ kind: "stop-line", run: r, step: r.decision_step, x: r.decision_step, y: null,
+          title: `${r.arm} stopped at step ${r.decision_step}` })),
+      }));
+    }
+  }
+
+  function render(d) {
+    renderHeader(d);
+    renderBanners(d);
+    renderArms(d);
+    renderCharts(d);
+    renderLineage(d);
+    root.dataset.version = d.version;
+    root.dataset.ready = "true";
+  }
+
+  async function load() {
+    const since = data ? `?since=${encodeURIComponent(data.version)}` : "";
+    try {
+      const resp = await fetch(`/api/dashboard/grids/${gridId}${since}`, { cache: "no-store" });
+      if (!resp.ok) throw new Error(`${resp.status} ${resp.statusText}`);
+      const d = await resp.json();
+      if (!d.unchanged) {
+        data = d;
+        render(d);
+      } else {
+        document.getElementById("live").textContent = `live · checked ${new Date().toLocaleTimeString()}`;
+      }
+      root.dataset.error = "";
+    } catch (err) {
+      root.dataset.error = String(err);
+      const live = document.getElementById("live");
+      live.hidden = false;
+      live.textContent = `connection lost (${err.message}); retrying`;
+    }
+    clearTimeout(pollTimer);
+    if (!data || data.live || root.dataset.error) pollTimer = setTimeout(load, pollMs);
+  }
+
+  let resizeTimer = null;
+  window.addEventListener("resize", () => {
+    clearTimeout(resizeTimer);
+    resizeTimer = setTimeout(() => data && renderCharts(data), 150);
+  });
+  load();
+})();

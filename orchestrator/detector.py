@@ -1,0 +1,378 @@
+"""The collapse detector: one decision per new checkpoint of an arm, from its metric series alone
+(and the control arm's, for stalls).
+
+An ablation must let a slower or weaker arm finish: that is its result. So unlike Ray Tune's and
+Optuna's stopping rules, which rank trials against each other and judge best-so-far, this stops
+only an arm that breaks: it diverges (NaN/Inf), collapses (improves, then degrades past its own
+best by more than noise), or stalls far behind the control arm. Pure functions, no torch, no DB:
+the controller calls `decide` on every checkpoint, `ablate replay` calls `replay` on whole curves.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Literal
+
+from model.spec import DetectorPolicy
+
+Direction = Literal["min", "max"]
+
+
+class DecisionKind(StrEnum):
+    CONTINUE = "continue"
+    COLLAPSE = "collapse"
+    DIVERGED = "diverged"
+    STALLED = "stalled"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One evaluated checkpoint: its step and every numeric field reported with it.
+
+    A missing field (absent or None) is tolerated; NaN/Inf is kept, because it means diverged.
+    `hours` is the arm's elapsed GPU time at this checkpoint in hours (for GPU-hours saved).
+    """
+
+    step: int
+    values: Mapping[str, float | None] = field(default_factory=dict)
+    hours: float | None = None
+
+    @classmethod
+    def from_mapping(cls, row: Mapping[str, Any]) -> Checkpoint:
+        """Build from a fixture dict or a DB Metric row's fields (`step` plus metric columns).
+
+        Non-numeric fields (timestamps, backbone labels) are ignored. Hours come from
+        `elapsed_hours`, else `gpu_hours`, else `wall_time_s` / 3600.
+        """
+        step = row.get("step")
+        if isinstance(step, bool) or not isinstance(step, int | float) or step != int(step):
+            raise ValueError(f"checkpoint 'step' must be an integer, got {step!r}")
+        values: dict[str, float | None] = {}
+        for key, val in row.items():
+            if key == "step":
+                continue
+            if val is None:
+                values[key] = None
+            elif isinstance(val, int | float) and not isinstance(val, bool):
+                values[key] = float(val)
+        hours = values.get("elapsed_hours")
+        if hours is None:
+            hours = values.get("gpu_hours")
+        if hours is None and values.get("wall_time_s") is not None:
+            hours = values["wall_time_s"] / 3600.0  # type: ignore[operator]
+        return cls(step=int(step), values=values, hours=hours)
+
+    @classmethod
+    def from_object(cls, obj: Any, fields: Sequence[str]) -> Checkpoint:
+        """Build from an object with attributes `step` and `fields`, e.g. a DB Metric row with
+        `orchestrator.db.models.METRIC_FIELDS`."""
+        return cls.from_mapping({"step": obj.step, **{f: getattr(obj, f, None) for f in fields}})
+
+    def get(self, name: str) -> float | None:
+        """The field's value, None when missing (NaN/Inf are returned as they are)."""
+        return self.values.get(name)
+
+    def se(self, name: str) -> float | None:
+        """The standard error reported with `name` (field `<name>_se`), None when absent or unusable."""
+        se = self.values.get(f"{name}_se")
+        return se if se is not None and math.isfinite(se) and se > 0 else None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The verdict on the newest checkpoint of a series.
+
+    `stop` is True only when the verdict is not `continue` and the policy's mode is `stop`
+    (in `warn` mode the arm is flagged and runs on). best_step / best_value: the primary metric's
+    best checkpoint so far, the one to keep and mark.
+    """
+
+    kind: DecisionKind
+    step: int
+    metric: str
+    value: float | None
+    best_step: int | None
+    best_value: float | None
+    reason: str
+    warnings: tuple[str, ...] = ()
+    stop: bool = False
+
+    @property
+    def flagged(self) -> bool:
+        return self.kind is not DecisionKind.CONTINUE
+
+    def to_dict(self) -> dict[str, Any]:
+        """Strict-JSON-ready (an Event's data, an API response): a NaN/Inf value becomes the string
+        "nan"/"inf", because Postgres JSON rejects NaN literals."""
+        value = self.value if self.value is None or math.isfinite(self.value) else str(self.value)
+        return {
+            "kind": self.kind.value,
+            "step": self.step,
+            "metric": self.metric,
+            "value": value,
+            "best_step": self.best_step,
+            "best_value": self.best_value,
+            "reason": self.reason,
+            "warnings": list(self.warnings),
+            "stop": self.stop,
+        }
+
+
+def _finite(x: float | None) -> bool:
+    return x is not None and math.isfinite(x)
+
+
+def _worse(a: float, b: float, direction: Direction) -> float:
+    """How much worse a is than b (positive = worse), in metric units."""
+    return a - b if direction == "min" else b - a
+
+
+def _best(series: Sequence[Checkpoint], name: str, direction: Direction) -> tuple[int, float] | None:
+    """(step, value) of the best finite value of `name`; the earliest on ties."""
+    best: tuple[int, float] | None = None
+    for cp in series:
+        v = cp.get(name)
+        if _finite(v) and (best is None or _worse(v, best[1], direction) < 0):  # type: ignore[arg-type]
+            best = (cp.step, v)  # type: ignore[assignment]
+    return best
+
+
+def _worsening_run(series: Sequence[Checkpoint], name: str, direction: Direction) -> int:
+    """How many of the latest finite values each got worse than the one before (missing values skipped)."""
+    vals = [v for v in (cp.get(name) for cp in series) if _finite(v)]
+    run = 0
+    for prev, cur in zip(reversed(vals[:-1]), reversed(vals[1:]), strict=True):
+        if _worse(cur, prev, direction) <= 0:  # type: ignore[arg-type]
+            break
+        run += 1
+    return run
+
+
+def _margin(
+    series: Sequence[Checkpoint], name: str, best_step: int, policy: DetectorPolicy
+) -> tuple[float, str]:
+    """The excess over the best that counts as collapse: max(margin_abs, margin_se x SE of the
+    difference), and a note on where the SE came from."""
+    now = series[-1]
+    best_cp = next(cp for cp in series if cp.step == best_step)
+    se_now, se_best = now.se(name), best_cp.se(name)
+    if se_now is not None and se_best is not None:
+        src = f"{name}_se"
+    elif policy.assumed_se is not None:
+        src = f"SE {policy.assumed_se:g} assumed where {name}_se is missing"
+        se_now = se_now if se_now is not None else policy.assumed_se
+        se_best = se_best if se_best is not None else policy.assumed_se
+    else:
+        return policy.margin_abs, f"margin_abs {policy.margin_abs:g} only: no {name}_se and no assumed_se"
+    se_diff = math.hypot(se_now, se_best)
+    margin = max(policy.margin_abs, policy.margin_se * se_diff)
+    return margin, f"max({policy.margin_abs:g} abs, {policy.margin_se:g} x SE {se_diff:.4f}; {src})"
+
+
+def _collapse_check(
+    series: Sequence[Checkpoint], name: str, direction: Direction, policy: DetectorPolicy
+) -> str | None:
+    """A description of a monotone collapse of `name` at the newest checkpoint, or None."""
+    value = series[-1].get(name)
+    best = _best(series, name, direction)
+    if not _finite(value) or best is None:
+        return None
+    run = _worsening_run(series, name, direction)
+    if run < policy.worsening_checkpoints:
+        return None
+    excess = _worse(value, best[1], direction)  # type: ignore[arg-type]
+    margin, how = _margin(series, name, best[0], policy)
+    if excess <= margin:
+        return None
+    return (
+        f"{name} worsened {run} checkpoints in a row to {value:.4f} at step {series[-1].step}, "
+        f"{excess:.4f} worse than its best {best[1]:.4f} @{best[0]} (> margin {margin:.4f} = {how})"
+    )
+
+
+def _secondary_warnings(series: Sequence[Checkpoint], policy: DetectorPolicy) -> tuple[str, ...]:
+    out = []
+    for name, direction in policy.secondary.items():
+        msg = _collapse_check(series, name, direction, policy)
+        if msg:
+            out.append(f"{msg}; secondary metric: warning only")
+    return tuple(out)
+
+
+def decide(
+    series: Sequence[Checkpoint],
+    policy: DetectorPolicy,
+    control: Sequence[Checkpoint] | None = None,
+    total_steps: int | None = None,
+) -> Decision:
+    """Judge the newest checkpoint of `series` (any order; judged in step order).
+
+    Guards in order, the first that fires decides: policy off; diverged (NaN/Inf in the primary,
+    a secondary or a divergence field at this checkpoint); primary missing here (continue, with a
+    warning); ceiling crossed; monotone collapse over k checkpoints past the margin; stalled behind
+    the control's best up to this step (only past stall_grace_fraction of total_steps). Else continue.
+
+    Args:
+        series: the arm's checkpoints so far (at least one).
+        policy: the arm's DetectorPolicy.
+        control: the control arm's checkpoints so far; None = no stall check.
+        total_steps: the arm's planned optimizer steps (for the stall grace period).
+    """
+    if not series:
+        raise ValueError("decide needs at least one checkpoint")
+    series = sorted(series, key=lambda cp: cp.step)
+    now, name, direction = series[-1], policy.metric, policy.metric_mode
+    value = now.get(name)
+    best = _best(series, name, direction)
+    best_step, best_value = best if best else (None, None)
+    warnings = list(_secondary_warnings(series, policy))
+
+    def result(kind: DecisionKind, reason: str) -> Decision:
+        return Decision(
+            kind=kind,
+            step=now.step,
+            metric=name,
+            value=value,
+            best_step=best_step,
+            best_value=best_value,
+            reason=reason,
+            warnings=tuple(warnings),
+            stop=kind is not DecisionKind.CONTINUE and policy.mode == "stop",
+        )
+
+    if policy.mode == "off":
+        return result(DecisionKind.CONTINUE, "detector off (policy mode 'off')")
+
+    watched = [name, *policy.secondary, *policy.divergence_fields]
+    bad = [f"{f}={now.get(f)}" for f in dict.fromkeys(watched) if now.get(f) is not None and not _finite(now.get(f))]
+    if bad:
+        return result(DecisionKind.DIVERGED, f"{', '.join(bad)} at step {now.step}")
+
+    if value is None:
+        warnings.append(f"{name} missing at step {now.step}: nothing to judge")
+        return result(DecisionKind.CONTINUE, f"{name} missing at step {now.step}")
+
+    if policy.ceiling is not None:
+        earlier = _best(series[:-1], name, direction)
+        # "Crossed": it was better than the ceiling before; an arm that never got below it is a stall case.
+        if earlier is not None and _worse(earlier[1], policy.ceiling, direction) < 0 <= _worse(
+            value, policy.ceiling, direction
+        ):
+            return result(
+                DecisionKind.COLLAPSE,
+                f"{name} {value:.4f} at step {now.step} crossed the ceiling {policy.ceiling:g} "
+                f"(best {best_value:.4f} @{best_step})",
+            )
+
+    collapse = _collapse_check(series, name, direction, policy)
+    if collapse:
+        return result(DecisionKind.COLLAPSE, collapse)
+
+    if control:
+        if total_steps is None:
+            warnings.append("stall check skipped: total_steps unknown")
+        elif now.step >= policy.stall_grace_fraction * total_steps:
+            ctrl = _best([cp for cp in control if cp.step <= now.step], name, direction)
+            if ctrl is None:
+                warnings.append(f"stall check skipped: control has no {name} up to step {now.step}")
+            elif (gap := _worse(best_value, ctrl[1], direction)) > policy.stall_margin:  # type: ignore[arg-type]
+                return result(
+                    DecisionKind.STALLED,
+                    f"best {name} {best_value:.4f} @{best_step} is {gap:.4f} worse than the control's best "
+                    f"{ctrl[1]:.4f} @{ctrl[0]} at step {now.step} (> stall_margin {policy.stall_margin:g})",
+                )
+
+    run = _worsening_run(series, name, direction)
+    return result(
+        DecisionKind.CONTINUE,
+        f"{name} {value:.4f} at step {now.step}, best {best_value:.4f} @{best_step} "
+        f"({_worse(value, best_value, direction):+.4f}; worse {run} in a row, k={policy.worsening_checkpoints})",
+    )
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """One arm replayed checkpoint by checkpoint. `decision` is the first flagged decision (the one
+    that stopped the arm in stop mode), else the last one; `decisions` is the whole sequence."""
+
+    arm: str
+    decision: Decision
+    stopped: bool
+    step_flagged: int | None
+    gpu_hours_saved: float | None  # final elapsed hours - elapsed at the stop; 0 when it ran on
+    decisions: tuple[Decision, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        """The `ablate replay` line."""
+        d = self.decision
+        return {
+            "arm": self.arm,
+            "decision": d.kind.value,
+            "step_flagged": self.step_flagged,
+            "best_step": d.best_step,
+            "best_value": d.best_value,
+            "reason": d.reason,
+            "gpu_hours_saved": None if self.gpu_hours_saved is None else round(self.gpu_hours_saved, 2),
+            "stopped": self.stopped,
+            "warnings": list(d.warnings),
+        }
+
+
+def replay_arm(
+    arm: str,
+    series: Sequence[Checkpoint],
+    policy: DetectorPolicy,
+    control: Sequence[Checkpoint] | None = None,
+) -> ReplayResult:
+    """Feed an arm's checkpoints one by one (step order) to `decide`, stopping where it says stop.
+
+    total_steps is the arm's last step; the control series is used as given.
+    """
+    if not series:
+        raise ValueError(f"arm {arm!r} has no checkpoints")
+    ordered = sorted(series, key=lambda cp: cp.step)
+    decisions: list[Decision] = []
+    for i in range(len(ordered)):
+        decisions.append(decide(ordered[: i + 1], policy, control, ordered[-1].step))
+        if decisions[-1].stop:
+            break
+    first_flag = next((d for d in decisions if d.flagged), None)
+    final = first_flag or decisions[-1]
+    stopped = final.stop
+    saved: float | None = 0.0
+    if stopped:
+        at = next(cp for cp in ordered if cp.step == final.step).hours
+        end = ordered[-1].hours
+        saved = end - at if at is not None and end is not None else None
+    return ReplayResult(
+        arm=arm,
+        decision=final,
+        stopped=stopped,
+        step_flagged=first_flag.step if first_flag else None,
+        gpu_hours_saved=saved,
+        decisions=tuple(decisions),
+    )
+
+
+def replay(
+    curves: Mapping[str, Sequence[Checkpoint]],
+    policy: DetectorPolicy,
+    control: str | None = None,
+) -> list[ReplayResult]:
+    """Replay every arm (in the mapping's order). With `control`, that arm is replayed first and the
+    others are checked for stalls against it, truncated where the detector stopped it."""
+    if control is not None and control not in curves:
+        raise ValueError(f"control arm {control!r} is not in the curves (arms: {', '.join(curves)})")
+    results: dict[str, ReplayResult] = {}
+    control_series: list[Checkpoint] | None = None
+    if control is not None:
+        results[control] = replay_arm(control, curves[control], policy)
+        last = results[control].decisions[-1].step
+        control_series = [cp for cp in curves[control] if cp.step <= last]
+    for arm, series in curves.items():
+        if arm not in results:
+            results[arm] = replay_arm(arm, series, policy, control_series)
+    return [results[arm] for arm in curves]

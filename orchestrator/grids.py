@@ -1,0 +1,261 @@
+"""The grid service: validate a grid body, store it as one queued run per arm, summarise it, stop runs.
+
+Used by the REST API, the CLI, the importer of published curves and the schedules, so every caller
+gets the same validation and the same error paths.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import datetime
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, field_validator
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from model.spec import ArmSpec
+from orchestrator.arms import LINEAGE_KEYS, ArmError, arm_files, resolve
+from orchestrator.db.models import METRIC_FIELDS, TERMINAL_STATES, Event, Grid, Metric, Run, RunState, utcnow
+
+ARM_LABEL_MAX = 64  # runs.arm is VARCHAR(64)
+GRID_NAME_MAX = 200  # grids.name is VARCHAR(200)
+
+
+def check_text(value: str) -> str:
+    """Reject what a database text column cannot hold (NUL, lone surrogates), instead of a 500 later."""
+    if "\x00" in value:
+        raise ValueError("must not contain NUL characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("must be valid UTF-8 text") from None
+    return value
+
+
+# Any string validates (an unknown letter gets a 422 listing the known ones); the schema lists the
+# known letters so clients and the API fuzzer see what is valid.
+ArmLetter = Annotated[str, WithJsonSchema({"type": "string", "enum": sorted(arm_files())})]
+
+
+class GridCreate(BaseModel):
+    """A grid as POST /api/grids and `ablate submit` take it. The minimal body is {"name", "arms"}."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=GRID_NAME_MAX, examples=["tread-vs-muon"])
+    # Arm letters from arms/ (A..I) or inline specs: {"parent": "G", "name": "G-r16", "flow": {"rank": 16}}.
+    arms: list[ArmLetter | dict[str, Any]] = Field(min_length=1, max_length=64, examples=[["A", "B"]])
+    # Deep-merged into every arm, e.g. {"model": {"size": "tiny"}, "schedule": {"steps": 300}}.
+    overrides: dict[str, Any] = Field(default_factory=dict)
+    # The arm the stall rule compares against; default: the first arm.
+    control: str | None = Field(default=None, examples=["A"])
+
+    @field_validator("name")
+    @classmethod
+    def _name_text(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must not be blank")
+        return check_text(v)
+
+
+class GridError(ValueError):
+    """A grid that cannot be created. `errors` are pydantic-style dicts with `loc` relative to the body."""
+
+    def __init__(self, errors: list[dict[str, Any]]) -> None:
+        self.errors = errors
+        super().__init__(self.message())
+
+    def message(self) -> str:
+        """One line: `arms.1.optimizer.asymflow: Extra inputs are not permitted; ...`."""
+        return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(grid)'}: {e['msg']}" for e in self.errors)
+
+
+class RunConflict(ValueError):
+    """An action that does not apply to the run's current state (e.g. stopping a finished run)."""
+
+
+def _pydantic_errors(exc: ValidationError, prefix: tuple[Any, ...], note: str = "") -> list[dict[str, Any]]:
+    return [
+        {"loc": [*prefix, *err["loc"]], "msg": err["msg"] + note, "type": err["type"]}
+        for err in exc.errors(include_url=False, include_context=False, include_input=False)
+    ]
+
+
+def _error(loc: tuple[Any, ...], msg: str, kind: str = "value_error") -> dict[str, Any]:
+    return {"loc": list(loc), "msg": msg, "type": kind}
+
+
+def _text_errors(value: Any, loc: tuple[Any, ...]) -> list[dict[str, Any]]:
+    """Every string or key under `value` that a database or a JSON response could not carry."""
+    errors: list[dict[str, Any]] = []
+    if isinstance(value, str):
+        try:
+            check_text(value)
+        except ValueError as exc:
+            errors.append(_error(loc, str(exc)))
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            errors += _text_errors(key, (*loc, key)) + _text_errors(item, (*loc, key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            errors += _text_errors(item, (*loc, i))
+    return errors
+
+
+def _label(arm: str | dict[str, Any], position: int) -> str:
+    if isinstance(arm, str):
+        return arm
+    name = arm.get("name")
+    return name if isinstance(name, str) else f"inline{position + 1}"
+
+
+def resolve_grid(body: GridCreate) -> list[tuple[str, ArmSpec]]:
+    """(label, resolved spec) per arm in order, or GridError listing every problem with its body path.
+
+    An error inside an arm's own fields is reported under ["arms", i, ...]; one that the overrides
+    introduce, under ["overrides", ...] (naming the arm it broke).
+    """
+    # Specs are stored as JSON and echoed by the API, so their text must be clean before anything else.
+    errors = _text_errors(body.arms, ("arms",)) + _text_errors(body.overrides, ("overrides",))
+    if errors:
+        raise GridError(errors)
+    for key in sorted(set(body.overrides) & set(LINEAGE_KEYS)):
+        errors.append(_error(("overrides", key), f"'{key}' belongs to each arm, not to the grid's overrides"))
+    resolved: list[tuple[str, ArmSpec]] = []
+    labels: list[str] = []
+    for i, arm in enumerate(body.arms):
+        label = _label(arm, i)
+        labels.append(label)
+        if isinstance(arm, dict) and "name" not in arm:
+            arm = {**arm, "name": label}
+        try:
+            check_text(label)
+            if not 1 <= len(label) <= ARM_LABEL_MAX:
+                raise ValueError(f"arm name must be 1..{ARM_LABEL_MAX} characters")
+        except ValueError as exc:
+            errors.append(_error(("arms", i) if isinstance(arm, str) else ("arms", i, "name"), str(exc)))
+            continue
+        try:
+            resolve(arm)  # the arm alone, so its own mistakes are reported under its own path
+        except ArmError as exc:
+            loc = ("arms", i, "parent") if isinstance(arm, dict) and "parent" in arm else ("arms", i)
+            errors.append(_error(loc, str(exc)))
+            continue
+        except ValidationError as exc:
+            errors.extend(_pydantic_errors(exc, ("arms", i)))
+            continue
+        try:
+            resolved.append((label, resolve(arm, {k: v for k, v in body.overrides.items() if k not in LINEAGE_KEYS})))
+        except ValidationError as exc:
+            errors.extend(_pydantic_errors(exc, ("overrides",), note=f" (applied to arm {label})"))
+    duplicates = sorted(label for label, n in Counter(labels).items() if n > 1)
+    if duplicates:
+        errors.append(_error(("arms",), f"arm names must be unique in a grid; repeated: {', '.join(duplicates)}"))
+    if body.control is not None and body.control not in labels:
+        errors.append(_error(("control",), f"must be one of the grid's arms: {', '.join(labels)}"))
+    if errors:
+        # The same override error repeats once per arm; report each path and message once.
+        unique = {(tuple(map(str, e["loc"])), e["msg"].split(" (applied to arm")[0]): e for e in errors}
+        raise GridError(list(unique.values()))
+    return resolved
+
+
+def create_grid(session: Session, body: GridCreate, source: str = "submitted") -> Grid:
+    """Store the grid and one queued run per arm (in order) with its fully resolved spec; flushes, no commit."""
+    resolved = resolve_grid(body)
+    grid = Grid(
+        name=body.name,
+        control_arm=body.control if body.control is not None else resolved[0][0],
+        overrides=body.overrides,
+        source=source,
+    )
+    grid.runs = [
+        Run(position=i, arm=label, spec=spec.model_dump(mode="json"), state=RunState.queued)
+        for i, (label, spec) in enumerate(resolved)
+    ]
+    session.add(grid)
+    session.flush()
+    session.add(Event(grid_id=grid.id, kind="grid.created", message=f"{len(resolved)} arms ({source})"))
+    return grid
+
+
+def latest_metrics(session: Session, run_ids: list[int]) -> dict[int, Metric]:
+    """The newest checkpoint's metrics per run id (runs without metrics are absent)."""
+    if not run_ids:
+        return {}
+    newest = (
+        select(Metric.run_id, func.max(Metric.step).label("step"))
+        .where(Metric.run_id.in_(run_ids))
+        .group_by(Metric.run_id)
+        .subquery()
+    )
+    rows = session.scalars(
+        select(Metric).join(newest, (Metric.run_id == newest.c.run_id) & (Metric.step == newest.c.step))
+    )
+    return {m.run_id: m for m in rows}
+
+
+def run_summary(run: Run, latest: Metric | None) -> dict[str, Any]:
+    """A run's state and decision with its latest checkpoint's metrics flattened in (None where absent)."""
+    out: dict[str, Any] = {
+        "id": run.id,
+        "grid_id": run.grid_id,
+        "position": run.position,
+        "arm": run.arm,
+        "state": run.state,
+        "stop_requested": run.stop_requested,
+        "decision": run.decision,
+        "decision_step": run.decision_step,
+        "decision_reason": run.decision_reason,
+        "best_step": run.best_step,
+        "best_value": run.best_value,
+        "best_checkpoint": run.best_checkpoint,
+        "gpu_name": run.gpu_name,
+        "node": run.node,
+        "retries": run.retries,
+        "fallbacks": run.fallbacks,
+        "created_at": run.created_at,
+        "started_at": run.started_at,
+        "finished_at": run.finished_at,
+        "latest_step": latest.step if latest else None,
+    }
+    out.update({name: getattr(latest, name) if latest else None for name in METRIC_FIELDS})
+    return out
+
+
+def grid_summary(session: Session, grid: Grid) -> dict[str, Any]:
+    """The grid with its runs in order, each with its latest metrics, and a count of runs per state."""
+    latest = latest_metrics(session, [r.id for r in grid.runs])
+    runs = [run_summary(r, latest.get(r.id)) for r in grid.runs]
+    return {
+        "id": grid.id,
+        "name": grid.name,
+        "control": grid.control_arm,
+        "source": grid.source,
+        "overrides": grid.overrides,
+        "created_at": grid.created_at,
+        "states": dict(Counter(r.state for r in grid.runs)),
+        "runs": runs,
+    }
+
+
+def stop_run(session: Session, run: Run, now: datetime | None = None) -> Run:
+    """Stop a run on the user's request; flushes, no commit.
+
+    queued: stopped at once (decision "user"). starting/running: `stop_requested` is set and the
+    scheduler stops the worker gracefully. Already finished: RunConflict.
+    """
+    if run.state in TERMINAL_STATES:
+        raise RunConflict(f"run {run.id} is already {run.state}; nothing to stop")
+    if run.state == RunState.queued:
+        run.state = RunState.stopped
+        run.decision = "user"
+        run.decision_reason = "stopped by the user before it started"
+        run.finished_at = now or utcnow()
+        session.add(Event(run_id=run.id, grid_id=run.grid_id, kind="stopped", message=run.decision_reason))
+    elif not run.stop_requested:
+        run.stop_requested = True
+        session.add(Event(run_id=run.id, grid_id=run.grid_id, kind="stop_requested", message="requested by the user"))
+    session.flush()
+    return run

@@ -1,0 +1,199 @@
+"""Import published per-checkpoint curves (the fixture's schema, read by orchestrator.curves) as a
+finished grid, so a past study shows on the dashboard next to new ones, with the collapse
+detector's decisions replayed over it.
+
+Each curve becomes one run of the arm it names (the letter in `A_baseline`, or an explicit
+mapping), with its spec resolved from arms/; every checkpoint becomes a Metric row. The study ran
+every arm to the end, so all checkpoints are kept; an arm the detector would have stopped is
+stored as `stopped` at the detector's step, with its reason and best checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from model.spec import ArmSpec, DetectorPolicy
+from orchestrator.arms import arm_files
+from orchestrator.curves import Curve
+from orchestrator.db.models import METRIC_FIELDS, Event, Grid, Metric, Run, RunState
+from orchestrator.detector import Checkpoint, ReplayResult, replay_arm
+from orchestrator.grids import GridCreate, create_grid
+
+# Fixture keys with a DB column of another name. elapsed_hours: one arm holds one GPU, so the
+# wall-clock hours since the arm started are its GPU-hours.
+RENAMED = {"elapsed_hours": "gpu_hours", "num_recon_samples": "recon_lpips_n", "num_text_samples": "text_lpips_n"}
+INT_FIELDS = frozenset({"recon_lpips_n", "text_lpips_n", "text_manip_delta_n"})
+_LETTER = re.compile(r"^([A-Z])(?:$|[_\-\s.:])")
+
+
+class CurvesImportError(ValueError):
+    """Curves that cannot be imported as a grid; the message names the arm and the fix."""
+
+
+def arm_letter(key: str, label: str, arm_map: Mapping[str, str]) -> str:
+    """The arms/ letter a curve belongs to: an explicit mapping first, else the leading letter of
+    its key or label (`A_baseline` -> A)."""
+    known = arm_files()
+    if key in arm_map or label in arm_map:
+        letter = arm_map.get(key, arm_map.get(label, ""))
+        if letter not in known:
+            known_list = ", ".join(sorted(known))
+            raise CurvesImportError(f"--arm {key}={letter}: unknown arm {letter!r}; known arms: {known_list}")
+        return letter
+    for text in (key, label):
+        m = _LETTER.match(text)
+        if m and m.group(1) in known:
+            return m.group(1)
+    raise CurvesImportError(
+        f"curve {key!r}: cannot tell which arm of arms/ it is; name it like 'A_baseline' or pass --arm {key}=A"
+    )
+
+
+def _json_safe(value: Any) -> Any:
+    """Metric.extra is JSON (Postgres rejects NaN/Infinity in it): non-finite numbers become strings."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+def metric_row(run_id: int, raw: Mapping[str, Any]) -> Metric:
+    """A Metric from one fixture checkpoint: known columns by name (or renamed), the rest in extra."""
+    fields: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key == "step":
+            continue
+        column = RENAMED.get(key, key)
+        if column in METRIC_FIELDS and column not in fields:
+            fields[column] = int(value) if column in INT_FIELDS and value is not None else value
+        else:
+            extra[key] = _json_safe(value)
+    return Metric(run_id=run_id, step=int(raw["step"]), extra=extra, **fields)
+
+
+def _parse_time(text: Any) -> datetime | None:
+    """ISO timestamps in the fixture carry no zone; they are taken as UTC."""
+    if not isinstance(text, str):
+        return None
+    try:
+        t = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return t if t.tzinfo else t.replace(tzinfo=UTC)
+
+
+def _replay_all(runs: list[tuple[Run, Curve]], control: Run, policy: DetectorPolicy | None) -> dict[int, ReplayResult]:
+    """Replay each arm with its own spec's detector policy (or `policy`), the control arm first;
+    the others are checked for stalls against the control, cut where the detector stopped it."""
+
+    def pol(run: Run) -> DetectorPolicy:
+        return policy if policy is not None else ArmSpec.model_validate(run.spec).detector
+
+    ctrl_curve = next(c for r, c in runs if r.id == control.id)
+    results = {control.id: replay_arm(control.arm, ctrl_curve.checkpoints, pol(control))}
+    last = results[control.id].decisions[-1].step
+    ctrl_series: list[Checkpoint] = [cp for cp in ctrl_curve.checkpoints if cp.step <= last]
+    for run, curve in runs:
+        if run.id not in results:
+            results[run.id] = replay_arm(run.arm, curve.checkpoints, pol(run), ctrl_series)
+    return results
+
+
+def _apply(run: Run, curve: Curve, result: ReplayResult, start: datetime | None) -> Event:
+    """Store the replayed verdict on the run; returns the decision event."""
+    final = result.decision
+    last = result.decisions[-1]
+    run.state = RunState.stopped if result.stopped else RunState.completed
+    run.decision = final.kind.value
+    run.decision_step = final.step
+    run.decision_reason = final.reason
+    # Best checkpoint up to where the arm ran under the detector (the one it would have kept).
+    run.best_step, run.best_value = last.best_step, last.best_value
+    run.last_checkpoint_step = curve.checkpoints[-1].step
+    run.started_at = start
+    end_hours = curve.checkpoints[-1].hours
+    end_time = _parse_time(curve.raw[-1].get("wall_time_iso"))
+    run.finished_at = end_time or (start + timedelta(hours=end_hours) if start and end_hours is not None else None)
+    ran_on = curve.checkpoints[-1].step
+    note = (
+        f" (replayed on import; the study itself ran on to step {ran_on}"
+        + (f", {result.gpu_hours_saved:.1f} GPU-hours the stop would have saved)" if result.gpu_hours_saved else ")")
+        if result.stopped and ran_on > final.step
+        else ""
+    )
+    return Event(
+        run_id=run.id,
+        grid_id=run.grid_id,
+        kind="decision",
+        message=f"{final.kind.value} at step {final.step}: {final.reason}{note}",
+        data={**result.to_json(), "replayed_on_import": True, "study_last_step": ran_on},
+    )
+
+
+def import_curves(
+    session: Session,
+    curves: Mapping[str, Curve],
+    name: str,
+    *,
+    control: str | None = None,
+    arm_map: Mapping[str, str] | None = None,
+    policy: DetectorPolicy | None = None,
+    source: str = "",
+    start_times: Mapping[str, str] | None = None,
+) -> Grid:
+    """Store `curves` as a finished grid named `name` and replay the detector over it; flushes, no commit.
+
+    control: a curve key or arm letter (default: the first curve). arm_map: curve key or label ->
+    arm letter, for curves not named after their arm. policy: one DetectorPolicy for every arm
+    (default: each arm's spec). start_times: curve key -> ISO start time (the fixture's `start_time`).
+    Raises CurvesImportError or orchestrator.grids.GridError with a message naming the field.
+    """
+    arm_map = arm_map or {}
+    letters = {key: arm_letter(key, c.label, arm_map) for key, c in curves.items()}
+    seen: dict[str, str] = {}
+    for key, letter in letters.items():
+        if letter in seen:
+            raise CurvesImportError(
+                f"curves {seen[letter]!r} and {key!r} are both arm {letter}; map one with --arm KEY=LETTER"
+            )
+        seen[letter] = key
+    control_letter = letters.get(control, control) if control is not None else None
+    grid = create_grid(
+        session,
+        GridCreate(name=name, arms=list(letters.values()), control=control_letter),
+        source="imported",
+    )
+    pairs: list[tuple[Run, Curve]] = []
+    for run, (key, curve) in zip(grid.runs, curves.items(), strict=True):
+        pairs.append((run, curve))
+        session.add_all(metric_row(run.id, raw) for raw in curve.raw)
+        session.add(
+            Event(
+                run_id=run.id,
+                grid_id=grid.id,
+                kind="imported",
+                message=f"{len(curve.raw)} checkpoints of {curve.label!r}" + (f" from {source}" if source else ""),
+                data={"key": key, "label": curve.label, "source": source, "checkpoints": len(curve.raw)},
+            )
+        )
+    control_run = next(r for r in grid.runs if r.arm == grid.control_arm)
+    results = _replay_all(pairs, control_run, policy)
+    for run, curve in pairs:
+        session.add(_apply(run, curve, results[run.id], _parse_time((start_times or {}).get(curve.arm))))
+    session.flush()
+    return grid
+
+
+def start_times_of(data: Mapping[str, Any]) -> dict[str, str]:
+    """The fixture's per-arm `start_time` (orchestrator.curves keeps only label and checkpoints)."""
+    return {
+        key: body["start_time"]
+        for key, body in data.items()
+        if isinstance(body, Mapping) and isinstance(body.get("start_time"), str)
+    }

@@ -1,0 +1,603 @@
+"""The controller loop: queued runs -> one Ray actor per run on one GPU -> metric records -> DB -> detector.
+
+State machine per run (DESIGN.md): queued -> starting -> running -> completed | stopped | failed.
+- Launch: queued runs FIFO within a grid, grids in submission order, while the cluster has GPUs that
+  none of our workers hold. Each run is a named, detached actor (`ablate-run-<id>-<attempt>` in the
+  settings' namespace) with num_gpus=1 (Ray sets CUDA_VISIBLE_DEVICES) and num_cpus=0.
+- Ingest: every record the worker yields is inserted with ON CONFLICT (run_id, step) DO NOTHING, in
+  the same transaction as its `checkpoint` event and the run's bookkeeping, so a re-sent record
+  (restart, retry) changes nothing.
+- Detector: on every new checkpoint; collapse | diverged | stalled stops the run gracefully.
+- Worker death: the run is re-queued (retries + 1) and resumes from its last checkpoint; past
+  max_retries it fails with the error.
+- Restart: a new controller looks its workers up by name and polls each for the records after the
+  last step in the DB; a run whose worker is gone is re-queued.
+
+Ray is imported lazily: the API process imports this module without paying for Ray.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from model.spec import DetectorPolicy
+from orchestrator.db.models import METRIC_FIELDS, Event, Grid, Metric, Run, RunState, utcnow
+from orchestrator.db.session import session_scope
+from orchestrator.settings import Settings
+
+log = logging.getLogger("ablate.scheduler")
+
+ACTIVE_STATES = (RunState.starting, RunState.running)
+STOP_DECISIONS = frozenset({"collapse", "diverged", "stalled"})
+FLOAT_FIELDS = frozenset(
+    c.name for c in Metric.__table__.columns if c.name in METRIC_FIELDS and c.type.python_type is float
+)
+INT_FIELDS = frozenset(
+    c.name for c in Metric.__table__.columns if c.name in METRIC_FIELDS and c.type.python_type is int
+)
+POLL_WAIT_S = 1.0  # worker-side long-poll: a record reaches the DB as soon as it exists
+
+
+def actor_name(run_id: int, attempt: int) -> str:
+    """The worker's Ray name; a new attempt (after a worker died) gets a new name."""
+    return f"ablate-run-{run_id}-{attempt}"
+
+
+def run_dir(settings: Settings, run_id: int) -> Path:
+    """Checkpoints and records of one run, the same directory for every attempt."""
+    return settings.storage_dir.resolve() / "runs" / str(run_id)
+
+
+def connect_ray(settings: Settings, **init_kwargs: Any) -> None:
+    """Join the configured cluster, or start a local Ray (declaring settings.logical_gpus GPUs if > 0)."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    kwargs: dict[str, Any] = {"namespace": settings.ray_namespace, **init_kwargs}
+    if settings.ray_address:
+        ray.init(address=settings.ray_address, **kwargs)
+    else:
+        if settings.logical_gpus > 0:
+            kwargs.setdefault("num_gpus", settings.logical_gpus)
+        ray.init(include_dashboard=False, **kwargs)
+
+
+# -- ingest: pure DB functions (no Ray), also used by the benchmark ------------------------------------
+
+
+def _number(value: Any, kind: type) -> Any:
+    """A record value for a numeric column; the worker writes non-finite floats as strings."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            return None
+    if kind is int:
+        return int(value) if isinstance(value, int | float) and math.isfinite(value) else None
+    return float(value)
+
+
+def metric_values(record: dict[str, Any]) -> dict[str, Any]:
+    """Column values of a Metric row from a worker record; everything else goes to `extra`.
+
+    Non-finite floats are kept in extra["nonfinite"] too, because SQLite stores NaN as NULL and the
+    detector must still see a NaN loss as `diverged`.
+    """
+    values: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    nonfinite: dict[str, str] = {}
+    for key, value in record.items():
+        if key == "step":
+            continue
+        if key in FLOAT_FIELDS:
+            values[key] = _number(value, float)
+            if values[key] is not None and not math.isfinite(values[key]):
+                nonfinite[key] = str(values[key])
+        elif key in INT_FIELDS:
+            values[key] = _number(value, int)
+        elif key in METRIC_FIELDS:
+            values[key] = None if value is None else str(value)
+        else:
+            extra[key] = value
+    if nonfinite:
+        extra["nonfinite"] = nonfinite
+    values["extra"] = extra
+    return values
+
+
+def insert_metric(session: Session, run_id: int, record: dict[str, Any]) -> bool:
+    """INSERT ... ON CONFLICT (run_id, step) DO NOTHING; True when the row is new."""
+    dialect = session.get_bind().dialect.name
+    if dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    elif dialect == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert
+    else:  # pragma: no cover - settings only accept the two
+        raise RuntimeError(f"unsupported database dialect {dialect!r}")
+    stmt = (
+        insert(Metric)
+        .values(run_id=run_id, step=int(record["step"]), created_at=utcnow(), **metric_values(record))
+        .on_conflict_do_nothing(index_elements=["run_id", "step"])
+        .returning(Metric.id)  # no row back on a conflict (rowcount is unreliable through the ORM)
+    )
+    return session.execute(stmt).first() is not None
+
+
+def metric_series(session: Session, run_id: int) -> list[dict[str, Any]]:
+    """A run's checkpoints in step order as plain dicts (the detector's input), NaN restored."""
+    rows = session.scalars(select(Metric).where(Metric.run_id == run_id).order_by(Metric.step)).all()
+    series = []
+    for m in rows:
+        point: dict[str, Any] = {"step": m.step, **{name: getattr(m, name) for name in METRIC_FIELDS}}
+        for key, text in (m.extra or {}).get("nonfinite", {}).items():
+            point[key] = float(text)
+        series.append(point)
+    return series
+
+
+def last_step(session: Session, run_id: int) -> int | None:
+    return session.scalar(select(func.max(Metric.step)).where(Metric.run_id == run_id))
+
+
+def _event(session: Session, run: Run, kind: str, message: str, /, **data: Any) -> None:
+    session.add(Event(run_id=run.id, grid_id=run.grid_id, kind=kind, message=message, data=data))
+
+
+def _control_series(session: Session, run: Run) -> list[dict[str, Any]] | None:
+    grid = session.get(Grid, run.grid_id)
+    if grid is None or not grid.control_arm or grid.control_arm == run.arm:
+        return None
+    control_id = session.scalar(select(Run.id).where(Run.grid_id == run.grid_id, Run.arm == grid.control_arm))
+    return metric_series(session, control_id) if control_id is not None else None
+
+
+def _kept_checkpoint(record: dict[str, Any]) -> str | None:
+    """The file that keeps this checkpoint: the trainer's best.pt when the record is its best (periodic
+    files are pruned), else the periodic file."""
+    if record.get("best_checkpoint") and record.get("best_step") == record.get("step"):
+        return str(record["best_checkpoint"])
+    return record.get("checkpoint")
+
+
+def _update_best(run: Run, record: dict[str, Any], metric: str, direction: str) -> None:
+    value = _number(record.get(metric), float)
+    if value is None or not math.isfinite(value):
+        return
+    better = run.best_value is None or (value < run.best_value if direction == "min" else value > run.best_value)
+    if better:
+        run.best_value, run.best_step = value, int(record["step"])
+        run.best_checkpoint = _kept_checkpoint(record)
+
+
+def _checkpoint_at(session: Session, run_id: int, step: int | None) -> str | None:
+    if step is None:
+        return None
+    extra = session.scalar(select(Metric.extra).where(Metric.run_id == run_id, Metric.step == step))
+    return _kept_checkpoint({"step": step, **(extra or {})})
+
+
+def _policy(run: Run) -> DetectorPolicy:
+    return DetectorPolicy.model_validate((run.spec or {}).get("detector") or {})
+
+
+def apply_detector(session: Session, run: Run) -> str | None:
+    """Judge the run's newest checkpoint; returns the decision when it stops the run.
+
+    A stop verdict is stored on the run (decision, step, reason; best step, value and checkpoint) and
+    as a `decision` event; the caller then asks the worker for a graceful stop. In `warn` mode the
+    first flag is recorded as a `warning` event and the run goes on.
+    """
+    from orchestrator.detector import Checkpoint, decide
+
+    policy = _policy(run)
+    if policy.mode == "off":
+        return None
+    control = _control_series(session, run)
+    verdict = decide(
+        [Checkpoint.from_mapping(p) for p in metric_series(session, run.id)],
+        policy,
+        control=[Checkpoint.from_mapping(p) for p in control] if control else None,
+        total_steps=((run.spec or {}).get("schedule") or {}).get("steps"),
+    )
+    if not verdict.flagged:
+        return None
+    decision = verdict.kind.value
+    if not verdict.stop:
+        if run.decision is None:  # warn mode: flag once, the run goes on
+            run.decision, run.decision_step, run.decision_reason = f"warn:{decision}", verdict.step, verdict.reason
+            _event(session, run, "warning", verdict.reason, **verdict.to_dict())
+        return None
+    run.decision, run.decision_step, run.decision_reason = decision, verdict.step, verdict.reason
+    if verdict.best_step is not None:
+        run.best_step, run.best_value = verdict.best_step, verdict.best_value
+        run.best_checkpoint = _checkpoint_at(session, run.id, verdict.best_step) or run.best_checkpoint
+    _event(
+        session,
+        run,
+        "decision",
+        f"{decision} at step {verdict.step}: {verdict.reason}",
+        **verdict.to_dict(),
+        best_checkpoint=run.best_checkpoint,
+    )
+    return decision
+
+
+def ingest(session: Session, run: Run, records: list[dict[str, Any]], detect: bool = True) -> list[int]:
+    """Store a worker's records in order (idempotent); returns the steps that were new.
+
+    Each new checkpoint gets an event, advances the run's best (primary metric, lower is better) and
+    goes through the detector unless the run is already being stopped.
+    """
+    policy = _policy(run)
+    metric = policy.metric
+    new_steps: list[int] = []
+    for record in sorted(records, key=lambda r: int(r["step"])):
+        step = int(record["step"])
+        if not insert_metric(session, run.id, record):
+            continue
+        new_steps.append(step)
+        run.last_checkpoint_step = max(step, run.last_checkpoint_step or step)
+        if run.decision not in STOP_DECISIONS:
+            _update_best(run, record, metric, policy.metric_mode)
+        for note in record.get("fallbacks") or []:
+            if note not in (run.fallbacks or []):
+                run.fallbacks = [*(run.fallbacks or []), note]
+        if record.get("versions") and not run.versions:
+            run.versions = record["versions"]
+        if record.get("device_name") and not run.gpu_name:
+            run.gpu_name = str(record["device_name"])[:128]
+        _event(session, run, "checkpoint", f"step {step}", step=step, **{metric: record.get(metric)})
+        session.flush()
+        if detect and run.decision not in STOP_DECISIONS and not run.stop_requested:
+            apply_detector(session, run)
+    return new_steps
+
+
+# -- the loop -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Worker:
+    """A live actor of ours and what we have taken from it."""
+
+    run_id: int
+    name: str
+    handle: Any
+    after_step: int | None
+    poll_ref: Any = None
+    stop_sent: bool = False
+    started: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class Scheduler:
+    """Launch, poll, ingest, stop, retry. `start()` runs it in a daemon thread; `tick()` is one pass."""
+
+    def __init__(self, settings: Settings, train_fn: str = "worker.train:train_arm") -> None:
+        self.settings = settings
+        self.train_fn = train_fn  # what the workers run; benchmarks pass a synthetic stream
+        self.workers: dict[int, Worker] = {}
+        self._halt = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._reconciled = False
+        self._last_housekeeping = 0.0
+        self._warned_no_gpu = False
+
+    # lifecycle ---------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        connect_ray(self.settings)
+        self._thread = threading.Thread(target=self.run_forever, name="ablate-scheduler", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the loop; the workers (detached actors) keep training for the next controller."""
+        self._halt.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def run_forever(self) -> None:
+        connect_ray(self.settings)
+        while not self._halt.is_set():
+            try:
+                self.tick()
+            except Exception:  # a DB hiccup must not kill the controller; the next tick retries
+                log.exception("scheduler tick failed")
+                self._halt.wait(self.settings.scheduler_interval_s)
+
+    def tick(self) -> None:
+        """One pass: reconcile once, collect worker replies (waiting up to the interval), stop, launch."""
+        import ray
+
+        if not self._reconciled:
+            self.reconcile()
+            self._reconciled = True
+        self._issue_polls()
+        refs = [w.poll_ref for w in self.workers.values()]
+        if refs:
+            ray.wait(refs, num_returns=1, timeout=self.settings.scheduler_interval_s)
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        else:
+            self._halt.wait(self.settings.scheduler_interval_s)
+            ready = []
+        freed = False
+        ready_ids = {r.hex() for r in ready}
+        for worker in list(self.workers.values()):
+            if worker.poll_ref is not None and worker.poll_ref.hex() in ready_ids:
+                freed |= self._collect(worker)
+        now = time.monotonic()
+        if freed or now - self._last_housekeeping >= self.settings.scheduler_interval_s:
+            self._last_housekeeping = now
+            self._send_stops()
+            self._launch_queued()
+
+    # reconcile ---------------------------------------------------------------------------------------
+
+    def reconcile(self) -> None:
+        """Adopt the workers of runs the DB says are active; re-queue those whose worker is gone."""
+        with session_scope(self.settings.database_url) as session:
+            runs = session.scalars(select(Run).where(Run.state.in_(ACTIVE_STATES))).all()
+            for run in runs:
+                if run.id in self.workers:
+                    continue
+                name = actor_name(run.id, run.retries)
+                handle = self._lookup(name)
+                if handle is not None:
+                    self.workers[run.id] = Worker(run.id, name, handle, last_step(session, run.id))
+                    log.info("adopted worker %s of run %s", name, run.id)
+                    continue
+                run.state = RunState.queued
+                _event(session, run, "worker_lost", f"worker {name} not found after a controller restart; re-queued")
+
+    def _lookup(self, name: str) -> Any:
+        import ray
+
+        try:
+            return ray.get_actor(name, namespace=self.settings.ray_namespace)
+        except ValueError:
+            return None
+
+    # launch ------------------------------------------------------------------------------------------
+
+    def free_gpus(self) -> int:
+        """GPUs in the cluster that none of our workers hold (Ray queues an actor whose GPU is still freeing)."""
+        import ray
+
+        total = int(ray.cluster_resources().get("GPU", 0))
+        if total == 0 and not self._warned_no_gpu:
+            self._warned_no_gpu = True
+            log.warning("the Ray cluster has no GPUs; set ABLATE_LOGICAL_GPUS=N to declare N logical ones")
+        return total - len(self.workers)
+
+    def _launch_queued(self) -> None:
+        free = self.free_gpus()
+        if free <= 0:
+            return
+        with session_scope(self.settings.database_url) as session:
+            for run in session.scalars(
+                select(Run)
+                .join(Grid)
+                .where(Run.state == RunState.queued, Grid.source != "imported")
+                .order_by(Grid.created_at, Grid.id, Run.position, Run.id)
+            ).all():
+                if run.stop_requested:
+                    self._finish(session, run, RunState.stopped, "stopped by the user before it started")
+                    continue
+                if free <= 0:
+                    break
+                self._launch(session, run)
+                free -= 1
+
+    def _launch(self, session: Session, run: Run) -> None:
+        import ray
+
+        from worker.actor import ArmWorker
+
+        name = actor_name(run.id, run.retries)
+        out_dir = run_dir(self.settings, run.id)
+        handle = self._lookup(name)  # left by a controller that died between creating it and committing
+        if handle is None:
+            handle = (
+                ray.remote(ArmWorker)
+                .options(
+                    name=name,
+                    namespace=self.settings.ray_namespace,
+                    lifetime="detached",
+                    num_gpus=1,
+                    num_cpus=0,
+                    max_concurrency=4,  # poll and request_stop run beside the training thread
+                    max_restarts=0,  # a lost worker is retried by us, from its checkpoint
+                )
+                .remote(
+                    run.id,
+                    run.spec,
+                    str(out_dir),
+                    str(self.settings.lpips_weights) if self.settings.lpips_weights else None,
+                    self.settings.worker_threads,
+                    self.train_fn,
+                )
+            )
+        after = last_step(session, run.id)
+        self.workers[run.id] = Worker(run.id, name, handle, after)
+        run.state = RunState.starting
+        run.checkpoint_dir = str(out_dir)
+        run.started_at = run.started_at or utcnow()
+        if run.last_checkpoint_step is not None:
+            _event(
+                session,
+                run,
+                "resumed",
+                f"attempt {run.retries} resumes from step {run.last_checkpoint_step}",
+                step=run.last_checkpoint_step,
+                attempt=run.retries,
+            )
+        log.info("launched run %s (%s) as %s", run.id, run.arm, name)
+
+    # poll and collect --------------------------------------------------------------------------------
+
+    def _issue_polls(self) -> None:
+        for worker in self.workers.values():
+            if worker.poll_ref is None:
+                worker.poll_ref = worker.handle.poll.remote(worker.after_step, POLL_WAIT_S)
+
+    def _collect(self, worker: Worker) -> bool:
+        """Handle one poll reply; True when the worker is gone (its GPU is free)."""
+        import ray
+        from ray.exceptions import ActorUnavailableError, RayActorError
+
+        ref, worker.poll_ref = worker.poll_ref, None
+        try:
+            reply = ray.get(ref)
+        except ActorUnavailableError:  # transient (e.g. network); poll again
+            return False
+        except RayActorError as exc:
+            self._worker_died(worker, exc)
+            return True
+        with session_scope(self.settings.database_url) as session:
+            run = session.get(Run, worker.run_id)
+            if run is None:  # grid deleted under us
+                self._kill(worker)
+                return True
+            if not worker.started:
+                worker.started = True
+                self._mark_running(session, run, reply["info"])
+            if reply["records"]:
+                ingest(session, run, reply["records"])
+                worker.after_step = max(int(r["step"]) for r in reply["records"])
+            if run.decision in STOP_DECISIONS or run.stop_requested:
+                self._request_stop(worker)
+            if reply["state"] == "done":
+                stopped = run.stop_requested or run.decision in STOP_DECISIONS or reply["stopping"]
+                if stopped:
+                    why = run.decision_reason if run.decision in STOP_DECISIONS else "stopped by the user"
+                    self._finish(session, run, RunState.stopped, why)
+                else:
+                    self._finish(session, run, RunState.completed, f"finished at step {run.last_checkpoint_step}")
+            elif reply["state"] == "error":
+                run.error = reply["error"]
+                self._finish(session, run, RunState.failed, (reply["error"] or "").splitlines()[0])
+            else:
+                return False
+        self._kill(worker)
+        return True
+
+    def _mark_running(self, session: Session, run: Run, info: dict[str, Any]) -> None:
+        run.gpu_index = info.get("cuda_visible_devices")
+        run.gpu_name = info.get("gpu_name") or run.gpu_name
+        run.gpu_uuid = info.get("gpu_uuid")
+        run.node = info.get("node")
+        if run.state == RunState.starting:
+            run.state = RunState.running
+            _event(
+                session,
+                run,
+                "started",
+                f"on GPU {run.gpu_index} ({run.gpu_name or 'logical'}) of {run.node}",
+                attempt=run.retries,
+                **info,
+            )
+
+    def _worker_died(self, worker: Worker, exc: BaseException) -> None:
+        self.workers.pop(worker.run_id, None)
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        with session_scope(self.settings.database_url) as session:
+            run = session.get(Run, worker.run_id)
+            if run is None:
+                return
+            run.retries += 1
+            if run.retries > self.settings.max_retries:
+                run.error = f"worker died {run.retries} times; last: {message}"
+                self._finish(session, run, RunState.failed, run.error)
+                return
+            run.state = RunState.queued
+            _event(
+                session,
+                run,
+                "worker_lost",
+                f"worker {worker.name} died ({message}); re-queued, retry {run.retries}/{self.settings.max_retries}",
+                attempt=run.retries,
+            )
+
+    def _finish(self, session: Session, run: Run, state: RunState, message: str) -> None:
+        run.state = state
+        run.finished_at = utcnow()
+        kind = {RunState.completed: "completed", RunState.stopped: "stopped", RunState.failed: "failed"}[state]
+        _event(session, run, kind, message, step=run.last_checkpoint_step, decision=run.decision)
+        log.info("run %s %s: %s", run.id, kind, message)
+
+    def _kill(self, worker: Worker) -> None:
+        import ray
+
+        self.workers.pop(worker.run_id, None)
+        try:
+            ray.kill(worker.handle, no_restart=True)
+        except Exception:  # already gone
+            log.debug("kill of %s failed", worker.name, exc_info=True)
+
+    # stops -------------------------------------------------------------------------------------------
+
+    def _send_stops(self) -> None:
+        if not self.workers:
+            return
+        with session_scope(self.settings.database_url) as session:
+            wanted = session.scalars(
+                select(Run.id).where(
+                    Run.id.in_(list(self.workers)),
+                    Run.stop_requested.is_(True) | Run.decision.in_(STOP_DECISIONS),
+                )
+            ).all()
+        for run_id in wanted:
+            self._request_stop(self.workers[run_id])
+
+    def _request_stop(self, worker: Worker) -> None:
+        if not worker.stop_sent:
+            worker.stop_sent = True
+            worker.handle.request_stop.remote()
+
+
+def attach_scheduler(app: Any) -> None:
+    """Run a Scheduler for the app's lifetime (`ablate serve`), through its startup/shutdown hooks."""
+
+    def start(app: Any) -> None:
+        app.state.scheduler = Scheduler(app.state.settings)
+        app.state.scheduler.start()
+        print(f"scheduler: started (Ray namespace {app.state.settings.ray_namespace!r})")
+
+    def stop(app: Any) -> None:
+        scheduler = getattr(app.state, "scheduler", None)
+        if scheduler is not None:
+            scheduler.stop()
+
+    app.state.startup_hooks.append(start)
+    app.state.shutdown_hooks.append(stop)
+
+
+def main() -> None:
+    """`python -m orchestrator.scheduler`: the scheduler alone in the foreground (tests kill -9 it)."""
+    from orchestrator.db.session import upgrade
+    from orchestrator.settings import load_settings
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    settings = load_settings()
+    upgrade(settings.database_url)
+    scheduler = Scheduler(settings)
+    try:
+        scheduler.run_forever()
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""Start the controller: migrate the database, settle the API token, serve the app with uvicorn."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+from fastapi import FastAPI
+from sqlalchemy.engine import make_url
+
+from orchestrator.api.app import create_app
+from orchestrator.db.session import upgrade
+from orchestrator.settings import Settings
+
+
+def display_url(database_url: str) -> str:
+    """The database URL with any password masked, for logs."""
+    return make_url(database_url).render_as_string(hide_password=True)
+
+
+def read_token(settings: Settings) -> str | None:
+    """The configured token, else the one stored under the storage dir, else None."""
+    if settings.api_token:
+        return settings.api_token
+    path = settings.token_file
+    if path.is_file():
+        return path.read_text().strip() or None
+    return None
+
+
+def _write_token(path: Path) -> str:
+    token = secrets.token_urlsafe(32)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Owner-only from the first byte: the token grants every write.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(token + "\n")
+    return token
+
+
+def prepare(settings: Settings) -> str:
+    """Upgrade the database to the newest schema and return the API token (generated if none exists)."""
+    upgrade(settings.database_url)
+    print(f"database: {display_url(settings.database_url)} (migrated to head)")
+    token = read_token(settings)
+    if token is None:
+        token = _write_token(settings.token_file)
+        print(f"generated an API token into {settings.token_file} (or set ABLATE_API_TOKEN)")
+    header = "$ABLATE_API_TOKEN" if settings.api_token else f"$(cat {settings.token_file})"
+    print(f'writes need the token: curl -H "Authorization: Bearer {header}" ...')
+    return token
+
+
+def build_app(settings: Settings) -> FastAPI:
+    """The app the server runs: migrated DB, token settled. Startup hooks (the scheduler) attach here."""
+    return create_app(settings, prepare(settings))
+
+
+def serve(settings: Settings, host: str | None = None, port: int | None = None) -> None:
+    """Run the controller in the foreground until interrupted."""
+    import uvicorn
+
+    from orchestrator.scheduler import attach_scheduler
+
+    app = build_app(settings)
+    attach_scheduler(app)  # starts with the app (joins or starts Ray), stops with it
+    uvicorn.run(app, host=host or settings.host, port=port or settings.port, log_level="info")

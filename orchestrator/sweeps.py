@@ -1,0 +1,559 @@
+"""Schedules (cron expressions in the DB) and the sweeps they fire on rented nodes.
+
+A sweep: provision its nodes (probe + bootstrap into the Ray cluster), submit its grid through the
+grid service, wait for the runs (whatever scheduler runs them moves them through queued -> ... ->
+completed | stopped | failed in the DB), copy checkpoints and metrics back over SFTP into
+storage_dir/sweeps/<id>/, tear the nodes down. A budget (sum of node price per hour x hours since
+the fire) stops the sweep gracefully: its runs are stopped via the grid service, then results are
+collected and the nodes torn down.
+
+Everything is driven by `SweepRunner.tick()` with an injectable clock, so a test (or a controller
+that was down) replays time exactly. Cron times are UTC.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, Literal
+
+from croniter import croniter
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from orchestrator.db.models import METRIC_FIELDS, TERMINAL_STATES, Event, Grid, Node, Schedule, Sweep, utcnow
+from orchestrator.db.session import session_scope
+from orchestrator.grids import GridCreate, GridError, create_grid, resolve_grid, stop_run
+from orchestrator.nodes import (
+    NAME_PATTERN,
+    BootstrapConfig,
+    NodeError,
+    NodeShell,
+    bootstrap_node,
+    drain,
+    find_node,
+    teardown,
+)
+
+log = logging.getLogger(__name__)
+
+ACTIVE_STATES = ("provisioning", "running", "stopping", "collecting")
+Clock = Callable[[], datetime]
+
+
+class ScheduleError(ValueError):
+    """A schedule that cannot be created or changed; one line naming the field."""
+
+
+def aware(dt: datetime) -> datetime:
+    """SQLite hands back naive datetimes; every stored time is UTC."""
+    return dt if dt.tzinfo is not None else dt.replace(tzinfo=UTC)
+
+
+def next_fire(cron: str, after: datetime) -> datetime:
+    """The first cron time strictly after `after` (UTC)."""
+    return croniter(cron, aware(after)).get_next(datetime)
+
+
+# -- schedules: create, list, pause, resume -------------------------------------------------------------
+
+
+class ScheduleCreate(BaseModel):
+    """A schedule as POST /api/schedules and `ablate schedules create` take it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=NAME_PATTERN, examples=["nightly-abcd"])
+    # Five-field cron, UTC: "0 22 * * *" fires at 22:00 UTC every day.
+    cron: str = Field(min_length=9, max_length=120, examples=["0 22 * * *"])
+    # A grid body exactly as POST /api/grids takes it; validated now, not at 22:00.
+    grid: dict[str, Any] = Field(examples=[{"name": "abcd", "arms": ["A", "B", "C", "D"]}])
+    nodes: list[str] = Field(min_length=1, max_length=64, examples=[["quad-4090-a"]])
+    # Most to spend per sweep, in the units of the nodes' price_per_hour; None: no cap.
+    budget: float | None = Field(default=None, gt=0, le=1e9)
+    # A fire missed while the controller was down: run it once, late, or skip to the next.
+    misfire: Literal["run_once", "skip"] = "run_once"
+
+    @field_validator("cron")
+    @classmethod
+    def _valid_cron(cls, v: str) -> str:
+        if len(v.split()) != 5 or not croniter.is_valid(v):
+            raise ValueError("must be a five-field cron expression (minute hour day month weekday), e.g. '0 22 * * *'")
+        return v
+
+    @field_validator("grid")
+    @classmethod
+    def _valid_grid(cls, v: dict[str, Any]) -> dict[str, Any]:
+        try:
+            resolve_grid(GridCreate.model_validate(v))
+        except ValidationError as exc:
+            raise ValueError(
+                "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors(include_url=False))
+            ) from None
+        except GridError as exc:
+            raise ValueError(exc.message()) from None
+        return v
+
+    @field_validator("nodes")
+    @classmethod
+    def _unique_nodes(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError("each node may appear once")
+        return v
+
+
+def create_schedule(session: Session, body: ScheduleCreate, now: datetime | None = None) -> Schedule:
+    """Store a schedule; its first fire is the next cron time after `now`. Flushes, no commit."""
+    if find_schedule(session, body.name) is not None:
+        raise ScheduleError(f"a schedule named {body.name!r} already exists")
+    missing = [n for n in body.nodes if find_node(session, n) is None]
+    if missing:
+        raise ScheduleError(f"nodes: unknown node(s) {', '.join(missing)}; register them with `ablate nodes add`")
+    schedule = Schedule(
+        name=body.name,
+        cron=body.cron,
+        grid=body.grid,
+        nodes=body.nodes,
+        budget=body.budget,
+        misfire=body.misfire,
+        next_fire_at=next_fire(body.cron, now or utcnow()),
+    )
+    session.add(schedule)
+    session.flush()
+    return schedule
+
+
+def find_schedule(session: Session, name: str) -> Schedule | None:
+    import re
+
+    if not re.match(NAME_PATTERN, name):
+        return None
+    return session.scalar(select(Schedule).where(Schedule.name == name))
+
+
+def get_schedule(session: Session, name: str) -> Schedule:
+    schedule = find_schedule(session, name)
+    if schedule is None:
+        raise ScheduleError(f"no schedule named {name!r}; `ablate schedules list` shows them")
+    return schedule
+
+
+def list_schedules(session: Session) -> list[Schedule]:
+    return list(session.scalars(select(Schedule).order_by(Schedule.name)))
+
+
+def pause_schedule(session: Session, name: str) -> Schedule:
+    """No more fires until resumed; a sweep already under way carries on."""
+    schedule = get_schedule(session, name)
+    schedule.paused = True
+    session.flush()
+    return schedule
+
+
+def resume_schedule(session: Session, name: str, now: datetime | None = None) -> Schedule:
+    """Fire again from the next cron time after now; fires that fell in the pause are not misfires."""
+    schedule = get_schedule(session, name)
+    schedule.paused = False
+    schedule.next_fire_at = next_fire(schedule.cron, now or utcnow())
+    session.flush()
+    return schedule
+
+
+def delete_schedule(session: Session, name: str) -> None:
+    schedule = get_schedule(session, name)
+    if session.scalar(select(Sweep.id).where(Sweep.schedule_id == schedule.id, Sweep.state.in_(ACTIVE_STATES))):
+        raise ScheduleError(f"schedule {name!r} has a sweep under way; wait for it or stop it first")
+    session.delete(schedule)
+    session.flush()
+
+
+def sweep_public(sweep: Sweep) -> dict[str, Any]:
+    return {
+        "id": sweep.id,
+        "state": sweep.state,
+        "scheduled_for": aware(sweep.scheduled_for),
+        "fired_at": aware(sweep.fired_at),
+        "late": sweep.late,
+        "grid_id": sweep.grid_id,
+        "nodes": sweep.nodes,
+        "price_per_hour": sweep.price_per_hour,
+        "budget": sweep.budget,
+        "spend": sweep.spend,
+        "stop_reason": sweep.stop_reason,
+        "error": sweep.error,
+        "results_dir": sweep.results_dir,
+        "finished_at": aware(sweep.finished_at) if sweep.finished_at else None,
+    }
+
+
+def schedule_public(session: Session, schedule: Schedule) -> dict[str, Any]:
+    sweeps = session.scalars(select(Sweep).where(Sweep.schedule_id == schedule.id).order_by(Sweep.id.desc()).limit(20))
+    return {
+        "id": schedule.id,
+        "name": schedule.name,
+        "cron": schedule.cron,
+        "grid": schedule.grid,
+        "nodes": schedule.nodes,
+        "budget": schedule.budget,
+        "misfire": schedule.misfire,
+        "paused": schedule.paused,
+        "last_fire_at": aware(schedule.last_fire_at) if schedule.last_fire_at else None,
+        "next_fire_at": aware(schedule.next_fire_at) if schedule.next_fire_at else None,
+        "created_at": aware(schedule.created_at),
+        "sweeps": [sweep_public(s) for s in sweeps],
+    }
+
+
+# -- the runner ---------------------------------------------------------------------------------------------
+
+
+def _event(session: Session, kind: str, message: str, sweep: Sweep | None = None, **data: Any) -> None:
+    if sweep is not None:
+        data = {"sweep_id": sweep.id, **data}
+    session.add(Event(grid_id=sweep.grid_id if sweep else None, kind=kind, message=message, data=data))
+
+
+class SweepRunner:
+    """Fires due schedules and moves each sweep one step along per `tick()`.
+
+    `clock` returns the current UTC time (injectable for tests and replay). `misfire_grace` is how
+    late a fire may be and still count as on time; `stop_grace` how long stopped runs get to reach a
+    final state before the nodes are torn down anyway (the budget keeps running while we wait).
+    """
+
+    def __init__(
+        self,
+        database_url: str,
+        storage_dir: Path,
+        clock: Clock = utcnow,
+        node_config: BootstrapConfig | None = None,
+        misfire_grace: timedelta = timedelta(minutes=5),
+        stop_grace: timedelta = timedelta(minutes=30),
+    ) -> None:
+        self.database_url = database_url
+        self.storage_dir = Path(storage_dir)
+        self.clock = clock
+        self.node_config = node_config
+        self.misfire_grace = misfire_grace
+        self.stop_grace = stop_grace
+
+    def now(self) -> datetime:
+        return aware(self.clock())
+
+    def tick(self) -> None:
+        """Fire what is due, then advance every sweep under way by one step."""
+        now = self.now()
+        self.fire_due(now)
+        with session_scope(self.database_url) as session:
+            active = list(session.scalars(select(Sweep.id).where(Sweep.state.in_(ACTIVE_STATES)).order_by(Sweep.id)))
+        for sweep_id in active:
+            self.advance(sweep_id, self.now())
+
+    # firing
+
+    def fire_due(self, now: datetime) -> list[int]:
+        """Start a sweep for each schedule whose next fire time has come; returns the new sweep ids."""
+        fired: list[int] = []
+        with session_scope(self.database_url) as session:
+            due = session.scalars(
+                select(Schedule).where(Schedule.paused.is_(False), Schedule.next_fire_at <= now).order_by(Schedule.id)
+            ).all()
+            for schedule in due:
+                sweep = self._fire(session, schedule, now)
+                if sweep is not None:
+                    fired.append(sweep.id)
+        return fired
+
+    def _fire(self, session: Session, schedule: Schedule, now: datetime) -> Sweep | None:
+        assert schedule.next_fire_at is not None
+        scheduled_for = aware(schedule.next_fire_at)
+        # Every fire time up to now: more than one means the controller was down across several.
+        missed = list(_fire_times(schedule.cron, scheduled_for, now))
+        late = now - scheduled_for > self.misfire_grace
+        schedule.next_fire_at = next_fire(schedule.cron, now)
+        info = {"schedule": schedule.name, "scheduled_for": scheduled_for.isoformat(), "fire_times": len(missed)}
+        if late and schedule.misfire == "skip":
+            _event(
+                session,
+                "schedule.missed",
+                f"{schedule.name}: fire of {scheduled_for:%Y-%m-%d %H:%M} UTC "
+                f"missed while the controller was down; skipped (misfire=skip)",
+                **info,
+            )
+            return None
+        busy = session.scalar(select(Sweep.id).where(Sweep.schedule_id == schedule.id, Sweep.state.in_(ACTIVE_STATES)))
+        if busy is not None:
+            _event(
+                session, "schedule.overlap", f"{schedule.name}: sweep {busy} is still under way; fire skipped", **info
+            )
+            return None
+        nodes = session.scalars(select(Node).where(Node.name.in_(schedule.nodes))).all()
+        sweep = Sweep(
+            schedule_id=schedule.id,
+            scheduled_for=missed[-1] if late else scheduled_for,
+            fired_at=now,
+            late=late,
+            state="provisioning",
+            nodes=list(schedule.nodes),
+            price_per_hour=sum(n.price_per_hour for n in nodes),
+            budget=schedule.budget,
+        )
+        session.add(sweep)
+        schedule.last_fire_at = now
+        session.flush()
+        when = "late (misfire=run_once)" if late else "on time"
+        _event(session, "schedule.fired", f"{schedule.name}: sweep {sweep.id} fired {when}", sweep, **info)
+        return sweep
+
+    # advancing
+
+    def advance(self, sweep_id: int, now: datetime) -> str:
+        """One step of one sweep; returns its state afterwards."""
+        with session_scope(self.database_url) as session:
+            sweep = session.get_one(Sweep, sweep_id)
+            state = sweep.state
+        if state == "provisioning":
+            self._provision(sweep_id, now)
+        with session_scope(self.database_url) as session:
+            sweep = session.get_one(Sweep, sweep_id)
+            if sweep.state in ("running", "stopping"):
+                self._watch(session, sweep, now)
+            state = sweep.state
+        if state == "collecting":
+            self._collect_and_teardown(sweep_id, now)
+        with session_scope(self.database_url) as session:
+            return session.get_one(Sweep, sweep_id).state
+
+    def _config(self) -> BootstrapConfig:
+        return self.node_config or BootstrapConfig()
+
+    def _provision(self, sweep_id: int, now: datetime) -> None:
+        with session_scope(self.database_url) as session:
+            sweep = session.get_one(Sweep, sweep_id)
+            schedule = session.get_one(Schedule, sweep.schedule_id)
+            names, grid_body = list(sweep.nodes), dict(schedule.grid)
+            label = f"{grid_body.get('name', schedule.name)} @ {aware(sweep.scheduled_for):%Y-%m-%d %H:%M}"
+        done: list[str] = []
+        try:
+            for name in names:
+                bootstrap_node(self.database_url, name, self._config())  # probe first, then install and join
+                done.append(name)
+        except NodeError as exc:
+            # The failing node too: it may have joined or half-installed before the failing step.
+            problems = self._teardown([*done, name], keep_files=set())
+            with session_scope(self.database_url) as session:
+                sweep = session.get_one(Sweep, sweep_id)
+                sweep.state, sweep.finished_at = "failed", self.now()
+                sweep.error = f"provisioning {name}: {exc}" + "".join(f"; {p}" for p in problems)
+                sweep.spend = _spend(sweep, sweep.finished_at)
+                _event(session, "sweep.failed", sweep.error, sweep)
+            return
+        with session_scope(self.database_url) as session:
+            sweep = session.get_one(Sweep, sweep_id)
+            grid_body["name"] = label[:200]
+            try:
+                grid = create_grid(session, GridCreate.model_validate(grid_body), source="schedule")
+            except (ValidationError, GridError) as exc:
+                # Arms changed since the schedule was created: nothing can run, so give the nodes back.
+                sweep.state, sweep.error = "collecting", f"grid no longer valid: {exc}"
+                _event(session, "sweep.failed", sweep.error, sweep)
+                return
+            sweep.grid_id, sweep.state = grid.id, "running"
+            _event(
+                session,
+                "sweep.running",
+                f"sweep {sweep.id}: nodes {', '.join(names)} joined; grid {grid.id} "
+                f"submitted with {len(grid.runs)} runs",
+                sweep,
+            )
+
+    def _watch(self, session: Session, sweep: Sweep, now: datetime) -> None:
+        sweep.spend = _spend(sweep, now)
+        grid = session.get(Grid, sweep.grid_id) if sweep.grid_id is not None else None
+        runs = list(grid.runs) if grid is not None else []
+        pending = [r for r in runs if r.state not in TERMINAL_STATES]
+        if sweep.state == "running" and sweep.budget is not None and sweep.spend >= sweep.budget:
+            hours = (now - aware(sweep.fired_at)).total_seconds() / 3600
+            sweep.stop_reason = (
+                f"budget {sweep.budget:g} reached: spent {sweep.spend:.2f} ({hours:.2f} h x {sweep.price_per_hour:g}/h)"
+            )
+            sweep.state, sweep.stop_requested_at = "stopping", now
+            for run in pending:
+                stop_run(session, run, now)
+            _event(
+                session,
+                "sweep.budget",
+                f"sweep {sweep.id}: {sweep.stop_reason}; stopping {len(pending)} runs",
+                sweep,
+                spend=sweep.spend,
+            )
+            pending = [r for r in runs if r.state not in TERMINAL_STATES]
+        if not pending:
+            sweep.state = "collecting"
+        elif sweep.state == "stopping" and now - aware(sweep.stop_requested_at or now) >= self.stop_grace:
+            sweep.state = "collecting"
+            _event(
+                session,
+                "sweep.stop_timeout",
+                f"sweep {sweep.id}: {len(pending)} runs still not stopped after "
+                f"{self.stop_grace}; collecting and tearing down anyway",
+                sweep,
+            )
+
+    def _collect_and_teardown(self, sweep_id: int, now: datetime) -> None:
+        with session_scope(self.database_url) as session:
+            sweep = session.get_one(Sweep, sweep_id)
+            names, grid_id = list(sweep.nodes), sweep.grid_id
+        results = self.storage_dir / "sweeps" / str(sweep_id)
+        results.mkdir(parents=True, exist_ok=True)
+        problems, failed_copies = self._copy_back(sweep_id, grid_id, names, results)
+        problems += self._teardown(names, keep_files=failed_copies)
+        with session_scope(self.database_url) as session:
+            sweep = session.get_one(Sweep, sweep_id)
+            sweep.finished_at = self.now()
+            sweep.spend = _spend(sweep, sweep.finished_at)
+            sweep.results_dir = str(results)
+            if problems:
+                sweep.error = "; ".join(filter(None, [sweep.error, *problems]))
+            sweep.state = "failed" if sweep.error else "stopped" if sweep.stop_reason else "completed"
+            _event(
+                session,
+                f"sweep.{sweep.state}",
+                f"sweep {sweep.id} {sweep.state}: spent {sweep.spend:.2f}; "
+                f"results in {results}" + (f"; {sweep.error}" if sweep.error else ""),
+                sweep,
+            )
+
+    def _copy_back(
+        self, sweep_id: int, grid_id: int | None, names: list[str], results: Path
+    ) -> tuple[list[str], set[str]]:
+        """Metrics from the DB to metrics.json; each run's checkpoint dir from the node that ran it."""
+        problems: list[str] = []
+        failed: set[str] = set()
+        wanted: dict[str, list[tuple[str, Path]]] = {}
+        with session_scope(self.database_url) as session:
+            grid = session.get(Grid, grid_id) if grid_id is not None else None
+            nodes = {n.name: n for n in session.scalars(select(Node).where(Node.name.in_(names)))}
+            # A worker records its hostname; map it (and the SSH host) back to the node that ran it.
+            aliases = {
+                alias: name
+                for name, n in nodes.items()
+                for alias in (name, n.host, n.last_probe.get("hostname"))
+                if alias
+            }
+            export = []
+            for run in grid.runs if grid is not None else []:
+                export.append(
+                    {
+                        "run_id": run.id,
+                        "arm": run.arm,
+                        "state": run.state,
+                        "node": run.node,
+                        "decision": run.decision,
+                        "decision_step": run.decision_step,
+                        "decision_reason": run.decision_reason,
+                        "best_step": run.best_step,
+                        "best_checkpoint": run.best_checkpoint,
+                        "checkpoint_dir": run.checkpoint_dir,
+                        "metrics": [{"step": m.step, **{f: getattr(m, f) for f in METRIC_FIELDS}} for m in run.metrics],
+                    }
+                )
+                owner = aliases.get(run.node or "")
+                if owner and run.checkpoint_dir:
+                    wanted.setdefault(owner, []).append((run.checkpoint_dir, results / "runs" / f"{run.id}-{run.arm}"))
+            for n in nodes.values():
+                session.expunge(n)
+        (results / "metrics.json").write_text(
+            json.dumps({"sweep_id": sweep_id, "grid_id": grid_id, "runs": export}, indent=1, default=str)
+        )
+        for name, copies in wanted.items():
+            try:
+                with NodeShell.open(nodes[name], self.database_url) as shell:
+                    for remote, local in copies:
+                        shell.fetch_tree(remote, local)
+            except NodeError as exc:
+                failed.add(name)
+                problems.append(f"copying results from {name}: {exc} (its files are kept on the node)")
+        return problems, failed
+
+    def _teardown(self, names: list[str], keep_files: set[str]) -> list[str]:
+        """Leave the cluster on every node; delete the working dir unless its results could not be copied."""
+        problems = []
+        config = self._config()
+        for name in names:
+            try:
+                with session_scope(self.database_url) as session:
+                    node = session.scalar(select(Node).where(Node.name == name))
+                    if node is None:
+                        raise NodeError(f"node {name!r} was removed while the sweep ran; tear it down by hand")
+                    session.expunge(node)
+                with NodeShell.open(node, self.database_url) as shell:
+                    (drain if name in keep_files else teardown)(shell, config)
+                with session_scope(self.database_url) as session:
+                    row = session.scalar(select(Node).where(Node.name == name))
+                    if row is not None:
+                        row.state = "drained" if name in keep_files else "registered"
+            except NodeError as exc:
+                problems.append(f"tearing down {name}: {exc} -- THE NODE MAY STILL BE RUNNING (and billing)")
+        return problems
+
+    # the loop
+
+    def run_forever(self, interval_s: float = 30.0, stop: threading.Event | None = None) -> None:
+        """Tick every `interval_s` seconds until `stop` is set; a failing tick is logged and recorded."""
+        stop = stop or threading.Event()
+        while not stop.is_set():
+            try:
+                self.tick()
+            except Exception as exc:  # keep firing schedules even if one tick hit a bad row or a dead DB
+                log.exception("sweep tick failed")
+                try:
+                    with session_scope(self.database_url) as session:
+                        _event(session, "sweep.tick_failed", f"{type(exc).__name__}: {exc}")
+                except Exception:
+                    log.exception("cannot record the failed tick")
+            stop.wait(interval_s)
+
+
+def _fire_times(cron: str, first: datetime, now: datetime) -> list[datetime]:
+    """Cron times from `first` (inclusive) to `now` (inclusive), at most 1000."""
+    times = [first]
+    it = croniter(cron, first)
+    while len(times) < 1000:
+        t = it.get_next(datetime)
+        if t > now:
+            break
+        times.append(t)
+    return times
+
+
+def _spend(sweep: Sweep, now: datetime) -> float:
+    """Price per hour of all its nodes x hours since the fire (nodes bill from provisioning on)."""
+    hours = max(0.0, (aware(now) - aware(sweep.fired_at)).total_seconds() / 3600)
+    return round(sweep.price_per_hour * hours, 6)
+
+
+def attach_to_app(app: Any, interval_s: float = 30.0) -> None:
+    """Run a SweepRunner in a background thread for the app's lifetime (startup/shutdown hooks)."""
+    stop = threading.Event()
+
+    def start(app: Any) -> None:
+        settings = app.state.settings
+        runner = SweepRunner(settings.database_url, settings.storage_dir)
+        thread = threading.Thread(target=runner.run_forever, args=(interval_s, stop), name="sweeps", daemon=True)
+        thread.start()
+        app.state.sweep_thread = thread
+
+    def shutdown(app: Any) -> None:
+        stop.set()
+        thread = getattr(app.state, "sweep_thread", None)
+        if thread is not None:
+            thread.join(timeout=10)
+
+    app.state.startup_hooks.append(start)
+    app.state.shutdown_hooks.append(shutdown)

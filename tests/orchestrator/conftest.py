@@ -1,0 +1,119 @@
+"""A real OpenSSH server on loopback for the node and sweep tests.
+
+Temp host key, a generated client key in a temp authorized_keys, an unprivileged free port, run as
+the current user. The only stand-in is an `nvidia-smi` script first on the server's PATH (set by the
+authorized key's environment= option, PermitUserEnvironment yes).
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+SSHD = Path("/usr/sbin/sshd")
+
+# What `nvidia-smi --query-gpu=index,name,memory.total,driver_version,uuid --format=csv,noheader,nounits`
+# prints on a rented quad RTX 4090 node.
+GPU_ROWS = [
+    "0, NVIDIA GeForce RTX 4090, 24564, 550.54.14, GPU-0a1b2c3d-0000-4000-8000-000000000000",
+    "1, NVIDIA GeForce RTX 4090, 24564, 550.54.14, GPU-0a1b2c3d-0000-4000-8000-000000000001",
+    "2, NVIDIA GeForce RTX 4090, 24564, 550.54.14, GPU-0a1b2c3d-0000-4000-8000-000000000002",
+    "3, NVIDIA GeForce RTX 4090, 24564, 550.54.14, GPU-0a1b2c3d-0000-4000-8000-000000000003",
+]
+
+
+@dataclass
+class SshServer:
+    host: str
+    port: int
+    user: str
+    client_key: Path
+    known_hosts: Path
+    host_key_pub: Path
+    workdir: Path  # a scratch directory on the "remote" side
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _keygen(path: Path) -> None:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshServer]:
+    if not SSHD.exists():
+        pytest.skip("/usr/sbin/sshd is absent: install Debian's openssh-server to run the SSH node tests")
+    d = tmp_path_factory.mktemp("sshd")
+    if os.geteuid() == 0:
+        Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege-separation directory, as the Debian unit makes
+    _keygen(d / "host_ed25519")
+    _keygen(d / "client_ed25519")
+    bindir = d / "bin"
+    bindir.mkdir()
+    smi = bindir / "nvidia-smi"
+    smi.write_text(
+        "#!/bin/sh\n"
+        'if [ "$*" != "--query-gpu=index,name,memory.total,driver_version,uuid --format=csv,noheader,nounits" ]; then\n'
+        '  echo "stand-in nvidia-smi: unexpected arguments: $*" >&2; exit 2\nfi\n'
+        "cat <<'EOF'\n" + "\n".join(GPU_ROWS) + "\nEOF\n"
+    )
+    smi.chmod(0o755)
+    path = f"{bindir}:{os.environ.get('PATH', '/usr/local/bin:/usr/bin:/bin')}"
+    pub = (d / "client_ed25519.pub").read_text().strip()
+    (d / "authorized_keys").write_text(f'environment="PATH={path}" {pub}\n')
+    port = _free_port()
+    user = getpass.getuser()
+    cfg = d / "sshd_config"
+    cfg.write_text(
+        f"Port {port}\nListenAddress 127.0.0.1\nHostKey {d / 'host_ed25519'}\nPidFile {d / 'sshd.pid'}\n"
+        f"AuthorizedKeysFile {d / 'authorized_keys'}\nAllowUsers {user}\n"
+        "PubkeyAuthentication yes\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
+        "UsePAM no\nStrictModes no\nPermitRootLogin prohibit-password\nPermitUserEnvironment yes\n"
+        "Subsystem sftp internal-sftp\nLogLevel VERBOSE\n"
+    )
+    log = (d / "sshd.log").open("w")
+    proc = subprocess.Popen([str(SSHD), "-D", "-e", "-f", str(cfg)], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"sshd exited {proc.returncode}: {(d / 'sshd.log').read_text()}")
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"sshd did not listen on {port}: {(d / 'sshd.log').read_text()}")
+                time.sleep(0.1)
+        # Trust the server the way docs/operations.md tells users to: ssh-keyscan into a known-hosts file.
+        scan = subprocess.run(
+            ["ssh-keyscan", "-t", "ed25519", "-p", str(port), "127.0.0.1"], capture_output=True, text=True, check=True
+        )
+        (d / "known_hosts").write_text(scan.stdout)
+        work = d / "remote"
+        work.mkdir()
+        yield SshServer(
+            host="127.0.0.1",
+            port=port,
+            user=user,
+            client_key=d / "client_ed25519",
+            known_hosts=d / "known_hosts",
+            host_key_pub=d / "host_ed25519.pub",
+            workdir=work,
+        )
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        log.close()

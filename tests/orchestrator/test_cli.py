@@ -1,0 +1,159 @@
+"""The `ablate` command as a user runs it: a subprocess with the environment as its only input."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from orchestrator.api.app import create_app
+from orchestrator.settings import Settings
+
+
+def ablate(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    exe = shutil.which("ablate") or ""
+    cmd = [exe, *args] if exe else [sys.executable, "-c", "from orchestrator.cli import main; main()", *args]
+    full_env = {**os.environ, **env, "COLUMNS": "200", "NO_COLOR": "1"}
+    return subprocess.run(cmd, env=full_env, cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture
+def env(empty_database_url: str, tmp_path: Path) -> dict[str, str]:
+    # A port nothing listens on, so `submit` finds no server unless a test starts one.
+    return {"ABLATE_DATABASE_URL": empty_database_url, "ABLATE_STORAGE_DIR": str(tmp_path / "st"), "ABLATE_PORT": "9"}
+
+
+def test_arms_prints_the_lineage(env: dict[str, str], tmp_path: Path) -> None:
+    proc = ablate("arms", env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    lines = {line.split("│")[1].strip(): line for line in proc.stdout.splitlines() if line.count("│") > 3}
+    assert set("ABCDEFGHI") <= set(lines)
+    assert "tread.enabled = True" in lines["B"] and "flow.kind = asymflow" in lines["G"]
+    assert "precision.mode = fp8" in lines["I"] and "(baseline)" in lines["A"]
+
+
+def test_db_upgrade_then_status(env: dict[str, str], tmp_path: Path) -> None:
+    proc = ablate("db", "upgrade", env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "at revision" in proc.stdout and "base" not in proc.stdout
+
+    # A grid stored through the API shows up in `ablate status` read from the same database.
+    app = create_app(Settings(database_url=env["ABLATE_DATABASE_URL"]), "t")
+    with TestClient(app) as client:
+        body = {"name": "cli-grid", "arms": ["A", "B"]}
+        resp = client.post("/api/grids", json=body, headers={"Authorization": "Bearer t"})
+        grid_id = resp.json()["id"]
+    listing = ablate("status", env=env, cwd=tmp_path)
+    assert listing.returncode == 0 and "cli-grid" in listing.stdout and "2 queued" in listing.stdout
+    detail = ablate("status", str(grid_id), env=env, cwd=tmp_path)
+    assert detail.returncode == 0 and "queued" in detail.stdout
+    missing = ablate("status", "424242", env=env, cwd=tmp_path)
+    assert missing.returncode == 2
+    assert missing.stderr.strip() == "error: no grid with id 424242; `ablate status` lists them"
+
+
+def test_bad_spec_submit_is_one_line_exit_2(env: dict[str, str], tmp_path: Path) -> None:
+    grid = tmp_path / "grid.yaml"
+    grid.write_text("name: bad\narms:\n  - A\n  - {parent: F, optimizer: {asymflow: {rank: 8}}}\n")
+    proc = ablate("submit", str(grid), env=env, cwd=tmp_path)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "arms.1.optimizer.asymflow" in lines[0] and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [("name: [unclosed", "not valid YAML"), ("- A\n- B\n", "must hold a mapping"), ("name: x\narms: []\n", "arms")],
+)
+def test_malformed_grid_files(env: dict[str, str], tmp_path: Path, text: str, needle: str) -> None:
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(text)
+    proc = ablate("submit", str(grid), env=env, cwd=tmp_path)
+    assert proc.returncode == 2 and needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_submit_without_server_says_so(env: dict[str, str], tmp_path: Path) -> None:
+    grid = tmp_path / "grid.yaml"
+    grid.write_text("name: ok\narms: [A, B]\n")
+    proc = ablate("submit", str(grid), env={**env, "ABLATE_API_TOKEN": "t"}, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "error: no ablate server reachable at http://127.0.0.1:9: start one with `ablate serve` or pass --url"
+    ]
+
+
+def test_missing_grid_file(env: dict[str, str], tmp_path: Path) -> None:
+    proc = ablate("submit", "nope.yaml", env=env, cwd=tmp_path)
+    assert proc.returncode == 2 and "nope.yaml" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(env: dict[str, str], cwd: Path) -> subprocess.Popen[str]:
+    import httpx
+
+    exe = shutil.which("ablate")
+    cmd = [exe] if exe else [sys.executable, "-c", "from orchestrator.cli import main; main()"]
+    proc = subprocess.Popen(
+        [*cmd, "serve", "--port", env["ABLATE_PORT"]], env={**os.environ, **env}, cwd=cwd,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    for _ in range(300):
+        try:
+            if httpx.get(f"http://127.0.0.1:{env['ABLATE_PORT']}/healthz", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None:
+            raise AssertionError(f"ablate serve exited: {proc.stdout.read() if proc.stdout else ''}")
+        import time
+
+        time.sleep(0.1)
+    proc.kill()
+    raise AssertionError("ablate serve did not answer /healthz in 30 s")
+
+
+def stop_server(proc: subprocess.Popen[str]) -> str:
+    proc.terminate()
+    out, _ = proc.communicate(timeout=30)
+    return out
+
+
+def test_serve_submit_restart(env: dict[str, str], tmp_path: Path) -> None:
+    """The issue's done-when: serve, submit A-D, restart the server, the four queued runs are still there."""
+    import httpx
+
+    env = {**env, "ABLATE_PORT": str(free_port())}
+    grid = tmp_path / "grid.yaml"
+    grid.write_text("name: study\narms: [A, B, C, D]\ncontrol: A\n")
+    server = start_server(env, tmp_path)
+    try:
+        token_file = Path(env["ABLATE_STORAGE_DIR"]) / "api_token"
+        assert token_file.stat().st_mode & 0o077 == 0  # generated, owner-only
+        proc = ablate("submit", str(grid), env=env, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        grid_id = int(proc.stdout.strip())
+    finally:
+        log = stop_server(server)
+    assert "Authorization: Bearer" in log
+
+    server = start_server(env, tmp_path)  # same database, same stored token
+    try:
+        body = httpx.get(f"http://127.0.0.1:{env['ABLATE_PORT']}/api/grids/{grid_id}").json()
+        assert [(r["arm"], r["state"]) for r in body["runs"]] == [(a, "queued") for a in "ABCD"]
+        again = ablate("submit", str(grid), env=env, cwd=tmp_path)
+        assert again.returncode == 0 and int(again.stdout) == grid_id + 1
+    finally:
+        stop_server(server)

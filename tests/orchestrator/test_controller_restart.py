@@ -1,0 +1,111 @@
+"""A controller killed with SIGKILL mid-grid and restarted: the grid completes, every checkpoint stored once.
+
+The controller is `python -m orchestrator.scheduler` in a subprocess joined to this module's Ray; its
+workers are named, detached actors, so they train on while it is dead and the new one adopts them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select
+
+from orchestrator.db.models import TERMINAL_STATES, Event, Metric, Run
+from orchestrator.db.session import session_scope
+from orchestrator.grids import GridCreate, create_grid
+
+ray = pytest.importorskip("ray")
+
+NAMESPACE = "ablate-restart-test"
+TINY = {
+    "model": {"size": "tiny", "depth": 3, "identity_tokens": 4},
+    "data": {"dataset": "shapes", "num_images": 64, "held_out": 2},
+    "schedule": {"steps": 60, "batch_size": 4, "warmup_steps": 5, "checkpoint_every": 10, "ema": {"warmup_steps": 5}},
+    "eval": {"num_samples": 2, "sampler_steps": 2, "lpips_backbone": "random_standin"},
+    "precision": {"mode": "fp32"},
+}
+
+
+@pytest.fixture(scope="module")
+def ray_address() -> Iterator[str]:
+    ray.init(num_gpus=4, num_cpus=2, namespace=NAMESPACE, include_dashboard=False, log_to_driver=False)
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+
+
+def start_controller(database_url: str, ray_address: str, storage: Path, log: Path) -> subprocess.Popen:
+    env = {
+        **os.environ,
+        "ABLATE_DATABASE_URL": database_url,
+        "ABLATE_RAY_ADDRESS": ray_address,
+        "ABLATE_RAY_NAMESPACE": NAMESPACE,
+        "ABLATE_STORAGE_DIR": str(storage),
+        "ABLATE_SCHEDULER_INTERVAL_S": "0.2",
+        "ABLATE_WORKER_THREADS": "1",
+    }
+    with log.open("ab") as fh:
+        return subprocess.Popen([sys.executable, "-m", "orchestrator.scheduler"], env=env, stdout=fh, stderr=fh)
+
+
+def wait_for(check, what: str, timeout: float, proc: subprocess.Popen, log: Path):  # noqa: ANN001, ANN201
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"controller exited {proc.returncode}:\n{log.read_text()[-3000:]}")
+        result = check()
+        if result:
+            return result
+        time.sleep(0.2)
+    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}:\n{log.read_text()[-3000:]}")
+
+
+def test_controller_killed_mid_grid_and_restarted_loses_nothing(
+    ray_address: str, database_url: str, tmp_path: Path
+) -> None:
+    with session_scope(database_url) as session:
+        grid = create_grid(session, GridCreate(name="restart", arms=["A", "B", "C"], overrides=TINY))
+        ids = [r.id for r in grid.runs]
+    log = tmp_path / "controller.log"
+
+    def metric_count() -> int:
+        with session_scope(database_url) as session:
+            return session.scalar(select(func.count()).select_from(Metric).where(Metric.run_id.in_(ids)))
+
+    def states() -> list[str]:
+        with session_scope(database_url) as session:
+            return [session.get(Run, i).state for i in ids]
+
+    first = start_controller(database_url, ray_address, tmp_path, log)
+    try:
+        wait_for(lambda: metric_count() >= 3, "three checkpoints", 120, first, log)
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    assert not all(s in TERMINAL_STATES for s in states()), "the kill must land mid-grid"
+    killed_at = metric_count()
+    time.sleep(3)  # the workers train on with no controller: their records wait in the actors
+    second = start_controller(database_url, ray_address, tmp_path, log)
+    try:
+        wait_for(lambda: all(s in TERMINAL_STATES for s in states()), "the grid to complete", 150, second, log)
+    finally:
+        second.send_signal(signal.SIGTERM)
+        second.wait(timeout=20)
+    assert states() == ["completed"] * 3
+    assert metric_count() > killed_at
+    with session_scope(database_url) as session:
+        for run_id in ids:
+            steps = session.scalars(select(Metric.step).where(Metric.run_id == run_id).order_by(Metric.step)).all()
+            assert steps == [10, 20, 30, 40, 50, 60], (run_id, steps)
+            checkpoint_events = session.scalars(
+                select(Event.data).where(Event.run_id == run_id, Event.kind == "checkpoint")
+            ).all()
+            assert sorted(e["step"] for e in checkpoint_events) == [10, 20, 30, 40, 50, 60]
+            run = session.get(Run, run_id)
+            assert run.retries == 0, "workers were adopted, not restarted"

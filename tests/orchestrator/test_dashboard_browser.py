@@ -1,0 +1,254 @@
+"""The dashboard in a real headless Chromium: the published A-D curves imported with `ablate import`,
+served by the real app with uvicorn, the grid page loaded and checked (four arms drawn on the
+canvas, B's detector stop marked with its reason), a screenshot saved for the README."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = Path("/usr/bin/chromium")
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "published_ablation_a_to_d.json"
+SCREENSHOT = Path(__file__).parents[2] / "docs" / "screenshots" / "grid.png"
+# Okabe-Ito colours the page gives arms by position (static/grid.js PALETTE).
+ARM_COLOURS = {"A": (0x00, 0x72, 0xB2), "B": (0xD5, 0x5E, 0x00), "C": (0x00, 0x9E, 0x73), "D": (0xCC, 0x79, 0xA7)}
+
+pytestmark = pytest.mark.skipif(
+    not CHROMIUM.exists(), reason="needs Debian chromium at /usr/bin/chromium (apt-get install chromium)"
+)
+
+
+def _ablate(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    exe = shutil.which("ablate") or str(Path(sys.executable).parent / "ablate")
+    env = {**os.environ, "ABLATE_DATABASE_URL": database_url}
+    return subprocess.run([exe, *args], env=env, capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def grid_id(database_url: str) -> int:
+    out = _ablate(database_url, "import", str(FIXTURE), "--name", "published study A-D (2026)")
+    assert out.returncode == 0, out.stderr
+    return int(out.stdout.split()[1])  # "grid N 'name': ..."
+
+
+@pytest.fixture(scope="module")
+def base_url(database_url: str) -> Iterator[str]:
+    """The real app on a free loopback port, in a thread."""
+    import uvicorn
+
+    from orchestrator.api.app import create_app
+    from orchestrator.settings import Settings
+
+    app = create_app(Settings(database_url=database_url), api_token="test-token")
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not (server.started and server.servers):
+        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
+        time.sleep(0.05)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def browser_context(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    from playwright.sync_api import sync_playwright
+
+    profile = tmp_path_factory.mktemp("chromium-profile")
+    with sync_playwright() as pw:
+        context = pw.chromium.launch_persistent_context(
+            str(profile),
+            executable_path=str(CHROMIUM),
+            headless=True,
+            # Offline machine: without these Chromium stalls on refused background connections.
+            args=[
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+            ],
+            viewport={"width": 1440, "height": 900},
+            device_scale_factor=1,
+        )
+        yield context
+        context.close()
+
+
+def _arm_pixels(page, selector: str) -> dict[str, int]:  # type: ignore[no-untyped-def]
+    """How many canvas pixels of the chart have each arm's exact colour (the lines themselves)."""
+    return page.eval_on_selector(
+        selector,
+        """(fig, colours) => {
+            const c = fig.querySelector("canvas");
+            const px = c.getContext("2d").getImageData(0, 0, c.width, c.height).data;
+            const out = {};
+            for (const [arm, [r, g, b]] of Object.entries(colours)) {
+                let n = 0;
+                const near = (i) => Math.abs(px[i] - r) < 8 && Math.abs(px[i + 1] - g) < 8
+                    && Math.abs(px[i + 2] - b) < 8 && px[i + 3] > 200;
+                for (let i = 0; i < px.length; i += 4) if (near(i)) n++;
+                out[arm] = n;
+            }
+            return out;
+        }""",
+        {arm: list(rgb) for arm, rgb in ARM_COLOURS.items()},
+    )
+
+
+def test_grid_list_shows_the_imported_grid(base_url: str, grid_id: int, browser_context, published_curves) -> None:  # type: ignore[no-untyped-def]
+    page = browser_context.new_page()
+    page.goto(base_url + "/")
+    row = page.locator(f"tr[data-grid-id='{grid_id}']")
+    assert row.get_attribute("data-state") == "finished"
+    assert row.locator("td.arms .chip").all_inner_texts() == ["A", "B", "C", "D"]
+    assert "state-stopped" in (row.locator(".chip", has_text="B").get_attribute("class") or "")
+    # GPU-hours: the sum of the four arms' final elapsed hours in the fixture.
+    hours = sum(arm["checkpoints"][-1]["elapsed_hours"] for arm in published_curves.values())
+    assert float(row.locator("td.num").inner_text()) == pytest.approx(hours, abs=0.05)
+    page.locator(f"tr[data-grid-id='{grid_id}'] a").click()
+    page.wait_for_url(f"**/grids/{grid_id}")
+    page.close()
+
+
+def test_grid_page_draws_four_arms_and_b_stop(base_url: str, grid_id: int, browser_context) -> None:  # type: ignore[no-untyped-def]
+    page = browser_context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+    page.goto(f"{base_url}/grids/{grid_id}")
+    page.wait_for_selector("main#grid[data-ready='true']", timeout=20_000)
+
+    recon = "figure.chart[data-key='recon_lpips'][data-axis='step']"
+    assert page.get_attribute(recon, "data-drawn") == "A,B,C,D"
+    assert page.locator(f"{recon} ul.legend li").evaluate_all("els => els.map(e => e.dataset.arm)") == list("ABCD")
+    pixels = _arm_pixels(page, recon)
+    assert all(n > 50 for n in pixels.values()), pixels  # every arm's line is on the canvas
+
+    # B's stop marker: at the detector's step, with its decision and reason, in B's colour.
+    stop = page.locator(f"{recon} .marker.stop[data-arm='B']")
+    assert stop.count() == 1
+    assert stop.get_attribute("data-step") == "4000"
+    assert stop.get_attribute("data-decision") == "collapse"
+    assert "recon_lpips" in (stop.get_attribute("data-reason") or "")
+    assert "B stopped @4000: collapse" in stop.inner_text()
+    # ... at the right x: left of the 5000 end of the axis, right of B's best (step 3000).
+    best = page.locator(f"{recon} .marker.best[data-arm='B']")
+    assert best.get_attribute("data-step") == "3000"
+    assert best.bounding_box()["x"] < stop.bounding_box()["x"]  # type: ignore[index]
+    # No other arm is stopped; every arm has a best-checkpoint star.
+    assert page.locator(f"{recon} .marker.stop").count() == 1
+    assert page.locator(f"{recon} .marker.best").count() == 4
+
+    # The same curves against GPU-hours, the paired differences against A, throughput.
+    assert page.get_attribute("figure.chart[data-key='recon_lpips'][data-axis='hours']", "data-drawn") == "A,B,C,D"
+    assert page.get_attribute("figure.chart[data-key='paired_recon_lpips']", "data-drawn") == "B,C,D"
+    assert page.get_attribute("figure.chart[data-key='iter_per_sec']", "data-drawn") == "A,B,C,D"
+    # The fixture has no SEs and no samples/s: said, not faked.
+    assert "no SE stored" in page.inner_text("figure.chart[data-key='paired_recon_lpips'] figcaption")
+    assert "no data" in page.inner_text("figure.chart[data-key='samples_per_sec']")
+
+    # Arms table: state badges and B's decision; the lineage table: what B changes against A.
+    assert page.locator("#arms tr[data-arm='B'] .badge").first.inner_text() == "stopped"
+    assert page.locator("#arms tr[data-arm='A'] .badge").first.inner_text() == "completed"
+    assert "tread.enabled" in page.inner_text("#lineage tr[data-arm='B']")
+    assert "optimizer" in page.inner_text("#lineage tr[data-arm='C']")
+    assert "B stopped at step 4000 (collapse)" in page.inner_text("#banners")
+
+    SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+    # What a laptop screen shows first, plus the row against GPU-hours.
+    page.screenshot(path=str(SCREENSHOT), full_page=True, clip={"x": 0, "y": 0, "width": 1440, "height": 1090})
+    assert errors == []
+    page.close()
+
+
+def test_metrics_csv_export(base_url: str, grid_id: int, published_curves: dict) -> None:
+    import csv
+    import io
+
+    import httpx
+
+    resp = httpx.get(f"{base_url}/api/grids/{grid_id}/metrics.csv")
+    assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/csv")
+    assert "attachment" in resp.headers["content-disposition"]
+    rows = list(csv.DictReader(io.StringIO(resp.text)))
+    assert len(rows) == sum(len(a["checkpoints"]) for a in published_curves.values())
+    assert [r["arm"] for r in rows[::10]] == list("ABCD")
+    b4000 = next(r for r in rows if r["arm"] == "B" and r["step"] == "4000")
+    src = next(c for c in published_curves["B_tread_adamw"]["checkpoints"] if c["step"] == 4000)
+    assert float(b4000["recon_lpips"]) == src["recon_lpips"]
+    assert float(b4000["gpu_hours"]) == src["elapsed_hours"]
+    assert (b4000["state"], b4000["decision"], b4000["decision_step"]) == ("stopped", "collapse", "4000")
+    assert b4000["recon_lpips_se"] == ""  # absent, not zero
+    assert json.loads(b4000["extra"])["wall_time_iso"] == src["wall_time_iso"]
+    assert httpx.get(f"{base_url}/api/grids/999999/metrics.csv").status_code == 404
+
+
+def test_live_grid_updates_and_labels_standins(base_url: str, database_url: str, browser_context) -> None:  # type: ignore[no-untyped-def]
+    """A running grid: the page polls and redraws when a checkpoint lands, SE bands are drawn where SEs
+    exist, and a stand-in LPIPS backbone and a recorded fallback are labelled."""
+    from orchestrator.db.models import Metric, Run, RunState
+    from orchestrator.db.session import session_scope
+    from orchestrator.grids import GridCreate, create_grid
+
+    def checkpoint(run_id: int, step: int) -> Metric:
+        v = 0.9 - step / 10_000
+        return Metric(
+            run_id=run_id,
+            step=step,
+            recon_lpips=v,
+            recon_lpips_se=0.01,
+            text_lpips=v + 0.02,
+            text_lpips_se=0.01,
+            gpu_hours=step / 1000,
+            iter_per_sec=2.0,
+            samples_per_sec=32.0,
+            lpips_backbone="random_standin",
+        )
+
+    with session_scope(database_url) as s:
+        grid = create_grid(s, GridCreate(name="live", arms=["A", "B"], overrides={"model": {"size": "tiny"}}))
+        for run in grid.runs:
+            run.state = RunState.running
+            s.add_all([checkpoint(run.id, 50), checkpoint(run.id, 100)])
+        grid.runs[1].fallbacks = ["compile: off (no C compiler for inductor)"]
+        gid, run_a = grid.id, grid.runs[0].id
+
+    page = browser_context.new_page()
+    page.goto(f"{base_url}/grids/{gid}")
+    page.wait_for_selector("main#grid[data-ready='true']")
+    assert page.is_visible("#live")
+    step_cell = "#arms tr[data-arm='A'] td:nth-child(3)"
+    assert page.inner_text(step_cell) == "100"
+    assert page.get_attribute("figure.chart[data-key='recon_lpips'][data-axis='step']", "data-bands") == "2"
+    assert "stand-in LPIPS" in page.inner_text("#arms tr[data-arm='A']")
+    assert "random (untrained) LPIPS backbone" in page.inner_text("#banners")
+    assert "compile: off" in page.inner_text("#banners .banner.fallback[data-arm='B']")
+    assert "stand-in LPIPS backbone: A, B" in page.inner_text("figure.chart[data-key='recon_lpips'][data-axis='step']")
+    # The lineage table diffs B against A in this grid (both tiny): only TREAD differs.
+    assert page.inner_text("#lineage tr[data-arm='B'] ul.changes").strip() == "tread.enabled = true"
+
+    with session_scope(database_url) as s:
+        s.add(checkpoint(run_a, 150))
+    page.wait_for_function(f"document.querySelector(\"{step_cell}\").textContent === '150'", timeout=20_000)
+
+    with session_scope(database_url) as s:
+        for run in s.get(Run, run_a).grid.runs:
+            run.state = RunState.completed
+    page.wait_for_selector("#live", state="hidden", timeout=20_000)
+    assert page.inner_text("#arms tr[data-arm='B'] .badge") == "completed"
+    page.close()

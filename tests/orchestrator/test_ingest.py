@@ -1,0 +1,78 @@
+"""Metric ingest and the detector hook, on a real database (Postgres in CI), without Ray."""
+
+from __future__ import annotations
+
+import math
+
+from sqlalchemy import func, select
+
+from orchestrator.db.models import Event, Metric, Run, RunState
+from orchestrator.db.session import session_scope
+from orchestrator.grids import GridCreate, create_grid
+from orchestrator.scheduler import ingest, metric_series
+
+
+def _grid(database_url: str, arms: list, **kw) -> list[int]:
+    with session_scope(database_url) as session:
+        grid = create_grid(session, GridCreate(name="ingest", arms=arms, **kw))
+        for run in grid.runs:
+            run.state = RunState.running
+        return [r.id for r in grid.runs]
+
+
+def _record(step: int, lpips: float, **extra) -> dict:
+    return {"step": step, "recon_lpips": lpips, "recon_lpips_se": 0.005, "recon_lpips_n": 8,
+            "train_loss": 0.5, "checkpoint": f"/ckpt/{step}.pt", "lpips_backbone": "random_standin", **extra}
+
+
+def test_resent_records_are_stored_once_with_one_event_each(database_url: str) -> None:
+    (run_id,) = _grid(database_url, ["A"])
+    records = [_record(s, 0.9 - s / 1000) for s in (50, 100, 150)]
+    with session_scope(database_url) as session:
+        run = session.get(Run, run_id)
+        assert ingest(session, run, records[:2]) == [50, 100]
+    with session_scope(database_url) as session:  # a restarted controller re-reads the worker's file
+        run = session.get(Run, run_id)
+        assert ingest(session, run, list(reversed(records))) == [150]
+    with session_scope(database_url) as session:
+        steps = session.scalars(select(Metric.step).where(Metric.run_id == run_id).order_by(Metric.step)).all()
+        events = session.scalar(
+            select(func.count()).select_from(Event).where(Event.run_id == run_id, Event.kind == "checkpoint")
+        )
+        run = session.get(Run, run_id)
+        assert steps == [50, 100, 150] and events == 3
+        assert (run.last_checkpoint_step, run.best_step, run.best_checkpoint) == (150, 150, "/ckpt/150.pt")
+        extra = session.scalar(select(Metric.extra).where(Metric.run_id == run_id, Metric.step == 50))
+        assert extra["checkpoint"] == "/ckpt/50.pt" and "recon_lpips" not in extra
+
+
+def test_nan_loss_survives_storage_and_stops_the_run_as_diverged(database_url: str) -> None:
+    (run_id,) = _grid(database_url, ["A"])
+    with session_scope(database_url) as session:
+        run = session.get(Run, run_id)
+        ingest(session, run, [_record(50, 0.8), _record(100, 0.7, train_loss="nan")])
+    with session_scope(database_url) as session:
+        run = session.get(Run, run_id)
+        assert math.isnan(metric_series(session, run_id)[-1]["train_loss"])
+        assert (run.decision, run.decision_step, run.best_step) == ("diverged", 100, 100)
+        kinds = session.scalars(select(Event.kind).where(Event.run_id == run_id)).all()
+        assert kinds.count("decision") == 1
+
+
+def test_collapse_keeps_the_best_checkpoint_and_warn_mode_does_not_stop(database_url: str) -> None:
+    stop_id, warn_id = _grid(
+        database_url, ["A", {"parent": "A", "name": "A-warn", "detector": {"mode": "warn"}}]
+    )
+    curve = [0.80, 0.70, 0.60, 0.68, 0.75]  # best @150, then worse twice by more than 0.03 and 2 SE
+    for run_id in (stop_id, warn_id):
+        with session_scope(database_url) as session:
+            run = session.get(Run, run_id)
+            ingest(session, run, [_record(50 * (i + 1), v) for i, v in enumerate(curve)])
+    with session_scope(database_url) as session:
+        stopped, warned = session.get(Run, stop_id), session.get(Run, warn_id)
+        assert (stopped.decision, stopped.decision_step) == ("collapse", 250)
+        assert (stopped.best_step, stopped.best_value, stopped.best_checkpoint) == (150, 0.6, "/ckpt/150.pt")
+        assert "recon_lpips" in stopped.decision_reason
+        assert warned.decision == "warn:collapse" and warned.best_step == 150
+        kinds = session.scalars(select(Event.kind).where(Event.run_id == warn_id)).all()
+        assert "warning" in kinds and "decision" not in kinds

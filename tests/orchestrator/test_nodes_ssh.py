@@ -1,0 +1,277 @@
+"""Nodes against a real OpenSSH server on loopback (see conftest.py): probe, bootstrap, host keys, CLI."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+import subprocess
+import zipfile
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+from typer.testing import CliRunner
+
+from orchestrator.cli import app
+from orchestrator.db.models import Event, Node
+from orchestrator.db.session import session_scope
+from orchestrator.nodes import (
+    BootstrapConfig,
+    CommandFailed,
+    HostKeyError,
+    NodeCreate,
+    NodeShell,
+    add_node,
+    bootstrap_node,
+    get_node,
+    probe_node,
+    run_steps,
+    teardown_node,
+)
+
+
+def _ssh_keygen_fingerprint(pub: Path) -> str:
+    # `ssh-keygen -lf` prints "256 SHA256:... comment (ED25519)": the reference our message must match.
+    return subprocess.run(["ssh-keygen", "-lf", str(pub)], capture_output=True, text=True, check=True).stdout.split()[1]
+
+
+def _register(database_url: str, sshd, name: str, known_hosts: Path | None = None) -> None:  # noqa: ANN001
+    with session_scope(database_url) as session:
+        add_node(
+            session,
+            NodeCreate(
+                name=name,
+                host=sshd.host,
+                port=sshd.port,
+                user=sshd.user,
+                key_path=str(sshd.client_key),
+                known_hosts_path=str(known_hosts or sshd.known_hosts),
+                price_per_hour=2.4,
+            ),
+        )
+
+
+def _node(database_url: str, name: str) -> Node:
+    with session_scope(database_url) as session:
+        node = get_node(session, name)
+        session.expunge(node)
+    return node
+
+
+def _tiny_wheel(directory: Path) -> Path:
+    """A real, minimal wheel (stands where the project's wheel goes) so the venv + pip install steps run for real."""
+    files = {
+        "ablate_probe_pkg/__init__.py": b"MARK = 'installed on the node'\n",
+        "ablate_probe_pkg-0.1.dist-info/METADATA": b"Metadata-Version: 2.1\nName: ablate-probe-pkg\nVersion: 0.1\n",
+        "ablate_probe_pkg-0.1.dist-info/WHEEL": (
+            b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        ),
+    }
+    record = []
+    for name, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{name},sha256={digest},{len(data)}")
+    record.append("ablate_probe_pkg-0.1.dist-info/RECORD,,")
+    path = directory / "ablate_probe_pkg-0.1-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, data in files.items():
+            zf.writestr(name, data)
+        zf.writestr("ablate_probe_pkg-0.1.dist-info/RECORD", "\n".join(record) + "\n")
+    return path
+
+
+def test_probe_reports_gpus_disk_python_and_records_each_command(database_url: str, sshd) -> None:  # noqa: ANN001
+    _register(database_url, sshd, "quad-a")
+    result = probe_node(database_url, "quad-a")
+
+    assert [g["index"] for g in result["gpus"]] == [0, 1, 2, 3]
+    assert result["gpus"][0] == {
+        "index": 0,
+        "name": "NVIDIA GeForce RTX 4090",
+        "memory_mib": 24564,
+        "driver": "550.54.14",
+        "uuid": "GPU-0a1b2c3d-0000-4000-8000-000000000000",
+    }
+    assert result["free_disk_gb"] > 0
+    assert re.fullmatch(r"3\.\d+\.\d+", result["python"])
+    json.dumps(result)  # the probe is JSON as-is
+
+    with session_scope(database_url) as session:
+        node = get_node(session, "quad-a")
+        assert node.state == "ready" and len(node.gpus) == 4
+        events = session.scalars(select(Event).where(Event.node_id == node.id, Event.kind == "node.command")).all()
+    smi = [e for e in events if e.message.startswith("nvidia-smi")]
+    assert smi and smi[0].data["exit_code"] == 0 and "RTX 4090" in smi[0].data["stdout"]
+    assert any(e.message.startswith("df -Pk") for e in events)
+
+
+def test_failing_step_stops_the_sequence_with_command_and_output(database_url: str, sshd) -> None:  # noqa: ANN001
+    _register(database_url, sshd, "quad-fail")
+    marker = sshd.workdir / "after-failure"
+    with NodeShell.open(_node(database_url, "quad-fail"), database_url) as shell:
+        with pytest.raises(CommandFailed) as info:
+            run_steps(shell, ["true", "echo disk full >&2; exit 3", f"touch {marker}"], {}, timeout_s=30)
+        assert "exit 3" in str(info.value) and "exited 3" in str(info.value) and "disk full" in str(info.value)
+        assert not marker.exists()  # the step after the failure never ran
+
+        with pytest.raises(CommandFailed, match="timed out after 0.5 s"):
+            shell.run("sleep 20", timeout_s=0.5)
+    with session_scope(database_url) as session:
+        node_id = get_node(session, "quad-fail").id
+        rows = session.scalars(select(Event).where(Event.node_id == node_id).order_by(Event.id)).all()
+    assert [(e.data["exit_code"], e.data["timed_out"]) for e in rows] == [(0, False), (3, False), (None, True)]
+    assert "disk full" in rows[1].data["stderr"]
+
+
+def test_bootstrap_installs_venv_and_joins_then_teardown_removes(database_url: str, sshd, tmp_path: Path) -> None:  # noqa: ANN001
+    _register(database_url, sshd, "quad-boot")
+    remote = sshd.workdir / "boot"
+    config = BootstrapConfig(
+        ray_address="10.1.2.3:6379",
+        package=_tiny_wheel(tmp_path),
+        remote_dir=str(remote),
+        install=[
+            "{python} -m venv {venv}",
+            "{venv}/bin/pip install --no-index --no-deps {package}",
+            "{venv}/bin/python -c 'import ablate_probe_pkg; print(ablate_probe_pkg.MARK)'",
+        ],
+        # `ray start/stop` would stop every Ray of this user on the (shared) test machine: a recorded join instead.
+        join=["echo {ray_address} {num_gpus} > {remote_dir}/joined"],
+        leave=["rm -f {remote_dir}/joined"],
+        command_timeout_s=300,
+    )
+    found = bootstrap_node(database_url, "quad-boot", config)
+    assert len(found["gpus"]) == 4
+    assert (remote / "ablate_probe_pkg-0.1-py3-none-any.whl").is_file()  # copied over SFTP
+    assert (remote / "venv" / "bin" / "python").exists()
+    assert (remote / "joined").read_text().split() == ["10.1.2.3:6379", "4"]
+    with session_scope(database_url) as session:
+        node = get_node(session, "quad-boot")
+        assert node.state == "joined"
+        commands = select(Event).where(Event.node_id == node.id, Event.kind == "node.command")
+        outputs = [e.data["stdout"] for e in session.scalars(commands)]
+    assert any("installed on the node" in o for o in outputs)
+
+    teardown_node(database_url, "quad-boot", config)
+    assert not remote.exists()
+    assert _node(database_url, "quad-boot").state == "registered"
+
+
+def test_bootstrap_without_ray_address_is_refused_before_any_command(database_url: str, sshd) -> None:  # noqa: ANN001
+    _register(database_url, sshd, "quad-noaddr")
+    from orchestrator.nodes import NodeError
+
+    with pytest.raises(NodeError, match="ABLATE_NODE_RAY_ADDRESS"):
+        bootstrap_node(database_url, "quad-noaddr", BootstrapConfig(ray_address=None, install=["true"]))
+
+
+def test_changed_host_key_is_refused_with_fingerprint(database_url: str, sshd, tmp_path: Path) -> None:  # noqa: ANN001
+    # A known-hosts file that records a different key for this host:port (a re-imaged node, or an attacker).
+    other = tmp_path / "other_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    kind, blob = (other.with_suffix(".pub")).read_text().split()[:2]
+    stale = tmp_path / "known_hosts"
+    stale.write_text(f"[{sshd.host}]:{sshd.port} {kind} {blob}\n")
+    _register(database_url, sshd, "quad-changed", known_hosts=stale)
+
+    with pytest.raises(HostKeyError) as info:
+        probe_node(database_url, "quad-changed")
+    message = str(info.value)
+    assert "CHANGED" in message
+    assert _ssh_keygen_fingerprint(sshd.host_key_pub) in message  # what the server offered
+    assert _ssh_keygen_fingerprint(other.with_suffix(".pub")) in message  # what was recorded
+    assert f"ssh-keyscan -p {sshd.port} {sshd.host}" in message
+    assert _node(database_url, "quad-changed").state == "registered"
+
+
+def test_unknown_host_key_is_refused_with_fingerprint_and_how_to_trust(database_url: str, sshd, tmp_path: Path) -> None:  # noqa: ANN001
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    _register(database_url, sshd, "quad-unknown", known_hosts=empty)
+    with pytest.raises(HostKeyError) as info:
+        probe_node(database_url, "quad-unknown")
+    message = str(info.value)
+    assert "unknown host key" in message and _ssh_keygen_fingerprint(sshd.host_key_pub) in message
+    assert f"ssh-keyscan -p {sshd.port} {sshd.host} >> {empty}" in message and f"--known-hosts {empty}" in message
+
+
+def test_fetch_tree_copies_a_remote_directory(database_url: str, sshd, tmp_path: Path) -> None:  # noqa: ANN001
+    _register(database_url, sshd, "quad-fetch")
+    src = sshd.workdir / "ckpt"
+    (src / "step_100").mkdir(parents=True)
+    (src / "step_100" / "model.pt").write_bytes(b"\x00weights")
+    (src / "metrics.jsonl").write_text('{"step": 100}\n')
+    with NodeShell.open(_node(database_url, "quad-fetch"), database_url) as shell:
+        written = shell.fetch_tree(str(src), tmp_path / "back")
+    assert sorted(p.relative_to(tmp_path / "back").as_posix() for p in written) == [
+        "metrics.jsonl",
+        "step_100/model.pt",
+    ]
+    assert (tmp_path / "back" / "step_100" / "model.pt").read_bytes() == b"\x00weights"
+
+
+def test_cli_add_list_probe_remove(database_url: str, sshd, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    from orchestrator.cli import _register as register_commands
+
+    register_commands()
+    monkeypatch.setenv("ABLATE_DATABASE_URL", database_url)
+    runner = CliRunner()
+    args = ["nodes", "add", "cli-node", "--host", sshd.host, "--port", str(sshd.port), "--user", sshd.user]
+    args += ["--key", str(sshd.client_key), "--known-hosts", str(sshd.known_hosts), "--price-per-hour", "3.2"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    listed = runner.invoke(app, ["nodes", "list"])
+    assert listed.exit_code == 0 and "cli-node" in listed.output and "3.2" in listed.output
+    probed = runner.invoke(app, ["nodes", "probe", "cli-node"])
+    assert probed.exit_code == 0, probed.output
+    assert len(json.loads(probed.output)["gpus"]) == 4
+
+    bad = runner.invoke(app, ["nodes", "add", "x", "--host", "h", "--user", "u", "--key", "/nonexistent/key"])
+    assert bad.exit_code != 0 and "key_path" in str(bad.exception) + bad.output
+
+    removed = runner.invoke(app, ["nodes", "remove", "cli-node"])
+    assert removed.exit_code == 0
+    with session_scope(database_url) as session:
+        assert session.scalar(select(Node).where(Node.name == "cli-node")) is None
+
+
+def test_nodes_over_rest(database_url: str, sshd, tmp_path: Path) -> None:  # noqa: ANN001
+    from fastapi.testclient import TestClient
+
+    from orchestrator.api.app import create_app
+    from orchestrator.settings import Settings
+
+    client = TestClient(create_app(Settings(database_url=database_url), "tok"))
+    auth = {"Authorization": "Bearer tok"}
+    body = {
+        "name": "rest-node",
+        "host": sshd.host,
+        "port": sshd.port,
+        "user": sshd.user,
+        "key_path": str(sshd.client_key),
+        "known_hosts_path": str(sshd.known_hosts),
+        "price_per_hour": 1.5,
+    }
+    assert client.post("/api/nodes", json=body).status_code == 401
+    missing = client.post("/api/nodes", json={**body, "key_path": "/no/such/key"}, headers=auth)
+    assert missing.status_code == 422 and missing.json()["detail"][0]["loc"] == ["body", "key_path"]
+    created = client.post("/api/nodes", json=body, headers=auth)
+    assert created.status_code == 201, created.text
+    assert client.post("/api/nodes", json=body, headers=auth).status_code == 409
+
+    probed = client.post("/api/nodes/rest-node/probe", headers=auth)
+    assert probed.status_code == 200, probed.text
+    assert [g["memory_mib"] for g in probed.json()["gpus"]] == [24564] * 4
+    assert client.get("/api/nodes/rest-node").json()["state"] == "ready"
+
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    client.post("/api/nodes", json={**body, "name": "rest-unknown", "known_hosts_path": str(empty)}, headers=auth)
+    refused = client.post("/api/nodes/rest-unknown/probe", headers=auth)
+    assert refused.status_code == 424 and "SHA256:" in refused.json()["detail"]
+
+    assert client.post("/api/nodes/nope/probe", headers=auth).status_code == 404
+    assert client.delete("/api/nodes/rest-node", headers=auth).status_code == 204
+    assert client.get("/api/nodes/rest-node").status_code == 404

@@ -1,0 +1,186 @@
+"""The scheduler on a real local Ray (4 logical GPUs, 2 CPUs) and a real database, training real tiny arms.
+
+One Ray instance for the module; the scheduler runs in a thread of the test process, as in `ablate demo`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from orchestrator.db.models import TERMINAL_STATES, Event, Metric, Run
+from orchestrator.db.session import session_scope
+from orchestrator.grids import GridCreate, create_grid, stop_run
+from orchestrator.scheduler import Scheduler, actor_name
+
+ray = pytest.importorskip("ray")
+
+# The tiniest spec that still trains, checkpoints and evaluates: seconds per arm on one CPU thread.
+TINY: dict[str, Any] = {
+    "model": {"size": "tiny", "depth": 3, "identity_tokens": 4},
+    "data": {"dataset": "shapes", "num_images": 64, "held_out": 2},
+    "schedule": {"steps": 40, "batch_size": 4, "warmup_steps": 5, "checkpoint_every": 10, "ema": {"warmup_steps": 5}},
+    "eval": {"num_samples": 2, "sampler_steps": 2, "lpips_backbone": "random_standin"},
+    "precision": {"mode": "fp32"},
+}
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[None]:
+    ray.init(num_gpus=4, num_cpus=2, namespace="ablate-test", include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture
+def scheduler(ray_cluster: None, database_url: str, tmp_path: Path) -> Iterator[Scheduler]:
+    from orchestrator.settings import Settings
+
+    settings = Settings(
+        database_url=database_url,
+        storage_dir=tmp_path,
+        scheduler_interval_s=0.2,
+        max_retries=2,
+        worker_threads=1,
+        ray_namespace="ablate-test",
+    )
+    s = Scheduler(settings)
+    s.start()
+    yield s
+    s.stop()
+
+
+def submit(database_url: str, arms: list, overrides: dict | None = None) -> list[int]:
+    with session_scope(database_url) as session:
+        grid = create_grid(session, GridCreate(name="t", arms=arms, overrides=overrides or TINY))
+        return [r.id for r in grid.runs]
+
+
+def runs(database_url: str, ids: list[int]) -> list[Run]:
+    with session_scope(database_url) as session:
+        return [session.get(Run, i) for i in ids]
+
+
+def steps_of(database_url: str, run_id: int) -> list[int]:
+    with session_scope(database_url) as session:
+        return list(session.scalars(select(Metric.step).where(Metric.run_id == run_id).order_by(Metric.step)))
+
+
+def events_of(database_url: str, run_id: int) -> list[Event]:
+    with session_scope(database_url) as session:
+        return list(session.scalars(select(Event).where(Event.run_id == run_id).order_by(Event.id)))
+
+
+def wait_for(check: Callable[[], Any], what: str, timeout: float = 90.0) -> Any:
+    """Poll `check` until it returns something truthy (returned); fail naming `what` after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = check()
+        if result:
+            return result
+        time.sleep(0.1)
+    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def all_done(database_url: str, ids: list[int]) -> bool:
+    return all(r.state in TERMINAL_STATES for r in runs(database_url, ids))
+
+
+def test_four_arms_on_four_gpus_a_fifth_waits_for_a_free_one(scheduler: Scheduler, database_url: str) -> None:
+    arms = ["A", "B", "C", {"parent": "A", "name": "A2"}, {"parent": "A", "name": "A3"}]
+    # The fifth arm is short so that it is the one still queued while the first four all run.
+    ids = submit(database_url, arms)
+    four, fifth = ids[:4], ids[4]
+    seen_running_with_metrics = False
+
+    def four_running() -> bool:
+        nonlocal seen_running_with_metrics
+        rs = runs(database_url, ids)
+        for r in rs:
+            if r.state == "running" and steps_of(database_url, r.id):
+                seen_running_with_metrics = True  # a running arm's metrics are in the DB before it ends
+        first = rs[:4]
+        if all(r.state == "running" for r in first):
+            assert rs[4].state == "queued", "the fifth arm must wait while four GPUs are taken"
+            assert len({r.gpu_index for r in first}) == 4, [r.gpu_index for r in first]
+            return True
+        return False
+
+    wait_for(four_running, "four arms running at once")
+    wait_for(lambda: all_done(database_url, ids), "the grid to finish", timeout=150)
+    rs = runs(database_url, ids)
+    assert [r.state for r in rs] == ["completed"] * 5, [(r.state, r.error) for r in rs]
+    assert sorted(r.gpu_index for r in rs[:4]) == ["0", "1", "2", "3"]
+    # The fifth started only after one of the four finished, on the GPU that one freed.
+    first_free = min(rs[:4], key=lambda r: r.finished_at)
+    assert rs[4].gpu_index in {r.gpu_index for r in rs[:4] if r.finished_at <= rs[4].started_at}
+    assert rs[4].started_at >= first_free.finished_at
+    for run_id in [*four, fifth]:
+        assert steps_of(database_url, run_id) == [10, 20, 30, 40]
+        kinds = [e.kind for e in events_of(database_url, run_id)]
+        assert kinds.count("checkpoint") == 4 and kinds.count("started") == 1 and kinds[-1] == "completed"
+    assert seen_running_with_metrics or any(
+        m.created_at < r.finished_at for r in rs for m in _metrics(database_url, r.id)[:-1]
+    )
+
+
+def _metrics(database_url: str, run_id: int) -> list[Metric]:
+    with session_scope(database_url) as session:
+        return list(session.scalars(select(Metric).where(Metric.run_id == run_id).order_by(Metric.step)))
+
+
+def test_kill_9_of_a_worker_resumes_from_its_checkpoint(scheduler: Scheduler, database_url: str) -> None:
+    overrides = {**TINY, "schedule": {**TINY["schedule"], "steps": 80}}
+    (run_id,) = submit(database_url, ["A"], overrides)
+    wait_for(lambda: len(steps_of(database_url, run_id)) >= 2, "two checkpoints")
+    worker = ray.get_actor(actor_name(run_id, 0), namespace="ablate-test")
+    pid = ray.get(worker.ping.remote())["pid"]
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: all_done(database_url, [run_id]), "the resumed run to finish", timeout=150)
+    (run,) = runs(database_url, [run_id])
+    assert run.state == "completed" and run.retries == 1, (run.state, run.error)
+    assert steps_of(database_url, run_id) == list(range(10, 81, 10))  # no gap, no duplicate
+    kinds = [e.kind for e in events_of(database_url, run_id)]
+    assert kinds.count("worker_lost") == 1 and kinds.count("resumed") == 1 and kinds.count("started") == 2
+    assert kinds.count("checkpoint") == 8
+    resumed = next(e for e in events_of(database_url, run_id) if e.kind == "resumed")
+    assert resumed.data["step"] >= 20
+
+
+def test_user_stop_is_graceful_with_a_final_checkpoint(scheduler: Scheduler, database_url: str) -> None:
+    overrides = {**TINY, "schedule": {**TINY["schedule"], "steps": 400}}
+    (run_id,) = submit(database_url, ["A"], overrides)
+    wait_for(lambda: steps_of(database_url, run_id), "a first checkpoint")
+    with session_scope(database_url) as session:
+        stop_run(session, session.get(Run, run_id))
+    wait_for(lambda: all_done(database_url, [run_id]), "the stop")
+    (run,) = runs(database_url, [run_id])
+    metrics = _metrics(database_url, run_id)
+    assert run.state == "stopped" and metrics[-1].step < 400
+    # The last record is the final checkpoint (a fresh one, or the one just written when the stop
+    # arrived during its evaluation), and it is on disk.
+    assert run.last_checkpoint_step == metrics[-1].step and Path(metrics[-1].extra["checkpoint"]).exists()
+    assert [e.kind for e in events_of(database_url, run_id)][-1] == "stopped"
+
+
+def test_an_exploding_lr_is_stopped_with_its_best_checkpoint_kept(scheduler: Scheduler, database_url: str) -> None:
+    overrides = {
+        **TINY,
+        "schedule": {**TINY["schedule"], "steps": 200, "lr": 1e-3, "lr_explode_after": 30, "lr_explode_factor": 1e4},
+    }
+    (run_id,) = submit(database_url, ["A"], overrides)
+    wait_for(lambda: all_done(database_url, [run_id]), "the detector to stop the run", timeout=150)
+    (run,) = runs(database_url, [run_id])
+    assert run.state == "stopped" and run.decision in {"collapse", "diverged"}, (run.state, run.decision, run.error)
+    assert run.decision_step is not None and run.decision_step < 200 and run.decision_reason
+    assert run.best_step is not None and run.best_step <= run.decision_step
+    assert run.best_checkpoint and Path(run.best_checkpoint).exists()
+    decision = next(e for e in events_of(database_url, run_id) if e.kind == "decision")
+    assert decision.data["best_step"] == run.best_step

@@ -1,0 +1,194 @@
+"""The Ray actor that trains one arm on the one GPU Ray gave it and keeps its metric records for the controller.
+
+Training runs in a thread inside the actor; the controller long-polls `poll(after_step)` for records newer
+than the last one it stored. Every record is also appended to `out_dir/records.jsonl` before it is offered,
+so a new actor for the same run (after a worker died) or a restarted controller gets back every record the
+DB may have missed. Imports model/ and worker/ only (plus ray and torch), never orchestrator/.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import threading
+import traceback
+from pathlib import Path
+from typing import Any
+
+RECORDS_FILE = "records.jsonl"
+
+
+def _jsonable(value: Any) -> Any:
+    """Records go through JSON files and JSON columns: non-finite floats become strings, paths strings."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # "nan", "inf": Postgres JSON rejects the bare tokens
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    if hasattr(value, "item") and callable(value.item):  # 0-d tensors / numpy scalars
+        return _jsonable(value.item())
+    return value
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    out = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:  # a line cut short by a kill -9
+                continue
+    return out
+
+
+def load_records(out_dir: Path) -> list[dict[str, Any]]:
+    """Records already produced for this run by earlier workers, in step order, one per step.
+
+    Ours (records.jsonl, written after each yield) plus the trainer's metrics.jsonl lines that have
+    their checkpoint on disk: the trainer writes that line just before the checkpoint, so a worker
+    killed after the checkpoint but before our own append still hands the record on (resume starts
+    after that step and would never yield it again).
+    """
+    from worker.checkpoint import METRICS_NAME, periodic_checkpoints
+
+    by_step = {int(r["step"]): r for r in _read_jsonl(out_dir / RECORDS_FILE)}
+    ckpts = periodic_checkpoints(out_dir)
+    newest = ckpts[-1][0] if ckpts else -1
+    for rec in _read_jsonl(out_dir / METRICS_NAME):
+        step = int(rec["step"])
+        if step <= newest and step not in by_step:
+            by_step[step] = _jsonable(rec)
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def gpu_info() -> dict[str, Any]:
+    """What this process sees: Ray's CUDA_VISIBLE_DEVICES and, on a real GPU, its name and UUID."""
+    info: dict[str, Any] = {
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "pid": os.getpid(),
+        "node": socket.gethostname(),
+        "gpu_name": None,
+        "gpu_uuid": None,
+    }
+    import torch
+
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        info["gpu_name"] = props.name
+        uuid = getattr(props, "uuid", None)
+        info["gpu_uuid"] = f"GPU-{uuid}" if uuid is not None else None
+    return info
+
+
+class ArmWorker:
+    """One run on one GPU. Wrapped with `ray.remote(num_gpus=1, max_concurrency=...)` by the controller.
+
+    Args:
+        run_id: the DB id of the run (for logs only).
+        spec: the resolved ArmSpec as a dict (exactly as stored on the run).
+        out_dir: checkpoints and records.jsonl of this run; the same directory across retries.
+        lpips_weights: local AlexNet weights for LPIPS, or None (the spec decides stand-in or error).
+        torch_threads: intra-op threads for this worker (0 = torch's default).
+        train_fn: "module:function" with train_arm's signature; benchmarks swap in a synthetic stream.
+    """
+
+    def __init__(
+        self,
+        run_id: int,
+        spec: dict[str, Any],
+        out_dir: str,
+        lpips_weights: str | None = None,
+        torch_threads: int = 0,
+        train_fn: str = "worker.train:train_arm",
+    ) -> None:
+        self.run_id = run_id
+        self.out_dir = Path(out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self._spec = spec
+        self._lpips_weights = Path(lpips_weights) if lpips_weights else None
+        self._torch_threads = torch_threads
+        self._train_fn = train_fn
+        self._cond = threading.Condition()
+        self._records = load_records(self.out_dir)
+        self._resumed_records = len(self._records)
+        self._state = "running"  # running | done | error
+        self._error: str | None = None
+        self._stop = threading.Event()
+        self._info = gpu_info()
+        self._thread = threading.Thread(target=self._train, name=f"train-run-{run_id}", daemon=True)
+        self._thread.start()
+
+    # -- training thread -------------------------------------------------------------------------
+
+    def _train(self) -> None:
+        try:
+            import importlib
+
+            import torch
+
+            from model.spec import ArmSpec
+
+            module, _, func = self._train_fn.partition(":")
+            train_arm = getattr(importlib.import_module(module), func)
+            if self._torch_threads > 0:
+                torch.set_num_threads(self._torch_threads)
+            spec = ArmSpec.model_validate(self._spec)
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+            stream = train_arm(
+                spec, self.out_dir, device=device, should_stop=self._stop.is_set, lpips_weights=self._lpips_weights
+            )
+            with (self.out_dir / RECORDS_FILE).open("a") as fh:
+                for record in stream:
+                    rec = _jsonable(dict(record))
+                    # Durable before it is offered: a restarted controller or worker re-reads the file.
+                    fh.write(json.dumps(rec) + "\n")
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                    with self._cond:
+                        self._records.append(rec)
+                        self._cond.notify_all()
+            with self._cond:
+                self._state = "done"
+                self._cond.notify_all()
+        except BaseException as exc:  # the controller reports it; the actor itself stays up to be polled
+            with self._cond:
+                self._state = "error"
+                last = traceback.format_exception_only(exc)[-1].strip()
+                self._error = f"{last}\n{traceback.format_exc(limit=-8)}"
+                self._cond.notify_all()
+
+    # -- called by the controller ----------------------------------------------------------------
+
+    def poll(self, after_step: int | None, wait_s: float = 1.0) -> dict[str, Any]:
+        """Records with step > after_step (all when None), waiting up to wait_s seconds for something new.
+
+        Returns {"info": gpu_info(), "records": [...], "state": running|done|error, "error": str|None,
+        "stopping": bool}.
+        """
+        floor = -1 if after_step is None else after_step
+
+        def news() -> list[dict[str, Any]]:
+            return [r for r in self._records if int(r["step"]) > floor]
+
+        with self._cond:
+            if self._state == "running" and not news():
+                self._cond.wait(timeout=wait_s)
+            return {
+                "info": self._info,
+                "records": news(),
+                "state": self._state,
+                "error": self._error,
+                "stopping": self._stop.is_set(),
+            }
+
+    def request_stop(self) -> None:
+        """Graceful stop: train_arm writes a final checkpoint, yields its record, and returns."""
+        self._stop.set()
+
+    def ping(self) -> dict[str, Any]:
+        return self._info

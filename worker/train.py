@@ -1,0 +1,406 @@
+"""The training loop: one arm on one device, one metric record per checkpoint.
+
+`train_arm` builds the arm's dataset, text encoder, NanoDiT (+ precision, REPA, AsymFlow basis),
+optimizers and EMA, resumes from the latest checkpoint in out_dir if there is one, and trains,
+yielding a record at every checkpoint. A resumed run continues exactly (bit-identical on CPU): the
+checkpoint holds the model, EMA, optimizers, the global torch RNG (TREAD's permutations), the data
+stream's generator and the flow-noise generator. Imports model/ only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import resource
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from model.data import build_dataset
+from model.evaluate import evaluate
+from model.flow import FlowMatching, estimate_pca_basis, interpolate, sample_t
+from model.nanodit import NanoDiT
+from model.optim import EMA, build_optimizers, lr_at, set_lr
+from model.perceptual import load_lpips
+from model.precision import apply_precision, autocast_ctx
+from model.repa import RepaProjector, build_teacher, repa_loss, repa_weight
+from model.spec import ArmSpec
+from model.text import build_text_encoder
+from worker import checkpoint as ckpt
+
+# Steps after each (re)start excluded from iter/s: compile, cudnn autotune, allocator warm-up.
+WARMUP_STEPS = 3
+# Probability that a training step conditions on the target's identity tokens. The metrics need both
+# modes: recon LPIPS generates with identity tokens, text-only LPIPS without them.
+IDENTITY_PROB = 0.5
+# Images used once to estimate AsymFlow's patch PCA basis (fixed seed: the basis is a function of the data).
+PCA_IMAGES = 256
+PCA_SEED = 0
+EVAL_BATCH = 32
+CPU_BF16_FALLBACK = "bf16 autocast not used on CPU (about 2x slower than fp32 there): fp32"
+
+
+@dataclass
+class Parts:
+    """Everything a run builds before its first step."""
+
+    spec: ArmSpec
+    device: torch.device
+    dataset: Any
+    text_encoder: nn.Module
+    model: nn.Module
+    flow: FlowMatching
+    optimizers: list[torch.optim.Optimizer]
+    emas: dict[str, EMA]
+    lpips: Any
+    teacher: Any | None
+    projector: nn.Module | None
+    repa_block: int | None
+    autocast: Callable[[], contextlib.AbstractContextManager]
+    fallbacks: list[str] = field(default_factory=list)
+    fp8_linears: list[str] = field(default_factory=list)
+    precision_mode: str = "bf16"  # what actually ran (fp32 where CPU_BF16_FALLBACK applied)
+    trainable: list[nn.Parameter] = field(default_factory=list)
+
+
+def _has_trainable(module: nn.Module) -> bool:
+    return any(p.requires_grad for p in module.parameters())
+
+
+def build(spec: ArmSpec, device: torch.device, lpips_weights: Path | None) -> Parts:
+    """Construct a run's parts; model init uses the global RNG seeded from data.seed."""
+    torch.manual_seed(spec.data.seed)
+    fallbacks: list[str] = []
+    dataset = build_dataset(spec)
+    # LPIPS and the teacher first: a missing weights file should fail before any work is done.
+    lpips = load_lpips(spec.eval, weights=lpips_weights, device=str(device))
+    text_encoder = build_text_encoder(spec, dataset).to(device)
+    dims = spec.model.dims()
+    model = NanoDiT(spec, text_dim=text_encoder.dim).to(device)
+
+    teacher = projector = None
+    repa_block = None
+    if spec.repa.enabled:
+        teacher = build_teacher(spec.repa, device)
+        projector = RepaProjector(dims.hidden, teacher.dim).to(device)
+        repa_block = spec.repa.block if spec.repa.block is not None else dims.depth // 2
+
+    basis = None
+    if spec.flow.kind == "asymflow":
+        basis = estimate_pca_basis(dataset.sample_images(PCA_IMAGES, PCA_SEED), dims.patch, spec.flow.rank).to(device)
+    flow = FlowMatching(spec.flow, dims.patch, basis)
+
+    precision = spec.precision
+    if device.type == "cpu" and precision.mode == "bf16":
+        fallbacks.append(CPU_BF16_FALLBACK)
+        precision = precision.model_copy(update={"mode": "fp32"})
+    report = apply_precision(model, precision, device)
+    fallbacks.extend(report.fallbacks)
+
+    extra: list[tuple[str, nn.Parameter]] = []
+    if _has_trainable(text_encoder):
+        extra += [(f"text_encoder.{n}", p) for n, p in text_encoder.named_parameters() if p.requires_grad]
+    if projector is not None:
+        extra += [(f"repa_projector.{n}", p) for n, p in projector.named_parameters()]
+    optimizers = build_optimizers(model, spec, extra=extra)
+    emas: dict[str, EMA] = {}
+    if spec.schedule.ema.enabled:
+        emas["model"] = EMA(model, spec.schedule.ema)
+        if _has_trainable(text_encoder):
+            emas["text_encoder"] = EMA(text_encoder, spec.schedule.ema)
+    trainable = [p for p in model.parameters() if p.requires_grad] + [p for _, p in extra]
+    return Parts(
+        spec=spec,
+        device=device,
+        dataset=dataset,
+        text_encoder=text_encoder,
+        model=model,
+        flow=flow,
+        optimizers=optimizers,
+        emas=emas,
+        lpips=lpips,
+        teacher=teacher,
+        projector=projector,
+        repa_block=repa_block,
+        autocast=lambda: autocast_ctx(precision, device),
+        fallbacks=fallbacks,
+        fp8_linears=list(report.fp8_linears),
+        precision_mode=precision.mode,
+        trainable=trainable,
+    )
+
+
+# --- one optimizer step ----------------------------------------------------------------------------
+
+
+def train_step(parts: Parts, step: int, data_gen: torch.Generator, noise_gen: torch.Generator) -> tuple[Tensor, Tensor]:
+    """One optimizer step (with grad accumulation); returns (loss, grad_norm) as 0-d tensors (no sync)."""
+    spec, dev = parts.spec, parts.device
+    sched = spec.schedule
+    micro = sched.batch_size // sched.grad_accum
+    w_repa = repa_weight(spec.repa, step, sched.steps) if parts.teacher is not None else 0.0
+    total = torch.zeros((), device=dev)
+    for _ in range(sched.grad_accum):
+        x0, captions = parts.dataset.train_batch(micro, data_gen)
+        x0 = x0.to(dev, non_blocking=True)
+        with_identity = torch.rand(1, generator=data_gen).item() < IDENTITY_PROB  # CPU draw: no GPU sync
+        t = sample_t(micro, spec.flow, noise_gen, dev)
+        eps = torch.randn(x0.shape, generator=noise_gen, device=dev)
+        x_t = interpolate(x0, eps, t)
+        with parts.autocast():
+            text, mask = parts.text_encoder(captions)
+            text, mask = text.to(dev), mask.to(dev)
+            out = parts.model(
+                x_t, t, text, text_mask=mask, identity=x0 if with_identity else None, repa_block=parts.repa_block
+            )
+            loss = parts.flow.loss(out.out, x0, eps)
+            if parts.teacher is not None and w_repa > 0:
+                assert out.hidden is not None and parts.projector is not None
+                h, w = x0.shape[-2] // parts.flow.patch, x0.shape[-1] // parts.flow.patch
+                feats = parts.teacher.features(parts.dataset.to_lpips(x0), (h, w))
+                loss = loss + w_repa * repa_loss(out.hidden, out.kept, feats, parts.projector)
+        (loss / sched.grad_accum).backward()
+        total += loss.detach() / sched.grad_accum
+    clip = spec.optimizer.grad_clip if spec.optimizer.grad_clip > 0 else math.inf
+    grad_norm = torch.nn.utils.clip_grad_norm_(parts.trainable, clip)
+    set_lr(parts.optimizers, lr_at(step, sched))
+    for opt in parts.optimizers:
+        opt.step()
+    for opt in parts.optimizers:
+        opt.zero_grad(set_to_none=True)
+    if "model" in parts.emas:
+        parts.emas["model"].update(parts.model, step)
+    if "text_encoder" in parts.emas:
+        parts.emas["text_encoder"].update(parts.text_encoder, step)
+    return total, grad_norm.detach()
+
+
+# --- checkpoints -----------------------------------------------------------------------------------
+
+
+def _state(parts: Parts, step: int, gens: dict[str, torch.Generator], extra: dict[str, Any]) -> dict[str, Any]:
+    rng: dict[str, Any] = {"torch": torch.get_rng_state(), **{k: g.get_state() for k, g in gens.items()}}
+    if parts.device.type == "cuda":
+        rng["cuda"] = torch.cuda.get_rng_state(parts.device)
+    return {
+        "step": step,
+        "model": parts.model.state_dict(),
+        "ema": {k: e.state_dict() for k, e in parts.emas.items()},
+        "optimizers": [o.state_dict() for o in parts.optimizers],
+        "text_encoder": parts.text_encoder.state_dict() if _has_trainable(parts.text_encoder) else None,
+        "projector": parts.projector.state_dict() if parts.projector is not None else None,
+        "basis": parts.flow.basis,
+        "rng": rng,
+        "spec": parts.spec.model_dump(mode="json"),
+        **extra,
+    }
+
+
+def _restore(parts: Parts, state: dict[str, Any], gens: dict[str, torch.Generator]) -> None:
+    parts.model.load_state_dict(state["model"])
+    for k, e in parts.emas.items():
+        e.load_state_dict(state["ema"][k])
+    for o, s in zip(parts.optimizers, state["optimizers"], strict=True):
+        o.load_state_dict(s)
+    if state["text_encoder"] is not None:
+        parts.text_encoder.load_state_dict(state["text_encoder"])
+    if parts.projector is not None:
+        parts.projector.load_state_dict(state["projector"])
+    if state["basis"] is not None:
+        parts.flow.basis = state["basis"].to(parts.device)
+    rng = state["rng"]
+    torch.set_rng_state(rng["torch"])
+    for k, g in gens.items():
+        g.set_state(rng[k])
+    if "cuda" in rng and parts.device.type == "cuda":
+        torch.cuda.set_rng_state(rng["cuda"], parts.device)
+
+
+# --- measurements ----------------------------------------------------------------------------------
+
+
+def peak_memory_gb(device: torch.device) -> float:
+    """CUDA: max allocated by torch on the device; CPU: the process's peak resident set size."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 1e9
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # ru_maxrss is KiB on Linux
+
+
+def device_info(device: torch.device) -> dict[str, Any]:
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        uuid = getattr(props, "uuid", None)
+        return {"device_name": props.name, "gpu_uuid": f"GPU-{uuid}" if uuid is not None else None}
+    import platform
+
+    return {"device_name": f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
+            "gpu_uuid": None}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# --- the loop --------------------------------------------------------------------------------------
+
+
+def train_arm(
+    spec: ArmSpec,
+    out_dir: Path,
+    device: str = "cpu",
+    should_stop: Callable[[], bool] | None = None,
+    lpips_weights: Path | None = None,
+    *,
+    on_step: Callable[[int, float], None] | None = None,
+) -> Iterator[dict[str, Any]]:
+    """Train `spec` on `device`, yielding one record per checkpoint (every schedule.checkpoint_every
+    steps and at the last step). Resumes from the latest checkpoint in out_dir. When should_stop()
+    turns true, writes a final checkpoint, yields its record (final=True) and returns.
+
+    on_step(step, loss) is called after every optimizer step (the CLI's progress bar); it costs a
+    device sync per step, so the Ray worker leaves it None.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        torch.cuda.set_device(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+    t_start = time.perf_counter()
+    parts = build(spec, dev, lpips_weights)
+    sched = spec.schedule
+    gens = {
+        "data": torch.Generator().manual_seed(spec.data.seed + 1),
+        "noise": torch.Generator(device=dev).manual_seed(spec.data.seed + 2),
+    }
+    info = device_info(dev)
+    prov = ckpt.provenance()
+    tokens_per_image = (spec.resolution() // parts.flow.patch) ** 2
+
+    step, wall_before = 0, 0.0
+    last_record: dict[str, Any] | None = None
+    best: dict[str, Any] = {"step": None, "recon_lpips": None}
+    latest = ckpt.latest_checkpoint(out_dir)
+    if latest is not None:
+        state = ckpt.load(latest, map_location=dev)
+        _restore(parts, state, gens)
+        step, wall_before = state["step"], state["wall_time_s"]
+        last_record, best = state["record"], state["best"]
+        ckpt.truncate_metrics(out_dir, step)
+    resumed_from = step
+
+    def wall() -> float:
+        return wall_before + time.perf_counter() - t_start
+
+    if last_record is not None and step >= sched.steps:
+        yield {**last_record, "final": True}
+        return
+
+    # Window accumulators since the last checkpoint (device tensors: no per-step sync).
+    loss_sum = torch.zeros((), device=dev)
+    gnorm_sum = torch.zeros((), device=dev)
+    window_steps = 0
+    timed_steps, timed_s, t_window = 0, 0.0, None
+
+    def checkpoint(final: bool) -> dict[str, Any]:
+        nonlocal loss_sum, gnorm_sum, window_steps, timed_steps, timed_s, t_window, last_record, best
+        _sync(dev)
+        if t_window is not None:
+            timed_s += time.perf_counter() - t_window
+        ips = timed_steps / timed_s if timed_steps and timed_s > 0 else None
+        n = max(window_steps, 1)
+        train_loss = (loss_sum / n).item() if window_steps else None
+        grad_norm = (gnorm_sum / n).item() if window_steps else None
+        t_eval = time.perf_counter()
+        use_ema = spec.eval.use_ema and "model" in parts.emas
+        metrics = evaluate(
+            parts.emas["model"].module if use_ema else parts.model,
+            parts.emas["text_encoder"].module if use_ema and "text_encoder" in parts.emas else parts.text_encoder,
+            parts.flow,
+            parts.dataset,
+            spec.eval,
+            parts.lpips,
+            dev,
+            batch_size=EVAL_BATCH,
+            autocast=parts.autocast,
+        )
+        eval_s = time.perf_counter() - t_eval
+        path = ckpt.checkpoint_path(out_dir, step)
+        recon = metrics["recon_lpips"]
+        is_best = recon is not None and math.isfinite(recon) and (
+            best["recon_lpips"] is None or recon < best["recon_lpips"]
+        )
+        if is_best:
+            best = {"step": step, "recon_lpips": recon}
+        elapsed = wall()
+        record: dict[str, Any] = {
+            "step": step,
+            "train_loss": train_loss,
+            "grad_norm": grad_norm,
+            "lr": lr_at(max(step - 1, 0), sched),
+            **metrics,
+            "iter_per_sec": ips,
+            "samples_per_sec": ips * sched.batch_size if ips else None,
+            "tokens_per_sec": ips * sched.batch_size * tokens_per_image if ips else None,
+            "peak_memory_gb": peak_memory_gb(dev),
+            "wall_time_s": elapsed,
+            "gpu_hours": elapsed / 3600 if dev.type == "cuda" else 0.0,
+            "eval_time_s": eval_s,
+            "checkpoint": str(path),
+            "best_checkpoint": str(out_dir / ckpt.BEST_NAME) if best["step"] is not None else None,
+            "best_step": best["step"],
+            "is_best": is_best,
+            **info,
+            "precision": parts.precision_mode,
+            "fallbacks": list(parts.fallbacks),
+            "fp8_linears": parts.fp8_linears,
+            "repa_teacher": parts.teacher.label if parts.teacher is not None else None,
+            "resumed_from_step": resumed_from or None,
+            "final": final,
+        }
+        # metrics.jsonl before the checkpoint: a kill in between re-does this step on resume
+        # (truncate_metrics drops the line), never leaves a checkpoint without its record.
+        ckpt.append_metrics(out_dir, record)
+        state = _state(parts, step, gens, {"wall_time_s": elapsed, "record": record, "best": best, **prov})
+        ckpt.save_atomic(state, path)
+        if is_best:
+            ckpt.mark_best(path, out_dir)
+        ckpt.prune(out_dir)
+        last_record = record
+        loss_sum = torch.zeros((), device=dev)
+        gnorm_sum = torch.zeros((), device=dev)
+        window_steps, timed_steps, timed_s = 0, 0, 0.0
+        t_window = time.perf_counter() if t_window is not None else None
+        return record
+
+    steps_this_process = 0
+    while step < sched.steps:
+        if should_stop is not None and should_stop():
+            if last_record is not None and last_record["step"] == step:
+                yield {**last_record, "final": True}
+            else:
+                yield checkpoint(final=True)
+            return
+        if steps_this_process == WARMUP_STEPS:
+            _sync(dev)
+            t_window = time.perf_counter()
+        loss, gnorm = train_step(parts, step, gens["data"], gens["noise"])
+        step += 1
+        steps_this_process += 1
+        window_steps += 1
+        if t_window is not None:
+            timed_steps += 1
+        loss_sum += loss
+        gnorm_sum += gnorm
+        if on_step is not None:
+            on_step(step, loss.item())
+        if step % sched.checkpoint_every == 0 or step == sched.steps:
+            yield checkpoint(final=step == sched.steps)
