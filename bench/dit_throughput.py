@@ -70,6 +70,20 @@ def timed(fn, warmup: int, iters: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def gpu_busy_ms(fn, n: int):
+    """Mean summed CUDA kernel time per call of fn() (ms), and the profile: what the GPU did, without
+    the host-side gaps that wall time includes when a step is launch-bound."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            fn()
+        sync()
+    total_us = sum(e.self_device_time_total for e in prof.key_averages() if e.device_type == DeviceType.CUDA)
+    return total_us / n / 1e3, prof
+
+
 def bf16_peak(n: int) -> float:
     """TFLOP/s of an n^3 bf16 matmul on random data: the ceiling the % column refers to."""
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
@@ -105,6 +119,7 @@ def run_arm(
     overrides: dict | None = None,
     fp8_modules=None,
     batch: int | None = None,
+    sdpa: str | None = None,
 ) -> dict:
     """One training configuration: build, (convert, compile), time full optimizer steps."""
     torch._dynamo.reset()
@@ -136,15 +151,20 @@ def run_arm(
     t = torch.rand(B, device=dev, generator=g)
     repa_block = spec.repa.block if spec.repa.block is not None else spec.model.dims().depth // 2
 
-    def step() -> None:
+    sdpa = sdpa or args.sdpa
+    cuda = dev.type == "cuda"
+
+    def step(marks: list | None = None) -> None:
         for opt in optimizers:
             opt.zero_grad(set_to_none=True)
-        with autocast_ctx(spec.precision, dev):
+        with autocast_ctx(spec.precision, dev, sdpa=sdpa):
             res_ = model(x, t, text, identity=x, repa_block=repa_block if projector else None)
             loss = F.mse_loss(res_.out.float(), target)
             if projector is not None:
                 loss = loss + spec.repa.weight * repa_loss(res_.hidden, res_.kept, teacher, projector)
         loss.backward()
+        if marks is not None:
+            marks[1].record()
         for opt in optimizers:
             opt.step()
 
@@ -152,9 +172,37 @@ def run_arm(
     step()  # first step: compile, autotune
     sync()
     first_s = time.perf_counter() - t0
-    if dev.type == "cuda":
+    if cuda:
         torch.cuda.reset_peak_memory_stats()
-    step_s = timed(step, args.warmup, args.iters)
+    for _ in range(args.warmup):
+        step()
+    totals, fbs, opts = [], [], []
+    for _ in range(args.iters):
+        if cuda:
+            marks = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+            marks[0].record()
+            step(marks)
+            marks[2].record()
+            marks[2].synchronize()
+            fbs.append(marks[0].elapsed_time(marks[1]) / 1e3)
+            opts.append(marks[1].elapsed_time(marks[2]) / 1e3)
+            totals.append(marks[0].elapsed_time(marks[2]) / 1e3)
+        else:
+            t1 = time.perf_counter()
+            step()
+            totals.append(time.perf_counter() - t1)
+
+    def med(v: list[float]) -> float:
+        return sorted(v)[len(v) // 2] if v else float("nan")
+
+    step_s = med(totals)
+    busy_ms = None
+    if cuda:
+        busy_ms, prof = gpu_busy_ms(step, 3)
+        if label in args.profile:
+            text_ = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=18, max_name_column_width=70)
+            (args.out / f"profile_{arm}.txt").write_text(text_)
+            print(text_, flush=True)
     tokens = B * grid * grid
     flops = 3 * forward_flops(spec, B, L, teacher_dim)
     row = {
@@ -165,7 +213,11 @@ def run_arm(
         "hidden": spec.model.dims().hidden,
         "tokens": grid * grid,
         "batch": B,
+        "sdpa": sdpa if cuda else None,
         "step_ms": round(step_s * 1e3, 2),
+        "fwd_bwd_ms": round(med(fbs) * 1e3, 2) if fbs else None,
+        "opt_ms": round(med(opts) * 1e3, 2) if opts else None,
+        "gpu_busy_ms": round(busy_ms, 2) if busy_ms else None,
         "tokens_per_s": round(tokens / step_s),
         "tflops": round(flops / step_s / 1e12, 1),
         "pct_peak": round(100 * flops / step_s / 1e12 / args.peak, 1) if args.peak else None,
@@ -216,7 +268,10 @@ def linear_micro(args) -> list[dict]:
                         y = net(xin)
                     y.backward(gout)
 
-                times[recipe] = timed(fb, 3, args.iters * 2)
+                wall = timed(fb, 3, args.iters * 2)
+                # kernel time: the micro step is launch-bound on the host, the GPU time is what scales
+                times[recipe] = gpu_busy_ms(fb, 10)[0] / 1e3 if dev.type == "cuda" else wall
+                times[recipe + "_wall"] = wall
             for same in [name] + (["cross.q", "cross.proj"] if name == "attn.proj" else []):
                 row = {
                     "shape": tag,
@@ -243,9 +298,13 @@ def table(rows: list[dict]) -> str:
         "label",
         "mode",
         "precision",
+        "sdpa",
         "batch",
         "tokens",
         "step_ms",
+        "fwd_bwd_ms",
+        "opt_ms",
+        "gpu_busy_ms",
         "tokens_per_s",
         "tflops",
         "pct_peak",
@@ -271,8 +330,11 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="CPU smoke test: arms A and I, eager only")
     ap.add_argument("--threshold", type=float, default=1.05, help="I-tuned keeps linears faster than this in fp8")
     ap.add_argument("--skip", default="", help="comma list of stages to skip: micro,seed,gemm,others,eager")
+    ap.add_argument("--sdpa", default="cudnn", choices=["cudnn", "default"], help="SDPA backend priority")
+    ap.add_argument("--profile", default="G (profiled),I (profiled)", help="comma list of row labels to profile")
     ap.add_argument("--budget-s", type=float, default=1e9, help="start no new configuration after this many seconds")
     args = ap.parse_args()
+    args.profile = set(args.profile.split(","))
     args.out.mkdir(parents=True, exist_ok=True)
     torch._dynamo.config.cache_size_limit = 64
     skip = set(filter(None, args.skip.split(",")))
@@ -323,9 +385,10 @@ def main() -> None:
     results["tuned_filters"] = tuned
     print("tuned filters:", json.dumps(tuned), flush=True)
     if "seed" not in skip:
+        add("A (sdpa default)", "A", True, sdpa="default")
         add("A", "A", True)
-        add("G", "G", True)
-        add("I (all 4 block linears)", "I", True)
+        add("G (profiled)", "G", True)
+        add("I (profiled)", "I", True)
         if tuned["seed/routed"]:
             add(f"I-tuned {tuned['seed/routed']}", "I", True, fp8_modules=tuned["seed/routed"])
     if "gemm" not in skip:
@@ -348,14 +411,13 @@ def main() -> None:
             add(arm, arm, False)
     print(table(ROWS))
     by = {(r["label"], r.get("mode")): r for r in ROWS if "error" not in r}
-    for a, b in (("I (all 4 block linears)", "G"), ("gemm-bound I", "gemm-bound G")):
-        if (a, "compiled") in by and (b, "compiled") in by:
-            print(f"{a} over {b}: {by[(b, 'compiled')]['step_ms'] / by[(a, 'compiled')]['step_ms']:.3f}x")
     for r in ROWS:
-        if "tuned" in r["label"] and "error" not in r:
-            base = by.get(("gemm-bound G" if "gemm" in r["label"] else "G", "compiled"))
-            if base:
-                print(f"{r['label']} over its bf16 G: {base['step_ms'] / r['step_ms']:.3f}x")
+        if "error" in r or r.get("precision", "").startswith("bf16") or r["mode"] != "compiled":
+            continue
+        base = by.get(("gemm-bound G" if "gemm" in r["label"] else "G (profiled)", "compiled"))
+        if base:
+            ratios = {k: round(base[k] / r[k], 3) for k in ("step_ms", "fwd_bwd_ms", "gpu_busy_ms") if r.get(k)}
+            print(f"{r['label']} over {base['label']} (bf16): {json.dumps(ratios)}")
     save()
 
 

@@ -9,6 +9,7 @@ Nothing is downloaded: shapes are rendered, digits ship with scikit-learn, image
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -32,6 +33,14 @@ class DatasetError(ValueError):
 
 class NoEditsError(DatasetError):
     """No caption of the dataset admits a single-attribute edit, so text_manip_delta cannot be computed."""
+
+
+_WORD = re.compile(r"[^\W_]+")  # runs of letters or digits, any script
+
+
+def tokenize(caption: str) -> list[str]:
+    """The built-in word-level tokenizer: lower-cased runs of letters/digits; punctuation and spacing dropped."""
+    return _WORD.findall(caption.lower())
 
 
 # ---------------------------------------------------------------- pixel range
@@ -180,8 +189,9 @@ class ShapeAttrs:
         return f"a {self.size} {self.colour} {self.shape} in the {self.position} {background}"
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def shape_attrs(seed: int, index: int) -> ShapeAttrs:
-    """The attributes of shapes item `index`, a pure function of (seed, index)."""
+    """The attributes of shapes item `index`, a pure function of (seed, index) (memoised: items repeat)."""
     rng = np.random.default_rng([seed & 0xFFFFFFFF, index])
     names = list(COLOURS)
     colour = names[rng.integers(len(names))]
@@ -256,39 +266,69 @@ def signed_distance(shape: str, px: np.ndarray, py: np.ndarray, r: float) -> np.
     raise ValueError(f"unknown shape {shape!r}")
 
 
-def render_shape(attrs: ShapeAttrs, resolution: int, out: np.ndarray) -> None:
-    """Draw one item into `out` ((3, R, R) float32, overwritten), anti-aliased from its signed distance.
+def _coverage(shape: str, r: float, res: int, xs: np.ndarray, ys: np.ndarray, rot: tuple[float, float], tile: int):
+    """Anti-aliased coverage (h, w) of a shape at offsets xs (w,), ys (h,) from its centre (image units).
 
-    Coverage = clamp(0.5 - distance_in_pixels, 0, 1) gives a one-pixel soft edge at any resolution.
-    Only the shape's bounding box is evaluated (every shape lies within radius ~1.1 r of its centre).
+    coverage = clamp(0.5 - distance_in_pixels, 0, 1): a one-pixel soft edge at any resolution. Above
+    4 tiles a side, the distance is first taken at tile centres: every signed distance here is
+    1-Lipschitz, so a tile whose centre lies deeper than its half-diagonal + 0.5 px is exactly all 0 or
+    all 1, and only tiles along the edge are evaluated per pixel (about 5x fewer at 1024 px).
+    """
+    cos, sin = rot
+
+    def alpha_at(ox: np.ndarray, oy: np.ndarray) -> np.ndarray:
+        px, py = cos * ox + sin * oy, -sin * ox + cos * oy  # into the shape's frame
+        return np.clip(0.5 - signed_distance(shape, px, py, r) * res, 0, 1).astype(np.float32)
+
+    h, w = len(ys), len(xs)
+    if min(h, w) < 4 * tile:
+        return alpha_at(xs[None, :], ys[:, None])
+    ny, nx = -(-h // tile), -(-w // tile)
+    step = np.float32(1.0 / res)
+    tx = (xs[0] + step * np.arange(nx * tile, dtype=np.float32)).reshape(nx, tile)  # padded to whole tiles
+    ty = (ys[0] + step * np.arange(ny * tile, dtype=np.float32)).reshape(ny, tile)
+    cx, cy = tx.mean(1), ty.mean(1)
+    centre = signed_distance(shape, cos * cx[None, :] + sin * cy[:, None], -sin * cx[None, :] + cos * cy[:, None], r)
+    centre = centre * res  # (ny, nx) in pixels
+    margin = tile / math.sqrt(2) + 1.0
+    alpha = np.zeros((ny, nx, tile, tile), dtype=np.float32)
+    alpha[centre < -margin] = 1.0
+    iy, ix = np.nonzero(np.abs(centre) <= margin)
+    if len(iy):
+        alpha[iy, ix] = alpha_at(tx[ix][:, None, :], ty[iy][:, :, None])  # (n_edge, tile, tile)
+    return alpha.transpose(0, 2, 1, 3).reshape(ny * tile, nx * tile)[:h, :w]
+
+
+def render_shape(attrs: ShapeAttrs, resolution: int, out: np.ndarray, tile: int = 16) -> None:
+    """Draw one item into `out` ((3, R, R) float32, overwritten).
+
+    Only the shape's bounding box is evaluated (every shape lies within ~1.1 r of its centre).
     """
     res = resolution
     cx = POSITIONS[attrs.position][0] + attrs.dx
     cy = POSITIONS[attrs.position][1] + attrs.dy
     r = SIZES[attrs.size] * attrs.scale
-    out[:] = np.asarray(COLOURS[attrs.background], dtype=np.float32).reshape(3, 1, 1)
+    bg = COLOURS[attrs.background]
+    out[:] = np.asarray(bg, dtype=np.float32).reshape(3, 1, 1)
     reach = 1.15 * r + 1.0 / res
     x0, x1 = max(0, math.floor((cx - reach) * res)), min(res, math.ceil((cx + reach) * res))
     y0, y1 = max(0, math.floor((cy - reach) * res)), min(res, math.ceil((cy + reach) * res))
     if x0 >= x1 or y0 >= y1:
         return
-    xs = (np.arange(x0, x1, dtype=np.float32) + 0.5) / res - cx
-    ys = (np.arange(y0, y1, dtype=np.float32) + 0.5) / res - cy
-    ox, oy = xs[None, :], ys[:, None]
+    xs = (np.arange(x0, x1, dtype=np.float32) + 0.5) / res - np.float32(cx)
+    ys = (np.arange(y0, y1, dtype=np.float32) + 0.5) / res - np.float32(cy)
     theta = math.radians(attrs.angle)
-    cos, sin = np.float32(math.cos(theta)), np.float32(math.sin(theta))
-    px, py = cos * ox + sin * oy, -sin * ox + cos * oy  # into the shape's frame, (h, w)
-    alpha = np.clip(0.5 - signed_distance(attrs.shape, px, py, r) * res, 0, 1).astype(np.float32)
-    fg = np.asarray(COLOURS[attrs.colour], dtype=np.float32).reshape(3, 1, 1)
-    region = out[:, y0:y1, x0:x1]
-    region += (fg - region) * alpha
+    rot = (np.float32(math.cos(theta)), np.float32(math.sin(theta)))
+    alpha = _coverage(attrs.shape, r, res, xs, ys, rot, tile)
+    for c, (f, b) in enumerate(zip(COLOURS[attrs.colour], bg, strict=True)):
+        out[c, y0:y1, x0:x1] += np.float32(f - b) * alpha  # bg + (fg - bg) * alpha, one channel at a time
 
 
-def render_shapes(attrs: list[ShapeAttrs], resolution: int) -> Tensor:
+def render_shapes(attrs: list[ShapeAttrs], resolution: int, tile: int = 16) -> Tensor:
     """Render items as (B, 3, R, R) float32 in [0, 1]."""
     out = np.empty((len(attrs), 3, resolution, resolution), dtype=np.float32)
     for a, o in zip(attrs, out, strict=True):
-        render_shape(a, resolution, o)
+        render_shape(a, resolution, o, tile)
     return torch.from_numpy(out)
 
 
@@ -380,14 +420,6 @@ class DigitsDataset(ImageCaptionDataset):
 
 
 # ---------------------------------------------------------------- imagefolder
-
-_WORD = re.compile(r"[^\W_]+")  # runs of letters or digits, any script
-
-
-def tokenize(caption: str) -> list[str]:
-    """The built-in word-level tokenizer: lower-cased runs of letters/digits; punctuation and spacing dropped."""
-    return _WORD.findall(caption.lower())
-
 
 # resized images are kept in memory (uint8) up to this many bytes; above it they are decoded per batch
 _CACHE_BYTES = 1 << 30

@@ -262,6 +262,12 @@ class ArmSpec(Strict):
             patch = self.model.dims().patch
             if self.flow.rank > 3 * patch * patch:
                 raise ValueError(f"flow.rank ({self.flow.rank}) exceeds the patch dimension {3 * patch * patch}")
+        # the metrics are computed on held-out images: fail at submission, not at the first checkpoint
+        if self.eval.num_samples > self.data.held_out:
+            raise ValueError(
+                f"eval.num_samples ({self.eval.num_samples}) exceeds data.held_out ({self.data.held_out}): "
+                "raise data.held_out or lower eval.num_samples"
+            )
         return self
 
     def resolution(self) -> int:

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from model.data import ImageCaptionDataset, tokenize
-from model.spec import SIZES, ArmSpec
+from model.spec import ArmSpec
 
 PAD, UNK, EMPTY = "<pad>", "<unk>", "<empty>"
 
@@ -192,7 +192,7 @@ def build_text_encoder(spec: ArmSpec, dataset: ImageCaptionDataset) -> TextEncod
     learned: width = the model's hidden size (its own vocabulary from `dataset.caption_words()`);
     minilm: 384; precomputed: the stored embeddings' width.
     """
-    max_tokens = SIZES[spec.model.size].text_tokens
+    max_tokens = spec.model.dims().text_tokens
     kind = spec.data.text_encoder
     if kind == "learned":
         return LearnedTextEncoder(dataset.caption_words(), spec.model.dims().hidden, max_tokens)

@@ -55,6 +55,19 @@ def arm_letter(key: str, label: str, arm_map: Mapping[str, str]) -> str:
     )
 
 
+def arm_letters(curves: Mapping[str, Curve], arm_map: Mapping[str, str]) -> dict[str, str]:
+    """Curve key -> arm letter for every curve; each arm at most once (CurvesImportError otherwise)."""
+    letters = {key: arm_letter(key, c.label, arm_map) for key, c in curves.items()}
+    seen: dict[str, str] = {}
+    for key, letter in letters.items():
+        if letter in seen:
+            raise CurvesImportError(
+                f"curves {seen[letter]!r} and {key!r} are both arm {letter}; map one with --arm KEY=LETTER"
+            )
+        seen[letter] = key
+    return letters
+
+
 def _json_safe(value: Any) -> Any:
     """Metric.extra is JSON (Postgres rejects NaN/Infinity in it): non-finite numbers become strings."""
     if isinstance(value, float) and not math.isfinite(value):
@@ -154,15 +167,7 @@ def import_curves(
     (default: each arm's spec). start_times: curve key -> ISO start time (the fixture's `start_time`).
     Raises CurvesImportError or orchestrator.grids.GridError with a message naming the field.
     """
-    arm_map = arm_map or {}
-    letters = {key: arm_letter(key, c.label, arm_map) for key, c in curves.items()}
-    seen: dict[str, str] = {}
-    for key, letter in letters.items():
-        if letter in seen:
-            raise CurvesImportError(
-                f"curves {seen[letter]!r} and {key!r} are both arm {letter}; map one with --arm KEY=LETTER"
-            )
-        seen[letter] = key
+    letters = arm_letters(curves, arm_map or {})
     control_letter = letters.get(control, control) if control is not None else None
     grid = create_grid(
         session,

@@ -16,6 +16,7 @@ import hashlib
 import re
 import shlex
 import stat
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -80,8 +81,12 @@ class NodeCreate(BaseModel):
             return v
         if "\x00" in v:
             raise ValueError("must not contain NUL characters")
-        path = Path(v).expanduser()
-        if not path.is_file():
+        try:
+            path = Path(v).expanduser()
+            found = path.is_file()
+        except (OSError, RuntimeError) as exc:  # name too long, ~unknownuser, ...
+            raise ValueError(f"not a usable file path: {exc}") from None
+        if not found:
             raise ValueError(f"no such file on the controller: {path}")
         return str(path.resolve())
 
@@ -440,6 +445,8 @@ class BootstrapConfig(BaseSettings):
     # Working directory on the node; relative paths are under the login directory (SFTP and shell agree).
     remote_dir: str = "ablate"
     python: str = "python3"
+    # Ray needs the same Python major.minor on every node of a cluster: checked before installing.
+    match_python: bool = True
     install: list[str] = [
         "{python} -m venv {venv}",
         "{venv}/bin/pip install --upgrade pip",
@@ -490,6 +497,15 @@ def bootstrap(shell: NodeShell, config: BootstrapConfig, num_gpus: int) -> None:
     needs_package = any("{package}" in t for t in config.install)
     if needs_package and config.package is None:
         raise NodeError("ABLATE_NODE_PACKAGE is not set: build one with `pip wheel --no-deps -w dist .`")
+    if config.match_python:
+        version = shell.run(f"{config.python} -c 'import sys; print(*sys.version_info[:2])'", 60).stdout.split()
+        local = [str(v) for v in sys.version_info[:2]]
+        if version != local:
+            raise NodeError(
+                f"node {shell.name!r}: {config.python} is Python {'.'.join(version)} but the controller runs "
+                f"{'.'.join(local)}; Ray needs the same Python minor version on every node: set "
+                f"ABLATE_NODE_PYTHON to a python{'.'.join(local)} on the node (or ABLATE_NODE_MATCH_PYTHON=false)"
+            )
     shell.run(f"mkdir -p {shlex.quote(config.remote_dir)}", 60)
     remote_package = ""
     if config.package is not None:

@@ -43,6 +43,23 @@ PCA_IMAGES = 256
 PCA_SEED = 0
 EVAL_BATCH = 32
 CPU_BF16_FALLBACK = "bf16 autocast not used on CPU (about 2x slower than fp32 there): fp32"
+# Spec sections that may change between a checkpoint and its resume (they do not touch training).
+RESUMABLE_CHANGES = {"name", "description", "detector"}
+
+
+class TrainError(ValueError):
+    """A run that cannot start or resume as asked (one clear line)."""
+
+
+def check_resumable(saved: dict[str, Any], spec: ArmSpec, path: Path) -> None:
+    """Refuse to resume a checkpoint written by a different spec: the run would silently mix two arms."""
+    now = spec.model_dump(mode="json")
+    diff = sorted(k for k in set(saved) | set(now) if k not in RESUMABLE_CHANGES and saved.get(k) != now.get(k))
+    if diff:
+        raise TrainError(
+            f"{path} was written by a different spec (sections differ: {', '.join(diff)}); "
+            "use a new output directory or the original spec"
+        )
 
 
 @dataclass
@@ -291,6 +308,7 @@ def train_arm(
     latest = ckpt.latest_checkpoint(out_dir)
     if latest is not None:
         state = ckpt.load(latest, map_location=dev)
+        check_resumable(state["spec"], spec, latest)
         _restore(parts, state, gens)
         step, wall_before = state["step"], state["wall_time_s"]
         last_record, best = state["record"], state["best"]

@@ -27,6 +27,7 @@ def _register() -> None:
         nodes,  # noqa: F401
         replay,  # noqa: F401
         schedules,  # noqa: F401
+        train,  # noqa: F401
     )
 
 

@@ -42,14 +42,16 @@ def import_command(
     """
     import json
 
+    from pydantic import ValidationError
+    from sqlalchemy.engine import make_url
     from sqlalchemy.exc import SQLAlchemyError
 
+    from orchestrator.arms import validation_message
     from orchestrator.cli.replay import load_policy
     from orchestrator.curves import CurvesError, load_curves
     from orchestrator.db.session import session_scope, upgrade
     from orchestrator.grids import GridError
-    from orchestrator.importer import CurvesImportError, import_curves, start_times_of
-    from orchestrator.server import display_url
+    from orchestrator.importer import CurvesImportError, arm_letters, import_curves, start_times_of
     from orchestrator.settings import get_settings
 
     pol = load_policy(policy) if policy is not None else None
@@ -57,6 +59,11 @@ def import_command(
         loaded = load_curves(curves)
     except CurvesError as exc:
         raise CLIError(str(exc)) from None
+    arm_map = _arm_map(arm or [])
+    try:
+        arm_letters(loaded, arm_map)  # fail on unmapped curves before touching the database
+    except CurvesImportError as exc:
+        raise CLIError(f"{curves}: {exc}") from None
     starts = start_times_of(json.loads(curves.read_text()))
     settings = get_settings()
     try:
@@ -67,7 +74,7 @@ def import_command(
                 loaded,
                 name,
                 control=control,
-                arm_map=_arm_map(arm or []),
+                arm_map=arm_map,
                 policy=pol,
                 source=curves.name,
                 start_times=starts,
@@ -76,9 +83,12 @@ def import_command(
             grid_id = grid.id
     except (CurvesImportError, GridError) as exc:
         raise CLIError(f"{curves}: {exc}") from None
+    except ValidationError as exc:  # the grid record itself, e.g. a blank or over-long --name
+        raise CLIError(f"invalid grid: {validation_message(exc)}") from None
     except SQLAlchemyError as exc:
         first = (str(getattr(exc, "orig", None) or exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise CLIError(f"cannot write to {display_url(settings.database_url)}: {first}") from None
+        shown = make_url(settings.database_url).render_as_string(hide_password=True)
+        raise CLIError(f"cannot write to {shown}: {first}") from None
     typer.echo(f"grid {grid_id} {name!r}: {len(rows)} arms imported from {curves}")
     for arm_name, state, decision, step, best_step, best_value in rows:
         best = f"best {best_value:.4f} @{best_step}" if best_value is not None else "no best"

@@ -21,7 +21,6 @@ from orchestrator.cli import CLIError, app
 
 nodes_app = typer.Typer(no_args_is_help=True, help="Rented GPU nodes reached over SSH (known host keys only).")
 app.add_typer(nodes_app, name="nodes")
-console = Console()
 
 
 @contextmanager
@@ -102,7 +101,7 @@ def list_() -> None:
                 gpus,
                 n.last_probe.get("probed_at", "-"),
             )
-    console.print(table)
+    Console().print(table)  # built here: the terminal width is read now
 
 
 @nodes_app.command("probe")

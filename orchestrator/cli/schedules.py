@@ -20,7 +20,6 @@ from orchestrator.cli.nodes import node_errors
 
 schedules_app = typer.Typer(no_args_is_help=True, help="Cron-fired sweeps on rented nodes (cron times are UTC).")
 app.add_typer(schedules_app, name="schedules")
-console = Console()
 
 
 def _settings() -> Any:
@@ -114,7 +113,7 @@ def list_() -> None:
                 nxt,
                 last,
             )
-    console.print(table)
+    Console().print(table)  # built here: the terminal width is read now
 
 
 @schedules_app.command("pause")

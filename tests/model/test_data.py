@@ -14,6 +14,7 @@ from PIL import Image
 from model.data import (
     COLOURS,
     EDIT_KINDS,
+    SHAPES,
     DatasetError,
     NoEditsError,
     ShapesDataset,
@@ -113,6 +114,13 @@ def test_any_resolution_with_antialiased_edges(resolution: int) -> None:
     partial = ((alpha > 0.05) & (alpha < 0.95)).sum().item()
     inside = (alpha >= 0.95).sum().item()
     assert partial > 0 and inside > partial  # an edge one pixel wide around a solid interior
+
+
+def test_tiled_rendering_equals_per_pixel_rendering() -> None:
+    """The tile shortcut (1-Lipschitz distances) changes no pixel, for every shape, at high resolution."""
+    items = [shape_attrs(0, i) for i in range(40)]
+    assert {a.shape for a in items} == set(SHAPES) and {a.size for a in items} == {"small", "large"}
+    assert torch.equal(render_shapes(items, 512), render_shapes(items, 512, tile=10**6))
 
 
 def test_same_item_at_two_resolutions_agrees() -> None:

@@ -22,7 +22,7 @@ SCREENSHOT = Path(__file__).parents[2] / "docs" / "screenshots" / "grid.png"
 # Okabe-Ito colours the page gives arms by position (static/grid.js PALETTE).
 ARM_COLOURS = {"A": (0x00, 0x72, 0xB2), "B": (0xD5, 0x5E, 0x00), "C": (0x00, 0x9E, 0x73), "D": (0xCC, 0x79, 0xA7)}
 
-pytestmark = pytest.mark.skipif(
+needs_chromium = pytest.mark.skipif(
     not CHROMIUM.exists(), reason="needs Debian chromium at /usr/bin/chromium (apt-get install chromium)"
 )
 
@@ -110,6 +110,7 @@ def _arm_pixels(page, selector: str) -> dict[str, int]:  # type: ignore[no-untyp
     )
 
 
+@needs_chromium
 def test_grid_list_shows_the_imported_grid(base_url: str, grid_id: int, browser_context, published_curves) -> None:  # type: ignore[no-untyped-def]
     page = browser_context.new_page()
     page.goto(base_url + "/")
@@ -125,6 +126,7 @@ def test_grid_list_shows_the_imported_grid(base_url: str, grid_id: int, browser_
     page.close()
 
 
+@needs_chromium
 def test_grid_page_draws_four_arms_and_b_stop(base_url: str, grid_id: int, browser_context) -> None:  # type: ignore[no-untyped-def]
     page = browser_context.new_page()
     errors: list[str] = []
@@ -198,6 +200,7 @@ def test_metrics_csv_export(base_url: str, grid_id: int, published_curves: dict)
     assert httpx.get(f"{base_url}/api/grids/999999/metrics.csv").status_code == 404
 
 
+@needs_chromium
 def test_live_grid_updates_and_labels_standins(base_url: str, database_url: str, browser_context) -> None:  # type: ignore[no-untyped-def]
     """A running grid: the page polls and redraws when a checkpoint lands, SE bands are drawn where SEs
     exist, and a stand-in LPIPS backbone and a recorded fallback are labelled."""

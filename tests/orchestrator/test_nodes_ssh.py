@@ -7,6 +7,7 @@ import hashlib
 import json
 import re
 import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -130,6 +131,7 @@ def test_bootstrap_installs_venv_and_joins_then_teardown_removes(database_url: s
     remote = sshd.workdir / "boot"
     config = BootstrapConfig(
         ray_address="10.1.2.3:6379",
+        python=sys.executable,  # the interpreter of this test run: same Python minor version as the "controller"
         package=_tiny_wheel(tmp_path),
         remote_dir=str(remote),
         install=[

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import socket
+import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -76,6 +77,7 @@ def _config(remote: Path, install: list[str] | None = None) -> BootstrapConfig:
     # `ray start` (whose `ray stop` would stop every Ray of this user on a shared machine).
     return BootstrapConfig(
         ray_address="127.0.0.1:6379",
+        python=sys.executable,  # same Python minor version as the "controller" (checked by bootstrap)
         remote_dir=str(remote),
         install=install or ["{python} -c 'import sys; print(sys.version)'"],
         join=["echo {ray_address} {num_gpus} > {remote_dir}/joined"],
@@ -332,6 +334,7 @@ def test_schedules_cli(database_url: str, node_name: str, tmp_path: Path, monkey
 
     _register()
     monkeypatch.setenv("ABLATE_DATABASE_URL", database_url)
+    monkeypatch.setenv("COLUMNS", "200")  # so the table does not wrap names
     grid_file = tmp_path / "grid.yaml"
     grid_file.write_text(yaml.safe_dump(GRID))
     runner = CliRunner()

@@ -1,0 +1,45 @@
+# The ablate controller: REST API + dashboard, the Ray head, and (as a second service) the sweep runner.
+# CPU-only torch: the controller never trains; GPU work runs in Ray workers (worker.Dockerfile or
+# rented nodes that join over SSH).
+#
+# Build from the repository root:  docker build -f docker/controller.Dockerfile -t ablate-controller .
+# (docker/controller.Dockerfile.dockerignore keeps .venv, .git and local state out of the context.)
+# Python 3.12 to match the worker image and Ubuntu 24.04 rented nodes: Ray needs the same Python
+# minor version on every node of a cluster (bootstrap checks it).
+ARG PYTHON_VERSION=3.12
+FROM python:${PYTHON_VERSION}-slim-bookworm
+
+ARG TORCH_VERSION=2.13.0
+ARG TORCHVISION_VERSION=0.28.0
+
+# openssh-client: ssh-keyscan / ssh-keygen for trusting node host keys (docs/operations.md).
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends openssh-client tini \
+    && rm -rf /var/lib/apt/lists/*
+
+ENV VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH PIP_NO_CACHE_DIR=1 PYTHONUNBUFFERED=1
+RUN python -m venv $VIRTUAL_ENV
+# torch first, from the CPU index: an unpinned torch from PyPI pulls a multi-GB CUDA build.
+RUN pip install "torch==${TORCH_VERSION}" "torchvision==${TORCHVISION_VERSION}" \
+        --index-url https://download.pytorch.org/whl/cpu
+
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY orchestrator ./orchestrator
+COPY worker ./worker
+COPY model ./model
+COPY arms ./arms
+COPY migrations ./migrations
+RUN pip install "torch==${TORCH_VERSION}" . && pip check
+
+# State (SQLite if no Postgres is configured, checkpoints, the generated API token, sweep results).
+ENV ABLATE_STORAGE_DIR=/var/lib/ablate ABLATE_HOST=0.0.0.0 ABLATE_PORT=8000
+VOLUME /var/lib/ablate
+WORKDIR /var/lib/ablate
+EXPOSE 8000 6379 8265 10001
+
+# Start the Ray head (no GPUs here: workers bring them), then serve the API in the foreground.
+# ABLATE_RAY_ADDRESS=auto makes the scheduler connect to this head instead of starting its own.
+ENV ABLATE_RAY_ADDRESS=auto
+ENTRYPOINT ["tini", "--"]
+CMD ["sh", "-c", "ray start --head --port=6379 --num-gpus=0 --dashboard-host=0.0.0.0 --disable-usage-stats && exec ablate serve"]
