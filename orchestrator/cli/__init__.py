@@ -53,7 +53,8 @@ def main() -> None:
     except Exception as exc:  # click usage errors arrive here in non-standalone mode
         import click
 
-        if isinstance(exc, click.ClickException):
+        # typer >= 0.20 vendors click: its usage errors are TyperException, not click.ClickException.
+        if isinstance(exc, click.ClickException | typer.TyperException) and hasattr(exc, "show"):
             exc.show()
-            sys.exit(exc.exit_code)
+            sys.exit(getattr(exc, "exit_code", 2))
         raise

@@ -36,7 +36,10 @@ def node_errors() -> Iterator[None]:
         raise CLIError(str(exc)) from None
     except ValidationError as exc:
         raise CLIError(
-            "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors(include_url=False))
+            "; ".join(
+                f"{'.'.join(map(str, e['loc']))}: {e['msg'].removeprefix('Value error, ')}"
+                for e in exc.errors(include_url=False)
+            )
         ) from None
     except SQLAlchemyError as exc:
         first = (str(getattr(exc, "orig", None) or exc).strip().splitlines() or [type(exc).__name__])[0]

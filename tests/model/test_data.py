@@ -28,7 +28,7 @@ from model.spec import ArmSpec
 
 
 def spec(**data: object) -> ArmSpec:
-    return ArmSpec.model_validate({"model": {"size": "tiny"}, "data": data})
+    return ArmSpec.model_validate({"model": {"size": "tiny"}, "data": data, "eval": {"num_samples": 1}})
 
 
 def gen(seed: int) -> torch.Generator:
@@ -142,6 +142,11 @@ def test_held_out_is_fixed_and_disjoint_from_training() -> None:
     assert [ds.attrs("held", i).caption() for i in range(8)] == c1
     with pytest.raises(DatasetError, match="data.held_out"):
         ds.held_out(9)
+
+
+def test_spec_rejects_more_eval_samples_than_held_out_images() -> None:
+    with pytest.raises(ValueError, match=r"eval.num_samples \(25\) exceeds data.held_out \(8\)"):
+        ArmSpec.model_validate({"data": {"held_out": 8}})
 
 
 def test_sample_images_deterministic_per_seed() -> None:

@@ -18,7 +18,7 @@ from model.text import LearnedTextEncoder, MiniLMTextEncoder, TextEncoderError, 
 
 
 def spec(**data: object) -> ArmSpec:
-    return ArmSpec.model_validate({"model": {"size": "tiny"}, "data": data})
+    return ArmSpec.model_validate({"model": {"size": "tiny"}, "data": data, "eval": {"num_samples": 1}})
 
 
 @pytest.fixture(scope="module")

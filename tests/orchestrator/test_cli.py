@@ -152,3 +152,9 @@ def test_serve_submit_restart(env: dict[str, str], tmp_path: Path) -> None:
     status = ablate("status", str(grid_id), env=env, cwd=tmp_path)
     rows = [line.split("│") for line in status.stdout.splitlines() if line.count("│") > 5]
     assert [(r[2].strip(), r[3].strip()) for r in rows] == [(a, "queued") for a in "ABCD"], status.stdout
+
+
+def test_usage_errors_are_not_tracebacks(env: dict[str, str], tmp_path: Path) -> None:
+    proc = ablate("serve", "--port", "0", env=env, cwd=tmp_path)
+    assert proc.returncode == 2 and "Invalid value for '--port'" in proc.stderr
+    assert "Traceback" not in proc.stderr
