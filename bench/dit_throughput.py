@@ -81,9 +81,15 @@ def gpu_busy_ms(fn, n: int):
             fn()
         sync()
     events = prof.key_averages()
-    on_gpu = sum(e.self_device_time_total for e in events if e.device_type == DeviceType.CUDA)
-    by_ops = sum(e.self_device_time_total for e in events if e.device_type == DeviceType.CPU)  # kernels per op
-    total_us = max(on_gpu, by_ops)
+    # Kernels only: GPU-side user annotations (Optimizer.step#Muon.step spans the whole launch-bound
+    # optimizer step, idle gaps included) would count twice. The 2026-11-21 run predates this filter.
+    total_us = sum(
+        e.self_device_time_total
+        for e in events
+        if e.device_type == DeviceType.CUDA
+        and not getattr(e, "is_user_annotation", False)
+        and not e.key.startswith("Optimizer.")
+    )
     return total_us / n / 1e3, prof
 
 

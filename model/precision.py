@@ -43,13 +43,13 @@ def _device(device: torch.device | str) -> torch.device:
 
 
 def autocast_ctx(
-    precision: PrecisionSpec, device: torch.device | str, sdpa: str = "cudnn"
+    precision: PrecisionSpec, device: torch.device | str, sdpa: str = "default"
 ) -> contextlib.AbstractContextManager:
     """bf16 autocast for bf16 and fp8 runs (fp8 runs keep their non-FP8 ops in bf16); nothing for fp32.
 
-    On CUDA, sdpa="cudnn" also puts cuDNN attention first in SDPA's backend priority (flash, then the
-    rest, still follow as fallbacks): measured faster than the default order on H200 at seed shapes
-    (docs/benchmarks.md). sdpa="default" keeps PyTorch's order.
+    sdpa="cudnn" puts cuDNN attention first in SDPA's backend priority on CUDA (the others stay as
+    fallbacks). At seed shapes on an H200 it measured the same as PyTorch's default order
+    (79.8 vs 79.5 ms/step, docs/benchmarks.md), so "default" is the default.
     """
     stack = contextlib.ExitStack()
     if precision.mode != "fp32":
@@ -134,6 +134,10 @@ def apply_precision(model: nn.Module, precision: PrecisionSpec, device: torch.de
         report.recipe = precision.fp8_recipe
         check_fp8_device(precision, device)
         convert_fp8(model, precision, report)
+        if not report.fp8_linears:
+            report.fallbacks.append(
+                "precision.mode fp8 but precision.fp8_modules selects no linear: every linear runs bf16"
+            )
     else:
         report.bf16_linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
         report.why_bf16 = dict.fromkeys(report.bf16_linears, f"precision.mode is {precision.mode}")

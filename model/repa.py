@@ -62,8 +62,9 @@ def _tokens_to_map(tokens: Tensor | dict) -> Tensor:
 
 
 def _random_standin(device: torch.device | str) -> Teacher:
-    gen = torch.Generator().manual_seed(STANDIN_SEED)  # own generator: leaves the global RNG untouched
-    net = nn.Sequential(nn.Conv2d(3, 64, 14, stride=14), nn.GELU(), nn.Conv2d(64, STANDIN_DIM, 1))
+    gen = torch.Generator().manual_seed(STANDIN_SEED)  # own generator: the global RNG stays untouched
+    with torch.random.fork_rng(devices=[]):  # (the layers' default init would draw from it)
+        net = nn.Sequential(nn.Conv2d(3, 64, 14, stride=14), nn.GELU(), nn.Conv2d(64, STANDIN_DIM, 1))
     with torch.no_grad():
         for p in net.parameters():
             p.copy_(torch.randn(p.shape, generator=gen) * (1.0 / p[0].numel()) ** 0.5)

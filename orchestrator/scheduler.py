@@ -59,17 +59,24 @@ def run_dir(settings: Settings, run_id: int) -> Path:
 
 def connect_ray(settings: Settings, **init_kwargs: Any) -> None:
     """Join the configured cluster, or start a local Ray (declaring settings.logical_gpus GPUs if > 0)."""
+    import signal
+
     import ray
 
     if ray.is_initialized():
         return
     kwargs: dict[str, Any] = {"namespace": settings.ray_namespace, **init_kwargs}
+    # ray.init replaces the SIGTERM handler with sys.exit; keep the server's (uvicorn shuts down cleanly).
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGTERM) if in_main else None
     if settings.ray_address:
         ray.init(address=settings.ray_address, **kwargs)
     else:
         if settings.logical_gpus > 0:
             kwargs.setdefault("num_gpus", settings.logical_gpus)
         ray.init(include_dashboard=False, **kwargs)
+    if in_main and previous is not None:
+        signal.signal(signal.SIGTERM, previous)
 
 
 # -- ingest: pure DB functions (no Ray), also used by the benchmark ------------------------------------
@@ -192,21 +199,28 @@ def _policy(run: Run) -> DetectorPolicy:
     return DetectorPolicy.model_validate((run.spec or {}).get("detector") or {})
 
 
-def apply_detector(session: Session, run: Run) -> str | None:
+def apply_detector(
+    session: Session,
+    run: Run,
+    series: list[dict[str, Any]] | None = None,
+    control: list[dict[str, Any]] | None = None,
+) -> str | None:
     """Judge the run's newest checkpoint; returns the decision when it stops the run.
 
-    A stop verdict is stored on the run (decision, step, reason; best step, value and checkpoint) and
-    as a `decision` event; the caller then asks the worker for a graceful stop. In `warn` mode the
-    first flag is recorded as a `warning` event and the run goes on.
+    `series` / `control`: the run's and the control arm's checkpoints (metric_series dicts), read from
+    the DB when not given. A stop verdict is stored on the run (decision, step, reason; best step,
+    value and checkpoint) and as a `decision` event; the caller then asks the worker for a graceful
+    stop. In `warn` mode the first flag is recorded as a `warning` event and the run goes on.
     """
     from orchestrator.detector import Checkpoint, decide
 
     policy = _policy(run)
     if policy.mode == "off":
         return None
-    control = _control_series(session, run)
+    series = metric_series(session, run.id) if series is None else series
+    control = _control_series(session, run) if control is None else control
     verdict = decide(
-        [Checkpoint.from_mapping(p) for p in metric_series(session, run.id)],
+        [Checkpoint.from_mapping(p) for p in series],
         policy,
         control=[Checkpoint.from_mapping(p) for p in control] if control else None,
         total_steps=((run.spec or {}).get("schedule") or {}).get("steps"),
@@ -243,10 +257,17 @@ def ingest(session: Session, run: Run, records: list[dict[str, Any]], detect: bo
     policy = _policy(run)
     metric = policy.metric
     new_steps: list[int] = []
+    # Read once per batch and extended in memory: one detector decision per checkpoint, no re-reads.
+    series: list[dict[str, Any]] | None = None
+    control: list[dict[str, Any]] | None = None
     for record in sorted(records, key=lambda r: int(r["step"])):
         step = int(record["step"])
+        if series is None:
+            series, control = metric_series(session, run.id), _control_series(session, run) or []
         if not insert_metric(session, run.id, record):
             continue
+        values = metric_values(record)
+        series.append({"step": step, **{name: values.get(name) for name in METRIC_FIELDS}})
         new_steps.append(step)
         run.last_checkpoint_step = max(step, run.last_checkpoint_step or step)
         if run.decision not in STOP_DECISIONS:
@@ -254,14 +275,11 @@ def ingest(session: Session, run: Run, records: list[dict[str, Any]], detect: bo
         for note in record.get("fallbacks") or []:
             if note not in (run.fallbacks or []):
                 run.fallbacks = [*(run.fallbacks or []), note]
-        if record.get("versions") and not run.versions:
-            run.versions = record["versions"]
         if record.get("device_name") and not run.gpu_name:
             run.gpu_name = str(record["device_name"])[:128]
         _event(session, run, "checkpoint", f"step {step}", step=step, **{metric: record.get(metric)})
-        session.flush()
         if detect and run.decision not in STOP_DECISIONS and not run.stop_requested:
-            apply_detector(session, run)
+            apply_detector(session, run, series, control)
     return new_steps
 
 
@@ -424,7 +442,7 @@ class Scheduler:
                     run.id,
                     run.spec,
                     str(out_dir),
-                    str(self.settings.lpips_weights) if self.settings.lpips_weights else None,
+                    str(self.settings.lpips_weights.resolve()) if self.settings.lpips_weights else None,
                     self.settings.worker_threads,
                     self.train_fn,
                 )
@@ -494,6 +512,7 @@ class Scheduler:
         return True
 
     def _mark_running(self, session: Session, run: Run, info: dict[str, Any]) -> None:
+        run.versions = info.get("provenance") or run.versions
         run.gpu_index = info.get("cuda_visible_devices")
         run.gpu_name = info.get("gpu_name") or run.gpu_name
         run.gpu_uuid = info.get("gpu_uuid")
@@ -506,7 +525,7 @@ class Scheduler:
                 "started",
                 f"on GPU {run.gpu_index} ({run.gpu_name or 'logical'}) of {run.node}",
                 attempt=run.retries,
-                **info,
+                **{k: v for k, v in info.items() if k != "provenance"},
             )
 
     def _worker_died(self, worker: Worker, exc: BaseException) -> None:
@@ -579,6 +598,7 @@ def attach_scheduler(app: Any) -> None:
         scheduler = getattr(app.state, "scheduler", None)
         if scheduler is not None:
             scheduler.stop()
+            print("scheduler: stopped (workers train on; a restarted controller adopts them)")
 
     app.state.startup_hooks.append(start)
     app.state.shutdown_hooks.append(stop)

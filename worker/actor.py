@@ -77,6 +77,9 @@ def gpu_info() -> dict[str, Any]:
     }
     import torch
 
+    from worker.checkpoint import provenance
+
+    info["provenance"] = provenance()  # library versions and git commit, stored on the run
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         info["gpu_name"] = props.name

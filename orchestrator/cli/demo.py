@@ -103,7 +103,7 @@ def _rows(settings: Settings, grid_id: int) -> list[dict[str, Any]]:
                     "best": run.best_value,
                     "best_se": best.recon_lpips_se if best else None,
                     "best_step": run.best_step,
-                    "iter_s": rates[-1] if rates else None,
+                    "iter_s": sum(rates) / len(rates) if rates else None,  # mean over checkpoints
                     "backbone": latest.lpips_backbone if latest else None,
                 }
             )
@@ -219,6 +219,7 @@ def demo(
                 if rows and all(r["state"] in TERMINAL_STATES for r in rows):
                     break
                 time.sleep(1.0)
+        console.print()
         elapsed = time.monotonic() - t0
         rows = _rows(settings, grid_id)
         console.print(summary_table(rows))

@@ -32,14 +32,12 @@ TINY_OVERRIDES: dict[str, Any] = {
 TABLE_COLUMNS = [
     ("step", "step", "{:d}"),
     ("train_loss", "loss", "{:.4f}"),
-    ("grad_norm", "grad", "{:.3f}"),
-    ("lr", "lr", "{:.2e}"),
+    ("lr", "lr", "{:.1e}"),
     ("recon_lpips", "recon", "{:.4f}"),
     ("recon_lpips_se", "±se", "{:.4f}"),
     ("text_lpips", "text", "{:.4f}"),
     ("text_manip_delta", "manip", "{:.4f}"),
-    ("iter_per_sec", "it/s", "{:.2f}"),
-    ("peak_memory_gb", "mem GB", "{:.2f}"),
+    ("iter_per_sec", "it/s", "{:.1f}"),
     ("wall_time_s", "wall s", "{:.0f}"),
 ]
 
@@ -101,7 +99,9 @@ def train(
     repa_standin: Annotated[
         bool, typer.Option("--repa-standin", help="REPA with the labelled random stand-in teacher")
     ] = False,
-    threads: Annotated[int, typer.Option(min=0, help="torch intra-op threads (0 = torch's default)")] = 0,
+    threads: Annotated[
+        int, typer.Option(min=0, help="torch intra-op threads (0 = 1 for tiny on CPU, else torch's default)")
+    ] = 0,
 ) -> None:
     """Train one arm locally: progress bar, a table row per checkpoint, DIR/metrics.jsonl."""
     if size not in SIZES:
@@ -110,6 +110,7 @@ def train(
     out_dir = out or Path("runs") / f"train-{spec.name}-{size}"
 
     import torch
+    from rich import box
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
@@ -124,18 +125,23 @@ def train(
 
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise CLIError(f"--device {device}: CUDA is not available on this machine; use --device cpu")
+    if not threads and size == "tiny" and device == "cpu":
+        # Tiny shapes gain little from a second thread, and OpenMP spin-waiting collapses (10x slower
+        # measured here) when other processes share the cores.
+        threads = 1
     if threads:
         torch.set_num_threads(threads)
     console = Console()
     resume = latest_checkpoint(out_dir) if out_dir.exists() else None
     console.print(
         f"arm {spec.name} ({spec.description}) size {size}, {spec.schedule.steps} steps, batch "
-        f"{spec.schedule.batch_size}, {spec.resolution()} px, device {device} -> {out_dir}"
+        f"{spec.schedule.batch_size}, {spec.resolution()} px, device {device} "
+        f"({torch.get_num_threads()} threads) -> {out_dir}"
         + (f" (resuming from {resume.name})" if resume else "")
     )
-    table = Table(title=f"arm {spec.name}")
+    table = Table(title=f"arm {spec.name}", box=box.SIMPLE)
     for _, title, _ in TABLE_COLUMNS:
-        table.add_column(title, justify="right")
+        table.add_column(title, justify="right", no_wrap=True)
     records: list[dict[str, Any]] = []
     progress = Progress(
         TextColumn("[bold]train {task.fields[arm]}"),

@@ -1,6 +1,6 @@
 """A controller killed with SIGKILL mid-grid and restarted: the grid completes, every checkpoint stored once.
 
-The controller is `python -m orchestrator.scheduler` in a subprocess joined to this module's Ray; its
+The controller is `ablate serve` (API + scheduler) in a subprocess joined to this module's Ray; its
 workers are named, detached actors, so they train on while it is dead and the new one adopts them.
 """
 
@@ -8,22 +8,25 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from sqlalchemy import func, select
 
 from orchestrator.db.models import TERMINAL_STATES, Event, Metric, Run
 from orchestrator.db.session import session_scope
-from orchestrator.grids import GridCreate, create_grid
 
 ray = pytest.importorskip("ray")
 
 NAMESPACE = "ablate-restart-test"
+TOKEN = "restart-test-token"
+INLINE = [{"parent": "A", "name": "A2"}, {"parent": "A", "name": "A3"}]
 TINY = {
     "model": {"size": "tiny", "depth": 3, "identity_tokens": 4},
     "data": {"dataset": "shapes", "num_images": 64, "held_out": 2},
@@ -40,9 +43,18 @@ def ray_address() -> Iterator[str]:
     ray.shutdown()
 
 
-def start_controller(database_url: str, ray_address: str, storage: Path, log: Path) -> subprocess.Popen:
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_controller(database_url: str, ray_address: str, storage: Path, log: Path, port: int) -> subprocess.Popen:
+    """`ablate serve` (API + scheduler) joined to this module's Ray."""
     env = {
         **os.environ,
+        "ABLATE_API_TOKEN": TOKEN,
+        "ABLATE_PORT": str(port),
         "ABLATE_DATABASE_URL": database_url,
         "ABLATE_RAY_ADDRESS": ray_address,
         "ABLATE_RAY_NAMESPACE": NAMESPACE,
@@ -51,7 +63,9 @@ def start_controller(database_url: str, ray_address: str, storage: Path, log: Pa
         "ABLATE_WORKER_THREADS": "1",
     }
     with log.open("ab") as fh:
-        return subprocess.Popen([sys.executable, "-m", "orchestrator.scheduler"], env=env, stdout=fh, stderr=fh)
+        return subprocess.Popen(
+            [sys.executable, "-c", "from orchestrator.cli import main; main()", "serve"], env=env, stdout=fh, stderr=fh
+        )
 
 
 def wait_for(check, what: str, timeout: float, proc: subprocess.Popen, log: Path):  # noqa: ANN001, ANN201
@@ -66,13 +80,29 @@ def wait_for(check, what: str, timeout: float, proc: subprocess.Popen, log: Path
     pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}:\n{log.read_text()[-3000:]}")
 
 
+def _up(api: str) -> bool:
+    try:
+        return httpx.get(f"{api}/healthz", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 def test_controller_killed_mid_grid_and_restarted_loses_nothing(
     ray_address: str, database_url: str, tmp_path: Path
 ) -> None:
-    with session_scope(database_url) as session:
-        grid = create_grid(session, GridCreate(name="restart", arms=["A", "B", "C"], overrides=TINY))
-        ids = [r.id for r in grid.runs]
     log = tmp_path / "controller.log"
+    port = free_port()
+    first = start_controller(database_url, ray_address, tmp_path, log, port)
+    api = f"http://127.0.0.1:{port}"
+    wait_for(lambda: _up(api), "the API", 60, first, log)
+    resp = httpx.post(
+        f"{api}/api/grids",
+        # Five arms on four GPUs: the fifth is still queued when the controller dies.
+        json={"name": "restart", "arms": ["A", "B", "C", *INLINE], "overrides": TINY},
+        headers={"Authorization": f"Bearer {TOKEN}"},
+    )
+    assert resp.status_code == 201, resp.text
+    ids = [r["id"] for r in httpx.get(f"{api}/api/grids/{resp.json()['id']}").json()["runs"]]
 
     def metric_count() -> int:
         with session_scope(database_url) as session:
@@ -82,22 +112,23 @@ def test_controller_killed_mid_grid_and_restarted_loses_nothing(
         with session_scope(database_url) as session:
             return [session.get(Run, i).state for i in ids]
 
-    first = start_controller(database_url, ray_address, tmp_path, log)
     try:
         wait_for(lambda: metric_count() >= 3, "three checkpoints", 120, first, log)
     finally:
         first.send_signal(signal.SIGKILL)
         first.wait()
-    assert not all(s in TERMINAL_STATES for s in states()), "the kill must land mid-grid"
+    assert states()[4] == "queued", "the kill must land mid-grid, with the fifth arm still waiting"
     killed_at = metric_count()
-    time.sleep(3)  # the workers train on with no controller: their records wait in the actors
-    second = start_controller(database_url, ray_address, tmp_path, log)
+    # The workers train on with no controller; their records wait in the actors.
+    second = start_controller(database_url, ray_address, tmp_path, log, port)
     try:
         wait_for(lambda: all(s in TERMINAL_STATES for s in states()), "the grid to complete", 150, second, log)
     finally:
         second.send_signal(signal.SIGTERM)
-        second.wait(timeout=20)
-    assert states() == ["completed"] * 3
+        second.wait(timeout=30)
+    # A graceful shutdown on SIGTERM (uvicorn re-raises the signal once it has shut down).
+    assert second.returncode in (0, -signal.SIGTERM) and "scheduler: stopped" in log.read_text(), log.read_text()
+    assert states() == ["completed"] * 5
     assert metric_count() > killed_at
     with session_scope(database_url) as session:
         for run_id in ids:
@@ -109,3 +140,5 @@ def test_controller_killed_mid_grid_and_restarted_loses_nothing(
             assert sorted(e["step"] for e in checkpoint_events) == [10, 20, 30, 40, 50, 60]
             run = session.get(Run, run_id)
             assert run.retries == 0, "workers were adopted, not restarted"
+            started = session.scalars(select(Event.id).where(Event.run_id == run_id, Event.kind == "started")).all()
+            assert len(started) == 1, (run_id, "one worker per run, across the restart")

@@ -1,0 +1,88 @@
+"""Precision: the FP8 module filter converts exactly the intended linears; FP8 trains on CPU; refusals."""
+
+import pytest
+import torch
+from torch import nn
+
+from model.nanodit import NanoDiT
+from model.precision import PrecisionError, apply_precision, autocast_ctx, fp8_decision
+from orchestrator.arms import resolve
+
+pytest.importorskip("torchao.float8")
+from torchao.float8.float8_linear import Float8Linear  # noqa: E402
+
+TEXT_DIM = 32
+DEFAULT = ["*.attn.qkv", "*.attn.proj", "*.mlp.fc1", "*.mlp.fc2"]
+
+
+def fp8_spec(**model):
+    return resolve("I", {"model": {"size": "tiny", **model}, "precision": {"fp8_modules": DEFAULT}})
+
+
+def build(spec) -> NanoDiT:
+    torch.manual_seed(0)
+    return NanoDiT(spec, TEXT_DIM)
+
+
+def test_filter_converts_exactly_the_block_projections():
+    spec = fp8_spec()
+    model = build(spec)
+    report = apply_precision(model, spec.precision, "cpu")
+    converted = sorted(n for n, m in model.named_modules() if isinstance(m, Float8Linear))
+    expected = sorted(
+        f"blocks.{i}.{leaf}" for i in range(4) for leaf in ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2")
+    )
+    assert converted == expected == sorted(report.fp8_linears)
+    # everything else stays a plain nn.Linear and the report says why
+    assert "blocks.0.cross.q" in report.bf16_linears and "x_embed" in report.bf16_linears
+    assert report.why_bf16["blocks.0.cross.kv"] == "not matched by precision.fp8_modules"
+    assert set(report.fp8_linears).isdisjoint(report.bf16_linears)
+    n_linear = sum(isinstance(m, nn.Linear) for m in model.modules())
+    assert len(report.fp8_linears) + len(report.bf16_linears) == n_linear
+
+
+def test_dims_not_divisible_by_16_stay_bf16():
+    spec = fp8_spec(hidden=72, heads=4)  # 72 % 16 = 8
+    model = build(spec)
+    report = apply_precision(model, spec.precision, "cpu")
+    assert report.fp8_linears == []
+    assert report.why_bf16["blocks.0.attn.qkv"] == "dims 72x216 not divisible by 16"
+    assert any("selects no linear" in f for f in report.fallbacks)  # recorded, not silent
+    assert fp8_decision("x", nn.Linear(64, 64), ["*"]) is None
+    assert fp8_decision("x", nn.Conv2d(3, 16, 1), ["*"]) == "not an nn.Linear"
+
+
+def test_fp8_forward_backward_on_cpu():
+    spec = fp8_spec()
+    model = build(spec)
+    with torch.no_grad():  # move off the zero init so gradients reach every layer
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(1)) * 0.05)
+    apply_precision(model, spec.precision, "cpu")
+    x = torch.randn(2, 3, 32, 32)
+    with autocast_ctx(spec.precision, "cpu"):
+        out = model(x, torch.rand(2), torch.randn(2, 16, TEXT_DIM), identity=x).out
+    loss = out.float().square().mean()
+    loss.backward()
+    assert torch.isfinite(loss)
+    grad = model.blocks[0].mlp.fc1.weight.grad
+    assert grad is not None and torch.isfinite(grad).all() and grad.abs().sum() > 0
+    assert model.blocks[0].mlp.fc1.weight.dtype == torch.float32  # weights stay high precision
+
+
+def test_mxfp8_refused_below_sm100():
+    spec = resolve("I", {"model": {"size": "tiny"}, "precision": {"fp8_recipe": "mxfp8"}})
+    with pytest.raises(PrecisionError, match=r"mxfp8.*sm100\+.*use precision.fp8_recipe: tensorwise or rowwise"):
+        apply_precision(build(spec), spec.precision, "cpu")
+
+
+def test_bf16_report_and_fp32_autocast():
+    spec = resolve("A", {"model": {"size": "tiny"}})
+    report = apply_precision(build(spec), spec.precision, "cpu")
+    assert report.fp8_linears == [] and report.compiled is False and report.fallbacks == []
+    assert set(report.why_bf16.values()) == {"precision.mode is bf16"}
+    with autocast_ctx(spec.precision, "cpu"):
+        assert torch.get_autocast_dtype("cpu") == torch.bfloat16 and torch.is_autocast_enabled("cpu")
+    fp32 = resolve("A", {"model": {"size": "tiny"}, "precision": {"mode": "fp32"}})
+    with autocast_ctx(fp32.precision, "cpu"):
+        assert not torch.is_autocast_enabled("cpu")

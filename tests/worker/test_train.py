@@ -1,0 +1,150 @@
+"""The training loop on CPU: every arm trains, a tiny run learns, resume is bit-identical,
+checkpoints rotate with best.pt kept, should_stop writes a final checkpoint."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from model.spec import ArmSpec
+from orchestrator.arms import deep_merge, resolve
+from worker import checkpoint as ckpt
+from worker.train import TrainError, train_arm
+
+# Tiny and quick: batch 4, 2 eval samples, 2 sampler steps; stand-ins chosen explicitly (offline).
+QUICK: dict[str, Any] = {
+    "model": {"size": "tiny"},
+    "data": {"num_images": 64, "held_out": 4},
+    "schedule": {"steps": 20, "batch_size": 4, "warmup_steps": 5, "checkpoint_every": 20, "ema": {"warmup_steps": 5}},
+    "eval": {"num_samples": 2, "sampler_steps": 2, "lpips_backbone": "random_standin"},
+    "repa": {"teacher": "random_standin"},
+}
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    # Tiny shapes gain nothing from a second thread, and OpenMP spinning collapses on a busy machine.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def spec_for(arm: str, **over: Any) -> ArmSpec:
+    return resolve(arm, deep_merge(QUICK, over))
+
+
+@pytest.mark.parametrize("arm", list("ABCDEFGHI"))
+def test_every_arm_trains_20_steps(arm: str, tmp_path: Path) -> None:
+    records = list(train_arm(spec_for(arm), tmp_path))
+    assert [r["step"] for r in records] == [20]
+    rec = records[0]
+    assert rec["final"] is True
+    assert math.isfinite(rec["train_loss"]) and math.isfinite(rec["grad_norm"])
+    assert math.isfinite(rec["recon_lpips"]) and rec["recon_lpips_n"] == 2
+    assert rec["lpips_backbone"] == "random_standin"
+    assert Path(rec["checkpoint"]).exists() and (tmp_path / "best.pt").exists()
+    if arm >= "D":
+        assert rec["repa_teacher"] == "random_standin"
+    if arm == "I":
+        assert rec["precision"] == "fp8" and rec["fp8_linears"]
+        assert all(n.endswith(("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2")) for n in rec["fp8_linears"])
+    else:
+        assert rec["precision"] == "fp32" and rec["fp8_linears"] == []
+        assert any("bf16 autocast not used on CPU" in f for f in rec["fallbacks"])
+
+
+def test_tiny_run_learns(tmp_path: Path) -> None:
+    """Loss falls and recon LPIPS improves over the first checkpoint."""
+    spec = spec_for(
+        "A",
+        data={"num_images": 512, "held_out": 8},
+        schedule={"steps": 150, "batch_size": 16, "lr": 1e-3, "warmup_steps": 15, "checkpoint_every": 25,
+                  "ema": {"warmup_steps": 25, "decay": 0.95}},
+        eval={"num_samples": 8, "sampler_steps": 4},
+    )
+    records = list(train_arm(spec, tmp_path))
+    assert [r["step"] for r in records] == [25, 50, 75, 100, 125, 150]
+    first, last = records[0], records[-1]
+    assert last["train_loss"] < 0.7 * first["train_loss"]
+    assert min(r["recon_lpips"] for r in records[1:]) < first["recon_lpips"]
+    assert last["recon_lpips"] < first["recon_lpips"]
+    # metrics.jsonl mirrors the records; only the last two periodic checkpoints plus best.pt remain.
+    lines = [json.loads(x) for x in (tmp_path / ckpt.METRICS_NAME).read_text().splitlines()]
+    assert [x["step"] for x in lines] == [25, 50, 75, 100, 125, 150]
+    assert [s for s, _ in ckpt.periodic_checkpoints(tmp_path)] == [125, 150]
+    best = min(records, key=lambda r: r["recon_lpips"])
+    assert ckpt.load(tmp_path / ckpt.BEST_NAME)["step"] == best["step"] == last["best_step"]
+    assert last["iter_per_sec"] > 0 and last["samples_per_sec"] == pytest.approx(16 * last["iter_per_sec"])
+    assert last["peak_memory_gb"] > 0 and last["wall_time_s"] > 0
+    state = ckpt.load(Path(last["checkpoint"]))
+    assert state["spec"] == spec.model_dump(mode="json")
+    assert state["versions"]["torch"] == torch.__version__ and "git" in state
+
+
+def _final_state(out: Path) -> dict[str, Any]:
+    return ckpt.load(ckpt.latest_checkpoint(out))
+
+
+def _assert_same(a: Any, b: Any, where: str = "") -> None:
+    if isinstance(a, torch.Tensor):
+        assert torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            _assert_same(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, list | tuple):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _assert_same(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, where
+
+
+@pytest.mark.parametrize("arm", ["C", "G"])  # C: TREAD + Muon; G: REPA + AsymFlow + symmetric pixels
+def test_resume_is_bit_identical(arm: str, tmp_path: Path) -> None:
+    spec = spec_for(arm, schedule={"steps": 8, "checkpoint_every": 4})
+    full = [r["train_loss"] for r in train_arm(spec, tmp_path / "full")]
+    # Interrupted after the first checkpoint (the generator is abandoned), then resumed.
+    gen = train_arm(spec, tmp_path / "split")
+    first = next(gen)
+    gen.close()
+    assert first["step"] == 4
+    rest = list(train_arm(spec, tmp_path / "split"))
+    assert [r["step"] for r in rest] == [8] and rest[0]["resumed_from_step"] == 4
+    assert [first["train_loss"], rest[0]["train_loss"]] == full
+    a, b = _final_state(tmp_path / "full"), _final_state(tmp_path / "split")
+    for key in ("model", "ema", "optimizers", "text_encoder", "projector", "rng", "basis"):
+        _assert_same(a[key], b[key], key)
+    assert a["record"]["recon_lpips"] == b["record"]["recon_lpips"]
+
+
+def test_should_stop_writes_final_checkpoint(tmp_path: Path) -> None:
+    spec = spec_for("A", schedule={"steps": 50, "checkpoint_every": 4})
+    calls = {"n": 0}
+
+    def stop() -> bool:
+        calls["n"] += 1
+        return calls["n"] > 6  # true before step 7
+
+    records = list(train_arm(spec, tmp_path, should_stop=stop))
+    assert [(r["step"], r["final"]) for r in records] == [(4, False), (6, True)]
+    assert ckpt.load(ckpt.latest_checkpoint(tmp_path))["step"] == 6
+    # A finished run resumed again yields its final record and does no work.
+    done = spec_for("A", schedule={"steps": 6, "checkpoint_every": 4})
+    with pytest.raises(TrainError, match="schedule"):
+        list(train_arm(done, tmp_path))
+
+
+def test_resume_refuses_other_spec(tmp_path: Path) -> None:
+    list(train_arm(spec_for("A", schedule={"steps": 2, "checkpoint_every": 2}), tmp_path))
+    with pytest.raises(TrainError, match="different spec.*optimizer"):
+        list(train_arm(spec_for("C", schedule={"steps": 2, "checkpoint_every": 2}), tmp_path))
+    again = list(train_arm(spec_for("A", schedule={"steps": 2, "checkpoint_every": 2}), tmp_path))
+    assert [(r["step"], r["final"]) for r in again] == [(2, True)]
