@@ -6,12 +6,18 @@ scaling (tensorwise or rowwise recipe). A linear converts only when its name mat
 `precision.fp8_modules` (fnmatch) AND both of its dims are divisible by 16 (the float8 GEMM's
 requirement). Everything else runs under bf16 autocast. The report says which linears went FP8,
 which stayed bf16 and why, so a run never silently differs from its spec.
+
+FP8 is not always faster: on an H200 torchao tensorwise measured 0.69-1.00x of bf16 per block linear
+(docs/benchmarks.md), because the dynamic-scaling casts cost more than small-K GEMMs save. So on CUDA
+`precision.fp8_autotune` times every candidate shape at the run's token count first and keeps in FP8
+only the shapes reaching `precision.fp8_min_speedup`; the others stay bf16 with their measured ratio.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fnmatch
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -33,6 +39,8 @@ class PrecisionReport:
     why_bf16: dict[str, str] = field(default_factory=dict)  # linear name -> why it stayed bf16
     fallbacks: list[str] = field(default_factory=list)
     compiled: bool = False
+    autotune: str | None = None  # what the FP8 autotune did ("kept 4 of 4 shapes ...", "skipped: not CUDA")
+    fp8_timings: list[dict] = field(default_factory=list)  # per shape: dims, tokens, bf16_ms, fp8_ms, speedup
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -91,8 +99,110 @@ def check_fp8_device(precision: PrecisionSpec, device: torch.device | str) -> No
         )
 
 
-def convert_fp8(model: nn.Module, precision: PrecisionSpec, report: PrecisionReport) -> None:
-    """Swap the filtered linears for torchao float8 linears in place, recording the decision per linear."""
+# (in_features, out_features, tokens, precision, device) -> (bf16 ms, fp8 ms) per forward + backward
+LinearTimer = Callable[[int, int, int, PrecisionSpec, torch.device], tuple[float, float]]
+
+
+def cuda_time_linear(
+    in_f: int, out_f: int, tokens: int, precision: PrecisionSpec, device: torch.device, warmup: int = 3, iters: int = 10
+) -> tuple[float, float]:
+    """Milliseconds per forward + backward of LayerNorm -> Linear(in_f, out_f) on `tokens` rows: (bf16, float8).
+
+    bf16 autocast, the run's float8 recipe, compiled when precision.compile is on (the input cast then
+    fuses with the norm, as inside a compiled block). CUDA-event time of `iters` calls after `warmup`.
+    """
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    x = torch.randn(tokens, in_f, device=device, requires_grad=True)
+    grad = torch.randn(tokens, out_f, device=device, dtype=torch.bfloat16)
+
+    def one(fp8: bool) -> float:
+        mod = nn.Sequential(nn.LayerNorm(in_f, elementwise_affine=False), nn.Linear(in_f, out_f, bias=False))
+        mod = mod.to(device)
+        if fp8:
+            convert_to_float8_training(mod, config=Float8LinearConfig.from_recipe_name(precision.fp8_recipe))
+        fn = torch.compile(mod, dynamic=False) if precision.compile and _has_triton() else mod
+
+        def step() -> None:
+            with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+                y = fn(x)
+            y.backward(grad.to(y.dtype))
+
+        for _ in range(warmup):
+            step()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            step()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / iters
+
+    # Two compiled graphs per shape share Sequential.forward's cache: lift the recompile limit for the sweep.
+    with torch._dynamo.config.patch(recompile_limit=64):
+        return one(False), one(True)
+
+
+def _autotune_skip(precision: PrecisionSpec, device: torch.device, tokens: int | None, injected: bool) -> str | None:
+    if not precision.fp8_autotune:
+        return "off: precision.fp8_autotune is false"
+    if precision.fp8_recipe == "mxfp8":
+        return "skipped: mxfp8 is not timed"
+    if device.type != "cuda" and not injected:
+        return "skipped: not CUDA"  # no speed claim possible; the filter alone decides
+    if tokens is None:
+        return "skipped: tokens per micro-batch not given"
+    return None
+
+
+def autotune_fp8(
+    linears: dict[str, nn.Linear],
+    precision: PrecisionSpec,
+    tokens: int,
+    device: torch.device,
+    report: PrecisionReport,
+    time_linear: LinearTimer,
+) -> dict[str, str]:
+    """Time each distinct (in, out) shape once; return {linear: why it stays bf16} for shapes that do not gain."""
+    shapes: dict[tuple[int, int], list[str]] = {}
+    for name, mod in linears.items():
+        shapes.setdefault((mod.in_features, mod.out_features), []).append(name)
+    slower: dict[str, str] = {}
+    for (k, n), names in shapes.items():
+        bf16_ms, fp8_ms = time_linear(k, n, tokens, precision, device)
+        speedup = bf16_ms / fp8_ms
+        keep = speedup >= precision.fp8_min_speedup
+        report.fp8_timings.append(
+            {"in_features": k, "out_features": n, "tokens": tokens, "bf16_ms": round(bf16_ms, 4),
+             "fp8_ms": round(fp8_ms, 4), "speedup": round(speedup, 3), "linears": len(names), "fp8": keep}
+        )  # fmt: skip
+        if not keep:
+            slower.update(dict.fromkeys(names, f"fp8 {speedup:.2f}x of bf16 at ({tokens}, {k}->{n})"))
+    kept, gaining = len(linears) - len(slower), sum(t["fp8"] for t in report.fp8_timings)
+    report.autotune = (
+        f"kept {kept} of {len(linears)} candidate linears in FP8 ({gaining} of {len(shapes)} shapes "
+        f">= {precision.fp8_min_speedup:g}x at {tokens} tokens)"
+    )
+    if slower:
+        why = f"no shape gained at {tokens} tokens): running bf16" if not kept else (
+            f"shapes under {precision.fp8_min_speedup:g}x at {tokens} tokens stay bf16)"
+        )
+        report.fallbacks.append(f"fp8 autotune kept {kept} of {len(linears)} candidate linears in FP8 ({why}")
+    return slower
+
+
+def convert_fp8(
+    model: nn.Module,
+    precision: PrecisionSpec,
+    report: PrecisionReport,
+    device: torch.device | str = "cpu",
+    tokens: int | None = None,
+    time_linear: LinearTimer | None = None,
+) -> None:
+    """Swap the filtered (and, on CUDA, autotuned) linears for torchao float8 linears in place.
+
+    Records the decision per linear in `report`; see `apply_precision` for `tokens` and `time_linear`.
+    """
     try:
         if precision.fp8_recipe == "mxfp8":
             from torchao.prototype.moe_training.config import MXFP8TrainingOpConfig, MXFP8TrainingRecipe
@@ -107,6 +217,21 @@ def convert_fp8(model: nn.Module, precision: PrecisionSpec, report: PrecisionRep
         for name, mod in model.named_modules()
         if isinstance(mod, nn.Linear)
     }
+    candidates = {n: model.get_submodule(n) for n, why in decisions.items() if why is None}
+    dev = _device(device)
+    report.autotune = _autotune_skip(precision, dev, tokens, time_linear is not None)
+    if not candidates:
+        report.autotune = report.autotune or "skipped: no candidate linear"
+        report.fallbacks.append("precision.mode fp8 but precision.fp8_modules selects no linear: every linear runs bf16")
+    elif report.autotune is None:
+        assert tokens is not None
+        try:
+            decisions.update(autotune_fp8(candidates, precision, tokens, dev, report, time_linear or cuda_time_linear))
+        except RuntimeError as exc:  # CUDA / compile trouble while timing: recorded, the filter alone decides
+            report.autotune = f"failed: {str(exc).splitlines()[0][:200]}"
+            report.fallbacks.append(f"fp8 autotune failed ({report.autotune}): FP8 linears not timed")
+    elif dev.type == "cuda" and tokens is None and precision.fp8_autotune:
+        report.fallbacks.append("fp8 autotune skipped: tokens per micro-batch not given, FP8 linears not timed")
     report.fp8_linears = [n for n, why in decisions.items() if why is None]
     report.bf16_linears = [n for n, why in decisions.items() if why is not None]
     report.why_bf16 = {n: why for n, why in decisions.items() if why is not None}
@@ -123,8 +248,18 @@ def convert_fp8(model: nn.Module, precision: PrecisionSpec, report: PrecisionRep
         )
 
 
-def apply_precision(model: nn.Module, precision: PrecisionSpec, device: torch.device | str) -> PrecisionReport:
+def apply_precision(
+    model: nn.Module,
+    precision: PrecisionSpec,
+    device: torch.device | str,
+    tokens: int | None = None,
+    time_linear: LinearTimer | None = None,
+) -> PrecisionReport:
     """Convert `model` (already on `device`) for its precision spec; compile each block if asked.
+
+    tokens: rows one linear sees per micro-batch forward (micro-batch x image tokens); the FP8 autotune
+    times each candidate shape at that size. time_linear: the timer (default `cuda_time_linear`); passing
+    one runs the autotune on any device (tests check the selection with fake timings).
 
     Raises PrecisionError for a recipe the device cannot run (mxfp8 below sm100, fp8 below sm89) or a
     missing torchao. Compile problems found here are recorded in `fallbacks`, never silent.
@@ -133,11 +268,7 @@ def apply_precision(model: nn.Module, precision: PrecisionSpec, device: torch.de
     if precision.mode == "fp8":
         report.recipe = precision.fp8_recipe
         check_fp8_device(precision, device)
-        convert_fp8(model, precision, report)
-        if not report.fp8_linears:
-            report.fallbacks.append(
-                "precision.mode fp8 but precision.fp8_modules selects no linear: every linear runs bf16"
-            )
+        convert_fp8(model, precision, report, device, tokens, time_linear)
     else:
         report.bf16_linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
         report.why_bf16 = dict.fromkeys(report.bf16_linears, f"precision.mode is {precision.mode}")

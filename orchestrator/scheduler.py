@@ -124,8 +124,10 @@ def metric_values(record: dict[str, Any]) -> dict[str, Any]:
     return values
 
 
-def insert_metric(session: Session, run_id: int, record: dict[str, Any]) -> bool:
-    """INSERT ... ON CONFLICT (run_id, step) DO NOTHING; True when the row is new."""
+def insert_metrics(session: Session, run_id: int, records: list[dict[str, Any]]) -> set[int]:
+    """One INSERT ... ON CONFLICT (run_id, step) DO NOTHING for a batch; returns the steps that were new."""
+    if not records:
+        return set()
     dialect = session.get_bind().dialect.name
     if dialect == "postgresql":
         from sqlalchemy.dialects.postgresql import insert
@@ -133,13 +135,20 @@ def insert_metric(session: Session, run_id: int, record: dict[str, Any]) -> bool
         from sqlalchemy.dialects.sqlite import insert
     else:  # pragma: no cover - settings only accept the two
         raise RuntimeError(f"unsupported database dialect {dialect!r}")
+    now = utcnow()
+    blank = dict.fromkeys(METRIC_FIELDS)  # a multi-row VALUES needs the same columns in every row
+    rows = [
+        {"run_id": run_id, "step": int(r["step"]), "created_at": now, **blank, **metric_values(r)} for r in records
+    ]
+    # Core insert into the table (not the ORM entity): one statement per batch, and RETURNING gives
+    # back only the rows that went in (rowcount is unreliable for this through the ORM).
     stmt = (
-        insert(Metric)
-        .values(run_id=run_id, step=int(record["step"]), created_at=utcnow(), **metric_values(record))
+        insert(Metric.__table__)
+        .values(rows)
         .on_conflict_do_nothing(index_elements=["run_id", "step"])
-        .returning(Metric.id)  # no row back on a conflict (rowcount is unreliable through the ORM)
+        .returning(Metric.__table__.c.step)
     )
-    return session.execute(stmt).first() is not None
+    return set(session.execute(stmt).scalars())
 
 
 def metric_series(session: Session, run_id: int) -> list[dict[str, Any]]:
@@ -202,27 +211,30 @@ def _policy(run: Run) -> DetectorPolicy:
 def apply_detector(
     session: Session,
     run: Run,
-    series: list[dict[str, Any]] | None = None,
-    control: list[dict[str, Any]] | None = None,
+    checkpoints: list[Any] | None = None,
+    control: list[Any] | None = None,
 ) -> str | None:
     """Judge the run's newest checkpoint; returns the decision when it stops the run.
 
-    `series` / `control`: the run's and the control arm's checkpoints (metric_series dicts), read from
-    the DB when not given. A stop verdict is stored on the run (decision, step, reason; best step,
-    value and checkpoint) and as a `decision` event; the caller then asks the worker for a graceful
-    stop. In `warn` mode the first flag is recorded as a `warning` event and the run goes on.
+    `checkpoints` / `control`: the run's checkpoints up to the one judged and the control arm's
+    (detector.Checkpoint lists), read from the DB when not given. A stop verdict is stored on the run
+    (decision, step, reason; best step, value and checkpoint) and as a `decision` event; the caller
+    then asks the worker for a graceful stop. In `warn` mode the first flag is recorded as a `warning`
+    event and the run goes on.
     """
     from orchestrator.detector import Checkpoint, decide
 
     policy = _policy(run)
     if policy.mode == "off":
         return None
-    series = metric_series(session, run.id) if series is None else series
-    control = _control_series(session, run) if control is None else control
+    if checkpoints is None:
+        checkpoints = [Checkpoint.from_mapping(p) for p in metric_series(session, run.id)]
+    if control is None:
+        control = [Checkpoint.from_mapping(p) for p in _control_series(session, run) or []]
     verdict = decide(
-        [Checkpoint.from_mapping(p) for p in series],
+        checkpoints,
         policy,
-        control=[Checkpoint.from_mapping(p) for p in control] if control else None,
+        control=control or None,
         total_steps=((run.spec or {}).get("schedule") or {}).get("steps"),
     )
     if not verdict.flagged:
@@ -249,26 +261,25 @@ def apply_detector(
 
 
 def ingest(session: Session, run: Run, records: list[dict[str, Any]], detect: bool = True) -> list[int]:
-    """Store a worker's records in order (idempotent); returns the steps that were new.
+    """Store a worker's records (idempotent, one INSERT per batch); returns the steps that were new.
 
-    Each new checkpoint gets an event, advances the run's best (primary metric, lower is better) and
-    goes through the detector unless the run is already being stopped.
+    Each new checkpoint, in step order, gets a `checkpoint` event, advances the run's best (the
+    policy's metric and direction) and is judged by the detector unless the run is already stopping.
     """
+    from orchestrator.detector import Checkpoint
+
+    by_step = {int(r["step"]): r for r in records}
+    new = insert_metrics(session, run.id, list(by_step.values()))
+    if not new:
+        return []
     policy = _policy(run)
     metric = policy.metric
-    new_steps: list[int] = []
-    # Read once per batch and extended in memory: one detector decision per checkpoint, no re-reads.
-    series: list[dict[str, Any]] | None = None
-    control: list[dict[str, Any]] | None = None
-    for record in sorted(records, key=lambda r: int(r["step"])):
-        step = int(record["step"])
-        if series is None:
-            series, control = metric_series(session, run.id), _control_series(session, run) or []
-        if not insert_metric(session, run.id, record):
-            continue
-        values = metric_values(record)
-        series.append({"step": step, **{name: values.get(name) for name in METRIC_FIELDS}})
-        new_steps.append(step)
+    judge = detect and policy.mode != "off"
+    # The series as stored (NaN restored), read once per batch; the detector sees it up to each new step.
+    series = [Checkpoint.from_mapping(p) for p in metric_series(session, run.id)] if judge else []
+    control = [Checkpoint.from_mapping(p) for p in _control_series(session, run) or []] if judge else []
+    for step in sorted(new):
+        record = by_step[step]
         run.last_checkpoint_step = max(step, run.last_checkpoint_step or step)
         if run.decision not in STOP_DECISIONS:
             _update_best(run, record, metric, policy.metric_mode)
@@ -278,9 +289,10 @@ def ingest(session: Session, run: Run, records: list[dict[str, Any]], detect: bo
         if record.get("device_name") and not run.gpu_name:
             run.gpu_name = str(record["device_name"])[:128]
         _event(session, run, "checkpoint", f"step {step}", step=step, **{metric: record.get(metric)})
-        if detect and run.decision not in STOP_DECISIONS and not run.stop_requested:
-            apply_detector(session, run, series, control)
-    return new_steps
+        if judge and run.decision not in STOP_DECISIONS and not run.stop_requested:
+            upto = [cp for cp in series if cp.step <= step]
+            apply_detector(session, run, upto, control)
+    return sorted(new)
 
 
 # -- the loop -----------------------------------------------------------------------------------------
