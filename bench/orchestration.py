@@ -182,8 +182,9 @@ def latency(db: str, scheduler_cls: Any, settings: Any, n: int) -> dict[str, lis
     return out
 
 
-def idle_gaps(db: str, scheduler_cls: Any, settings: Any, gpus: int, per_gpu: int) -> list[float]:
-    """Per GPU: next run's `started` minus previous run's `completed`, in seconds."""
+def idle_gaps(db: str, scheduler_cls: Any, settings: Any, gpus: int, per_gpu: int) -> tuple[list[float], list[float]]:
+    """Per GPU, in seconds: (next run launched - previous run's `completed`: the scheduler's reaction,
+    next run's `started` (worker up) - previous `completed`: the GPU's idle gap)."""
     from sqlalchemy import select
 
     from orchestrator.db.models import Run
@@ -200,11 +201,15 @@ def idle_gaps(db: str, scheduler_cls: Any, settings: Any, gpus: int, per_gpu: in
     started, completed = _event_times(db, ids, "started"), _event_times(db, ids, "completed")
     with session_scope(db) as session:
         gpu_of = dict(session.execute(select(Run.id, Run.gpu_index).where(Run.id.in_(ids))).all())
-    gaps = []
+        launched = dict(session.execute(select(Run.id, Run.started_at).where(Run.id.in_(ids))).all())
+    reaction, gaps = [], []
     for gpu in set(gpu_of.values()):
         mine = sorted((r for r in ids if gpu_of[r] == gpu), key=lambda r: started[r])
-        gaps += [(started[b] - completed[a]).total_seconds() for a, b in zip(mine, mine[1:], strict=False)]
-    return gaps
+        for a, b in zip(mine, mine[1:], strict=False):
+            # The next run on this GPU was launched by the completion that freed it (or earlier, queued in Ray).
+            reaction.append(max(0.0, (launched[b] - completed[a]).total_seconds()))
+            gaps.append((started[b] - completed[a]).total_seconds())
+    return reaction, gaps
 
 
 def ingest_rate(db: str, scheduler_cls: Any, settings: Any, arms_n: int, records: int) -> tuple[int, float]:
@@ -270,7 +275,7 @@ def main() -> None:
         start_ray(args.gpus, 0.0)
         lat = latency(db, Scheduler, settings, args.latency_runs)
         start_ray(args.gpus, 0.5)
-        gaps = idle_gaps(db, Scheduler, settings, args.gpus, per_gpu=3)
+        reaction, gaps = idle_gaps(db, Scheduler, settings, args.gpus, per_gpu=3)
         start_ray(args.ingest_arms, 0.0)
         n, rate = ingest_rate(db, Scheduler, settings, args.ingest_arms, args.ingest_records)
     finally:
@@ -286,6 +291,7 @@ def main() -> None:
     print(f"submission -> first record (synthetic stream): {fmt(lat['first_record'])}")
     print(f"submission -> worker up (real train_arm):      {fmt(lat['real_started'])}")
     print(f"submission -> first step (real train_arm):     {fmt(lat['real_first_step'])}")
+    print(f"run end -> next run launched (scheduler):     {fmt(reaction)}")
     print(f"idle gap on a GPU, run end -> next run up:     {fmt(gaps)}")
     print(f"ingest: {n} records from {args.ingest_arms} concurrent arms: {rate:.0f} records/s")
 

@@ -137,13 +137,20 @@ class EMA:
 
     @torch.no_grad()
     def update(self, model: nn.Module, step: int) -> float:
-        """Blend the live weights in after optimizer step `step`; returns the decay used."""
+        """Blend the live weights in after optimizer step `step`; returns the decay used.
+
+        Parameters are matched by name, so `model` may since have been converted (FP8) or compiled.
+        """
         d = ema_decay(step, self.spec)
-        ema_params = [p for p in self.module.parameters()]
-        live = [p.detach().float() for p in model.parameters()]
-        torch._foreach_lerp_(ema_params, live, 1.0 - d)
-        for eb, b in zip(self.module.buffers(), model.buffers(), strict=True):
-            eb.copy_(b)
+        live = dict(model.named_parameters())
+        mine = dict(self.module.named_parameters())
+        if live.keys() != mine.keys():
+            raise ValueError("EMA and model parameter names differ; the EMA must copy this model")
+        names = list(mine)
+        torch._foreach_lerp_([mine[n] for n in names], [live[n].detach().float() for n in names], 1.0 - d)
+        live_buffers = dict(model.named_buffers())
+        for name, buf in self.module.named_buffers():
+            buf.copy_(live_buffers[name])
         return d
 
     def state_dict(self) -> dict:

@@ -184,10 +184,11 @@ def autotune_fp8(
         f">= {precision.fp8_min_speedup:g}x at {tokens} tokens)"
     )
     if slower:
-        why = f"no shape gained at {tokens} tokens): running bf16" if not kept else (
-            f"shapes under {precision.fp8_min_speedup:g}x at {tokens} tokens stay bf16)"
+        why = "no shape gained" if not kept else f"shapes under {precision.fp8_min_speedup:g}x stay bf16"
+        report.fallbacks.append(
+            f"fp8 autotune kept {kept} of {len(linears)} candidate linears in FP8 ({why} at {tokens} tokens)"
+            + (": running bf16" if not kept else "")
         )
-        report.fallbacks.append(f"fp8 autotune kept {kept} of {len(linears)} candidate linears in FP8 ({why}")
     return slower
 
 
@@ -222,7 +223,9 @@ def convert_fp8(
     report.autotune = _autotune_skip(precision, dev, tokens, time_linear is not None)
     if not candidates:
         report.autotune = report.autotune or "skipped: no candidate linear"
-        report.fallbacks.append("precision.mode fp8 but precision.fp8_modules selects no linear: every linear runs bf16")
+        report.fallbacks.append(
+            "precision.mode fp8 but precision.fp8_modules selects no linear: every linear runs bf16"
+        )
     elif report.autotune is None:
         assert tokens is not None
         try:

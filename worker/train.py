@@ -112,11 +112,20 @@ def build(spec: ArmSpec, device: torch.device, lpips_weights: Path | None) -> Pa
         basis = estimate_pca_basis(dataset.sample_images(PCA_IMAGES, PCA_SEED), dims.patch, spec.flow.rank).to(device)
     flow = FlowMatching(spec.flow, dims.patch, basis)
 
+    # The EMA copies are taken before FP8 conversion and compile: plain modules with the same parameter
+    # names, evaluated under bf16 autocast (the study's weights stay high precision either way).
+    emas: dict[str, EMA] = {}
+    if spec.schedule.ema.enabled:
+        emas["model"] = EMA(model, spec.schedule.ema)
+        if _has_trainable(text_encoder):
+            emas["text_encoder"] = EMA(text_encoder, spec.schedule.ema)
+
     precision = spec.precision
     if device.type == "cpu" and precision.mode == "bf16":
         fallbacks.append(CPU_BF16_FALLBACK)
         precision = precision.model_copy(update={"mode": "fp32"})
-    report = apply_precision(model, precision, device)
+    micro_tokens = spec.schedule.batch_size // spec.schedule.grad_accum * (spec.resolution() // dims.patch) ** 2
+    report = apply_precision(model, precision, device, tokens=micro_tokens)  # FP8 autotune times at this size
     fallbacks.extend(report.fallbacks)
 
     extra: list[tuple[str, nn.Parameter]] = []
@@ -125,11 +134,6 @@ def build(spec: ArmSpec, device: torch.device, lpips_weights: Path | None) -> Pa
     if projector is not None:
         extra += [(f"repa_projector.{n}", p) for n, p in projector.named_parameters()]
     optimizers = build_optimizers(model, spec, extra=extra)
-    emas: dict[str, EMA] = {}
-    if spec.schedule.ema.enabled:
-        emas["model"] = EMA(model, spec.schedule.ema)
-        if _has_trainable(text_encoder):
-            emas["text_encoder"] = EMA(text_encoder, spec.schedule.ema)
     trainable = [p for p in model.parameters() if p.requires_grad] + [p for _, p in extra]
     return Parts(
         spec=spec,
@@ -307,7 +311,8 @@ def train_arm(
     best: dict[str, Any] = {"step": None, "recon_lpips": None}
     latest = ckpt.latest_checkpoint(out_dir)
     if latest is not None:
-        state = ckpt.load(latest, map_location=dev)
+        # CPU first: RNG states must stay CPU ByteTensors; load_state_dict copies tensors to the device.
+        state = ckpt.load(latest, map_location="cpu")
         check_resumable(state["spec"], spec, latest)
         _restore(parts, state, gens)
         step, wall_before = state["step"], state["wall_time_s"]

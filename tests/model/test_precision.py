@@ -33,6 +33,7 @@ def test_filter_converts_exactly_the_block_projections():
         f"blocks.{i}.{leaf}" for i in range(4) for leaf in ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2")
     )
     assert converted == expected == sorted(report.fp8_linears)
+    assert report.autotune == "skipped: not CUDA" and report.fp8_timings == []  # no speed claim on CPU
     # everything else stays a plain nn.Linear and the report says why
     assert "blocks.0.cross.q" in report.bf16_linears and "x_embed" in report.bf16_linears
     assert report.why_bf16["blocks.0.cross.kv"] == "not matched by precision.fp8_modules"
@@ -86,3 +87,47 @@ def test_bf16_report_and_fp32_autocast():
     fp32 = resolve("A", {"model": {"size": "tiny"}, "precision": {"mode": "fp32"}})
     with autocast_ctx(fp32.precision, "cpu"):
         assert not torch.is_autocast_enabled("cpu")
+
+
+def fake_timer(speedups: dict[tuple[int, int], float], calls: list):
+    """Deterministic stand-in for the CUDA timer: bf16 takes 1 ms, fp8 1/speedup ms per shape."""
+
+    def time_linear(in_f, out_f, tokens, precision, device):
+        calls.append((in_f, out_f, tokens))
+        return 1.0, 1.0 / speedups[(in_f, out_f)]
+
+    return time_linear
+
+
+def test_autotune_keeps_only_the_gaining_shape():
+    spec = fp8_spec()  # tiny: hidden 64, mlp 256
+    model, calls = build(spec), []
+    timer = fake_timer({(64, 192): 0.78, (64, 64): 1.0, (64, 256): 1.5, (256, 64): 1.01}, calls)
+    report = apply_precision(model, spec.precision, "cpu", tokens=128, time_linear=timer)
+    assert sorted(calls) == [(64, 64, 128), (64, 192, 128), (64, 256, 128), (256, 64, 128)]  # once per shape
+    converted = sorted(n for n, m in model.named_modules() if isinstance(m, Float8Linear))
+    assert converted == sorted(report.fp8_linears) == [f"blocks.{i}.mlp.fc1" for i in range(4)]
+    assert report.why_bf16["blocks.2.attn.qkv"] == "fp8 0.78x of bf16 at (128, 64->192)"
+    assert report.why_bf16["blocks.0.mlp.fc2"] == "fp8 1.01x of bf16 at (128, 256->64)"  # under 1.02
+    assert report.why_bf16["blocks.0.cross.q"] == "not matched by precision.fp8_modules"
+    assert report.fallbacks == [
+        "fp8 autotune kept 4 of 16 candidate linears in FP8 (shapes under 1.02x stay bf16 at 128 tokens)"
+    ]
+    fc1 = next(t for t in report.fp8_timings if t["out_features"] == 256)
+    assert fc1 == {"in_features": 64, "out_features": 256, "tokens": 128, "bf16_ms": 1.0,
+                   "fp8_ms": 0.6667, "speedup": 1.5, "linears": 4, "fp8": True}  # fmt: skip
+    assert report.autotune.startswith("kept 4 of 16 candidate linears in FP8 (1 of 4 shapes >= 1.02x")
+
+
+def test_autotune_with_no_gain_runs_bf16_and_says_so():
+    spec = fp8_spec()
+    model = build(spec)
+    timer = fake_timer(dict.fromkeys([(64, 192), (64, 64), (64, 256), (256, 64)], 0.8), [])
+    report = apply_precision(model, spec.precision, "cpu", tokens=4096, time_linear=timer)
+    assert report.fp8_linears == [] and not any(isinstance(m, Float8Linear) for m in model.modules())
+    assert report.fallbacks == [
+        "fp8 autotune kept 0 of 16 candidate linears in FP8 (no shape gained at 4096 tokens): running bf16"
+    ]
+    off, calls = resolve("I", {"model": {"size": "tiny"}, "precision": {"fp8_autotune": False}}), []
+    report = apply_precision(build(off), off.precision, "cpu", tokens=4096, time_linear=fake_timer({}, calls))
+    assert calls == [] and len(report.fp8_linears) == 16 and report.autotune.startswith("off")

@@ -136,7 +136,7 @@ def test_should_stop_writes_final_checkpoint(tmp_path: Path) -> None:
     records = list(train_arm(spec, tmp_path, should_stop=stop))
     assert [(r["step"], r["final"]) for r in records] == [(4, False), (6, True)]
     assert ckpt.load(ckpt.latest_checkpoint(tmp_path))["step"] == 6
-    # A finished run resumed again yields its final record and does no work.
+    # The checkpoint cannot be resumed under a different schedule (the cosine lr depends on steps).
     done = spec_for("A", schedule={"steps": 6, "checkpoint_every": 4})
     with pytest.raises(TrainError, match="schedule"):
         list(train_arm(done, tmp_path))
@@ -148,3 +148,17 @@ def test_resume_refuses_other_spec(tmp_path: Path) -> None:
         list(train_arm(spec_for("C", schedule={"steps": 2, "checkpoint_every": 2}), tmp_path))
     again = list(train_arm(spec_for("A", schedule={"steps": 2, "checkpoint_every": 2}), tmp_path))
     assert [(r["step"], r["final"]) for r in again] == [(2, True)]
+
+
+def test_grad_accum_and_lr_explode_hook(tmp_path: Path) -> None:
+    spec = spec_for(
+        "C",
+        schedule={"steps": 4, "checkpoint_every": 2, "grad_accum": 2, "lr": 1e-3, "min_lr": 1e-3,
+                  "warmup_steps": 0, "lr_explode_after": 2, "lr_explode_factor": 50.0},
+    )
+    records = list(train_arm(spec, tmp_path))
+    assert [r["lr"] for r in records] == [pytest.approx(1e-3), pytest.approx(5e-2)]
+    assert all(math.isfinite(r["train_loss"]) for r in records)
+    state = ckpt.load(Path(records[-1]["checkpoint"]))
+    assert len(state["optimizers"]) == 2  # Muon + AdamW
+    assert all(g["lr"] == pytest.approx(5e-2) for o in state["optimizers"] for g in o["param_groups"])
