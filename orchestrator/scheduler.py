@@ -57,6 +57,10 @@ def run_dir(settings: Settings, run_id: int) -> Path:
     return settings.storage_dir.resolve() / "runs" / str(run_id)
 
 
+def _nonempty(path: Path) -> bool:
+    return path.is_dir() and any(path.iterdir())
+
+
 def connect_ray(settings: Settings, **init_kwargs: Any) -> None:
     """Join the configured cluster, or start a local Ray (declaring settings.logical_gpus GPUs if > 0)."""
     import signal
@@ -438,6 +442,11 @@ class Scheduler:
         name = actor_name(run.id, run.retries)
         out_dir = run_dir(self.settings, run.id)
         handle = self._lookup(name)  # left by a controller that died between creating it and committing
+        if handle is None and run.retries == 0 and run.last_checkpoint_step is None and _nonempty(out_dir):
+            # Files from another database's run with the same id: resuming from them would be wrong.
+            aside = out_dir.with_name(f"{out_dir.name}.stale-{int(time.time())}")
+            out_dir.rename(aside)
+            _event(session, run, "stale_dir", f"moved an unrelated {out_dir} aside to {aside}", path=str(aside))
         if handle is None:
             handle = (
                 ray.remote(ArmWorker)

@@ -99,6 +99,8 @@ def _rows(settings: Settings, grid_id: int) -> list[dict[str, Any]]:
                     "gpu": run.gpu_index,
                     "steps": (run.spec.get("schedule") or {}).get("steps"),
                     "step": latest.step if latest else None,
+                    "first": metrics[0].recon_lpips if metrics else None,
+                    "first_step": metrics[0].step if metrics else None,
                     "final": latest.recon_lpips if latest else None,
                     "best": run.best_value,
                     "best_se": best.recon_lpips_se if best else None,
@@ -133,16 +135,18 @@ def _progress_table(rows: list[dict[str, Any]], elapsed: float, url: str) -> Tab
 
 
 def summary_table(rows: list[dict[str, Any]]) -> Table:
-    """The demo's result: arm, GPU, state/decision, best recon LPIPS +- SE @ step, final recon LPIPS, iter/s."""
+    """The demo's result: arm, GPU, state/decision, first, best (+- SE, @ step) and final recon LPIPS, iter/s."""
     table = Table(title="ablate demo: result per arm", title_justify="left", show_lines=False)
-    for col in ("arm", "GPU", "state / decision", "best recon LPIPS ± SE", "@ step", "final recon LPIPS", "iter/s"):
+    cols = ("arm", "GPU", "state / decision", "first recon LPIPS", "best recon LPIPS ± SE", "@ step")
+    cols += ("final recon LPIPS", "iter/s")
+    for col in cols:
         table.add_column(col, justify="left" if col in ("arm", "state / decision") else "right")
     for r in rows:
         state = r["state"] if not r["decision"] else f"{r['state']} / {r['decision']}"
         best = f"{_f(r['best'])} ± {_f(r['best_se'])}" if r["best"] is not None else "-"
-        table.add_row(
-            r["arm"], r["gpu"] or "-", state, best, str(r["best_step"] or "-"), _f(r["final"]), _f(r["iter_s"], 1)
-        )
+        first = f"{_f(r['first'])} @{r['first_step']}" if r["first"] is not None else "-"
+        best_at = str(r["best_step"] or "-")
+        table.add_row(r["arm"], r["gpu"] or "-", state, first, best, best_at, _f(r["final"]), _f(r["iter_s"], 1))
     return table
 
 

@@ -126,3 +126,22 @@ def test_ema_warmup_and_update() -> None:
     other = EMA(nn.Linear(2, 2, bias=False), spec)
     other.load_state_dict(state)
     assert torch.equal(other.module.weight, ema.module.weight)
+
+
+def test_muon_split_on_nanodit() -> None:
+    from model.nanodit import NanoDiT
+
+    spec = ArmSpec.model_validate({"model": {"size": "tiny"}, "optimizer": {"name": "muon"}})
+    model = NanoDiT(spec, text_dim=16)
+    muon, adamw = build_optimizers(model, spec)
+    names = {id(p): n for n, p in model.named_parameters()}
+    in_muon = sorted(names[id(p)] for g in muon.param_groups for p in g["params"])
+    in_adamw = sorted(names[id(p)] for g in adamw.param_groups for p in g["params"])
+    assert all(n.startswith("blocks.") and n.endswith(".weight") for n in in_muon)
+    assert all(model.get_parameter(n).dim() == 2 for n in in_muon)
+    assert {"blocks.0.attn.qkv.weight", "blocks.0.mlp.fc2.weight", "blocks.3.cross.kv.weight"} <= set(in_muon)
+    # Embeddings, output layer, biases and everything outside the blocks stay on AdamW.
+    assert {"x_embed.weight", "final.linear.weight", "null_token", "blocks.0.adaLN.1.bias"} <= set(in_adamw)
+    assert not any(n.startswith("blocks.") and n.endswith(".weight") and model.get_parameter(n).dim() == 2
+                   for n in in_adamw)
+    assert len(in_muon) + len(in_adamw) == len(names)
