@@ -62,7 +62,9 @@ def serve(settings: Settings, host: str | None = None, port: int | None = None) 
     import uvicorn
 
     from orchestrator.scheduler import attach_scheduler
+    from orchestrator.sweeps import attach_to_app as attach_sweeps
 
     app = build_app(settings)
     attach_scheduler(app)  # starts with the app (joins or starts Ray), stops with it
+    attach_sweeps(app)  # fires due schedules (cron) and drives their sweeps
     uvicorn.run(app, host=host or settings.host, port=port or settings.port, log_level="info")
