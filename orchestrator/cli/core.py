@@ -81,7 +81,8 @@ def _current_revision(settings: Settings) -> str:
         return MigrationContext.configure(conn).get_current_revision() or "base (empty)"
 
 
-def _load_grid_file(path: Path) -> dict[str, Any]:
+def load_grid_file(path: Path) -> dict[str, Any]:
+    """A grid YAML file (the REST body's fields) as a dict, or a one-line CLIError."""
     try:
         data = yaml.safe_load(path.read_text())
     except OSError as exc:
@@ -111,7 +112,7 @@ def submit(
     from orchestrator.grids import GridCreate, GridError, resolve_grid
     from orchestrator.server import read_token
 
-    data = _load_grid_file(grid_file)
+    data = load_grid_file(grid_file)
     try:
         # Checked here first so a bad spec fails at once, with its path, even without a server.
         resolve_grid(GridCreate.model_validate(data))

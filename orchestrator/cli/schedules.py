@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from orchestrator.cli import CLIError, app
+from orchestrator.cli.core import load_grid_file
 from orchestrator.cli.nodes import node_errors
 
 schedules_app = typer.Typer(no_args_is_help=True, help="Cron-fired sweeps on rented nodes (cron times are UTC).")
@@ -26,20 +27,6 @@ def _settings() -> Any:
     from orchestrator.settings import load_settings
 
     return load_settings()
-
-
-def _load_grid(path: Path) -> dict[str, Any]:
-    import yaml
-
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise CLIError(f"cannot read {path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise CLIError(f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from None
-    if not isinstance(data, dict):
-        raise CLIError(f"{path} must hold a mapping with name, arms, overrides, control")
-    return data
 
 
 @contextmanager
@@ -69,7 +56,7 @@ def create(
     from orchestrator.db.session import session_scope
     from orchestrator.sweeps import ScheduleCreate, create_schedule
 
-    body_grid = _load_grid(grid)
+    body_grid = load_grid_file(grid)
     node_list = [n.strip() for n in nodes.split(",") if n.strip()]
     with _schedule_errors():
         body = ScheduleCreate(
