@@ -6,7 +6,8 @@ bf16 peak measured here (an 8192^3 bf16 matmul), peak memory; for arms A, B, C, 
 compiled (regional compile of each block). Then FP8 (arm I) against bf16 (arm G) at seed shapes
 and at a GEMM-bound shape (hidden 1152, depth 28, 1024 tokens, batch 8), and a per-linear
 microbenchmark (bf16 vs float8 tensorwise/rowwise, forward + backward, compiled, at the real
-shapes) from which an "I-tuned" filter keeps only the linears that gain.
+shapes) from which an "I-tuned" filter keeps only the linears that gain. Stage "optim": the
+optimizer step alone varied (fused vs foreach AdamW on A; compiled vs eager optimizer step on C, G).
 
 The REPA arms (G, H, I) use a fixed random tensor as teacher features: the teacher is frozen and
 its features can be cached, so its forward is not part of the DiT core. The flow-matching target is
@@ -16,6 +17,7 @@ forward + backward.
 
     python bench/dit_throughput.py --out results/            # everything (~8 min on an H200)
     python bench/dit_throughput.py --quick --size tiny       # CPU smoke test of the script itself
+    python bench/dit_throughput.py --skip micro,seed,gemm,others,eager --budget-s 250   # optimizer step only
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from model.nanodit import STUDY_TEXT_DIM, NanoDiT  # noqa: E402
-from model.optim import build_optimizers  # noqa: E402
+from model.optim import OptimizerStep, build_optimizers  # noqa: E402
 from model.precision import apply_precision, autocast_ctx  # noqa: E402
 from model.repa import RepaProjector, repa_loss  # noqa: E402
 from orchestrator.arms import resolve  # noqa: E402
@@ -129,8 +131,14 @@ def run_arm(
     fp8_modules=None,
     batch: int | None = None,
     sdpa: str | None = None,
+    opt_compile: bool = False,
+    adamw_foreach: bool = False,
 ) -> dict:
-    """One training configuration: build, (convert, compile), time full optimizer steps."""
+    """One training configuration: build, (convert, compile), time full optimizer steps.
+
+    opt_compile: the optimizer step through `OptimizerStep(compile=True)` (Muon compiled);
+    adamw_foreach: AdamW as foreach instead of fused (the pre-fused baseline).
+    """
     torch._dynamo.reset()
     gc.collect()  # free the previous configuration's model and optimizer state
     if torch.cuda.is_available():
@@ -152,6 +160,20 @@ def run_arm(
     projector = RepaProjector(spec.model.dims().hidden, teacher_dim).to(dev) if spec.repa.enabled else None
     extra = list(projector.named_parameters(prefix="repa")) if projector else []
     optimizers = build_optimizers(model, spec, extra)
+    if adamw_foreach:
+        optimizers = [
+            torch.optim.AdamW(
+                [{"params": pg["params"], "weight_decay": pg["weight_decay"]} for pg in o.param_groups],
+                lr=o.defaults["lr"],
+                betas=o.defaults["betas"],
+                eps=o.defaults["eps"],
+                foreach=True,
+            )
+            if isinstance(o, torch.optim.AdamW)
+            else o
+            for o in optimizers
+        ]
+    opt_step = OptimizerStep(optimizers, opt_compile, dev, mode=args.opt_mode)
     g = torch.Generator(device=dev).manual_seed(0)
     x = torch.randn(B, 3, res, res, device=dev, generator=g)
     target = torch.randn(B, 3, res, res, device=dev, generator=g)
@@ -174,8 +196,7 @@ def run_arm(
         loss.backward()
         if marks is not None:
             marks[1].record()
-        for opt in optimizers:
-            opt.step()
+        opt_step()
 
     t0 = time.perf_counter()
     step()  # first step: compile, autotune
@@ -233,7 +254,9 @@ def run_arm(
         "peak_mem_gb": round(torch.cuda.max_memory_allocated() / 2**30, 2) if dev.type == "cuda" else None,
         "first_step_s": round(first_s, 1),
         "fp8_linears": len(report.fp8_linears),
-        "fallbacks": report.fallbacks,
+        "fallbacks": report.fallbacks + ([opt_step.fallback] if opt_step.fallback else []),
+        "opt_compiled": opt_step.compiled,
+        "adamw": "foreach" if adamw_foreach else ("fused" if cuda else "default"),
     }
     return row
 
@@ -306,6 +329,8 @@ def table(rows: list[dict]) -> str:
     cols = [
         "label",
         "mode",
+        "opt_compiled",
+        "adamw",
         "precision",
         "sdpa",
         "batch",
@@ -341,6 +366,7 @@ def main() -> None:
     ap.add_argument("--skip", default="", help="comma list of stages to skip: micro,seed,gemm,others,eager")
     ap.add_argument("--sdpa", default="cudnn", choices=["cudnn", "default"], help="SDPA backend priority")
     ap.add_argument("--profile", default="G (profiled),I (profiled)", help="comma list of row labels to profile")
+    ap.add_argument("--opt-mode", default=None, help="torch.compile mode of the optimizer step (stage optim)")
     ap.add_argument("--budget-s", type=float, default=1e9, help="start no new configuration after this many seconds")
     args = ap.parse_args()
     args.profile = set(args.profile.split(","))
@@ -387,6 +413,13 @@ def main() -> None:
             add(arm, arm, False)
         print(table(ROWS))
         return
+    if "optim" not in skip:
+        add("A fused AdamW", "A", True)
+        add("A foreach AdamW", "A", True, adamw_foreach=True)
+        add("C opt compiled", "C", True, opt_compile=True)
+        add("G opt compiled", "G", True, opt_compile=True)
+        add("C opt eager", "C", True)
+        add("G opt eager", "G", True)
     if "micro" not in skip:
         results["micro"] = linear_micro(args)
         save()

@@ -5,13 +5,18 @@ weights, i.e. the weights of the linear layers inside the transformer blocks, wi
 everything else: embeddings, norms, biases, the output layer, the text embedding and the REPA
 projector. Muon's own docs say it is "only for hidden weight layers"; input/output layers and
 gains belong to AdamW.
+
+On CUDA, AdamW is the fused kernel and `OptimizerStep` can run the optimizer steps compiled
+(PyTorch's "compiling the optimizer" recipe): `torch.optim.Muon` orthogonalizes one parameter at a
+time, thousands of launches per step from Python, which a compiled step issues without the Python
+overhead. On CPU everything stays as it was (foreach off, eager, float lr), bit for bit.
 """
 
 from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
@@ -82,7 +87,10 @@ def build_optimizers(
         )
     groups = _adamw_groups(rest, opt.weight_decay)
     if groups:
-        optimizers.append(torch.optim.AdamW(groups, lr=lr, betas=tuple(opt.betas), eps=opt.eps))
+        # Fused (one kernel for all tensors) needs every parameter on CUDA; elsewhere the default.
+        on_cuda = all(p.is_cuda for g in groups for p in g["params"])
+        fused = {"fused": True} if on_cuda else {}
+        optimizers.append(torch.optim.AdamW(groups, lr=lr, betas=tuple(opt.betas), eps=opt.eps, **fused))
     return optimizers
 
 
@@ -108,9 +116,102 @@ def lr_at(step: int, schedule: ScheduleSpec) -> float:
 
 
 def set_lr(optimizers: Iterable[torch.optim.Optimizer], lr: float) -> None:
+    """Set every group's lr; a tensor lr (compiled step) is filled in place so nothing recompiles."""
     for o in optimizers:
         for g in o.param_groups:
-            g["lr"] = lr
+            if isinstance(g["lr"], torch.Tensor):
+                g["lr"].fill_(lr)
+            else:
+                g["lr"] = lr
+
+
+def _lr_as(optimizers: Iterable[torch.optim.Optimizer], tensor_on: torch.device | None) -> None:
+    """Make each group's lr a 0-d float32 tensor on `tensor_on` (None: a Python float).
+
+    A float lr is a constant to torch.compile (a new value recompiles); a tensor is an input.
+    Checkpoints may hold either, so this runs before every step (a few groups: microseconds).
+    """
+    for o in optimizers:
+        for g in o.param_groups:
+            lr = g["lr"]
+            if tensor_on is None:
+                if isinstance(lr, torch.Tensor):
+                    g["lr"] = lr.item()
+            elif not isinstance(lr, torch.Tensor) or lr.device != tensor_on or lr.dim() != 0:
+                g["lr"] = torch.tensor(float(lr), dtype=torch.float32, device=tensor_on)
+
+
+class OptimizerStep:
+    """`step()` of every optimizer: eager, or (compile=True on CUDA) one `torch.compile`d function.
+
+    Which optimizers are compiled: those that are not fused (Muon; AdamW where not fused). The fused
+    AdamW is already one multi-tensor kernel and runs eagerly. The first call runs eagerly too: it
+    creates the optimizer state, so the compiled function is traced once, on the second call.
+    If compiling fails, the step falls back to eager and `fallback` says why (the trainer records
+    it in the run's fallbacks through `on_fallback`). CPU: always eager, lr stays a float.
+    """
+
+    def __init__(
+        self,
+        optimizers: list[torch.optim.Optimizer],
+        compile: bool,
+        device: torch.device,
+        on_fallback: Callable[[str], None] | None = None,
+        mode: str | None = None,
+    ) -> None:
+        self.optimizers = optimizers
+        self.device = device
+        self.on_fallback = on_fallback
+        self.fallback: str | None = None
+        self.compiled_ids: list[int] = []
+        self._calls = 0
+        self._fn: Callable[[], None] | None = None
+        if compile and device.type == "cuda":
+            targets = [o for o in optimizers if not any(g.get("fused") for g in o.param_groups)]
+            if targets:
+                self.compiled_ids = [id(o) for o in targets]
+                self._targets = targets
+
+                def _step() -> None:
+                    for o in targets:
+                        o.step()
+
+                self._fn = torch.compile(_step, mode=mode)
+
+    @property
+    def compiled(self) -> bool:
+        """Whether the compiled path is (still) in use."""
+        return self._fn is not None
+
+    def _eager(self) -> None:
+        for o in self.optimizers:
+            o.step()
+
+    def __call__(self) -> None:
+        if self._fn is None:
+            self._eager()
+            return
+        _lr_as(self._targets, self.device)
+        self._calls += 1
+        if self._calls == 1:
+            self._eager()  # creates the state (momentum buffers) outside the trace
+            return
+        rest = [o for o in self.optimizers if id(o) not in self.compiled_ids]
+        if self._calls == 2:
+            try:
+                self._fn()
+            except Exception as exc:  # noqa: BLE001 - any compile error: record it, go on eagerly
+                self._fn = None
+                _lr_as(self._targets, None)  # eager Muon with a tensor lr would sync per parameter
+                self.fallback = f"compiled optimizer step failed ({type(exc).__name__}: {exc}): eager optimizer step"
+                if self.on_fallback is not None:
+                    self.on_fallback(self.fallback)
+                self._eager()
+                return
+        else:
+            self._fn()
+        for o in rest:
+            o.step()
 
 
 def ema_decay(step: int, ema: EMASpec) -> float:

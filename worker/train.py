@@ -25,7 +25,7 @@ from model.data import build_dataset
 from model.evaluate import evaluate
 from model.flow import FlowMatching, estimate_pca_basis, interpolate, sample_t
 from model.nanodit import NanoDiT
-from model.optim import EMA, build_optimizers, lr_at, set_lr
+from model.optim import EMA, OptimizerStep, build_optimizers, lr_at, set_lr
 from model.perceptual import load_lpips
 from model.precision import apply_precision, autocast_ctx
 from model.repa import RepaProjector, build_teacher, repa_loss, repa_weight
@@ -83,6 +83,7 @@ class Parts:
     fp8_linears: list[str] = field(default_factory=list)
     precision_mode: str = "bf16"  # what actually ran (fp32 where CPU_BF16_FALLBACK applied)
     trainable: list[nn.Parameter] = field(default_factory=list)
+    opt_step: Callable[[], None] | None = None  # all optimizers' step(); None: step each eagerly
 
 
 def _has_trainable(module: nn.Module) -> bool:
@@ -134,6 +135,8 @@ def build(spec: ArmSpec, device: torch.device, lpips_weights: Path | None) -> Pa
     if projector is not None:
         extra += [(f"repa_projector.{n}", p) for n, p in projector.named_parameters()]
     optimizers = build_optimizers(model, spec, extra=extra)
+    # Compiled on CUDA with precision.compile; a compile failure lands in fallbacks at the 2nd step.
+    opt_step = OptimizerStep(optimizers, precision.compile, device, on_fallback=fallbacks.append)
     trainable = [p for p in model.parameters() if p.requires_grad] + [p for _, p in extra]
     return Parts(
         spec=spec,
@@ -153,6 +156,7 @@ def build(spec: ArmSpec, device: torch.device, lpips_weights: Path | None) -> Pa
         fp8_linears=list(report.fp8_linears),
         precision_mode=precision.mode,
         trainable=trainable,
+        opt_step=opt_step,
     )
 
 
@@ -190,8 +194,11 @@ def train_step(parts: Parts, step: int, data_gen: torch.Generator, noise_gen: to
     clip = spec.optimizer.grad_clip if spec.optimizer.grad_clip > 0 else math.inf
     grad_norm = torch.nn.utils.clip_grad_norm_(parts.trainable, clip)
     set_lr(parts.optimizers, lr_at(step, sched))
-    for opt in parts.optimizers:
-        opt.step()
+    if parts.opt_step is not None:
+        parts.opt_step()
+    else:
+        for opt in parts.optimizers:
+            opt.step()
     for opt in parts.optimizers:
         opt.zero_grad(set_to_none=True)
     if "model" in parts.emas:

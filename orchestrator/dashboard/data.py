@@ -23,13 +23,15 @@ from sqlalchemy.orm import Session, selectinload
 
 from model.spec import ArmSpec
 from orchestrator.arms import LINEAGE_KEYS, ArmError, changes, flatten, resolve
-from orchestrator.db.models import METRIC_FIELDS, TERMINAL_STATES, Grid, Metric, Run, RunState
+from orchestrator.db.models import METRIC_FIELDS, TERMINAL_STATES, Event, Grid, Metric, Run, RunState
 
 # Quality metrics with stored standard errors; lower is better for the two LPIPS ones.
 QUALITY = ("recon_lpips", "text_lpips", "text_manip_delta")
 PRIMARY = "recon_lpips"
 STOP_DECISIONS = frozenset({"collapse", "diverged", "stalled", "user"})
 STANDIN = "random_standin"
+# Events whose data carries the detector's `warnings` (orchestrator.detector.Decision.warnings).
+WARNING_EVENTS = ("decision", "warning")
 
 
 def _iso(t: datetime | None) -> str | None:
@@ -95,7 +97,13 @@ def grid_version(session: Session, grid_id: int) -> str:
         if ids
         else (0, None)
     )
-    blob = json.dumps([[list(r) for r in runs], list(metrics)], default=str)
+    # A new decision/warning event can bring new detector warnings without changing the run row.
+    flagged = (
+        session.scalar(select(func.max(Event.id)).where(Event.run_id.in_(ids), Event.kind.in_(WARNING_EVENTS)))
+        if ids
+        else None
+    )
+    blob = json.dumps([[list(r) for r in runs], list(metrics), flagged], default=str)
     return hashlib.sha1(blob.encode()).hexdigest()[:16]
 
 
@@ -220,6 +228,23 @@ def _metrics_by_run(session: Session, run_ids: list[int]) -> dict[int, list[Metr
     return out
 
 
+def latest_warnings(session: Session, run_ids: list[int]) -> dict[int, list[str]]:
+    """Per run, the detector's warnings from its newest decision or warning event (e.g. a secondary
+    metric worsening: the arm ran on); runs without such an event are left out."""
+    out: dict[int, list[str]] = {}
+    if run_ids:
+        rows = session.execute(
+            select(Event.run_id, Event.data)
+            .where(Event.run_id.in_(run_ids), Event.kind.in_(WARNING_EVENTS))
+            .order_by(Event.run_id, Event.id)
+        )
+        for run_id, data in rows:
+            warnings = (data or {}).get("warnings")
+            if isinstance(warnings, list):
+                out[run_id] = [str(w) for w in warnings]  # a later event replaces an earlier one
+    return out
+
+
 def _best(run: Run, metrics: list[Metric]) -> tuple[int | None, float | None]:
     """The stored best checkpoint; before the detector has written one, the lowest primary metric so far."""
     if run.best_step is not None:
@@ -235,6 +260,7 @@ def grid_detail(session: Session, grid: Grid) -> dict[str, Any]:
     """Everything the grid page draws, as JSON-ready data."""
     runs = list(grid.runs)
     metrics = _metrics_by_run(session, [r.id for r in runs])
+    warnings = latest_warnings(session, [r.id for r in runs])
     control = next((r for r in runs if r.arm == grid.control_arm), runs[0] if runs else None)
     out_runs = []
     for r in runs:
@@ -258,6 +284,7 @@ def grid_detail(session: Session, grid: Grid) -> dict[str, Any]:
                 "best_value": _finite(best_value),
                 "best_from_detector": r.best_step is not None,
                 "fallbacks": r.fallbacks or [],
+                "warnings": warnings.get(r.id, []),
                 "lpips_backbones": backbones,
                 "standin_steps": standin,
                 "gpu_name": r.gpu_name,

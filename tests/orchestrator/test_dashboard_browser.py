@@ -127,7 +127,7 @@ def test_grid_list_shows_the_imported_grid(base_url: str, grid_id: int, browser_
 
 
 @needs_chromium
-def test_grid_page_draws_four_arms_and_b_stop(base_url: str, grid_id: int, browser_context) -> None:  # type: ignore[no-untyped-def]
+def test_grid_page_draws_four_arms_and_b_stop(base_url: str, database_url: str, grid_id: int, browser_context) -> None:  # type: ignore[no-untyped-def]
     page = browser_context.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
@@ -170,6 +170,21 @@ def test_grid_page_draws_four_arms_and_b_stop(base_url: str, grid_id: int, brows
     assert "tread.enabled" in page.inner_text("#lineage tr[data-arm='B']")
     assert "optimizer" in page.inner_text("#lineage tr[data-arm='C']")
     assert "B stopped at step 4000 (collapse)" in page.inner_text("#banners")
+
+    # Detector warnings on secondary metrics, exactly as `ablate replay` gives them (C: text_lpips,
+    # D: text_manip_delta, A and B: none), in the notes as warnings: no stop banner, no stop marker.
+    replay = _ablate(database_url, "replay", str(FIXTURE))
+    assert replay.returncode == 0, replay.stderr
+    expected = {line["arm"].split("_")[0]: line["warnings"] for line in map(json.loads, replay.stdout.splitlines())}
+    shown = {
+        arm: page.locator(f"#arms tr[data-arm='{arm}'] .tag.warning").evaluate_all("els => els.map(e => e.title)")
+        for arm in "ABCD"
+    }
+    assert shown == {arm: [f"detector warning (not a stop): {w}" for w in ws] for arm, ws in expected.items()}
+    assert shown["A"] == [] and len(shown["C"]) == 1 and "text_lpips worsened" in shown["C"][0]
+    assert page.inner_text("#arms tr[data-arm='C'] .tag.warning").startswith("⚠ text_lpips worsened 3 checkpoints")
+    assert page.locator("#banners [data-arm='C'], #banners [data-arm='D']").count() == 0
+    assert page.locator("#arms tr[data-arm='C'] .badge").first.inner_text() == "completed"
 
     SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
     # What a laptop screen shows first, plus the row against GPU-hours.

@@ -24,9 +24,11 @@ def test_demo_trains_arms_a_to_d_on_four_gpus_and_improves_lpips(tmp_path: Path)
     engine = create_engine(f"sqlite:///{tmp_path / 'demo.db'}")
     with engine.connect() as conn:
         runs = conn.execute(text("SELECT id, arm, state, gpu_index, best_value, best_checkpoint FROM runs")).all()
-        firsts = dict(conn.execute(text(
-            "SELECT run_id, recon_lpips FROM metrics m WHERE step = (SELECT MIN(step) FROM metrics WHERE run_id = m.run_id)"
-        )).all())
+        first_rows = conn.execute(text(
+            "SELECT run_id, recon_lpips FROM metrics m "
+            "WHERE step = (SELECT MIN(step) FROM metrics WHERE run_id = m.run_id)"
+        )).all()
+        firsts = {run_id: value for run_id, value in first_rows}
         labels = {row[0] for row in conn.execute(text("SELECT DISTINCT lpips_backbone FROM metrics"))}
     engine.dispose()
 

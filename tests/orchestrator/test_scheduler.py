@@ -5,6 +5,7 @@ One Ray instance for the module; the scheduler runs in a thread of the test proc
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -18,7 +19,7 @@ from sqlalchemy import select
 from orchestrator.db.models import TERMINAL_STATES, Event, Metric, Run
 from orchestrator.db.session import session_scope
 from orchestrator.grids import GridCreate, create_grid, stop_run
-from orchestrator.scheduler import Scheduler, actor_name
+from orchestrator.scheduler import Scheduler, actor_name, run_dir
 
 ray = pytest.importorskip("ray")
 
@@ -184,3 +185,33 @@ def test_an_exploding_lr_is_stopped_with_its_best_checkpoint_kept(scheduler: Sch
     assert run.best_checkpoint and Path(run.best_checkpoint).exists()
     decision = next(e for e in events_of(database_url, run_id) if e.kind == "decision")
     assert decision.data["best_step"] == run.best_step
+
+
+def test_a_new_run_moves_a_stale_directory_aside_instead_of_resuming_it(
+    scheduler: Scheduler, database_url: str
+) -> None:
+    """Files under a brand-new run's directory (left by a deleted database whose run had the same id)
+    are moved aside with a `stale_dir` event: the run starts from step 0, not from their records."""
+    overrides = {**TINY, "schedule": {**TINY["schedule"], "steps": 20}}
+    fake = {"step": 30, "recon_lpips": 0.123, "loss": 0.5}
+    # The stale files exist before the run is committed, so the scheduler cannot launch it first.
+    with session_scope(database_url) as session:
+        run_id = create_grid(session, GridCreate(name="stale", arms=["A"], overrides=overrides)).runs[0].id
+        stale = run_dir(scheduler.settings, run_id)
+        stale.mkdir(parents=True)
+        (stale / "ckpt_0000030.pt").write_bytes(b"someone else's checkpoint")
+        (stale / "records.jsonl").write_text(json.dumps(fake) + "\n")  # a worker would hand this on
+    wait_for(lambda: all_done(database_url, [run_id]), "the run to finish", timeout=150)
+    (run,) = runs(database_url, [run_id])
+    assert run.state == "completed" and run.retries == 0, (run.state, run.error)
+    # Trained from scratch: its own checkpoints only, none of the stale record.
+    assert steps_of(database_url, run_id) == [10, 20]
+    assert all(m.recon_lpips != fake["recon_lpips"] for m in _metrics(database_url, run_id))
+    events = events_of(database_url, run_id)
+    assert "resumed" not in [e.kind for e in events]
+    (moved,) = [e for e in events if e.kind == "stale_dir"]
+    aside = Path(moved.data["path"])
+    assert aside.parent == stale.parent and aside.name.startswith(f"{run_id}.stale-")
+    assert (aside / "ckpt_0000030.pt").read_bytes() == b"someone else's checkpoint"
+    assert json.loads((aside / "records.jsonl").read_text()) == fake
+    assert not (stale / "ckpt_0000030.pt").exists() and run.checkpoint_dir == str(stale)

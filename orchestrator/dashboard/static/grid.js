@@ -321,6 +321,8 @@
       const notes = [];
       if (r.standin_steps.length) notes.push(el("span", { class: "tag standin", title: "LPIPS from a random stand-in backbone" }, "stand-in LPIPS"));
       for (const f of r.fallbacks) notes.push(el("span", { class: "tag fallback", title: fallbackText(f) }, "fallback: " + fallbackText(f)));
+      // Detector warnings (e.g. a secondary metric worsening): flagged, but the arm was not stopped for them.
+      for (const w of r.warnings) notes.push(el("span", { class: "tag warning", title: `detector warning (not a stop): ${w}` }, `⚠ ${w.split(/[;(]/)[0].trim()}`));
       if (r.stop_requested && !stopped(r)) notes.push(el("span", { class: "tag" }, "stop requested"));
       if (r.retries) notes.push(el("span", { class: "tag" }, `${r.retries} retries`));
       if (r.gpu_name) notes.push(el("span", { class: "tag plain" }, r.gpu_name));
