@@ -175,6 +175,21 @@ def _event(session: Session, run: Run, kind: str, message: str, /, **data: Any) 
     session.add(Event(run_id=run.id, grid_id=run.grid_id, kind=kind, message=message, data=data))
 
 
+def _record_warnings(session: Session, run: Run, verdict: Any) -> None:
+    """Secondary-metric warnings (they never stop a run) as a `warning` event whenever they change,
+    so the dashboard shows them while the run goes on."""
+    last = session.scalar(
+        select(Event)
+        .where(Event.run_id == run.id, Event.kind.in_(("warning", "decision")))
+        .order_by(Event.id.desc())
+        .limit(1)
+    )
+    previous = list((last.data or {}).get("warnings") or []) if last else []
+    if list(verdict.warnings) != previous:
+        message = "; ".join(verdict.warnings) if verdict.warnings else "warnings cleared"
+        _event(session, run, "warning", message, **verdict.to_dict())
+
+
 def _control_series(session: Session, run: Run) -> list[dict[str, Any]] | None:
     grid = session.get(Grid, run.grid_id)
     if grid is None or not grid.control_arm or grid.control_arm == run.arm:
@@ -242,6 +257,7 @@ def apply_detector(
         total_steps=((run.spec or {}).get("schedule") or {}).get("steps"),
     )
     if not verdict.flagged:
+        _record_warnings(session, run, verdict)
         return None
     decision = verdict.kind.value
     if not verdict.stop:

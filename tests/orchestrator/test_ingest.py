@@ -76,3 +76,26 @@ def test_collapse_keeps_the_best_checkpoint_and_warn_mode_does_not_stop(database
         assert warned.decision == "warn:collapse" and warned.best_step == 150
         kinds = session.scalars(select(Event.kind).where(Event.run_id == warn_id)).all()
         assert "warning" in kinds and "decision" not in kinds
+
+
+def test_secondary_metric_warnings_are_recorded_while_the_run_goes_on(database_url: str) -> None:
+    (run_id,) = _grid(database_url, ["A"])
+    # Recon LPIPS keeps improving; text LPIPS worsens from step 150 on by far more than its margin.
+    text = [0.90, 0.85, 0.80, 0.90, 1.00]
+    records = [_record(50 * (i + 1), 0.8 - 0.02 * i, text_lpips=t) for i, t in enumerate(text)]
+    with session_scope(database_url) as session:
+        run = session.get(Run, run_id)
+        ingest(session, run, records[:3])
+    with session_scope(database_url) as session:
+        assert session.scalars(select(Event.kind).where(Event.run_id == run_id, Event.kind == "warning")).all() == []
+        run = session.get(Run, run_id)
+        ingest(session, run, records[3:])
+    with session_scope(database_url) as session:
+        run = session.get(Run, run_id)
+        assert run.decision is None and run.state == RunState.running, "a secondary metric never stops a run"
+        warnings = session.scalars(
+            select(Event).where(Event.run_id == run_id, Event.kind == "warning").order_by(Event.id)
+        ).all()
+        assert warnings, "the text_lpips warning is stored while the run goes on"
+        assert all("text_lpips" in w.message for w in warnings)
+        assert warnings[-1].data["warnings"] and warnings[-1].data["kind"] == "continue"
