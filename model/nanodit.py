@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from model.flow import patchify, unpatchify
 from model.spec import ArmSpec
 
 # The study's text states came from a T5-class encoder; 768 (T5-base width) is what
@@ -229,15 +230,10 @@ class NanoDiT(nn.Module):
             nn.init.zeros_(lin.bias)
 
     def patchify(self, img: Tensor) -> Tensor:
-        B, C, H, W = img.shape
-        p = self.patch
-        x = img.reshape(B, C, H // p, p, W // p, p).permute(0, 2, 4, 3, 5, 1)  # (B, h, w, p, p, C)
-        return x.reshape(B, (H // p) * (W // p), p * p * C)  # (B, N, p*p*3)
+        return patchify(img, self.patch)  # (B, N, 3*p*p), the layout AsymFlow's projection uses too
 
     def unpatchify(self, x: Tensor, H: int, W: int) -> Tensor:
-        B, p = x.shape[0], self.patch
-        x = x.reshape(B, H // p, W // p, p, p, 3).permute(0, 5, 1, 3, 2, 4)  # (B, 3, h, p, w, p)
-        return x.reshape(B, 3, H, W)
+        return unpatchify(x, self.patch, 3, H, W)  # (B, 3, H, W)
 
     def positions(self, h: int, w: int, device: torch.device) -> Tensor:
         if self.pos.shape[1] == h * w and h == w:
