@@ -336,19 +336,30 @@ class NodeShell:
             sftp.put(str(local), remote)
         self._note("sftp.put", f"{local} -> {remote}")
 
-    def fetch_tree(self, remote: str, local: Path) -> list[Path]:
-        """Copy a remote file or directory tree to `local` over SFTP; returns the files written."""
+    def fetch_tree(self, remote: str, local: Path, skipped: list[str] | None = None) -> list[Path]:
+        """Copy a remote file or directory tree to `local` over SFTP; returns the files written.
+
+        Symbolic links are not followed (one to `/` would copy the node's filesystem): their remote
+        paths are appended to `skipped` and named in the node event.
+        """
         written: list[Path] = []
+        links: list[str] = []
         with self.client.open_sftp() as sftp:
-            for rel, is_dir in _walk(sftp, remote):
+            for rel, kind in _walk(sftp, remote):
                 target = local.joinpath(*PurePosixPath(rel).parts) if rel else local
-                if is_dir:
+                if kind == "link":
+                    links.append(str(PurePosixPath(remote) / rel) if rel else remote)
+                    continue
+                if kind == "dir":
                     target.mkdir(parents=True, exist_ok=True)
                     continue
                 target.parent.mkdir(parents=True, exist_ok=True)
                 sftp.get(str(PurePosixPath(remote) / rel) if rel else remote, str(target))
                 written.append(target)
-        self._note("sftp.get", f"{remote} -> {local} ({len(written)} files)")
+        if skipped is not None:
+            skipped.extend(links)
+        note = f"; skipped {len(links)} symbolic links: {', '.join(links)}" if links else ""
+        self._note("sftp.get", f"{remote} -> {local} ({len(written)} files{note})")
         return written
 
     def _note(self, kind: str, message: str) -> None:
@@ -358,18 +369,22 @@ class NodeShell:
             session.add(Event(node_id=self.node_id, kind=f"node.{kind}", message=message, data={"node": self.name}))
 
 
-def _walk(sftp: paramiko.SFTPClient, root: str, rel: str = "") -> Iterator[tuple[str, bool]]:
+def _walk(sftp: paramiko.SFTPClient, root: str, rel: str = "") -> Iterator[tuple[str, str]]:
+    """(relative path, "dir" | "file" | "link") under root, depth first; links are not followed."""
     path = str(PurePosixPath(root) / rel) if rel else root
     try:
-        attrs = sftp.stat(path)
+        attrs = sftp.lstat(path)
     except FileNotFoundError:
         raise NodeError(f"remote path {path} does not exist") from None
-    if attrs.st_mode is not None and stat.S_ISDIR(attrs.st_mode):
-        yield rel, True
+    mode = attrs.st_mode or 0
+    if stat.S_ISLNK(mode):
+        yield rel, "link"
+    elif stat.S_ISDIR(mode):
+        yield rel, "dir"
         for entry in sorted(sftp.listdir_attr(path), key=lambda a: a.filename):
             yield from _walk(sftp, root, str(PurePosixPath(rel) / entry.filename) if rel else entry.filename)
     else:
-        yield rel, False
+        yield rel, "file"
 
 
 # -- probe ----------------------------------------------------------------------------------------------
@@ -463,15 +478,21 @@ class BootstrapConfig(BaseSettings):
     @field_validator("remote_dir")
     @classmethod
     def _safe_remote_dir(cls, v: str) -> str:
-        # cleanup removes it: never the home directory itself or the filesystem root.
-        if v.strip().rstrip("/") in {"", ".", "~", "/", "..", "$HOME"}:
-            raise ValueError("must be a dedicated directory such as 'ablate' (teardown deletes it)")
-        return v
+        # cleanup runs `rm -rf` on it: only a dedicated directory below the login directory, compared
+        # after normalising (so `ablate/..`, `./`, `~/.` are the home directory they name).
+        path = PurePosixPath(v.strip())
+        parts = [p for p in path.parts if p != "."]
+        if path.is_absolute() or ".." in parts or not parts or parts[0].startswith(("~", "$")):
+            raise ValueError(
+                f"{v!r} must be a dedicated directory relative to the login directory, such as 'ablate', "
+                "without '..', '~', '$' or a leading '/' (teardown deletes it)"
+            )
+        return str(PurePosixPath(*parts))
 
     def variables(self, num_gpus: int, package: str = "") -> dict[str, str]:
         venv = f"{self.remote_dir}/venv"
         return {
-            "python": self.python,
+            "python": shlex.quote(self.python),
             "remote_dir": shlex.quote(self.remote_dir),
             "venv": shlex.quote(venv),
             "package": shlex.quote(package) if package else "",
@@ -498,7 +519,8 @@ def bootstrap(shell: NodeShell, config: BootstrapConfig, num_gpus: int) -> None:
     if needs_package and config.package is None:
         raise NodeError("ABLATE_NODE_PACKAGE is not set: build one with `pip wheel --no-deps -w dist .`")
     if config.match_python:
-        version = shell.run(f"{config.python} -c 'import sys; print(*sys.version_info[:2])'", 60).stdout.split()
+        query = f"{shlex.quote(config.python)} -c 'import sys; print(*sys.version_info[:2])'"
+        version = shell.run(query, 60).stdout.split()
         local = [str(v) for v in sys.version_info[:2]]
         if version != local:
             raise NodeError(

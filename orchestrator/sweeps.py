@@ -343,13 +343,14 @@ class SweepRunner:
             for name in names:
                 bootstrap_node(self.database_url, name, self._config())  # probe first, then install and join
                 done.append(name)
-        except NodeError as exc:
+        except Exception as exc:  # noqa: BLE001 - anything else (an SFTP OSError...) would re-provision every tick
             # The failing node too: it may have joined or half-installed before the failing step.
             problems = self._teardown([*done, name], keep_files=set())
+            what = str(exc) if isinstance(exc, NodeError) else f"{type(exc).__name__}: {exc}"
             with session_scope(self.database_url) as session:
                 sweep = session.get_one(Sweep, sweep_id)
                 sweep.state, sweep.finished_at = "failed", self.now()
-                sweep.error = f"provisioning {name}: {exc}" + "".join(f"; {p}" for p in problems)
+                sweep.error = f"provisioning {name}: {what}" + "".join(f"; {p}" for p in problems)
                 sweep.spend = _spend(sweep, sweep.finished_at)
                 _event(session, "sweep.failed", sweep.error, sweep)
             return

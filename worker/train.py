@@ -43,6 +43,8 @@ PCA_IMAGES = 256
 PCA_SEED = 0
 EVAL_BATCH = 32
 CPU_BF16_FALLBACK = "bf16 autocast not used on CPU (about 2x slower than fp32 there): fp32"
+REPA_STANDIN_FALLBACK = "repa teacher: random_standin (no pretrained teacher; REPA aligns to a frozen random network)"
+LPIPS_STANDIN_FALLBACK = "lpips backbone: random_standin (metrics are not comparable with real LPIPS)"
 # Spec sections that may change between a checkpoint and its resume (they do not touch training).
 RESUMABLE_CHANGES = {"name", "description", "detector"}
 
@@ -97,6 +99,8 @@ def build(spec: ArmSpec, device: torch.device, lpips_weights: Path | None) -> Pa
     dataset = build_dataset(spec)
     # LPIPS and the teacher first: a missing weights file should fail before any work is done.
     lpips = load_lpips(spec.eval, weights=lpips_weights, device=str(device))
+    if lpips.label == "random_standin":
+        fallbacks.append(LPIPS_STANDIN_FALLBACK)
     text_encoder = build_text_encoder(spec, dataset).to(device)
     dims = spec.model.dims()
     model = NanoDiT(spec, text_dim=text_encoder.dim).to(device)
@@ -105,6 +109,8 @@ def build(spec: ArmSpec, device: torch.device, lpips_weights: Path | None) -> Pa
     repa_block = None
     if spec.repa.enabled:
         teacher = build_teacher(spec.repa, device)
+        if teacher.label == "random_standin":
+            fallbacks.append(REPA_STANDIN_FALLBACK)
         projector = RepaProjector(dims.hidden, teacher.dim).to(device)
         repa_block = spec.repa.block if spec.repa.block is not None else dims.depth // 2
 

@@ -10,7 +10,7 @@ from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
-from orchestrator.db.session import session_factory
+from orchestrator.db.session import session_scope
 from orchestrator.settings import Settings
 
 
@@ -22,15 +22,9 @@ SettingsDep = Annotated[Settings, Depends(get_app_settings)]
 
 
 def get_session(settings: SettingsDep) -> Iterator[Session]:
-    session = session_factory(settings.database_url)()
-    try:
+    # FastAPI re-raises a route's exception (HTTPException included) at this yield: the scope rolls back.
+    with session_scope(settings.database_url) as session:
         yield session
-        session.commit()
-    except BaseException:
-        session.rollback()
-        raise
-    finally:
-        session.close()
 
 
 SessionDep = Annotated[Session, Depends(get_session)]
@@ -42,7 +36,8 @@ def require_token(
     request: Request, creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 ) -> None:
     expected: str = request.app.state.api_token
-    if creds is None or not secrets.compare_digest(creds.credentials, expected):
+    # Bytes: compare_digest raises TypeError on non-ASCII str, which would be a 500 instead of a 401.
+    if creds is None or not secrets.compare_digest(creds.credentials.encode(), expected.encode()):
         raise HTTPException(
             status.HTTP_401_UNAUTHORIZED,
             detail="missing or wrong bearer token: send 'Authorization: Bearer <ABLATE_API_TOKEN>'",

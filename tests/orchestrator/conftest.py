@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import getpass
 import os
+import pwd
+import shutil
 import socket
 import subprocess
 import time
@@ -38,7 +40,15 @@ class SshServer:
     client_key: Path
     known_hosts: Path
     host_key_pub: Path
-    workdir: Path  # a scratch directory on the "remote" side
+    workdir: Path  # a scratch directory on the "remote" side, below the login (home) directory
+
+    def relative(self, path: Path) -> str:
+        """`path` (under workdir) as the login-relative remote_dir that BootstrapConfig requires."""
+        return path.relative_to(self.home).as_posix()
+
+    @property
+    def home(self) -> Path:
+        return Path(pwd.getpwuid(os.getuid()).pw_dir)
 
 
 def _free_port() -> int:
@@ -102,7 +112,8 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshServer]:
             ["ssh-keyscan", "-t", "ed25519", "-p", str(port), "127.0.0.1"], capture_output=True, text=True, check=True
         )
         (d / "known_hosts").write_text(scan.stdout)
-        work = d / "remote"
+        # remote_dir must be relative to the login directory (teardown deletes it): a scratch dir there.
+        work = Path(pwd.getpwuid(os.getuid()).pw_dir) / f".ablate-test-remote-{port}-{os.getpid()}"
         work.mkdir()
         yield SshServer(
             host="127.0.0.1",
@@ -114,6 +125,7 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshServer]:
             workdir=work,
         )
     finally:
+        shutil.rmtree(Path(pwd.getpwuid(os.getuid()).pw_dir) / f".ablate-test-remote-{port}-{os.getpid()}", True)
         proc.terminate()
         proc.wait(timeout=10)
         log.close()

@@ -55,6 +55,22 @@ def test_writes_need_the_token(client: TestClient) -> None:
     assert client.post("/api/runs/1/stop").status_code == 401
 
 
+@pytest.mark.parametrize(
+    "header",
+    [
+        "Bearer t\xe9".encode("latin-1"),  # non-ASCII: compare_digest on str would raise TypeError (a 500)
+        "Bearer test-tok\xe9n".encode("latin-1"),
+        b"Bearer",  # no credentials
+        b"Basic dGVzdDp0b2tlbg==",  # another scheme
+        b"test-token",  # the token without a scheme
+    ],
+)
+def test_bad_authorization_headers_are_401_never_500(client: TestClient, header: bytes) -> None:
+    resp = client.post("/api/grids", json={"name": "x", "arms": ["A"]}, headers={"Authorization": header})
+    assert resp.status_code == 401, resp.text
+    assert resp.headers["www-authenticate"] == "Bearer"
+
+
 def test_negative_lr_names_its_path(client: TestClient) -> None:
     resp = client.post(
         "/api/grids", json={"name": "x", "arms": ["A"], "overrides": {"schedule": {"lr": -1e-4}}}, headers=AUTH

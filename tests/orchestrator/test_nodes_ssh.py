@@ -133,7 +133,7 @@ def test_bootstrap_installs_venv_and_joins_then_teardown_removes(database_url: s
         ray_address="10.1.2.3:6379",
         python=sys.executable,  # the interpreter of this test run: same Python minor version as the "controller"
         package=_tiny_wheel(tmp_path),
-        remote_dir=str(remote),
+        remote_dir=sshd.relative(remote),
         install=[
             "{python} -m venv {venv}",
             "{venv}/bin/pip install --no-index --no-deps {package}",
@@ -212,6 +212,45 @@ def test_fetch_tree_copies_a_remote_directory(database_url: str, sshd, tmp_path:
         "step_100/model.pt",
     ]
     assert (tmp_path / "back" / "step_100" / "model.pt").read_bytes() == b"\x00weights"
+
+
+def test_fetch_tree_skips_symbolic_links(database_url: str, sshd, tmp_path: Path) -> None:  # noqa: ANN001
+    _register(database_url, sshd, "quad-links")
+    src = sshd.workdir / "linked"
+    (src / "step_1").mkdir(parents=True)
+    (src / "step_1" / "model.pt").write_bytes(b"w")
+    (src / "root").symlink_to("/")  # followed, this would copy the node's whole filesystem
+    (src / "step_1" / "alias.pt").symlink_to(src / "step_1" / "model.pt")
+    skipped: list[str] = []
+    with NodeShell.open(_node(database_url, "quad-links"), database_url) as shell:
+        written = shell.fetch_tree(str(src), tmp_path / "back", skipped)
+    assert [p.relative_to(tmp_path / "back").as_posix() for p in written] == ["step_1/model.pt"]
+    assert sorted(p.relative_to(tmp_path / "back").as_posix() for p in (tmp_path / "back").rglob("*")) == [
+        "step_1",
+        "step_1/model.pt",
+    ]
+    assert sorted(skipped) == [str(src / "root"), str(src / "step_1" / "alias.pt")]
+    with session_scope(database_url) as session:
+        node_id = get_node(session, "quad-links").id
+        notes = session.scalars(select(Event.message).where(Event.node_id == node_id, Event.kind == "node.sftp.get"))
+        assert any("skipped 2 symbolic links" in m and str(src / "root") in m for m in notes)
+
+
+@pytest.mark.parametrize(
+    "remote_dir", ["ablate/..", "./", "~/.", "/home/u", "", " ", ".", "~", "/", "..", "a/../b", "$HOME", "~/ablate"]
+)
+def test_remote_dir_that_teardown_would_delete_wrongly_is_refused(remote_dir: str) -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="remote_dir"):
+        BootstrapConfig(remote_dir=remote_dir)
+
+
+def test_remote_dir_is_normalised_and_quoted() -> None:
+    assert BootstrapConfig(remote_dir="./ablate/").remote_dir == "ablate"
+    assert BootstrapConfig(remote_dir="runs/./night").remote_dir == "runs/night"
+    variables = BootstrapConfig(remote_dir="my runs", python="/opt/py 3/bin/python3").variables(1)
+    assert variables["remote_dir"] == "'my runs'" and variables["python"] == "'/opt/py 3/bin/python3'"
 
 
 def test_cli_add_list_probe_remove(database_url: str, sshd, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001

@@ -8,6 +8,8 @@ boundary it has with whatever runs the runs.
 from __future__ import annotations
 
 import json
+import os
+import pwd
 import socket
 import sys
 from collections.abc import Iterator
@@ -78,7 +80,7 @@ def _config(remote: Path, install: list[str] | None = None) -> BootstrapConfig:
     return BootstrapConfig(
         ray_address="127.0.0.1:6379",
         python=sys.executable,  # same Python minor version as the "controller" (checked by bootstrap)
-        remote_dir=str(remote),
+        remote_dir=remote.relative_to(pwd.getpwuid(os.getuid()).pw_dir).as_posix(),  # login-relative
         install=install or ["{python} -c 'import sys; print(sys.version)'"],
         join=["echo {ray_address} {num_gpus} > {remote_dir}/joined"],
         leave=["rm -f {remote_dir}/joined"],
@@ -281,6 +283,35 @@ def test_failing_bootstrap_fails_the_sweep_with_the_command(
     assert sweep.state == "failed" and sweep.grid_id is None
     assert "exit 28" in sweep.error and "no space left on device" in sweep.error
     assert not (remote / "never").exists() and not remote.exists()  # stopped there, then torn down
+
+
+def test_provisioning_error_other_than_node_error_fails_the_sweep_once(
+    database_url: str,
+    sshd,  # noqa: ANN001
+    node_name: str,
+    tmp_path: Path,
+) -> None:
+    remote = sshd.workdir / "upload"
+    package = tmp_path / "ablate-0.1-py3-none-any.whl"
+    package.write_bytes(b"not really a wheel")
+    # A directory where the package upload goes: SFTP's open fails with an OSError, not a NodeError.
+    (remote / package.name).mkdir(parents=True)
+    clock = FakeClock(DAY.replace(hour=12))
+    _schedule(database_url, "upload", node_name, clock.now, cron="0 21 * * *")
+    config = _config(remote, install=["{venv}/bin/pip install {package}"]).model_copy(update={"package": package})
+    runner = SweepRunner(database_url, tmp_path, clock=clock, node_config=config)
+    clock.now = DAY.replace(hour=21)
+    runner.tick()
+    [sweep] = _sweeps(database_url, "upload")
+    assert sweep.state == "failed" and sweep.grid_id is None and sweep.finished_at is not None
+    assert sweep.error.startswith(f"provisioning {node_name}: ") and "Error" in sweep.error
+    assert not remote.exists()  # torn down: cleanup removed the working directory
+    clock.now = DAY.replace(hour=21, minute=5)
+    runner.tick()  # a failed sweep is not provisioned again
+    [again] = _sweeps(database_url, "upload")
+    assert again.state == "failed" and again.error == sweep.error
+    with session_scope(database_url) as session:
+        assert find_node(session, node_name).state == "registered"
 
 
 def test_schedule_validation_names_the_field(database_url: str, node_name: str) -> None:

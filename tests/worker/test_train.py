@@ -15,7 +15,7 @@ import torch
 from model.spec import ArmSpec
 from orchestrator.arms import deep_merge, resolve
 from worker import checkpoint as ckpt
-from worker.train import TrainError, train_arm
+from worker.train import LPIPS_STANDIN_FALLBACK, REPA_STANDIN_FALLBACK, TrainError, train_arm
 
 # Tiny and quick: batch 4, 2 eval samples, 2 sampler steps; stand-ins chosen explicitly (offline).
 QUICK: dict[str, Any] = {
@@ -50,6 +50,9 @@ def test_every_arm_trains_20_steps(arm: str, tmp_path: Path) -> None:
     assert math.isfinite(rec["recon_lpips"]) and rec["recon_lpips_n"] == 2
     assert rec["lpips_backbone"] == "random_standin"
     assert Path(rec["checkpoint"]).exists() and (tmp_path / "best.pt").exists()
+    # Both stand-ins are recorded as run fallbacks, the REPA one only where REPA (and so a teacher) is on.
+    assert LPIPS_STANDIN_FALLBACK in rec["fallbacks"]
+    assert (REPA_STANDIN_FALLBACK in rec["fallbacks"]) == (arm >= "D")
     if arm >= "D":
         assert rec["repa_teacher"] == "random_standin"
     if arm == "I":
