@@ -145,7 +145,12 @@ class ArmWorker:
             stream = train_arm(
                 spec, self.out_dir, device=device, should_stop=self._stop.is_set, lpips_weights=self._lpips_weights
             )
-            with (self.out_dir / RECORDS_FILE).open("a") as fh:
+            with (self.out_dir / RECORDS_FILE).open("a+") as fh:
+                # A line cut short by a kill -9 is ended first, so our first record is not glued onto it.
+                if fh.tell() > 0:
+                    fh.seek(fh.tell() - 1)
+                    if fh.read(1) != "\n":
+                        fh.write("\n")
                 for record in stream:
                     rec = _jsonable(dict(record))
                     # Durable before it is offered: a restarted controller or worker re-reads the file.
