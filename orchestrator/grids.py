@@ -246,15 +246,20 @@ def stop_run(session: Session, run: Run, now: datetime | None = None) -> Run:
     queued: stopped at once (decision "user"). starting/running: `stop_requested` is set and the
     scheduler stops the worker gracefully. Already finished: RunConflict.
     """
+    from orchestrator.scheduler import transition  # the scheduler owns state transitions; pure DB here
+
+    if run.state == RunState.queued:
+        # Compare-and-set: the scheduler may be launching it right now. Whoever moves it out of
+        # `queued` first wins; losing here means it is starting, so the stop is requested below.
+        reason = "stopped by the user before it started"
+        stopped = dict(state=RunState.stopped, decision="user", decision_reason=reason, finished_at=now or utcnow())
+        if transition(session, run, RunState.queued, **stopped):
+            session.add(Event(run_id=run.id, grid_id=run.grid_id, kind="stopped", message=reason))
+            session.flush()
+            return run
     if run.state in TERMINAL_STATES:
         raise RunConflict(f"run {run.id} is already {run.state}; nothing to stop")
-    if run.state == RunState.queued:
-        run.state = RunState.stopped
-        run.decision = "user"
-        run.decision_reason = "stopped by the user before it started"
-        run.finished_at = now or utcnow()
-        session.add(Event(run_id=run.id, grid_id=run.grid_id, kind="stopped", message=run.decision_reason))
-    elif not run.stop_requested:
+    if not run.stop_requested:
         run.stop_requested = True
         session.add(Event(run_id=run.id, grid_id=run.grid_id, kind="stop_requested", message="requested by the user"))
     session.flush()

@@ -9,9 +9,12 @@ State machine per run (DESIGN.md): queued -> starting -> running -> completed | 
   (restart, retry) changes nothing.
 - Detector: on every new checkpoint; collapse | diverged | stalled stops the run gracefully.
 - Worker death: the run is re-queued (retries + 1) and resumes from its last checkpoint; past
-  max_retries it fails with the error.
+  max_retries it fails with the error. A run being stopped (user or detector) is finished as stopped.
+  A worker that Ray cannot place within start_timeout_s is killed and counts as died.
 - Restart: a new controller looks its workers up by name and polls each for the records after the
-  last step in the DB; a run whose worker is gone is re-queued.
+  last step in the DB; a run whose worker is gone is re-queued the same way (a retry counted).
+- Races with the API: queued -> starting and queued -> stopped are compare-and-set updates, so a
+  user's stop and a launch never both win.
 
 Ray is imported lazily: the API process imports this module without paying for Ray.
 """
@@ -26,8 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import set_committed_value
 
 from model.spec import DetectorPolicy
 from orchestrator.db.models import METRIC_FIELDS, Event, Grid, Metric, Run, RunState, utcnow
@@ -45,6 +49,44 @@ INT_FIELDS = frozenset(
     c.name for c in Metric.__table__.columns if c.name in METRIC_FIELDS and c.type.python_type is int
 )
 POLL_WAIT_S = 1.0  # worker-side long-poll: a record reaches the DB as soon as it exists
+
+
+def being_stopped(run: Run) -> bool:
+    """The user or the detector wants this run stopped: it must never be (re)launched."""
+    return bool(run.stop_requested) or run.decision in STOP_DECISIONS or run.decision == "user"
+
+
+def transition(session: Session, run: Run, from_state: RunState, **values: Any) -> bool:
+    """Compare-and-set: UPDATE the run to `values` only if it is still `from_state` in the DB.
+
+    True when this session won (the in-memory run then carries the values); False when another
+    writer (the API's stop, another scheduler pass) changed the state first: nothing is written and
+    the caller must not act on the old state.
+    """
+    result = session.execute(
+        update(Run)
+        .where(Run.id == run.id, Run.state == from_state)
+        .values(**values)
+        .execution_options(synchronize_session=False)
+    )
+    if result.rowcount != 1:
+        session.refresh(run)
+        return False
+    for key, value in values.items():
+        set_committed_value(run, key, value)
+    return True
+
+
+def claim_for_launch(session: Session, run: Run, checkpoint_dir: str) -> bool:
+    """queued -> starting, if the run is still queued; False when a stop (or anything else) got there first."""
+    return transition(
+        session,
+        run,
+        RunState.queued,
+        state=RunState.starting,
+        checkpoint_dir=checkpoint_dir,
+        started_at=run.started_at or utcnow(),
+    )
 
 
 def actor_name(run_id: int, attempt: int) -> str:
@@ -328,8 +370,9 @@ class Worker:
     after_step: int | None
     poll_ref: Any = None
     stop_sent: bool = False
-    started: bool = False
+    started: bool = False  # its first poll reply is committed (the run is `running`)
     info: dict[str, Any] = field(default_factory=dict)
+    launched_at: float = field(default_factory=time.monotonic)  # time.monotonic() s, for start_timeout_s
 
 
 class Scheduler:
@@ -348,7 +391,7 @@ class Scheduler:
     # lifecycle ---------------------------------------------------------------------------------------
 
     def start(self) -> None:
-        connect_ray(self.settings)
+        """Return at once: the thread joins Ray (seconds for a local one), so an API beside it serves now."""
         self._thread = threading.Thread(target=self.run_forever, name="ablate-scheduler", daemon=True)
         self._thread.start()
 
@@ -359,7 +402,13 @@ class Scheduler:
             self._thread.join(timeout)
 
     def run_forever(self) -> None:
-        connect_ray(self.settings)
+        while not self._halt.is_set():
+            try:
+                connect_ray(self.settings)
+                break
+            except Exception:  # e.g. the cluster is not up yet: keep the API serving, try again
+                log.exception("could not connect to Ray; retrying")
+                self._halt.wait(max(self.settings.scheduler_interval_s, 5.0))
         while not self._halt.is_set():
             try:
                 self.tick()
@@ -390,6 +439,7 @@ class Scheduler:
         now = time.monotonic()
         if freed or now - self._last_housekeeping >= self.settings.scheduler_interval_s:
             self._last_housekeeping = now
+            self._expire_unplaced(now)
             self._send_stops()
             self._launch_queued()
 
@@ -408,8 +458,7 @@ class Scheduler:
                     self.workers[run.id] = Worker(run.id, name, handle, last_step(session, run.id))
                     log.info("adopted worker %s of run %s", name, run.id)
                     continue
-                run.state = RunState.queued
-                _event(session, run, "worker_lost", f"worker {name} not found after a controller restart; re-queued")
+                self._requeue(session, run, f"worker {name} not found after a controller restart")
 
     def _lookup(self, name: str) -> Any:
         import ray
@@ -433,8 +482,6 @@ class Scheduler:
 
     def _launch_queued(self) -> None:
         free = self.free_gpus()
-        if free <= 0:
-            return
         with session_scope(self.settings.database_url) as session:
             for run in session.scalars(
                 select(Run)
@@ -442,21 +489,33 @@ class Scheduler:
                 .where(Run.state == RunState.queued, Grid.source != "imported")
                 .order_by(Grid.created_at, Grid.id, Run.position, Run.id)
             ).all():
-                if run.stop_requested:
-                    self._finish(session, run, RunState.stopped, "stopped by the user before it started")
+                if being_stopped(run):  # e.g. re-queued after its worker died while stopping
+                    self._finish_queued_stop(session, run)
                     continue
                 if free <= 0:
-                    break
-                self._launch(session, run)
-                free -= 1
+                    continue  # later runs may still be stops to finish
+                if self._launch(session, run):
+                    free -= 1
 
-    def _launch(self, session: Session, run: Run) -> None:
+    def _finish_queued_stop(self, session: Session, run: Run) -> None:
+        why = run.decision_reason if run.decision in STOP_DECISIONS else "stopped by the user before it started"
+        if transition(session, run, RunState.queued, state=RunState.stopped, finished_at=utcnow()):
+            _event(session, run, "stopped", why, step=run.last_checkpoint_step, decision=run.decision)
+            log.info("run %s stopped: %s", run.id, why)
+
+    def _launch(self, session: Session, run: Run) -> bool:
+        """Claim the queued run and start its worker; False (nothing started) when a stop won the race."""
         import ray
 
         from worker.actor import ArmWorker
 
         name = actor_name(run.id, run.retries)
         out_dir = run_dir(self.settings, run.id)
+        # Claim first: on Postgres the row stays locked until commit, so a concurrent stop waits and
+        # then sees `starting` (and sets stop_requested); one that committed first makes this fail.
+        if not claim_for_launch(session, run, str(out_dir)):
+            log.info("run %s left the queue (%s) before its launch; not launched", run.id, run.state)
+            return False
         handle = self._lookup(name)  # left by a controller that died between creating it and committing
         if handle is None and run.retries == 0 and run.last_checkpoint_step is None and _nonempty(out_dir):
             # Files from another database's run with the same id: resuming from them would be wrong.
@@ -486,9 +545,6 @@ class Scheduler:
             )
         after = last_step(session, run.id)
         self.workers[run.id] = Worker(run.id, name, handle, after)
-        run.state = RunState.starting
-        run.checkpoint_dir = str(out_dir)
-        run.started_at = run.started_at or utcnow()
         if run.last_checkpoint_step is not None:
             _event(
                 session,
@@ -499,6 +555,7 @@ class Scheduler:
                 attempt=run.retries,
             )
         log.info("launched run %s (%s) as %s", run.id, run.arm, name)
+        return True
 
     # poll and collect --------------------------------------------------------------------------------
 
@@ -520,17 +577,16 @@ class Scheduler:
         except RayActorError as exc:
             self._worker_died(worker, exc)
             return True
+        gone = True
         with session_scope(self.settings.database_url) as session:
             run = session.get(Run, worker.run_id)
             if run is None:  # grid deleted under us
                 self._kill(worker)
                 return True
             if not worker.started:
-                worker.started = True
                 self._mark_running(session, run, reply["info"])
             if reply["records"]:
                 ingest(session, run, reply["records"])
-                worker.after_step = max(int(r["step"]) for r in reply["records"])
             if run.decision in STOP_DECISIONS or run.stop_requested:
                 self._request_stop(worker)
             if reply["state"] == "done":
@@ -544,9 +600,14 @@ class Scheduler:
                 run.error = reply["error"]
                 self._finish(session, run, RunState.failed, (reply["error"] or "").splitlines()[0])
             else:
-                return False
-        self._kill(worker)
-        return True
+                gone = False
+        # Only once committed: a failed commit leaves both to the next poll (the records are re-sent).
+        worker.started = True
+        if reply["records"]:
+            worker.after_step = max(int(r["step"]) for r in reply["records"])
+        if gone:
+            self._kill(worker)
+        return gone
 
     def _mark_running(self, session: Session, run: Run, info: dict[str, Any]) -> None:
         run.versions = info.get("provenance") or run.versions
@@ -572,19 +633,36 @@ class Scheduler:
             run = session.get(Run, worker.run_id)
             if run is None:
                 return
-            run.retries += 1
-            if run.retries > self.settings.max_retries:
-                run.error = f"worker died {run.retries} times; last: {message}"
-                self._finish(session, run, RunState.failed, run.error)
-                return
-            run.state = RunState.queued
-            _event(
-                session,
-                run,
-                "worker_lost",
-                f"worker {worker.name} died ({message}); re-queued, retry {run.retries}/{self.settings.max_retries}",
-                attempt=run.retries,
-            )
+            self._requeue(session, run, f"worker {worker.name} died ({message})")
+
+    def _requeue(self, session: Session, run: Run, why: str) -> None:
+        """The run's worker is gone: stopped if it was being stopped, else queued again to resume from
+        its checkpoint (retries + 1), or failed once retries pass max_retries."""
+        if being_stopped(run):
+            reason = run.decision_reason if run.decision in STOP_DECISIONS else "stopped by the user"
+            self._finish(session, run, RunState.stopped, f"{reason}; {why}")
+            return
+        run.retries += 1
+        if run.retries > self.settings.max_retries:
+            run.error = f"worker lost {run.retries} times; last: {why}"
+            self._finish(session, run, RunState.failed, run.error)
+            return
+        run.state = RunState.queued
+        _event(
+            session,
+            run,
+            "worker_lost",
+            f"{why}; re-queued, retry {run.retries}/{self.settings.max_retries}",
+            attempt=run.retries,
+        )
+
+    def _expire_unplaced(self, now: float) -> None:
+        """Kill workers that Ray has not placed (no poll reply) within start_timeout_s; each counts as died."""
+        limit = self.settings.start_timeout_s
+        for worker in list(self.workers.values()):
+            if not worker.started and now - worker.launched_at > limit:
+                self._kill(worker)
+                self._worker_died(worker, TimeoutError(f"not started within start_timeout_s={limit:g} s"))
 
     def _finish(self, session: Session, run: Run, state: RunState, message: str) -> None:
         run.state = state

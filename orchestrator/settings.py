@@ -38,6 +38,9 @@ class Settings(BaseSettings):
     scheduler_interval_s: Annotated[float, Field(gt=0)] = 0.5
     # How many times a run whose worker died is re-queued before it is marked failed.
     max_retries: Annotated[int, Field(ge=0)] = 2
+    # Seconds a launched worker may wait for Ray to place it (no first reply) before it is killed and
+    # its run re-queued as a retry (e.g. its GPU is held by something outside ablate).
+    start_timeout_s: Annotated[float, Field(gt=0)] = 600.0
     # Ray namespace of the workers (named, detached actors): a restarted controller finds them there.
     ray_namespace: str = "ablate"
     # torch intra-op threads per worker; 0 = leave it to Ray (OMP_NUM_THREADS) and torch.

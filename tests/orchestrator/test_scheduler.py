@@ -215,3 +215,63 @@ def test_a_new_run_moves_a_stale_directory_aside_instead_of_resuming_it(
     assert (aside / "ckpt_0000030.pt").read_bytes() == b"someone else's checkpoint"
     assert json.loads((aside / "records.jsonl").read_text()) == fake
     assert not (stale / "ckpt_0000030.pt").exists() and run.checkpoint_dir == str(stale)
+
+
+def _idle_scheduler(database_url: str, tmp_path: Path, **kw: Any) -> Scheduler:
+    """A scheduler on this module's Ray; not started unless the test starts it."""
+    from orchestrator.settings import Settings
+
+    settings = Settings(
+        database_url=database_url,
+        storage_dir=tmp_path,
+        scheduler_interval_s=0.2,
+        worker_threads=1,
+        ray_namespace="ablate-test",
+        **kw,
+    )
+    return Scheduler(settings)
+
+
+def test_a_worker_ray_cannot_place_times_out_as_a_retry_then_fails(
+    ray_cluster: None, database_url: str, tmp_path: Path
+) -> None:
+    @ray.remote(num_gpus=4, num_cpus=0)
+    class GpuHog:  # all four GPUs taken by something that is not ours: our workers stay pending
+        def ping(self) -> int:
+            return 1
+
+    hog = GpuHog.remote()
+    ray.get(hog.ping.remote())
+    s = _idle_scheduler(database_url, tmp_path, start_timeout_s=1.0, max_retries=1)
+    try:
+        (run_id,) = submit(database_url, ["A"])
+        s.start()
+        wait_for(lambda: all_done(database_url, [run_id]), "the start timeouts to fail the run", timeout=60)
+    finally:
+        s.stop()
+        ray.kill(hog)
+    (run,) = runs(database_url, [run_id])
+    assert (run.state, run.retries) == ("failed", 2), (run.state, run.retries, run.error)
+    assert "start_timeout_s" in run.error
+    kinds = [e.kind for e in events_of(database_url, run_id)]
+    assert kinds.count("worker_lost") == 1 and "started" not in kinds and kinds[-1] == "failed"
+    assert s.workers == {}, "the pending actors were killed, not left waiting for a GPU"
+
+
+def test_reconcile_counts_a_retry_for_a_vanished_worker_and_a_stopped_run_never_relaunches(
+    ray_cluster: None, database_url: str, tmp_path: Path
+) -> None:
+    vanished, collapsed = submit(database_url, ["A", "B"])
+    with session_scope(database_url) as session:
+        lost = session.get(Run, vanished)
+        lost.state, lost.retries = "running", 1  # its worker (attempt 1) does not exist
+        stopped = session.get(Run, collapsed)
+        stopped.decision, stopped.decision_reason = "collapse", "worse twice"  # queued, detector said stop
+    s = _idle_scheduler(database_url, tmp_path, max_retries=1)
+    s.reconcile()
+    (lost,) = runs(database_url, [vanished])
+    assert (lost.state, lost.retries) == ("failed", 2), "a restart must not reset the retry budget"
+    s._launch_queued()
+    (stopped,) = runs(database_url, [collapsed])
+    assert stopped.state == "stopped" and stopped.finished_at is not None
+    assert s.workers == {} and s._lookup(actor_name(collapsed, 0)) is None, "no worker for a stopped run"
