@@ -4,10 +4,9 @@ State machine per run (DESIGN.md): queued -> starting -> running -> completed | 
 - Launch: queued runs FIFO within a grid, grids in submission order, while the cluster has GPUs that
   none of our workers hold. Each run is a named, detached actor (`ablate-run-<id>-<attempt>` in the
   settings' namespace) with num_gpus=1 (Ray sets CUDA_VISIBLE_DEVICES) and num_cpus=0.
-- Ingest: every record the worker yields is inserted with ON CONFLICT (run_id, step) DO NOTHING, in
-  the same transaction as its `checkpoint` event and the run's bookkeeping, so a re-sent record
-  (restart, retry) changes nothing.
-- Detector: on every new checkpoint; collapse | diverged | stalled stops the run gracefully.
+- Ingest (orchestrator/ingest.py): every record the worker yields is stored idempotently on
+  (run_id, step); the detector judges every new checkpoint, and collapse | diverged | stalled stops
+  the run gracefully.
 - Worker death: the run is re-queued (retries + 1) and resumes from its last checkpoint; past
   max_retries it fails with the error. A run being stopped (user or detector) is finished as stopped.
   A worker that Ray cannot place within start_timeout_s is killed and counts as died.
@@ -22,32 +21,24 @@ Ray is imported lazily: the API process imports this module without paying for R
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
-from model.spec import DetectorPolicy
-from orchestrator.db.models import METRIC_FIELDS, Event, Grid, Metric, Run, RunState, utcnow
+from orchestrator.db.models import Grid, Run, RunState, utcnow
 from orchestrator.db.session import session_scope
+from orchestrator.ingest import STOP_DECISIONS, ingest, last_step, record_event
 from orchestrator.settings import Settings
 
 log = logging.getLogger("ablate.scheduler")
 
 ACTIVE_STATES = (RunState.starting, RunState.running)
-STOP_DECISIONS = frozenset({"collapse", "diverged", "stalled"})
-FLOAT_FIELDS = frozenset(
-    c.name for c in Metric.__table__.columns if c.name in METRIC_FIELDS and c.type.python_type is float
-)
-INT_FIELDS = frozenset(
-    c.name for c in Metric.__table__.columns if c.name in METRIC_FIELDS and c.type.python_type is int
-)
 POLL_WAIT_S = 1.0  # worker-side long-poll: a record reaches the DB as soon as it exists
 
 
@@ -125,236 +116,6 @@ def connect_ray(settings: Settings, **init_kwargs: Any) -> None:
         signal.signal(signal.SIGTERM, previous)
 
 
-# -- ingest: pure DB functions (no Ray), also used by the benchmark ------------------------------------
-
-
-def _number(value: Any, kind: type) -> Any:
-    """A record value for a numeric column; the worker writes non-finite floats as strings."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        try:
-            value = float(value)
-        except ValueError:
-            return None
-    if kind is int:
-        return int(value) if isinstance(value, int | float) and math.isfinite(value) else None
-    return float(value)
-
-
-def metric_values(record: dict[str, Any]) -> dict[str, Any]:
-    """Column values of a Metric row from a worker record; everything else goes to `extra`.
-
-    Non-finite floats are kept in extra["nonfinite"] too, because SQLite stores NaN as NULL and the
-    detector must still see a NaN loss as `diverged`.
-    """
-    values: dict[str, Any] = {}
-    extra: dict[str, Any] = {}
-    nonfinite: dict[str, str] = {}
-    for key, value in record.items():
-        if key == "step":
-            continue
-        if key in FLOAT_FIELDS:
-            values[key] = _number(value, float)
-            if values[key] is not None and not math.isfinite(values[key]):
-                nonfinite[key] = str(values[key])
-        elif key in INT_FIELDS:
-            values[key] = _number(value, int)
-        elif key in METRIC_FIELDS:
-            values[key] = None if value is None else str(value)
-        else:
-            extra[key] = value
-    if nonfinite:
-        extra["nonfinite"] = nonfinite
-    values["extra"] = extra
-    return values
-
-
-def insert_metrics(session: Session, run_id: int, records: list[dict[str, Any]]) -> set[int]:
-    """One INSERT ... ON CONFLICT (run_id, step) DO NOTHING for a batch; returns the steps that were new."""
-    if not records:
-        return set()
-    dialect = session.get_bind().dialect.name
-    if dialect == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert
-    elif dialect == "sqlite":
-        from sqlalchemy.dialects.sqlite import insert
-    else:  # pragma: no cover - settings only accept the two
-        raise RuntimeError(f"unsupported database dialect {dialect!r}")
-    now = utcnow()
-    blank = dict.fromkeys(METRIC_FIELDS)  # a multi-row VALUES needs the same columns in every row
-    rows = [
-        {"run_id": run_id, "step": int(r["step"]), "created_at": now, **blank, **metric_values(r)} for r in records
-    ]
-    # Core insert into the table (not the ORM entity): one statement per batch, and RETURNING gives
-    # back only the rows that went in (rowcount is unreliable for this through the ORM).
-    stmt = (
-        insert(Metric.__table__)
-        .values(rows)
-        .on_conflict_do_nothing(index_elements=["run_id", "step"])
-        .returning(Metric.__table__.c.step)
-    )
-    return set(session.execute(stmt).scalars())
-
-
-def metric_series(session: Session, run_id: int) -> list[dict[str, Any]]:
-    """A run's checkpoints in step order as plain dicts (the detector's input), NaN restored."""
-    rows = session.scalars(select(Metric).where(Metric.run_id == run_id).order_by(Metric.step)).all()
-    series = []
-    for m in rows:
-        point: dict[str, Any] = {"step": m.step, **{name: getattr(m, name) for name in METRIC_FIELDS}}
-        for key, text in (m.extra or {}).get("nonfinite", {}).items():
-            point[key] = float(text)
-        series.append(point)
-    return series
-
-
-def last_step(session: Session, run_id: int) -> int | None:
-    return session.scalar(select(func.max(Metric.step)).where(Metric.run_id == run_id))
-
-
-def _event(session: Session, run: Run, kind: str, message: str, /, **data: Any) -> None:
-    session.add(Event(run_id=run.id, grid_id=run.grid_id, kind=kind, message=message, data=data))
-
-
-def _record_warnings(session: Session, run: Run, verdict: Any) -> None:
-    """Secondary-metric warnings (they never stop a run) as a `warning` event whenever they change,
-    so the dashboard shows them while the run goes on."""
-    last = session.scalar(
-        select(Event)
-        .where(Event.run_id == run.id, Event.kind.in_(("warning", "decision")))
-        .order_by(Event.id.desc())
-        .limit(1)
-    )
-    previous = list((last.data or {}).get("warnings") or []) if last else []
-    if list(verdict.warnings) != previous:
-        message = "; ".join(verdict.warnings) if verdict.warnings else "warnings cleared"
-        _event(session, run, "warning", message, **verdict.to_dict())
-
-
-def _control_series(session: Session, run: Run) -> list[dict[str, Any]] | None:
-    grid = session.get(Grid, run.grid_id)
-    if grid is None or not grid.control_arm or grid.control_arm == run.arm:
-        return None
-    control_id = session.scalar(select(Run.id).where(Run.grid_id == run.grid_id, Run.arm == grid.control_arm))
-    return metric_series(session, control_id) if control_id is not None else None
-
-
-def _kept_checkpoint(record: dict[str, Any]) -> str | None:
-    """The file that keeps this checkpoint: the trainer's best.pt when the record is its best (periodic
-    files are pruned), else the periodic file."""
-    if record.get("best_checkpoint") and record.get("best_step") == record.get("step"):
-        return str(record["best_checkpoint"])
-    return record.get("checkpoint")
-
-
-def _update_best(run: Run, record: dict[str, Any], metric: str, direction: str) -> None:
-    value = _number(record.get(metric), float)
-    if value is None or not math.isfinite(value):
-        return
-    better = run.best_value is None or (value < run.best_value if direction == "min" else value > run.best_value)
-    if better:
-        run.best_value, run.best_step = value, int(record["step"])
-        run.best_checkpoint = _kept_checkpoint(record)
-
-
-def _checkpoint_at(session: Session, run_id: int, step: int | None) -> str | None:
-    if step is None:
-        return None
-    extra = session.scalar(select(Metric.extra).where(Metric.run_id == run_id, Metric.step == step))
-    return _kept_checkpoint({"step": step, **(extra or {})})
-
-
-def _policy(run: Run) -> DetectorPolicy:
-    return DetectorPolicy.model_validate((run.spec or {}).get("detector") or {})
-
-
-def apply_detector(
-    session: Session,
-    run: Run,
-    checkpoints: list[Any] | None = None,
-    control: list[Any] | None = None,
-) -> str | None:
-    """Judge the run's newest checkpoint; returns the decision when it stops the run.
-
-    `checkpoints` / `control`: the run's checkpoints up to the one judged and the control arm's
-    (detector.Checkpoint lists), read from the DB when not given. A stop verdict is stored on the run
-    (decision, step, reason; best step, value and checkpoint) and as a `decision` event; the caller
-    then asks the worker for a graceful stop. In `warn` mode the first flag is recorded as a `warning`
-    event and the run goes on.
-    """
-    from orchestrator.detector import Checkpoint, decide
-
-    policy = _policy(run)
-    if policy.mode == "off":
-        return None
-    if checkpoints is None:
-        checkpoints = [Checkpoint.from_mapping(p) for p in metric_series(session, run.id)]
-    if control is None:
-        control = [Checkpoint.from_mapping(p) for p in _control_series(session, run) or []]
-    verdict = decide(
-        checkpoints,
-        policy,
-        control=control or None,
-        total_steps=((run.spec or {}).get("schedule") or {}).get("steps"),
-    )
-    if not verdict.flagged:
-        _record_warnings(session, run, verdict)
-        return None
-    decision = verdict.kind.value
-    if not verdict.stop:
-        if run.decision is None:  # warn mode: flag once, the run goes on
-            run.decision, run.decision_step, run.decision_reason = f"warn:{decision}", verdict.step, verdict.reason
-            _event(session, run, "warning", verdict.reason, **verdict.to_dict())
-        return None
-    run.decision, run.decision_step, run.decision_reason = decision, verdict.step, verdict.reason
-    if verdict.best_step is not None:
-        run.best_step, run.best_value = verdict.best_step, verdict.best_value
-        run.best_checkpoint = _checkpoint_at(session, run.id, verdict.best_step) or run.best_checkpoint
-    _event(
-        session,
-        run,
-        "decision",
-        f"{decision} at step {verdict.step}: {verdict.reason}",
-        **verdict.to_dict(),
-        best_checkpoint=run.best_checkpoint,
-    )
-    return decision
-
-
-def ingest(session: Session, run: Run, records: list[dict[str, Any]], detect: bool = True) -> list[int]:
-    """Store a worker's records (idempotent, one INSERT per batch); returns the steps that were new.
-
-    Each new checkpoint, in step order, gets a `checkpoint` event, advances the run's best (the
-    policy's metric and direction) and is judged by the detector unless the run is already stopping.
-    """
-    from orchestrator.detector import Checkpoint
-
-    by_step = {int(r["step"]): r for r in records}
-    new = insert_metrics(session, run.id, list(by_step.values()))
-    if not new:
-        return []
-    policy = _policy(run)
-    metric = policy.metric
-    judge = detect and policy.mode != "off"
-    # The series as stored (NaN restored), read once per batch; the detector sees it up to each new step.
-    series = [Checkpoint.from_mapping(p) for p in metric_series(session, run.id)] if judge else []
-    control = [Checkpoint.from_mapping(p) for p in _control_series(session, run) or []] if judge else []
-    for step in sorted(new):
-        record = by_step[step]
-        run.last_checkpoint_step = max(step, run.last_checkpoint_step or step)
-        if run.decision not in STOP_DECISIONS:
-            _update_best(run, record, metric, policy.metric_mode)
-        for note in record.get("fallbacks") or []:
-            if note not in (run.fallbacks or []):
-                run.fallbacks = [*(run.fallbacks or []), note]
-        if record.get("device_name") and not run.gpu_name:
-            run.gpu_name = str(record["device_name"])[:128]
-        _event(session, run, "checkpoint", f"step {step}", step=step, **{metric: record.get(metric)})
-        if judge and run.decision not in STOP_DECISIONS and not run.stop_requested:
-            upto = [cp for cp in series if cp.step <= step]
-            apply_detector(session, run, upto, control)
-    return sorted(new)
 
 
 # -- the loop -----------------------------------------------------------------------------------------
@@ -500,7 +261,7 @@ class Scheduler:
     def _finish_queued_stop(self, session: Session, run: Run) -> None:
         why = run.decision_reason if run.decision in STOP_DECISIONS else "stopped by the user before it started"
         if transition(session, run, RunState.queued, state=RunState.stopped, finished_at=utcnow()):
-            _event(session, run, "stopped", why, step=run.last_checkpoint_step, decision=run.decision)
+            record_event(session, run, "stopped", why, step=run.last_checkpoint_step, decision=run.decision)
             log.info("run %s stopped: %s", run.id, why)
 
     def _launch(self, session: Session, run: Run) -> bool:
@@ -521,7 +282,7 @@ class Scheduler:
             # Files from another database's run with the same id: resuming from them would be wrong.
             aside = out_dir.with_name(f"{out_dir.name}.stale-{int(time.time())}")
             out_dir.rename(aside)
-            _event(session, run, "stale_dir", f"moved an unrelated {out_dir} aside to {aside}", path=str(aside))
+            record_event(session, run, "stale_dir", f"moved an unrelated {out_dir} aside to {aside}", path=str(aside))
         if handle is None:
             handle = (
                 ray.remote(ArmWorker)
@@ -546,7 +307,7 @@ class Scheduler:
         after = last_step(session, run.id)
         self.workers[run.id] = Worker(run.id, name, handle, after)
         if run.last_checkpoint_step is not None:
-            _event(
+            record_event(
                 session,
                 run,
                 "resumed",
@@ -617,7 +378,7 @@ class Scheduler:
         run.node = info.get("node")
         if run.state == RunState.starting:
             run.state = RunState.running
-            _event(
+            record_event(
                 session,
                 run,
                 "started",
@@ -648,7 +409,7 @@ class Scheduler:
             self._finish(session, run, RunState.failed, run.error)
             return
         run.state = RunState.queued
-        _event(
+        record_event(
             session,
             run,
             "worker_lost",
@@ -668,7 +429,7 @@ class Scheduler:
         run.state = state
         run.finished_at = utcnow()
         kind = {RunState.completed: "completed", RunState.stopped: "stopped", RunState.failed: "failed"}[state]
-        _event(session, run, kind, message, step=run.last_checkpoint_step, decision=run.decision)
+        record_event(session, run, kind, message, step=run.last_checkpoint_step, decision=run.decision)
         log.info("run %s %s: %s", run.id, kind, message)
 
     def _kill(self, worker: Worker) -> None:

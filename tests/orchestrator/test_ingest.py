@@ -9,7 +9,7 @@ from sqlalchemy import func, select
 from orchestrator.db.models import Event, Metric, Run, RunState
 from orchestrator.db.session import session_scope
 from orchestrator.grids import GridCreate, create_grid
-from orchestrator.scheduler import ingest, metric_series
+from orchestrator.ingest import ingest, metric_series
 
 
 def _grid(database_url: str, arms: list, **kw) -> list[int]:
