@@ -30,6 +30,8 @@ from model.spec import EvalSpec
 # comparable); the caption-edit pairs use stream 1.
 STREAM_HELD_OUT = 0
 STREAM_EDITS = 1
+# Why text_manip_delta is None for a dataset without caption edits (the trainer records it as a fallback).
+NO_EDITS_NOTE = "text_manip_delta skipped: dataset has no caption edits (add an `edit` field to captions.jsonl)"
 
 
 def sample_noise(seed: int, stream: int, indices: Sequence[int], shape: tuple[int, ...]) -> Tensor:
@@ -92,11 +94,14 @@ def evaluate(
 
     `model` (the EMA copy when eval.use_ema) and `text_encoder` are put in eval mode for the call and
     restored afterwards; the global RNG is left untouched (training resumes bit-identically).
-    Returns recon_lpips(+_se, _n), text_lpips(+_se, _n), text_manip_delta(+_se, _n), lpips_backbone.
+    Returns recon_lpips(+_se, _n), text_lpips(+_se, _n), text_manip_delta(+_se, _n), lpips_backbone and
+    text_manip_note: None, or why text_manip_delta (and its se and n) is None: a dataset without caption
+    edits (`dataset.supports_edits` False, e.g. an imagefolder with no `edit` field and no colour word).
     """
     n = eval_spec.num_samples
     images, captions = dataset.held_out(n)
-    pairs = dataset.edit_pairs(n)
+    manip_note = None if getattr(dataset, "supports_edits", True) else NO_EDITS_NOTE
+    pairs = dataset.edit_pairs(n) if manip_note is None else []
     shape = tuple(images.shape[1:])
     was_training = (model.training, text_encoder.training)
     model.eval()
@@ -136,4 +141,7 @@ def evaluate(
     for key, vals in (("recon_lpips", recon), ("text_lpips", text_only), ("text_manip_delta", manip)):
         mean, se, count = mean_se(torch.cat(vals)) if vals else (None, None, 0)
         out[key], out[f"{key}_se"], out[f"{key}_n"] = mean, se, count
+    if manip_note is not None:
+        out["text_manip_delta_n"] = None  # not measured, as opposed to measured on zero pairs
+    out["text_manip_note"] = manip_note
     return out

@@ -192,6 +192,32 @@ def autotune_fp8(
     return slower
 
 
+def reuse_fp8_set(decisions: dict[str, str | None], fp8_linears: list[str], report: PrecisionReport) -> None:
+    """Restrict `decisions` to a saved FP8 set (a resumed run keeps its first start's numerics, no re-timing).
+
+    Every saved name must still pass the module filter; anything else means the checkpoint belongs to
+    another model or filter, and converting a different set would silently change the numerics.
+    """
+    chosen = set(fp8_linears)
+    bad = sorted(n for n in chosen if decisions.get(n, "no such nn.Linear in the model") is not None)
+    if bad:
+        why = decisions.get(bad[0], "no such nn.Linear in the model")
+        raise PrecisionError(
+            f"saved FP8 linear set does not fit this model: {bad[0]!r} ({why}); "
+            "resume with the spec that wrote the checkpoint, or start a new output directory"
+        )
+    candidates = [n for n, why in decisions.items() if why is None]
+    for name in candidates:
+        if name not in chosen:
+            decisions[name] = "not in the FP8 set reused from checkpoint"
+    report.autotune = f"reused from checkpoint: {len(chosen)} of {len(candidates)} candidate linears in FP8"
+    if len(chosen) < len(candidates):
+        report.fallbacks.append(
+            f"fp8 set reused from checkpoint: {len(chosen)} of {len(candidates)} candidate linears in FP8 "
+            "(as the first start's autotune chose)"
+        )
+
+
 def convert_fp8(
     model: nn.Module,
     precision: PrecisionSpec,
@@ -199,10 +225,12 @@ def convert_fp8(
     device: torch.device | str = "cpu",
     tokens: int | None = None,
     time_linear: LinearTimer | None = None,
+    fp8_linears: list[str] | None = None,
 ) -> None:
     """Swap the filtered (and, on CUDA, autotuned) linears for torchao float8 linears in place.
 
-    Records the decision per linear in `report`; see `apply_precision` for `tokens` and `time_linear`.
+    Records the decision per linear in `report`; see `apply_precision` for `tokens`, `time_linear` and
+    `fp8_linears`.
     """
     try:
         if precision.fp8_recipe == "mxfp8":
@@ -226,6 +254,10 @@ def convert_fp8(
         report.fallbacks.append(
             "precision.mode fp8 but precision.fp8_modules selects no linear: every linear runs bf16"
         )
+    if fp8_linears is not None:
+        reuse_fp8_set(decisions, fp8_linears, report)
+    elif not candidates:
+        pass  # nothing to time
     elif report.autotune is None:
         assert tokens is not None
         try:
@@ -257,21 +289,26 @@ def apply_precision(
     device: torch.device | str,
     tokens: int | None = None,
     time_linear: LinearTimer | None = None,
+    fp8_linears: list[str] | None = None,
 ) -> PrecisionReport:
     """Convert `model` (already on `device`) for its precision spec; compile each block if asked.
 
     tokens: rows one linear sees per micro-batch forward (micro-batch x image tokens); the FP8 autotune
     times each candidate shape at that size. time_linear: the timer (default `cuda_time_linear`); passing
     one runs the autotune on any device (tests check the selection with fake timings).
+    fp8_linears: a saved FP8 set (a checkpoint's report.fp8_linears): exactly these linears convert and
+    nothing is timed, so a resumed run does not re-pick the set from fresh, noisy timings. Ignored unless
+    precision.mode is fp8.
 
-    Raises PrecisionError for a recipe the device cannot run (mxfp8 below sm100, fp8 below sm89) or a
-    missing torchao. Compile problems found here are recorded in `fallbacks`, never silent.
+    Raises PrecisionError for a recipe the device cannot run (mxfp8 below sm100, fp8 below sm89), a
+    saved set naming a linear the filter rejects, or a missing torchao. Compile problems found here are
+    recorded in `fallbacks`, never silent.
     """
     report = PrecisionReport(mode=precision.mode)
     if precision.mode == "fp8":
         report.recipe = precision.fp8_recipe
         check_fp8_device(precision, device)
-        convert_fp8(model, precision, report, device, tokens, time_linear)
+        convert_fp8(model, precision, report, device, tokens, time_linear, fp8_linears)
     else:
         report.bf16_linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
         report.why_bf16 = dict.fromkeys(report.bf16_linears, f"precision.mode is {precision.mode}")

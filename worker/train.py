@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from model.data import build_dataset
-from model.evaluate import evaluate
+from model.evaluate import NO_EDITS_NOTE, evaluate
 from model.flow import FlowMatching, estimate_pca_basis, interpolate, sample_t
 from model.nanodit import NanoDiT
 from model.optim import EMA, OptimizerStep, build_optimizers, lr_at, set_lr
@@ -83,6 +83,7 @@ class Parts:
     autocast: Callable[[], contextlib.AbstractContextManager]
     fallbacks: list[str] = field(default_factory=list)
     fp8_linears: list[str] = field(default_factory=list)
+    fp8_autotune: str | None = None  # what chose the FP8 set ("skipped: not CUDA", "reused from checkpoint: ...")
     precision_mode: str = "bf16"  # what actually ran (fp32 where CPU_BF16_FALLBACK applied)
     trainable: list[nn.Parameter] = field(default_factory=list)
     opt_step: Callable[[], None] | None = None  # all optimizers' step(); None: step each eagerly
@@ -92,11 +93,19 @@ def _has_trainable(module: nn.Module) -> bool:
     return any(p.requires_grad for p in module.parameters())
 
 
-def build(spec: ArmSpec, device: torch.device, lpips_weights: Path | None) -> Parts:
-    """Construct a run's parts; model init uses the global RNG seeded from data.seed."""
+def build(
+    spec: ArmSpec, device: torch.device, lpips_weights: Path | None, fp8_linears: list[str] | None = None
+) -> Parts:
+    """Construct a run's parts; model init uses the global RNG seeded from data.seed.
+
+    fp8_linears: the FP8 set saved in the checkpoint being resumed (None on a fresh start): converted as
+    is, without re-timing, so the resumed run keeps the numerics it started with.
+    """
     torch.manual_seed(spec.data.seed)
     fallbacks: list[str] = []
     dataset = build_dataset(spec)
+    if not dataset.supports_edits:  # known now, so the first record already says so
+        fallbacks.append(NO_EDITS_NOTE)
     # LPIPS and the teacher first: a missing weights file should fail before any work is done.
     lpips = load_lpips(spec.eval, weights=lpips_weights, device=str(device))
     if lpips.label == "random_standin":
@@ -132,7 +141,8 @@ def build(spec: ArmSpec, device: torch.device, lpips_weights: Path | None) -> Pa
         fallbacks.append(CPU_BF16_FALLBACK)
         precision = precision.model_copy(update={"mode": "fp32"})
     micro_tokens = spec.schedule.batch_size // spec.schedule.grad_accum * (spec.resolution() // dims.patch) ** 2
-    report = apply_precision(model, precision, device, tokens=micro_tokens)  # FP8 autotune times at this size
+    # FP8 autotune times at this size (unless the set comes from the checkpoint)
+    report = apply_precision(model, precision, device, tokens=micro_tokens, fp8_linears=fp8_linears)
     fallbacks.extend(report.fallbacks)
 
     extra: list[tuple[str, nn.Parameter]] = []
@@ -160,6 +170,7 @@ def build(spec: ArmSpec, device: torch.device, lpips_weights: Path | None) -> Pa
         autocast=lambda: autocast_ctx(precision, device),
         fallbacks=fallbacks,
         fp8_linears=list(report.fp8_linears),
+        fp8_autotune=report.autotune,
         precision_mode=precision.mode,
         trainable=trainable,
         opt_step=opt_step,
@@ -231,6 +242,7 @@ def _state(parts: Parts, step: int, gens: dict[str, torch.Generator], extra: dic
         "basis": parts.flow.basis,
         "rng": rng,
         "spec": parts.spec.model_dump(mode="json"),
+        "fp8_linears": list(parts.fp8_linears),  # reused on resume (see build)
         **extra,
     }
 
@@ -309,7 +321,14 @@ def train_arm(
         torch.cuda.set_device(dev)
         torch.cuda.reset_peak_memory_stats(dev)
     t_start = time.perf_counter()
-    parts = build(spec, dev, lpips_weights)
+    # The checkpoint is read before build: a resumed FP8 run converts the linears it started with.
+    latest = ckpt.latest_checkpoint(out_dir)
+    state: dict[str, Any] | None = None
+    if latest is not None:
+        # CPU first: RNG states must stay CPU ByteTensors; load_state_dict copies tensors to the device.
+        state = ckpt.load(latest, map_location="cpu")
+        check_resumable(state["spec"], spec, latest)
+    parts = build(spec, dev, lpips_weights, fp8_linears=state.get("fp8_linears") if state is not None else None)
     sched = spec.schedule
     gens = {
         "data": torch.Generator().manual_seed(spec.data.seed + 1),
@@ -322,11 +341,7 @@ def train_arm(
     step, wall_before = 0, 0.0
     last_record: dict[str, Any] | None = None
     best: dict[str, Any] = {"step": None, "recon_lpips": None}
-    latest = ckpt.latest_checkpoint(out_dir)
-    if latest is not None:
-        # CPU first: RNG states must stay CPU ByteTensors; load_state_dict copies tensors to the device.
-        state = ckpt.load(latest, map_location="cpu")
-        check_resumable(state["spec"], spec, latest)
+    if state is not None:
         _restore(parts, state, gens)
         step, wall_before = state["step"], state["wall_time_s"]
         last_record, best = state["record"], state["best"]
@@ -369,6 +384,9 @@ def train_arm(
             autocast=parts.autocast,
         )
         eval_s = time.perf_counter() - t_eval
+        note = metrics.get("text_manip_note")
+        if note is not None and note not in parts.fallbacks:
+            parts.fallbacks.append(note)  # build checks too; this keeps any skipped metric on the record
         path = ckpt.checkpoint_path(out_dir, step)
         recon = metrics["recon_lpips"]
         is_best = recon is not None and math.isfinite(recon) and (
@@ -398,6 +416,7 @@ def train_arm(
             "precision": parts.precision_mode,
             "fallbacks": list(parts.fallbacks),
             "fp8_linears": parts.fp8_linears,
+            "fp8_autotune": parts.fp8_autotune,
             "repa_teacher": parts.teacher.label if parts.teacher is not None else None,
             "resumed_from_step": resumed_from or None,
             "final": final,

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 
 from model.data import build_dataset
-from model.evaluate import evaluate, mean_se, sample_noise
+from model.evaluate import NO_EDITS_NOTE, evaluate, mean_se, sample_noise
 from model.flow import FlowMatching
 from model.nanodit import DiTOutput, NanoDiT
 from model.perceptual import load_lpips
@@ -73,7 +76,7 @@ def test_metrics_wiring(setup) -> None:
     assert out["text_manip_delta"] > 0  # the edited caption changes the stub's output
     assert out["recon_lpips_n"] == out["text_lpips_n"] == out["text_manip_delta_n"] == 6
     assert out["text_lpips_se"] > 0 and math.isfinite(out["text_lpips_se"])
-    assert out["lpips_backbone"] == "random_standin"
+    assert out["lpips_backbone"] == "random_standin" and out["text_manip_note"] is None
     blind = evaluate(Stub(use_text=False), text, flow, dataset, SPEC.eval, lpips, "cpu")
     assert blind["text_manip_delta"] == pytest.approx(0.0, abs=1e-7)
 
@@ -95,3 +98,28 @@ def test_metrics_are_a_function_of_the_weights(setup) -> None:
     for key in ("recon_lpips", "text_lpips", "text_manip_delta"):
         assert a[key] == pytest.approx(b[key], rel=1e-5), key
     assert a["recon_lpips"] != a["text_lpips"]
+
+
+def test_dataset_without_edits_skips_text_manip_delta(tmp_path: Path) -> None:
+    """An imagefolder whose captions admit no edit: the delta is None with a note, the rest is measured."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for i in range(4):
+        Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(tmp_path / f"img{i}.png")
+    lines = [json.dumps({"file": f"img{i}.png", "caption": f"a thing number {i}"}) for i in range(4)]
+    (tmp_path / "captions.jsonl").write_text("\n".join(lines))
+    spec = SPEC.model_copy(
+        update={
+            "data": SPEC.data.model_copy(update={"dataset": "imagefolder", "path": str(tmp_path), "held_out": 2}),
+            "eval": SPEC.eval.model_copy(update={"num_samples": 2}),
+        }
+    )
+    dataset = build_dataset(spec)
+    assert not dataset.supports_edits
+    text = build_text_encoder(spec, dataset)
+    out = evaluate(Stub(use_text=True), text, FlowMatching(spec.flow, spec.model.dims().patch), dataset, spec.eval,
+                   load_lpips(spec.eval), "cpu")  # fmt: skip
+    assert out["text_manip_delta"] is None and out["text_manip_delta_se"] is None and out["text_manip_delta_n"] is None
+    assert out["text_manip_note"] == NO_EDITS_NOTE
+    assert out["recon_lpips"] == pytest.approx(0.0, abs=1e-6) and out["text_lpips"] > 0 and out["text_lpips_n"] == 2

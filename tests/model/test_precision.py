@@ -131,3 +131,29 @@ def test_autotune_with_no_gain_runs_bf16_and_says_so():
     off, calls = resolve("I", {"model": {"size": "tiny"}, "precision": {"fp8_autotune": False}}), []
     report = apply_precision(build(off), off.precision, "cpu", tokens=4096, time_linear=fake_timer({}, calls))
     assert calls == [] and len(report.fp8_linears) == 16 and report.autotune.startswith("off")
+
+
+def test_saved_fp8_set_is_reused_without_timing():
+    """A resumed run passes its checkpoint's FP8 set: exactly those convert, nothing is re-timed."""
+    spec = fp8_spec()
+    saved = [f"blocks.{i}.mlp.fc1" for i in range(4)] + ["blocks.1.attn.proj"]
+    model, calls = build(spec), []
+    timer = fake_timer(dict.fromkeys([(64, 192), (64, 64), (64, 256), (256, 64)], 2.0), calls)  # all would gain
+    report = apply_precision(model, spec.precision, "cpu", tokens=128, time_linear=timer, fp8_linears=saved)
+    assert calls == [] and report.fp8_timings == []
+    converted = sorted(n for n, m in model.named_modules() if isinstance(m, Float8Linear))
+    assert converted == sorted(report.fp8_linears) == sorted(saved)
+    assert report.autotune == "reused from checkpoint: 5 of 16 candidate linears in FP8"
+    assert report.why_bf16["blocks.0.attn.qkv"] == "not in the FP8 set reused from checkpoint"
+    assert report.why_bf16["blocks.0.cross.q"] == "not matched by precision.fp8_modules"
+    assert report.fallbacks == [
+        "fp8 set reused from checkpoint: 5 of 16 candidate linears in FP8 (as the first start's autotune chose)"
+    ]
+    # An empty saved set (the autotune kept nothing) stays empty rather than falling back to the filter.
+    empty = apply_precision(build(spec), spec.precision, "cpu", tokens=128, time_linear=timer, fp8_linears=[])
+    assert calls == [] and empty.fp8_linears == []
+    # A name the filter rejects means the checkpoint is not this model's: refused, naming it.
+    with pytest.raises(PrecisionError, match=r"'blocks.0.cross.q' \(not matched by precision.fp8_modules\)"):
+        apply_precision(build(spec), spec.precision, "cpu", fp8_linears=["blocks.0.cross.q"])
+    with pytest.raises(PrecisionError, match=r"'blocks.9.mlp.fc1' \(no such nn.Linear in the model\)"):
+        apply_precision(build(spec), spec.precision, "cpu", fp8_linears=["blocks.9.mlp.fc1"])

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 
+from model.evaluate import NO_EDITS_NOTE
 from model.spec import ArmSpec
 from orchestrator.arms import deep_merge, resolve
 from worker import checkpoint as ckpt
@@ -110,7 +111,8 @@ def _assert_same(a: Any, b: Any, where: str = "") -> None:
         assert a == b, where
 
 
-@pytest.mark.parametrize("arm", ["C", "G"])  # C: TREAD + Muon; G: REPA + AsymFlow + symmetric pixels
+# C: TREAD + Muon; G: REPA + AsymFlow + symmetric pixels; I: FP8 (the saved FP8 set is reused)
+@pytest.mark.parametrize("arm", ["C", "G", "I"])
 def test_resume_is_bit_identical(arm: str, tmp_path: Path) -> None:
     spec = spec_for(arm, schedule={"steps": 8, "checkpoint_every": 4})
     full = [r["train_loss"] for r in train_arm(spec, tmp_path / "full")]
@@ -165,3 +167,54 @@ def test_grad_accum_and_lr_explode_hook(tmp_path: Path) -> None:
     state = ckpt.load(Path(records[-1]["checkpoint"]))
     assert len(state["optimizers"]) == 2  # Muon + AdamW
     assert all(g["lr"] == pytest.approx(5e-2) for o in state["optimizers"] for g in o["param_groups"])
+
+
+def test_imagefolder_without_caption_edits_records_the_skip(tmp_path: Path) -> None:
+    """Captions with no colour word and no `edit` field admit no edit: text_manip_delta is None with a
+    fallback on every record (the first included), and the other metrics are still measured."""
+    import numpy as np
+    from PIL import Image
+
+    root = tmp_path / "folder"
+    root.mkdir()
+    rng = np.random.default_rng(0)
+    lines = []
+    for i in range(8):
+        Image.fromarray(rng.integers(0, 255, (40, 36, 3), dtype=np.uint8)).save(root / f"img{i}.png")
+        lines.append({"file": f"img{i}.png", "caption": f"a photo of thing number {i}"})
+    (root / "captions.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    spec = spec_for(
+        "A",
+        data={"dataset": "imagefolder", "path": str(root), "held_out": 2},
+        schedule={"steps": 4, "checkpoint_every": 2},
+    )
+    records = list(train_arm(spec, tmp_path / "out"))
+    assert [r["step"] for r in records] == [2, 4]
+    for rec in records:
+        assert rec["text_manip_delta"] is None and rec["text_manip_delta_se"] is None
+        assert rec["text_manip_delta_n"] is None and rec["text_manip_note"] == NO_EDITS_NOTE
+        assert rec["fallbacks"].count(NO_EDITS_NOTE) == 1
+        assert math.isfinite(rec["recon_lpips"]) and math.isfinite(rec["text_lpips"]) and rec["recon_lpips_n"] == 2
+    lines_out = [json.loads(x) for x in (tmp_path / "out" / ckpt.METRICS_NAME).read_text().splitlines()]
+    assert all(NO_EDITS_NOTE in x["fallbacks"] and x["text_manip_delta"] is None for x in lines_out)
+
+
+def test_resume_reuses_the_saved_fp8_set(tmp_path: Path) -> None:
+    """A resumed FP8 run converts the linears its checkpoint names (no re-selection), and says so."""
+    spec = spec_for("I", schedule={"steps": 4, "checkpoint_every": 2})
+    gen = train_arm(spec, tmp_path)
+    first = next(gen)
+    gen.close()
+    assert first["fp8_autotune"] == "skipped: not CUDA" and len(first["fp8_linears"]) > 2
+    path = Path(first["checkpoint"])
+    state = ckpt.load(path)
+    assert state["fp8_linears"] == first["fp8_linears"]
+    # Stand in for a set a GPU autotune narrowed: the resume must convert exactly this subset.
+    subset = sorted(first["fp8_linears"])[:2]
+    ckpt.save_atomic({**state, "fp8_linears": subset}, path)
+    rest = list(train_arm(spec, tmp_path))
+    assert [r["step"] for r in rest] == [4] and rest[0]["resumed_from_step"] == 2
+    assert sorted(rest[0]["fp8_linears"]) == subset and math.isfinite(rest[0]["train_loss"])
+    assert rest[0]["fp8_autotune"].startswith("reused from checkpoint: 2 of ")
+    assert any(f.startswith("fp8 set reused from checkpoint: 2 of ") for f in rest[0]["fallbacks"])
+    assert sorted(ckpt.load(Path(rest[0]["checkpoint"]))["fp8_linears"]) == subset
