@@ -13,8 +13,9 @@ import pwd
 import shutil
 import socket
 import subprocess
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,3 +130,18 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshServer]:
         proc.terminate()
         proc.wait(timeout=10)
         log.close()
+
+
+AblateCLI = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture(scope="session")
+def ablate_cli() -> AblateCLI:
+    """Run the installed `ablate` command against a database: `ablate_cli(database_url, "import", ...)`."""
+    exe = shutil.which("ablate") or str(Path(sys.executable).parent / "ablate")
+
+    def run(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "ABLATE_DATABASE_URL": database_url}
+        return subprocess.run([exe, *args], env=env, capture_output=True, text=True, timeout=120)
+
+    return run

@@ -5,10 +5,6 @@ canvas, B's detector stop marked with its reason), a screenshot saved for the RE
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -27,15 +23,9 @@ needs_chromium = pytest.mark.skipif(
 )
 
 
-def _ablate(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    exe = shutil.which("ablate") or str(Path(sys.executable).parent / "ablate")
-    env = {**os.environ, "ABLATE_DATABASE_URL": database_url}
-    return subprocess.run([exe, *args], env=env, capture_output=True, text=True, timeout=120)
-
-
 @pytest.fixture(scope="module")
-def grid_id(database_url: str) -> int:
-    out = _ablate(database_url, "import", str(FIXTURE), "--name", "published study A-D (2026)")
+def grid_id(database_url: str, ablate_cli) -> int:  # type: ignore[no-untyped-def]
+    out = ablate_cli(database_url, "import", str(FIXTURE), "--name", "published study A-D (2026)")
     assert out.returncode == 0, out.stderr
     return int(out.stdout.split()[1])  # "grid N 'name': ..."
 
@@ -127,7 +117,9 @@ def test_grid_list_shows_the_imported_grid(base_url: str, grid_id: int, browser_
 
 
 @needs_chromium
-def test_grid_page_draws_four_arms_and_b_stop(base_url: str, database_url: str, grid_id: int, browser_context) -> None:  # type: ignore[no-untyped-def]
+def test_grid_page_draws_four_arms_and_b_stop(  # type: ignore[no-untyped-def]
+    base_url: str, database_url: str, grid_id: int, browser_context, ablate_cli
+) -> None:
     page = browser_context.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
@@ -173,7 +165,7 @@ def test_grid_page_draws_four_arms_and_b_stop(base_url: str, database_url: str, 
 
     # Detector warnings on secondary metrics, exactly as `ablate replay` gives them (C: text_lpips,
     # D: text_manip_delta, A and B: none), in the notes as warnings: no stop banner, no stop marker.
-    replay = _ablate(database_url, "replay", str(FIXTURE))
+    replay = ablate_cli(database_url, "replay", str(FIXTURE))
     assert replay.returncode == 0, replay.stderr
     expected = {line["arm"].split("_")[0]: line["warnings"] for line in map(json.loads, replay.stdout.splitlines())}
     shown = {

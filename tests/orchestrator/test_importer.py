@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,15 +17,9 @@ from orchestrator.importer import CurvesImportError, import_curves
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "published_ablation_a_to_d.json"
 
 
-def _ablate(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    exe = shutil.which("ablate") or str(Path(sys.executable).parent / "ablate")
-    env = {**os.environ, "ABLATE_DATABASE_URL": database_url}
-    return subprocess.run([exe, *args], env=env, capture_output=True, text=True, timeout=120)
-
-
 @pytest.fixture(scope="module")
-def imported(database_url: str) -> int:
-    out = _ablate(database_url, "import", str(FIXTURE), "--name", "published A-D")
+def imported(database_url: str, ablate_cli) -> int:  # type: ignore[no-untyped-def]
+    out = ablate_cli(database_url, "import", str(FIXTURE), "--name", "published A-D")
     assert out.returncode == 0, out.stderr
     assert "B: stopped   collapse @4000  (best 0.9070 @3000)" in out.stdout
     return int(out.stdout.split()[1])
@@ -81,16 +71,16 @@ def test_import_stores_runs_metrics_and_b_decision(database_url: str, imported: 
         assert s.scalars(select(Event).where(Event.grid_id == imported, Event.kind == "imported")).all()
 
 
-def test_import_bad_input_is_one_clear_line(database_url: str, tmp_path: Path) -> None:
+def test_import_bad_input_is_one_clear_line(database_url: str, tmp_path: Path, ablate_cli) -> None:  # type: ignore[no-untyped-def]
     bad = tmp_path / "curves.json"
     bad.write_text('{"baseline": {"checkpoints": [{"step": 100, "recon_lpips": 0.9}]}}')
-    out = _ablate(database_url, "import", str(bad), "--name", "x")
+    out = ablate_cli(database_url, "import", str(bad), "--name", "x")
     assert out.returncode == 2
     assert "curve 'baseline': cannot tell which arm" in out.stderr and "--arm baseline=A" in out.stderr
     assert "Traceback" not in out.stderr
 
     bad.write_text('{"A": {"checkpoints": [{"step": 100, "recon_lpips": "high"}]}}')
-    out = _ablate(database_url, "import", str(bad), "--name", "x")
+    out = ablate_cli(database_url, "import", str(bad), "--name", "x")
     assert out.returncode == 2 and "field 'recon_lpips' must be a number" in out.stderr
     assert "Traceback" not in out.stderr
 
