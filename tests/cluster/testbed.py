@@ -1,0 +1,335 @@
+"""A test bed of "rented nodes" on one Linux machine: network namespaces on one bridge.
+
+Each node is a network namespace with its own veth on a bridge in the root namespace (where the
+controller runs, at the bridge's address), its own IP, its own Linux user with its own home
+directory, and its own OpenSSH server (own host key) that listens only on the node's IP. The
+only stand-in is `nvidia-smi`, which prints the node's declared logical GPUs. Paths that
+must be node-local (the controller's storage dir, which workers on a real node create on their own
+disk) are bind-mounted over with a per-node directory inside the node's mount namespace.
+
+Everything is named after the creating process id (bridge, namespaces, veths, users, subnet), so
+two test beds on one machine never collide, and everything is removed by `close()`: processes of
+the node users by pid, the sshds by process group, namespaces, links, users, files.
+
+Usable from pytest (tests/cluster/conftest.py) and from bench/ scripts:
+
+    with TestBed(nodes=2, gpus=2) as bed:
+        bed.nodes[0].ip, bed.controller_ip, bed.nodes[0].client_key, ...
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SSHD = Path("/usr/sbin/sshd")
+GPU_QUERY_ARGS = "--query-gpu=index,name,memory.total,driver_version,uuid --format=csv,noheader,nounits"
+
+
+class TestBedUnavailable(RuntimeError):
+    """This machine cannot host the test bed (not root, no `ip netns`, no sshd); the reason says which."""
+
+
+@dataclass
+class BedNode:
+    name: str
+    ip: str
+    netns: str
+    user: str
+    home: Path
+    client_key: Path  # the controller's key for this node's login user
+    known_hosts: Path  # this node's host key, as `ssh-keyscan` reports it
+    gpus: int
+    port: int = 22
+    sshd: subprocess.Popen[bytes] | None = None
+    private: dict[Path, Path] = field(default_factory=dict)  # controller path -> this node's own copy
+
+    @property
+    def uid(self) -> int:
+        return pwd.getpwnam(self.user).pw_uid
+
+
+def _run(*cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    if check and result.returncode != 0:
+        raise RuntimeError(f"`{' '.join(cmd)}` exited {result.returncode}: {result.stderr.strip()}")
+    return result
+
+
+def _subnet_in_use(prefix: str) -> bool:
+    return f" {prefix}." in _run("ip", "-4", "-o", "addr").stdout or _run("ip", "-4", "route").stdout.startswith(prefix)
+
+
+def _pids_of_uid(uid: int) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if entry.stat().st_uid == uid:
+                    pids.append(int(entry.name))
+            except FileNotFoundError:
+                pass
+    return pids
+
+
+def kill_uid(uid: int, grace_s: float = 5.0) -> None:
+    """SIGTERM every process of `uid` (a user that exists only for the test bed), SIGKILL what is left."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in _pids_of_uid(uid):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace_s
+        while _pids_of_uid(uid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if not _pids_of_uid(uid):
+            return
+
+
+class TestBed:
+    """N namespace nodes with sshd; `start()` builds them, `close()` removes everything (idempotent).
+
+    `private_paths`: controller paths that each node sees as its own empty directory (owned by
+    its user), as a rented node's disk would be. `shared_readable`: paths the node users must be
+    able to read (a pre-built Python environment, the source), made world-traversable if needed.
+    """
+
+    __test__ = False  # not a pytest class
+
+    def __init__(
+        self,
+        nodes: int = 2,
+        gpus: int | list[int] = 2,
+        private_paths: list[Path] | None = None,
+        tag: str | None = None,
+    ) -> None:
+        self.tag = tag or f"ab{os.getpid() % 100000}"
+        self.count = nodes
+        self.gpus = gpus if isinstance(gpus, list) else [gpus] * nodes
+        self.private_paths = [Path(p) for p in private_paths or []]
+        self.root = Path("/tmp") / self.tag  # short: Ray's unix sockets live under the nodes' homes
+        self.bridge = f"{self.tag}br"
+        self.prefix = ""
+        self.controller_ip = ""
+        self.nodes: list[BedNode] = []
+        self._created: list[tuple[str, str]] = []  # (kind, name), undone in reverse order
+
+    # -- build ---------------------------------------------------------------------------------------
+
+    def __enter__(self) -> TestBed:
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @staticmethod
+    def check() -> None:
+        """TestBedUnavailable unless this machine can create namespaces and run sshd."""
+        if os.geteuid() != 0:
+            raise TestBedUnavailable("the cluster test bed needs root (network namespaces, users, sshd)")
+        for tool in ("ip", "useradd", "userdel", "ssh-keygen", "ssh-keyscan", "unshare"):
+            if shutil.which(tool) is None:
+                raise TestBedUnavailable(f"`{tool}` is missing (Debian: iproute2, passwd, openssh-client, util-linux)")
+        if not SSHD.exists():
+            raise TestBedUnavailable("/usr/sbin/sshd is missing (Debian: openssh-server)")
+        probe = f"abprobe{os.getpid() % 100000}"
+        made = _run("ip", "netns", "add", probe, check=False)
+        if made.returncode != 0:
+            raise TestBedUnavailable(f"cannot create a network namespace here: {made.stderr.strip()}")
+        _run("ip", "netns", "del", probe, check=False)
+
+    def start(self) -> None:
+        self.check()
+        pid = os.getpid()
+        for bump in range(64):
+            prefix = f"10.{150 + (pid + bump) % 100}.{(pid // 100) % 256}"
+            if not _subnet_in_use(prefix):
+                break
+        else:
+            raise TestBedUnavailable("no free 10.x.y.0/24 subnet for the test bed")
+        self.prefix, self.controller_ip = prefix, f"{prefix}.1"
+        self.root.mkdir(mode=0o755)
+        self._created.append(("dir", str(self.root)))
+        Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege-separation directory
+        _run("ip", "link", "add", self.bridge, "type", "bridge")
+        self._created.append(("link", self.bridge))
+        _run("ip", "addr", "add", f"{self.controller_ip}/24", "dev", self.bridge)
+        _run("ip", "link", "set", self.bridge, "up")
+        for i in range(self.count):
+            self.nodes.append(self._add_node(i))
+        for node in self.nodes:
+            self._wait_ssh(node)
+
+    def _add_node(self, i: int) -> BedNode:
+        name, ns, veth, user = f"node{i}", f"{self.tag}n{i}", f"{self.tag}v{i}", f"{self.tag}u{i}"
+        ip = f"{self.prefix}.{11 + i}"
+        d = self.root / f"n{i}"
+        d.mkdir(mode=0o755)
+        _run("ip", "netns", "add", ns)
+        self._created.append(("netns", ns))
+        _run("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
+        self._created.append(("link", veth))
+        _run("ip", "link", "set", veth, "master", self.bridge, "up")
+        _run("ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", "eth0")
+        _run("ip", "-n", ns, "link", "set", "eth0", "up")
+        _run("ip", "-n", ns, "link", "set", "lo", "up")
+
+        # Its own login user and home; password '*' (no password, but not "locked": sshd without PAM
+        # refuses a locked account even for a key).
+        home = d / "h"
+        _run(
+            "useradd", "--home-dir", str(home), "--create-home", "--shell", "/bin/bash", "--user-group", "-p", "*", user
+        )
+        self._created.append(("user", user))
+        uid = pwd.getpwnam(user).pw_uid
+        gid = pwd.getpwnam(user).pw_gid
+
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / "host_key")], check=True)
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / "client_key")], check=True)
+        bindir = d / "bin"
+        bindir.mkdir(mode=0o755)
+        smi = bindir / "nvidia-smi"
+        rows = "\n".join(
+            f"{g}, NVIDIA GeForce RTX 4090, 24564, 550.54.14, GPU-{i:08x}-0000-4000-8000-{g:012x}"
+            for g in range(self.gpus[i])
+        )
+        smi.write_text(
+            "#!/bin/sh\n"
+            f'if [ "$*" != "{GPU_QUERY_ARGS}" ]; then\n'
+            '  echo "stand-in nvidia-smi: unexpected arguments: $*" >&2; exit 2\nfi\n'
+            f"cat <<'EOF'\n{rows}\nEOF\n"
+        )
+        smi.chmod(0o755)
+        path = f"{bindir}:/usr/local/bin:/usr/bin:/bin"
+        pub = (d / "client_key.pub").read_text().strip()
+        (d / "authorized_keys").write_text(f'environment="PATH={path}" {pub}\n')
+        (d / "authorized_keys").chmod(0o644)
+        cfg = d / "sshd_config"
+        cfg.write_text(
+            f"ListenAddress {ip}\nPort 22\nHostKey {d / 'host_key'}\nPidFile {d / 'sshd.pid'}\n"
+            f"AuthorizedKeysFile {d / 'authorized_keys'}\nAllowUsers {user}\n"
+            "PubkeyAuthentication yes\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
+            "UsePAM no\nStrictModes no\nPermitUserEnvironment yes\nSubsystem sftp internal-sftp\n"
+            "LogLevel VERBOSE\n"
+        )
+        # Node-local directories over controller paths, visible only in this node's mount namespace.
+        private: dict[Path, Path] = {}
+        mounts = []
+        for k, target in enumerate(self.private_paths):
+            own = d / f"private{k}"
+            own.mkdir(mode=0o755)
+            os.chown(own, uid, gid)
+            target.mkdir(parents=True, exist_ok=True)
+            private[target] = own
+            mounts.append(f"mount --bind {own} {target} && ")
+        log = (d / "sshd.log").open("wb")
+        sshd = subprocess.Popen(
+            [
+                "ip",
+                "netns",
+                "exec",
+                ns,
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                "".join(mounts) + f"exec {SSHD} -D -e -f {cfg}",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: close() ends exactly it
+        )
+        log.close()
+        node = BedNode(
+            name=name,
+            ip=ip,
+            netns=ns,
+            user=user,
+            home=home,
+            client_key=d / "client_key",
+            known_hosts=d / "known_hosts",
+            gpus=self.gpus[i],
+            sshd=sshd,
+            private=private,
+        )
+        return node
+
+    def _wait_ssh(self, node: BedNode) -> None:
+        deadline = time.monotonic() + 20
+        log = node.client_key.parent / "sshd.log"
+        while True:
+            assert node.sshd is not None
+            if node.sshd.poll() is not None:
+                raise RuntimeError(f"sshd of {node.name} exited {node.sshd.returncode}: {log.read_text()}")
+            try:
+                socket.create_connection((node.ip, node.port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"sshd of {node.name} does not listen on {node.ip}: {log.read_text()}") from None
+                time.sleep(0.1)
+        # Trust it the way docs/operations.md tells users to.
+        scan = _run("ssh-keyscan", "-t", "ed25519", node.ip)
+        node.known_hosts.write_text(scan.stdout)
+
+    # -- helpers for tests ---------------------------------------------------------------------------
+
+    def in_node(self, node: BedNode, *cmd: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        """Run a command as root inside the node's network namespace (for assertions)."""
+        return subprocess.run(
+            ["ip", "netns", "exec", node.netns, *cmd], capture_output=True, text=True, timeout=timeout
+        )
+
+    def node_processes(self, node: BedNode) -> list[int]:
+        return _pids_of_uid(node.uid)
+
+    # -- teardown --------------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Remove everything start() created, in reverse; keeps going past errors, then raises the first."""
+        errors: list[str] = []
+        for node in self.nodes:
+            try:
+                kill_uid(node.uid)
+            except KeyError:
+                pass
+            if node.sshd is not None and node.sshd.poll() is None:
+                try:
+                    os.killpg(node.sshd.pid, signal.SIGTERM)
+                    node.sshd.wait(timeout=10)
+                except (ProcessLookupError, subprocess.TimeoutExpired):
+                    os.killpg(node.sshd.pid, signal.SIGKILL)
+                    node.sshd.wait(timeout=10)
+        while self._created:
+            kind, name = self._created.pop()
+            if kind == "netns":
+                r = _run("ip", "netns", "del", name, check=False)
+            elif kind == "link":
+                r = _run("ip", "link", "del", name, check=False)
+                if "Cannot find device" in r.stderr:  # a veth goes with its namespace
+                    continue
+            elif kind == "user":
+                r = _run("userdel", name, check=False)
+            else:
+                shutil.rmtree(name, ignore_errors=True)
+                continue
+            if r.returncode != 0:
+                errors.append(f"removing {kind} {name}: {r.stderr.strip()}")
+        self.nodes = []
+        if errors:
+            raise RuntimeError("; ".join(errors))
