@@ -114,8 +114,9 @@ def _submit(db: str, arms: list[Any], overrides: dict[str, Any]) -> list[int]:
 def _wait_done(db: str, ids: list[int], timeout: float = 600) -> None:
     from sqlalchemy import select
 
-    from orchestrator.db.models import TERMINAL_STATES, Run
+    from orchestrator.db.models import Run
     from orchestrator.db.session import session_scope
+    from orchestrator.vocabulary import TERMINAL_STATES
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
 
 from arms import ARMS_DIR
 from model.spec import ArmSpec
@@ -128,12 +127,3 @@ def lineage_table() -> list[dict[str, Any]]:
         }
         for letter, spec in arms.items()
     ]
-
-
-def validation_message(exc: ValidationError) -> str:
-    """One line per error: the dotted field path and the problem."""
-    lines = []
-    for err in exc.errors():
-        path = ".".join(str(p) for p in err["loc"]) or "(spec)"
-        lines.append(f"{path}: {err['msg']}")
-    return "; ".join(lines)

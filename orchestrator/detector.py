@@ -13,19 +13,15 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any, Literal
 
 from model.spec import DetectorPolicy
+from orchestrator.numbers import is_finite, json_safe
+from orchestrator.vocabulary import DecisionKind
+
+__all__ = ["Checkpoint", "Decision", "DecisionKind", "ReplayResult", "decide", "replay", "replay_arm"]
 
 Direction = Literal["min", "max"]
-
-
-class DecisionKind(StrEnum):
-    CONTINUE = "continue"
-    COLLAPSE = "collapse"
-    DIVERGED = "diverged"
-    STALLED = "stalled"
 
 
 @dataclass(frozen=True)
@@ -65,12 +61,6 @@ class Checkpoint:
             hours = values["wall_time_s"] / 3600.0  # type: ignore[operator]
         return cls(step=int(step), values=values, hours=hours)
 
-    @classmethod
-    def from_object(cls, obj: Any, fields: Sequence[str]) -> Checkpoint:
-        """Build from an object with attributes `step` and `fields`, e.g. a DB Metric row with
-        `orchestrator.db.models.METRIC_FIELDS`."""
-        return cls.from_mapping({"step": obj.step, **{f: getattr(obj, f, None) for f in fields}})
-
     def get(self, name: str) -> float | None:
         """The field's value, None when missing (NaN/Inf are returned as they are)."""
         return self.values.get(name)
@@ -78,7 +68,7 @@ class Checkpoint:
     def se(self, name: str) -> float | None:
         """The standard error reported with `name` (field `<name>_se`), None when absent or unusable."""
         se = self.values.get(f"{name}_se")
-        return se if se is not None and math.isfinite(se) and se > 0 else None
+        return se if is_finite(se) and se > 0 else None  # type: ignore[operator]
 
 
 @dataclass(frozen=True)
@@ -107,22 +97,17 @@ class Decision:
     def to_dict(self) -> dict[str, Any]:
         """Strict-JSON-ready (an Event's data, an API response): a NaN/Inf value becomes the string
         "nan"/"inf", because Postgres JSON rejects NaN literals."""
-        value = self.value if self.value is None or math.isfinite(self.value) else str(self.value)
         return {
             "kind": self.kind.value,
             "step": self.step,
             "metric": self.metric,
-            "value": value,
+            "value": json_safe(self.value),
             "best_step": self.best_step,
             "best_value": self.best_value,
             "reason": self.reason,
             "warnings": list(self.warnings),
             "stop": self.stop,
         }
-
-
-def _finite(x: float | None) -> bool:
-    return x is not None and math.isfinite(x)
 
 
 def _worse(a: float, b: float, direction: Direction) -> float:
@@ -135,14 +120,14 @@ def _best(series: Sequence[Checkpoint], name: str, direction: Direction) -> tupl
     best: tuple[int, float] | None = None
     for cp in series:
         v = cp.get(name)
-        if _finite(v) and (best is None or _worse(v, best[1], direction) < 0):  # type: ignore[arg-type]
+        if is_finite(v) and (best is None or _worse(v, best[1], direction) < 0):  # type: ignore[arg-type]
             best = (cp.step, v)  # type: ignore[assignment]
     return best
 
 
 def _worsening_run(series: Sequence[Checkpoint], name: str, direction: Direction) -> int:
     """How many of the latest finite values each got worse than the one before (missing values skipped)."""
-    vals = [v for v in (cp.get(name) for cp in series) if _finite(v)]
+    vals = [v for v in (cp.get(name) for cp in series) if is_finite(v)]
     run = 0
     for prev, cur in zip(reversed(vals[:-1]), reversed(vals[1:]), strict=True):
         if _worse(cur, prev, direction) <= 0:  # type: ignore[arg-type]
@@ -178,7 +163,7 @@ def _collapse_check(
     """A description of a monotone collapse of `name` at the newest checkpoint, or None."""
     value = series[-1].get(name)
     best = _best(series, name, direction)
-    if not _finite(value) or best is None:
+    if not is_finite(value) or best is None:
         return None
     run = _worsening_run(series, name, direction)
     if run < policy.worsening_checkpoints:
@@ -247,7 +232,7 @@ def decide(
         return result(DecisionKind.CONTINUE, "detector off (policy mode 'off')")
 
     watched = [name, *policy.secondary, *policy.divergence_fields]
-    bad = [f"{f}={now.get(f)}" for f in dict.fromkeys(watched) if now.get(f) is not None and not _finite(now.get(f))]
+    bad = [f"{f}={now.get(f)}" for f in dict.fromkeys(watched) if now.get(f) is not None and not is_finite(now.get(f))]
     if bad:
         return result(DecisionKind.DIVERGED, f"{', '.join(bad)} at step {now.step}")
 
@@ -359,20 +344,27 @@ def replay_arm(
 
 def replay(
     curves: Mapping[str, Sequence[Checkpoint]],
-    policy: DetectorPolicy,
+    policy: DetectorPolicy | Mapping[str, DetectorPolicy],
     control: str | None = None,
 ) -> list[ReplayResult]:
     """Replay every arm (in the mapping's order). With `control`, that arm is replayed first and the
-    others are checked for stalls against it, truncated where the detector stopped it."""
+    others are checked for stalls against it, truncated where the detector stopped it.
+
+    policy: one for every arm, or one per arm (each arm's own spec, as `ablate import` replays them).
+    """
     if control is not None and control not in curves:
         raise ValueError(f"control arm {control!r} is not in the curves (arms: {', '.join(curves)})")
+
+    def policy_of(arm: str) -> DetectorPolicy:
+        return policy if isinstance(policy, DetectorPolicy) else policy[arm]
+
     results: dict[str, ReplayResult] = {}
     control_series: list[Checkpoint] | None = None
     if control is not None:
-        results[control] = replay_arm(control, curves[control], policy)
+        results[control] = replay_arm(control, curves[control], policy_of(control))
         last = results[control].decisions[-1].step
         control_series = [cp for cp in curves[control] if cp.step <= last]
     for arm, series in curves.items():
         if arm not in results:
-            results[arm] = replay_arm(arm, series, policy, control_series)
+            results[arm] = replay_arm(arm, series, policy_of(arm), control_series)
     return [results[arm] for arm in curves]

@@ -16,7 +16,10 @@ from sqlalchemy.orm import Session
 
 from model.spec import ArmSpec
 from orchestrator.arms import LINEAGE_KEYS, ArmError, arm_files, resolve
-from orchestrator.db.models import METRIC_FIELDS, TERMINAL_STATES, Event, Grid, Metric, Run, RunState, utcnow
+from orchestrator.db.models import METRIC_FIELDS, Event, Grid, Metric, Run, utcnow
+from orchestrator.db.transitions import transition
+from orchestrator.messages import errors_text
+from orchestrator.vocabulary import TERMINAL_STATES, GridSource, RunDecision, RunState
 
 ARM_LABEL_MAX = 64  # runs.arm is VARCHAR(64)
 GRID_NAME_MAX = 200  # grids.name is VARCHAR(200)
@@ -68,7 +71,7 @@ class GridError(ValueError):
 
     def message(self) -> str:
         """One line: `arms.1.optimizer.asymflow: Extra inputs are not permitted; ...`."""
-        return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(grid)'}: {e['msg']}" for e in self.errors)
+        return errors_text(self.errors, root="(grid)")
 
 
 class RunConflict(ValueError):
@@ -161,7 +164,7 @@ def resolve_grid(body: GridCreate) -> list[tuple[str, ArmSpec]]:
     return resolved
 
 
-def create_grid(session: Session, body: GridCreate, source: str = "submitted") -> Grid:
+def create_grid(session: Session, body: GridCreate, source: GridSource = GridSource.submitted) -> Grid:
     """Store the grid and one queued run per arm (in order) with its fully resolved spec; flushes, no commit."""
     resolved = resolve_grid(body)
     grid = Grid(
@@ -246,14 +249,12 @@ def stop_run(session: Session, run: Run, now: datetime | None = None) -> Run:
     queued: stopped at once (decision "user"). starting/running: `stop_requested` is set and the
     scheduler stops the worker gracefully. Already finished: RunConflict.
     """
-    from orchestrator.scheduler import transition  # the scheduler owns state transitions; pure DB here
-
     if run.state == RunState.queued:
         # Compare-and-set: the scheduler may be launching it right now. Whoever moves it out of
         # `queued` first wins; losing here means it is starting, so the stop is requested below.
         reason = "stopped by the user before it started"
-        stopped = dict(state=RunState.stopped, decision="user", decision_reason=reason, finished_at=now or utcnow())
-        if transition(session, run, RunState.queued, **stopped):
+        stopped = dict(state=RunState.stopped, decision=RunDecision.USER, decision_reason=reason)
+        if transition(session, run, RunState.queued, **stopped, finished_at=now or utcnow()):
             session.add(Event(run_id=run.id, grid_id=run.grid_id, kind="stopped", message=reason))
             session.flush()
             return run

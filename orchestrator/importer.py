@@ -10,7 +10,6 @@ stored as `stopped` at the detector's step, with its reason and best checkpoint.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
@@ -21,14 +20,15 @@ from sqlalchemy.orm import Session
 from model.spec import ArmSpec, DetectorPolicy
 from orchestrator.arms import arm_files
 from orchestrator.curves import Curve
-from orchestrator.db.models import METRIC_FIELDS, Event, Grid, Metric, Run, RunState
-from orchestrator.detector import Checkpoint, ReplayResult, replay_arm
+from orchestrator.db.models import Event, Grid, Run
+from orchestrator.detector import ReplayResult, replay
 from orchestrator.grids import GridCreate, create_grid
+from orchestrator.ingest import insert_metrics
+from orchestrator.vocabulary import GridSource, RunState
 
 # Fixture keys with a DB column of another name. elapsed_hours: one arm holds one GPU, so the
 # wall-clock hours since the arm started are its GPU-hours.
 RENAMED = {"elapsed_hours": "gpu_hours", "num_recon_samples": "recon_lpips_n", "num_text_samples": "text_lpips_n"}
-INT_FIELDS = frozenset({"recon_lpips_n", "text_lpips_n", "text_manip_delta_n"})
 _LETTER = re.compile(r"^([A-Z])(?:$|[_\-\s.:])")
 
 
@@ -68,26 +68,13 @@ def arm_letters(curves: Mapping[str, Curve], arm_map: Mapping[str, str]) -> dict
     return letters
 
 
-def _json_safe(value: Any) -> Any:
-    """Metric.extra is JSON (Postgres rejects NaN/Infinity in it): non-finite numbers become strings."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    return value
-
-
-def metric_row(run_id: int, raw: Mapping[str, Any]) -> Metric:
-    """A Metric from one fixture checkpoint: known columns by name (or renamed), the rest in extra."""
-    fields: dict[str, Any] = {}
-    extra: dict[str, Any] = {}
-    for key, value in raw.items():
-        if key == "step":
-            continue
-        column = RENAMED.get(key, key)
-        if column in METRIC_FIELDS and column not in fields:
-            fields[column] = int(value) if column in INT_FIELDS and value is not None else value
-        else:
-            extra[key] = _json_safe(value)
-    return Metric(run_id=run_id, step=int(raw["step"]), extra=extra, **fields)
+def _record(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """A fixture checkpoint as a worker record: fixture keys renamed to their DB columns."""
+    record = dict(raw)
+    for key, column in RENAMED.items():
+        if key in record and column not in record:
+            record[column] = record.pop(key)
+    return record
 
 
 def _parse_time(text: Any) -> datetime | None:
@@ -99,23 +86,6 @@ def _parse_time(text: Any) -> datetime | None:
     except ValueError:
         return None
     return t if t.tzinfo else t.replace(tzinfo=UTC)
-
-
-def _replay_all(runs: list[tuple[Run, Curve]], control: Run, policy: DetectorPolicy | None) -> dict[int, ReplayResult]:
-    """Replay each arm with its own spec's detector policy (or `policy`), the control arm first;
-    the others are checked for stalls against the control, cut where the detector stopped it."""
-
-    def pol(run: Run) -> DetectorPolicy:
-        return policy if policy is not None else ArmSpec.model_validate(run.spec).detector
-
-    ctrl_curve = next(c for r, c in runs if r.id == control.id)
-    results = {control.id: replay_arm(control.arm, ctrl_curve.checkpoints, pol(control))}
-    last = results[control.id].decisions[-1].step
-    ctrl_series: list[Checkpoint] = [cp for cp in ctrl_curve.checkpoints if cp.step <= last]
-    for run, curve in runs:
-        if run.id not in results:
-            results[run.id] = replay_arm(run.arm, curve.checkpoints, pol(run), ctrl_series)
-    return results
 
 
 def _apply(run: Run, curve: Curve, result: ReplayResult, start: datetime | None) -> Event:
@@ -172,12 +142,12 @@ def import_curves(
     grid = create_grid(
         session,
         GridCreate(name=name, arms=list(letters.values()), control=control_letter),
-        source="imported",
+        source=GridSource.imported,
     )
     pairs: list[tuple[Run, Curve]] = []
     for run, (key, curve) in zip(grid.runs, curves.items(), strict=True):
         pairs.append((run, curve))
-        session.add_all(metric_row(run.id, raw) for raw in curve.raw)
+        insert_metrics(session, run.id, [_record(raw) for raw in curve.raw])
         session.add(
             Event(
                 run_id=run.id,
@@ -187,10 +157,11 @@ def import_curves(
                 data={"key": key, "label": curve.label, "source": source, "checkpoints": len(curve.raw)},
             )
         )
-    control_run = next(r for r in grid.runs if r.arm == grid.control_arm)
-    results = _replay_all(pairs, control_run, policy)
-    for run, curve in pairs:
-        session.add(_apply(run, curve, results[run.id], _parse_time((start_times or {}).get(curve.arm))))
+    # Each arm under its own spec's detector policy unless one was given; run.arm labels are unique.
+    policies = {r.arm: policy if policy is not None else ArmSpec.model_validate(r.spec).detector for r, _ in pairs}
+    results = replay({run.arm: curve.checkpoints for run, curve in pairs}, policies, control=grid.control_arm)
+    for (run, curve), result in zip(pairs, results, strict=True):
+        session.add(_apply(run, curve, result, _parse_time((start_times or {}).get(curve.arm))))
     session.flush()
     return grid
 

@@ -8,7 +8,6 @@ benchmarks and the tests call it alike.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from sqlalchemy import func, select
@@ -16,8 +15,9 @@ from sqlalchemy.orm import Session
 
 from model.spec import DetectorPolicy
 from orchestrator.db.models import METRIC_FIELDS, Event, Grid, Metric, Run, utcnow
+from orchestrator.numbers import is_finite, json_safe
+from orchestrator.vocabulary import STOP_DECISIONS, RunDecision
 
-STOP_DECISIONS = frozenset({"collapse", "diverged", "stalled"})
 FLOAT_FIELDS = frozenset(
     c.name for c in Metric.__table__.columns if c.name in METRIC_FIELDS and c.type.python_type is float
 )
@@ -36,7 +36,7 @@ def _number(value: Any, kind: type) -> Any:
         except ValueError:
             return None
     if kind is int:
-        return int(value) if isinstance(value, int | float) and math.isfinite(value) else None
+        return int(value) if isinstance(value, int | float) and is_finite(value) else None
     return float(value)
 
 
@@ -54,14 +54,14 @@ def metric_values(record: dict[str, Any]) -> dict[str, Any]:
             continue
         if key in FLOAT_FIELDS:
             values[key] = _number(value, float)
-            if values[key] is not None and not math.isfinite(values[key]):
-                nonfinite[key] = str(values[key])
+            if values[key] is not None and not is_finite(values[key]):
+                nonfinite[key] = json_safe(values[key])
         elif key in INT_FIELDS:
             values[key] = _number(value, int)
         elif key in METRIC_FIELDS:
             values[key] = None if value is None else str(value)
         else:
-            extra[key] = value
+            extra[key] = json_safe(value)
     if nonfinite:
         extra["nonfinite"] = nonfinite
     values["extra"] = extra
@@ -148,7 +148,7 @@ def _kept_checkpoint(record: dict[str, Any]) -> str | None:
 
 def _update_best(run: Run, record: dict[str, Any], metric: str, direction: str) -> None:
     value = _number(record.get(metric), float)
-    if value is None or not math.isfinite(value):
+    if not is_finite(value):
         return
     better = run.best_value is None or (value < run.best_value if direction == "min" else value > run.best_value)
     if better:
@@ -202,7 +202,8 @@ def apply_detector(
     decision = verdict.kind.value
     if not verdict.stop:
         if run.decision is None:  # warn mode: flag once, the run goes on
-            run.decision, run.decision_step, run.decision_reason = f"warn:{decision}", verdict.step, verdict.reason
+            run.decision, run.decision_step = RunDecision.warning(verdict.kind), verdict.step
+            run.decision_reason = verdict.reason
             record_event(session, run, "warning", verdict.reason, **verdict.to_dict())
         return None
     run.decision, run.decision_step, run.decision_reason = decision, verdict.step, verdict.reason
@@ -249,7 +250,7 @@ def ingest(session: Session, run: Run, records: list[dict[str, Any]], detect: bo
         if record.get("device_name") and not run.gpu_name:
             run.gpu_name = str(record["device_name"])[:128]
         record_event(session, run, "checkpoint", f"step {step}", step=step, **{metric: record.get(metric)})
-        if judge and run.decision not in STOP_DECISIONS and not run.stop_requested:
+        if judge and not run.being_stopped:
             upto = [cp for cp in series if cp.step <= step]
             apply_detector(session, run, upto, control)
     return sorted(new)

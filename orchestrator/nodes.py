@@ -30,6 +30,7 @@ from sqlalchemy.orm import Session
 
 from orchestrator.db.models import Event, Node, Schedule, utcnow
 from orchestrator.db.session import session_scope
+from orchestrator.vocabulary import NodeState
 
 if TYPE_CHECKING:  # paramiko is imported where SSH happens: the API must start fast
     import paramiko
@@ -436,8 +437,8 @@ def probe_node(database_url: str, name: str) -> dict[str, Any]:
         row = get_node(session, name)
         row.gpus = result["gpus"]
         row.last_probe = result
-        if row.state == "registered":
-            row.state = "ready"
+        if row.state == NodeState.registered:
+            row.state = NodeState.ready
     return result
 
 
@@ -551,7 +552,7 @@ def teardown(shell: NodeShell, config: BootstrapConfig) -> None:
     run_steps(shell, config.cleanup, config.variables(0), config.command_timeout_s)
 
 
-def _set_state(database_url: str, name: str, state: str) -> None:
+def _set_state(database_url: str, name: str, state: NodeState) -> None:
     with session_scope(database_url) as session:
         get_node(session, name).state = state
 
@@ -574,7 +575,7 @@ def bootstrap_node(database_url: str, name: str, config: BootstrapConfig | None 
         bootstrap(shell, config, num_gpus=len(found["gpus"]))
     with session_scope(database_url) as session:
         row = get_node(session, name)
-        row.gpus, row.last_probe, row.state = found["gpus"], found, "joined"
+        row.gpus, row.last_probe, row.state = found["gpus"], found, NodeState.joined
     return found
 
 
@@ -582,11 +583,11 @@ def drain_node(database_url: str, name: str, config: BootstrapConfig | None = No
     config = config or BootstrapConfig()
     with NodeShell.open(_with_node(database_url, name), database_url) as shell:
         drain(shell, config)
-    _set_state(database_url, name, "drained")
+    _set_state(database_url, name, NodeState.drained)
 
 
 def teardown_node(database_url: str, name: str, config: BootstrapConfig | None = None) -> None:
     config = config or BootstrapConfig()
     with NodeShell.open(_with_node(database_url, name), database_url) as shell:
         teardown(shell, config)
-    _set_state(database_url, name, "registered")
+    _set_state(database_url, name, NodeState.registered)

@@ -27,45 +27,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import select
 from sqlalchemy.orm import Session
-from sqlalchemy.orm.attributes import set_committed_value
 
-from orchestrator.db.models import Grid, Run, RunState, utcnow
+from orchestrator.db.models import Grid, Run, utcnow
 from orchestrator.db.session import session_scope
-from orchestrator.ingest import STOP_DECISIONS, ingest, last_step, record_event
+from orchestrator.db.transitions import transition
+from orchestrator.ingest import ingest, last_step, record_event
 from orchestrator.settings import Settings
+from orchestrator.vocabulary import ACTIVE_STATES, GridSource, RunState
 
 log = logging.getLogger("ablate.scheduler")
 
-ACTIVE_STATES = (RunState.starting, RunState.running)
 POLL_WAIT_S = 1.0  # worker-side long-poll: a record reaches the DB as soon as it exists
-
-
-def being_stopped(run: Run) -> bool:
-    """The user or the detector wants this run stopped: it must never be (re)launched."""
-    return bool(run.stop_requested) or run.decision in STOP_DECISIONS or run.decision == "user"
-
-
-def transition(session: Session, run: Run, from_state: RunState, **values: Any) -> bool:
-    """Compare-and-set: UPDATE the run to `values` only if it is still `from_state` in the DB.
-
-    True when this session won (the in-memory run then carries the values); False when another
-    writer (the API's stop, another scheduler pass) changed the state first: nothing is written and
-    the caller must not act on the old state.
-    """
-    result = session.execute(
-        update(Run)
-        .where(Run.id == run.id, Run.state == from_state)
-        .values(**values)
-        .execution_options(synchronize_session=False)
-    )
-    if result.rowcount != 1:
-        session.refresh(run)
-        return False
-    for key, value in values.items():
-        set_committed_value(run, key, value)
-    return True
 
 
 def claim_for_launch(session: Session, run: Run, checkpoint_dir: str) -> bool:
@@ -114,8 +88,6 @@ def connect_ray(settings: Settings, **init_kwargs: Any) -> None:
         ray.init(include_dashboard=False, **kwargs)
     if in_main and previous is not None:
         signal.signal(signal.SIGTERM, previous)
-
-
 
 
 # -- the loop -----------------------------------------------------------------------------------------
@@ -247,10 +219,10 @@ class Scheduler:
             for run in session.scalars(
                 select(Run)
                 .join(Grid)
-                .where(Run.state == RunState.queued, Grid.source != "imported")
+                .where(Run.state == RunState.queued, Grid.source != GridSource.imported)
                 .order_by(Grid.created_at, Grid.id, Run.position, Run.id)
             ).all():
-                if being_stopped(run):  # e.g. re-queued after its worker died while stopping
+                if run.being_stopped:  # e.g. re-queued after its worker died while stopping
                     self._finish_queued_stop(session, run)
                     continue
                 if free <= 0:
@@ -259,7 +231,7 @@ class Scheduler:
                     free -= 1
 
     def _finish_queued_stop(self, session: Session, run: Run) -> None:
-        why = run.decision_reason if run.decision in STOP_DECISIONS else "stopped by the user before it started"
+        why = run.stop_reason("stopped by the user before it started")
         if transition(session, run, RunState.queued, state=RunState.stopped, finished_at=utcnow()):
             record_event(session, run, "stopped", why, step=run.last_checkpoint_step, decision=run.decision)
             log.info("run %s stopped: %s", run.id, why)
@@ -348,13 +320,11 @@ class Scheduler:
                 self._mark_running(session, run, reply["info"])
             if reply["records"]:
                 ingest(session, run, reply["records"])
-            if run.decision in STOP_DECISIONS or run.stop_requested:
+            if run.being_stopped:
                 self._request_stop(worker)
             if reply["state"] == "done":
-                stopped = run.stop_requested or run.decision in STOP_DECISIONS or reply["stopping"]
-                if stopped:
-                    why = run.decision_reason if run.decision in STOP_DECISIONS else "stopped by the user"
-                    self._finish(session, run, RunState.stopped, why)
+                if run.being_stopped or reply["stopping"]:
+                    self._finish(session, run, RunState.stopped, run.stop_reason())
                 else:
                     self._finish(session, run, RunState.completed, f"finished at step {run.last_checkpoint_step}")
             elif reply["state"] == "error":
@@ -399,9 +369,8 @@ class Scheduler:
     def _requeue(self, session: Session, run: Run, why: str) -> None:
         """The run's worker is gone: stopped if it was being stopped, else queued again to resume from
         its checkpoint (retries + 1), or failed once retries pass max_retries."""
-        if being_stopped(run):
-            reason = run.decision_reason if run.decision in STOP_DECISIONS else "stopped by the user"
-            self._finish(session, run, RunState.stopped, f"{reason}; {why}")
+        if run.being_stopped:
+            self._finish(session, run, RunState.stopped, f"{run.stop_reason()}; {why}")
             return
         run.retries += 1
         if run.retries > self.settings.max_retries:
@@ -428,9 +397,8 @@ class Scheduler:
     def _finish(self, session: Session, run: Run, state: RunState, message: str) -> None:
         run.state = state
         run.finished_at = utcnow()
-        kind = {RunState.completed: "completed", RunState.stopped: "stopped", RunState.failed: "failed"}[state]
-        record_event(session, run, kind, message, step=run.last_checkpoint_step, decision=run.decision)
-        log.info("run %s %s: %s", run.id, kind, message)
+        record_event(session, run, state.value, message, step=run.last_checkpoint_step, decision=run.decision)
+        log.info("run %s %s: %s", run.id, state, message)
 
     def _kill(self, worker: Worker) -> None:
         import ray
@@ -448,10 +416,7 @@ class Scheduler:
             return
         with session_scope(self.settings.database_url) as session:
             wanted = session.scalars(
-                select(Run.id).where(
-                    Run.id.in_(list(self.workers)),
-                    Run.stop_requested.is_(True) | Run.decision.in_(STOP_DECISIONS),
-                )
+                select(Run.id).where(Run.id.in_(list(self.workers)), Run.being_stopped)
             ).all()
         for run_id in wanted:
             self._request_stop(self.workers[run_id])

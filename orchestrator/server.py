@@ -7,16 +7,11 @@ import secrets
 from pathlib import Path
 
 from fastapi import FastAPI
-from sqlalchemy.engine import make_url
 
 from orchestrator.api.app import create_app
 from orchestrator.db.session import upgrade
+from orchestrator.messages import masked_url
 from orchestrator.settings import Settings
-
-
-def display_url(database_url: str) -> str:
-    """The database URL with any password masked, for logs."""
-    return make_url(database_url).render_as_string(hide_password=True)
 
 
 def read_token(settings: Settings) -> str | None:
@@ -42,7 +37,7 @@ def _write_token(path: Path) -> str:
 def prepare(settings: Settings) -> str:
     """Upgrade the database to the newest schema and return the API token (generated if none exists)."""
     upgrade(settings.database_url)
-    print(f"database: {display_url(settings.database_url)} (migrated to head)")
+    print(f"database: {masked_url(settings.database_url)} (migrated to head)")
     token = read_token(settings)
     if token is None:
         token = _write_token(settings.token_file)

@@ -26,9 +26,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from orchestrator.db.models import METRIC_FIELDS, TERMINAL_STATES, Event, Grid, Node, Schedule, Sweep, utcnow
+from orchestrator.db.models import METRIC_FIELDS, Event, Grid, Node, Schedule, Sweep, utcnow
 from orchestrator.db.session import session_scope
 from orchestrator.grids import GridCreate, GridError, create_grid, resolve_grid, stop_run
+from orchestrator.messages import validation_text
 from orchestrator.nodes import (
     NAME_PATTERN,
     BootstrapConfig,
@@ -39,10 +40,10 @@ from orchestrator.nodes import (
     find_node,
     teardown,
 )
+from orchestrator.vocabulary import TERMINAL_STATES, GridSource, NodeState, SweepState
 
 log = logging.getLogger(__name__)
 
-ACTIVE_STATES = ("provisioning", "running", "stopping", "collecting")
 Clock = Callable[[], datetime]
 
 
@@ -92,9 +93,7 @@ class ScheduleCreate(BaseModel):
         try:
             resolve_grid(GridCreate.model_validate(v))
         except ValidationError as exc:
-            raise ValueError(
-                "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors(include_url=False))
-            ) from None
+            raise ValueError(validation_text(exc, root="(grid)")) from None
         except GridError as exc:
             raise ValueError(exc.message()) from None
         return v
@@ -166,7 +165,7 @@ def resume_schedule(session: Session, name: str, now: datetime | None = None) ->
 
 def delete_schedule(session: Session, name: str) -> None:
     schedule = get_schedule(session, name)
-    if session.scalar(select(Sweep.id).where(Sweep.schedule_id == schedule.id, Sweep.state.in_(ACTIVE_STATES))):
+    if session.scalar(select(Sweep.id).where(Sweep.schedule_id == schedule.id, Sweep.under_way)):
         raise ScheduleError(f"schedule {name!r} has a sweep under way; wait for it or stop it first")
     session.delete(schedule)
     session.flush()
@@ -250,7 +249,7 @@ class SweepRunner:
         now = self.now()
         self.fire_due(now)
         with session_scope(self.database_url) as session:
-            active = list(session.scalars(select(Sweep.id).where(Sweep.state.in_(ACTIVE_STATES)).order_by(Sweep.id)))
+            active = list(session.scalars(select(Sweep.id).where(Sweep.under_way).order_by(Sweep.id)))
         for sweep_id in active:
             self.advance(sweep_id, self.now())
 
@@ -286,7 +285,7 @@ class SweepRunner:
                 **info,
             )
             return None
-        busy = session.scalar(select(Sweep.id).where(Sweep.schedule_id == schedule.id, Sweep.state.in_(ACTIVE_STATES)))
+        busy = session.scalar(select(Sweep.id).where(Sweep.schedule_id == schedule.id, Sweep.under_way))
         if busy is not None:
             _event(
                 session, "schedule.overlap", f"{schedule.name}: sweep {busy} is still under way; fire skipped", **info
@@ -298,7 +297,7 @@ class SweepRunner:
             scheduled_for=missed[-1] if late else scheduled_for,
             fired_at=now,
             late=late,
-            state="provisioning",
+            state=SweepState.provisioning,
             nodes=list(schedule.nodes),
             price_per_hour=sum(n.price_per_hour for n in nodes),
             budget=schedule.budget,
@@ -317,14 +316,14 @@ class SweepRunner:
         with session_scope(self.database_url) as session:
             sweep = session.get_one(Sweep, sweep_id)
             state = sweep.state
-        if state == "provisioning":
+        if state == SweepState.provisioning:
             self._provision(sweep_id, now)
         with session_scope(self.database_url) as session:
             sweep = session.get_one(Sweep, sweep_id)
-            if sweep.state in ("running", "stopping"):
+            if sweep.state in (SweepState.running, SweepState.stopping):
                 self._watch(session, sweep, now)
             state = sweep.state
-        if state == "collecting":
+        if state == SweepState.collecting:
             self._collect_and_teardown(sweep_id, now)
         with session_scope(self.database_url) as session:
             return session.get_one(Sweep, sweep_id).state
@@ -349,7 +348,7 @@ class SweepRunner:
             what = str(exc) if isinstance(exc, NodeError) else f"{type(exc).__name__}: {exc}"
             with session_scope(self.database_url) as session:
                 sweep = session.get_one(Sweep, sweep_id)
-                sweep.state, sweep.finished_at = "failed", self.now()
+                sweep.state, sweep.finished_at = SweepState.failed, self.now()
                 sweep.error = f"provisioning {name}: {what}" + "".join(f"; {p}" for p in problems)
                 sweep.spend = _spend(sweep, sweep.finished_at)
                 _event(session, "sweep.failed", sweep.error, sweep)
@@ -358,13 +357,13 @@ class SweepRunner:
             sweep = session.get_one(Sweep, sweep_id)
             grid_body["name"] = label[:200]
             try:
-                grid = create_grid(session, GridCreate.model_validate(grid_body), source="schedule")
+                grid = create_grid(session, GridCreate.model_validate(grid_body), source=GridSource.schedule)
             except (ValidationError, GridError) as exc:
                 # Arms changed since the schedule was created: nothing can run, so give the nodes back.
-                sweep.state, sweep.error = "collecting", f"grid no longer valid: {exc}"
+                sweep.state, sweep.error = SweepState.collecting, f"grid no longer valid: {exc}"
                 _event(session, "sweep.failed", sweep.error, sweep)
                 return
-            sweep.grid_id, sweep.state = grid.id, "running"
+            sweep.grid_id, sweep.state = grid.id, SweepState.running
             _event(
                 session,
                 "sweep.running",
@@ -378,12 +377,12 @@ class SweepRunner:
         grid = session.get(Grid, sweep.grid_id) if sweep.grid_id is not None else None
         runs = list(grid.runs) if grid is not None else []
         pending = [r for r in runs if r.state not in TERMINAL_STATES]
-        if sweep.state == "running" and sweep.budget is not None and sweep.spend >= sweep.budget:
+        if sweep.state == SweepState.running and sweep.budget is not None and sweep.spend >= sweep.budget:
             hours = (now - aware(sweep.fired_at)).total_seconds() / 3600
             sweep.stop_reason = (
                 f"budget {sweep.budget:g} reached: spent {sweep.spend:.2f} ({hours:.2f} h x {sweep.price_per_hour:g}/h)"
             )
-            sweep.state, sweep.stop_requested_at = "stopping", now
+            sweep.state, sweep.stop_requested_at = SweepState.stopping, now
             for run in pending:
                 stop_run(session, run, now)
             _event(
@@ -395,9 +394,9 @@ class SweepRunner:
             )
             pending = [r for r in runs if r.state not in TERMINAL_STATES]
         if not pending:
-            sweep.state = "collecting"
-        elif sweep.state == "stopping" and now - aware(sweep.stop_requested_at or now) >= self.stop_grace:
-            sweep.state = "collecting"
+            sweep.state = SweepState.collecting
+        elif sweep.state == SweepState.stopping and now - aware(sweep.stop_requested_at or now) >= self.stop_grace:
+            sweep.state = SweepState.collecting
             _event(
                 session,
                 "sweep.stop_timeout",
@@ -421,7 +420,9 @@ class SweepRunner:
             sweep.results_dir = str(results)
             if problems:
                 sweep.error = "; ".join(filter(None, [sweep.error, *problems]))
-            sweep.state = "failed" if sweep.error else "stopped" if sweep.stop_reason else "completed"
+            sweep.state = (
+                SweepState.failed if sweep.error else SweepState.stopped if sweep.stop_reason else SweepState.completed
+            )
             _event(
                 session,
                 f"sweep.{sweep.state}",
@@ -498,7 +499,7 @@ class SweepRunner:
                 with session_scope(self.database_url) as session:
                     row = session.scalar(select(Node).where(Node.name == name))
                     if row is not None:
-                        row.state = "drained" if name in keep_files else "registered"
+                        row.state = NodeState.drained if name in keep_files else NodeState.registered
             except NodeError as exc:
                 problems.append(f"tearing down {name}: {exc} -- THE NODE MAY STILL BE RUNNING (and billing)")
         return problems

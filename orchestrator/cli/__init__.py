@@ -33,7 +33,8 @@ def _register() -> None:
 
 def main() -> None:
     """Console-script entry: known errors become one clear line instead of a traceback."""
-    from orchestrator.arms import ArmError, validation_message
+    from orchestrator.arms import ArmError
+    from orchestrator.messages import validation_text
     from orchestrator.settings import SettingsError
 
     _register()
@@ -43,7 +44,7 @@ def main() -> None:
         typer.secho(f"error: {exc}", fg="red", err=True)
         sys.exit(2)
     except ValidationError as exc:
-        typer.secho(f"error: invalid spec: {validation_message(exc)}", fg="red", err=True)
+        typer.secho(f"error: invalid spec: {validation_text(exc, root='(spec)')}", fg="red", err=True)
         sys.exit(2)
     except typer.Abort:
         sys.exit(130)

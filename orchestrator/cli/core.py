@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from orchestrator.cli import CLIError, app
+from orchestrator.messages import database_error_text, errors_text, masked_url, validation_text
 from orchestrator.settings import Settings, get_settings
 
 console = Console()
@@ -58,18 +59,13 @@ def db_upgrade(revision: Annotated[str, typer.Argument(help="Alembic revision")]
     from sqlalchemy.exc import SQLAlchemyError
 
     from orchestrator.db.session import upgrade
-    from orchestrator.server import display_url
 
     settings = get_settings()
     try:
         upgrade(settings.database_url, revision)
     except SQLAlchemyError as exc:
-        raise CLIError(f"cannot migrate {display_url(settings.database_url)}: {_first_line(exc)}") from None
-    typer.echo(f"{display_url(settings.database_url)}: at revision {_current_revision(settings)}")
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(getattr(exc, "orig", None) or exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise CLIError(f"cannot migrate {masked_url(settings.database_url)}: {database_error_text(exc)}") from None
+    typer.echo(f"{masked_url(settings.database_url)}: at revision {_current_revision(settings)}")
 
 
 def _current_revision(settings: Settings) -> str:
@@ -94,13 +90,6 @@ def load_grid_file(path: Path) -> dict[str, Any]:
     return data
 
 
-def _validation_line(exc: ValidationError) -> str:
-    return "; ".join(
-        f"{'.'.join(str(p) for p in e['loc']) or '(grid)'}: {e['msg']}"
-        for e in exc.errors(include_url=False, include_context=False, include_input=False)
-    )
-
-
 @app.command()
 def submit(
     grid_file: Annotated[Path, typer.Argument(help="YAML grid: name, arms, overrides, control (see arms/demo.yaml)")],
@@ -117,7 +106,7 @@ def submit(
         # Checked here first so a bad spec fails at once, with its path, even without a server.
         resolve_grid(GridCreate.model_validate(data))
     except ValidationError as exc:
-        raise CLIError(f"{grid_file}: {_validation_line(exc)}") from None
+        raise CLIError(f"{grid_file}: {validation_text(exc, root='(grid)')}") from None
     except GridError as exc:
         raise CLIError(f"{grid_file}: {exc.message()}") from None
 
@@ -137,8 +126,7 @@ def submit(
         raise CLIError(f"{base} rejected the API token: use the server's (ABLATE_API_TOKEN or {settings.token_file})")
     if resp.status_code == 422:
         detail = resp.json().get("detail", [])
-        problems = "; ".join(f"{'.'.join(str(p) for p in d['loc'][1:])}: {d['msg']}" for d in detail)
-        raise CLIError(f"{grid_file}: {problems}")
+        raise CLIError(f"{grid_file}: {errors_text(detail, root='(grid)', skip=1)}")
     if resp.status_code != 201:
         raise CLIError(f"{base} answered {resp.status_code}: {resp.text[:200]}")
     typer.echo(resp.json()["id"])
@@ -153,7 +141,6 @@ def status(grid_id: Annotated[int | None, typer.Argument(help="Show this grid's 
     from orchestrator.db.models import Grid
     from orchestrator.db.session import session_scope
     from orchestrator.grids import grid_summary
-    from orchestrator.server import display_url
 
     settings = get_settings()
     try:
@@ -168,7 +155,7 @@ def status(grid_id: Annotated[int | None, typer.Argument(help="Show this grid's 
             _print_runs(grid_summary(session, grid))
     except SQLAlchemyError as exc:
         raise CLIError(
-            f"cannot read {display_url(settings.database_url)}: {_first_line(exc)} (run `ablate db upgrade`?)"
+            f"cannot read {masked_url(settings.database_url)}: {database_error_text(exc)} (run `ablate db upgrade`?)"
         ) from None
 
 

@@ -23,6 +23,7 @@ from rich.table import Table
 from arms import ARMS_DIR
 from orchestrator.cli import CLIError, app
 from orchestrator.settings import Settings, get_settings
+from orchestrator.vocabulary import TERMINAL_STATES, RunDecision, RunState
 
 console = Console()
 DEMO_GRID = ARMS_DIR / "demo.yaml"
@@ -66,13 +67,13 @@ def _retire_leftovers(settings: Settings) -> None:
     """Runs a killed demo left queued or running in the demo DB would compete for the GPUs: stop them."""
     from sqlalchemy import select
 
-    from orchestrator.db.models import TERMINAL_STATES, Event, Run, RunState, utcnow
+    from orchestrator.db.models import Event, Run, utcnow
     from orchestrator.db.session import session_scope
 
     with session_scope(settings.database_url) as session:
         for run in session.scalars(select(Run).where(Run.state.not_in(TERMINAL_STATES))).all():
             run.state, run.finished_at = RunState.stopped, utcnow()
-            run.decision, run.decision_reason = "user", "left over from an interrupted demo"
+            run.decision, run.decision_reason = RunDecision.USER, "left over from an interrupted demo"
             session.add(Event(run_id=run.id, grid_id=run.grid_id, kind="stopped", message=run.decision_reason))
 
 
@@ -121,7 +122,7 @@ def _progress_table(rows: list[dict[str, Any]], elapsed: float, url: str) -> Tab
     for col in ("arm", "state", "GPU", "step", "recon LPIPS", "best", "iter/s"):
         table.add_column(col, justify="left" if col in ("arm", "state") else "right")
     for r in rows:
-        state = r["state"] + (f" ({r['decision']})" if r["decision"] and r["decision"] != "user" else "")
+        state = r["state"] + (f" ({r['decision']})" if r["decision"] and r["decision"] != RunDecision.USER else "")
         table.add_row(
             r["arm"],
             state,
@@ -181,7 +182,6 @@ def demo(
     """Train arms A-D (tiny, shapes) on 4 logical GPUs with the full controller, then print a per-arm table."""
     import ray
 
-    from orchestrator.db.models import TERMINAL_STATES
     from orchestrator.db.session import session_scope, upgrade
     from orchestrator.grids import GridCreate, create_grid
     from orchestrator.scheduler import Scheduler, connect_ray
@@ -230,7 +230,7 @@ def demo(
         backbones = sorted({r["backbone"] for r in rows if r["backbone"]})
         console.print(f"LPIPS backbone: {', '.join(backbones) or '-'}   total {elapsed:.0f} s   dashboard {url}")
         for r in rows:
-            if r["reason"] and r["state"] != "completed":
+            if r["reason"] and r["state"] != RunState.completed:
                 console.print(f"  {r['arm']}: {r['reason'].splitlines()[0]}")
         console.print(f"checkpoints: {Path(settings.storage_dir).resolve() / 'runs'}")
         if hold:

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from orchestrator.cli import CLIError, app
+from orchestrator.messages import database_error_text, masked_url, validation_text
 
 
 def _arm_map(pairs: list[str]) -> dict[str, str]:
@@ -43,10 +44,8 @@ def import_command(
     import json
 
     from pydantic import ValidationError
-    from sqlalchemy.engine import make_url
     from sqlalchemy.exc import SQLAlchemyError
 
-    from orchestrator.arms import validation_message
     from orchestrator.cli.replay import load_policy
     from orchestrator.curves import CurvesError, load_curves
     from orchestrator.db.session import session_scope, upgrade
@@ -84,11 +83,9 @@ def import_command(
     except (CurvesImportError, GridError) as exc:
         raise CLIError(f"{curves}: {exc}") from None
     except ValidationError as exc:  # the grid record itself, e.g. a blank or over-long --name
-        raise CLIError(f"invalid grid: {validation_message(exc)}") from None
+        raise CLIError(f"invalid grid: {validation_text(exc, root='(grid)')}") from None
     except SQLAlchemyError as exc:
-        first = (str(getattr(exc, "orig", None) or exc).strip().splitlines() or [type(exc).__name__])[0]
-        shown = make_url(settings.database_url).render_as_string(hide_password=True)
-        raise CLIError(f"cannot write to {shown}: {first}") from None
+        raise CLIError(f"cannot write to {masked_url(settings.database_url)}: {database_error_text(exc)}") from None
     typer.echo(f"grid {grid_id} {name!r}: {len(rows)} arms imported from {curves}")
     for arm_name, state, decision, step, best_step, best_value in rows:
         best = f"best {best_value:.4f} @{best_step}" if best_value is not None else "no best"

@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from orchestrator.cli import CLIError, app
+from orchestrator.messages import database_error_text, validation_text
 
 nodes_app = typer.Typer(no_args_is_help=True, help="Rented GPU nodes reached over SSH (known host keys only).")
 app.add_typer(nodes_app, name="nodes")
@@ -35,15 +36,9 @@ def node_errors() -> Iterator[None]:
     except NodeError as exc:
         raise CLIError(str(exc)) from None
     except ValidationError as exc:
-        raise CLIError(
-            "; ".join(
-                f"{'.'.join(map(str, e['loc']))}: {e['msg'].removeprefix('Value error, ')}"
-                for e in exc.errors(include_url=False)
-            )
-        ) from None
+        raise CLIError(validation_text(exc)) from None
     except SQLAlchemyError as exc:
-        first = (str(getattr(exc, "orig", None) or exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise CLIError(f"database error: {first} (run `ablate db upgrade`?)") from None
+        raise CLIError(f"database error: {database_error_text(exc)} (run `ablate db upgrade`?)") from None
 
 
 def _database_url() -> str:

@@ -18,7 +18,7 @@ def load_policy(path: Path | None) -> DetectorPolicy:
     import yaml
     from pydantic import ValidationError
 
-    from orchestrator.arms import validation_message
+    from orchestrator.messages import validation_text
 
     if path is None:
         return DetectorPolicy()
@@ -37,7 +37,7 @@ def load_policy(path: Path | None) -> DetectorPolicy:
     try:
         return DetectorPolicy.model_validate(data)
     except ValidationError as exc:
-        raise CLIError(f"policy file {str(path)!r}: {validation_message(exc)}") from None
+        raise CLIError(f"policy file {str(path)!r}: {validation_text(exc, root='(policy)')}") from None
 
 
 @app.command("replay")

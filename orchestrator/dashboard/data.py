@@ -23,12 +23,12 @@ from sqlalchemy.orm import Session, selectinload
 
 from model.spec import ArmSpec
 from orchestrator.arms import LINEAGE_KEYS, ArmError, changes, flatten, resolve
-from orchestrator.db.models import METRIC_FIELDS, TERMINAL_STATES, Event, Grid, Metric, Run, RunState
+from orchestrator.db.models import METRIC_FIELDS, Event, Grid, Metric, Run
+from orchestrator.numbers import finite_or_none, is_finite
+from orchestrator.vocabulary import STOP_DECISIONS, TERMINAL_STATES, GridState, RunState
 
 # Quality metrics with stored standard errors; lower is better for the two LPIPS ones.
 QUALITY = ("recon_lpips", "text_lpips", "text_manip_delta")
-PRIMARY = "recon_lpips"
-STOP_DECISIONS = frozenset({"collapse", "diverged", "stalled", "user"})
 STANDIN = "random_standin"
 # Events whose data carries the detector's `warnings` (orchestrator.detector.Decision.warnings).
 WARNING_EVENTS = ("decision", "warning")
@@ -38,17 +38,17 @@ def _iso(t: datetime | None) -> str | None:
     return t.isoformat() if t is not None else None
 
 
-def grid_state(states: Iterable[str]) -> str:
-    """One word for a grid: empty | queued | running | failed | finished."""
+def grid_state(states: Iterable[str]) -> GridState:
+    """One word for a grid, from its runs' states."""
     counts = Counter(states)
     if not counts:
-        return "empty"
+        return GridState.empty
     if counts[RunState.running] or counts[RunState.starting]:
-        return "running"
+        return GridState.running
     if counts[RunState.queued]:
         # Some arms done, others waiting for a GPU: the grid is still going.
-        return "running" if sum(counts[s] for s in TERMINAL_STATES) else "queued"
-    return "failed" if counts[RunState.failed] else "finished"
+        return GridState.running if sum(counts[s] for s in TERMINAL_STATES) else GridState.queued
+    return GridState.failed if counts[RunState.failed] else GridState.finished
 
 
 def _run_gpu_hours(session: Session, run_ids: list[int]) -> dict[int, float]:
@@ -58,7 +58,7 @@ def _run_gpu_hours(session: Session, run_ids: list[int]) -> dict[int, float]:
     rows = session.execute(
         select(Metric.run_id, func.max(Metric.gpu_hours)).where(Metric.run_id.in_(run_ids)).group_by(Metric.run_id)
     )
-    return {rid: float(h) for rid, h in rows if h is not None and math.isfinite(h)}
+    return {rid: float(h) for rid, h in rows if is_finite(h)}
 
 
 def grid_rows(session: Session) -> list[dict[str, Any]]:
@@ -107,17 +107,12 @@ def grid_version(session: Session, grid_id: int) -> str:
     return hashlib.sha1(blob.encode()).hexdigest()[:16]
 
 
-def _finite(x: float | None) -> float | None:
-    """JSON has no NaN/Inf: a diverged metric is sent as null (the run's decision says why)."""
-    return x if x is not None and math.isfinite(x) else None
-
-
 def _series(metrics: list[Metric]) -> dict[str, list[Any]]:
     cols: dict[str, list[Any]] = {"step": [m.step for m in metrics]}
     for name in METRIC_FIELDS:
         values = [getattr(m, name) for m in metrics]
         if any(v is not None for v in values):
-            cols[name] = [_finite(v) if isinstance(v, float) else v for v in values]
+            cols[name] = [finite_or_none(v) if isinstance(v, float) else v for v in values]
     return cols
 
 
@@ -139,7 +134,7 @@ def paired_difference(arm: list[Metric], control: list[Metric], metric: str) -> 
     for m in arm:
         c = by_step.get(m.step)
         a_val, c_val = (getattr(m, metric), getattr(c, metric)) if c else (None, None)
-        if c is None or _finite(a_val) is None or _finite(c_val) is None:
+        if c is None or not is_finite(a_val) or not is_finite(c_val):
             continue
         steps.append(m.step)
         diffs.append(a_val - c_val)
@@ -158,7 +153,7 @@ def paired_difference(arm: list[Metric], control: list[Metric], metric: str) -> 
             ses.append(None)
             methods.append("none")
     method = Counter(methods).most_common(1)[0][0] if methods else "none"
-    return {"step": steps, "diff": diffs, "se": [_finite(s) for s in ses], "se_method": method}
+    return {"step": steps, "diff": diffs, "se": [finite_or_none(s) for s in ses], "se_method": method}
 
 
 def _as_spec(raw: dict[str, Any]) -> ArmSpec | None:
@@ -249,7 +244,7 @@ def _best(run: Run, metrics: list[Metric]) -> tuple[int | None, float | None]:
     """The stored best checkpoint; before the detector has written one, the lowest primary metric so far."""
     if run.best_step is not None:
         return run.best_step, run.best_value
-    scored = [(m.recon_lpips, m.step) for m in metrics if _finite(m.recon_lpips) is not None]
+    scored = [(m.recon_lpips, m.step) for m in metrics if is_finite(m.recon_lpips)]
     if not scored:
         return None, None
     value, step = min(scored)
@@ -281,7 +276,7 @@ def grid_detail(session: Session, grid: Grid) -> dict[str, Any]:
                 "decision_reason": r.decision_reason,
                 "stopped": r.decision in STOP_DECISIONS and r.decision_step is not None,
                 "best_step": best_step,
-                "best_value": _finite(best_value),
+                "best_value": finite_or_none(best_value),
                 "best_from_detector": r.best_step is not None,
                 "fallbacks": r.fallbacks or [],
                 "warnings": warnings.get(r.id, []),

@@ -12,6 +12,7 @@ from fastapi.templating import Jinja2Templates
 from orchestrator.api.deps import SessionDep, get_or_404
 from orchestrator.dashboard.data import grid_detail, grid_rows, grid_version, metrics_csv
 from orchestrator.db.models import Grid
+from orchestrator.vocabulary import for_script
 
 HERE = Path(__file__).parent
 STATIC_DIR = HERE / "static"
@@ -24,7 +25,8 @@ router = APIRouter(tags=["dashboard"])
 
 
 def _page(request: Request, name: str, **context: Any) -> HTMLResponse:
-    return templates.TemplateResponse(request, name, {"static": STATIC_URL, "poll_seconds": POLL_SECONDS, **context})
+    context = {"static": STATIC_URL, "poll_seconds": POLL_SECONDS, "vocabulary": for_script(), **context}
+    return templates.TemplateResponse(request, name, context)
 
 
 @router.get("/", response_class=HTMLResponse, include_in_schema=False)

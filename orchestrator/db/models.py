@@ -2,12 +2,34 @@
 
 from __future__ import annotations
 
-import enum
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import (
+    JSON,
+    ColumnElement,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    or_,
+)
+from sqlalchemy.ext.hybrid import hybrid_property
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+from orchestrator.vocabulary import (
+    ACTIVE_SWEEP_STATES,
+    DETECTOR_STOPS,
+    STOP_DECISIONS,
+    GridSource,
+    NodeState,
+    RunState,
+    SweepState,
+)
 
 
 def utcnow() -> datetime:
@@ -18,20 +40,6 @@ class Base(DeclarativeBase):
     type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON, datetime: DateTime(timezone=True)}
 
 
-class RunState(enum.StrEnum):
-    """queued -> starting -> running -> completed | stopped | failed (DESIGN.md, scheduling)."""
-
-    queued = "queued"
-    starting = "starting"
-    running = "running"
-    completed = "completed"
-    stopped = "stopped"
-    failed = "failed"
-
-
-TERMINAL_STATES = frozenset({RunState.completed, RunState.stopped, RunState.failed})
-
-
 class Grid(Base):
     __tablename__ = "grids"
 
@@ -39,8 +47,7 @@ class Grid(Base):
     name: Mapped[str] = mapped_column(String(200))
     control_arm: Mapped[str | None] = mapped_column(String(64))
     overrides: Mapped[dict[str, Any]] = mapped_column(default=dict)
-    # "submitted" over REST/CLI, or "imported" from published curves (a finished study).
-    source: Mapped[str] = mapped_column(String(32), default="submitted")
+    source: Mapped[str] = mapped_column(String(32), default=GridSource.submitted)  # a GridSource
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     runs: Mapped[list[Run]] = relationship(back_populates="grid", order_by="Run.position")
@@ -56,7 +63,7 @@ class Run(Base):
     position: Mapped[int] = mapped_column(Integer, default=0)  # order within the grid (FIFO)
     arm: Mapped[str] = mapped_column(String(64))
     spec: Mapped[dict[str, Any]] = mapped_column()  # the resolved ArmSpec, exactly as trained
-    state: Mapped[str] = mapped_column(String(16), default=RunState.queued, index=True)
+    state: Mapped[str] = mapped_column(String(16), default=RunState.queued, index=True)  # a RunState
     gpu_index: Mapped[str | None] = mapped_column(String(64))  # CUDA_VISIBLE_DEVICES the worker saw
     gpu_name: Mapped[str | None] = mapped_column(String(128))
     gpu_uuid: Mapped[str | None] = mapped_column(String(128))
@@ -71,7 +78,7 @@ class Run(Base):
     best_step: Mapped[int | None] = mapped_column(Integer)
     best_value: Mapped[float | None] = mapped_column(Float)
     best_checkpoint: Mapped[str | None] = mapped_column(Text)
-    decision: Mapped[str | None] = mapped_column(String(16))  # continue | collapse | diverged | stalled
+    decision: Mapped[str | None] = mapped_column(String(16))  # a RunDecision
     decision_step: Mapped[int | None] = mapped_column(Integer)
     decision_reason: Mapped[str | None] = mapped_column(Text)
     error: Mapped[str | None] = mapped_column(Text)
@@ -83,6 +90,22 @@ class Run(Base):
 
     grid: Mapped[Grid] = relationship(back_populates="runs")
     metrics: Mapped[list[Metric]] = relationship(back_populates="run", order_by="Metric.step")
+
+    @hybrid_property
+    def being_stopped(self) -> bool:
+        """The user or the detector wants this run stopped: it must never be (re)launched."""
+        return bool(self.stop_requested) or self.decision in STOP_DECISIONS
+
+    @being_stopped.inplace.expression
+    @classmethod
+    def _being_stopped_expression(cls) -> ColumnElement[bool]:
+        return or_(cls.stop_requested.is_(True), cls.decision.in_(STOP_DECISIONS))
+
+    def stop_reason(self, default: str = "stopped by the user") -> str:
+        """Why the run is being stopped: the detector's reason when it decided so, else `default`."""
+        if self.decision in DETECTOR_STOPS and self.decision_reason:
+            return self.decision_reason
+        return default
 
 
 class Metric(Base):
@@ -153,7 +176,7 @@ class Node(Base):
     key_path: Mapped[str] = mapped_column(Text)
     known_hosts_path: Mapped[str | None] = mapped_column(Text)
     price_per_hour: Mapped[float] = mapped_column(Float, default=0.0)
-    state: Mapped[str] = mapped_column(String(32), default="registered")  # registered|ready|joined|drained
+    state: Mapped[str] = mapped_column(String(32), default=NodeState.registered)  # a NodeState
     gpus: Mapped[list[Any]] = mapped_column(default=list)  # from the last probe
     last_probe: Mapped[dict[str, Any]] = mapped_column(default=dict)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -187,8 +210,7 @@ class Sweep(Base):
     scheduled_for: Mapped[datetime] = mapped_column()  # the cron time this sweep belongs to
     fired_at: Mapped[datetime] = mapped_column()  # when it started; later than scheduled_for for a misfire
     late: Mapped[bool] = mapped_column(default=False)  # fired after the controller was down (misfire run_once)
-    # provisioning -> running -> (stopping) -> collecting -> completed | stopped | failed
-    state: Mapped[str] = mapped_column(String(16), default="provisioning", index=True)
+    state: Mapped[str] = mapped_column(String(16), default=SweepState.provisioning, index=True)  # a SweepState
     grid_id: Mapped[int | None] = mapped_column(ForeignKey("grids.id", ondelete="SET NULL"))
     nodes: Mapped[list[Any]] = mapped_column(default=list)  # node names provisioned
     price_per_hour: Mapped[float] = mapped_column(Float, default=0.0)  # sum over its nodes, at fire time
@@ -199,3 +221,13 @@ class Sweep(Base):
     error: Mapped[str | None] = mapped_column(Text)  # the failing command and its output
     results_dir: Mapped[str | None] = mapped_column(Text)  # where checkpoints and metrics were copied
     finished_at: Mapped[datetime | None] = mapped_column()
+
+    @hybrid_property
+    def under_way(self) -> bool:
+        """Not yet finished: the runner advances it, and its schedule cannot fire again or be deleted."""
+        return self.state in ACTIVE_SWEEP_STATES
+
+    @under_way.inplace.expression
+    @classmethod
+    def _under_way_expression(cls) -> ColumnElement[bool]:
+        return cls.state.in_(ACTIVE_SWEEP_STATES)

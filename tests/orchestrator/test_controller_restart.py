@@ -19,8 +19,9 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
-from orchestrator.db.models import TERMINAL_STATES, Event, Metric, Run
+from orchestrator.db.models import Event, Metric, Run
 from orchestrator.db.session import session_scope
+from orchestrator.vocabulary import TERMINAL_STATES
 
 ray = pytest.importorskip("ray")
 

@@ -211,9 +211,10 @@ def test_metrics_csv_export(base_url: str, grid_id: int, published_curves: dict)
 def test_live_grid_updates_and_labels_standins(base_url: str, database_url: str, browser_context) -> None:  # type: ignore[no-untyped-def]
     """A running grid: the page polls and redraws when a checkpoint lands, SE bands are drawn where SEs
     exist, and a stand-in LPIPS backbone and a recorded fallback are labelled."""
-    from orchestrator.db.models import Metric, Run, RunState
+    from orchestrator.db.models import Metric, Run
     from orchestrator.db.session import session_scope
     from orchestrator.grids import GridCreate, create_grid
+    from orchestrator.vocabulary import RunState
 
     def checkpoint(run_id: int, step: int) -> Metric:
         v = 0.9 - step / 10_000

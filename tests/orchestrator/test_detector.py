@@ -224,6 +224,7 @@ def test_checkpoint_from_a_db_metric_row() -> None:
     from orchestrator.db.models import METRIC_FIELDS, Metric
 
     row = Metric(step=1000, recon_lpips=0.93, recon_lpips_se=0.005, gpu_hours=3.0, lpips_backbone="alexnet")
-    cp = Checkpoint.from_object(row, METRIC_FIELDS)
+    # As orchestrator.ingest.metric_series hands a stored row to the detector.
+    cp = Checkpoint.from_mapping({"step": row.step, **{f: getattr(row, f) for f in METRIC_FIELDS}})
     assert (cp.step, cp.get("recon_lpips"), cp.se("recon_lpips"), cp.hours) == (1000, 0.93, 0.005, 3.0)
     assert cp.get("text_lpips") is None and "lpips_backbone" not in cp.values

@@ -6,10 +6,11 @@ import math
 
 from sqlalchemy import func, select
 
-from orchestrator.db.models import Event, Metric, Run, RunState
+from orchestrator.db.models import Event, Metric, Run
 from orchestrator.db.session import session_scope
 from orchestrator.grids import GridCreate, create_grid
 from orchestrator.ingest import ingest, metric_series
+from orchestrator.vocabulary import RunState
 
 
 def _grid(database_url: str, arms: list, **kw) -> list[int]:

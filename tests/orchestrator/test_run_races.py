@@ -10,11 +10,12 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from orchestrator.db.models import Event, Run, RunState
+from orchestrator.db.models import Event, Run
 from orchestrator.db.session import session_factory, session_scope
 from orchestrator.grids import GridCreate, create_grid, stop_run
 from orchestrator.scheduler import Scheduler, Worker, claim_for_launch
 from orchestrator.settings import Settings
+from orchestrator.vocabulary import RunState
 
 
 def _run(database_url: str, state: RunState = RunState.queued, **values: object) -> int:

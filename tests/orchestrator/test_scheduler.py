@@ -16,10 +16,11 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from orchestrator.db.models import TERMINAL_STATES, Event, Metric, Run
+from orchestrator.db.models import Event, Metric, Run
 from orchestrator.db.session import session_scope
 from orchestrator.grids import GridCreate, create_grid, stop_run
 from orchestrator.scheduler import Scheduler, actor_name, run_dir
+from orchestrator.vocabulary import TERMINAL_STATES
 
 ray = pytest.importorskip("ray")
 

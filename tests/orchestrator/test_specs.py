@@ -8,7 +8,8 @@ from pydantic import ValidationError
 
 from arms import ARMS_DIR
 from model.spec import ArmSpec
-from orchestrator.arms import ArmError, all_arms, changes, deep_merge, resolve, validation_message
+from orchestrator.arms import ArmError, all_arms, changes, deep_merge, resolve
+from orchestrator.messages import validation_text
 
 
 def error_paths(exc: ValidationError) -> list[str]:
@@ -20,7 +21,7 @@ def test_misplaced_asymflow_is_an_error_naming_the_key() -> None:
     with pytest.raises(ValidationError) as info:
         resolve("F", {"optimizer": {"asymflow": {"rank": 8}}})
     assert error_paths(info.value) == ["optimizer.asymflow"]
-    assert "optimizer.asymflow" in validation_message(info.value)
+    assert "optimizer.asymflow" in validation_text(info.value)
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from orchestrator.db.models import Event, Grid, Metric, Run, RunState, Schedule, Sweep
+from orchestrator.db.models import Event, Grid, Metric, Run, Schedule, Sweep
 from orchestrator.db.session import session_scope
 from orchestrator.nodes import BootstrapConfig, NodeCreate, add_node, find_node
 from orchestrator.sweeps import (
@@ -32,6 +32,7 @@ from orchestrator.sweeps import (
     pause_schedule,
     resume_schedule,
 )
+from orchestrator.vocabulary import RunState
 
 GRID = {"name": "nightly", "arms": ["A", "B"], "overrides": {"model": {"size": "tiny"}}}
 DAY = datetime(2026, 1, 5, tzinfo=UTC)  # a Monday

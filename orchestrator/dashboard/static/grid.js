@@ -5,7 +5,8 @@
 
 (function () {
   const PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#B8A400"];
-  const STOP_KINDS = new Set(["collapse", "diverged", "stalled", "user"]);
+  // States and decisions from orchestrator/vocabulary.py, rendered into the page.
+  const VOCAB = JSON.parse(document.getElementById("vocabulary").textContent);
   const QUALITY = [
     { key: "recon_lpips", title: "Reconstruction LPIPS", primary: true },
     { key: "text_lpips", title: "Text-only LPIPS" },
@@ -58,7 +59,7 @@
     return t.includes(".") && !t.includes("e") ? t.replace(/\.?0+$/, "") : t;
   }
   const signed = (v) => (v === null || v === undefined ? "—" : (v > 0 ? "+" : "") + v.toFixed(4));
-  const stopped = (run) => run.stopped && STOP_KINDS.has(run.decision);
+  const stopped = (run) => run.stopped;  // the server's verdict: a decision that stops a run, at a step
   const valueAt = (run, key, step) => {
     const s = run.series;
     const i = s.step.indexOf(step);
@@ -307,7 +308,7 @@
         box.append(el("div", { class: "banner fallback", "data-arm": r.arm },
           el("strong", {}, `${r.arm} fallbacks: `), r.fallbacks.map(fallbackText).join("; ")));
       }
-      if (r.state === "failed" && r.error) {
+      if (r.state === VOCAB.run_state.failed && r.error) {
         box.append(el("div", { class: "banner failed", "data-arm": r.arm }, el("strong", {}, `${r.arm} failed: `), r.error));
       }
     }
@@ -326,10 +327,10 @@
       if (r.stop_requested && !stopped(r)) notes.push(el("span", { class: "tag" }, "stop requested"));
       if (r.retries) notes.push(el("span", { class: "tag" }, `${r.retries} retries`));
       if (r.gpu_name) notes.push(el("span", { class: "tag plain" }, r.gpu_name));
-      const detector = r.decision && r.decision !== "continue"
-        ? el("span", {}, badge(stopped(r) ? "stopped" : r.decision, r.decision), r.decision_step !== null ? ` @${r.decision_step} ` : " ",
+      const detector = r.decision && r.decision !== VOCAB.decision.continue
+        ? el("span", {}, badge(stopped(r) ? VOCAB.run_state.stopped : r.decision, r.decision), r.decision_step !== null ? ` @${r.decision_step} ` : " ",
             el("span", { class: "reason", title: r.decision_reason || "" }, r.decision_reason || ""))
-        : el("span", { class: "muted" }, r.decision === "continue" ? "continue" : "—");
+        : el("span", { class: "muted" }, r.decision === VOCAB.decision.continue ? r.decision : "—");
       const row = el("tr", { "data-arm": r.arm, class: hidden.has(r.arm) ? "off" : null, title: "click to show/hide this arm in the charts",
         onclick: () => { hidden.has(r.arm) ? hidden.delete(r.arm) : hidden.add(r.arm); render(data); } },
         el("td", {}, el("i", { class: "sw", style: `--c:${colour(r)}` }), el("strong", {}, r.arm), r.description ? el("span", { class: "desc", title: r.description }, r.description) : null),

@@ -4,7 +4,9 @@
 (function () {
   const table = document.getElementById("grids");
   const pollMs = 1000 * parseFloat(table.dataset.pollSeconds || "3");
-  const LIVE = new Set(["queued", "running"]);
+  // States and decisions from orchestrator/vocabulary.py, rendered into the page.
+  const VOCAB = JSON.parse(document.getElementById("vocabulary").textContent);
+  const LIVE = new Set(VOCAB.live_grid_states);
 
   function el(tag, attrs, ...children) {
     const node = document.createElement(tag);
@@ -24,7 +26,7 @@
       el("td", {}, g.id),
       el("td", {}, el("a", { href: `/grids/${g.id}` }, g.name)),
       el("td", {}, el("span", { class: `badge state-${g.state}` }, g.state)),
-      el("td", { class: "arms" }, g.arms.map((a) => el("span", { class: `chip state-${a.state}`, title: `${a.arm}: ${a.state}${a.decision && a.decision !== "continue" ? ` (${a.decision})` : ""}` }, a.arm))),
+      el("td", { class: "arms" }, g.arms.map((a) => el("span", { class: `chip state-${a.state}`, title: `${a.arm}: ${a.state}${a.decision && a.decision !== VOCAB.decision.continue ? ` (${a.decision})` : ""}` }, a.arm))),
       el("td", { class: "time", "data-time": g.started_at || "" }, when(g.started_at)),
       el("td", { class: "num" }, g.gpu_hours === null ? "—" : g.gpu_hours.toFixed(1)),
       el("td", {}, g.source))));

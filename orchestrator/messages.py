@@ -1,0 +1,39 @@
+"""Errors as the one line a user reads: validation errors with their field paths, database errors,
+and database URLs with the password masked."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the CLI imports this module; it stays light
+    from pydantic import ValidationError
+
+
+def errors_text(errors: Iterable[Mapping[str, Any]], root: str = "(input)", skip: int = 0) -> str:
+    """Pydantic-style errors as `arms.1.optimizer.asymflow: Extra inputs are not permitted; ...`.
+
+    root: the path shown for an error on the whole object; skip: leading `loc` parts to leave out
+    (1 drops FastAPI's "body").
+    """
+    return "; ".join(
+        f"{'.'.join(str(p) for p in e['loc'][skip:]) or root}: {str(e['msg']).removeprefix('Value error, ')}"
+        for e in errors
+    )
+
+
+def validation_text(exc: ValidationError, root: str = "(input)") -> str:
+    """A ValidationError as one line, every field path with its problem."""
+    return errors_text(exc.errors(include_url=False, include_context=False, include_input=False), root)
+
+
+def database_error_text(exc: BaseException) -> str:
+    """The first line of a database error (the driver's own message, without SQLAlchemy's SQL dump)."""
+    return (str(getattr(exc, "orig", None) or exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def masked_url(url: str) -> str:
+    """A database URL with any password shown as ***, for logs and messages."""
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)

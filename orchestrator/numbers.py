@@ -1,0 +1,28 @@
+"""Non-finite numbers (NaN/Inf: a diverged loss or metric) where they meet JSON and the database.
+
+Postgres JSON rejects the NaN/Infinity tokens and SQLite stores a NaN float as NULL, so a value that
+must survive a round trip is kept as its string ("nan", "inf", "-inf"); a value only shown is sent as
+null (the run's decision says why).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+def is_finite(x: float | None) -> bool:
+    """A number that is neither None nor NaN/Inf."""
+    return x is not None and math.isfinite(x)
+
+
+def finite_or_none(x: float | None) -> float | None:
+    """The value itself when finite, else None (JSON for display has no NaN/Inf)."""
+    return x if is_finite(x) else None
+
+
+def json_safe(value: Any) -> Any:
+    """A non-finite float as its string ("nan", "inf"), which float() reads back; anything else as it is."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value

@@ -1,0 +1,117 @@
+"""The words the orchestrator stores and shows: run, grid, sweep and node states, and the decisions
+on a run. Every module, the dashboard's script included (`for_script`), takes them from here.
+
+StrEnums, so a member is the very string stored in the database column (no migration) and compares
+equal to it when a row is read back as plain text.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+
+class RunState(StrEnum):
+    """queued -> starting -> running -> completed | stopped | failed (DESIGN.md, scheduling)."""
+
+    queued = "queued"
+    starting = "starting"
+    running = "running"
+    completed = "completed"
+    stopped = "stopped"
+    failed = "failed"
+
+
+TERMINAL_STATES = frozenset({RunState.completed, RunState.stopped, RunState.failed})
+# A worker of ours holds a GPU for the run (the scheduler polls it, a restart adopts it).
+ACTIVE_STATES = frozenset({RunState.starting, RunState.running})
+
+
+class DecisionKind(StrEnum):
+    """The collapse detector's verdict on a checkpoint (orchestrator.detector.decide)."""
+
+    CONTINUE = "continue"
+    COLLAPSE = "collapse"
+    DIVERGED = "diverged"
+    STALLED = "stalled"
+
+
+class RunDecision(StrEnum):
+    """What `Run.decision` holds: the detector's verdict, the user's stop, or a flag in warn mode."""
+
+    CONTINUE = DecisionKind.CONTINUE.value
+    COLLAPSE = DecisionKind.COLLAPSE.value
+    DIVERGED = DecisionKind.DIVERGED.value
+    STALLED = DecisionKind.STALLED.value
+    USER = "user"  # stopped by the user while queued
+    # Detector policy mode `warn`: flagged once, the run goes on.
+    WARN_COLLAPSE = f"warn:{DecisionKind.COLLAPSE}"
+    WARN_DIVERGED = f"warn:{DecisionKind.DIVERGED}"
+    WARN_STALLED = f"warn:{DecisionKind.STALLED}"
+
+    @classmethod
+    def warning(cls, kind: DecisionKind) -> RunDecision:
+        return cls(f"warn:{kind}")
+
+
+# The decisions that stop a run (and keep a stopped run from ever being launched again).
+DETECTOR_STOPS = frozenset({RunDecision.COLLAPSE, RunDecision.DIVERGED, RunDecision.STALLED})
+STOP_DECISIONS = DETECTOR_STOPS | {RunDecision.USER}
+
+
+class GridSource(StrEnum):
+    """Where a grid came from."""
+
+    submitted = "submitted"  # REST or `ablate submit`
+    imported = "imported"  # published curves (`ablate import`): finished, never launched
+    schedule = "schedule"  # fired by a schedule's sweep
+
+
+class GridState(StrEnum):
+    """One word for a grid on the dashboard, from its runs' states."""
+
+    empty = "empty"
+    queued = "queued"
+    running = "running"
+    failed = "failed"
+    finished = "finished"
+
+
+# The dashboard polls while a grid is in one of these.
+LIVE_GRID_STATES = frozenset({GridState.queued, GridState.running})
+
+
+class SweepState(StrEnum):
+    """provisioning -> running -> (stopping) -> collecting -> completed | stopped | failed."""
+
+    provisioning = "provisioning"
+    running = "running"
+    stopping = "stopping"
+    collecting = "collecting"
+    completed = "completed"
+    stopped = "stopped"
+    failed = "failed"
+
+
+# A sweep under way: the runner advances it, its schedule cannot fire again or be deleted.
+ACTIVE_SWEEP_STATES = frozenset(
+    {SweepState.provisioning, SweepState.running, SweepState.stopping, SweepState.collecting}
+)
+
+
+class NodeState(StrEnum):
+    """registered -> ready (probed, environment installed) -> joined (in the Ray cluster) -> drained."""
+
+    registered = "registered"
+    ready = "ready"
+    joined = "joined"
+    drained = "drained"
+
+
+def for_script() -> dict[str, Any]:
+    """The vocabulary the dashboard's scripts use, rendered into each page as JSON (#vocabulary)."""
+    return {
+        "run_state": {m.name: m.value for m in RunState},
+        "decision": {m.name.lower(): m.value for m in RunDecision},
+        "live_grid_states": sorted(LIVE_GRID_STATES),
+    }
