@@ -331,11 +331,19 @@ class NodeShell:
                 )
             )
 
-    def put(self, local: Path, remote: str) -> None:
-        """Copy one file to the node over SFTP (remote relative paths are under the login directory)."""
+    def put(self, local: Path, remote: str, mode: int | None = None) -> None:
+        """Copy one file to the node over SFTP (remote relative paths are under the login directory).
+
+        `mode`: set on the open file before any byte is written (for secrets such as the cluster token).
+        """
         with self.client.open_sftp() as sftp:
-            sftp.put(str(local), remote)
-        self._note("sftp.put", f"{local} -> {remote}")
+            if mode is None:
+                sftp.put(str(local), remote)
+            else:
+                with sftp.open(remote, "w") as fh:
+                    fh.chmod(mode)
+                    fh.write(local.read_bytes())
+        self._note("sftp.put", f"{local} -> {remote}" + (f" (mode {mode:o})" if mode is not None else ""))
 
     def fetch_tree(self, remote: str, local: Path, skipped: list[str] | None = None) -> list[Path]:
         """Copy a remote file or directory tree to `local` over SFTP; returns the files written.
@@ -449,28 +457,47 @@ class BootstrapConfig(BaseSettings):
     """How a node becomes a Ray worker. Environment: ABLATE_NODE_<FIELD> (lists as JSON arrays).
 
     Each command is a template with {python}, {remote_dir}, {venv}, {package}, {ray_address},
-    {num_gpus}; commands run in order and the first failure stops the sequence.
+    {num_gpus}, {token_path}, {env}, {join_args}, {find_links}; commands run in order and the first
+    failure stops the sequence.
     """
 
     model_config = SettingsConfigDict(env_prefix="ABLATE_NODE_", extra="ignore", env_ignore_empty=True)
 
     # The controller's Ray head as workers reach it (host:6379). Required for bootstrap.
     ray_address: str | None = None
+    # The cluster token on the controller (`ablate ray-head` writes storage_dir/ray_token). Copied to
+    # the node as {remote_dir}/ray_token, mode 0600 in a 0700 directory; Ray reads it from the file
+    # RAY_AUTH_TOKEN_PATH names, so the token is never on a command line.
+    token_file: Path | None = None
     # A wheel or sdist of this project built on the controller (`pip wheel --no-deps .`), copied over SFTP.
     package: Path | None = None
+    # A local wheelhouse on the controller (`pip wheel -w wheelhouse '.[gpu]'`), copied over SFTP: the
+    # install then never needs a package index (--no-index --find-links). None: install from the index.
+    wheelhouse: Path | None = None
     # Working directory on the node; relative paths are under the login directory (SFTP and shell agree).
     remote_dir: str = "ablate"
+    # A Python environment already on the node (a worker image's); None: {remote_dir}/venv, made by install.
+    venv: str | None = None
     python: str = "python3"
     # Ray needs the same Python major.minor on every node of a cluster: checked before installing.
     match_python: bool = True
     install: list[str] = [
         "{python} -m venv {venv}",
-        "{venv}/bin/pip install --upgrade pip",
-        "{venv}/bin/pip install {package}",
+        "{venv}/bin/pip install {find_links} --upgrade pip",
+        "{venv}/bin/pip install {find_links} {package}",
     ]
-    join: list[str] = ["{venv}/bin/ray start --address={ray_address} --num-gpus={num_gpus}"]
-    # Leaving the cluster; `ray stop` stops this user's Ray processes on the node.
-    leave: list[str] = ["{venv}/bin/ray stop"]
+    # The node's Ray runs in its own process session (recorded in {remote_dir}/ray/session) and temp dir.
+    join: list[str] = [
+        "{env} RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH={token_path} {venv}/bin/python -m orchestrator.cluster "
+        'start-session {remote_dir}/ray -- {venv}/bin/ray start --address={ray_address} --num-gpus={num_gpus} '
+        '--temp-dir="$HOME"/{remote_dir}/ray-tmp --disable-usage-stats {join_args}'
+    ]
+    # Extra `ray start` arguments (e.g. --num-cpus=4) and environment (NAME: value) of the join command.
+    join_args: str = ""
+    env: dict[str, str] = {}
+    # Leaving the cluster stops exactly the node's Ray session: never `ray stop`, which ends every
+    # Ray process of the machine.
+    leave: list[str] = ["{env} {venv}/bin/python -m orchestrator.cluster stop-session {remote_dir}/ray"]
     # After leave, on teardown. Checkpoints are copied back before this runs.
     cleanup: list[str] = ["rm -rf {remote_dir}"]
     # Seconds per command; pip installing torch on a fresh node takes minutes.
@@ -490,8 +517,17 @@ class BootstrapConfig(BaseSettings):
             )
         return str(PurePosixPath(*parts))
 
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
+        bad = [k for k in v if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)]
+        if bad:
+            raise ValueError(f"not environment variable names: {', '.join(map(repr, bad))}")
+        return v
+
     def variables(self, num_gpus: int, package: str = "") -> dict[str, str]:
-        venv = f"{self.remote_dir}/venv"
+        venv = self.venv or f"{self.remote_dir}/venv"
+        wheels = f"{self.remote_dir}/wheelhouse"
         return {
             "python": shlex.quote(self.python),
             "remote_dir": shlex.quote(self.remote_dir),
@@ -499,6 +535,10 @@ class BootstrapConfig(BaseSettings):
             "package": shlex.quote(package) if package else "",
             "ray_address": shlex.quote(self.ray_address or ""),
             "num_gpus": str(num_gpus),
+            "token_path": '"$HOME"/' + shlex.quote(f"{self.remote_dir}/ray_token"),
+            "env": " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items()),
+            "join_args": self.join_args,
+            "find_links": f"--no-index --find-links {shlex.quote(wheels)}" if self.wheelhouse else "",
         }
 
 
@@ -514,8 +554,14 @@ def run_steps(shell: NodeShell, templates: Sequence[str], variables: dict[str, s
 
 def bootstrap(shell: NodeShell, config: BootstrapConfig, num_gpus: int) -> None:
     """Install the worker environment on the node and join the controller's Ray cluster."""
-    if not config.ray_address and any("{ray_address}" in t for t in config.join):
+    joining = "\n".join(config.join)
+    if not config.ray_address and "{ray_address}" in joining:
         raise NodeError("ABLATE_NODE_RAY_ADDRESS is not set: the Ray head address (host:6379) nodes must join")
+    if "{token_path}" in joining and (config.token_file is None or not config.token_file.is_file()):
+        raise NodeError(
+            f"ABLATE_NODE_TOKEN_FILE {config.token_file or '(unset)'} is not a file: the Ray cluster token "
+            "(`ablate ray-head` writes it to the storage dir as ray_token)"
+        )
     needs_package = any("{package}" in t for t in config.install)
     if needs_package and config.package is None:
         raise NodeError("ABLATE_NODE_PACKAGE is not set: build one with `pip wheel --no-deps -w dist .`")
@@ -529,13 +575,23 @@ def bootstrap(shell: NodeShell, config: BootstrapConfig, num_gpus: int) -> None:
                 f"{'.'.join(local)}; Ray needs the same Python minor version on every node: set "
                 f"ABLATE_NODE_PYTHON to a python{'.'.join(local)} on the node (or ABLATE_NODE_MATCH_PYTHON=false)"
             )
-    shell.run(f"mkdir -p {shlex.quote(config.remote_dir)}", 60)
+    # 0700 before anything goes in: the token must never be readable by other users of the node.
+    shell.run(f"mkdir -p {shlex.quote(config.remote_dir)} && chmod 700 {shlex.quote(config.remote_dir)}", 60)
+    if config.token_file is not None and "{token_path}" in joining:
+        shell.put(config.token_file, f"{config.remote_dir}/ray_token", mode=0o600)
     remote_package = ""
     if config.package is not None:
         if not config.package.is_file():
             raise NodeError(f"ABLATE_NODE_PACKAGE {config.package} does not exist on the controller")
         remote_package = f"{config.remote_dir}/{config.package.name}"
         shell.put(config.package, remote_package)
+    if config.wheelhouse is not None:
+        wheels = sorted(config.wheelhouse.glob("*.whl")) if config.wheelhouse.is_dir() else []
+        if not wheels:
+            raise NodeError(f"ABLATE_NODE_WHEELHOUSE {config.wheelhouse} holds no wheels (`pip wheel -w DIR ...`)")
+        shell.run(f"mkdir -p {shlex.quote(config.remote_dir)}/wheelhouse", 60)
+        for wheel in wheels:
+            shell.put(wheel, f"{config.remote_dir}/wheelhouse/{wheel.name}")
     variables = config.variables(num_gpus, remote_package)
     run_steps(shell, config.install, variables, config.command_timeout_s)
     run_steps(shell, config.join, variables, config.command_timeout_s)

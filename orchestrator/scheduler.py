@@ -21,6 +21,7 @@ Ray is imported lazily: the API process imports this module without paying for R
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -81,6 +82,11 @@ def connect_ray(settings: Settings, **init_kwargs: Any) -> None:
     in_main = threading.current_thread() is threading.main_thread()
     previous = signal.getsignal(signal.SIGTERM) if in_main else None
     if settings.ray_address:
+        token = settings.cluster_token_file
+        if token is not None:  # Ray reads the mode and token path from the environment of the process
+            from orchestrator.cluster import auth_env
+
+            os.environ.update(auth_env(token))
         ray.init(address=settings.ray_address, **kwargs)
     else:
         if settings.logical_gpus > 0:

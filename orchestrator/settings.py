@@ -27,6 +27,9 @@ class Settings(BaseSettings):
     api_token: str | None = None
     # Ray cluster to join ("auto", "ray://host:10001", an address); unset: start a local Ray.
     ray_address: str | None = None
+    # The Ray cluster token (Ray's token auth) used to join ray_address; `ablate ray-head` writes
+    # storage_dir/ray_token. Unset: storage_dir/ray_token when that file exists.
+    ray_token_file: Path | None = None
     # Checkpoints, run outputs, the generated token.
     storage_dir: Path = DEFAULT_DIR
     host: str = "127.0.0.1"
@@ -61,6 +64,14 @@ class Settings(BaseSettings):
     @property
     def token_file(self) -> Path:
         return self.storage_dir / "api_token"
+
+    @property
+    def cluster_token_file(self) -> Path | None:
+        """The Ray cluster token to present, if any (see ray_token_file)."""
+        if self.ray_token_file is not None:
+            return self.ray_token_file
+        default = self.storage_dir / "ray_token"
+        return default if default.is_file() else None
 
 
 def load_settings() -> Settings:

@@ -124,7 +124,7 @@ def bootstrap(name: Annotated[str, typer.Argument(help="Node name")]) -> None:
 
 @nodes_app.command("drain")
 def drain(name: Annotated[str, typer.Argument(help="Node name")]) -> None:
-    """Leave the Ray cluster (`ray stop`); the environment stays for the next bootstrap."""
+    """Leave the Ray cluster (stops the node's own Ray session); the environment stays for the next bootstrap."""
     from orchestrator.nodes import BootstrapConfig, drain_node
 
     with node_errors():

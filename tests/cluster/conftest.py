@@ -1,19 +1,93 @@
-"""The namespace test bed as pytest fixtures: `testbed` (two nodes, two logical GPUs each) per module."""
+"""The namespace test bed as pytest fixtures.
+
+`testbed`: two nodes with two logical GPUs each, per module. Their users reach this Python and its
+virtualenv (the pre-built worker environment, as in the worker image) and a copy of the project's
+source; the controller's storage dir is node-local on each node, as on rented machines.
+`ray_head`: the controller's Ray head on the bridge address, token auth on, in its own session.
+"""
 
 from __future__ import annotations
 
+import os
+import shutil
+import socket
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from orchestrator.cluster import RayHead, auth_env, start_head
+from orchestrator.nodes import BootstrapConfig
 from tests.cluster.testbed import TestBed, TestBedUnavailable
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("orchestrator", "worker", "model", "arms", "migrations")
 
 
 @pytest.fixture(scope="module")
-def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestBed]:
+def testbed() -> Iterator[TestBed]:
     try:
         TestBed.check()
     except TestBedUnavailable as exc:
         pytest.skip(f"cluster test bed unavailable: {exc}")
-    with TestBed(nodes=2, gpus=2) as bed:
+    tag = f"ab{os.getpid() % 100000}"
+    storage = Path("/tmp") / tag / "controller" / "storage"
+    with TestBed(
+        nodes=2, gpus=2, tag=tag, private_paths=[storage], readable=[Path(sys.base_prefix), Path(sys.prefix)]
+    ) as bed:
+        src = bed.root / "src"
+        for package in PACKAGES:
+            shutil.copytree(ROOT / package, src / package, ignore=shutil.ignore_patterns("__pycache__"))
+        bed.storage = storage  # type: ignore[attr-defined]
+        bed.src = src  # type: ignore[attr-defined]
         yield bed
+
+
+@pytest.fixture(scope="module")
+def ray_head(testbed: TestBed) -> Iterator[RayHead]:
+    with socket.socket() as s:
+        s.bind((testbed.controller_ip, 0))
+        port = s.getsockname()[1]
+    head = start_head(
+        testbed.controller_ip, port, testbed.root / "controller" / "ray_token", testbed.root / "head", num_cpus=1
+    )
+    try:
+        yield head
+    finally:
+        head.stop()
+
+
+def node_config(testbed: TestBed, head: RayHead, **overrides: object) -> BootstrapConfig:
+    """The default join and leave, with the pre-built environment instead of an install."""
+    values: dict[str, object] = {
+        "ray_address": head.address,
+        "token_file": head.token_file,
+        "venv": sys.prefix,
+        "python": sys.executable,
+        "install": [],
+        "env": {"PYTHONPATH": str(testbed.src)},  # type: ignore[attr-defined]
+        "join_args": "--num-cpus=1",
+        "command_timeout_s": 120,
+    }
+    return BootstrapConfig(**{**values, **overrides})
+
+
+def alive_nodes(head: RayHead) -> dict[str, float]:
+    """Node IP -> GPUs of the cluster's live nodes, asked by a driver that presents the token."""
+    code = (
+        f"import ray, json; ray.init(address={head.address!r}, logging_level='ERROR');"
+        "print(json.dumps({n['NodeManagerAddress']: n['Resources'].get('GPU', 0) for n in ray.nodes() if n['Alive']}))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, **auth_env(head.token_file)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    import json
+
+    return json.loads(out.stdout.strip().splitlines()[-1])

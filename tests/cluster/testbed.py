@@ -98,8 +98,9 @@ class TestBed:
     """N namespace nodes with sshd; `start()` builds them, `close()` removes everything (idempotent).
 
     `private_paths`: controller paths that each node sees as its own empty directory (owned by
-    its user), as a rented node's disk would be. `shared_readable`: paths the node users must be
-    able to read (a pre-built Python environment, the source), made world-traversable if needed.
+    its user), as a rented node's disk would be. `readable`: controller paths the node users must
+    reach (a pre-built Python environment): where one lies below a directory closed to other users
+    (a Python under /root), the node sees that directory as an empty tmpfs holding only those paths.
     """
 
     __test__ = False  # not a pytest class
@@ -109,12 +110,14 @@ class TestBed:
         nodes: int = 2,
         gpus: int | list[int] = 2,
         private_paths: list[Path] | None = None,
+        readable: list[Path] | None = None,
         tag: str | None = None,
     ) -> None:
         self.tag = tag or f"ab{os.getpid() % 100000}"
         self.count = nodes
         self.gpus = gpus if isinstance(gpus, list) else [gpus] * nodes
         self.private_paths = [Path(p) for p in private_paths or []]
+        self.readable = [Path(p).resolve() for p in readable or []]
         self.root = Path("/tmp") / self.tag  # short: Ray's unix sockets live under the nodes' homes
         self.bridge = f"{self.tag}br"
         self.prefix = ""
@@ -235,6 +238,7 @@ class TestBed:
             target.mkdir(parents=True, exist_ok=True)
             private[target] = own
             mounts.append(f"mount --bind {own} {target} && ")
+        mounts += self._expose(d)
         log = (d / "sshd.log").open("wb")
         sshd = subprocess.Popen(
             [
@@ -268,6 +272,26 @@ class TestBed:
             private=private,
         )
         return node
+
+    def _expose(self, d: Path) -> list[str]:
+        """Mount commands that let the node users reach self.readable (see the class docstring)."""
+        closed: dict[Path, list[Path]] = {}
+        for path in self.readable:
+            ancestors = [a for a in reversed(path.parents) if not os.stat(a).st_mode & 0o001]
+            if ancestors:
+                closed.setdefault(ancestors[0], []).append(path)
+        commands = []
+        for k, (top, paths) in enumerate(closed.items()):
+            stages = []
+            for j, path in enumerate(paths):
+                stage = d / f"stage{k}-{j}"
+                stage.mkdir()
+                stages.append(stage)
+                commands.append(f"mount --bind {path} {stage} && ")
+            commands.append(f"mount -t tmpfs -o mode=755 tmpfs {top} && ")
+            for stage, path in zip(stages, paths, strict=True):
+                commands.append(f"mkdir -p {path} && mount --bind {stage} {path} && ")
+        return commands
 
     def _wait_ssh(self, node: BedNode) -> None:
         deadline = time.monotonic() + 20
