@@ -38,8 +38,11 @@ VOLUME /var/lib/ablate
 WORKDIR /var/lib/ablate
 EXPOSE 8000 6379 8265 10001
 
-# Start the Ray head (no GPUs here: workers bring them), then serve the API in the foreground.
-# ABLATE_RAY_ADDRESS=auto makes the scheduler connect to this head instead of starting its own.
-ENV ABLATE_RAY_ADDRESS=auto
+# Start the Ray head (no GPUs here: workers bring them) with token auth, its token in
+# /var/lib/ablate/ray_token, its dashboard and job API on loopback only (whoever reaches them runs code
+# here); then serve the API in the foreground. ABLATE_RAY_ADDRESS=auto makes the scheduler connect to
+# this head (presenting the token) instead of starting its own. ABLATE_RAY_HEAD_IP: this host's address
+# on the private network the nodes share (WireGuard/Tailscale), see docs/operations.md.
+ENV ABLATE_RAY_ADDRESS=auto ABLATE_RAY_HEAD_IP=127.0.0.1
 ENTRYPOINT ["tini", "--"]
-CMD ["sh", "-c", "ray start --head --port=6379 --num-gpus=0 --dashboard-host=0.0.0.0 --disable-usage-stats && exec ablate serve"]
+CMD ["sh", "-c", "ablate ray-head --node-ip-address \"$ABLATE_RAY_HEAD_IP\" --port 6379 && exec ablate serve"]

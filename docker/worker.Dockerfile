@@ -35,5 +35,6 @@ RUN pip install "torch==${TORCH_VERSION}" "torchvision==${TORCHVISION_VERSION}" 
 ENV ABLATE_STORAGE_DIR=/var/lib/ablate
 WORKDIR /var/lib/ablate
 ENTRYPOINT ["tini", "--"]
-# Override the address: `... ablate-worker ray start --address=CONTROLLER:6379 --block`.
+# Override the address: `... ablate-worker ray start --address=CONTROLLER:6379 --block`. The head has
+# token auth on: pass RAY_AUTH_MODE=token and RAY_AUTH_TOKEN_PATH (a mounted 0600 copy of ray_token).
 CMD ["sh", "-c", "ray start --address=${RAY_HEAD:?set RAY_HEAD=controller-host:6379} --disable-usage-stats --block"]
