@@ -6,6 +6,7 @@ gets the same validation and the same error paths.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from datetime import datetime
 from typing import Annotated, Any
@@ -22,6 +23,8 @@ from orchestrator.messages import errors_text
 from orchestrator.vocabulary import TERMINAL_STATES, GridSource, RunDecision, RunState
 
 ARM_LABEL_MAX = 64  # runs.arm is VARCHAR(64)
+# An arm's name becomes a path part (a sweep copies each run's checkpoints to runs/<id>-<arm>/).
+ARM_LABEL_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 GRID_NAME_MAX = 200  # grids.name is VARCHAR(200)
 
 
@@ -136,6 +139,11 @@ def resolve_grid(body: GridCreate) -> list[tuple[str, ArmSpec]]:
             check_text(label)
             if not 1 <= len(label) <= ARM_LABEL_MAX:
                 raise ValueError(f"arm name must be 1..{ARM_LABEL_MAX} characters")
+            if not ARM_LABEL_PATTERN.fullmatch(label):
+                raise ValueError(
+                    "arm name may hold only letters, digits, '.', '_' and '-', starting with a letter or digit "
+                    "(it names files and directories)"
+                )
         except ValueError as exc:
             errors.append(_error(("arms", i) if isinstance(arm, str) else ("arms", i, "name"), str(exc)))
             continue

@@ -13,21 +13,26 @@ that was down) replays time exactly. Cron times are UTC.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
+import re
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
 from croniter import croniter
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-from sqlalchemy import select
+from sqlalchemy import select, text
+from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
 from orchestrator.db.models import METRIC_FIELDS, Event, Grid, Node, Schedule, Sweep, utcnow
-from orchestrator.db.session import session_scope
+from orchestrator.db.session import engine_for, session_scope
 from orchestrator.grids import GridCreate, GridError, create_grid, resolve_grid, stop_run
 from orchestrator.messages import validation_text
 from orchestrator.nodes import (
@@ -128,8 +133,6 @@ def create_schedule(session: Session, body: ScheduleCreate, now: datetime | None
 
 
 def find_schedule(session: Session, name: str) -> Schedule | None:
-    import re
-
     if not re.match(NAME_PATTERN, name):
         return None
     return session.scalar(select(Schedule).where(Schedule.name == name))
@@ -223,6 +226,10 @@ class SweepRunner:
     `clock` returns the current UTC time (injectable for tests and replay). `misfire_grace` is how
     late a fire may be and still count as on time; `stop_grace` how long stopped runs get to reach a
     final state before the nodes are torn down anyway (the budget keeps running while we wait).
+    A node's teardown is tried `teardown_attempts` times, waiting `teardown_backoff_s` x 2^k between.
+
+    Any runner may tick: only the one holding the runner lock (`runner_lock`) fires or advances
+    anything, so `ablate serve` and `ablate schedules run` side by side never run a sweep twice.
     """
 
     def __init__(
@@ -233,8 +240,12 @@ class SweepRunner:
         node_config: BootstrapConfig | None = None,
         misfire_grace: timedelta = timedelta(minutes=5),
         stop_grace: timedelta = timedelta(minutes=30),
+        teardown_attempts: int = 4,
+        teardown_backoff_s: float = 5.0,
     ) -> None:
         self.database_url = database_url
+        self.teardown_attempts = teardown_attempts
+        self.teardown_backoff_s = teardown_backoff_s
         self.storage_dir = Path(storage_dir)
         self.clock = clock
         self.node_config = node_config
@@ -244,8 +255,16 @@ class SweepRunner:
     def now(self) -> datetime:
         return aware(self.clock())
 
-    def tick(self) -> None:
-        """Fire what is due, then advance every sweep under way by one step."""
+    def tick(self) -> bool:
+        """Fire what is due, then advance every sweep under way by one step; False (nothing done)
+        when another runner holds the lock."""
+        with runner_lock(self.database_url) as mine:
+            if not mine:
+                return False
+            self._tick()
+            return True
+
+    def _tick(self) -> None:
         now = self.now()
         self.fire_due(now)
         with session_scope(self.database_url) as session:
@@ -312,21 +331,46 @@ class SweepRunner:
     # advancing
 
     def advance(self, sweep_id: int, now: datetime) -> str:
-        """One step of one sweep; returns its state afterwards."""
+        """One step of one sweep; returns its state afterwards. Any exception in a step ends the sweep
+        `failed`, naming the step and the reason, after tearing down every node it provisioned."""
         with session_scope(self.database_url) as session:
-            sweep = session.get_one(Sweep, sweep_id)
-            state = sweep.state
-        if state == SweepState.provisioning:
-            self._provision(sweep_id, now)
-        with session_scope(self.database_url) as session:
-            sweep = session.get_one(Sweep, sweep_id)
-            if sweep.state in (SweepState.running, SweepState.stopping):
-                self._watch(session, sweep, now)
-            state = sweep.state
-        if state == SweepState.collecting:
-            self._collect_and_teardown(sweep_id, now)
+            step = session.get_one(Sweep, sweep_id).state
+        try:
+            if step == SweepState.provisioning:
+                self._provision(sweep_id, now)
+            with session_scope(self.database_url) as session:
+                sweep = session.get_one(Sweep, sweep_id)
+                step = sweep.state
+                if sweep.state in (SweepState.running, SweepState.stopping):
+                    self._watch(session, sweep, now)
+                state = sweep.state
+            if state == SweepState.collecting:
+                step = state
+                self._collect_and_teardown(sweep_id, now)
+        except Exception as exc:  # noqa: BLE001 - whatever broke, the sweep must end and its nodes go back
+            log.exception("sweep %s failed in %s", sweep_id, step)
+            self._fail(sweep_id, str(step), exc)
         with session_scope(self.database_url) as session:
             return session.get_one(Sweep, sweep_id).state
+
+    def _fail(self, sweep_id: int, step: str, exc: BaseException, nodes: list[str] | None = None) -> None:
+        """End the sweep `failed` with the step and reason, after stopping its runs and tearing down
+        `nodes` (default: every node it provisioned)."""
+        reason = _reason(exc)
+        with session_scope(self.database_url) as session:
+            sweep = session.get_one(Sweep, sweep_id)
+            names = list(sweep.nodes) if nodes is None else nodes
+            grid = session.get(Grid, sweep.grid_id) if sweep.grid_id is not None else None
+            for run in grid.runs if grid is not None else []:
+                if run.state not in TERMINAL_STATES:
+                    stop_run(session, run, self.now())
+        problems = self._teardown(names, keep_files=set())
+        with session_scope(self.database_url) as session:
+            sweep = session.get_one(Sweep, sweep_id)
+            sweep.state, sweep.finished_at = SweepState.failed, self.now()
+            sweep.error = f"{step}: {reason}" + "".join(f"; {p}" for p in problems)
+            sweep.spend = _spend(sweep, sweep.finished_at)
+            _event(session, "sweep.failed", sweep.error, sweep, step=step)
 
     def _config(self) -> BootstrapConfig:
         return self.node_config or BootstrapConfig()
@@ -338,21 +382,14 @@ class SweepRunner:
             names, grid_body = list(sweep.nodes), dict(schedule.grid)
             label = f"{grid_body.get('name', schedule.name)} @ {aware(sweep.scheduled_for):%Y-%m-%d %H:%M}"
         done: list[str] = []
-        try:
-            for name in names:
+        for name in names:
+            try:
                 bootstrap_node(self.database_url, name, self._config())  # probe first, then install and join
-                done.append(name)
-        except Exception as exc:  # noqa: BLE001 - anything else (an SFTP OSError...) would re-provision every tick
-            # The failing node too: it may have joined or half-installed before the failing step.
-            problems = self._teardown([*done, name], keep_files=set())
-            what = str(exc) if isinstance(exc, NodeError) else f"{type(exc).__name__}: {exc}"
-            with session_scope(self.database_url) as session:
-                sweep = session.get_one(Sweep, sweep_id)
-                sweep.state, sweep.finished_at = SweepState.failed, self.now()
-                sweep.error = f"provisioning {name}: {what}" + "".join(f"; {p}" for p in problems)
-                sweep.spend = _spend(sweep, sweep.finished_at)
-                _event(session, "sweep.failed", sweep.error, sweep)
-            return
+            except Exception as exc:  # noqa: BLE001 - anything else (an SFTP OSError...) would re-provision every tick
+                # The failing node too: it may have joined or half-installed before the failing step.
+                self._fail(sweep_id, f"provisioning {name}", exc, nodes=[*done, name])
+                return
+            done.append(name)
         with session_scope(self.database_url) as session:
             sweep = session.get_one(Sweep, sweep_id)
             grid_body["name"] = label[:200]
@@ -467,7 +504,8 @@ class SweepRunner:
                 )
                 owner = aliases.get(run.node or "")
                 if owner and run.checkpoint_dir:
-                    wanted.setdefault(owner, []).append((run.checkpoint_dir, results / "runs" / f"{run.id}-{run.arm}"))
+                    local = results / "runs" / f"{run.id}-{_path_part(run.arm)}"
+                    wanted.setdefault(owner, []).append((run.checkpoint_dir, local))
             for n in nodes.values():
                 session.expunge(n)
         (results / "metrics.json").write_text(
@@ -478,31 +516,55 @@ class SweepRunner:
                 with NodeShell.open(nodes[name], self.database_url) as shell:
                     for remote, local in copies:
                         shell.fetch_tree(remote, local)
-            except NodeError as exc:
+            except Exception as exc:  # noqa: BLE001 - SFTP PermissionError, ENOSPC, SSHException: keep going
                 failed.add(name)
-                problems.append(f"copying results from {name}: {exc} (its files are kept on the node)")
+                problems.append(f"copying results from {name}: {_reason(exc)} (its files are kept on the node)")
         return problems, failed
 
     def _teardown(self, names: list[str], keep_files: set[str]) -> list[str]:
-        """Leave the cluster on every node; delete the working dir unless its results could not be copied."""
+        """Leave the cluster on every node; delete the working dir unless its results could not be copied.
+
+        Never raises: each node is tried `teardown_attempts` times with back-off; one that still fails
+        is marked `teardown_failed` (red on the dashboard and in `ablate schedules list`) and named in
+        the returned problems, because it may still be running and billing.
+        """
         problems = []
-        config = self._config()
         for name in names:
-            try:
-                with session_scope(self.database_url) as session:
-                    node = session.scalar(select(Node).where(Node.name == name))
-                    if node is None:
-                        raise NodeError(f"node {name!r} was removed while the sweep ran; tear it down by hand")
-                    session.expunge(node)
-                with NodeShell.open(node, self.database_url) as shell:
-                    (drain if name in keep_files else teardown)(shell, config)
+            error: BaseException | None = None
+            for attempt in range(self.teardown_attempts):
+                if attempt:
+                    time.sleep(self.teardown_backoff_s * 2 ** (attempt - 1))
+                try:
+                    self._teardown_one(name, keep=name in keep_files)
+                    error = None
+                    break
+                except Exception as exc:  # noqa: BLE001 - whatever it is, try again, then report the node
+                    error = exc
+                    log.warning("tearing down %s, attempt %d: %s", name, attempt + 1, _reason(exc))
+            if error is not None:
+                problems.append(
+                    f"tearing down {name} failed {self.teardown_attempts} times: {_reason(error)} "
+                    "-- THE NODE MAY STILL BE RUNNING (and billing)"
+                )
                 with session_scope(self.database_url) as session:
                     row = session.scalar(select(Node).where(Node.name == name))
                     if row is not None:
-                        row.state = NodeState.drained if name in keep_files else NodeState.registered
-            except NodeError as exc:
-                problems.append(f"tearing down {name}: {exc} -- THE NODE MAY STILL BE RUNNING (and billing)")
+                        row.state = NodeState.teardown_failed
+                        session.add(Event(node_id=row.id, kind="node.teardown_failed", message=problems[-1]))
         return problems
+
+    def _teardown_one(self, name: str, keep: bool) -> None:
+        with session_scope(self.database_url) as session:
+            node = session.scalar(select(Node).where(Node.name == name))
+            if node is None:
+                raise NodeError(f"node {name!r} was removed while the sweep ran; tear it down by hand")
+            session.expunge(node)
+        with NodeShell.open(node, self.database_url) as shell:
+            (drain if keep else teardown)(shell, self._config())
+        with session_scope(self.database_url) as session:
+            row = session.scalar(select(Node).where(Node.name == name))
+            if row is not None:
+                row.state = NodeState.drained if keep else NodeState.registered
 
     # the loop
 
@@ -520,6 +582,55 @@ class SweepRunner:
                 except Exception:
                     log.exception("cannot record the failed tick")
             stop.wait(interval_s)
+
+
+def _path_part(name: str) -> str:
+    """A stored arm name as one safe path part (names from before arm names were restricted)."""
+    part = re.sub(r"[^A-Za-z0-9._-]", "_", name).lstrip(".")
+    return part[:64] or "arm"
+
+
+def _reason(exc: BaseException) -> str:
+    """A NodeError's own line; anything else with its type, which is the useful part of an OSError."""
+    return str(exc) if isinstance(exc, NodeError) else f"{type(exc).__name__}: {exc}"
+
+
+RUNNER_LOCK_KEY = 0x61626C61  # "abla": the Postgres advisory lock the sweep runner holds while it ticks
+
+
+@contextmanager
+def runner_lock(database_url: str) -> Iterator[bool]:
+    """Yield True when this runner holds the sweep-runner lock (until the block ends), else False.
+
+    Postgres: a session advisory lock on a connection of its own; SQLite: flock on a file beside the
+    database. Both are released by the operating system or server when the holder dies.
+    """
+    if make_url(database_url).get_backend_name() == "postgresql":
+        with engine_for(database_url).connect() as conn:
+            mine = bool(conn.scalar(text("SELECT pg_try_advisory_lock(:k)"), {"k": RUNNER_LOCK_KEY}))
+            conn.commit()
+            try:
+                yield mine
+            finally:
+                if mine:
+                    conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": RUNNER_LOCK_KEY})
+                    conn.commit()
+        return
+    database = make_url(database_url).database or ""
+    path = Path(f"{database}.sweep-runner.lock") if database and database != ":memory:" else None
+    if path is None:  # an in-memory database belongs to one process
+        yield True
+        return
+    with path.open("a") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _fire_times(cron: str, first: datetime, now: datetime) -> list[datetime]:

@@ -106,6 +106,8 @@ class NodeState(StrEnum):
     ready = "ready"
     joined = "joined"
     drained = "drained"
+    # A sweep's teardown failed after its retries: the node may still be running and billing.
+    teardown_failed = "teardown_failed"
 
 
 def for_script() -> dict[str, Any]:
