@@ -73,16 +73,29 @@ def create(
     typer.echo(f"schedule {name} created; first fire {first:%Y-%m-%d %H:%M} UTC")
 
 
+def _node_cell(name: str, state: str | None) -> str:
+    """A node name; in red, and said in words, when its teardown failed (it may still be billing)."""
+    from rich.markup import escape
+
+    from orchestrator.vocabulary import NodeState
+
+    if state == NodeState.teardown_failed:
+        return f"[bold red]{escape(name)} (TEARDOWN FAILED)[/bold red]"
+    return escape(name)
+
+
 @schedules_app.command("list")
 def list_() -> None:
     """Schedules with their next fire and their latest sweep."""
     from orchestrator.db.session import session_scope
+    from orchestrator.nodes import list_nodes
     from orchestrator.sweeps import list_schedules, schedule_public
 
     table = Table(title="schedules (UTC)")
     for col in ("name", "cron", "nodes", "budget", "misfire", "status", "next fire", "last sweep"):
         table.add_column(col)
     with _schedule_errors(), session_scope(_settings().database_url) as session:
+        states = {n.name: n.state for n in list_nodes(session)}
         for s in list_schedules(session):
             p = schedule_public(session, s)
             last = "-"
@@ -93,7 +106,7 @@ def list_() -> None:
             table.add_row(
                 p["name"],
                 p["cron"],
-                ",".join(p["nodes"]),
+                ",".join(_node_cell(n, states.get(n)) for n in p["nodes"]),
                 "-" if p["budget"] is None else f"{p['budget']:g}",
                 p["misfire"],
                 "paused" if p["paused"] else "active",

@@ -23,9 +23,9 @@ from sqlalchemy.orm import Session, selectinload
 
 from model.spec import ArmSpec
 from orchestrator.arms import LINEAGE_KEYS, ArmError, changes, flatten, resolve
-from orchestrator.db.models import METRIC_FIELDS, Event, Grid, Metric, Run
+from orchestrator.db.models import METRIC_FIELDS, Event, Grid, Metric, Node, Run, Schedule, Sweep
 from orchestrator.numbers import finite_or_none, is_finite
-from orchestrator.vocabulary import STOP_DECISIONS, TERMINAL_STATES, GridState, RunState
+from orchestrator.vocabulary import STOP_DECISIONS, TERMINAL_STATES, GridState, NodeState, RunState
 
 # Quality metrics with stored standard errors; lower is better for the two LPIPS ones.
 QUALITY = ("recon_lpips", "text_lpips", "text_manip_delta")
@@ -82,6 +82,39 @@ def grid_rows(session: Session) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+def sweep_rows(session: Session, limit: int = 20) -> list[dict[str, Any]]:
+    """The latest sweeps, newest first, each node with its state: a node whose teardown failed may
+    still be running and billing, so the page shows it in red."""
+    nodes = {n.name: n.state for n in session.scalars(select(Node))}
+    rows = []
+    for sweep, schedule in session.execute(
+        select(Sweep, Schedule.name)
+        .join(Schedule, Sweep.schedule_id == Schedule.id)
+        .order_by(Sweep.id.desc())
+        .limit(limit)
+    ):
+        rows.append(
+            {
+                "id": sweep.id,
+                "schedule": schedule,
+                "state": sweep.state,
+                "fired_at": _iso(sweep.fired_at),
+                "grid_id": sweep.grid_id,
+                "nodes": [{"name": n, "state": nodes.get(n, "removed")} for n in sweep.nodes],
+                "spend": sweep.spend,
+                "budget": sweep.budget,
+                "error": sweep.error,
+                "stop_reason": sweep.stop_reason,
+            }
+        )
+    return rows
+
+
+def unreleased_nodes(session: Session) -> list[str]:
+    """Nodes whose teardown failed: they may still be running and billing."""
+    return list(session.scalars(select(Node.name).where(Node.state == NodeState.teardown_failed).order_by(Node.name)))
 
 
 def grid_version(session: Session, grid_id: int) -> str:

@@ -10,7 +10,14 @@ from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 
 from orchestrator.api.deps import SessionDep, get_or_404
-from orchestrator.dashboard.data import grid_detail, grid_rows, grid_version, metrics_csv
+from orchestrator.dashboard.data import (
+    grid_detail,
+    grid_rows,
+    grid_version,
+    metrics_csv,
+    sweep_rows,
+    unreleased_nodes,
+)
 from orchestrator.db.models import Grid
 from orchestrator.vocabulary import for_script
 
@@ -32,7 +39,13 @@ def _page(request: Request, name: str, **context: Any) -> HTMLResponse:
 @router.get("/", response_class=HTMLResponse, include_in_schema=False)
 def index_page(request: Request, session: SessionDep) -> HTMLResponse:
     """The grid list, rendered on the server (readable without JS) and refreshed by polling."""
-    return _page(request, "index.html", grids=grid_rows(session))
+    return _page(
+        request,
+        "index.html",
+        grids=grid_rows(session),
+        sweeps=sweep_rows(session),
+        unreleased=unreleased_nodes(session),
+    )
 
 
 @router.get("/grids/{grid_id}", response_class=HTMLResponse, include_in_schema=False)

@@ -15,11 +15,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
+from orchestrator.api.app import create_app
 from orchestrator.db.models import Event, Grid, Node, Run, Schedule, Sweep
 from orchestrator.db.session import session_scope
 from orchestrator.nodes import BootstrapConfig, NodeCreate, add_node, find_node
+from orchestrator.settings import Settings
 from orchestrator.sweeps import ScheduleCreate, SweepRunner, create_schedule, get_schedule, runner_lock
 from orchestrator.vocabulary import NodeState, RunState, SweepState
 
@@ -150,6 +153,8 @@ def test_teardown_error_in_the_provisioning_error_path_ends_the_sweep_and_marks_
     sshd,  # noqa: ANN001
     node_name: str,
     tmp_path: Path,
+    ablate_cli,  # noqa: ANN001
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     remote = sshd.workdir / "provfail"
     clock = FakeClock(DAY)
@@ -167,6 +172,16 @@ def test_teardown_error_in_the_provisioning_error_path_ends_the_sweep_and_marks_
     clock.now = DAY.replace(hour=22, minute=5)
     runner.tick()
     assert _commands(database_url, "exit 3") == 1  # never bootstrapped again
+
+    # Shown in red where the operator looks: the dashboard and `ablate schedules list`.
+    client = TestClient(create_app(Settings(database_url=database_url, storage_dir=tmp_path), "t"))
+    page = client.get("/").text
+    assert 'id="unreleased"' in page and "Teardown failed on flaky-node" in page
+    assert '<span class="chip node-teardown_failed" title="flaky-node: teardown_failed">' in page
+    monkeypatch.setenv("COLUMNS", "250")
+    listed = ablate_cli(database_url, "schedules", "list")
+    assert listed.returncode == 0, listed.stderr
+    assert "flaky-node (TEARDOWN FAILED)" in listed.stdout
 
 
 def test_exception_while_collecting_fails_the_sweep_after_teardown(
