@@ -36,6 +36,7 @@ from orchestrator.db.session import session_scope
 from orchestrator.db.transitions import transition
 from orchestrator.ingest import ingest, last_step, record_event
 from orchestrator.settings import Settings
+from orchestrator.storage import record_storage, run_storage_url, seen_seq, worker_storage
 from orchestrator.vocabulary import ACTIVE_STATES, GridSource, RunState
 
 log = logging.getLogger("ablate.scheduler")
@@ -112,6 +113,8 @@ class Worker:
     started: bool = False  # its first poll reply is committed (the run is `running`)
     info: dict[str, Any] = field(default_factory=dict)
     launched_at: float = field(default_factory=time.monotonic)  # time.monotonic() s, for start_timeout_s
+    attempt: int = 0  # the run's retries when launched (the worker's upload log is per attempt)
+    storage_seen: int = 0  # the newest upload-log entry of this worker stored as an event
 
 
 class Scheduler:
@@ -194,7 +197,10 @@ class Scheduler:
                 name = actor_name(run.id, run.retries)
                 handle = self._lookup(name)
                 if handle is not None:
-                    self.workers[run.id] = Worker(run.id, name, handle, last_step(session, run.id))
+                    self.workers[run.id] = Worker(
+                        run.id, name, handle, last_step(session, run.id), attempt=run.retries,
+                        storage_seen=seen_seq(session, run.id, run.retries),
+                    )
                     log.info("adopted worker %s of run %s", name, run.id)
                     continue
                 self._requeue(session, run, f"worker {name} not found after a controller restart")
@@ -261,6 +267,8 @@ class Scheduler:
             aside = out_dir.with_name(f"{out_dir.name}.stale-{int(time.time())}")
             out_dir.rename(aside)
             record_event(session, run, "stale_dir", f"moved an unrelated {out_dir} aside to {aside}", path=str(aside))
+        # Durable storage: the same prefix for every attempt, so a new node resumes from it.
+        run.checkpoint_url = run_storage_url(self.settings, run)
         if handle is None:
             handle = (
                 ray.remote(ArmWorker)
@@ -280,10 +288,13 @@ class Scheduler:
                     str(self.settings.lpips_weights.resolve()) if self.settings.lpips_weights else None,
                     self.settings.worker_threads,
                     self.train_fn,
+                    storage=worker_storage(self.settings, run.checkpoint_url),
                 )
             )
         after = last_step(session, run.id)
-        self.workers[run.id] = Worker(run.id, name, handle, after)
+        self.workers[run.id] = Worker(
+            run.id, name, handle, after, attempt=run.retries, storage_seen=seen_seq(session, run.id, run.retries)
+        )
         if run.last_checkpoint_step is not None:
             record_event(
                 session,
@@ -326,6 +337,7 @@ class Scheduler:
                 self._mark_running(session, run, reply["info"])
             if reply["records"]:
                 ingest(session, run, reply["records"])
+            seen = record_storage(session, run, worker.attempt, reply.get("storage"), worker.storage_seen)
             if run.being_stopped:
                 self._request_stop(worker)
             if reply["state"] == "done":
@@ -340,6 +352,7 @@ class Scheduler:
                 gone = False
         # Only once committed: a failed commit leaves both to the next poll (the records are re-sent).
         worker.started = True
+        worker.storage_seen = seen
         if reply["records"]:
             worker.after_step = max(int(r["step"]) for r in reply["records"])
         if gone:
@@ -352,6 +365,11 @@ class Scheduler:
         run.gpu_name = info.get("gpu_name") or run.gpu_name
         run.gpu_uuid = info.get("gpu_uuid")
         run.node = info.get("node")
+        # Every node it ran on (a lost node's run resumes elsewhere); hostname and Ray node IP, since
+        # machines (namespaces of the test bed, cloned images) can share a hostname.
+        where = f"{run.node} ({info['node_ip']})" if info.get("node_ip") else run.node
+        if where and (run.nodes or [None])[-1] != where:
+            run.nodes = [*(run.nodes or []), where]
         if run.state == RunState.starting:
             run.state = RunState.running
             record_event(

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from functools import cache
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsError as EnvParseError
 
 DEFAULT_DIR = Path(".ablate")
 
@@ -50,6 +51,20 @@ class Settings(BaseSettings):
     worker_threads: Annotated[int, Field(ge=0)] = 0
     # Local AlexNet weights for the lpips backbone (torchvision's alexnet state dict), for offline use.
     lpips_weights: Path | None = None
+    # Durable checkpoint storage, an fsspec URL: file:///shared/path, s3://bucket/prefix or
+    # sftp://user@host[:port]/abs/path. Unset: file://<storage_dir>/checkpoints on the controller's disk,
+    # which survives a worker on this host but not a lost rented node: point nodes at a shared store.
+    checkpoint_url: str | None = None
+    # fsspec storage options for it, as JSON: {"endpoint_url": ...} for an S3-compatible store,
+    # {"key_filename": ..., "known_hosts": ...} for sftp. Credentials come from the usual AWS variables
+    # or profile and SSH keys on each machine, never from here (workers receive these options).
+    checkpoint_options: dict[str, Any] = Field(default_factory=dict)
+    # Periodic checkpoints kept in storage per run, besides best.pt (each is model + EMA + optimizer state).
+    checkpoint_keep_last: Annotated[int, Field(ge=1)] = 2
+    # A run whose newest checkpoint has not reached storage for this many minutes is flagged on the dashboard.
+    checkpoint_alarm_minutes: Annotated[float, Field(gt=0)] = 15.0
+    # How long a finishing worker waits for its last upload (and a resuming one for a failing store).
+    checkpoint_flush_timeout_s: Annotated[float, Field(gt=0)] = 900.0
 
     @field_validator("database_url")
     @classmethod
@@ -60,6 +75,28 @@ class Settings(BaseSettings):
         if v.startswith("postgresql://"):
             return "postgresql+psycopg://" + v.removeprefix("postgresql://")
         return v
+
+    @field_validator("checkpoint_url")
+    @classmethod
+    def _known_store(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        scheme, sep, rest = v.partition("://")
+        ok = sep and (
+            (scheme == "file" and rest.startswith("/"))
+            or (scheme == "s3" and rest.strip("/"))
+            or (scheme == "sftp" and "/" in rest and rest.split("/", 1)[0])
+        )
+        if not ok:
+            raise ValueError(
+                "must be file:///ABSOLUTE/PATH, s3://BUCKET[/PREFIX] or sftp://[USER@]HOST[:PORT]/ABSOLUTE/PATH"
+            )
+        return v.rstrip("/")
+
+    @property
+    def checkpoint_root(self) -> str:
+        """Where runs' checkpoints are stored (each run under its own prefix)."""
+        return self.checkpoint_url or f"file://{(self.storage_dir.resolve() / 'checkpoints').as_posix()}"
 
     @property
     def token_file(self) -> Path:
@@ -81,6 +118,9 @@ def load_settings() -> Settings:
     except ValidationError as exc:
         problems = [f"ABLATE_{str(err['loc'][0]).upper()}: {err['msg']}" for err in exc.errors()]
         raise SettingsError("invalid settings: " + "; ".join(problems)) from None
+    except EnvParseError as exc:  # a JSON-valued variable (ABLATE_CHECKPOINT_OPTIONS) that is not JSON
+        field = str(exc).split('"')[1] if '"' in str(exc) else "?"
+        raise SettingsError(f"invalid settings: ABLATE_{field.upper()}: must be a JSON object") from None
 
 
 @cache

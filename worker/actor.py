@@ -66,12 +66,22 @@ def load_records(out_dir: Path) -> list[dict[str, Any]]:
     return [by_step[s] for s in sorted(by_step)]
 
 
+def _node_ip() -> str | None:
+    try:
+        import ray
+
+        return ray.util.get_node_ip_address()
+    except Exception:  # noqa: BLE001 - outside Ray (tests calling the actor class directly)
+        return None
+
+
 def gpu_info() -> dict[str, Any]:
     """What this process sees: Ray's CUDA_VISIBLE_DEVICES and, on a real GPU, its name and UUID."""
     info: dict[str, Any] = {
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "pid": os.getpid(),
         "node": socket.gethostname(),
+        "node_ip": _node_ip(),  # namespaces on one host (the test bed) share a hostname, not an IP
         "gpu_name": None,
         "gpu_uuid": None,
     }
@@ -98,6 +108,8 @@ class ArmWorker:
         lpips_weights: local AlexNet weights for LPIPS, or None (the spec decides stand-in or error).
         torch_threads: intra-op threads for this worker (0 = torch's default).
         train_fn: "module:function" with train_arm's signature; benchmarks swap in a synthetic stream.
+        storage: worker.storage.StoreConfig as a dict: checkpoints are also stored there (in the
+            background), and a worker whose out_dir lacks the newest stored checkpoint fetches it first.
     """
 
     def __init__(
@@ -108,6 +120,7 @@ class ArmWorker:
         lpips_weights: str | None = None,
         torch_threads: int = 0,
         train_fn: str = "worker.train:train_arm",
+        storage: dict[str, Any] | None = None,
     ) -> None:
         self.run_id = run_id
         self.out_dir = Path(out_dir)
@@ -123,6 +136,11 @@ class ArmWorker:
         self._error: str | None = None
         self._stop = threading.Event()
         self._info = gpu_info()
+        self._store = None
+        if storage is not None:
+            from worker.storage import CheckpointStore, StoreConfig
+
+            self._store = CheckpointStore(StoreConfig.from_dict(storage), self.out_dir)
         self._thread = threading.Thread(target=self._train, name=f"train-run-{run_id}", daemon=True)
         self._thread.start()
 
@@ -136,6 +154,7 @@ class ArmWorker:
 
             from model.spec import ArmSpec
 
+            self._fetch_stored()
             module, _, func = self._train_fn.partition(":")
             train_arm = getattr(importlib.import_module(module), func)
             if self._torch_threads > 0:
@@ -160,15 +179,31 @@ class ArmWorker:
                     with self._cond:
                         self._records.append(rec)
                         self._cond.notify_all()
+                    if self._store is not None:  # in the background: training goes on at once
+                        self._store.offer(int(rec["step"]), bool(rec.get("is_best")))
+            if self._store is not None:
+                self._store.flush()  # "done" lets the controller end this actor: the last upload first
             with self._cond:
                 self._state = "done"
                 self._cond.notify_all()
         except BaseException as exc:  # the controller reports it; the actor itself stays up to be polled
+            if self._store is not None:
+                self._store.flush()
             with self._cond:
                 self._state = "error"
                 last = traceback.format_exception_only(exc)[-1].strip()
                 self._error = f"{last}\n{traceback.format_exc(limit=-8)}"
                 self._cond.notify_all()
+
+    def _fetch_stored(self) -> None:
+        """A new node (or one that lost its disk) resumes from the newest checkpoint in storage."""
+        if self._store is None or self._store.fetch_latest_retrying() is None:
+            return
+        fetched = load_records(self.out_dir)
+        with self._cond:
+            by_step = {int(r["step"]): r for r in [*fetched, *self._records]}
+            self._records = [by_step[s] for s in sorted(by_step)]
+            self._cond.notify_all()
 
     # -- called by the controller ----------------------------------------------------------------
 
@@ -176,7 +211,7 @@ class ArmWorker:
         """Records with step > after_step (all when None), waiting up to wait_s seconds for something new.
 
         Returns {"info": gpu_info(), "records": [...], "state": running|done|error, "error": str|None,
-        "stopping": bool}.
+        "stopping": bool, "storage": CheckpointStore.status() or None}.
         """
         floor = -1 if after_step is None else after_step
 
@@ -192,6 +227,7 @@ class ArmWorker:
                 "state": self._state,
                 "error": self._error,
                 "stopping": self._stop.is_set(),
+                "storage": self._store.status() if self._store is not None else None,
             }
 
     def request_stop(self) -> None:

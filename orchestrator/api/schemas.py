@@ -86,6 +86,8 @@ class RunPublic(RunSummary):
     gpu_index: str | None
     gpu_uuid: str | None
     checkpoint_dir: str | None
+    checkpoint_url: str | None  # its prefix in durable checkpoint storage
+    nodes: list[str]  # every node it ran on, in order (more than one after a lost node)
     last_checkpoint_step: int | None
     error: str | None
     versions: dict[str, Any]

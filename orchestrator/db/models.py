@@ -73,7 +73,11 @@ class Run(Base):
     finished_at: Mapped[datetime | None] = mapped_column()
     retries: Mapped[int] = mapped_column(Integer, default=0)
     stop_requested: Mapped[bool] = mapped_column(default=False)
-    checkpoint_dir: Mapped[str | None] = mapped_column(Text)
+    checkpoint_dir: Mapped[str | None] = mapped_column(Text)  # on the node that runs it
+    # Its prefix in durable checkpoint storage (ABLATE_CHECKPOINT_URL): outlives the node.
+    checkpoint_url: Mapped[str | None] = mapped_column(Text)
+    # Every node it ran on, in order (a lost node's run resumes on another); None on rows before 0003.
+    nodes: Mapped[list[Any] | None] = mapped_column(default=list)
     last_checkpoint_step: Mapped[int | None] = mapped_column(Integer)
     best_step: Mapped[int | None] = mapped_column(Integer)
     best_value: Mapped[float | None] = mapped_column(Float)

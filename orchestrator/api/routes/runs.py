@@ -22,6 +22,8 @@ def _public(session: SessionDep, run: Run) -> dict:
         gpu_index=run.gpu_index,
         gpu_uuid=run.gpu_uuid,
         checkpoint_dir=run.checkpoint_dir,
+        checkpoint_url=run.checkpoint_url,
+        nodes=run.nodes or [],
         last_checkpoint_step=run.last_checkpoint_step,
         error=run.error,
         versions=run.versions,

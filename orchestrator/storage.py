@@ -1,0 +1,144 @@
+"""The controller's side of durable checkpoint storage (workers upload: worker/storage.py).
+
+- Where: each run has its own prefix under settings.checkpoint_root, named by its id and creation time
+  (`run-17-20261122T142301`), so two databases that share a bucket never resume each other's files.
+- What happened: the worker's upload log arrives with every poll; each entry becomes one event
+  (checkpoint.stored | store_failed | store_abandoned | fetched | fetch_failed), exactly once across
+  polls and controller restarts (entries carry a per-attempt sequence number).
+- Alarm: a run whose newest ingested checkpoint has not reached storage for checkpoint_alarm_minutes
+  is flagged on the dashboard, with the last error.
+- Copy-back: a sweep downloads each run's prefix instead of pulling from the node.
+Imports no torch: worker.storage needs only fsspec and paramiko.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from orchestrator.db.models import Event, Run
+from orchestrator.ingest import record_event
+from orchestrator.settings import Settings
+
+STORAGE_EVENTS = (
+    "checkpoint.stored",
+    "checkpoint.store_failed",
+    "checkpoint.store_abandoned",
+    "checkpoint.fetched",
+    "checkpoint.fetch_failed",
+)
+# Events after which storage holds a step (data["step"]).
+HELD_EVENTS = ("checkpoint.stored", "checkpoint.fetched")
+
+
+def run_storage_url(settings: Settings, run: Run) -> str:
+    """The run's prefix in checkpoint storage (fixed at its first launch, kept on the run)."""
+    if run.checkpoint_url:
+        return run.checkpoint_url
+    created = run.created_at or datetime.now(UTC)
+    return f"{settings.checkpoint_root.rstrip('/')}/run-{run.id}-{created:%Y%m%dT%H%M%S}"
+
+
+def worker_storage(settings: Settings, url: str) -> dict[str, Any]:
+    """worker.storage.StoreConfig as the dict the worker actor takes."""
+    return {
+        "url": url,
+        "options": dict(settings.checkpoint_options),
+        "keep_last": settings.checkpoint_keep_last,
+        "flush_timeout_s": settings.checkpoint_flush_timeout_s,
+    }
+
+
+def seen_seq(session: Session, run_id: int, attempt: int) -> int:
+    """The newest upload-log entry of this attempt's worker already stored as an event (0: none)."""
+    rows = session.scalars(
+        select(Event.data).where(Event.run_id == run_id, Event.kind.in_(STORAGE_EVENTS))
+    ).all()
+    seqs = [int(d["seq"]) for d in rows if d and d.get("attempt") == attempt and "seq" in d]
+    return max(seqs, default=0)
+
+
+def record_storage(session: Session, run: Run, attempt: int, status: dict[str, Any] | None, seen: int) -> int:
+    """One event per upload-log entry newer than `seen`; returns the new `seen`."""
+    for entry in (status or {}).get("log") or []:
+        seq = int(entry["seq"])
+        if seq <= seen:
+            continue
+        data = {**(entry.get("data") or {}), "seq": seq, "attempt": attempt, "worker_time": entry.get("time")}
+        record_event(session, run, str(entry["kind"]), str(entry.get("message", "")), **data)
+        seen = seq
+    return seen
+
+
+def _aware(t: datetime) -> datetime:
+    return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
+
+
+def storage_alarms(
+    session: Session, runs: list[Run], minutes: float, now: datetime | None = None
+) -> dict[int, dict[str, Any]]:
+    """Per run with a storage prefix: the newest stored step, since when its newest checkpoints are
+    not stored (the ingest time of the first checkpoint past the stored one), the last error, and
+    `alarm` when that has lasted `minutes` or more."""
+    now = _aware(now or datetime.now(UTC))
+    ids = [r.id for r in runs if r.checkpoint_url]
+    out: dict[int, dict[str, Any]] = {}
+    if not ids:
+        return out
+    events: dict[int, list[Event]] = {i: [] for i in ids}
+    for e in session.scalars(
+        select(Event).where(Event.run_id.in_(ids), Event.kind.in_(("checkpoint", *STORAGE_EVENTS))).order_by(Event.id)
+    ):
+        events[e.run_id].append(e)
+    for r in runs:
+        if r.id not in events:
+            continue
+        evs = events[r.id]
+        held = [e for e in evs if e.kind in HELD_EVENTS and (e.data or {}).get("step") is not None]
+        stored_step = max((int(e.data["step"]) for e in held), default=None)
+        last_held = max((e.id for e in held), default=0)
+        unstored = [
+            e for e in evs
+            if e.kind == "checkpoint" and (stored_step is None or int((e.data or {}).get("step", 0)) > stored_step)
+        ]
+        since = _aware(unstored[0].time) if unstored else None
+        failures = [e for e in evs if e.kind in ("checkpoint.store_failed", "checkpoint.store_abandoned")
+                    and e.id > last_held]
+        waited = (now - since).total_seconds() / 60 if since else 0.0
+        out[r.id] = {
+            "url": r.checkpoint_url,
+            "stored_step": stored_step,
+            "unstored_since": since.isoformat() if since else None,
+            "minutes_unstored": round(waited, 1) if since else None,
+            "failed_attempts": len(failures),
+            "last_error": (failures[-1].data or {}).get("error") or failures[-1].message if failures else None,
+            "alarm": since is not None and waited >= minutes,
+        }
+    return out
+
+
+def download_run(url: str, options: dict[str, Any], local: Path) -> int:
+    """Copy a run's stored files (checkpoints, best.pt, records) into `local`; returns the file count.
+    Raises FileNotFoundError when storage holds nothing for the run."""
+    from worker.storage import open_fs
+
+    fs, root = open_fs(url, options)
+    fs.invalidate_cache()
+    names = [n for n in fs.ls(root, detail=False) if not n.endswith((".partial", "/"))]
+    if not names:
+        raise FileNotFoundError(f"nothing stored under {url}")
+    local.mkdir(parents=True, exist_ok=True)
+    count = 0
+    for remote in names:
+        name = remote.rstrip("/").rsplit("/", 1)[-1]
+        if name in ("", ".", "..") or fs.isdir(remote):
+            continue  # only the run's own flat files; never a path outside `local`
+        tmp = local / (name + ".download")
+        fs.get_file(remote, str(tmp))
+        tmp.replace(local / name)
+        count += 1
+    return count
