@@ -45,6 +45,7 @@ from orchestrator.nodes import (
     find_node,
     teardown,
 )
+from orchestrator.storage import download_run
 from orchestrator.vocabulary import TERMINAL_STATES, GridSource, NodeState, SweepState
 
 log = logging.getLogger(__name__)
@@ -242,10 +243,12 @@ class SweepRunner:
         stop_grace: timedelta = timedelta(minutes=30),
         teardown_attempts: int = 4,
         teardown_backoff_s: float = 5.0,
+        checkpoint_options: dict[str, Any] | None = None,
     ) -> None:
         self.database_url = database_url
         self.teardown_attempts = teardown_attempts
         self.teardown_backoff_s = teardown_backoff_s
+        self.checkpoint_options = checkpoint_options or {}  # fsspec options of checkpoint storage
         self.storage_dir = Path(storage_dir)
         self.clock = clock
         self.node_config = node_config
@@ -471,10 +474,12 @@ class SweepRunner:
     def _copy_back(
         self, sweep_id: int, grid_id: int | None, names: list[str], results: Path
     ) -> tuple[list[str], set[str]]:
-        """Metrics from the DB to metrics.json; each run's checkpoint dir from the node that ran it."""
+        """Metrics from the DB to metrics.json; each run's checkpoints from durable storage, or from the
+        node that ran it when storage holds none (or cannot be read)."""
         problems: list[str] = []
         failed: set[str] = set()
         wanted: dict[str, list[tuple[str, Path]]] = {}
+        stored: list[tuple[str, Path, str | None, str | None]] = []  # url, local, owner node, its dir
         with session_scope(self.database_url) as session:
             grid = session.get(Grid, grid_id) if grid_id is not None else None
             nodes = {n.name: n for n in session.scalars(select(Node).where(Node.name.in_(names)))}
@@ -499,18 +504,30 @@ class SweepRunner:
                         "best_step": run.best_step,
                         "best_checkpoint": run.best_checkpoint,
                         "checkpoint_dir": run.checkpoint_dir,
+                        "checkpoint_url": run.checkpoint_url,
+                        "nodes": run.nodes or [],
                         "metrics": [{"step": m.step, **{f: getattr(m, f) for f in METRIC_FIELDS}} for m in run.metrics],
                     }
                 )
                 owner = aliases.get(run.node or "")
-                if owner and run.checkpoint_dir:
-                    local = results / "runs" / f"{run.id}-{_path_part(run.arm)}"
+                local = results / "runs" / f"{run.id}-{_path_part(run.arm)}"
+                if run.checkpoint_url:
+                    stored.append((run.checkpoint_url, local, owner, run.checkpoint_dir))
+                elif owner and run.checkpoint_dir:
                     wanted.setdefault(owner, []).append((run.checkpoint_dir, local))
             for n in nodes.values():
                 session.expunge(n)
         (results / "metrics.json").write_text(
             json.dumps({"sweep_id": sweep_id, "grid_id": grid_id, "runs": export}, indent=1, default=str)
         )
+        for url, local, owner, remote in stored:
+            try:
+                download_run(url, self.checkpoint_options, local)
+            except Exception as exc:  # noqa: BLE001 - storage down or empty: the node may still have them
+                if owner and remote:
+                    wanted.setdefault(owner, []).append((remote, local))
+                if not isinstance(exc, FileNotFoundError):
+                    problems.append(f"copying {url} from checkpoint storage: {_reason(exc)}")
         for name, copies in wanted.items():
             try:
                 with NodeShell.open(nodes[name], self.database_url) as shell:
@@ -657,7 +674,9 @@ def attach_to_app(app: Any, interval_s: float = 30.0) -> None:
 
     def start(app: Any) -> None:
         settings = app.state.settings
-        runner = SweepRunner(settings.database_url, settings.storage_dir)
+        runner = SweepRunner(
+            settings.database_url, settings.storage_dir, checkpoint_options=settings.checkpoint_options
+        )
         thread = threading.Thread(target=runner.run_forever, args=(interval_s, stop), name="sweeps", daemon=True)
         thread.start()
         app.state.sweep_thread = thread

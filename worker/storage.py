@@ -156,6 +156,8 @@ class CheckpointStore:
         self._root = ""
         self._thread: threading.Thread | None = None
         self._offers = 0
+        # Links staged by a worker that died mid-upload: they would pin pruned checkpoints' disk space.
+        shutil.rmtree(self.out_dir / STAGING, ignore_errors=True)
 
     # -- called by the worker ------------------------------------------------------------------
 

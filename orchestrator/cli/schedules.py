@@ -155,7 +155,7 @@ def run(interval: Annotated[float, typer.Option(help="Seconds between ticks")] =
     from orchestrator.sweeps import SweepRunner
 
     settings = _settings()
-    runner = SweepRunner(settings.database_url, settings.storage_dir)
+    runner = SweepRunner(settings.database_url, settings.storage_dir, checkpoint_options=settings.checkpoint_options)
     typer.echo(f"sweep runner: ticking every {interval:g} s against {settings.database_url.split('@')[-1]}")
     try:
         runner.run_forever(interval)
