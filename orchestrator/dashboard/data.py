@@ -25,6 +25,7 @@ from model.spec import ArmSpec
 from orchestrator.arms import LINEAGE_KEYS, ArmError, changes, flatten, resolve
 from orchestrator.db.models import METRIC_FIELDS, Event, Grid, Metric, Node, Run, Schedule, Sweep
 from orchestrator.numbers import finite_or_none, is_finite
+from orchestrator.storage import STORAGE_EVENTS, storage_alarms
 from orchestrator.vocabulary import STOP_DECISIONS, TERMINAL_STATES, GridState, NodeState, RunState
 
 # Quality metrics with stored standard errors; lower is better for the two LPIPS ones.
@@ -117,7 +118,7 @@ def unreleased_nodes(session: Session) -> list[str]:
     return list(session.scalars(select(Node.name).where(Node.state == NodeState.teardown_failed).order_by(Node.name)))
 
 
-def grid_version(session: Session, grid_id: int) -> str:
+def grid_version(session: Session, grid_id: int, alarm_minutes: float = 15.0) -> str:
     """A short token that changes whenever anything the grid page shows changes (for polling)."""
     runs = session.execute(
         select(Run.id, Run.state, Run.decision, Run.decision_step, Run.best_step, Run.fallbacks, Run.stop_requested)
@@ -136,7 +137,15 @@ def grid_version(session: Session, grid_id: int) -> str:
         if ids
         else None
     )
-    blob = json.dumps([[list(r) for r in runs], list(metrics), flagged], default=str)
+    # Storage: a new upload event, and a checkpoint crossing the alarm time with no new event at all.
+    stored = (
+        session.scalar(select(func.max(Event.id)).where(Event.run_id.in_(ids), Event.kind.in_(STORAGE_EVENTS)))
+        if ids
+        else None
+    )
+    grid_runs = session.scalars(select(Run).where(Run.grid_id == grid_id)).all()
+    alarms = sorted(rid for rid, a in storage_alarms(session, list(grid_runs), alarm_minutes).items() if a["alarm"])
+    blob = json.dumps([[list(r) for r in runs], list(metrics), flagged, stored, alarms], default=str)
     return hashlib.sha1(blob.encode()).hexdigest()[:16]
 
 
@@ -284,10 +293,12 @@ def _best(run: Run, metrics: list[Metric]) -> tuple[int | None, float | None]:
     return step, value
 
 
-def grid_detail(session: Session, grid: Grid) -> dict[str, Any]:
-    """Everything the grid page draws, as JSON-ready data."""
+def grid_detail(session: Session, grid: Grid, alarm_minutes: float = 15.0) -> dict[str, Any]:
+    """Everything the grid page draws, as JSON-ready data. alarm_minutes: a run whose newest checkpoint
+    has not reached checkpoint storage for that long is flagged (settings.checkpoint_alarm_minutes)."""
     runs = list(grid.runs)
     metrics = _metrics_by_run(session, [r.id for r in runs])
+    storage = storage_alarms(session, runs, alarm_minutes)
     warnings = latest_warnings(session, [r.id for r in runs])
     control = next((r for r in runs if r.arm == grid.control_arm), runs[0] if runs else None)
     out_runs = []
@@ -317,6 +328,8 @@ def grid_detail(session: Session, grid: Grid) -> dict[str, Any]:
                 "standin_steps": standin,
                 "gpu_name": r.gpu_name,
                 "node": r.node,
+                "nodes": r.nodes or [],
+                "storage": storage.get(r.id),
                 "retries": r.retries,
                 "error": r.error,
                 "started_at": _iso(r.started_at),
@@ -337,7 +350,7 @@ def grid_detail(session: Session, grid: Grid) -> dict[str, Any]:
         "state": grid_state(r.state for r in runs),
         "live": any(r.state not in TERMINAL_STATES for r in runs),
         "created_at": _iso(grid.created_at),
-        "version": grid_version(session, grid.id),
+        "version": grid_version(session, grid.id, alarm_minutes),
         "runs": out_runs,
         "lineage": lineage(grid),
     }

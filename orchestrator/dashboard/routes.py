@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 
-from orchestrator.api.deps import SessionDep, get_or_404
+from orchestrator.api.deps import SessionDep, SettingsDep, get_or_404
 from orchestrator.dashboard.data import (
     grid_detail,
     grid_rows,
@@ -61,15 +61,17 @@ def dashboard_grids(session: SessionDep) -> list[dict[str, Any]]:
 
 
 @router.get("/api/dashboard/grids/{grid_id}", responses={404: {"description": "no such grid"}})
-def dashboard_grid(grid_id: int, session: SessionDep, since: str | None = None) -> dict[str, Any]:
+def dashboard_grid(
+    grid_id: int, session: SessionDep, settings: SettingsDep, since: str | None = None
+) -> dict[str, Any]:
     """Everything the grid page draws. With `since` = the last `version` seen, an unchanged grid
     answers just {"version", "unchanged": true}, so polling a finished grid costs two small queries."""
     grid = get_or_404(session, Grid, grid_id)
     if since is not None:
-        version = grid_version(session, grid.id)
+        version = grid_version(session, grid.id, settings.checkpoint_alarm_minutes)
         if version == since:
             return {"version": version, "unchanged": True}
-    return grid_detail(session, grid)
+    return grid_detail(session, grid, settings.checkpoint_alarm_minutes)
 
 
 @router.get(

@@ -308,6 +308,14 @@
         box.append(el("div", { class: "banner fallback", "data-arm": r.arm },
           el("strong", {}, `${r.arm} fallbacks: `), r.fallbacks.map(fallbackText).join("; ")));
       }
+      if (r.storage && r.storage.alarm) {
+        const st = r.storage;
+        box.append(el("div", { class: "banner failed storage", "data-arm": r.arm },
+          el("strong", {}, `${r.arm}: checkpoints not stored for ${fmt(st.minutes_unstored, 0)} min. `),
+          st.stored_step !== null ? `Newest checkpoint in storage: step ${st.stored_step}. ` : "No checkpoint in storage yet. ",
+          st.failed_attempts ? `${st.failed_attempts} failed upload(s); last: ${st.last_error}. ` : "",
+          `A lost node would lose what came after (${st.url}).`));
+      }
       if (r.state === VOCAB.run_state.failed && r.error) {
         box.append(el("div", { class: "banner failed", "data-arm": r.arm }, el("strong", {}, `${r.arm} failed: `), r.error));
       }
@@ -326,6 +334,8 @@
       for (const w of r.warnings) notes.push(el("span", { class: "tag warning", title: `detector warning (not a stop): ${w}` }, `⚠ ${w.split(/[;(]/)[0].trim()}`));
       if (r.stop_requested && !stopped(r)) notes.push(el("span", { class: "tag" }, "stop requested"));
       if (r.retries) notes.push(el("span", { class: "tag" }, `${r.retries} retries`));
+      if (r.nodes.length > 1) notes.push(el("span", { class: "tag", title: "resumed on another node from stored checkpoints" }, `nodes: ${r.nodes.join(" → ")}`));
+      if (r.storage && r.storage.alarm) notes.push(el("span", { class: "tag alarm", title: r.storage.last_error || "" }, `checkpoints unstored ${fmt(r.storage.minutes_unstored, 0)} min`));
       if (r.gpu_name) notes.push(el("span", { class: "tag plain" }, r.gpu_name));
       const detector = r.decision && r.decision !== VOCAB.decision.continue
         ? el("span", {}, badge(stopped(r) ? VOCAB.run_state.stopped : r.decision, r.decision), r.decision_step !== null ? ` @${r.decision_step} ` : " ",

@@ -1,0 +1,295 @@
+"""Checkpoints that outlive the node, with real servers: SFTP to a real OpenSSH server on loopback (the
+controller's side), S3 against moto's S3-compatible server on loopback, the scheduler on a real local
+Ray, the sweep's copy-back from storage and the dashboard's alarm for a run whose checkpoints are not
+being stored. Nothing reaches outside the machine."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from orchestrator.dashboard.data import grid_detail, grid_version
+from orchestrator.db.models import TERMINAL_STATES, Event, Grid, Metric, Run
+from orchestrator.db.session import session_scope
+from orchestrator.grids import GridCreate, create_grid
+from orchestrator.ingest import record_event
+from orchestrator.storage import storage_alarms
+from orchestrator.sweeps import SweepRunner
+from worker.actor import ArmWorker
+from worker.storage import CheckpointStore, StoreConfig, open_fs
+
+TINY: dict[str, Any] = {
+    "model": {"size": "tiny", "depth": 3, "identity_tokens": 4},
+    "data": {"dataset": "shapes", "num_images": 64, "held_out": 2},
+    "schedule": {"steps": 30, "batch_size": 4, "warmup_steps": 5, "checkpoint_every": 10, "ema": {"warmup_steps": 5}},
+    "eval": {"num_samples": 2, "sampler_steps": 2, "lpips_backbone": "random_standin"},
+    "precision": {"mode": "fp32"},
+}
+AWS_ENV = {"AWS_ACCESS_KEY_ID": "ablate-test", "AWS_SECRET_ACCESS_KEY": "ablate-test-secret",
+           "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+def wait_for(check: Callable[[], Any], what: str, timeout: float = 120.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = check()
+        if result:
+            return result
+        time.sleep(0.1)
+    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def tiny_spec(steps: int = 30) -> dict[str, Any]:
+    from orchestrator.arms import deep_merge, resolve
+
+    over = deep_merge(TINY, {"schedule": {"steps": steps}})
+    return resolve("A", over).model_dump(mode="json")
+
+
+def finish(worker: ArmWorker) -> dict[str, Any]:
+    reply = wait_for(lambda: (r := worker.poll(None, 0.5))["state"] != "running" and r, "the worker to finish")
+    assert reply["state"] == "done", reply["error"]
+    return reply
+
+
+# -- SFTP to the controller: a real OpenSSH server -------------------------------------------------------
+
+
+def sftp_store(sshd, name: str) -> tuple[str, dict[str, Any]]:  # noqa: ANN001
+    url = f"sftp://{sshd.user}@{sshd.host}:{sshd.port}{sshd.workdir}/{name}"
+    return url, {"key_filename": str(sshd.client_key), "known_hosts": str(sshd.known_hosts)}
+
+
+def test_sftp_store_and_resume_on_a_fresh_node(sshd, tmp_path: Path) -> None:  # noqa: ANN001
+    url, options = sftp_store(sshd, "ckpts/run-1")
+    storage = {"url": url, "options": options, "keep_last": 1}
+    first = ArmWorker(1, tiny_spec(), str(tmp_path / "node1"), storage=storage)
+    wait_for(lambda: first.poll(None, 0.5)["records"], "a first checkpoint")
+    first.request_stop()
+    stopped = finish(first)
+    stop_step = stopped["records"][-1]["step"]
+    on_server = sshd.workdir / "ckpts" / "run-1"
+    assert (on_server / f"ckpt_{stop_step:07d}.pt").read_bytes() == (
+        tmp_path / "node1" / f"ckpt_{stop_step:07d}.pt"
+    ).read_bytes()
+    assert (on_server / "best.pt").exists() and (on_server / "records.jsonl").exists()
+
+    done = finish(ArmWorker(1, tiny_spec(), str(tmp_path / "node2"), storage=storage))
+    assert [r["step"] for r in done["records"]] == sorted({10, 20, 30, stop_step})
+    assert any(e["kind"] == "checkpoint.fetched" and e["data"]["step"] == stop_step for e in done["storage"]["log"])
+    # keep_last=1: the newest periodic checkpoint and best.pt; no temp file left behind.
+    assert sorted(p.name for p in on_server.iterdir()) == ["best.pt", "ckpt_0000030.pt", "metrics.jsonl",
+                                                           "records.jsonl"]
+
+
+def test_sftp_server_with_an_unknown_host_key_is_refused_and_recorded(sshd, tmp_path: Path) -> None:  # noqa: ANN001
+    url, options = sftp_store(sshd, "refused")
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    out = tmp_path / "node"
+    out.mkdir()
+    (out / "ckpt_0000010.pt").write_bytes(b"weights")
+    store = CheckpointStore(StoreConfig(url=url, options={**options, "known_hosts": str(empty)}), out)
+    try:
+        store.offer(10, is_best=True)
+        status = wait_for(lambda: (s := store.status())["failures"] and s, "the refused upload")
+    finally:
+        store.close()
+    assert status["stored_step"] is None and status["pending_step"] == 10
+    assert "is not in" in status["last_error"] and str(empty) in status["last_error"]
+    assert not (sshd.workdir / "refused").exists()
+
+
+# -- the scheduler on a real Ray, checkpoints in S3 ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint() -> Iterator[str]:
+    server_mod = pytest.importorskip("moto.server")
+    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def ray_with_aws_env() -> Iterator[Any]:
+    """A local Ray whose workers see the usual AWS variables (they inherit the driver's environment)."""
+    ray = pytest.importorskip("ray")
+    saved = {k: os.environ.get(k) for k in AWS_ENV}
+    os.environ.update(AWS_ENV)
+    ray.init(num_gpus=4, num_cpus=2, namespace="ablate-storage-test", include_dashboard=False, log_to_driver=False)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _steps(database_url: str, run_id: int) -> list[int]:
+    with session_scope(database_url) as session:
+        return list(session.scalars(select(Metric.step).where(Metric.run_id == run_id).order_by(Metric.step)))
+
+
+def _events(database_url: str, run_id: int) -> list[Event]:
+    with session_scope(database_url) as session:
+        return list(session.scalars(select(Event).where(Event.run_id == run_id).order_by(Event.id)))
+
+
+def test_a_lost_worker_whose_disk_is_gone_resumes_from_s3(
+    ray_with_aws_env: Any, s3_endpoint: str, database_url: str, tmp_path: Path
+) -> None:
+    """Kill a worker mid-run and take its local checkpoint directory away (a lost node): the re-queued
+    run resumes from the newest checkpoint in S3, its metrics are contiguous with none duplicated, and
+    every value equals its twin's, trained uninterrupted from the same seed in the same grid."""
+    from orchestrator.scheduler import Scheduler, actor_name, run_dir
+    from orchestrator.settings import Settings
+
+    ray = ray_with_aws_env
+    options = {"endpoint_url": s3_endpoint}
+    fs, _ = open_fs("s3://ablate-ckpts", options)
+    fs.mkdir("ablate-ckpts")
+    settings = Settings(
+        database_url=database_url,
+        storage_dir=tmp_path,
+        scheduler_interval_s=0.2,
+        worker_threads=1,
+        ray_namespace="ablate-storage-test",
+        checkpoint_url="s3://ablate-ckpts/nightly",
+        checkpoint_options=options,
+        checkpoint_keep_last=1,
+    )
+    overrides = {**TINY, "schedule": {**TINY["schedule"], "steps": 60}}
+    with session_scope(database_url) as session:
+        grid = create_grid(session, GridCreate(name="lost", arms=["A", {"parent": "A", "name": "A-twin"}],
+                                               overrides=overrides))
+        lost_id, twin_id = (r.id for r in grid.runs)
+    scheduler = Scheduler(settings)
+    scheduler.start()
+    try:
+        def stored_step() -> int | None:
+            steps = [e.data["step"] for e in _events(database_url, lost_id) if e.kind == "checkpoint.stored"]
+            return max(steps) if steps else None
+
+        wait_for(lambda: (stored_step() or 0) >= 20, "two checkpoints of the run in S3")
+        worker = ray.get_actor(actor_name(lost_id, 0), namespace="ablate-storage-test")
+        pid = ray.get(worker.ping.remote())["pid"]
+        # Freeze it, take its disk away, then kill it: the new worker finds no local checkpoint.
+        os.kill(pid, signal.SIGSTOP)
+        local = run_dir(settings, lost_id)
+        shutil.move(local, tmp_path / "lost-disk")
+        os.kill(pid, signal.SIGKILL)
+        in_storage = stored_step()
+        wait_for(
+            lambda: all(r in TERMINAL_STATES for r in [_state(database_url, lost_id), _state(database_url, twin_id)]),
+            "both runs to finish",
+            timeout=240,
+        )
+    finally:
+        scheduler.stop()
+    with session_scope(database_url) as session:
+        lost, twin = session.get(Run, lost_id), session.get(Run, twin_id)
+        assert (lost.state, lost.retries, twin.state) == ("completed", 1, "completed"), lost.error
+        assert lost.checkpoint_url.startswith(f"s3://ablate-ckpts/nightly/run-{lost_id}-")
+        assert lost.nodes and lost.nodes[0].startswith(lost.node)
+        a = session.scalars(select(Metric).where(Metric.run_id == lost_id).order_by(Metric.step)).all()
+        b = session.scalars(select(Metric).where(Metric.run_id == twin_id).order_by(Metric.step)).all()
+        assert [m.step for m in a] == [m.step for m in b] == list(range(10, 61, 10)), "contiguous, none twice"
+        for ma, mb in zip(a, b, strict=True):  # the CPU trainer is bit-identical across a resume
+            assert (ma.train_loss, ma.grad_norm, ma.recon_lpips) == (mb.train_loss, mb.grad_norm, mb.recon_lpips)
+        url = lost.checkpoint_url
+    events = _events(database_url, lost_id)
+    kinds = [e.kind for e in events]
+    assert kinds.count("worker_lost") == 1 and kinds.count("checkpoint") == 6
+    (fetched,) = [e for e in events if e.kind == "checkpoint.fetched"]
+    assert fetched.data["step"] >= in_storage and fetched.data["attempt"] == 1
+    assert not (run_dir(settings, lost_id) / f"ckpt_{in_storage - 10:07d}.pt").exists()
+    seqs = [(e.data["attempt"], e.data["seq"]) for e in events if e.kind.startswith("checkpoint.")]
+    assert len(seqs) == len(set(seqs)), "each upload-log entry is one event"
+    fs.invalidate_cache()
+    names = sorted(n.rsplit("/", 1)[-1] for n in fs.ls(url.removeprefix("s3://"), detail=False))
+    assert names == ["best.pt", "ckpt_0000060.pt", "metrics.jsonl", "records.jsonl"]
+
+
+def _state(database_url: str, run_id: int) -> str:
+    with session_scope(database_url) as session:
+        return session.get(Run, run_id).state
+
+
+# -- copy-back from storage -------------------------------------------------------------------------------------
+
+
+def test_sweep_copy_back_takes_checkpoints_from_storage(database_url: str, tmp_path: Path) -> None:
+    """No node is reachable (the run's node is unknown to the sweep): the files come from storage."""
+    store = tmp_path / "store" / "run-x"
+    store.mkdir(parents=True)
+    (store / "ckpt_0000020.pt").write_bytes(b"latest")
+    (store / "best.pt").write_bytes(b"best")
+    (store / "records.jsonl").write_text('{"step": 20}\n')
+    (store / "ckpt_0000030.pt.partial").write_bytes(b"half an upload")
+    with session_scope(database_url) as session:
+        grid = create_grid(session, GridCreate(name="copy", arms=["A", "B"], overrides=TINY))
+        stored, unstored = grid.runs
+        stored.checkpoint_url, stored.node = f"file://{store}", "gone-node"
+        unstored.checkpoint_url = f"file://{tmp_path / 'store' / 'never-written'}"
+        ids, grid_id = (stored.id, unstored.id), grid.id
+    runner = SweepRunner(database_url, tmp_path / "results")
+    results = tmp_path / "results" / "sweeps" / "1"
+    results.mkdir(parents=True)
+    problems, failed = runner._copy_back(1, grid_id, [], results)
+    assert problems == [] and failed == set()
+    got = results / "runs" / f"{ids[0]}-A"
+    assert sorted(p.name for p in got.iterdir()) == ["best.pt", "ckpt_0000020.pt", "records.jsonl"]
+    assert (got / "best.pt").read_bytes() == b"best"
+    assert not (results / "runs" / f"{ids[1]}-B").exists()
+
+
+# -- the dashboard's alarm ------------------------------------------------------------------------------------------
+
+
+def test_dashboard_flags_a_run_whose_checkpoints_are_not_stored(database_url: str) -> None:
+    now = datetime.now(UTC)
+    with session_scope(database_url) as session:
+        grid = create_grid(session, GridCreate(name="alarm", arms=["A"], overrides=TINY))
+        run = grid.runs[0]
+        run.checkpoint_url = "s3://bucket/run-alarm"
+        session.flush()
+        session.add(Event(run_id=run.id, grid_id=grid.id, kind="checkpoint.stored", message="", time=now - timedelta(
+            minutes=40), data={"step": 10, "seq": 1, "attempt": 0}))
+        session.add(Event(run_id=run.id, grid_id=grid.id, kind="checkpoint", message="step 10",
+                          time=now - timedelta(minutes=41), data={"step": 10}))
+        session.add(Event(run_id=run.id, grid_id=grid.id, kind="checkpoint", message="step 20",
+                          time=now - timedelta(minutes=20), data={"step": 20}))
+        session.add(Event(run_id=run.id, grid_id=grid.id, kind="checkpoint.store_failed", message="failed",
+                          time=now - timedelta(minutes=1), data={"step": 20, "seq": 2, "attempt": 0,
+                                                                 "error": "EndpointConnectionError: down"}))
+        run_id, grid_id = run.id, grid.id
+    with session_scope(database_url) as session:
+        grid = session.get(Grid, grid_id)
+        before = grid_version(session, grid_id, alarm_minutes=30)
+        quiet = grid_detail(session, grid, alarm_minutes=30)["runs"][0]["storage"]
+        assert quiet["alarm"] is False and quiet["stored_step"] == 10 and quiet["failed_attempts"] == 1
+        loud = grid_detail(session, grid, alarm_minutes=15)["runs"][0]["storage"]
+        assert loud["alarm"] is True and 19 <= loud["minutes_unstored"] <= 21
+        assert loud["last_error"] == "EndpointConnectionError: down"
+        assert grid_version(session, grid_id, alarm_minutes=15) != before, "the page redraws when the alarm starts"
+    with session_scope(database_url) as session:
+        run = session.get(Run, run_id)
+        record_event(session, run, "checkpoint.stored", "step 20 stored", step=20, seq=3, attempt=0)
+    with session_scope(database_url) as session:
+        (status,) = storage_alarms(session, [session.get(Run, run_id)], minutes=15).values()
+        assert status["alarm"] is False and status["stored_step"] == 20 and status["failed_attempts"] == 0
