@@ -18,12 +18,13 @@ import pytest
 from sqlalchemy import select
 
 from orchestrator.dashboard.data import grid_detail, grid_version
-from orchestrator.db.models import TERMINAL_STATES, Event, Grid, Metric, Run
+from orchestrator.db.models import Event, Grid, Metric, Run
 from orchestrator.db.session import session_scope
 from orchestrator.grids import GridCreate, create_grid
 from orchestrator.ingest import record_event
 from orchestrator.storage import storage_alarms
 from orchestrator.sweeps import SweepRunner
+from orchestrator.vocabulary import TERMINAL_STATES
 from worker.actor import ArmWorker
 from worker.storage import CheckpointStore, StoreConfig, open_fs
 
