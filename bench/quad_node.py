@@ -197,7 +197,7 @@ def main() -> None:
 
     home = Path(tempfile.mkdtemp(prefix="ablate-quad-"))
     env = dict(os.environ, ABLATE_DATABASE_URL=f"sqlite:///{home / 'ablate.db'}", ABLATE_STORAGE_DIR=str(home),
-               ABLATE_API_TOKEN="quad-node-token", ABLATE_PORT=str(args.port), PYTHONUNBUFFERED="1")
+               ABLATE_API_TOKEN="quad-node-token-0123", ABLATE_PORT=str(args.port), PYTHONUNBUFFERED="1")
     url = f"http://127.0.0.1:{args.port}"
     log = open(home / "serve.log", "w")
     t_start = time.monotonic()
@@ -207,7 +207,7 @@ def main() -> None:
         wait_healthy(url, server)
         print(f"controller healthy after {time.monotonic() - t_start:.1f} s", flush=True)
         resp = httpx.post(f"{url}/api/grids", json=grid_body(args),
-                          headers={"Authorization": "Bearer quad-node-token"}, timeout=30)
+                          headers={"Authorization": "Bearer quad-node-token-0123"}, timeout=30)
         resp.raise_for_status()
         grid_id = resp.json()["id"]
         timeline, live = watch(url, grid_id, args.timeout)

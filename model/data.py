@@ -457,6 +457,19 @@ def load_image(path: Path, resolution: int, where: str = "") -> Tensor:
     return torch.from_numpy(arr.copy()).permute(2, 0, 1)
 
 
+def check_image(path: Path, where: str = "") -> None:
+    """The file exists and its header is that of an image PIL can read (no pixels are decoded)."""
+    from PIL import Image, UnidentifiedImageError
+
+    if not path.is_file():
+        raise DatasetError(f"imagefolder: image {path} does not exist{where}")
+    try:
+        with Image.open(path) as im:
+            im.size  # noqa: B018 - parsed from the header
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
+        raise DatasetError(f"imagefolder: image {path} is corrupt or not an image{where}: {exc}") from None
+
+
 def _colour_swap(caption: str, salt: int) -> str | None:
     """The caption with its first colour word replaced by another colour, or None if it has none."""
     names = list(COLOURS)
@@ -474,7 +487,8 @@ class ImageFolderDataset(ImageCaptionDataset):
     """A directory of images plus captions.jsonl (one {"file", "caption", optional "edit"} object per line).
 
     Optional embeddings.pt / embeddings.npy hold precomputed text embeddings (see `_load_embeddings`).
-    Every image is decoded once at construction, so a missing or corrupt file fails before training.
+    A missing file or one that is not an image fails at construction, before training. Images are
+    decoded once and kept while the resized set fits `cache_bytes` (1 GiB), else decoded per batch.
     """
 
     name = "imagefolder"
@@ -487,6 +501,7 @@ class ImageFolderDataset(ImageCaptionDataset):
         seed: int,
         held_out: int,
         needs_embeddings: bool = False,
+        cache_bytes: int = _CACHE_BYTES,
     ) -> None:
         super().__init__(resolution, pixel_range, seed)
         self.root = root
@@ -505,9 +520,15 @@ class ImageFolderDataset(ImageCaptionDataset):
         self._held, self._train = perm[:held_out], perm[held_out:]
         self.num_train, self.num_held = len(self._train), held_out
 
-        keep = n * 3 * resolution * resolution <= _CACHE_BYTES
-        decoded = [load_image(e.file, resolution, f" (captions.jsonl line {e.line})") for e in self.entries]
-        self._cache: Tensor | None = torch.stack(decoded) if keep else None
+        # Within the cap every image is decoded now (and kept); above it each file's header is checked
+        # now and the pixels are decoded per batch, so memory stays bounded whatever the dataset size.
+        self._cache: Tensor | None = None
+        if n * 3 * resolution * resolution <= cache_bytes:
+            decoded = [load_image(e.file, resolution, f" (captions.jsonl line {e.line})") for e in self.entries]
+            self._cache = torch.stack(decoded)
+        else:
+            for e in self.entries:
+                check_image(e.file, f" (captions.jsonl line {e.line})")
         self.text_embeddings = self._load_embeddings()
         if needs_embeddings and self.text_embeddings is None:
             raise DatasetError(

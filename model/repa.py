@@ -2,11 +2,12 @@
 states, through a bias-free linear projector, to a frozen vision teacher's patch features with a
 1 - cos loss; arm E warms the weight down linearly to 0.
 
-Teachers (nothing is downloaded at run time):
-- dinov2: from `repa.teacher_path`, either a TorchScript file (torch.jit.save of a module mapping
-  ImageNet-normalised (B, 3, 224, 224) images to (B, N, dim) patch tokens, or to DINOv2's
-  forward_features dict) or a torch.hub-style local directory (a dinov2 checkout with hubconf.py
-  plus a `dinov2_<arch>*.pth` weights file, e.g. dinov2_vitb14_pretrain.pth).
+Teachers:
+- dinov2: weights from `repa.teacher_path`, a plain weights file (a DINOv2 state dict, .pth/.pt/.bin,
+  loaded with torch.load(weights_only=True)), e.g. dinov2_vitb14_pretrain.pth. The
+  architecture is DINOv2's own, from torch.hub's copy of the fixed official repository
+  (facebookresearch/dinov2). A spec never names code: no TorchScript, no hub directory with a
+  hubconf.py (torch.hub.load(source="local") would execute it on the worker).
 - random_standin: a frozen random conv net (fixed seed), for tests and the demo only; it is
   labelled "random_standin" on every run that used it.
 """
@@ -72,28 +73,56 @@ def _random_standin(device: torch.device | str) -> Teacher:
     return Teacher(net, STANDIN_DIM, "random_standin", net)
 
 
+DINOV2_REPO = "facebookresearch/dinov2"  # the architecture's source: fixed, never from a spec
+# DINOv2 backbones by embedding width (patch 14): what a state dict's shapes say its architecture is.
+DINOV2_BY_DIM = {384: "dinov2_vits14", 768: "dinov2_vitb14", 1024: "dinov2_vitl14", 1536: "dinov2_vitg14"}
+WEIGHT_SUFFIXES = (".pt", ".pth", ".bin")
+
+
+def _load_state_dict(path: Path) -> dict[str, Tensor]:
+    """A plain state dict from a weights file; nothing in it can run code."""
+    if path.is_dir() or path.suffix.lower() not in WEIGHT_SUFFIXES:
+        raise TeacherError(
+            f"repa.teacher_path {path} must be a weights file ({', '.join(WEIGHT_SUFFIXES)}: a DINOv2 state dict); "
+            "directories, hubconf.py and TorchScript are refused because they are code"
+        )
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # pickle and zip errors differ; all mean "not a weights file"
+        raise TeacherError(f"repa.teacher_path {path} is not a loadable weights file: {exc}") from None
+    if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
+        raise TeacherError(f"repa.teacher_path {path} holds no state dict of tensors (got {type(state).__name__})")
+    return state
+
+
+def _dinov2_arch(state: dict[str, Tensor], path: Path) -> str:
+    cls = state.get("cls_token")
+    dim = int(cls.shape[-1]) if cls is not None else None
+    if dim not in DINOV2_BY_DIM:
+        raise TeacherError(
+            f"repa.teacher_path {path} is not a DINOv2 state dict (cls_token width {dim}; "
+            f"expected one of {sorted(DINOV2_BY_DIM)})"
+        )
+    return DINOV2_BY_DIM[dim]
+
+
 def _load_dinov2(path: Path, device: torch.device | str) -> Teacher:
-    if path.is_dir():
-        weights = sorted(path.glob("dinov2_*.pth"))
-        if not (path / "hubconf.py").exists() or not weights:
-            raise TeacherError(
-                f"repa.teacher_path {path} is a directory but not a dinov2 hub checkout with a weights file "
-                "(needs hubconf.py and dinov2_<arch>*.pth)"
-            )
-        arch = "_".join(weights[0].stem.split("_")[:2])  # dinov2_vitb14_pretrain -> dinov2_vitb14
-        net = torch.hub.load(str(path), arch, source="local", pretrained=False)
-        net.load_state_dict(torch.load(weights[0], map_location="cpu", weights_only=True))
+    state = _load_state_dict(path)
+    arch = _dinov2_arch(state, path)
+    try:
+        net = torch.hub.load(DINOV2_REPO, arch, pretrained=False, trust_repo=True)
+    except Exception as exc:  # offline without a cached copy, or a hub error
+        raise TeacherError(
+            f"the {arch} architecture comes from torch.hub's copy of {DINOV2_REPO}, which could not be loaded "
+            f"({exc}); run once with network access or set repa.teacher: random_standin"
+        ) from None
+    try:
+        net.load_state_dict(state)
+    except RuntimeError as exc:
+        raise TeacherError(f"repa.teacher_path {path} does not match {arch}: {exc}") from None
 
-        def patch_fn(x: Tensor) -> Tensor:
-            return _tokens_to_map(net.forward_features(x))
-    else:
-        try:
-            net = torch.jit.load(str(path), map_location="cpu")
-        except Exception as exc:  # torch raises RuntimeError/ValueError variants for non-TorchScript files
-            raise TeacherError(f"repa.teacher_path {path} is not a loadable TorchScript file: {exc}") from exc
-
-        def patch_fn(x: Tensor) -> Tensor:
-            return _tokens_to_map(net(x))
+    def patch_fn(x: Tensor) -> Tensor:
+        return _tokens_to_map(net.forward_features(x))
 
     net = net.to(device).eval()
     for p in net.parameters():
@@ -109,8 +138,8 @@ def build_teacher(repa: RepaSpec, device: torch.device | str) -> Teacher:
         return _random_standin(device)
     if not repa.teacher_path:
         raise TeacherError(
-            "repa.teacher 'dinov2' needs repa.teacher_path (a TorchScript file or a local dinov2 hub checkout "
-            "with weights; nothing is downloaded), or set repa.teacher: random_standin (a labelled stand-in)"
+            "repa.teacher 'dinov2' needs repa.teacher_path (a DINOv2 weights file, e.g. "
+            "dinov2_vitb14_pretrain.pth), or set repa.teacher: random_standin (a labelled stand-in)"
         )
     path = Path(repa.teacher_path).expanduser()
     if not path.exists():

@@ -13,8 +13,11 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-PositiveInt = Annotated[int, Field(gt=0)]
-NonNegInt = Annotated[int, Field(ge=0)]
+# Upper bounds are far above any real run and keep absurd values (hidden 4e21, steps 1e18) from
+# being stored and then failing only on the worker after using up its retries.
+PositiveInt = Annotated[int, Field(gt=0, le=10**9)]
+NonNegInt = Annotated[int, Field(ge=0, le=10**9)]
+Seed = Annotated[int, Field(ge=0, le=2**63 - 1)]  # torch and numpy seeds are 64-bit
 PositiveFloat = Annotated[float, Field(gt=0)]
 Fraction = Annotated[float, Field(ge=0, le=1)]
 
@@ -26,13 +29,16 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
+MAX_HIDDEN, MAX_DEPTH, MAX_HEADS, MAX_PATCH, MAX_RESOLUTION = 16384, 512, 256, 128, 8192
+
+
 class SizePreset(Strict):
-    hidden: PositiveInt
-    depth: PositiveInt
-    heads: PositiveInt
-    patch: PositiveInt
-    resolution: PositiveInt  # native image side in pixels
-    text_tokens: PositiveInt  # caption length the cross-attention sees
+    hidden: Annotated[int, Field(gt=0, le=MAX_HIDDEN)]
+    depth: Annotated[int, Field(gt=0, le=MAX_DEPTH)]
+    heads: Annotated[int, Field(gt=0, le=MAX_HEADS)]
+    patch: Annotated[int, Field(gt=0, le=MAX_PATCH)]
+    resolution: Annotated[int, Field(gt=0, le=MAX_RESOLUTION)]  # native image side in pixels
+    text_tokens: Annotated[int, Field(gt=0, le=4096)]  # caption length the cross-attention sees
 
 
 # seed: the study's 239M NanoDiT (4096 image tokens). small: a quick GPU arm. tiny: CPU tests and the demo.
@@ -46,12 +52,13 @@ SIZES: dict[str, SizePreset] = {
 class ModelSpec(Strict):
     size: Literal["seed", "small", "tiny"] = "seed"
     # Explicit dims override the preset one by one (None = the preset's value).
-    hidden: PositiveInt | None = None
-    depth: PositiveInt | None = None
-    heads: PositiveInt | None = None
-    patch: PositiveInt | None = None
-    mlp_ratio: PositiveFloat = 4.0  # FFN width / hidden, as in DiT
-    identity_tokens: NonNegInt = 16  # pooled reference-image tokens for reconstruction conditioning
+    hidden: Annotated[int, Field(gt=0, le=MAX_HIDDEN)] | None = None
+    depth: Annotated[int, Field(gt=0, le=MAX_DEPTH)] | None = None
+    heads: Annotated[int, Field(gt=0, le=MAX_HEADS)] | None = None
+    patch: Annotated[int, Field(gt=0, le=MAX_PATCH)] | None = None
+    mlp_ratio: Annotated[float, Field(gt=0, le=64)] = 4.0  # FFN width / hidden, as in DiT
+    # pooled reference-image tokens for reconstruction conditioning
+    identity_tokens: Annotated[int, Field(ge=0, le=4096)] = 16
 
     def dims(self) -> SizePreset:
         """The preset with explicit dims applied."""
@@ -70,7 +77,7 @@ class ModelSpec(Strict):
 class DataSpec(Strict):
     dataset: Literal["shapes", "digits", "imagefolder"] = "shapes"
     path: str | None = None  # imagefolder: a directory with images and captions.jsonl
-    resolution: PositiveInt | None = None  # None = the model size's native resolution
+    resolution: Annotated[int, Field(gt=0, le=MAX_RESOLUTION)] | None = None  # None = the size's native one
     # unit = [0, 1] (the study's A-E, reproduced on purpose); symmetric = [-1, 1] (arm F's fix).
     pixel_range: Literal["unit", "symmetric"] = "unit"
     # learned: built-in tokenizer + embedding; minilm: offline all-MiniLM-L6-v2 token states;
@@ -78,7 +85,7 @@ class DataSpec(Strict):
     text_encoder: Literal["learned", "minilm", "precomputed"] = "learned"
     num_images: PositiveInt = 4096  # procedural datasets: how many training images to draw
     held_out: PositiveInt = 64  # images kept out of training for evaluation
-    seed: int = 0
+    seed: Seed = 0
 
     @model_validator(mode="after")
     def _imagefolder_needs_path(self) -> DataSpec:
@@ -111,8 +118,9 @@ class EMASpec(Strict):
 
 
 class ScheduleSpec(Strict):
-    steps: PositiveInt = 5000
-    batch_size: PositiveInt = 256  # global batch per optimizer step (micro-batch = batch / grad_accum)
+    steps: Annotated[int, Field(gt=0, le=10**8)] = 5000
+    # global batch per optimizer step (micro-batch = batch / grad_accum)
+    batch_size: Annotated[int, Field(gt=0, le=65536)] = 256
     grad_accum: PositiveInt = 1
     lr: PositiveFloat = 3e-4
     min_lr: Annotated[float, Field(ge=0)] = 1e-6
@@ -185,7 +193,7 @@ class AdaLNSpec(Strict):
 class EvalSpec(Strict):
     num_samples: PositiveInt = 25  # n per metric (the study used 25)
     sampler_steps: PositiveInt = 50  # Euler steps
-    seed: int = 1234  # per-sample noise is seeded from this and the sample index
+    seed: Seed = 1234  # per-sample noise is seeded from this and the sample index
     # alexnet: the lpips package's AlexNet; its backbone weights come from lpips_weights (a local file)
     # or torchvision's cache. random_standin: an untrained AlexNet, only when chosen, labelled on metrics.
     lpips_backbone: Literal["alexnet", "random_standin"] = "alexnet"
@@ -276,3 +284,37 @@ class ArmSpec(Strict):
 
     def resolution(self) -> int:
         return self.data.resolution or self.model.dims().resolution
+
+
+# -- resources ---------------------------------------------------------------------------------------
+
+# Bytes per parameter held on the GPU while training: fp32 weights, grads, two AdamW moments, EMA.
+STATE_BYTES_PER_PARAM = 20
+# Activation elements kept per token and block for the backward pass, per unit of hidden width: the
+# attention's norm input, q/k/v, output and projection (~6), cross-attention (~4), and the FFN's two
+# mlp_ratio-wide tensors; SDPA keeps no (T x T) scores on GPU. An estimate, within ~2x of measured.
+ACT_ELEMS_PER_HIDDEN = 10
+
+
+def estimate_params(spec: ArmSpec) -> int:
+    """Rough parameter count without building the model: per block, self- and cross-attention (8 D^2),
+    the FFN (2 * mlp_ratio * D^2) and the adaLN modulation (6 D^2, shared in arm H)."""
+    d = spec.model.dims()
+    per_block = (8 + 2 * spec.model.mlp_ratio) * d.hidden**2
+    adaln = 6 * d.hidden**2 * (1 if spec.adaln.kind == "shared" else d.depth)
+    return int(d.depth * per_block + adaln + 3 * d.patch**2 * d.hidden * 2)
+
+
+def estimate_state_bytes(spec: ArmSpec) -> int:
+    """Training state on the GPU whatever the batch: weights, grads, optimizer moments, EMA."""
+    return estimate_params(spec) * STATE_BYTES_PER_PARAM
+
+
+def estimate_peak_bytes(spec: ArmSpec) -> int:
+    """Estimated peak GPU memory of one arm: training state plus one micro-batch's activations."""
+    d = spec.model.dims()
+    tokens = (spec.resolution() // d.patch) ** 2 + d.text_tokens + spec.model.identity_tokens
+    micro = spec.schedule.batch_size // spec.schedule.grad_accum
+    act_bytes = 4 if spec.precision.mode == "fp32" else 2
+    per_token_block = (ACT_ELEMS_PER_HIDDEN + 2 * spec.model.mlp_ratio) * d.hidden * act_bytes
+    return int(estimate_state_bytes(spec) + micro * tokens * d.depth * per_token_block)

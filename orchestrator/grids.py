@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path, PurePosixPath
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, field_validator
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from model.spec import ArmSpec
+from model.spec import ArmSpec, estimate_params, estimate_peak_bytes, estimate_state_bytes
 from orchestrator.arms import LINEAGE_KEYS, ArmError, arm_files, resolve
 from orchestrator.db.models import METRIC_FIELDS, Event, Grid, Metric, Run, utcnow
 from orchestrator.db.transitions import transition
@@ -172,9 +175,120 @@ def resolve_grid(body: GridCreate) -> list[tuple[str, ArmSpec]]:
     return resolved
 
 
-def create_grid(session: Session, body: GridCreate, source: GridSource = GridSource.submitted) -> Grid:
-    """Store the grid and one queued run per arm (in order) with its fully resolved spec; flushes, no commit."""
+# The largest single-GPU memory an arm can run on (H200, 141 GiB): a model whose training state alone
+# exceeds it cannot run anywhere, whatever the batch.
+LARGEST_GPU_GIB = 141.0
+
+
+def memory_errors(body: GridCreate, resolved: list[tuple[str, ArmSpec]], cap_gib: float | None) -> list[dict[str, Any]]:
+    """An error per arm whose estimated peak GPU memory exceeds `cap_gib` (None: only its training
+    state is checked, against LARGEST_GPU_GIB), naming the estimate and the fields that lower it."""
+    errors = []
+    for i, (label, spec) in enumerate(resolved):
+        loc = ("arms", i) if isinstance(body.arms[i], dict) or not body.overrides else ("overrides",)
+        state, state_cap = estimate_state_bytes(spec) / 2**30, cap_gib or LARGEST_GPU_GIB
+        if state > state_cap:
+            errors.append(
+                _error(
+                    (*loc, "model"),
+                    f"arm {label}: ~{estimate_params(spec) / 1e9:,.1f}B parameters need an estimated {state:,.1f} GiB "
+                    f"per GPU for weights, gradients, optimizer and EMA alone, above {state_cap:g} GiB; "
+                    "lower model.hidden, model.depth or the model size",
+                )
+            )
+            continue
+        peak = estimate_peak_bytes(spec) / 2**30
+        if cap_gib and peak > cap_gib:
+            micro = spec.schedule.batch_size // spec.schedule.grad_accum
+            errors.append(
+                _error(
+                    (*loc, "schedule"),
+                    f"arm {label}: estimated peak GPU memory {peak:,.1f} GiB exceeds {cap_gib:g} GiB per GPU at "
+                    f"micro-batch {micro} (schedule.batch_size / schedule.grad_accum); raise schedule.grad_accum "
+                    "or lower schedule.batch_size, data.resolution or the model size",
+                )
+            )
+    return errors
+
+
+# Weight files a spec may name: plain tensors, loaded with torch.load(weights_only=True).
+WEIGHT_SUFFIXES = (".pt", ".pth", ".bin")
+
+
+def _spec_path(value: str, roots: Sequence[Path], what: str, env: str, suffixes: tuple[str, ...] = ()) -> str | None:
+    """Why a worker path from a spec is refused, or None. Lexical (the path is on the worker): absolute,
+    no `..`, under one of `roots`, and with a weight file's suffix when `suffixes` are given."""
+    path = PurePosixPath(value)
+    if not path.is_absolute() or ".." in path.parts:
+        return f"must be an absolute path without '..' under {env}"
+    if suffixes and path.suffix.lower() not in suffixes:
+        return f"must be a {what} ({', '.join(suffixes)}), never a directory or code"
+    if not any(path.is_relative_to(PurePosixPath(root)) for root in roots):
+        where = ", ".join(map(str, roots)) if roots else "none are configured"
+        return f"must lie under a directory the operator allows in {env} ({where})"
+    return None
+
+
+def path_errors(
+    body: GridCreate, resolved: list[tuple[str, ArmSpec]], weights_dirs: Sequence[Path], data_dirs: Sequence[Path]
+) -> list[dict[str, Any]]:
+    """Spec paths that name files on the workers (REPA teacher, LPIPS weights, dataset) must lie under the
+    operator's directories: a token holder must not make a worker load an arbitrary file, let alone code."""
+    errors = []
+    for i, (label, spec) in enumerate(resolved):
+        checks = [
+            (("repa", "teacher_path"), spec.repa.teacher_path, weights_dirs, "weight file", "ABLATE_WEIGHTS_DIRS"),
+            (("eval", "lpips_weights"), spec.eval.lpips_weights, weights_dirs, "weight file", "ABLATE_WEIGHTS_DIRS"),
+            (("data", "path"), spec.data.path, data_dirs, "dataset directory", "ABLATE_DATA_DIRS"),
+        ]
+        for field, value, roots, what, env in checks:
+            if value is None:
+                continue
+            suffixes = WEIGHT_SUFFIXES if what == "weight file" else ()
+            problem = _spec_path(value, roots, what, env, suffixes)
+            if problem:
+                loc = ("arms", i) if isinstance(body.arms[i], dict) or not body.overrides else ("overrides",)
+                errors.append(_error((*loc, *field), f"arm {label}: {value!r} {problem}"))
+    return errors
+
+
+def gpu_memory_cap_gib(session: Session, configured: float) -> float | None:
+    """The per-GPU memory arms must fit: ABLATE_MAX_GPU_MEMORY_GIB, else the largest GPU of the probed
+    nodes, else None (unknown)."""
+    if configured:
+        return configured
+    from orchestrator.db.models import Node
+
+    mib = [g.get("memory_mib") or 0 for gpus in session.scalars(select(Node.gpus)) for g in gpus or []]
+    return max(mib) / 1024 if any(mib) else None
+
+
+@dataclass(frozen=True)
+class PathPolicy:
+    """Worker directories from the settings under which spec paths may lie (see `path_errors`)."""
+
+    weights_dirs: Sequence[Path] = ()
+    data_dirs: Sequence[Path] = ()
+
+
+def create_grid(
+    session: Session,
+    body: GridCreate,
+    source: GridSource = GridSource.submitted,
+    max_gpu_memory_gib: float | None = None,
+    paths: PathPolicy | None = None,
+) -> Grid:
+    """Store the grid and one queued run per arm (in order) with its fully resolved spec; flushes, no commit.
+
+    An arm that cannot fit a GPU is a GridError: see `memory_errors` (cap `max_gpu_memory_gib`). With
+    `paths` (every grid a client submits), spec paths outside the operator's directories are too.
+    """
     resolved = resolve_grid(body)
+    errors = memory_errors(body, resolved, max_gpu_memory_gib)
+    if paths is not None:
+        errors += path_errors(body, resolved, paths.weights_dirs, paths.data_dirs)
+    if errors:
+        raise GridError(errors)
     grid = Grid(
         name=body.name,
         control_arm=body.control if body.control is not None else resolved[0][0],

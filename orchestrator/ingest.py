@@ -18,6 +18,8 @@ from orchestrator.db.models import METRIC_FIELDS, Event, Grid, Metric, Run, utcn
 from orchestrator.numbers import is_finite, json_safe
 from orchestrator.vocabulary import STOP_DECISIONS, RunDecision
 
+# Bind parameters per INSERT: below SQLite's default limit (32766 since 3.32) and Postgres' (65535).
+MAX_BIND_PARAMS = 30_000
 FLOAT_FIELDS = frozenset(
     c.name for c in Metric.__table__.columns if c.name in METRIC_FIELDS and c.type.python_type is float
 )
@@ -69,7 +71,8 @@ def metric_values(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def insert_metrics(session: Session, run_id: int, records: list[dict[str, Any]]) -> set[int]:
-    """One INSERT ... ON CONFLICT (run_id, step) DO NOTHING for a batch; returns the steps that were new."""
+    """INSERT ... ON CONFLICT (run_id, step) DO NOTHING for a batch, in chunks under the bind-parameter
+    limit, in the caller's transaction; returns the steps that were new."""
     if not records:
         return set()
     dialect = session.get_bind().dialect.name
@@ -84,15 +87,21 @@ def insert_metrics(session: Session, run_id: int, records: list[dict[str, Any]])
     rows = [
         {"run_id": run_id, "step": int(r["step"]), "created_at": now, **blank, **metric_values(r)} for r in records
     ]
-    # Core insert into the table (not the ORM entity): one statement per batch, and RETURNING gives
-    # back only the rows that went in (rowcount is unreliable for this through the ORM).
-    stmt = (
-        insert(Metric.__table__)
-        .values(rows)
-        .on_conflict_do_nothing(index_elements=["run_id", "step"])
-        .returning(Metric.__table__.c.step)
-    )
-    return set(session.execute(stmt).scalars())
+    # Core insert into the table (not the ORM entity), and RETURNING gives back only the rows that went
+    # in (rowcount is unreliable for this through the ORM). One statement per chunk: a multi-row VALUES
+    # binds one parameter per column and row, and past the driver's limit (SQLite 32766) every attempt
+    # of a large batch would fail, and with it every scheduler pass.
+    per_statement = max(1, MAX_BIND_PARAMS // len(rows[0]))
+    new: set[int] = set()
+    for start in range(0, len(rows), per_statement):
+        stmt = (
+            insert(Metric.__table__)
+            .values(rows[start : start + per_statement])
+            .on_conflict_do_nothing(index_elements=["run_id", "step"])
+            .returning(Metric.__table__.c.step)
+        )
+        new.update(session.execute(stmt).scalars())
+    return new
 
 
 def metric_series(session: Session, run_id: int) -> list[dict[str, Any]]:

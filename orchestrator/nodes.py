@@ -36,6 +36,9 @@ if TYPE_CHECKING:  # paramiko is imported where SSH happens: the API must start 
     import paramiko
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+# Seconds of silence after which an SFTP read/write gives up, and between SSH keepalives.
+SFTP_TIMEOUT_S = 120.0
+KEEPALIVE_S = 30
 OUTPUT_KEEP = 16_000  # characters of stdout/stderr kept per command event (the tail: errors come last)
 
 
@@ -77,19 +80,36 @@ class NodeCreate(BaseModel):
 
     @field_validator("key_path", "known_hosts_path")
     @classmethod
-    def _existing_file(cls, v: str | None) -> str | None:
+    def _usable_path(cls, v: str | None) -> str | None:
+        # Only the syntax here: where the file may lie and whether it exists is `check_key_paths`, which
+        # the API runs against the operator's allowed directories (no file-existence oracle elsewhere).
         if v is None:
             return v
         if "\x00" in v:
             raise ValueError("must not contain NUL characters")
         try:
-            path = Path(v).expanduser()
-            found = path.is_file()
+            return str(Path(v).expanduser().resolve())
         except (OSError, RuntimeError) as exc:  # name too long, ~unknownuser, ...
             raise ValueError(f"not a usable file path: {exc}") from None
-        if not found:
-            raise ValueError(f"no such file on the controller: {path}")
-        return str(path.resolve())
+
+
+def key_path_problems(body: NodeCreate, allowed_dirs: Sequence[Path]) -> dict[str, str]:
+    """Field -> what is wrong, for key_path / known_hosts_path: each must be an existing file under one
+    of `allowed_dirs` (ABLATE_SSH_KEY_DIRS). A path outside them is refused without looking at it, so
+    the answer tells a client nothing about files elsewhere on the controller."""
+    roots = [d.expanduser().resolve() for d in allowed_dirs]
+    problems: dict[str, str] = {}
+    for name in ("key_path", "known_hosts_path"):
+        value = getattr(body, name)
+        if value is None:
+            continue
+        path = Path(value)  # already expanded and resolved (symbolic links followed) by the validator
+        if not any(path.is_relative_to(root) for root in roots):
+            where = ", ".join(map(str, roots)) or "(none configured)"
+            problems[name] = f"must be a file under the allowed SSH key directories (ABLATE_SSH_KEY_DIRS): {where}"
+        elif not path.is_file():
+            problems[name] = f"no such file on the controller: {path}"
+    return problems
 
 
 def node_public(node: Node) -> dict[str, Any]:
@@ -246,11 +266,14 @@ class NodeShell:
         except HostKeyError:
             client.close()
             raise
-        except (paramiko.SSHException, OSError) as exc:
+        except (paramiko.SSHException, OSError, ValueError) as exc:  # ValueError: a file that is not a key
             client.close()
             raise NodeError(
                 f"cannot connect to node {node.name!r} ({node.user}@{node.host}:{node.port}): {exc}"
             ) from None
+        transport = client.get_transport()
+        if transport is not None:
+            transport.set_keepalive(KEEPALIVE_S)  # a silently dropped link fails instead of hanging
         return cls(name=node.name, client=client, database_url=database_url, node_id=node.id)
 
     def __enter__(self) -> NodeShell:
@@ -331,18 +354,28 @@ class NodeShell:
                 )
             )
 
+    def sftp(self) -> paramiko.SFTPClient:
+        """An SFTP session whose reads and writes give up after SFTP_TIMEOUT_S of silence (a dead link
+        would otherwise block the caller forever; the transport's keepalive notices it)."""
+        sftp = self.client.open_sftp()
+        sftp.get_channel().settimeout(SFTP_TIMEOUT_S)
+        return sftp
+
     def put(self, local: Path, remote: str, mode: int | None = None) -> None:
         """Copy one file to the node over SFTP (remote relative paths are under the login directory).
 
         `mode`: set on the open file before any byte is written (for secrets such as the cluster token).
         """
-        with self.client.open_sftp() as sftp:
-            if mode is None:
-                sftp.put(str(local), remote)
-            else:
-                with sftp.open(remote, "w") as fh:
-                    fh.chmod(mode)
-                    fh.write(local.read_bytes())
+        try:
+            with self.sftp() as sftp:
+                if mode is None:
+                    sftp.put(str(local), remote)
+                else:
+                    with sftp.open(remote, "w") as fh:
+                        fh.chmod(mode)
+                        fh.write(local.read_bytes())
+        except OSError as exc:  # remote directory missing, disk full, timeout (socket.timeout is an OSError)
+            raise NodeError(f"node {self.name!r}: copying {local.name} to {remote} failed: {exc}") from None
         self._note("sftp.put", f"{local} -> {remote}" + (f" (mode {mode:o})" if mode is not None else ""))
 
     def fetch_tree(self, remote: str, local: Path, skipped: list[str] | None = None) -> list[Path]:
@@ -356,7 +389,7 @@ class NodeShell:
         written: list[Path] = []
         refused: list[str] = []
         root = local.resolve()
-        with self.client.open_sftp() as sftp:
+        with self.sftp() as sftp:
             for rel, kind in _walk(sftp, remote, refused=refused):
                 target = local.joinpath(*PurePosixPath(rel).parts) if rel else local
                 if kind == "link":

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
+from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session
 
 from orchestrator.db.models import Grid, Run, utcnow
@@ -37,11 +38,15 @@ from orchestrator.db.transitions import transition
 from orchestrator.ingest import ingest, last_step, record_event
 from orchestrator.settings import Settings
 from orchestrator.storage import record_storage, run_storage_url, seen_seq, worker_storage
-from orchestrator.vocabulary import ACTIVE_STATES, GridSource, RunState
+from orchestrator.vocabulary import ACTIVE_STATES, TERMINAL_STATES, GridSource, RunState
 
 log = logging.getLogger("ablate.scheduler")
 
 POLL_WAIT_S = 1.0  # worker-side long-poll: a record reaches the DB as soon as it exists
+# A worker whose replies fail to store this many times in a row for a reason other than the database
+# being unreachable (a record the DB refuses) has its run failed with the error, so it cannot stall
+# the loop; an unreachable database is waited out.
+MAX_INGEST_FAILURES = 5
 
 
 def claim_for_launch(session: Session, run: Run, checkpoint_dir: str) -> bool:
@@ -115,6 +120,7 @@ class Worker:
     launched_at: float = field(default_factory=time.monotonic)  # time.monotonic() s, for start_timeout_s
     attempt: int = 0  # the run's retries when launched (the worker's upload log is per attempt)
     storage_seen: int = 0  # the newest upload-log entry of this worker stored as an event
+    ingest_failures: int = 0  # consecutive replies that could not be stored (not counting DB outages)
 
 
 class Scheduler:
@@ -126,7 +132,6 @@ class Scheduler:
         self.workers: dict[int, Worker] = {}
         self._halt = threading.Event()
         self._thread: threading.Thread | None = None
-        self._reconciled = False
         self._last_housekeeping = 0.0
         self._warned_no_gpu = False
 
@@ -159,12 +164,15 @@ class Scheduler:
                 self._halt.wait(self.settings.scheduler_interval_s)
 
     def tick(self) -> None:
-        """One pass: reconcile once, collect worker replies (waiting up to the interval), stop, launch."""
+        """One pass: reconcile, collect worker replies (waiting up to the interval), stop, launch.
+
+        Reconciling runs on every pass (not once per process): a run whose worker was dropped while
+        its DB write failed (the DB restarting) is found again here, so no run stays `running` without
+        a live worker of ours.
+        """
         import ray
 
-        if not self._reconciled:
-            self.reconcile()
-            self._reconciled = True
+        self.reconcile()
         self._issue_polls()
         refs = [w.poll_ref for w in self.workers.values()]
         if refs:
@@ -177,7 +185,7 @@ class Scheduler:
         ready_ids = {r.hex() for r in ready}
         for worker in list(self.workers.values()):
             if worker.poll_ref is not None and worker.poll_ref.hex() in ready_ids:
-                freed |= self._collect(worker)
+                freed |= self._collect_isolated(worker)
         now = time.monotonic()
         if freed or now - self._last_housekeeping >= self.settings.scheduler_interval_s:
             self._last_housekeeping = now
@@ -188,9 +196,20 @@ class Scheduler:
     # reconcile ---------------------------------------------------------------------------------------
 
     def reconcile(self) -> None:
-        """Adopt the workers of runs the DB says are active; re-queue those whose worker is gone."""
+        """Make the tracked workers agree with the DB: adopt the live workers of active runs we do not
+        track, re-queue active runs whose worker is gone, and drop workers whose run has finished."""
         with session_scope(self.settings.database_url) as session:
             runs = session.scalars(select(Run).where(Run.state.in_(ACTIVE_STATES))).all()
+            active = {run.id for run in runs}
+            tracked = [w for w in self.workers.values() if w.run_id not in active]
+            if tracked:
+                finished = session.scalars(
+                    select(Run.id).where(Run.id.in_([w.run_id for w in tracked]), Run.state.in_(TERMINAL_STATES))
+                ).all()
+                for worker in tracked:
+                    if worker.run_id in finished:
+                        log.info("run %s is final in the DB; dropping its worker %s", worker.run_id, worker.name)
+                        self._kill(worker)
             for run in runs:
                 if run.id in self.workers:
                     continue
@@ -313,6 +332,31 @@ class Scheduler:
         for worker in self.workers.values():
             if worker.poll_ref is None:
                 worker.poll_ref = worker.handle.poll.remote(worker.after_step, POLL_WAIT_S)
+
+    def _collect_isolated(self, worker: Worker) -> bool:
+        """`_collect`, with a failure confined to this worker: the other workers, stops and launches of
+        the pass go on. An unreachable DB is retried; any other error, MAX_INGEST_FAILURES times in a
+        row, fails the run with it (its records stay in the worker's records.jsonl)."""
+        try:
+            gone = self._collect(worker)
+        except (OperationalError, InterfaceError):
+            log.warning("database unreachable while storing run %s's reply; retrying", worker.run_id, exc_info=True)
+            return False
+        except Exception as exc:
+            worker.ingest_failures += 1
+            log.exception("storing run %s's reply failed (%d in a row)", worker.run_id, worker.ingest_failures)
+            if worker.ingest_failures < MAX_INGEST_FAILURES:
+                return False
+            self._kill(worker)
+            message = f"its records could not be stored {worker.ingest_failures} times: {type(exc).__name__}: {exc}"
+            with session_scope(self.settings.database_url) as session:
+                run = session.get(Run, worker.run_id)
+                if run is not None and run.state in ACTIVE_STATES:
+                    run.error = message[:4000]
+                    self._finish(session, run, RunState.failed, message.splitlines()[0][:500])
+            return True
+        worker.ingest_failures = 0
+        return gone
 
     def _collect(self, worker: Worker) -> bool:
         """Handle one poll reply; True when the worker is gone (its GPU is free)."""

@@ -11,7 +11,7 @@ from fastapi import FastAPI
 from orchestrator.api.app import create_app
 from orchestrator.db.session import upgrade
 from orchestrator.messages import masked_url
-from orchestrator.settings import Settings
+from orchestrator.settings import MIN_TOKEN_LENGTH, Settings, SettingsError
 
 
 def read_token(settings: Settings) -> str | None:
@@ -20,23 +20,52 @@ def read_token(settings: Settings) -> str | None:
         return settings.api_token
     path = settings.token_file
     if path.is_file():
-        return path.read_text().strip() or None
+        token = path.read_text().strip() or None
+        if token is not None and len(token) < MIN_TOKEN_LENGTH:
+            raise SettingsError(
+                f"the API token in {path} is shorter than {MIN_TOKEN_LENGTH} characters: delete the file "
+                "(a new one is generated) or write a longer one"
+            )
+        return token
     return None
 
 
 def _write_token(path: Path) -> str:
     token = secrets.token_urlsafe(32)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # Owner-only from the first byte: the token grants every write.
+    _private_dir(path.parent)
+    # Owner-only from the first byte: the token grants every write. fchmod too: O_CREAT's mode applies
+    # only to a new file, and a pre-existing (e.g. empty, 0644) one would keep its mode.
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
     with os.fdopen(fd, "w") as fh:
         fh.write(token + "\n")
     return token
 
 
+def _private_dir(path: Path) -> None:
+    """Create `path` owner-only (0700), or make it so: it holds the token, the database and checkpoints."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path.chmod(0o700)
+
+
+def _private_sqlite(database_url: str) -> None:
+    """An SQLite database holds every spec and result: owner-only (0600), its WAL and shm files too
+    (SQLite gives those the database file's mode when it creates them)."""
+    if not database_url.startswith("sqlite:///"):
+        return
+    db = Path(database_url.removeprefix("sqlite:///"))
+    for path in (db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")):
+        if path.exists():
+            path.chmod(0o600)
+
+
 def prepare(settings: Settings) -> str:
     """Upgrade the database to the newest schema and return the API token (generated if none exists)."""
+    _private_dir(settings.storage_dir)
+    if settings.database_url.startswith("sqlite:///"):  # a directory we create is owner-only; others stay
+        Path(settings.database_url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     upgrade(settings.database_url)
+    _private_sqlite(settings.database_url)
     print(f"database: {masked_url(settings.database_url)} (migrated to head)")
     token = read_token(settings)
     if token is None:

@@ -11,6 +11,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from pydantic_settings import SettingsError as EnvParseError
 
 DEFAULT_DIR = Path(".ablate")
+# A shorter token is refused: 16 random characters are out of reach of online guessing.
+MIN_TOKEN_LENGTH = 16
 
 
 class SettingsError(RuntimeError):
@@ -24,8 +26,9 @@ class Settings(BaseSettings):
     # SQLite under ./.ablate/ is the embedded default; production points this at Postgres
     # (postgresql+psycopg://user@host/db).
     database_url: str = f"sqlite:///{DEFAULT_DIR / 'ablate.db'}"
-    # Bearer token for every write. Unset: `ablate serve` generates one into storage_dir/api_token.
-    api_token: str | None = None
+    # Bearer token for every write (and the reads that expose infrastructure). Unset: `ablate serve`
+    # generates one into storage_dir/api_token. At least 16 characters: it is the only guard on writes.
+    api_token: Annotated[str, Field(min_length=MIN_TOKEN_LENGTH)] | None = None
     # Ray cluster to join ("auto", "ray://host:10001", an address); unset: start a local Ray.
     ray_address: str | None = None
     # The Ray cluster token (Ray's token auth) used to join ray_address; `ablate ray-head` writes
@@ -65,6 +68,20 @@ class Settings(BaseSettings):
     checkpoint_alarm_minutes: Annotated[float, Field(gt=0)] = 15.0
     # How long a finishing worker waits for its last upload (and a resuming one for a failing store).
     checkpoint_flush_timeout_s: Annotated[float, Field(gt=0)] = 900.0
+    # Request bodies above this many bytes answer 413 before they are parsed (a grid spec is a few KB).
+    max_body_bytes: Annotated[int, Field(ge=1024)] = 1 << 20
+    # True: grid, run and dashboard reads need the token too (nodes and schedules always do).
+    private_reads: bool = False
+    # Directories on the workers under which spec paths to weight files (repa.teacher_path,
+    # eval.lpips_weights) and datasets (data.path) may lie; a spec naming anything else is refused.
+    # Empty: specs may name no such path (stand-ins, built-in datasets and ABLATE_LPIPS_WEIGHTS only).
+    weights_dirs: list[Path] = []
+    # Directories on the controller from which POST /api/nodes may name SSH keys and known-hosts files.
+    ssh_key_dirs: list[Path] = [Path("~/.ssh")]
+    data_dirs: list[Path] = []
+    # Per-GPU memory an arm's estimated peak may use, in GiB. 0: the largest GPU among the probed nodes;
+    # with none probed, only the training state is checked, against the largest GPU there is (141 GiB).
+    max_gpu_memory_gib: Annotated[float, Field(ge=0)] = 0.0
 
     @field_validator("database_url")
     @classmethod

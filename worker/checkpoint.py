@@ -75,8 +75,10 @@ def prune(out_dir: Path, keep: int = KEEP_PERIODIC) -> None:
 
 
 def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    # weights_only=False: our own files hold RNG states and plain dicts next to tensors.
-    return torch.load(path, map_location=map_location, weights_only=False)
+    """A checkpoint of ours. weights_only=True: torch's restricted unpickler, which builds only tensors
+    and plain containers and numbers (all a checkpoint holds: state dicts, RNG state tensors, the spec
+    as JSON), so a file planted in the run directory or checkpoint storage cannot run code on load."""
+    return torch.load(path, map_location=map_location, weights_only=True)
 
 
 def truncate_metrics(out_dir: Path, up_to_step: int) -> None:
@@ -101,7 +103,8 @@ def append_metrics(out_dir: Path, record: dict[str, Any]) -> None:
 
 def provenance() -> dict[str, Any]:
     """Library versions and the code version (git commit + dirty flag) that produced a checkpoint."""
-    versions = {"python": platform.python_version(), "torch": torch.__version__}
+    # str(): torch.__version__ is a TorchVersion, which weights_only loading (see `load`) would refuse.
+    versions = {"python": platform.python_version(), "torch": str(torch.__version__)}
     for pkg in ("torchao", "lpips", "torchvision", "numpy", "ablate"):
         try:
             versions[pkg] = metadata.version(pkg)

@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from orchestrator.api.errors import install_error_handlers
+from orchestrator.api.guard import TokenGuard
 from orchestrator.api.routes import arms, grids, health, nodes, runs, schedules
 from orchestrator.dashboard import install as install_dashboard
 from orchestrator.settings import Settings
@@ -31,8 +32,14 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
 def create_app(settings: Settings, api_token: str) -> FastAPI:
     """The controller's app. `api_token` guards every write (see orchestrator.api.deps.require_token)."""
     app = FastAPI(
-        title="ablate", version="0.1.0", description="Ablation orchestration for DiT training", lifespan=_lifespan
+        title="ablate",
+        version="0.1.0",
+        description="Ablation orchestration for DiT training",
+        lifespan=_lifespan,
+        max_body_size=settings.max_body_bytes,  # 413 before the body is parsed
     )
+    # Outermost of our own layers: a request without the token is answered before its body is read.
+    app.add_middleware(TokenGuard, token=api_token, private_reads=settings.private_reads)
     app.state.settings = settings
     app.state.api_token = api_token
     app.state.startup_hooks = []

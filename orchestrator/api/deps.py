@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Iterator
 from typing import Annotated, TypeVar
 
@@ -10,6 +9,7 @@ from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
+from orchestrator.api.guard import UNAUTHORIZED, token_matches
 from orchestrator.db.session import session_scope
 from orchestrator.settings import Settings
 
@@ -27,22 +27,20 @@ def get_session(settings: SettingsDep) -> Iterator[Session]:
         yield session
 
 
-SessionDep = Annotated[Session, Depends(get_session)]
+# scope="function": the commit runs when the route returns, before the response is sent, so a failed
+# commit is a 500 and never a 2xx for a write that did not happen.
+SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 
 _bearer = HTTPBearer(auto_error=False)
 
 
 def require_token(
-    request: Request, creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+    request: Request, _creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 ) -> None:
-    expected: str = request.app.state.api_token
-    # Bytes: compare_digest raises TypeError on non-ASCII str, which would be a 500 instead of a 401.
-    if creds is None or not secrets.compare_digest(creds.credentials.encode(), expected.encode()):
-        raise HTTPException(
-            status.HTTP_401_UNAUTHORIZED,
-            detail="missing or wrong bearer token: send 'Authorization: Bearer <ABLATE_API_TOKEN>'",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
+    """The route-level check (and the OpenAPI security scheme); orchestrator.api.guard.TokenGuard has
+    already refused a missing token before the body was read."""
+    if not token_matches(request.headers.get("authorization"), request.app.state.api_token):
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, detail=UNAUTHORIZED, headers={"WWW-Authenticate": "Bearer"})
 
 
 AuthDep = Annotated[None, Depends(require_token)]

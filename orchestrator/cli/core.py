@@ -10,6 +10,7 @@ import typer
 import yaml
 from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from orchestrator.cli import CLIError, app
@@ -166,12 +167,13 @@ def _print_grids(grids: list[dict[str, Any]]) -> None:
     for g in grids:
         states = ", ".join(f"{n} {s}" for s, n in sorted(g["states"].items()))
         created = f"{g['created_at']:%Y-%m-%d %H:%M}"
-        table.add_row(str(g["id"]), g["name"], _fmt(g["control"]), g["source"], created, states)
+        # escape(): names are user text; "[/]" or "[link=...]" would be Rich markup (a crash or a fake link).
+        table.add_row(str(g["id"]), escape(g["name"]), escape(_fmt(g["control"])), g["source"], created, states)
     console.print(table)
 
 
 def _print_runs(grid: dict[str, Any]) -> None:
-    table = Table(title=f"grid {grid['id']}: {grid['name']} (control {grid['control']})")
+    table = Table(title=f"grid {grid['id']}: {escape(grid['name'])} (control {escape(str(grid['control']))})")
     for col in ("run", "arm", "state", "step", "recon LPIPS", "text LPIPS", "iter/s", "decision"):
         table.add_column(col)
     for r in grid["runs"]:
@@ -180,10 +182,10 @@ def _print_runs(grid: dict[str, Any]) -> None:
             recon += f" ± {r['recon_lpips_se']:.3f}"
         decision = "-"
         if r["decision"] is not None:
-            decision = f"{r['decision']} @ {_fmt(r['decision_step'])}: {r['decision_reason']}"
+            decision = escape(f"{r['decision']} @ {_fmt(r['decision_step'])}: {r['decision_reason']}")
         state = r["state"] + (" (stop requested)" if r["stop_requested"] and r["state"] == "running" else "")
         table.add_row(
-            str(r["id"]), r["arm"], state, _fmt(r["latest_step"]), recon, _fmt(r["text_lpips"]),
+            str(r["id"]), escape(r["arm"]), state, _fmt(r["latest_step"]), recon, _fmt(r["text_lpips"]),
             _fmt(r["iter_per_sec"], 3), decision,
         )
     console.print(table)

@@ -61,7 +61,7 @@ def add(
 ) -> None:
     """Register a node. Its host key must already be in the known-hosts file (`ssh-keyscan`)."""
     from orchestrator.db.session import session_scope
-    from orchestrator.nodes import NodeCreate, add_node
+    from orchestrator.nodes import NodeCreate, NodeError, add_node, key_path_problems
 
     with node_errors():
         body = NodeCreate(
@@ -73,6 +73,10 @@ def add(
             known_hosts_path=str(known_hosts) if known_hosts else None,
             price_per_hour=price_per_hour,
         )
+        # The operator's own machine: any directory, but the files must exist.
+        problems = key_path_problems(body, [Path("/")])
+        if problems:
+            raise NodeError("; ".join(f"{field}: {msg}" for field, msg in problems.items()))
         with session_scope(_database_url()) as session:
             add_node(session, body)
     typer.echo(f"registered node {name} ({user}@{host}:{port}); check it with `ablate nodes probe {name}`")

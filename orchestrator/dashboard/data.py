@@ -62,9 +62,21 @@ def _run_gpu_hours(session: Session, run_ids: list[int]) -> dict[int, float]:
     return {rid: float(h) for rid, h in rows if is_finite(h)}
 
 
-def grid_rows(session: Session) -> list[dict[str, Any]]:
-    """One row per grid, newest first: state, arms with their states, started, GPU-hours."""
-    grids = session.scalars(select(Grid).options(selectinload(Grid.runs)).order_by(Grid.id.desc())).all()
+# Grids per page of the list: the page is polled every few seconds by every open dashboard, so its cost
+# must not grow with the history (200 grids x 64 arms took 1.96 s and 865 KB unpaged).
+PAGE_SIZE = 50
+
+
+def grid_count(session: Session) -> int:
+    return session.scalar(select(func.count()).select_from(Grid)) or 0
+
+
+def grid_rows(session: Session, limit: int = PAGE_SIZE, offset: int = 0) -> list[dict[str, Any]]:
+    """One row per grid, newest first, `limit` of them from `offset`: state, arms with their states,
+    started, GPU-hours."""
+    grids = session.scalars(
+        select(Grid).options(selectinload(Grid.runs)).order_by(Grid.id.desc()).limit(limit).offset(offset)
+    ).all()
     hours = _run_gpu_hours(session, [r.id for g in grids for r in g.runs])
     rows = []
     for g in grids:
@@ -359,8 +371,21 @@ def grid_detail(session: Session, grid: Grid, alarm_minutes: float = 15.0) -> di
 CSV_RUN_COLUMNS = ("grid_id", "grid", "run_id", "arm", "state", "decision", "decision_step", "step")
 
 
+# A cell starting with one of these is a formula to Excel, LibreOffice and Google Sheets
+# (OWASP "CSV injection"): `=HYPERLINK(...)` in a grid name would be live in the exported sheet.
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_safe(value: Any) -> Any:
+    """Text that a spreadsheet would run as a formula, prefixed with ' so it stays text; numbers as they are."""
+    if isinstance(value, str) and value.startswith(FORMULA_START):
+        return "'" + value
+    return value
+
+
 def metrics_csv(session: Session, grid: Grid) -> str:
-    """Every checkpoint of every run of the grid, one row each; `extra` as a JSON column."""
+    """Every checkpoint of every run of the grid, one row each; `extra` as a JSON column. Text cells
+    that a spreadsheet would evaluate are neutralised (csv_safe)."""
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow([*CSV_RUN_COLUMNS, *METRIC_FIELDS, "extra"])
@@ -370,14 +395,14 @@ def metrics_csv(session: Session, grid: Grid) -> str:
             writer.writerow(
                 [
                     grid.id,
-                    grid.name,
+                    csv_safe(grid.name),
                     r.id,
-                    r.arm,
+                    csv_safe(r.arm),
                     r.state,
                     r.decision or "",
                     "" if r.decision_step is None else r.decision_step,
                     m.step,
-                    *("" if getattr(m, f) is None else getattr(m, f) for f in METRIC_FIELDS),
+                    *("" if getattr(m, f) is None else csv_safe(getattr(m, f)) for f in METRIC_FIELDS),
                     json.dumps(m.extra or {}, sort_keys=True),
                 ]
             )

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 
 from orchestrator.api.deps import SessionDep, SettingsDep, get_or_404
 from orchestrator.dashboard.data import (
+    PAGE_SIZE,
+    grid_count,
     grid_detail,
     grid_rows,
     grid_version,
@@ -36,13 +38,27 @@ def _page(request: Request, name: str, **context: Any) -> HTMLResponse:
     return templates.TemplateResponse(request, name, context)
 
 
+Limit = Annotated[int, Query(ge=1, le=200)]
+Offset = Annotated[int, Query(ge=0, le=2**31 - 1)]
+
+
 @router.get("/", response_class=HTMLResponse, include_in_schema=False)
-def index_page(request: Request, session: SessionDep) -> HTMLResponse:
-    """The grid list, rendered on the server (readable without JS) and refreshed by polling."""
+def index_page(request: Request, session: SessionDep, limit: Limit = PAGE_SIZE, offset: Offset = 0) -> HTMLResponse:
+    """The grid list, one page of it (newest first), rendered on the server (readable without JS) and
+    refreshed by polling."""
+    total = grid_count(session)
+    pages = {
+        "newer": max(0, offset - limit) if offset > 0 else None,
+        "older": offset + limit if offset + limit < total else None,
+    }
     return _page(
         request,
         "index.html",
-        grids=grid_rows(session),
+        grids=grid_rows(session, limit, offset),
+        total=total,
+        limit=limit,
+        offset=offset,
+        **pages,
         sweeps=sweep_rows(session),
         unreleased=unreleased_nodes(session),
     )
@@ -55,9 +71,9 @@ def grid_page(grid_id: int, request: Request, session: SessionDep) -> HTMLRespon
 
 
 @router.get("/api/dashboard/grids")
-def dashboard_grids(session: SessionDep) -> list[dict[str, Any]]:
-    """Grid list rows: state, arms with states, started, GPU-hours (newest first)."""
-    return grid_rows(session)
+def dashboard_grids(session: SessionDep, limit: Limit = PAGE_SIZE, offset: Offset = 0) -> list[dict[str, Any]]:
+    """Grid list rows: state, arms with states, started, GPU-hours (newest first), one page."""
+    return grid_rows(session, limit, offset)
 
 
 @router.get("/api/dashboard/grids/{grid_id}", responses={404: {"description": "no such grid"}})

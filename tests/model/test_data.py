@@ -16,6 +16,7 @@ from model.data import (
     EDIT_KINDS,
     SHAPES,
     DatasetError,
+    ImageFolderDataset,
     NoEditsError,
     ShapesDataset,
     build_dataset,
@@ -334,3 +335,30 @@ def test_imagefolder_embeddings(tmp_path: Path) -> None:
     make_folder(tmp_path / "none")
     with pytest.raises(DatasetError, match="'precomputed' needs .*embeddings.pt"):
         build_dataset(spec(dataset="imagefolder", path=str(tmp_path / "none"), held_out=1, text_encoder="precomputed"))
+
+
+def test_imagefolder_over_its_cache_cap_decodes_per_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import model.data as data_mod
+
+    make_folder(tmp_path, 12)
+    decoded: list[str] = []
+    real = data_mod.load_image
+
+    def counting(path: Path, resolution: int, where: str = "") -> torch.Tensor:  # a spy: the real decoder, counted
+        decoded.append(path.name)
+        return real(path, resolution, where)
+
+    monkeypatch.setattr(data_mod, "load_image", counting)
+    ds = ImageFolderDataset(tmp_path, 16, "unit", seed=0, held_out=2, cache_bytes=0)
+    assert decoded == [] and ds._cache is None  # nothing decoded up front: 40 of 40 were before
+    images, _ = ds.train_batch(3, gen(0))
+    assert images.shape == (3, 3, 16, 16) and len(decoded) == 3
+    cached = ImageFolderDataset(tmp_path, 16, "unit", seed=0, held_out=2)  # 1 GiB default: all kept
+    assert cached._cache is not None and cached._cache.shape[0] == 12
+
+
+def test_imagefolder_over_its_cap_still_refuses_a_non_image(tmp_path: Path) -> None:
+    make_folder(tmp_path, 4)
+    (tmp_path / "img1.png").write_bytes(b"not an image")
+    with pytest.raises(DatasetError, match="img1.png"):
+        ImageFolderDataset(tmp_path, 16, "unit", seed=0, held_out=1, cache_bytes=0)

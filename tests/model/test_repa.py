@@ -55,11 +55,37 @@ def test_dinov2_without_path_names_the_fix():
         build_teacher(RepaSpec(enabled=True, teacher_path="/nonexistent/dinov2.pt"), "cpu")
 
 
-def test_not_torchscript_is_a_clear_error(tmp_path):
+def test_not_a_weights_file_is_a_clear_error(tmp_path):
     bad = tmp_path / "teacher.pt"
     bad.write_bytes(b"not a model")
-    with pytest.raises(TeacherError, match="not a loadable TorchScript file"):
+    with pytest.raises(TeacherError, match="not a loadable weights file"):
         build_teacher(RepaSpec(enabled=True, teacher_path=str(bad)), "cpu")
+
+
+def test_a_hub_directory_is_refused_and_its_code_never_runs(tmp_path):
+    # torch.hub.load(source="local") imports hubconf.py: any token holder could run code on the workers.
+    marker = tmp_path / "ran"
+    hub = tmp_path / "dinov2"
+    hub.mkdir()
+    (hub / "hubconf.py").write_text(f"open({str(marker)!r}, 'w').write('pwned')\ndef dinov2_vits14(**kw): pass\n")
+    torch.save({"cls_token": torch.zeros(1, 1, 384)}, hub / "dinov2_vits14_pretrain.pth")
+    with pytest.raises(TeacherError, match="must be a weights file"):
+        build_teacher(RepaSpec(enabled=True, teacher_path=str(hub)), "cpu")
+    assert not marker.exists()
+
+
+def test_torchscript_is_refused(tmp_path):
+    path = tmp_path / "dinov2_tiny.pt"
+    torch.jit.save(torch.jit.script(nn.Conv2d(3, 24, 14, stride=14)), str(path))
+    with pytest.raises(TeacherError, match="not a loadable weights file"):
+        build_teacher(RepaSpec(enabled=True, teacher_path=str(path)), "cpu")
+
+
+def test_a_state_dict_that_is_not_dinov2_names_the_width(tmp_path):
+    path = tmp_path / "other.pth"
+    torch.save({"cls_token": torch.zeros(1, 1, 24), "w": torch.zeros(3)}, path)
+    with pytest.raises(TeacherError, match="not a DINOv2 state dict.*width 24"):
+        build_teacher(RepaSpec(enabled=True, teacher_path=str(path)), "cpu")
 
 
 def test_random_standin_is_labelled_deterministic_and_leaves_rng_alone():
@@ -73,19 +99,3 @@ def test_random_standin_is_labelled_deterministic_and_leaves_rng_alone():
     fa = a.features(imgs, (8, 8))
     assert fa.shape == (2, 64, STANDIN_DIM) and torch.equal(fa, b.features(imgs, (8, 8)))
     assert not any(p.requires_grad for p in a.net.parameters())
-
-
-def test_torchscript_teacher_loads(tmp_path):
-    class PatchTokens(nn.Module):  # a DINOv2-shaped export: (B,3,224,224) -> (B, 256, 24) patch tokens
-        def __init__(self):
-            super().__init__()
-            self.conv = nn.Conv2d(3, 24, 14, stride=14)
-
-        def forward(self, x):
-            return self.conv(x).flatten(2).transpose(1, 2)
-
-    path = tmp_path / "dinov2_tiny.pt"
-    torch.jit.save(torch.jit.script(PatchTokens()), str(path))
-    teacher = build_teacher(RepaSpec(enabled=True, teacher_path=str(path)), "cpu")
-    assert teacher.label == "dinov2" and teacher.dim == 24
-    assert teacher.features(torch.zeros(1, 3, 64, 64), (4, 4)).shape == (1, 16, 24)

@@ -82,7 +82,7 @@ def test_malformed_grid_files(env: dict[str, str], tmp_path: Path, text: str, ne
 def test_submit_without_server_says_so(env: dict[str, str], tmp_path: Path) -> None:
     grid = tmp_path / "grid.yaml"
     grid.write_text("name: ok\narms: [A, B]\n")
-    proc = ablate("submit", str(grid), env={**env, "ABLATE_API_TOKEN": "t"}, cwd=tmp_path)
+    proc = ablate("submit", str(grid), env={**env, "ABLATE_API_TOKEN": "t" * 16}, cwd=tmp_path)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "error: no ablate server reachable at http://127.0.0.1:9: start one with `ablate serve` or pass --url"

@@ -100,3 +100,15 @@ def test_secondary_metric_warnings_are_recorded_while_the_run_goes_on(database_u
         assert warnings, "the text_lpips warning is stored while the run goes on"
         assert all("text_lpips" in w.message for w in warnings)
         assert warnings[-1].data["warnings"] and warnings[-1].data["kind"] == "continue"
+
+
+def test_a_batch_past_the_bind_parameter_limit_is_stored_whole(database_url: str) -> None:
+    # One INSERT per poll (a worker that had run ahead) failed past SQLite's variable limit (250000 in
+    # Debian's build, 32766 by default), on every scheduler pass; chunked inserts store it in one transaction.
+    (run_id,) = _grid(database_url, [{"parent": "A", "name": "A", "detector": {"mode": "off"}}])
+    records = [_record(s, 0.5) for s in range(1, 12001)]
+    with session_scope(database_url) as session:
+        assert ingest(session, session.get(Run, run_id), records) == list(range(1, 12001))
+    with session_scope(database_url) as session:
+        assert session.scalar(select(func.count()).select_from(Metric).where(Metric.run_id == run_id)) == 12000
+        assert session.get(Run, run_id).last_checkpoint_step == 12000

@@ -284,7 +284,8 @@ def test_nodes_over_rest(database_url: str, sshd, tmp_path: Path) -> None:  # no
     from orchestrator.api.app import create_app
     from orchestrator.settings import Settings
 
-    client = TestClient(create_app(Settings(database_url=database_url), "tok"))
+    settings = Settings(database_url=database_url, ssh_key_dirs=[sshd.client_key.parent, tmp_path])
+    client = TestClient(create_app(settings, "tok"))
     auth = {"Authorization": "Bearer tok"}
     body = {
         "name": "rest-node",
@@ -296,8 +297,17 @@ def test_nodes_over_rest(database_url: str, sshd, tmp_path: Path) -> None:  # no
         "price_per_hour": 1.5,
     }
     assert client.post("/api/nodes", json=body).status_code == 401
-    missing = client.post("/api/nodes", json={**body, "key_path": "/no/such/key"}, headers=auth)
+    missing = client.post("/api/nodes", json={**body, "key_path": str(sshd.client_key) + ".gone"}, headers=auth)
     assert missing.status_code == 422 and missing.json()["detail"][0]["loc"] == ["body", "key_path"]
+    # Outside ABLATE_SSH_KEY_DIRS: refused alike whether or not the file exists (no existence oracle).
+    outside = [
+        client.post("/api/nodes", json={**body, "key_path": p}, headers=auth) for p in ("/etc/shadow", "/no/key")
+    ]
+    assert [r.status_code for r in outside] == [422, 422]
+    assert outside[0].json()["detail"] == outside[1].json()["detail"]
+    assert "ABLATE_SSH_KEY_DIRS" in outside[0].json()["detail"][0]["msg"]
+    assert client.get("/api/nodes").status_code == 401  # hosts, users and key paths need the token
+    assert client.get("/api/nodes/rest-node").status_code == 401
     created = client.post("/api/nodes", json=body, headers=auth)
     assert created.status_code == 201, created.text
     assert client.post("/api/nodes", json=body, headers=auth).status_code == 409
@@ -305,7 +315,7 @@ def test_nodes_over_rest(database_url: str, sshd, tmp_path: Path) -> None:  # no
     probed = client.post("/api/nodes/rest-node/probe", headers=auth)
     assert probed.status_code == 200, probed.text
     assert [g["memory_mib"] for g in probed.json()["gpus"]] == [24564] * 4
-    assert client.get("/api/nodes/rest-node").json()["state"] == "ready"
+    assert client.get("/api/nodes/rest-node", headers=auth).json()["state"] == "ready"
 
     empty = tmp_path / "known_hosts"
     empty.write_text("")
@@ -315,4 +325,4 @@ def test_nodes_over_rest(database_url: str, sshd, tmp_path: Path) -> None:  # no
 
     assert client.post("/api/nodes/nope/probe", headers=auth).status_code == 404
     assert client.delete("/api/nodes/rest-node", headers=auth).status_code == 204
-    assert client.get("/api/nodes/rest-node").status_code == 404
+    assert client.get("/api/nodes/rest-node", headers=auth).status_code == 404

@@ -276,3 +276,68 @@ def test_reconcile_counts_a_retry_for_a_vanished_worker_and_a_stopped_run_never_
     (stopped,) = runs(database_url, [collapsed])
     assert stopped.state == "stopped" and stopped.finished_at is not None
     assert s.workers == {} and s._lookup(actor_name(collapsed, 0)) is None, "no worker for a stopped run"
+
+
+def _fail_commits_once_with(predicate: Callable[[Any], bool], error: Exception) -> tuple[Callable, list[int]]:
+    """A before_commit hook (fault injection) that raises `error` for the first session whose new
+    objects satisfy `predicate`; returns (hook, a list that records each injected failure)."""
+    fired: list[int] = []
+
+    def hook(session: Any) -> None:
+        if not fired and any(predicate(obj) for obj in session.new):
+            fired.append(1)
+            raise error
+
+    return hook, fired
+
+
+def test_a_failed_db_write_after_a_worker_death_does_not_strand_the_run(
+    scheduler: Scheduler, database_url: str
+) -> None:
+    from sqlalchemy import event
+    from sqlalchemy.exc import OperationalError
+    from sqlalchemy.orm import Session
+
+    overrides = {**TINY, "schedule": {**TINY["schedule"], "steps": 60}}
+    (run_id,) = submit(database_url, ["A"], overrides)
+    wait_for(lambda: len(steps_of(database_url, run_id)) >= 2, "two checkpoints")
+    # The write that re-queues the run fails once (the database restarting): the worker is already
+    # untracked, so only a reconcile on a later pass can find the run again.
+    hook, fired = _fail_commits_once_with(
+        lambda o: isinstance(o, Event) and o.kind == "worker_lost",
+        OperationalError("UPDATE runs ...", {}, Exception("injected: server closed the connection")),
+    )
+    event.listen(Session, "before_commit", hook)
+    try:
+        worker = ray.get_actor(actor_name(run_id, 0), namespace="ablate-test")
+        os.kill(ray.get(worker.ping.remote())["pid"], signal.SIGKILL)
+        wait_for(lambda: all_done(database_url, [run_id]), "the stranded run to be found and finished", timeout=150)
+    finally:
+        event.remove(Session, "before_commit", hook)
+    assert fired == [1], "the fault was injected"
+    (run,) = runs(database_url, [run_id])
+    assert run.state == "completed" and run.retries == 1, (run.state, run.error)
+    assert steps_of(database_url, run_id) == list(range(10, 61, 10))
+
+
+def test_records_that_cannot_be_stored_fail_their_run_and_stall_nothing(
+    scheduler: Scheduler, database_url: str
+) -> None:
+    from sqlalchemy import event
+    from sqlalchemy.orm import Session
+
+    poisoned, healthy = submit(database_url, ["A", {"parent": "A", "name": "A2"}])
+
+    def refuse(session: Any, *_: Any) -> None:  # every store of the poisoned run's checkpoints fails (not a DB outage)
+        if any(isinstance(o, Event) and o.run_id == poisoned and o.kind == "checkpoint" for o in session.new):
+            raise ValueError("injected: a record the database refuses")
+
+    event.listen(Session, "before_flush", refuse)
+    try:
+        wait_for(lambda: all_done(database_url, [poisoned, healthy]), "both runs to end", timeout=150)
+    finally:
+        event.remove(Session, "before_flush", refuse)
+    bad, good = runs(database_url, [poisoned, healthy])
+    assert good.state == "completed" and steps_of(database_url, healthy) == [10, 20, 30, 40]
+    assert bad.state == "failed" and "could not be stored 5 times" in bad.error and "injected" in bad.error
+    assert poisoned not in scheduler.workers

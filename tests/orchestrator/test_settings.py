@@ -24,10 +24,10 @@ def test_defaults_are_embedded_sqlite() -> None:
 
 def test_variables_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ABLATE_PORT", "9001")
-    monkeypatch.setenv("ABLATE_API_TOKEN", "t0k")
+    monkeypatch.setenv("ABLATE_API_TOKEN", "t0k-0123456789abcdef")
     monkeypatch.setenv("ABLATE_RAY_ADDRESS", "auto")
     s = load_settings()
-    assert (s.port, s.api_token, s.ray_address) == (9001, "t0k", "auto")
+    assert (s.port, s.api_token, s.ray_address) == (9001, "t0k-0123456789abcdef", "auto")
 
 
 @pytest.mark.parametrize(
@@ -38,6 +38,8 @@ def test_variables_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
         ("ABLATE_DATABASE_URL", "mysql://db/x"),
         ("ABLATE_MAX_RETRIES", "-1"),
         ("ABLATE_SCHEDULER_INTERVAL_S", "0"),
+        ("ABLATE_API_TOKEN", "x"),  # a 1-character token would be the only guard on every write
+        ("ABLATE_MAX_BODY_BYTES", "10"),
     ],
 )
 def test_invalid_value_names_the_variable(monkeypatch: pytest.MonkeyPatch, name: str, value: str) -> None:

@@ -8,10 +8,10 @@ from fastapi import APIRouter, Query, status
 from sqlalchemy import select
 from sqlalchemy.orm import selectinload
 
-from orchestrator.api.deps import AuthDep, SessionDep, get_or_404
+from orchestrator.api.deps import AuthDep, SessionDep, SettingsDep, get_or_404
 from orchestrator.api.schemas import GridCreate, GridCreated, GridDetail, GridPublic
 from orchestrator.db.models import Grid
-from orchestrator.grids import create_grid, grid_summary
+from orchestrator.grids import PathPolicy, create_grid, gpu_memory_cap_gib, grid_summary
 
 router = APIRouter(prefix="/api/grids", tags=["grids"])
 
@@ -22,9 +22,12 @@ router = APIRouter(prefix="/api/grids", tags=["grids"])
     response_model=GridCreated,
     responses={401: {"description": "missing or wrong bearer token"}, 422: {"description": "invalid grid"}},
 )
-def submit_grid(body: GridCreate, session: SessionDep, _: AuthDep) -> GridCreated:
-    """Store the grid and queue one run per arm. Invalid arms answer 422 naming the field path."""
-    grid = create_grid(session, body)
+def submit_grid(body: GridCreate, session: SessionDep, settings: SettingsDep, _: AuthDep) -> GridCreated:
+    """Store the grid and queue one run per arm. Invalid arms, and arms whose estimated peak GPU memory
+    exceeds ABLATE_MAX_GPU_MEMORY_GIB, answer 422 naming the field path (and the estimate)."""
+    cap = gpu_memory_cap_gib(session, settings.max_gpu_memory_gib)
+    paths = PathPolicy(settings.weights_dirs, settings.data_dirs)
+    grid = create_grid(session, body, max_gpu_memory_gib=cap, paths=paths)
     session.commit()  # committed before the 201 goes out, so the id is durable when the client sees it
     return GridCreated(id=grid.id)
 

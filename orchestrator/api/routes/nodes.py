@@ -6,11 +6,13 @@ is refused answers 424 with the reason (fingerprint and how to trust it included
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
 from fastapi import APIRouter, HTTPException, Response, status
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from orchestrator.api.deps import AuthDep, SessionDep, SettingsDep
 from orchestrator.db.models import Node
@@ -22,6 +24,7 @@ from orchestrator.nodes import (
     bootstrap_node,
     drain_node,
     find_node,
+    key_path_problems,
     list_nodes,
     node_public,
     probe_node,
@@ -75,12 +78,27 @@ def _node_or_404(session: SessionDep, name: str) -> Node:
     return node
 
 
-def _failed_dependency(exc: NodeError) -> HTTPException:
-    return HTTPException(status.HTTP_424_FAILED_DEPENDENCY, detail=str(exc))
+@contextmanager
+def _remote_errors(name: str) -> Iterator[None]:
+    """Anything that goes wrong on the way to the node answers 424 with the reason, never a 500."""
+    import paramiko
+
+    try:
+        yield
+    except NodeError as exc:
+        raise HTTPException(status.HTTP_424_FAILED_DEPENDENCY, detail=str(exc)) from None
+    except ValidationError as exc:  # ABLATE_NODE_* settings of the controller
+        raise HTTPException(
+            status.HTTP_424_FAILED_DEPENDENCY, detail=f"node {name!r}: invalid ABLATE_NODE_ settings: {exc}"
+        ) from None
+    except (paramiko.SSHException, OSError, EOFError, ValueError) as exc:
+        raise HTTPException(
+            status.HTTP_424_FAILED_DEPENDENCY, detail=f"node {name!r}: {type(exc).__name__}: {exc}"
+        ) from None
 
 
-@router.get("", response_model=list[NodePublic])
-def get_nodes(session: SessionDep) -> list[dict[str, Any]]:
+@router.get("", response_model=list[NodePublic], responses=_AUTH)
+def get_nodes(session: SessionDep, _: AuthDep) -> list[dict[str, Any]]:
     return [node_public(n) for n in list_nodes(session)]
 
 
@@ -90,15 +108,20 @@ def get_nodes(session: SessionDep) -> list[dict[str, Any]]:
     response_model=NodePublic,
     responses={**_AUTH, 409: {"description": "name taken"}},
 )
-def post_node(body: NodeCreate, session: SessionDep, _: AuthDep) -> dict[str, Any]:
-    """Register a node. Its host key must already be in the known-hosts file (`ssh-keyscan`)."""
+def post_node(body: NodeCreate, session: SessionDep, settings: SettingsDep, _: AuthDep) -> dict[str, Any]:
+    """Register a node. Its host key must already be in the known-hosts file (`ssh-keyscan`); its key
+    and known-hosts files must lie under ABLATE_SSH_KEY_DIRS on the controller."""
+    problems = key_path_problems(body, settings.ssh_key_dirs)
+    if problems:
+        detail = [{"loc": ["body", field], "msg": msg, "type": "value_error"} for field, msg in problems.items()]
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=detail)
     if find_node(session, body.name) is not None:
         raise HTTPException(status.HTTP_409_CONFLICT, detail=f"a node named {body.name!r} already exists")
     return node_public(add_node(session, body))
 
 
-@router.get("/{name}", response_model=NodePublic, responses=_404)
-def get_node(name: str, session: SessionDep) -> dict[str, Any]:
+@router.get("/{name}", response_model=NodePublic, responses={**_AUTH, **_404})
+def get_node(name: str, session: SessionDep, _: AuthDep) -> dict[str, Any]:
     return node_public(_node_or_404(session, name))
 
 
@@ -122,19 +145,17 @@ def post_probe(name: str, session: SessionDep, settings: SettingsDep, _: AuthDep
     """GPUs from nvidia-smi, free disk (GB) and Python version, over SSH; stored on the node."""
     _node_or_404(session, name)
     session.commit()  # the probe writes through its own sessions
-    try:
+    with _remote_errors(name):
         return probe_node(settings.database_url, name)
-    except NodeError as exc:
-        raise _failed_dependency(exc) from None
 
 
-def _lifecycle(name: str, session: SessionDep, settings: SettingsDep, action: Any) -> dict[str, Any]:
+def _lifecycle(
+    name: str, session: SessionDep, settings: SettingsDep, action: Callable[[str, str, BootstrapConfig], Any]
+) -> dict[str, Any]:
     _node_or_404(session, name)
     session.commit()
-    try:
+    with _remote_errors(name):
         action(settings.database_url, name, BootstrapConfig())
-    except NodeError as exc:
-        raise _failed_dependency(exc) from None
     session.expire_all()
     return node_public(_node_or_404(session, name))
 

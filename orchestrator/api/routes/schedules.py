@@ -8,8 +8,9 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, Response, status
 from pydantic import BaseModel
 
-from orchestrator.api.deps import AuthDep, SessionDep
+from orchestrator.api.deps import AuthDep, SessionDep, SettingsDep
 from orchestrator.db.models import Schedule
+from orchestrator.grids import GridCreate, gpu_memory_cap_gib, memory_errors, path_errors, resolve_grid
 from orchestrator.nodes import find_node
 from orchestrator.sweeps import (
     ScheduleCreate,
@@ -68,8 +69,8 @@ def _schedule_or_404(session: SessionDep, name: str) -> Schedule:
     return schedule
 
 
-@router.get("", response_model=list[SchedulePublic])
-def get_schedules(session: SessionDep) -> list[dict[str, Any]]:
+@router.get("", response_model=list[SchedulePublic], responses=_AUTH)
+def get_schedules(session: SessionDep, _: AuthDep) -> list[dict[str, Any]]:
     return [schedule_public(session, s) for s in list_schedules(session)]
 
 
@@ -79,8 +80,18 @@ def get_schedules(session: SessionDep) -> list[dict[str, Any]]:
     response_model=SchedulePublic,
     responses={**_AUTH, 409: {"description": "name taken"}},
 )
-def post_schedule(body: ScheduleCreate, session: SessionDep, _: AuthDep) -> dict[str, Any]:
+def post_schedule(body: ScheduleCreate, session: SessionDep, settings: SettingsDep, _: AuthDep) -> dict[str, Any]:
     """Store a schedule; its grid is validated now and submitted at each fire. Cron times are UTC."""
+    grid = GridCreate.model_validate(body.grid)
+    resolved = resolve_grid(grid)  # valid: ScheduleCreate checked it
+    problems = path_errors(grid, resolved, settings.weights_dirs, settings.data_dirs) + memory_errors(
+        grid, resolved, gpu_memory_cap_gib(session, settings.max_gpu_memory_gib)
+    )
+    if problems:
+        raise HTTPException(
+            status.HTTP_422_UNPROCESSABLE_CONTENT,
+            detail=[{**p, "loc": ["body", "grid", *p["loc"]]} for p in problems],
+        )
     if find_schedule(session, body.name) is not None:
         raise HTTPException(status.HTTP_409_CONFLICT, detail=f"a schedule named {body.name!r} already exists")
     missing = [n for n in body.nodes if find_node(session, n) is None]
@@ -92,8 +103,8 @@ def post_schedule(body: ScheduleCreate, session: SessionDep, _: AuthDep) -> dict
     return schedule_public(session, create_schedule(session, body))
 
 
-@router.get("/{name}", response_model=SchedulePublic, responses=_404)
-def get_schedule(name: str, session: SessionDep) -> dict[str, Any]:
+@router.get("/{name}", response_model=SchedulePublic, responses={**_AUTH, **_404})
+def get_schedule(name: str, session: SessionDep, _: AuthDep) -> dict[str, Any]:
     return schedule_public(session, _schedule_or_404(session, name))
 
 

@@ -36,7 +36,8 @@
   async function poll() {
     let live = false;
     try {
-      const resp = await fetch("/api/dashboard/grids", { cache: "no-store" });
+      const page = new URLSearchParams({ limit: table.dataset.limit, offset: table.dataset.offset });
+      const resp = await fetch(`/api/dashboard/grids?${page}`, { cache: "no-store" });
       if (resp.ok) {
         const rows = await resp.json();
         if (rows.length) render(rows);
