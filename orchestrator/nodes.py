@@ -366,16 +366,13 @@ class NodeShell:
 
         `mode`: set on the open file before any byte is written (for secrets such as the cluster token).
         """
-        try:
-            with self.sftp() as sftp:
-                if mode is None:
-                    sftp.put(str(local), remote)
-                else:
-                    with sftp.open(remote, "w") as fh:
-                        fh.chmod(mode)
-                        fh.write(local.read_bytes())
-        except OSError as exc:  # remote directory missing, disk full, timeout (socket.timeout is an OSError)
-            raise NodeError(f"node {self.name!r}: copying {local.name} to {remote} failed: {exc}") from None
+        with self.sftp() as sftp:
+            if mode is None:
+                sftp.put(str(local), remote)
+            else:
+                with sftp.open(remote, "w") as fh:
+                    fh.chmod(mode)
+                    fh.write(local.read_bytes())
         self._note("sftp.put", f"{local} -> {remote}" + (f" (mode {mode:o})" if mode is not None else ""))
 
     def fetch_tree(self, remote: str, local: Path, skipped: list[str] | None = None) -> list[Path]:

@@ -350,12 +350,13 @@ def test_schedules_over_rest(database_url: str, node_name: str) -> None:
     assert created.status_code == 201, created.text
     assert created.json()["next_fire_at"] is not None and created.json()["sweeps"] == []
     assert client.post("/api/schedules", json=body, headers=auth).status_code == 409
-    assert "rest-nightly" in [s["name"] for s in client.get("/api/schedules").json()]
+    assert client.get("/api/schedules").status_code == 401  # sweep errors carry remote command output
+    assert "rest-nightly" in [s["name"] for s in client.get("/api/schedules", headers=auth).json()]
     assert client.post("/api/schedules/rest-nightly/pause", headers=auth).json()["paused"] is True
     assert client.post("/api/schedules/rest-nightly/resume", headers=auth).json()["paused"] is False
-    assert client.get("/api/schedules/nope").status_code == 404
+    assert client.get("/api/schedules/nope", headers=auth).status_code == 404
     assert client.delete("/api/schedules/rest-nightly", headers=auth).status_code == 204
-    assert client.get("/api/schedules/rest-nightly").status_code == 404
+    assert client.get("/api/schedules/rest-nightly", headers=auth).status_code == 404
 
 
 def test_schedules_cli(database_url: str, node_name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
