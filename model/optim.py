@@ -6,10 +6,14 @@ everything else: embeddings, norms, biases, the output layer, the text embedding
 projector. Muon's own docs say it is "only for hidden weight layers"; input/output layers and
 gains belong to AdamW.
 
+Muon is `BatchedMuon`: `torch.optim.Muon`'s update (same state, same hyper-parameters) with the
+Newton-Schulz iteration batched over all weights of one shape: at seed size 144 matrices fall into 8
+shape groups, so a step is 8 chains of batched matmuls instead of 144 chains of small ones, which
+kept `torch.optim.Muon` host-bound (docs/benchmarks.md). NVIDIA's Emerging-Optimizers has a Muon
+but is not on PyPI (install from source only), so it is not used.
+
 On CUDA, AdamW is the fused kernel and `OptimizerStep` can run the optimizer steps compiled
-(PyTorch's "compiling the optimizer" recipe): `torch.optim.Muon` orthogonalizes one parameter at a
-time, thousands of launches per step from Python, which a compiled step issues without the Python
-overhead. On CPU everything stays as it was (foreach off, eager, float lr), bit for bit.
+(PyTorch's "compiling the optimizer" recipe). On CPU everything stays eager with a float lr.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import math
 from collections.abc import Callable, Iterable
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from model.spec import ArmSpec, EMASpec, ScheduleSpec
 
@@ -34,6 +38,76 @@ def hidden_weight_names(model: nn.Module) -> list[str]:
         if isinstance(mod, nn.Linear) and mod_name.startswith(BLOCKS_PREFIX) and mod.weight.requires_grad:
             names.append(f"{mod_name}.weight")
     return names
+
+
+def newton_schulz_batched(g: Tensor, steps: int, coefficients: tuple[float, float, float], eps: float) -> Tensor:
+    """`torch.optim.Muon`'s quintic Newton-Schulz on a stack (n, rows, cols) of same-shape matrices, in bf16.
+
+    Each matrix is normalised by its own Frobenius norm and iterated as in `torch.optim._muon`
+    (wide orientation: the Gram matrix is the small side).
+    """
+    a, b, c = coefficients
+    x = g.bfloat16()
+    tall = g.size(-2) > g.size(-1)
+    if tall:
+        x = x.mT
+    x = x / x.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)
+    for _ in range(steps):
+        gram = x @ x.mT  # (n, r, r), r the small side
+        update = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)
+        x = torch.baddbmm(x, update, x, beta=a)
+    return x.mT if tall else x
+
+
+class BatchedMuon(torch.optim.Muon):
+    """`torch.optim.Muon` with one batched Newton-Schulz per group of same-shape weights.
+
+    Same constructor, parameter groups and state ("momentum_buffer" per parameter) as
+    `torch.optim.Muon`, so checkpoints load either way; the update matches it to bf16 rounding
+    (tests/model/test_optim.py). Momentum, weight decay and the parameter update are foreach ops.
+    """
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            params, grads, bufs = [], [], []
+            self._init_group(group, params, grads, bufs)
+            if not params:
+                continue
+            lr, mom = group["lr"], group["momentum"]
+            torch._foreach_lerp_(bufs, grads, 1 - mom)
+            updates = torch._foreach_lerp(grads, bufs, mom) if group["nesterov"] else bufs
+            if group["weight_decay"]:
+                decay = 1 - lr * group["weight_decay"]
+                torch._foreach_mul_(params, decay)
+            by_shape: dict[tuple[int, ...], list[int]] = {}
+            for i, p in enumerate(params):
+                by_shape.setdefault(tuple(p.shape), []).append(i)
+            for shape, idx in by_shape.items():
+                ortho = newton_schulz_batched(
+                    torch.stack([updates[i] for i in idx]), group["ns_steps"], group["ns_coefficients"], group["eps"]
+                )
+                scale = -_adjust_lr_ratio(group["adjust_lr_fn"], shape) * lr
+                dst = [params[i] for i in idx]
+                if isinstance(scale, Tensor):  # compiled step: lr is a 0-d tensor; fp32 as Muon's alpha
+                    torch._foreach_add_(dst, torch._foreach_mul(list(ortho.float().unbind(0)), scale))
+                else:
+                    torch._foreach_add_(dst, list(ortho.unbind(0)), alpha=scale)
+        return loss
+
+
+def _adjust_lr_ratio(adjust_lr_fn: str | None, shape: tuple[int, ...]) -> float:
+    """`torch.optim.Muon`'s per-shape lr factor (its `_adjust_lr` over lr = 1)."""
+    rows, cols = shape[:2]
+    if adjust_lr_fn is None or adjust_lr_fn == "original":
+        return math.sqrt(max(1, rows / cols))
+    if adjust_lr_fn == "match_rms_adamw":
+        return 0.2 * math.sqrt(max(rows, cols))
+    return 1.0
 
 
 def _adamw_groups(named: Iterable[tuple[str, nn.Parameter]], weight_decay: float) -> list[dict]:
@@ -55,7 +129,7 @@ def build_optimizers(
 ) -> list[torch.optim.Optimizer]:
     """The optimizers for `model` (the DiT) plus `extra` named parameters (text embedding, REPA projector).
 
-    optimizer.name "adamw": one AdamW. "muon": [Muon over hidden_weight_names(model), AdamW over the rest].
+    optimizer.name "adamw": one AdamW. "muon": [BatchedMuon over hidden_weight_names(model), AdamW over the rest].
     The lr is set per step by `set_lr`; the initial value here is the peak lr.
     """
     opt = spec.optimizer
@@ -75,7 +149,7 @@ def build_optimizers(
     if hidden:
         m = opt.muon
         optimizers.append(
-            torch.optim.Muon(
+            BatchedMuon(
                 hidden,
                 lr=lr,
                 weight_decay=opt.weight_decay,

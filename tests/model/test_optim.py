@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from model.optim import EMA, build_optimizers, ema_decay, hidden_weight_names, lr_at, set_lr
+from model.optim import EMA, BatchedMuon, build_optimizers, ema_decay, hidden_weight_names, lr_at, set_lr
 from model.spec import ArmSpec, EMASpec, ScheduleSpec
 
 
@@ -42,7 +42,7 @@ def test_muon_gets_exactly_the_hidden_weights() -> None:
     model = Toy()
     text = nn.Embedding(10, 8)
     opts = build_optimizers(model, _spec("muon"), extra=text.named_parameters())
-    assert [type(o) for o in opts] == [torch.optim.Muon, torch.optim.AdamW]
+    assert [type(o) for o in opts] == [BatchedMuon, torch.optim.AdamW]
     names = {id(p): n for n, p in model.named_parameters()}
     muon_names = {names[id(p)] for g in opts[0].param_groups for p in g["params"]}
     expected = {f"blocks.{i}.{m}.weight" for i in range(2) for m in ("qkv", "fc1", "ada")}
@@ -145,3 +145,40 @@ def test_muon_split_on_nanodit() -> None:
     assert not any(n.startswith("blocks.") and n.endswith(".weight") and model.get_parameter(n).dim() == 2
                    for n in in_adamw)
     assert len(in_muon) + len(in_adamw) == len(names)
+
+
+@pytest.mark.parametrize(("adjust", "tensor_lr"), [("match_rms_adamw", False), ("original", False), ("match_rms_adamw", True)])
+def test_batched_muon_matches_torch_muon(adjust: str, tensor_lr: bool) -> None:
+    """Same gradients, three steps: BatchedMuon's weights and momentum match torch.optim.Muon's to bf16 rounding.
+
+    tensor_lr: the compiled step's 0-d tensor lr takes the other update path.
+    """
+    g = torch.Generator().manual_seed(0)
+    shapes = [(24, 8), (24, 8), (8, 24), (16, 16), (8, 24), (16, 16), (24, 8)]  # tall, wide, square
+    ours = [nn.Parameter(torch.randn(s, generator=g)) for s in shapes]
+    ref = [nn.Parameter(p.detach().clone()) for p in ours]
+    start = [p.detach().clone() for p in ours]
+    kw = {"lr": 0.02, "weight_decay": 0.1, "momentum": 0.9, "nesterov": True, "adjust_lr_fn": adjust}
+    opt = BatchedMuon(ours, **{**kw, "lr": torch.tensor(0.02) if tensor_lr else 0.02})
+    ref_opt = torch.optim.Muon(ref, **kw)
+    for _ in range(3):
+        for a, b in zip(ours, ref, strict=True):
+            a.grad = torch.randn(a.shape, generator=g)
+            b.grad = a.grad.clone()
+        opt.step()
+        ref_opt.step()
+    for a, b, s in zip(ours, ref, start, strict=True):
+        delta_ours, delta_ref = a.detach() - s, b.detach() - s  # compare the updates, not the (large) weights
+        rel = (delta_ours - delta_ref).norm() / delta_ref.norm()
+        assert rel < 4e-3, rel  # bf16 Newton-Schulz: per-element rounding ~2^-8 on a small update
+        assert torch.equal(opt.state[a]["momentum_buffer"], ref_opt.state[b]["momentum_buffer"])
+    assert opt.state_dict()["state"].keys() == ref_opt.state_dict()["state"].keys()
+
+
+def test_batched_muon_update_is_orthogonalised() -> None:
+    """The update itself, not only the weights: (param change) / lr has singular values near 1."""
+    p = nn.Parameter(torch.zeros(16, 48))
+    p.grad = torch.randn(16, 48, generator=torch.Generator().manual_seed(3))
+    BatchedMuon([p], lr=1.0, weight_decay=0.0, momentum=0.0, nesterov=False, adjust_lr_fn="original").step()
+    s = torch.linalg.svdvals(p.detach())
+    assert 0.5 < s.min() and s.max() < 1.5  # Muon's quintic iteration lands in roughly (0.7, 1.2)
