@@ -147,7 +147,9 @@ def test_muon_split_on_nanodit() -> None:
     assert len(in_muon) + len(in_adamw) == len(names)
 
 
-@pytest.mark.parametrize(("adjust", "tensor_lr"), [("match_rms_adamw", False), ("original", False), ("match_rms_adamw", True)])
+@pytest.mark.parametrize(
+    ("adjust", "tensor_lr"), [("match_rms_adamw", False), ("original", False), ("match_rms_adamw", True)]
+)
 def test_batched_muon_matches_torch_muon(adjust: str, tensor_lr: bool) -> None:
     """Same gradients, three steps: BatchedMuon's weights and momentum match torch.optim.Muon's to bf16 rounding.
 
