@@ -7,15 +7,22 @@ scaling (tensorwise or rowwise recipe). A linear converts only when its name mat
 requirement). Everything else runs under bf16 autocast. The report says which linears went FP8,
 which stayed bf16 and why, so a run never silently differs from its spec.
 
-FP8 is not always faster: on an H200 torchao tensorwise measured 0.69-1.00x of bf16 per block linear
-(docs/benchmarks.md), because the dynamic-scaling casts cost more than small-K GEMMs save. So on CUDA
-`precision.fp8_autotune` times every candidate shape at the run's token count first and keeps in FP8
-only the shapes reaching `precision.fp8_min_speedup`; the others stay bf16 with their measured ratio.
+Arm I asks whether FP8 training matches bf16, so by default every filtered linear trains in FP8 even
+where it is slower: on CUDA each candidate shape is timed against bf16 at the run's token count and
+the ratio recorded (`fp8_timings`, `autotune`), never acted on. FP8 is not always faster (torchao
+tensorwise measured 0.69-1.00x of bf16 per block linear on an H200, docs/benchmarks.md: the dynamic
+scaling casts cost more than small-K GEMMs save); `precision.fp8_autotune: true` opts into keeping
+in FP8 only the shapes reaching `precision.fp8_min_speedup`, the others bf16 with their ratio.
+
+On CPU the float8 linears are emulated (torchao `emulate=True`: the FP8 casts and scales, matmuls in
+high precision) and the rest runs fp32: CPU `torch._scaled_mm` took seconds per small GEMM and CPU bf16
+autocast is slower than fp32. Both are recorded in the report's fallbacks.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fnmatch
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -24,6 +31,11 @@ import torch
 from torch import nn
 
 from model.spec import PrecisionSpec
+
+
+CPU_FP8_EMULATED = (
+    "fp8 on CPU: float8 emulated (torchao emulate=True: FP8 casts and scales, matmuls in fp32), other ops fp32"
+)
 
 
 class PrecisionError(ValueError):
@@ -39,7 +51,8 @@ class PrecisionReport:
     why_bf16: dict[str, str] = field(default_factory=dict)  # linear name -> why it stayed bf16
     fallbacks: list[str] = field(default_factory=list)
     compiled: bool = False
-    autotune: str | None = None  # what the FP8 autotune did ("kept 4 of 4 shapes ...", "skipped: not CUDA")
+    autotune: str | None = None  # what chose the FP8 set and how fast it was ("all 72 ...", "kept 4 of 4 ...")
+    emulated: bool = False  # float8 emulated (CPU): FP8 numerics, no float8 kernels
     fp8_timings: list[dict] = field(default_factory=list)  # per shape: dims, tokens, bf16_ms, fp8_ms, speedup
 
     def as_dict(self) -> dict:
@@ -53,14 +66,15 @@ def _device(device: torch.device | str) -> torch.device:
 def autocast_ctx(
     precision: PrecisionSpec, device: torch.device | str, sdpa: str = "default"
 ) -> contextlib.AbstractContextManager:
-    """bf16 autocast for bf16 and fp8 runs (fp8 runs keep their non-FP8 ops in bf16); nothing for fp32.
+    """bf16 autocast for bf16 runs and fp8 runs on CUDA (their non-FP8 ops run bf16); nothing for fp32
+    and for fp8 on CPU (emulated float8 linears, the rest fp32: CPU bf16 autocast is slower than fp32).
 
     sdpa="cudnn" puts cuDNN attention first in SDPA's backend priority on CUDA (the others stay as
     fallbacks). At seed shapes on an H200 it measured the same as PyTorch's default order
     (79.8 vs 79.5 ms/step, docs/benchmarks.md), so "default" is the default.
     """
     stack = contextlib.ExitStack()
-    if precision.mode != "fp32":
+    if precision.mode == "bf16" or (precision.mode == "fp8" and _device(device).type != "cpu"):
         stack.enter_context(torch.autocast(device_type=_device(device).type, dtype=torch.bfloat16))
     if sdpa == "cudnn" and _device(device).type == "cuda":
         from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -144,8 +158,6 @@ def cuda_time_linear(
 
 
 def _autotune_skip(precision: PrecisionSpec, device: torch.device, tokens: int | None, injected: bool) -> str | None:
-    if not precision.fp8_autotune:
-        return "off: precision.fp8_autotune is false"
     if precision.fp8_recipe == "mxfp8":
         return "skipped: mxfp8 is not timed"
     if device.type != "cuda" and not injected:
@@ -162,8 +174,12 @@ def autotune_fp8(
     device: torch.device,
     report: PrecisionReport,
     time_linear: LinearTimer,
+    select: bool = True,
 ) -> dict[str, str]:
-    """Time each distinct (in, out) shape once; return {linear: why it stays bf16} for shapes that do not gain."""
+    """Time each distinct (in, out) shape once; return {linear: why it stays bf16} for shapes that do not gain.
+
+    select=False (fp8_autotune off): only measure and record; every candidate stays FP8, slower or not.
+    """
     shapes: dict[tuple[int, int], list[str]] = {}
     for name, mod in linears.items():
         shapes.setdefault((mod.in_features, mod.out_features), []).append(name)
@@ -171,13 +187,20 @@ def autotune_fp8(
     for (k, n), names in shapes.items():
         bf16_ms, fp8_ms = time_linear(k, n, tokens, precision, device)
         speedup = bf16_ms / fp8_ms
-        keep = speedup >= precision.fp8_min_speedup
+        keep = speedup >= precision.fp8_min_speedup or not select
         report.fp8_timings.append(
             {"in_features": k, "out_features": n, "tokens": tokens, "bf16_ms": round(bf16_ms, 4),
              "fp8_ms": round(fp8_ms, 4), "speedup": round(speedup, 3), "linears": len(names), "fp8": keep}
         )  # fmt: skip
         if not keep:
             slower.update(dict.fromkeys(names, f"fp8 {speedup:.2f}x of bf16 at ({tokens}, {k}->{n})"))
+    if not select:
+        ratios = ", ".join(f"{t['in_features']}->{t['out_features']} {t['speedup']:.2f}x" for t in report.fp8_timings)
+        report.autotune = (
+            f"off (precision.fp8_autotune false): all {len(linears)} candidate linears in FP8; "
+            f"fp8 fwd+bwd vs bf16 at {tokens} tokens: {ratios}"
+        )
+        return {}
     kept, gaining = len(linears) - len(slower), sum(t["fp8"] for t in report.fp8_timings)
     report.autotune = (
         f"kept {kept} of {len(linears)} candidate linears in FP8 ({gaining} of {len(shapes)} shapes "
@@ -260,13 +283,14 @@ def convert_fp8(
         pass  # nothing to time
     elif report.autotune is None:
         assert tokens is not None
+        timer = time_linear or cuda_time_linear
         try:
-            decisions.update(autotune_fp8(candidates, precision, tokens, dev, report, time_linear or cuda_time_linear))
+            decisions.update(autotune_fp8(candidates, precision, tokens, dev, report, timer, precision.fp8_autotune))
         except RuntimeError as exc:  # CUDA / compile trouble while timing: recorded, the filter alone decides
             report.autotune = f"failed: {str(exc).splitlines()[0][:200]}"
-            report.fallbacks.append(f"fp8 autotune failed ({report.autotune}): FP8 linears not timed")
-    elif dev.type == "cuda" and tokens is None and precision.fp8_autotune:
-        report.fallbacks.append("fp8 autotune skipped: tokens per micro-batch not given, FP8 linears not timed")
+            report.fallbacks.append(f"fp8 timing failed ({report.autotune}): FP8 linears not timed")
+    elif dev.type == "cuda" and tokens is None:
+        report.fallbacks.append("fp8 timing skipped: tokens per micro-batch not given, FP8 linears not timed")
     report.fp8_linears = [n for n, why in decisions.items() if why is None]
     report.bf16_linears = [n for n, why in decisions.items() if why is not None]
     report.why_bf16 = {n: why for n, why in decisions.items() if why is not None}
@@ -278,9 +302,13 @@ def convert_fp8(
         # Untested here (no sm100 GPU): torchao's MXFP8 training op config, same filter.
         quantize_(model, MXFP8TrainingOpConfig.from_recipe(MXFP8TrainingRecipe.MXFP8_RCEIL), filter_fn=keep)
     else:
-        convert_to_float8_training(
-            model, module_filter_fn=keep, config=Float8LinearConfig.from_recipe_name(precision.fp8_recipe)
-        )
+        config = Float8LinearConfig.from_recipe_name(precision.fp8_recipe)
+        if dev.type == "cpu":
+            config = dataclasses.replace(config, emulate=True)
+            report.emulated = True
+            if report.fp8_linears:
+                report.fallbacks.append(CPU_FP8_EMULATED)
+        convert_to_float8_training(model, module_filter_fn=keep, config=config)
 
 
 def apply_precision(
@@ -314,10 +342,16 @@ def apply_precision(
         report.why_bf16 = dict.fromkeys(report.bf16_linears, f"precision.mode is {precision.mode}")
     if precision.compile:
         blocks = getattr(model, "blocks", None)
-        if blocks is None:
-            report.fallbacks.append("compile skipped: model has no .blocks to compile regionally")
-        elif _device(device).type == "cuda" and not _has_triton():
+        if _device(device).type == "cuda" and not _has_triton():
             report.fallbacks.append("compile unavailable: triton is not installed; running eager")
+        elif precision.compile_scope == "model":
+            # One graph for the whole forward: Inductor fuses across blocks (norm + modulate + FP8 cast
+            # into one kernel, residual adds into the next block's norm), and TREAD's gather/scatter run
+            # at static shapes inside it instead of between per-block compiled calls.
+            model.compile(dynamic=False)
+            report.compiled = True
+        elif blocks is None:
+            report.fallbacks.append("compile skipped: model has no .blocks to compile regionally")
         else:
             # Regional compile: one graph per distinct block input shape, reused by every block
             # (parameters are graph inputs), so compile time does not grow with depth.

@@ -175,13 +175,18 @@ class FlowSpec(Strict):
 class PrecisionSpec(Strict):
     mode: Literal["bf16", "fp8", "fp32"] = "bf16"
     # fp8 only. tensorwise / rowwise run on sm89+ GPUs (and on CPU); mxfp8 needs sm100+.
-    fp8_recipe: Literal["tensorwise", "rowwise", "mxfp8"] = "tensorwise"
+    # rowwise_with_gw_hp: rowwise, with the weight gradient's GEMM in bf16 (torchao's recipe of that name).
+    fp8_recipe: Literal["tensorwise", "rowwise", "rowwise_with_gw_hp", "mxfp8"] = "tensorwise"
     # fnmatch patterns over module names; only nn.Linear with both dims divisible by 16 convert.
     fp8_modules: list[str] = Field(default_factory=lambda: ["*.attn.qkv", "*.attn.proj", "*.mlp.fc1", "*.mlp.fc2"])
-    compile: bool = False  # regional torch.compile of each block
-    # fp8 on CUDA: time each filtered linear shape bf16 vs float8 (fwd+bwd, the run's token count) and
-    # keep in FP8 only the shapes that gain; torchao tensorwise measured 0.69-1.00x per linear on an H200.
-    fp8_autotune: bool = True
+    compile: bool = False  # torch.compile (on CUDA) of the model, see compile_scope
+    # model: one graph over the whole forward (fusions across blocks, TREAD's routing at static shapes);
+    # blocks: regional compile of each block (faster to compile, one graph reused by every block).
+    compile_scope: Literal["model", "blocks"] = "model"
+    # fp8 on CUDA, opt-in: keep in FP8 only the linear shapes whose float8 fwd+bwd beats bf16 at the run's
+    # token count (speed over the ablation: arm I then may run partly or wholly bf16). Either way a CUDA run
+    # times each FP8 shape against bf16 and records it (PrecisionReport.fp8_timings).
+    fp8_autotune: bool = False
     fp8_min_speedup: PositiveFloat = 1.02  # bf16 time / fp8 time a shape must reach (above timing noise)
 
 

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from model.nanodit import NanoDiT
-from model.precision import PrecisionError, apply_precision, autocast_ctx, fp8_decision
+from model.precision import CPU_FP8_EMULATED, PrecisionError, apply_precision, autocast_ctx, fp8_decision
 from orchestrator.arms import resolve
 
 pytest.importorskip("torchao.float8")
@@ -15,8 +15,9 @@ TEXT_DIM = 32
 DEFAULT = ["*.attn.qkv", "*.attn.proj", "*.mlp.fc1", "*.mlp.fc2"]
 
 
-def fp8_spec(**model):
-    return resolve("I", {"model": {"size": "tiny", **model}, "precision": {"fp8_modules": DEFAULT}})
+def fp8_spec(autotune: bool = False, **model):
+    precision = {"fp8_modules": DEFAULT, "fp8_autotune": autotune}
+    return resolve("I", {"model": {"size": "tiny", **model}, "precision": precision})
 
 
 def build(spec) -> NanoDiT:
@@ -100,7 +101,7 @@ def fake_timer(speedups: dict[tuple[int, int], float], calls: list):
 
 
 def test_autotune_keeps_only_the_gaining_shape():
-    spec = fp8_spec()  # tiny: hidden 64, mlp 256
+    spec = fp8_spec(autotune=True)  # tiny: hidden 64, mlp 256
     model, calls = build(spec), []
     timer = fake_timer({(64, 192): 0.78, (64, 64): 1.0, (64, 256): 1.5, (256, 64): 1.01}, calls)
     report = apply_precision(model, spec.precision, "cpu", tokens=128, time_linear=timer)
@@ -111,7 +112,8 @@ def test_autotune_keeps_only_the_gaining_shape():
     assert report.why_bf16["blocks.0.mlp.fc2"] == "fp8 1.01x of bf16 at (128, 256->64)"  # under 1.02
     assert report.why_bf16["blocks.0.cross.q"] == "not matched by precision.fp8_modules"
     assert report.fallbacks == [
-        "fp8 autotune kept 4 of 16 candidate linears in FP8 (shapes under 1.02x stay bf16 at 128 tokens)"
+        "fp8 autotune kept 4 of 16 candidate linears in FP8 (shapes under 1.02x stay bf16 at 128 tokens)",
+        CPU_FP8_EMULATED,
     ]
     fc1 = next(t for t in report.fp8_timings if t["out_features"] == 256)
     assert fc1 == {"in_features": 64, "out_features": 256, "tokens": 128, "bf16_ms": 1.0,
@@ -120,7 +122,7 @@ def test_autotune_keeps_only_the_gaining_shape():
 
 
 def test_autotune_with_no_gain_runs_bf16_and_says_so():
-    spec = fp8_spec()
+    spec = fp8_spec(autotune=True)
     model = build(spec)
     timer = fake_timer(dict.fromkeys([(64, 192), (64, 64), (64, 256), (256, 64)], 0.8), [])
     report = apply_precision(model, spec.precision, "cpu", tokens=4096, time_linear=timer)
@@ -128,9 +130,37 @@ def test_autotune_with_no_gain_runs_bf16_and_says_so():
     assert report.fallbacks == [
         "fp8 autotune kept 0 of 16 candidate linears in FP8 (no shape gained at 4096 tokens): running bf16"
     ]
-    off, calls = resolve("I", {"model": {"size": "tiny"}, "precision": {"fp8_autotune": False}}), []
-    report = apply_precision(build(off), off.precision, "cpu", tokens=4096, time_linear=fake_timer({}, calls))
-    assert calls == [] and len(report.fp8_linears) == 16 and report.autotune.startswith("off")
+
+
+
+def test_fp8_by_default_even_when_slower_and_the_speed_is_recorded():
+    """Arm I's default: every filtered linear trains FP8; the measured ratio is recorded, not acted on."""
+    spec, calls = resolve("I", {"model": {"size": "tiny"}}), []
+    assert spec.precision.fp8_autotune is False
+    model = build(spec)
+    timer = fake_timer({(64, 192): 0.8, (64, 64): 0.7, (64, 256): 1.1, (256, 64): 0.9}, calls)
+    report = apply_precision(model, spec.precision, "cpu", tokens=4096, time_linear=timer)
+    assert len(calls) == 4 and len(report.fp8_linears) == 16
+    assert sum(isinstance(m, Float8Linear) for m in model.modules()) == 16
+    assert all(t["fp8"] for t in report.fp8_timings)
+    assert {(t["out_features"], t["speedup"]) for t in report.fp8_timings} == {(192, 0.8), (64, 0.9), (256, 1.1)} | {
+        (64, 0.7)
+    }
+    assert report.autotune == (
+        "off (precision.fp8_autotune false): all 16 candidate linears in FP8; fp8 fwd+bwd vs bf16 at 4096 tokens: "
+        "64->192 0.80x, 64->64 0.70x, 64->256 1.10x, 256->64 0.90x"
+    )
+    assert report.fallbacks == [CPU_FP8_EMULATED]  # slower FP8 is not a fallback: it is what the arm asks
+
+
+def test_fp8_on_cpu_is_emulated_and_fp32():
+    spec = fp8_spec()
+    model = build(spec)
+    report = apply_precision(model, spec.precision, "cpu")
+    assert report.emulated and CPU_FP8_EMULATED in report.fallbacks
+    assert all(m.config.emulate for m in model.modules() if isinstance(m, Float8Linear))
+    with autocast_ctx(spec.precision, "cpu"):
+        assert not torch.is_autocast_enabled("cpu")
 
 
 def test_saved_fp8_set_is_reused_without_timing():
@@ -147,7 +177,8 @@ def test_saved_fp8_set_is_reused_without_timing():
     assert report.why_bf16["blocks.0.attn.qkv"] == "not in the FP8 set reused from checkpoint"
     assert report.why_bf16["blocks.0.cross.q"] == "not matched by precision.fp8_modules"
     assert report.fallbacks == [
-        "fp8 set reused from checkpoint: 5 of 16 candidate linears in FP8 (as the first start's autotune chose)"
+        "fp8 set reused from checkpoint: 5 of 16 candidate linears in FP8 (as the first start's autotune chose)",
+        CPU_FP8_EMULATED,
     ]
     # An empty saved set (the autotune kept nothing) stays empty rather than falling back to the filter.
     empty = apply_precision(build(spec), spec.precision, "cpu", tokens=128, time_linear=timer, fp8_linears=[])
