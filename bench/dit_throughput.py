@@ -18,6 +18,8 @@ forward + backward.
     python bench/dit_throughput.py --out results/            # everything (~8 min on an H200)
     python bench/dit_throughput.py --quick --size tiny       # CPU smoke test of the script itself
     python bench/dit_throughput.py --skip micro,seed,gemm,others,eager --budget-s 250   # optimizer step only
+    python bench/dit_throughput.py --night 1 --profile B,C   # issue 13: reference, A-D, G, I recipes, one run
+    python bench/dit_throughput.py --night 2                 # issue 13: Muon alone, GEMM-bound FP8, scopes
 """
 
 from __future__ import annotations
@@ -261,6 +263,99 @@ def run_arm(
     return row
 
 
+def run_ref(args, label: str = "reference (plain DiT, whole-model compile)") -> dict:
+    """bench/ref_dit.py's plain DiT at the same shapes: whole-model compile, bf16 autocast, fused AdamW."""
+    from bench.ref_dit import RefDiT
+
+    torch._dynamo.reset()
+    gc.collect()
+    torch.cuda.empty_cache()
+    spec = resolve("A", {"model": {"size": args.size}})
+    d = spec.model.dims()
+    dev = torch.device(args.device)
+    T = (spec.resolution() // d.patch) ** 2
+    L = 1 + args.text_tokens + spec.model.identity_tokens  # NanoDiT's cross-attention length
+    torch.manual_seed(0)
+    model = RefDiT(d.hidden, d.depth, d.heads, d.patch, T, STUDY_TEXT_DIM, spec.model.mlp_ratio).to(dev)
+    cuda = dev.type == "cuda"
+    if cuda:
+        model.compile(dynamic=False)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=cuda)
+    B = args.batch
+    g = torch.Generator(device=dev).manual_seed(0)
+    x = torch.randn(B, T, 3 * d.patch**2, device=dev, generator=g)
+    target = torch.randn_like(x)
+    text = torch.randn(B, L, STUDY_TEXT_DIM, device=dev, generator=g)
+    t = torch.rand(B, device=dev, generator=g)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cuda):
+            loss = F.mse_loss(model(x, t, text).float(), target)
+        loss.backward()
+        opt.step()
+
+    t0 = time.perf_counter()
+    step()
+    sync()
+    first_s = time.perf_counter() - t0
+    step_s = timed(step, args.warmup, args.iters)
+    busy_ms = gpu_busy_ms(step, 3)[0] if cuda else None
+    return {
+        "label": label,
+        "arm": "ref",
+        "mode": "compiled (model)",
+        "precision": "bf16",
+        "batch": B,
+        "tokens": T,
+        "step_ms": round(step_s * 1e3, 2),
+        "gpu_busy_ms": round(busy_ms, 2) if busy_ms else None,
+        "tokens_per_s": round(B * T / step_s),
+        "first_step_s": round(first_s, 1),
+        "params_m": round(sum(p.numel() for p in model.parameters()) / 1e6, 1),
+    }
+
+
+def muon_micro(args) -> list[dict]:
+    """The Muon step alone over NanoDiT's hidden weights (random gradients): torch.optim.Muon against
+    BatchedMuon, eager and compiled (OptimizerStep, as the trainer runs it). Newton-Schulz FLOPs counted."""
+    from model.optim import BatchedMuon, OptimizerStep, hidden_weight_names
+
+    out = []
+    spec = resolve("C", {"model": {"size": args.size}})
+    dev = torch.device(args.device)
+    model = NanoDiT(spec, STUDY_TEXT_DIM).to(dev)
+    names = set(hidden_weight_names(model))
+    params = [p for n, p in model.named_parameters() if n in names]
+    flop = 0
+    for p in params:
+        m, n = sorted(p.shape)
+        flop += spec.optimizer.muon.ns_steps * (4 * m * m * n + 2 * m**3)
+    for impl, compiled in (("torch.optim.Muon", False), ("BatchedMuon", False), ("BatchedMuon", True)):
+        torch._dynamo.reset()
+        cls = torch.optim.Muon if impl == "torch.optim.Muon" else BatchedMuon
+        opt = cls(params, lr=1e-3, weight_decay=0.03, adjust_lr_fn="match_rms_adamw")
+        for p in params:
+            p.grad = torch.randn_like(p)
+        stepper = OptimizerStep([opt], compiled, dev)
+        t0 = time.perf_counter()
+        stepper()
+        stepper()
+        sync()
+        first = time.perf_counter() - t0
+        ms = timed(stepper, 3, 20) * 1e3
+        busy = gpu_busy_ms(stepper, 5)[0] if dev.type == "cuda" else 0.0
+        row = {"muon": impl, "compiled": compiled, "matrices": len(params),
+               "params_m": round(sum(p.numel() for p in params) / 1e6, 1), "step_ms": round(ms, 2),
+               "gpu_busy_ms": round(busy, 2), "ns_tflop": round(flop / 1e12, 2),
+               "ns_tflops_per_s": round(flop / ms / 1e9, 1), "first_s": round(first, 1)}  # fmt: skip
+        print(json.dumps(row), flush=True)
+        out.append(row)
+        for p in params:
+            opt.state.pop(p, None)
+    return out
+
+
 def linear_micro(args) -> list[dict]:
     """Per-linear forward+backward time, bf16 vs float8 tensorwise, compiled, at the real shapes.
 
@@ -352,6 +447,60 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def night(args, add, results: dict, save) -> None:
+    """Issue 13's tables, each in one process so ratios compare rows of one run on one GPU.
+
+    Every arm row is the trainer's configuration: whole-model compile, the compiled optimizer step for
+    Muon (BatchedMuon), fused AdamW, FP8 on every filtered linear for I (no autotune).
+    """
+    seed = {"opt_compile": True}
+    if args.night == 1:
+        try:
+            ROWS.append(run_ref(args))
+        except Exception as exc:
+            traceback.print_exc()
+            ROWS.append({"label": "reference", "error": f"{type(exc).__name__}: {exc}"})
+        print(json.dumps(ROWS[-1]), flush=True)
+        add("A", "A", True, **seed)
+        add("B", "B", True, **seed)
+        add("C", "C", True, **seed)
+        add("G", "G", True, **seed)
+        add("G with AdamW", "G", True, overrides={"optimizer": {"name": "adamw"}}, **seed)
+        add("I tensorwise", "I", True, **seed)
+        add("I rowwise", "I", True, overrides={"precision": {"fp8_recipe": "rowwise"}}, **seed)
+        add("D", "D", True, **seed)
+        add("B (blocks compile)", "B", True, overrides={"precision": {"compile_scope": "blocks"}}, **seed)
+    else:
+        results["muon"] = muon_micro(args)
+        save()
+        gemm = {**GEMM_BOUND}
+        add("gemm-bound G", "G", True, overrides=gemm, batch=8, **seed)
+        add("gemm-bound I tensorwise", "I", True, overrides=gemm, batch=8, **seed)
+        rowwise = {**gemm, "precision": {"fp8_recipe": "rowwise"}}
+        add("gemm-bound I rowwise", "I", True, overrides=rowwise, batch=8, **seed)
+        add("I rowwise_with_gw_hp", "I", True, overrides={"precision": {"fp8_recipe": "rowwise_with_gw_hp"}}, **seed)
+        add("A (blocks compile)", "A", True, overrides={"precision": {"compile_scope": "blocks"}}, **seed)
+    print(table(ROWS))
+    by = {r["label"]: r for r in ROWS if "error" not in r}
+
+    def ratio(a: str, b: str, key: str = "step_ms") -> None:
+        if a in by and b in by and by[a].get(key) and by[b].get(key):
+            r = by[a][key] / by[b][key]
+            results.setdefault("ratios", {})[f"{a} / {b} ({key})"] = round(r, 3)
+            print(f"{a} / {b} ({key}): {r:.3f}", flush=True)
+
+    ratio("B", "A")
+    ratio("A", "reference (plain DiT, whole-model compile)")
+    ratio("C", "B")
+    ratio("G", "G with AdamW")
+    ratio("I tensorwise", "G")
+    ratio("I rowwise", "G")
+    ratio("I rowwise_with_gw_hp", "G")
+    ratio("gemm-bound I tensorwise", "gemm-bound G")
+    ratio("gemm-bound I rowwise", "gemm-bound G")
+    save()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--size", default="seed")
@@ -368,6 +517,7 @@ def main() -> None:
     ap.add_argument("--profile", default="G (profiled),I (profiled)", help="comma list of row labels to profile")
     ap.add_argument("--opt-mode", default=None, help="torch.compile mode of the optimizer step (stage optim)")
     ap.add_argument("--budget-s", type=float, default=1e9, help="start no new configuration after this many seconds")
+    ap.add_argument("--night", type=int, default=0, help="issue 13 tables: 1 (arms in one run), 2 (Muon, GEMM-bound)")
     args = ap.parse_args()
     args.profile = set(args.profile.split(","))
     args.out.mkdir(parents=True, exist_ok=True)
@@ -408,6 +558,9 @@ def main() -> None:
         print(json.dumps(row), flush=True)
         save()
 
+    if args.night:
+        night(args, add, results, save)
+        return
     if args.quick:
         for arm in ("A", "I"):
             add(arm, arm, False)

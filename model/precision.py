@@ -32,7 +32,6 @@ from torch import nn
 
 from model.spec import PrecisionSpec
 
-
 CPU_FP8_EMULATED = (
     "fp8 on CPU: float8 emulated (torchao emulate=True: FP8 casts and scales, matmuls in fp32), other ops fp32"
 )
