@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from model.nanodit import STUDY_TEXT_DIM, NanoDiT  # noqa: E402
 from model.optim import OptimizerStep, build_optimizers  # noqa: E402
-from model.precision import apply_precision, autocast_ctx  # noqa: E402
+from model.precision import apply_precision, autocast_ctx, compile_kwargs  # noqa: E402
 from model.repa import RepaProjector, repa_loss  # noqa: E402
 from orchestrator.arms import resolve  # noqa: E402
 
@@ -175,7 +175,8 @@ def run_arm(
             else o
             for o in optimizers
         ]
-    opt_step = OptimizerStep(optimizers, opt_compile, dev, mode=args.opt_mode)
+    kw = {"mode": args.opt_mode} if args.opt_mode else compile_kwargs(spec.precision)
+    opt_step = OptimizerStep(optimizers, opt_compile, dev, **kw)
     g = torch.Generator(device=dev).manual_seed(0)
     x = torch.randn(B, 3, res, res, device=dev, generator=g)
     target = torch.randn(B, 3, res, res, device=dev, generator=g)
@@ -240,7 +241,8 @@ def run_arm(
     row = {
         "label": label,
         "arm": arm,
-        "mode": "compiled" if report.compiled else "eager",
+        "mode": (f"compiled {spec.precision.compile_scope} {spec.precision.compile_mode}" if report.compiled
+                 else "eager"),
         "precision": spec.precision.mode + (f"/{spec.precision.fp8_recipe}" if spec.precision.mode == "fp8" else ""),
         "hidden": spec.model.dims().hidden,
         "tokens": grid * grid,
@@ -331,13 +333,15 @@ def muon_micro(args) -> list[dict]:
     for p in params:
         m, n = sorted(p.shape)
         flop += spec.optimizer.muon.ns_steps * (4 * m * m * n + 2 * m**3)
-    for impl, compiled in (("torch.optim.Muon", False), ("BatchedMuon", False), ("BatchedMuon", True)):
+    runs = (("torch.optim.Muon", False, None), ("BatchedMuon", False, None), ("BatchedMuon", True, None),
+            ("BatchedMuon", True, "reduce-overhead"))  # fmt: skip
+    for impl, compiled, mode in runs:
         torch._dynamo.reset()
         cls = torch.optim.Muon if impl == "torch.optim.Muon" else BatchedMuon
         opt = cls(params, lr=1e-3, weight_decay=0.03, adjust_lr_fn="match_rms_adamw")
         for p in params:
             p.grad = torch.randn_like(p)
-        stepper = OptimizerStep([opt], compiled, dev)
+        stepper = OptimizerStep([opt], compiled, dev, mode=mode)
         t0 = time.perf_counter()
         stepper()
         stepper()
@@ -345,7 +349,7 @@ def muon_micro(args) -> list[dict]:
         first = time.perf_counter() - t0
         ms = timed(stepper, 3, 20) * 1e3
         busy = gpu_busy_ms(stepper, 5)[0] if dev.type == "cuda" else 0.0
-        row = {"muon": impl, "compiled": compiled, "matrices": len(params),
+        row = {"muon": impl, "compiled": compiled, "mode": mode, "matrices": len(params),
                "params_m": round(sum(p.numel() for p in params) / 1e6, 1), "step_ms": round(ms, 2),
                "gpu_busy_ms": round(busy, 2), "ns_tflop": round(flop / 1e12, 2),
                "ns_tflops_per_s": round(flop / ms / 1e9, 1), "first_s": round(first, 1)}  # fmt: skip
@@ -470,16 +474,26 @@ def night(args, add, results: dict, save) -> None:
         add("I rowwise", "I", True, overrides={"precision": {"fp8_recipe": "rowwise"}}, **seed)
         add("D", "D", True, **seed)
         add("B (blocks compile)", "B", True, overrides={"precision": {"compile_scope": "blocks"}}, **seed)
-    else:
+    elif args.night == 2:
+        ro = {"precision": {"compile_mode": "reduce-overhead"}}
+        cpp = {"precision": {"compile_mode": "cpp-wrapper"}}
+        add("B cudagraphs", "B", True, overrides=ro, **seed)
+        add("C cudagraphs", "C", True, overrides=ro, **seed)
+        add("G cudagraphs", "G", True, overrides=ro, **seed)
+        add("G with AdamW cudagraphs", "G", True, overrides={**ro, "optimizer": {"name": "adamw"}}, **seed)
+        add("A cudagraphs", "A", True, overrides=ro, **seed)
+        add("I tensorwise cudagraphs", "I", True, overrides=ro, **seed)
+        add("B cpp-wrapper", "B", True, overrides=cpp, **seed)
+        add("C cpp-wrapper", "C", True, overrides=cpp, **seed)
         results["muon"] = muon_micro(args)
         save()
+    else:
         gemm = {**GEMM_BOUND}
         add("gemm-bound G", "G", True, overrides=gemm, batch=8, **seed)
         add("gemm-bound I tensorwise", "I", True, overrides=gemm, batch=8, **seed)
         rowwise = {**gemm, "precision": {"fp8_recipe": "rowwise"}}
         add("gemm-bound I rowwise", "I", True, overrides=rowwise, batch=8, **seed)
         add("I rowwise_with_gw_hp", "I", True, overrides={"precision": {"fp8_recipe": "rowwise_with_gw_hp"}}, **seed)
-        add("A (blocks compile)", "A", True, overrides={"precision": {"compile_scope": "blocks"}}, **seed)
     print(table(ROWS))
     by = {r["label"]: r for r in ROWS if "error" not in r}
 
@@ -497,6 +511,12 @@ def night(args, add, results: dict, save) -> None:
     ratio("I rowwise", "G")
     ratio("I rowwise_with_gw_hp", "G")
     ratio("gemm-bound I tensorwise", "gemm-bound G")
+    ratio("B cudagraphs", "A cudagraphs")
+    ratio("B cudagraphs", "A")
+    ratio("C cudagraphs", "B cudagraphs")
+    ratio("G cudagraphs", "G with AdamW cudagraphs")
+    ratio("I tensorwise cudagraphs", "G cudagraphs")
+    ratio("C cpp-wrapper", "B cpp-wrapper")
     ratio("gemm-bound I rowwise", "gemm-bound G")
     save()
 

@@ -232,6 +232,7 @@ class OptimizerStep:
         device: torch.device,
         on_fallback: Callable[[str], None] | None = None,
         mode: str | None = None,
+        options: dict | None = None,
     ) -> None:
         self.optimizers = optimizers
         self.device = device
@@ -250,7 +251,7 @@ class OptimizerStep:
                     for o in targets:
                         o.step()
 
-                self._fn = torch.compile(_step, mode=mode)
+                self._fn = torch.compile(_step, mode=mode, options=options)
 
     @property
     def compiled(self) -> bool:

@@ -347,7 +347,7 @@ def apply_precision(
             # One graph for the whole forward: Inductor fuses across blocks (norm + modulate + FP8 cast
             # into one kernel, residual adds into the next block's norm), and TREAD's gather/scatter run
             # at static shapes inside it instead of between per-block compiled calls.
-            model.compile(dynamic=False)
+            model.compile(dynamic=False, **compile_kwargs(precision))
             report.compiled = True
         elif blocks is None:
             report.fallbacks.append("compile skipped: model has no .blocks to compile regionally")
@@ -355,9 +355,18 @@ def apply_precision(
             # Regional compile: one graph per distinct block input shape, reused by every block
             # (parameters are graph inputs), so compile time does not grow with depth.
             for block in blocks:
-                block.compile(dynamic=False)
+                block.compile(dynamic=False, **compile_kwargs(precision))
             report.compiled = True
     return report
+
+
+def compile_kwargs(precision: PrecisionSpec) -> dict:
+    """torch.compile keyword arguments for `precision.compile_mode` (mode and options are exclusive)."""
+    if precision.compile_mode == "cpp-wrapper":
+        return {"options": {"cpp_wrapper": True}}
+    if precision.compile_mode == "reduce-overhead":
+        return {"mode": "reduce-overhead"}
+    return {}
 
 
 def _has_triton() -> bool:

@@ -183,6 +183,10 @@ class PrecisionSpec(Strict):
     # model: one graph over the whole forward (fusions across blocks, TREAD's routing at static shapes);
     # blocks: regional compile of each block (faster to compile, one graph reused by every block).
     compile_scope: Literal["model", "blocks"] = "model"
+    # default: Inductor kernels launched from Python; reduce-overhead: replayed as CUDA graphs (no launch
+    # cost per kernel; TREAD and Muon steps are launch-bound at seed size); cpp-wrapper: Inductor's C++
+    # launcher (less host time per kernel, no CUDA graph). Applies to the model and the optimizer step.
+    compile_mode: Literal["default", "reduce-overhead", "cpp-wrapper"] = "default"
     # fp8 on CUDA, opt-in: keep in FP8 only the linear shapes whose float8 fwd+bwd beats bf16 at the run's
     # token count (speed over the ablation: arm I then may run partly or wholly bf16). Either way a CUDA run
     # times each FP8 shape against bf16 and records it (PrecisionReport.fp8_timings).

@@ -27,7 +27,7 @@ from model.flow import FlowMatching, estimate_pca_basis, interpolate, sample_t
 from model.nanodit import NanoDiT
 from model.optim import EMA, OptimizerStep, build_optimizers, lr_at, set_lr
 from model.perceptual import load_lpips
-from model.precision import apply_precision, autocast_ctx
+from model.precision import apply_precision, autocast_ctx, compile_kwargs
 from model.repa import RepaProjector, build_teacher, repa_loss, repa_weight
 from model.spec import ArmSpec
 from model.text import build_text_encoder
@@ -152,7 +152,9 @@ def build(
         extra += [(f"repa_projector.{n}", p) for n, p in projector.named_parameters()]
     optimizers = build_optimizers(model, spec, extra=extra)
     # Compiled on CUDA with precision.compile; a compile failure lands in fallbacks at the 2nd step.
-    opt_step = OptimizerStep(optimizers, precision.compile, device, on_fallback=fallbacks.append)
+    opt_step = OptimizerStep(
+        optimizers, precision.compile, device, on_fallback=fallbacks.append, **compile_kwargs(precision)
+    )
     trainable = [p for p in model.parameters() if p.requires_grad] + [p for _, p in extra]
     return Parts(
         spec=spec,
