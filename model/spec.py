@@ -183,10 +183,10 @@ class PrecisionSpec(Strict):
     # model: one graph over the whole forward (fusions across blocks, TREAD's routing at static shapes);
     # blocks: regional compile of each block (faster to compile, one graph reused by every block).
     compile_scope: Literal["model", "blocks"] = "model"
-    # default: Inductor kernels launched from Python; reduce-overhead: replayed as CUDA graphs (no launch
-    # cost per kernel; TREAD and Muon steps are launch-bound at seed size); cpp-wrapper: Inductor's C++
-    # launcher (less host time per kernel, no CUDA graph). Applies to the model and the optimizer step.
-    compile_mode: Literal["default", "reduce-overhead", "cpp-wrapper"] = "default"
+    # default: Inductor kernels launched from Python. reduce-overhead: the model's forward and backward
+    # replayed as CUDA graphs (TREAD arms are launch-bound at seed size without them); needs
+    # schedule.grad_accum 1, since a replay reuses the memory the previous micro-batch's gradients live in.
+    compile_mode: Literal["default", "reduce-overhead"] = "default"
     # fp8 on CUDA, opt-in: keep in FP8 only the linear shapes whose float8 fwd+bwd beats bf16 at the run's
     # token count (speed over the ablation: arm I then may run partly or wholly bf16). Either way a CUDA run
     # times each FP8 shape against bf16 and records it (PrecisionReport.fp8_timings).
@@ -283,6 +283,11 @@ class ArmSpec(Strict):
             patch = self.model.dims().patch
             if self.flow.rank > 3 * patch * patch:
                 raise ValueError(f"flow.rank ({self.flow.rank}) exceeds the patch dimension {3 * patch * patch}")
+        if self.precision.compile_mode == "reduce-overhead" and self.schedule.grad_accum != 1:
+            raise ValueError(
+                f"precision.compile_mode 'reduce-overhead' needs schedule.grad_accum 1 (got {self.schedule.grad_accum}): "
+                "use compile_mode default, or a batch_size that fits one micro-batch"
+            )
         # the metrics are computed on held-out images: fail at submission, not at the first checkpoint
         if self.eval.num_samples > self.data.held_out:
             raise ValueError(

@@ -27,7 +27,7 @@ from model.flow import FlowMatching, estimate_pca_basis, interpolate, sample_t
 from model.nanodit import NanoDiT
 from model.optim import EMA, OptimizerStep, build_optimizers, lr_at, set_lr
 from model.perceptual import load_lpips
-from model.precision import apply_precision, autocast_ctx, compile_kwargs
+from model.precision import apply_precision, autocast_ctx
 from model.repa import RepaProjector, build_teacher, repa_loss, repa_weight
 from model.spec import ArmSpec
 from model.text import build_text_encoder
@@ -152,9 +152,7 @@ def build(
         extra += [(f"repa_projector.{n}", p) for n, p in projector.named_parameters()]
     optimizers = build_optimizers(model, spec, extra=extra)
     # Compiled on CUDA with precision.compile; a compile failure lands in fallbacks at the 2nd step.
-    opt_step = OptimizerStep(
-        optimizers, precision.compile, device, on_fallback=fallbacks.append, **compile_kwargs(precision)
-    )
+    opt_step = OptimizerStep(optimizers, precision.compile, device, on_fallback=fallbacks.append)
     trainable = [p for p in model.parameters() if p.requires_grad] + [p for _, p in extra]
     return Parts(
         spec=spec,
@@ -190,6 +188,8 @@ def train_step(parts: Parts, step: int, data_gen: torch.Generator, noise_gen: to
     w_repa = repa_weight(spec.repa, step, sched.steps) if parts.teacher is not None else 0.0
     total = torch.zeros((), device=dev)
     for _ in range(sched.grad_accum):
+        if spec.precision.compile_mode == "reduce-overhead":  # CUDA graphs: a new iteration (grad_accum is 1)
+            torch.compiler.cudagraph_mark_step_begin()
         x0, captions = parts.dataset.train_batch(micro, data_gen)
         x0 = x0.to(dev, non_blocking=True)
         with_identity = torch.rand(1, generator=data_gen).item() < IDENTITY_PROB  # CPU draw: no GPU sync

@@ -188,3 +188,10 @@ def test_saved_fp8_set_is_reused_without_timing():
         apply_precision(build(spec), spec.precision, "cpu", fp8_linears=["blocks.0.cross.q"])
     with pytest.raises(PrecisionError, match=r"'blocks.9.mlp.fc1' \(no such nn.Linear in the model\)"):
         apply_precision(build(spec), spec.precision, "cpu", fp8_linears=["blocks.9.mlp.fc1"])
+
+
+def test_cuda_graphs_refuse_grad_accumulation():
+    with pytest.raises(ValueError, match=r"compile_mode 'reduce-overhead' needs schedule.grad_accum 1 \(got 2\)"):
+        resolve("B", {"precision": {"compile_mode": "reduce-overhead"}, "schedule": {"batch_size": 8, "grad_accum": 2}})
+    ok = resolve("B", {"precision": {"compile_mode": "reduce-overhead"}, "schedule": {"batch_size": 8}})
+    assert ok.precision.compile_mode == "reduce-overhead" and ok.precision.compile_scope == "model"
