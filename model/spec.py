@@ -274,9 +274,7 @@ class ArmSpec(Strict):
         if self.tread.enabled:
             last = self.tread.last_block if self.tread.last_block is not None else depth - 2
             if not 0 <= self.tread.first_block <= last < depth:
-                raise ValueError(
-                    f"tread blocks {self.tread.first_block}..{last} must lie within 0..{depth - 1}"
-                )
+                raise ValueError(f"tread blocks {self.tread.first_block}..{last} must lie within 0..{depth - 1}")
         if self.repa.enabled and self.repa.block is not None and self.repa.block >= depth:
             raise ValueError(f"repa.block ({self.repa.block}) must be < model depth ({depth})")
         if self.flow.kind == "asymflow":
@@ -285,8 +283,8 @@ class ArmSpec(Strict):
                 raise ValueError(f"flow.rank ({self.flow.rank}) exceeds the patch dimension {3 * patch * patch}")
         if self.precision.compile_mode == "reduce-overhead" and self.schedule.grad_accum != 1:
             raise ValueError(
-                f"precision.compile_mode 'reduce-overhead' needs schedule.grad_accum 1 (got {self.schedule.grad_accum}): "
-                "use compile_mode default, or a batch_size that fits one micro-batch"
+                "precision.compile_mode 'reduce-overhead' needs schedule.grad_accum 1 "
+                f"(got {self.schedule.grad_accum}): use compile_mode default, or a batch_size that fits one micro-batch"
             )
         # the metrics are computed on held-out images: fail at submission, not at the first checkpoint
         if self.eval.num_samples > self.data.held_out:

@@ -132,7 +132,6 @@ def test_autotune_with_no_gain_runs_bf16_and_says_so():
     ]
 
 
-
 def test_fp8_by_default_even_when_slower_and_the_speed_is_recorded():
     """Arm I's default: every filtered linear trains FP8; the measured ratio is recorded, not acted on."""
     spec, calls = resolve("I", {"model": {"size": "tiny"}}), []
