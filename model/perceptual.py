@@ -1,10 +1,12 @@
 """LPIPS (Zhang et al. 2018) through the `lpips` package: AlexNet trunk + the package's v0.1 linear layers.
 
-The linear layers ship inside the package; the AlexNet trunk normally downloads on first use, which
-this module never allows. The trunk comes from a local torchvision alexnet state dict (the `weights`
-argument, eval.lpips_weights, or ABLATE_LPIPS_WEIGHTS) or torchvision's hub cache if it is already
-there. `eval.lpips_backbone: random_standin` builds the same network with a seeded random trunk,
-labelled "random_standin" so every metric it produced says so.
+The linear layers ship inside the package; the AlexNet trunk is torchvision's ImageNet alexnet. It
+comes from a local torchvision alexnet state dict (the `weights` argument, eval.lpips_weights, or
+ABLATE_LPIPS_WEIGHTS), else from torch's hub cache, where torchvision's weights API downloads it
+once (hash-checked) when it is missing, as torchvision and `lpips` themselves do. ABLATE_OFFLINE=1
+(or a failed download) makes a missing file an error saying how to provide it.
+`eval.lpips_backbone: random_standin` builds the same network with a seeded random trunk, labelled
+"random_standin" so every metric it produced says so.
 
 Also home of `import_torchvision()`: torchvision 0.28's compiled ops do not load on the CPU torch
 build, and its import then fails on "operator torchvision::nms does not exist".
@@ -20,10 +22,12 @@ import sys
 import warnings
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import torch
 from torch import Tensor
 
+from model.hub import OFFLINE_ENV, download_timeout, offline
 from model.spec import EvalSpec
 
 WEIGHTS_ENV = "ABLATE_LPIPS_WEIGHTS"
@@ -34,7 +38,11 @@ _placeholder_lib: torch.library.Library | None = None  # kept alive: dropping it
 
 
 class LPIPSWeightsError(FileNotFoundError):
-    """No usable AlexNet backbone weights; the message says how to provide them."""
+    """No usable AlexNet backbone weights; the message says how to provide them, `reason` why they are missing."""
+
+    def __init__(self, message: str, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason or message
 
 
 def _has_torchvision_op(name: str) -> bool:
@@ -82,15 +90,48 @@ def _import_lpips() -> ModuleType:
     return lpips
 
 
+def _alexnet_weights() -> Any:
+    """torchvision's ImageNet AlexNet weights entry (its URL names the cached file)."""
+    return import_torchvision().models.AlexNet_Weights.IMAGENET1K_V1
+
+
 def torchvision_cache_path() -> Path:
-    """Where torchvision keeps the ImageNet AlexNet weights once downloaded (never downloaded here)."""
-    tv = import_torchvision()
-    url = tv.models.AlexNet_Weights.IMAGENET1K_V1.url
+    """Where torchvision keeps the ImageNet AlexNet weights once downloaded: $TORCH_HOME/hub/checkpoints/."""
+    url = _alexnet_weights().url
     return Path(torch.hub.get_dir()) / "checkpoints" / url.rsplit("/", 1)[-1]
 
 
+def _how_to_provide(cached: Path) -> str:
+    return (
+        f"set eval.lpips_weights (or the environment variable {WEIGHTS_ENV}) to a torchvision alexnet state "
+        f"dict file, place {cached.name} (torchvision's AlexNet_Weights.IMAGENET1K_V1) at {cached}, or choose "
+        "`eval.lpips_backbone: random_standin` (metrics are then labelled random_standin)"
+    )
+
+
+def ensure_alexnet_weights() -> Path:
+    """The AlexNet weights in torch's hub cache: the cached file, else downloaded there by torchvision's
+    weights API (hash-checked), unless ABLATE_OFFLINE is set. LPIPSWeightsError says how to provide them."""
+    cached = torchvision_cache_path()
+    if cached.is_file():
+        return cached
+    if offline():
+        reason = f"no AlexNet weights for LPIPS in {cached.parent} and {OFFLINE_ENV} forbids downloading them"
+        raise LPIPSWeightsError(f"{reason}: {_how_to_provide(cached)}", reason)
+    weights = _alexnet_weights()
+    try:
+        with download_timeout():
+            weights.get_state_dict(progress=False, check_hash=True, weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - URLError, HTTPError, a hash mismatch, a full disk: one user error
+        failure = f"{type(exc).__name__}: {exc}"
+        reason = f"the AlexNet weights for LPIPS could not be downloaded from {weights.url} ({failure})"
+        raise LPIPSWeightsError(f"{reason}: {_how_to_provide(cached)}", reason) from None
+    return cached
+
+
 def resolve_weights(eval_spec: EvalSpec, weights: Path | str | None = None) -> Path:
-    """The AlexNet weights file: `weights`, eval.lpips_weights, $ABLATE_LPIPS_WEIGHTS, then torchvision's cache.
+    """The AlexNet weights file: `weights`, eval.lpips_weights, $ABLATE_LPIPS_WEIGHTS, then torch's hub
+    cache (downloaded there when missing and allowed, see `ensure_alexnet_weights`).
 
     An explicitly named file that does not exist is an error (never a silent fall-through).
     """
@@ -104,15 +145,7 @@ def resolve_weights(eval_spec: EvalSpec, weights: Path | str | None = None) -> P
             if not path.is_file():
                 raise LPIPSWeightsError(f"LPIPS AlexNet weights file {path} (from {source}) does not exist")
             return path
-    cached = torchvision_cache_path()
-    if cached.is_file():
-        return cached
-    raise LPIPSWeightsError(
-        "no AlexNet weights for LPIPS and nothing is downloaded at run time: set eval.lpips_weights "
-        f"(or the environment variable {WEIGHTS_ENV}) to a torchvision alexnet state dict file "
-        f"(e.g. {cached.name} from torchvision's AlexNet_Weights.IMAGENET1K_V1), place it at {cached}, "
-        "or choose `eval.lpips_backbone: random_standin` (metrics are then labelled random_standin)"
-    )
+    return ensure_alexnet_weights()
 
 
 def _trunk_state(path: Path) -> dict[str, Tensor]:
@@ -194,8 +227,9 @@ def load_lpips(
 ) -> LPIPSMetric:
     """The LPIPS metric eval_spec asks for.
 
-    alexnet: the trunk from a local weights file (see `resolve_weights`), else LPIPSWeightsError naming
-    eval.lpips_weights and `eval.lpips_backbone: random_standin`. random_standin: a seeded random trunk,
+    alexnet: the trunk from a local weights file or torch's hub cache, downloaded when allowed (see
+    `resolve_weights`), else LPIPSWeightsError naming eval.lpips_weights and
+    `eval.lpips_backbone: random_standin`. random_standin: a seeded random trunk,
     identical across constructions. Construction never touches the caller's global RNG state.
     """
     if eval_spec.lpips_backbone == "random_standin":

@@ -74,8 +74,14 @@ def resolve_raw(spec: dict[str, Any], known: dict[str, dict[str, Any]] | None = 
 def resolve(spec: dict[str, Any] | str, overrides: dict[str, Any] | None = None) -> ArmSpec:
     """An arm letter or an inline raw spec, resolved through its parents, with overrides on top.
 
+    An inline spec's own fields win over the overrides: they are the change the arm exists to test,
+    written in the same grid as the overrides, and an arm's change silently replaced by a grid-wide
+    value would be lost the way the source study lost its AsymFlow arm. An arm file's fields are the
+    study's settings, which overrides adapt (e.g. A's 500-step warm-up in a 400-step tiny grid).
+
     Raises pydantic's ValidationError for invalid fields (the API turns it into a 422 naming the path).
     """
+    own: dict[str, Any] = {}
     if isinstance(spec, str):
         files = arm_files()
         if spec not in files:
@@ -84,9 +90,10 @@ def resolve(spec: dict[str, Any] | str, overrides: dict[str, Any] | None = None)
         raw.setdefault("name", spec)
     else:
         raw = spec
+        own = {k: v for k, v in spec.items() if k not in LINEAGE_KEYS}
     merged = resolve_raw(raw)
     if overrides:
-        merged = deep_merge(merged, overrides)
+        merged = deep_merge(deep_merge(merged, overrides), own)
     return ArmSpec.model_validate(merged)
 
 

@@ -278,6 +278,18 @@ def decide(
     )
 
 
+def projected_hours_saved(total_steps: int | None, stop_step: int | None, hours_at_stop: float | None) -> float | None:
+    """Device-hours a live stop saves: the steps it did not train, at the arm's own pace up to the stop
+    (hours_at_stop / stop_step per step, evaluation included). None when any input is unknown.
+
+    A replay knows the hours the arm actually spent after the stop (ReplayResult.gpu_hours_saved);
+    a live stop can only project them.
+    """
+    if total_steps is None or stop_step is None or hours_at_stop is None or stop_step <= 0:
+        return None
+    return hours_at_stop / stop_step * max(total_steps - stop_step, 0)
+
+
 @dataclass(frozen=True)
 class ReplayResult:
     """One arm replayed checkpoint by checkpoint. `decision` is the first flagged decision (the one

@@ -1,5 +1,6 @@
 """Shared fixtures: a migrated database per test module (Postgres when ABLATE_DATABASE_URL points at
-one, as in CI; a SQLite file otherwise) and the published curves."""
+one, as in CI; a SQLite file otherwise) and the published curves. Tests never download weights:
+ABLATE_OFFLINE is on for this process and every subprocess and Ray worker it starts."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from orchestrator.db.session import upgrade
+
+os.environ["ABLATE_OFFLINE"] = "1"  # the download path is tested against a refused proxy, never the network
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SERVER_URL = os.environ.get("ABLATE_DATABASE_URL", "")
@@ -57,3 +60,18 @@ def database_url(empty_database_url: str) -> str:
 @pytest.fixture(scope="session")
 def published_curves() -> dict:
     return json.loads((FIXTURES / "published_ablation_a_to_d.json").read_text())
+
+
+# What the full run needs beyond pip (README "Tests"); the skip summary repeats it where a newcomer looks.
+SYSTEM_PACKAGES = "chromium openssh-server postgresql iproute2"
+INSTALL_LINE = f"apt-get install -y --no-install-recommends {SYSTEM_PACKAGES}"
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """End a run that skipped tests with their count and the line that installs what they need."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    if skipped:
+        terminalreporter.write_sep(
+            "=", f"{len(skipped)} skipped (reasons: pytest -rs); to run every test: {INSTALL_LINE}", yellow=True
+        )

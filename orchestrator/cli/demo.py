@@ -1,8 +1,9 @@
 """`ablate demo`: the whole job in one command on embedded defaults.
 
-SQLite under the storage dir, a local Ray with 4 logical GPUs, the controller (API + dashboard +
-scheduler) in this process, arms A-D of arms/demo.yaml at tiny size on procedural shapes; a live
-table while they train, a per-arm summary at the end.
+SQLite under the storage dir, a local Ray with 5 logical GPUs, the controller (API + dashboard +
+scheduler) in this process, the arms of arms/demo.yaml (A-D and one with a learning rate too high,
+which the detector stops) at tiny size on procedural shapes; a live table while they train, a
+per-arm summary at the end.
 """
 
 from __future__ import annotations
@@ -16,18 +17,18 @@ from typing import Annotated, Any
 
 import typer
 import yaml
-from rich.console import Console
+from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
 from arms import ARMS_DIR
 from orchestrator.cli import CLIError, app
 from orchestrator.settings import Settings, get_settings
-from orchestrator.vocabulary import TERMINAL_STATES, RunDecision, RunState
+from orchestrator.vocabulary import DETECTOR_STOPS, TERMINAL_STATES, RunDecision, RunState
 
 console = Console()
 DEMO_GRID = ARMS_DIR / "demo.yaml"
-DEMO_GPUS = 4
+DEMO_GPUS = 5  # one per arm of arms/demo.yaml, so the broken arm trains beside the others
 
 
 def _free_port(host: str, preferred: int) -> int:
@@ -43,7 +44,7 @@ def _free_port(host: str, preferred: int) -> int:
 
 
 def demo_settings(base: Settings) -> Settings:
-    """The demo's settings: its own SQLite DB unless ABLATE_DATABASE_URL is set, 4 logical GPUs on a local Ray."""
+    """The demo's settings: its own SQLite DB unless ABLATE_DATABASE_URL is set, 5 logical GPUs on a local Ray."""
     update: dict[str, Any] = {}
     if "ABLATE_DATABASE_URL" not in os.environ:
         update["database_url"] = f"sqlite:///{(base.storage_dir / 'demo.db').resolve()}"
@@ -54,12 +55,29 @@ def demo_settings(base: Settings) -> Settings:
     return base.model_copy(update=update)
 
 
-def demo_grid(settings: Settings) -> dict[str, Any]:
-    """arms/demo.yaml; with ABLATE_LPIPS_WEIGHTS set, LPIPS uses the real AlexNet backbone."""
+def demo_lpips(settings: Settings) -> tuple[str, str]:
+    """(eval.lpips_backbone, a line saying which) for the demo: the real AlexNet trunk when
+    ABLATE_LPIPS_WEIGHTS names it, torchvision's cache has it or it can be downloaded there; else,
+    offline, the labelled random stand-in (a demo must run anywhere; `ablate train` errors instead)."""
+    if settings.lpips_weights:
+        return "alexnet", f"LPIPS: AlexNet backbone from {settings.lpips_weights} (ABLATE_LPIPS_WEIGHTS)"
+    from model.perceptual import LPIPSWeightsError, ensure_alexnet_weights
+
+    try:
+        path = ensure_alexnet_weights()
+    except LPIPSWeightsError as exc:
+        return "random_standin", (
+            "[yellow]LPIPS: random stand-in backbone (metrics labelled 'random_standin'): "
+            f"{str(exc).split(';')[0]}[/yellow]"
+        )
+    return "alexnet", f"LPIPS: AlexNet backbone from {path}"
+
+
+def demo_grid(lpips_backbone: str = "random_standin") -> dict[str, Any]:
+    """arms/demo.yaml, named with the time, LPIPS on the given backbone."""
     body = yaml.safe_load(DEMO_GRID.read_text())
     body["name"] = f"{body['name']} {time.strftime('%Y-%m-%d %H:%M:%S')}"
-    if settings.lpips_weights:
-        body["overrides"].setdefault("eval", {})["lpips_backbone"] = "alexnet"
+    body["overrides"].setdefault("eval", {})["lpips_backbone"] = lpips_backbone
     return body
 
 
@@ -78,11 +96,13 @@ def _retire_leftovers(settings: Settings) -> None:
 
 
 def _rows(settings: Settings, grid_id: int) -> list[dict[str, Any]]:
-    """Per run: arm, state, GPU, latest and best metrics (best with its SE and step)."""
+    """Per run: arm, state, GPU, latest and best metrics (best with its SE and step), the detector's
+    stop (decision, step, reason, the best checkpoint kept, device-hours saved)."""
     from sqlalchemy import select
 
     from orchestrator.db.models import Metric, Run
     from orchestrator.db.session import session_scope
+    from orchestrator.detector import projected_hours_saved
 
     out = []
     with session_scope(settings.database_url) as session:
@@ -91,14 +111,23 @@ def _rows(settings: Settings, grid_id: int) -> list[dict[str, Any]]:
             latest = metrics[-1] if metrics else None
             best = next((m for m in metrics if m.step == run.best_step), None)
             rates = [m.iter_per_sec for m in metrics if m.iter_per_sec]
+            steps = (run.spec.get("schedule") or {}).get("steps")
+            stopped_by_detector = run.state == RunState.stopped and run.decision in DETECTOR_STOPS
+            at_stop = next((m for m in metrics if m.step == run.decision_step), None)
+            saved = None
+            if stopped_by_detector and at_stop is not None and at_stop.wall_time_s is not None:
+                # one worker holds one device for its wall time: its device-hours
+                saved = projected_hours_saved(steps, run.decision_step, at_stop.wall_time_s / 3600)
             out.append(
                 {
                     "arm": run.arm,
                     "state": run.state,
                     "decision": run.decision,
+                    "decision_step": run.decision_step,
+                    "detector_stop": stopped_by_detector,
                     "reason": run.decision_reason or run.error,
                     "gpu": run.gpu_index,
-                    "steps": (run.spec.get("schedule") or {}).get("steps"),
+                    "steps": steps,
                     "step": latest.step if latest else None,
                     "first": metrics[0].recon_lpips if metrics else None,
                     "first_step": metrics[0].step if metrics else None,
@@ -106,6 +135,8 @@ def _rows(settings: Settings, grid_id: int) -> list[dict[str, Any]]:
                     "best": run.best_value,
                     "best_se": best.recon_lpips_se if best else None,
                     "best_step": run.best_step,
+                    "best_checkpoint": run.best_checkpoint,
+                    "hours_saved": saved,
                     "iter_s": sum(rates) / len(rates) if rates else None,  # mean over checkpoints
                     "backbone": latest.lpips_backbone if latest else None,
                 }
@@ -117,12 +148,27 @@ def _f(value: float | None, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def _progress_table(rows: list[dict[str, Any]], elapsed: float, url: str) -> Table:
+def _saved(hours: float | None) -> str:
+    """Device-hours saved, with the seconds (a tiny demo arm saves seconds, a seed-size arm hours)."""
+    return "-" if hours is None else f"{hours:.4f} ({hours * 3600:.0f} s)"
+
+
+def _stop_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per arm the detector stopped: decision, step, the best checkpoint kept, the reason."""
+    return [
+        f"{r['arm']} stopped by the detector at step {r['decision_step']} ({r['decision']}); kept its best "
+        f"checkpoint, step {r['best_step']}: {r['best_checkpoint']}\n  reason: {r['reason']}"
+        for r in rows
+        if r["detector_stop"]
+    ]
+
+
+def _progress_table(rows: list[dict[str, Any]], elapsed: float, url: str, device: str = "CPU") -> Group:
     table = Table(title=f"ablate demo: {elapsed:4.0f} s   dashboard {url}", title_justify="left")
-    for col in ("arm", "state", "GPU", "step", "recon LPIPS", "best", "iter/s"):
+    for col in ("arm", "state", "GPU", "step", "recon LPIPS", "best", "iter/s", f"{device}-h saved"):
         table.add_column(col, justify="left" if col in ("arm", "state") else "right")
     for r in rows:
-        state = r["state"] + (f" ({r['decision']})" if r["decision"] and r["decision"] != RunDecision.USER else "")
+        state = r["state"] + (f" ({r['decision']} @{r['decision_step']})" if r["detector_stop"] else "")
         table.add_row(
             r["arm"],
             state,
@@ -131,23 +177,30 @@ def _progress_table(rows: list[dict[str, Any]], elapsed: float, url: str) -> Tab
             _f(r["final"]),
             f"{_f(r['best'])} @{r['best_step']}" if r["best"] is not None else "-",
             _f(r["iter_s"], 1),
+            _saved(r["hours_saved"]),
         )
-    return table
+    return Group(table, *_stop_lines(rows))
 
 
-def summary_table(rows: list[dict[str, Any]]) -> Table:
-    """The demo's result: arm, GPU, state/decision, first, best (+- SE, @ step) and final recon LPIPS, iter/s."""
+def summary_table(rows: list[dict[str, Any]], device: str = "CPU") -> Table:
+    """The demo's result: arm, GPU, state/decision (@ step), first, best (+- SE, @ step) and final
+    recon LPIPS, iter/s, device-hours the detector's stop saved."""
     table = Table(title="ablate demo: result per arm", title_justify="left", show_lines=False)
     cols = ("arm", "GPU", "state / decision", "first recon LPIPS", "best recon LPIPS ± SE", "@ step")
-    cols += ("final recon LPIPS", "iter/s")
+    cols += ("final recon LPIPS", "iter/s", f"{device}-h saved")
     for col in cols:
         table.add_column(col, justify="left" if col in ("arm", "state / decision") else "right")
     for r in rows:
         state = r["state"] if not r["decision"] else f"{r['state']} / {r['decision']}"
+        if r["detector_stop"]:
+            state += f" @{r['decision_step']}"
         best = f"{_f(r['best'])} ± {_f(r['best_se'])}" if r["best"] is not None else "-"
         first = f"{_f(r['first'])} @{r['first_step']}" if r["first"] is not None else "-"
         best_at = str(r["best_step"] or "-")
-        table.add_row(r["arm"], r["gpu"] or "-", state, first, best, best_at, _f(r["final"]), _f(r["iter_s"], 1))
+        table.add_row(
+            r["arm"], r["gpu"] or "-", state, first, best, best_at, _f(r["final"]), _f(r["iter_s"], 1),
+            _saved(r["hours_saved"]),
+        )
     return table
 
 
@@ -179,7 +232,8 @@ def demo(
     port: Annotated[int | None, typer.Option(help="Dashboard/API port (default: ABLATE_PORT, else any free)")] = None,
     hold: Annotated[bool, typer.Option(help="Keep serving the dashboard after the arms finish (Ctrl-C ends)")] = False,
 ) -> None:
-    """Train arms A-D (tiny, shapes) on 4 logical GPUs with the full controller, then print a per-arm table."""
+    """Train arms A-D and one that breaks (tiny, shapes) on 5 logical GPUs with the full controller; the
+    detector stops the broken one live; then a per-arm table."""
     import ray
 
     from orchestrator.db.session import session_scope, upgrade
@@ -194,16 +248,13 @@ def demo(
     host = settings.host
     port = _free_port(host, port or settings.port)
     url = f"http://{host}:{port}/"
-    body = demo_grid(settings)
-
-    if settings.lpips_weights:
-        console.print(f"LPIPS: AlexNet backbone from {settings.lpips_weights} (ABLATE_LPIPS_WEIGHTS)")
-    else:
-        console.print(
-            "[yellow]LPIPS: random stand-in backbone (offline; metrics labelled 'random_standin'); "
-            "set ABLATE_LPIPS_WEIGHTS=alexnet.pth for real LPIPS[/yellow]"
-        )
-    console.print("REPA (arm D): random stand-in teacher (no DINOv2 weights offline; labelled on the run)")
+    # Logical GPUs are CPU processes here: the hours a stop saves are CPU-hours.
+    device = "CPU" if settings.logical_gpus else "GPU"
+    backbone, lpips_line = demo_lpips(settings)
+    body = demo_grid(backbone)
+    console.print(lpips_line)
+    # A real DINOv2 ViT-B/14 forward per training step would take the tiny arm D from seconds to minutes on CPU.
+    console.print("REPA (arm D): random stand-in teacher (real DINOv2 is too slow for a CPU demo; labelled on the run)")
     t0 = time.monotonic()
     # The workers' logs would tear through the live table; they stay in Ray's session logs.
     connect_ray(settings, log_to_driver=False, configure_logging=False)
@@ -215,22 +266,25 @@ def demo(
         scheduler.start()
         with session_scope(settings.database_url) as session:
             grid_id = create_grid(session, GridCreate(**body)).id
-        console.print(f"submitted grid {grid_id} ({', '.join(map(str, body['arms']))}); dashboard: {url}")
+        labels = [a if isinstance(a, str) else a["name"] for a in body["arms"]]
+        console.print(f"submitted grid {grid_id} ({', '.join(labels)}); dashboard: {url}")
         with Live(console=console, refresh_per_second=2, transient=False) as live:
             while True:
                 rows = _rows(settings, grid_id)
-                live.update(_progress_table(rows, time.monotonic() - t0, url))
+                live.update(_progress_table(rows, time.monotonic() - t0, url, device))
                 if rows and all(r["state"] in TERMINAL_STATES for r in rows):
                     break
                 time.sleep(1.0)
         console.print()
         elapsed = time.monotonic() - t0
         rows = _rows(settings, grid_id)
-        console.print(summary_table(rows))
+        console.print(summary_table(rows, device))
         backbones = sorted({r["backbone"] for r in rows if r["backbone"]})
         console.print(f"LPIPS backbone: {', '.join(backbones) or '-'}   total {elapsed:.0f} s   dashboard {url}")
+        for line in _stop_lines(rows):
+            console.print(line)
         for r in rows:
-            if r["reason"] and r["state"] != RunState.completed:
+            if r["reason"] and r["state"] != RunState.completed and not r["detector_stop"]:
                 console.print(f"  {r['arm']}: {r['reason'].splitlines()[0]}")
         console.print(f"checkpoints: {Path(settings.storage_dir).resolve() / 'runs'}")
         if hold:

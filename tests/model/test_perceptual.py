@@ -1,7 +1,9 @@
-"""LPIPS: the labelled random stand-in, loading the AlexNet trunk from a local file, and the missing-weights error."""
+"""LPIPS: the labelled random stand-in, the AlexNet trunk from a local file or torch's hub cache, and the
+missing-weights errors (offline, and a download that fails). Nothing here downloads."""
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
@@ -109,12 +111,53 @@ def test_weights_argument_env_and_cache(
     assert load_lpips(EvalSpec()).source == str(cached)
 
 
-def test_missing_weights_is_a_clear_error() -> None:
+def test_a_state_dict_in_torchvisions_cache_path_is_used_offline(
+    alexnet_file: tuple[Path, dict[str, torch.Tensor]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cache-hit path: the file where torchvision's weights API would have downloaded it is loaded
+    as the trunk, with ABLATE_OFFLINE on (nothing needs the network)."""
+    _, state = alexnet_file
+    monkeypatch.setenv("ABLATE_OFFLINE", "1")
+    cached = tmp_path / "torch_home/hub/checkpoints/alexnet-owt-7be5be79.pth"
+    assert perceptual.torchvision_cache_path() == cached
+    cached.parent.mkdir(parents=True)
+    torch.save(state, cached)
+    metric = load_lpips(EvalSpec())
+    assert (metric.label, metric.source) == ("alexnet", str(cached))
+    assert torch.equal(metric.net.net.slice1[0].weight, state["features.0.weight"])
+
+
+def test_missing_weights_offline_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ABLATE_OFFLINE", "1")
     with pytest.raises(LPIPSWeightsError) as err:
         load_lpips(EvalSpec())
     msg = str(err.value)
+    assert "ABLATE_OFFLINE forbids downloading" in msg and str(perceptual.torchvision_cache_path()) in msg
     assert "eval.lpips_weights" in msg and "eval.lpips_backbone: random_standin" in msg
     assert "ABLATE_LPIPS_WEIGHTS" in msg
+    assert not perceptual.torchvision_cache_path().exists()
+
+
+def test_a_failed_download_is_the_same_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Online, torchvision's download goes through a proxy that refuses connections (a port just
+    closed): the error names the URL and how to provide the file; nothing is left in the cache."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.setenv("ABLATE_OFFLINE", "0")
+    for var in ("https_proxy", "HTTPS_PROXY", "http_proxy", "HTTP_PROXY"):
+        monkeypatch.setenv(var, f"http://127.0.0.1:{port}")
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    with pytest.raises(LPIPSWeightsError) as err:
+        load_lpips(EvalSpec())
+    msg = str(err.value)
+    assert "could not be downloaded from https://download.pytorch.org/models/alexnet-owt-7be5be79.pth" in msg
+    assert "URLError" in msg and "eval.lpips_backbone: random_standin" in msg
+    assert not perceptual.torchvision_cache_path().exists()
+
+
+def test_missing_weights_is_a_clear_error() -> None:
     with pytest.raises(LPIPSWeightsError, match=r"nope\.pth \(from eval.lpips_weights\) does not exist"):
         load_lpips(EvalSpec(lpips_weights="/nonexistent/nope.pth"))
 

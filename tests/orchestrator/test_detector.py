@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from model.spec import DetectorPolicy
-from orchestrator.detector import Checkpoint, DecisionKind, decide, replay, replay_arm
+from orchestrator.detector import Checkpoint, DecisionKind, decide, projected_hours_saved, replay, replay_arm
 
 C, X, D, S = "continue", "collapse", "diverged", "stalled"
 
@@ -228,3 +228,10 @@ def test_checkpoint_from_a_db_metric_row() -> None:
     cp = Checkpoint.from_mapping({"step": row.step, **{f: getattr(row, f) for f in METRIC_FIELDS}})
     assert (cp.step, cp.get("recon_lpips"), cp.se("recon_lpips"), cp.hours) == (1000, 0.93, 0.005, 3.0)
     assert cp.get("text_lpips") is None and "lpips_backbone" not in cp.values
+
+
+def test_projected_hours_saved_is_the_untrained_steps_at_the_arms_own_pace() -> None:
+    assert projected_hours_saved(400, 200, 0.01) == pytest.approx(0.01)  # half the steps left
+    assert projected_hours_saved(5000, 4000, 80.0) == pytest.approx(20.0)
+    assert projected_hours_saved(400, 400, 0.02) == 0.0
+    assert projected_hours_saved(None, 200, 0.01) is None and projected_hours_saved(400, 0, 0.0) is None

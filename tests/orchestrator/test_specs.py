@@ -138,3 +138,12 @@ def test_overrides_merge_through_the_parent_chain() -> None:
 def test_inline_spec_with_parent() -> None:
     spec = resolve({"name": "G-r16", "parent": "G", "flow": {"rank": 16}})
     assert (spec.name, spec.parent, spec.flow.kind, spec.flow.rank) == ("G-r16", "G", "asymflow", 16)
+
+
+def test_an_inline_arms_own_fields_win_over_the_grid_overrides() -> None:
+    """The arm's change is what it tests: a grid-wide lr must not silently replace it; the rest applies."""
+    over = {"model": {"size": "tiny"}, "schedule": {"lr": 2e-3, "warmup_steps": 30, "steps": 400}}
+    hot = resolve({"name": "A-hot", "parent": "A", "schedule": {"lr": 5e-2, "warmup_steps": 150}}, over)
+    assert (hot.schedule.lr, hot.schedule.warmup_steps, hot.schedule.steps, hot.model.size) == (5e-2, 150, 400, "tiny")
+    plain = resolve("A", over)  # an arm file's values are adapted by the overrides
+    assert (plain.schedule.lr, plain.schedule.warmup_steps) == (2e-3, 30)
