@@ -61,14 +61,14 @@ def demo_lpips(settings: Settings) -> tuple[str, str]:
     offline, the labelled random stand-in (a demo must run anywhere; `ablate train` errors instead)."""
     if settings.lpips_weights:
         return "alexnet", f"LPIPS: AlexNet backbone from {settings.lpips_weights} (ABLATE_LPIPS_WEIGHTS)"
-    from model.perceptual import LPIPSWeightsError, ensure_alexnet_weights
+    from model.perceptual import WEIGHTS_ENV, LPIPSWeightsError, ensure_alexnet_weights
 
     try:
         path = ensure_alexnet_weights()
     except LPIPSWeightsError as exc:
         return "random_standin", (
-            "[yellow]LPIPS: random stand-in backbone (metrics labelled 'random_standin'): "
-            f"{str(exc).split(';')[0]}[/yellow]"
+            f"[yellow]LPIPS: random stand-in backbone (metrics labelled 'random_standin'), because {exc.reason}; "
+            f"for real LPIPS set {WEIGHTS_ENV}=alexnet.pth[/yellow]"
         )
     return "alexnet", f"LPIPS: AlexNet backbone from {path}"
 

@@ -1,5 +1,7 @@
 """`ablate demo` end to end, as the Quickstart runs it: a subprocess on embedded defaults (SQLite, a
-local Ray with 4 logical GPUs), then the stored result is checked (about 90 s on 2 cores)."""
+local Ray with 5 logical GPUs), then the stored result is checked (about 3 minutes on 2 cores): A-D
+improve and complete, the arm whose lr is too high is stopped by the detector with its best checkpoint
+kept, and the tables and the dashboard's data say so."""
 
 from __future__ import annotations
 
@@ -10,20 +12,31 @@ from pathlib import Path
 
 from sqlalchemy import create_engine, text
 
+from orchestrator.dashboard.data import grid_detail
+from orchestrator.db.models import Grid
+from orchestrator.db.session import session_scope
 
-def test_demo_trains_arms_a_to_d_on_four_gpus_and_improves_lpips(tmp_path: Path) -> None:
+BROKEN = "A-lr5e-2"
+
+
+def test_demo_trains_five_arms_and_the_detector_stops_the_broken_one(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ABLATE_", "RAY_"))}
-    env.update(ABLATE_STORAGE_DIR=str(tmp_path), PYTHONUNBUFFERED="1", COLUMNS="160")
+    # offline: nothing downloads, LPIPS is the labelled stand-in
+    env.update(ABLATE_STORAGE_DIR=str(tmp_path), ABLATE_OFFLINE="1", PYTHONUNBUFFERED="1", COLUMNS="250")
     proc = subprocess.run(
         [sys.executable, "-m", "orchestrator.cli", "demo"],
         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "result per arm" in proc.stdout
+    result = proc.stdout[proc.stdout.index("result per arm"):]
 
-    engine = create_engine(f"sqlite:///{tmp_path / 'demo.db'}")
+    database_url = f"sqlite:///{tmp_path / 'demo.db'}"
+    engine = create_engine(database_url)
     with engine.connect() as conn:
-        runs = conn.execute(text("SELECT id, arm, state, gpu_index, best_value, best_checkpoint FROM runs")).all()
+        runs = {r.arm: r for r in conn.execute(text(
+            "SELECT id, grid_id, arm, state, gpu_index, decision, decision_step, best_step, best_value, "
+            "best_checkpoint FROM runs"
+        ))}
         first_rows = conn.execute(text(
             "SELECT run_id, recon_lpips FROM metrics m "
             "WHERE step = (SELECT MIN(step) FROM metrics WHERE run_id = m.run_id)"
@@ -32,10 +45,29 @@ def test_demo_trains_arms_a_to_d_on_four_gpus_and_improves_lpips(tmp_path: Path)
         labels = {row[0] for row in conn.execute(text("SELECT DISTINCT lpips_backbone FROM metrics"))}
     engine.dispose()
 
-    assert sorted(r.arm for r in runs) == ["A", "B", "C", "D"]
-    assert {r.state for r in runs} <= {"completed", "stopped"}
-    assert len({r.gpu_index for r in runs}) == 4, "each arm pinned to its own logical GPU"
-    for r in runs:
-        assert r.best_value < firsts[r.id], f"arm {r.arm}: recon LPIPS never improved on its first checkpoint"
+    assert sorted(runs) == sorted(["A", "B", "C", "D", BROKEN])
+    assert len({r.gpu_index for r in runs.values()}) == 5, "each arm pinned to its own logical GPU"
+    for arm in "ABCD":
+        r = runs[arm]
+        assert (r.state, r.decision) == ("completed", "continue"), (arm, r.state, r.decision)
+        assert r.best_value < firsts[r.id], f"arm {arm}: recon LPIPS never improved on its first checkpoint"
         assert r.best_checkpoint and Path(r.best_checkpoint).exists()
+    broken = runs[BROKEN]
+    assert broken.state == "stopped" and broken.decision in {"collapse", "diverged"}, (broken.state, broken.decision)
+    assert broken.decision_step < 400, "stopped before its last step"
+    assert broken.best_step < broken.decision_step and Path(broken.best_checkpoint).exists()
     assert labels == {"random_standin"}, "offline demo metrics are labelled as stand-in LPIPS"
+
+    # The final table and the lines under it: the stop, its reason, the kept checkpoint, the hours saved.
+    assert f"stopped / {broken.decision} @{broken.decision_step}" in result and "CPU-h saved" in result
+    assert f"{BROKEN} stopped by the detector at step {broken.decision_step}" in result
+    assert f"kept its best checkpoint, step {broken.best_step}: {broken.best_checkpoint}" in result
+    assert "reason: recon_lpips" in result
+    broken_row = next(line for line in result.splitlines() if line.startswith(f"│ {BROKEN}"))
+    assert broken_row.rstrip(" │").endswith(" s)"), broken_row  # "0.0221 (80 s)": hours saved, with seconds
+
+    # The dashboard's data for the grid marks the stop (the page draws it as ✕ with the reason).
+    with session_scope(database_url) as session:
+        grid = grid_detail(session, session.get(Grid, broken.grid_id))
+    stops = {r["arm"]: (r["stopped"], r["decision_step"]) for r in grid["runs"]}
+    assert stops[BROKEN] == (True, broken.decision_step) and not any(stops[a][0] for a in "ABCD")
