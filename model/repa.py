@@ -8,8 +8,13 @@ Teachers:
   architecture is DINOv2's own, from torch.hub's copy of the fixed official repository
   (facebookresearch/dinov2). A spec never names code: no TorchScript, no hub directory with a
   hubconf.py (torch.hub.load(source="local") would execute it on the worker).
+- dinov2 without a path: DINOv2 ViT-B/14 (the REPA paper's teacher), architecture and pretrained
+  weights through torch.hub from that official repository into torch's hub cache, once.
 - random_standin: a frozen random conv net (fixed seed), for tests and the demo only; it is
   labelled "random_standin" on every run that used it.
+
+The official repository (and pretrained weights) come from torch's hub cache, downloaded there when
+missing; with ABLATE_OFFLINE=1 only from the cache, else an error saying how to provide them.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from model.hub import OFFLINE_ENV, download_timeout, offline
 from model.spec import RepaSpec
 
 TEACHER_RES = 224  # DINOv2's training resolution: 16 x 16 patches of 14 px
@@ -74,6 +80,8 @@ def _random_standin(device: torch.device | str) -> Teacher:
 
 
 DINOV2_REPO = "facebookresearch/dinov2"  # the architecture's source: fixed, never from a spec
+DINOV2_REF = "main"  # its branch, named so torch.hub needs no network lookup to find its cached copy
+HUB_ARCH = "dinov2_vitb14"  # without a teacher_path: ViT-B/14, the teacher the REPA paper aligns to
 # DINOv2 backbones by embedding width (patch 14): what a state dict's shapes say its architecture is.
 DINOV2_BY_DIM = {384: "dinov2_vits14", 768: "dinov2_vitb14", 1024: "dinov2_vitl14", 1536: "dinov2_vitg14"}
 WEIGHT_SUFFIXES = (".pt", ".pth", ".bin")
@@ -106,20 +114,37 @@ def _dinov2_arch(state: dict[str, Tensor], path: Path) -> str:
     return DINOV2_BY_DIM[dim]
 
 
-def _load_dinov2(path: Path, device: torch.device | str) -> Teacher:
-    state = _load_state_dict(path)
-    arch = _dinov2_arch(state, path)
+def hub_cache_paths(arch: str = HUB_ARCH) -> tuple[Path, Path]:
+    """Where torch.hub keeps the official dinov2 repository and `arch`'s pretrained weights."""
+    hub = Path(torch.hub.get_dir())
+    owner, name = DINOV2_REPO.split("/")
+    return hub / f"{owner}_{name}_{DINOV2_REF}", hub / "checkpoints" / f"{arch}_pretrain.pth"
+
+
+def _hub_load(arch: str, pretrained: bool) -> nn.Module:
+    """DINOv2 `arch` through torch.hub from the official repository (and its pretrained weights when
+    asked): from torch's hub cache, downloaded there when missing unless ABLATE_OFFLINE is set."""
+    repo_dir, weights = hub_cache_paths(arch)
+    put = f"put {DINOV2_REPO}'s repository at {repo_dir}" + (f" and {weights.name} at {weights}" if pretrained else "")
+    advice = f"set repa.teacher_path to a DINOv2 weights file, {put}, or set repa.teacher: random_standin"
+    if offline() and not (repo_dir.is_dir() and (weights.is_file() or not pretrained)):
+        missing = f"DINOv2 {arch} is not in torch's hub cache and {OFFLINE_ENV} forbids downloading it"
+        raise TeacherError(f"{missing}: {advice}")
     try:
-        net = torch.hub.load(DINOV2_REPO, arch, pretrained=False, trust_repo=True)
-    except Exception as exc:  # offline without a cached copy, or a hub error
+        with download_timeout():
+            return torch.hub.load(
+                f"{DINOV2_REPO}:{DINOV2_REF}", arch, pretrained=pretrained, trust_repo=True, skip_validation=True,
+                verbose=False,
+            )
+    except Exception as exc:  # noqa: BLE001 - URLError, HTTPError, a broken cache: one user error
         raise TeacherError(
-            f"the {arch} architecture comes from torch.hub's copy of {DINOV2_REPO}, which could not be loaded "
-            f"({exc}); run once with network access or set repa.teacher: random_standin"
+            f"DINOv2 {arch} could not be loaded through torch.hub from {DINOV2_REPO} "
+            f"({type(exc).__name__}: {exc}): {advice}"
         ) from None
-    try:
-        net.load_state_dict(state)
-    except RuntimeError as exc:
-        raise TeacherError(f"repa.teacher_path {path} does not match {arch}: {exc}") from None
+
+
+def _frozen_teacher(net: nn.Module, device: torch.device | str) -> Teacher:
+    """A DINOv2 net (forward_features -> patch tokens), frozen, as a Teacher."""
 
     def patch_fn(x: Tensor) -> Tensor:
         return _tokens_to_map(net.forward_features(x))
@@ -132,15 +157,23 @@ def _load_dinov2(path: Path, device: torch.device | str) -> Teacher:
     return Teacher(net, probe.shape[1], "dinov2", patch_fn)
 
 
+def _load_dinov2(path: Path, device: torch.device | str) -> Teacher:
+    state = _load_state_dict(path)
+    arch = _dinov2_arch(state, path)
+    net = _hub_load(arch, pretrained=False)
+    try:
+        net.load_state_dict(state)
+    except RuntimeError as exc:
+        raise TeacherError(f"repa.teacher_path {path} does not match {arch}: {exc}") from None
+    return _frozen_teacher(net, device)
+
+
 def build_teacher(repa: RepaSpec, device: torch.device | str) -> Teacher:
     """The frozen teacher named by the spec; raises TeacherError with the fix when it cannot load."""
     if repa.teacher == "random_standin":
         return _random_standin(device)
     if not repa.teacher_path:
-        raise TeacherError(
-            "repa.teacher 'dinov2' needs repa.teacher_path (a DINOv2 weights file, e.g. "
-            "dinov2_vitb14_pretrain.pth), or set repa.teacher: random_standin (a labelled stand-in)"
-        )
+        return _frozen_teacher(_hub_load(HUB_ARCH, pretrained=True), device)
     path = Path(repa.teacher_path).expanduser()
     if not path.exists():
         raise TeacherError(f"repa.teacher_path {path} does not exist; or set repa.teacher: random_standin")

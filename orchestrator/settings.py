@@ -82,6 +82,10 @@ class Settings(BaseSettings):
     # Per-GPU memory an arm's estimated peak may use, in GiB. 0: the largest GPU among the probed nodes;
     # with none probed, only the training state is checked, against the largest GPU there is (141 GiB).
     max_gpu_memory_gib: Annotated[float, Field(ge=0)] = 0.0
+    # True: pretrained weights (LPIPS's AlexNet, REPA's DINOv2) are never downloaded; missing ones are an
+    # error naming the fix. Read where the weights load (model/hub.py); declared here so a bad value
+    # stops start-up.
+    offline: bool = False
 
     @field_validator("database_url")
     @classmethod

@@ -1,10 +1,21 @@
-"""REPA: loss values, TREAD-aware gathering, warm-down schedule, teacher loading and refusals."""
+"""REPA: loss values, TREAD-aware gathering, warm-down schedule, teacher loading and refusals.
+Nothing here downloads: torch's hub cache is a temporary TORCH_HOME the tests fill themselves."""
+
+import socket
 
 import pytest
 import torch
 from torch import nn
 
-from model.repa import STANDIN_DIM, RepaProjector, TeacherError, build_teacher, repa_loss, repa_weight
+from model.repa import (
+    STANDIN_DIM,
+    RepaProjector,
+    TeacherError,
+    build_teacher,
+    hub_cache_paths,
+    repa_loss,
+    repa_weight,
+)
 from model.spec import RepaSpec
 
 
@@ -48,11 +59,108 @@ def test_weight_schedule():
     assert repa_weight(RepaSpec(enabled=False, weight=0.5), 0, 5000) == 0.0
 
 
-def test_dinov2_without_path_names_the_fix():
-    with pytest.raises(TeacherError, match=r"repa.teacher_path.*random_standin"):
+# Stands in for the official repository's hubconf.py in torch's hub cache (operator-level, never from a
+# spec): a DINOv2-shaped ViT-B/14 whose pretrained weights load the way the real ones do, through
+# torch.hub's weights cache.
+FAKE_HUBCONF = """
+import torch
+from torch import nn
+
+dependencies = ["torch"]
+
+
+class PatchNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, 768))
+        self.patch = nn.Conv2d(3, 768, 14, stride=14)
+
+    def forward_features(self, x):
+        return {"x_norm_patchtokens": self.patch(x).flatten(2).transpose(1, 2)}
+
+
+def dinov2_vitb14(pretrained=True, **kwargs):
+    model = PatchNet()
+    if pretrained:
+        url = "https://dl.fbaipublicfiles.com/dinov2/dinov2_vitb14/dinov2_vitb14_pretrain.pth"
+        model.load_state_dict(torch.hub.load_state_dict_from_url(url, map_location="cpu"))
+    return model
+"""
+
+
+@pytest.fixture
+def torch_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch_home"))
+    return tmp_path / "torch_home"
+
+
+def _cache_repo() -> None:
+    repo_dir, _ = hub_cache_paths()
+    repo_dir.mkdir(parents=True)
+    (repo_dir / "hubconf.py").write_text(FAKE_HUBCONF)
+
+
+def _state(seed: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {"cls_token": torch.randn(1, 1, 768, generator=g), "patch.weight": torch.randn(768, 3, 14, 14, generator=g),
+            "patch.bias": torch.randn(768, generator=g)}
+
+
+def test_dinov2_offline_and_not_cached_names_the_fix(torch_home, monkeypatch):
+    monkeypatch.setenv("ABLATE_OFFLINE", "1")
+    repo_dir, weights = hub_cache_paths()
+    assert (repo_dir, weights) == (torch_home / "hub/facebookresearch_dinov2_main",
+                                   torch_home / "hub/checkpoints/dinov2_vitb14_pretrain.pth")
+    with pytest.raises(TeacherError) as err:
         build_teacher(RepaSpec(enabled=True), "cpu")
+    msg = str(err.value)
+    assert "ABLATE_OFFLINE forbids downloading" in msg and str(repo_dir) in msg and str(weights) in msg
+    assert "repa.teacher_path" in msg and "random_standin" in msg
     with pytest.raises(TeacherError, match="does not exist"):
         build_teacher(RepaSpec(enabled=True, teacher_path="/nonexistent/dinov2.pt"), "cpu")
+
+
+def test_dinov2_from_torch_hubs_cache_loads_offline(torch_home, monkeypatch):
+    """The cache-hit path without a teacher_path: the repository and the pretrained weights where
+    torch.hub keeps them load with no network."""
+    monkeypatch.setenv("ABLATE_OFFLINE", "1")
+    _cache_repo()
+    _, weights = hub_cache_paths()
+    weights.parent.mkdir(parents=True)
+    state = _state(0)
+    torch.save(state, weights)
+    teacher = build_teacher(RepaSpec(enabled=True), "cpu")
+    assert teacher.label == "dinov2" and teacher.dim == 768
+    assert torch.equal(teacher.net.patch.weight, state["patch.weight"])  # the cached weights, not a fresh init
+    assert teacher.features(torch.zeros(1, 3, 32, 32), (4, 4)).shape == (1, 16, 768)
+
+
+def test_a_weights_file_takes_its_architecture_from_the_cached_repository(torch_home, monkeypatch, tmp_path):
+    """repa.teacher_path: a plain state dict; its architecture from the official repository's cached copy."""
+    monkeypatch.setenv("ABLATE_OFFLINE", "1")
+    _cache_repo()
+    state = _state(1)
+    path = tmp_path / "my_dinov2.pth"
+    torch.save(state, path)
+    teacher = build_teacher(RepaSpec(enabled=True, teacher_path=str(path)), "cpu")
+    assert teacher.label == "dinov2" and torch.equal(teacher.net.patch.weight, state["patch.weight"])
+
+
+def test_dinov2_failed_download_names_the_fix(torch_home, monkeypatch):
+    """Online, torch.hub's download of the repository goes through a proxy that refuses connections."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.setenv("ABLATE_OFFLINE", "0")
+    for var in ("https_proxy", "HTTPS_PROXY", "http_proxy", "HTTP_PROXY"):
+        monkeypatch.setenv(var, f"http://127.0.0.1:{port}")
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    with pytest.raises(TeacherError) as err:
+        build_teacher(RepaSpec(enabled=True), "cpu")
+    msg = str(err.value)
+    assert "could not be loaded through torch.hub from facebookresearch/dinov2" in msg
+    assert "URLError" in msg and "random_standin" in msg
 
 
 def test_not_a_weights_file_is_a_clear_error(tmp_path):

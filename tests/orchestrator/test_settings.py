@@ -40,6 +40,7 @@ def test_variables_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
         ("ABLATE_SCHEDULER_INTERVAL_S", "0"),
         ("ABLATE_API_TOKEN", "x"),  # a 1-character token would be the only guard on every write
         ("ABLATE_MAX_BODY_BYTES", "10"),
+        ("ABLATE_OFFLINE", "maybe"),
     ],
 )
 def test_invalid_value_names_the_variable(monkeypatch: pytest.MonkeyPatch, name: str, value: str) -> None:
