@@ -67,11 +67,17 @@ SYSTEM_PACKAGES = "chromium openssh-server postgresql iproute2"
 INSTALL_LINE = f"apt-get install -y --no-install-recommends {SYSTEM_PACKAGES}"
 
 
-@pytest.hookimpl(trylast=True)
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """End a run that skipped tests with their count and the line that installs what they need."""
-    skipped = terminalreporter.stats.get("skipped", [])
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_sessionfinish(session: pytest.Session) -> Iterator[None]:
+    """After pytest's own summary, as the run's last line: how many tests skipped, and the line that
+    installs what they need (outermost wrapper, so it follows the final counts)."""
+    result = yield
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    skipped = reporter.stats.get("skipped", []) if reporter is not None else []
     if skipped:
-        terminalreporter.write_sep(
-            "=", f"{len(skipped)} skipped (reasons: pytest -rs); to run every test: {INSTALL_LINE}", yellow=True
+        n = len(skipped)
+        reporter.write_line(
+            f"{n} test{'s' if n > 1 else ''} skipped (reasons: pytest -rs); to run every test: {INSTALL_LINE}",
+            yellow=True,
         )
+    return result
