@@ -1,11 +1,13 @@
-"""The real trainer on one CUDA GPU with everything on: regional compile, the compiled Muon step, EMA,
-REPA, AsymFlow and (arm I) the FP8 autotune, then a stop and a resume.
+"""The real trainer on one CUDA GPU with everything on: whole-model compile (optionally as CUDA graphs),
+the compiled BatchedMuon step, EMA, REPA, AsymFlow and (arm I) FP8 with its speed recorded, then a stop
+and a resume.
 
 For each arm: train to step N/2 and stop through `should_stop` (as the controller's graceful stop
 does), resume to N in a fresh `train_arm` call, and compare with an uninterrupted run to N: the
 resumed losses, the fallbacks and the FP8 choice are printed. Not a CI test (needs a GPU).
 
     python bench/trainer_cuda_check.py --arms G I --size small --steps 60
+    python bench/trainer_cuda_check.py --arms I B --size tiny --steps 10 --compile-mode reduce-overhead
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from model.spec import ArmSpec
 from worker.train import train_arm
 
 
-def spec_for(arm: str, size: str, steps: int, compile: bool) -> ArmSpec:
+def spec_for(arm: str, size: str, steps: int, compile: bool, compile_mode: str = "default") -> ArmSpec:
     from orchestrator.arms import resolve  # a bench may use the controller's arm files
 
     overrides = {
@@ -30,7 +32,7 @@ def spec_for(arm: str, size: str, steps: int, compile: bool) -> ArmSpec:
                      "ema": {"warmup_steps": 5}},
         "eval": {"num_samples": 8, "sampler_steps": 10, "lpips_backbone": "random_standin"},
         "repa": {"teacher": "random_standin"},
-        "precision": {"compile": compile},
+        "precision": {"compile": compile, "compile_mode": compile_mode},
     }
     return resolve(arm, overrides)
 
@@ -54,9 +56,10 @@ def main() -> None:
     ap.add_argument("--size", default="small")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--device", default="cuda", help="cpu for a dry run of the script (no compile)")
+    ap.add_argument("--compile-mode", default="default", choices=["default", "reduce-overhead"])
     args = ap.parse_args()
     for arm in args.arms:
-        spec = spec_for(arm, args.size, args.steps, compile=args.device != "cpu")
+        spec = spec_for(arm, args.size, args.steps, compile=args.device != "cpu", compile_mode=args.compile_mode)
         root = Path(tempfile.mkdtemp(prefix=f"cuda-check-{arm}-"))
         t0 = time.monotonic()
         straight = run(spec, root / "straight", args.device)
@@ -74,6 +77,8 @@ def main() -> None:
             "fallbacks": straight[-1].get("fallbacks"),
             "fp8_linears": len(straight[-1].get("fp8_linears") or []),
             "fp8_linears_after_resume": len(resumed[-1].get("fp8_linears") or []),
+            "fp8_autotune": straight[-1].get("fp8_autotune"),
+            "compile_mode": args.compile_mode,
             "device": straight[-1].get("device_name"),
             "seconds": {"uninterrupted": round(t1 - t0, 1), "stop_and_resume": round(t2 - t1, 1)},
         }, default=str), flush=True)
