@@ -79,6 +79,13 @@ def connect_ray(settings: Settings, **init_kwargs: Any) -> None:
     """Join the configured cluster, or start a local Ray (declaring settings.logical_gpus GPUs if > 0)."""
     import signal
 
+    token = settings.cluster_token_file if settings.ray_address else None
+    if token is not None:
+        # Before `import ray`: Ray reads the auth mode and token path from the environment when it is
+        # imported (set later, a driver is refused with "Authentication token is missing or incorrect").
+        from orchestrator.cluster import auth_env
+
+        os.environ.update(auth_env(token))
     import ray
 
     if ray.is_initialized():
@@ -88,11 +95,6 @@ def connect_ray(settings: Settings, **init_kwargs: Any) -> None:
     in_main = threading.current_thread() is threading.main_thread()
     previous = signal.getsignal(signal.SIGTERM) if in_main else None
     if settings.ray_address:
-        token = settings.cluster_token_file
-        if token is not None:  # Ray reads the mode and token path from the environment of the process
-            from orchestrator.cluster import auth_env
-
-            os.environ.update(auth_env(token))
         ray.init(address=settings.ray_address, **kwargs)
     else:
         if settings.logical_gpus > 0:

@@ -1,0 +1,237 @@
+"""A node is lost mid-grid and its arms resume on the other node from checkpoint storage.
+
+On the test bed: two namespace nodes joined to the token-auth Ray head over real SSH, the real
+scheduler in its own process (the controller declares no GPUs), checkpoints stored in an
+S3-compatible server (moto) that listens on the controller's bridge address, with the usual AWS
+credentials file in each node user's home. While the arms train, one node is killed: its Ray
+processes (SIGKILL), then its link. Its arms re-queue, resume on the surviving node from the newest
+checkpoint in S3 (the survivor's disk has none of theirs), and finish with every metric present
+once; each arm's results equal an uninterrupted run of the same spec on CPU, value for value.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from sqlalchemy import select
+
+from orchestrator.cluster import RayHead, session_pids
+from orchestrator.db.models import Event, Metric, Run
+from orchestrator.db.session import session_scope
+from orchestrator.grids import GridCreate, create_grid
+from orchestrator.nodes import NodeCreate, add_node, bootstrap_node
+from orchestrator.vocabulary import TERMINAL_STATES, RunState
+from tests.cluster.conftest import ROOT, node_config
+from tests.cluster.testbed import BedNode, TestBed
+
+TINY: dict[str, Any] = {
+    "model": {"size": "tiny", "depth": 3, "identity_tokens": 4},
+    "data": {"dataset": "shapes", "num_images": 32, "held_out": 2},
+    "schedule": {"steps": 80, "batch_size": 2, "warmup_steps": 2, "checkpoint_every": 10, "ema": {"warmup_steps": 2}},
+    "eval": {"num_samples": 2, "sampler_steps": 2, "lpips_backbone": "random_standin"},
+    "precision": {"mode": "fp32"},
+}
+BUCKET = "ablate-bed"
+CREDENTIALS = ("ablate-bed", "ablate-bed-secret")  # moto accepts any; nothing leaves the machine
+
+
+@pytest.fixture(scope="module")
+def s3_on_bridge(testbed: TestBed) -> Iterator[str]:
+    """moto's S3 server on the controller's bridge address (reachable from every node), a bucket in it."""
+    server_mod = pytest.importorskip("moto.server")
+    server = server_mod.ThreadedMotoServer(ip_address=testbed.controller_ip, port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    from worker.storage import open_fs
+
+    names = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")
+    saved = {k: os.environ.get(k) for k in names}
+    os.environ.update(zip(names, (*CREDENTIALS, "us-east-1"), strict=True))
+    try:
+        fs, _ = open_fs(f"s3://{BUCKET}", {"endpoint_url": endpoint})
+        fs.mkdir(BUCKET)
+        yield endpoint
+    finally:
+        server.stop()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _aws_profile(node: BedNode) -> None:
+    """The usual credentials and config files in the node user's home, readable by that user only."""
+    aws = node.home / ".aws"
+    aws.mkdir(mode=0o700, exist_ok=True)
+    (aws / "credentials").write_text(
+        f"[default]\naws_access_key_id = {CREDENTIALS[0]}\naws_secret_access_key = {CREDENTIALS[1]}\n"
+    )
+    (aws / "config").write_text("[default]\nregion = us-east-1\n")
+    for path in (aws, aws / "credentials", aws / "config"):
+        os.chown(path, node.uid, node.uid)
+        path.chmod(0o700 if path.is_dir() else 0o600)
+
+
+@pytest.fixture(scope="module")
+def cluster(database_url: str, testbed: TestBed, ray_head: RayHead, s3_on_bridge: str) -> Iterator[dict[str, Any]]:
+    """Both nodes joined for real, and the scheduler in its own process storing checkpoints in S3."""
+    for node in testbed.nodes:
+        _aws_profile(node)
+        with session_scope(database_url) as session:
+            add_node(
+                session,
+                NodeCreate(
+                    name=node.name,
+                    host=node.ip,
+                    user=node.user,
+                    key_path=str(node.client_key),
+                    known_hosts_path=str(node.known_hosts),
+                ),
+            )
+        bootstrap_node(database_url, node.name, node_config(testbed, ray_head))
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "ABLATE_DATABASE_URL": database_url,
+        "ABLATE_RAY_ADDRESS": ray_head.address,
+        "ABLATE_RAY_TOKEN_FILE": str(ray_head.token_file),
+        "ABLATE_STORAGE_DIR": str(testbed.storage),  # type: ignore[attr-defined]
+        "ABLATE_SCHEDULER_INTERVAL_S": "0.3",
+        "ABLATE_WORKER_THREADS": "1",
+        "ABLATE_RAY_NAMESPACE": f"ablate-lost-{os.getpid()}",
+        "ABLATE_CHECKPOINT_URL": f"s3://{BUCKET}/nightly",
+        "ABLATE_CHECKPOINT_OPTIONS": json.dumps({"endpoint_url": s3_on_bridge}),
+        "ABLATE_CHECKPOINT_KEEP_LAST": "1",
+    }
+    log = (testbed.root / "scheduler-lost.log").open("wb")
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.scheduler"], env=env, stdout=log,
+                            stderr=subprocess.STDOUT)
+    try:
+        yield {"endpoint": s3_on_bridge, "log": testbed.root / "scheduler-lost.log"}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def _runs(database_url: str, ids: list[int]) -> list[Run]:
+    with session_scope(database_url) as session:
+        return [session.get_one(Run, i) for i in ids]
+
+
+def _stored(database_url: str, run_id: int) -> int:
+    with session_scope(database_url) as session:
+        steps = [
+            d["step"]
+            for d in session.scalars(
+                select(Event.data).where(Event.run_id == run_id, Event.kind == "checkpoint.stored")
+            )
+        ]
+    return max(steps, default=0)
+
+
+def _wait(check: Any, what: str, timeout: float, log: Path) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = check()
+        if result:
+            return result
+        time.sleep(0.3)
+    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}; scheduler log:\n{log.read_text()[-4000:]}")
+
+
+def _lose(testbed: TestBed, node: BedNode) -> None:
+    """The node dies: every process of its Ray session and of its user SIGKILLed, then its link down."""
+    sid = int((node.home / "ablate" / "ray" / "session").read_text())
+    for pid in session_pids(sid) + testbed.node_processes(node):
+        if Path(f"/proc/{pid}/comm").exists() and Path(f"/proc/{pid}/comm").read_text().strip() != "sshd":
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    veth = f"{testbed.tag}v{testbed.nodes.index(node)}"
+    subprocess.run(["ip", "link", "set", "dev", veth, "down"], check=True, capture_output=True, timeout=30)
+
+
+def _uninterrupted(spec: dict[str, Any], out: Path) -> list[dict[str, Any]]:
+    """The same spec trained straight through on CPU, one thread, as the node workers do."""
+    from model.spec import ArmSpec
+    from worker.train import train_arm
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return list(train_arm(ArmSpec.model_validate(spec), out))
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_lost_node_s_arms_resume_on_the_other_node_from_storage(
+    database_url: str, testbed: TestBed, cluster: dict[str, Any], tmp_path: Path
+) -> None:
+    log = cluster["log"]
+    with session_scope(database_url) as session:
+        grid = create_grid(session, GridCreate(name="lost-node", arms=["A", "B"], overrides=TINY))
+        ids = [r.id for r in grid.runs]
+    # Both arms running, each with two checkpoints already in S3.
+    _wait(lambda: all(_stored(database_url, i) >= 20 for i in ids), "two stored checkpoints per arm", 240, log)
+    runs = _runs(database_url, ids)
+    assert all(r.state == RunState.running for r in runs), [(r.arm, r.state, r.error) for r in runs]
+    victim_ip = runs[0].nodes[-1].split("(")[-1].rstrip(")")
+    victim = next(n for n in testbed.nodes if n.ip == victim_ip)
+    survivor = next(n for n in testbed.nodes if n is not victim)
+    on_victim = [r.id for r in runs if r.nodes[-1].endswith(f"({victim.ip})")]
+    stored_at_loss = {i: _stored(database_url, i) for i in on_victim}
+    _lose(testbed, victim)
+
+    _wait(lambda: all(r.state in TERMINAL_STATES for r in _runs(database_url, ids)), "both arms to finish", 420, log)
+    with session_scope(database_url) as session:
+        for run in session.scalars(select(Run).where(Run.id.in_(ids))):
+            assert run.state == RunState.completed, (run.arm, run.state, run.error)
+            steps = list(session.scalars(select(Metric.step).where(Metric.run_id == run.id).order_by(Metric.step)))
+            assert steps == list(range(10, 81, 10)), (run.arm, steps)  # contiguous, none twice
+            events = list(session.scalars(select(Event).where(Event.run_id == run.id).order_by(Event.id)))
+            fetched = [e for e in events if e.kind == "checkpoint.fetched"]
+            if run.id in on_victim:
+                # Re-queued once, resumed on the survivor from the newest checkpoint stored in S3.
+                assert run.retries == 1, run.arm
+                assert [n.split("(")[-1].rstrip(")") for n in run.nodes] == [victim.ip, survivor.ip]
+                assert len(fetched) == 1 and fetched[0].data["step"] >= stored_at_loss[run.id]
+                assert fetched[0].data["url"] == run.checkpoint_url
+            else:
+                assert run.retries == 0 and fetched == [] and run.nodes[-1].endswith(f"({survivor.ip})")
+            # The same values as the same spec trained without interruption on CPU.
+            straight = _uninterrupted(run.spec, tmp_path / run.arm)
+            metrics = session.scalars(select(Metric).where(Metric.run_id == run.id).order_by(Metric.step)).all()
+            for m, r in zip(metrics, straight, strict=True):
+                assert (m.step, m.train_loss, m.grad_norm, m.recon_lpips, m.text_lpips) == (
+                    r["step"], r["train_loss"], r["grad_norm"], r["recon_lpips"], r["text_lpips"]
+                ), run.arm
+            url = run.checkpoint_url
+            assert url.startswith(f"s3://{BUCKET}/nightly/run-{run.id}-")
+            from worker.storage import open_fs
+
+            fs, root = open_fs(url, {"endpoint_url": cluster["endpoint"]})
+            assert sorted(n.rsplit("/", 1)[-1] for n in fs.ls(root, detail=False)) == [
+                "best.pt", "ckpt_0000080.pt", "metrics.jsonl", "records.jsonl"
+            ]
+            stored = torch.load(fs.open(f"{root}/ckpt_0000080.pt"), weights_only=False)
+            local = torch.load(tmp_path / run.arm / "ckpt_0000080.pt", weights_only=False)
+            assert all(torch.equal(stored["model"][k], local["model"][k]) for k in local["model"])
+    assert on_victim, "the lost node ran at least one arm"
