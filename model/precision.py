@@ -25,7 +25,7 @@ import contextlib
 import dataclasses
 import fnmatch
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -53,9 +53,6 @@ class PrecisionReport:
     autotune: str | None = None  # what chose the FP8 set and how fast it was ("all 72 ...", "kept 4 of 4 ...")
     emulated: bool = False  # float8 emulated (CPU): FP8 numerics, no float8 kernels
     fp8_timings: list[dict] = field(default_factory=list)  # per shape: dims, tokens, bf16_ms, fp8_ms, speedup
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 def _device(device: torch.device | str) -> torch.device:
@@ -278,9 +275,7 @@ def convert_fp8(
         )
     if fp8_linears is not None:
         reuse_fp8_set(decisions, fp8_linears, report)
-    elif not candidates:
-        pass  # nothing to time
-    elif report.autotune is None:
+    elif report.autotune is None:  # set whenever there is nothing to time (no candidates, not CUDA, ...)
         assert tokens is not None
         timer = time_linear or cuda_time_linear
         try:

@@ -27,9 +27,6 @@ class TextEncoderError(ValueError):
     """A caption or configuration the encoder cannot serve; the message names it and the fix."""
 
 
-words = tokenize  # the vocabulary (dataset.caption_words) and the encoder must split captions alike
-
-
 class TextEncoder(nn.Module):
     """Captions -> (token states (B, L, dim) float32, mask (B, L) bool with True = real token).
 
@@ -82,7 +79,7 @@ class LearnedTextEncoder(TextEncoder):
         """(B, L) long ids (0 = pad, 1 = unknown word, 2 = empty caption) and the (B, L) bool mask."""
         ids = torch.zeros(len(captions), self.max_tokens, dtype=torch.long)
         for i, caption in enumerate(captions):
-            row = [self.index.get(w, 1) for w in words(caption)][: self.max_tokens] or [2]
+            row = [self.index.get(w, 1) for w in tokenize(caption)][: self.max_tokens] or [2]
             ids[i, : len(row)] = torch.tensor(row)
         return ids, ids != 0
 

@@ -3,13 +3,11 @@
 import pytest
 import torch
 from torch import nn
+from torchao.float8.float8_linear import Float8Linear
 
 from model.nanodit import NanoDiT
 from model.precision import CPU_FP8_EMULATED, PrecisionError, apply_precision, autocast_ctx, fp8_decision
 from orchestrator.arms import resolve
-
-pytest.importorskip("torchao.float8")
-from torchao.float8.float8_linear import Float8Linear  # noqa: E402
 
 TEXT_DIM = 32
 DEFAULT = ["*.attn.qkv", "*.attn.proj", "*.mlp.fc1", "*.mlp.fc2"]

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from model.data import build_dataset
+from model.data import build_dataset, tokenize
 from model.spec import ArmSpec
-from model.text import LearnedTextEncoder, MiniLMTextEncoder, TextEncoderError, build_text_encoder, words
+from model.text import LearnedTextEncoder, MiniLMTextEncoder, TextEncoderError, build_text_encoder
 
 
 def spec(**data: object) -> ArmSpec:
@@ -45,7 +45,7 @@ def test_learned_shapes_mask_and_unknown_words() -> None:
     assert ids[0, 1].item() == 1  # unknown word
     assert ids[1, :3].tolist() == [enc.index["a"], enc.index["red"], enc.index["circle"]]
     assert (states[~mask] == 0).all()
-    assert words("A red-circle, 2x! Café_au") == ["a", "red", "circle", "2x", "café", "au"]
+    assert tokenize("A red-circle, 2x! Café_au") == ["a", "red", "circle", "2x", "café", "au"]
 
 
 def test_learned_is_trainable_and_deterministic() -> None:

@@ -17,24 +17,18 @@ from pathlib import Path
 
 import httpx
 import pytest
+import ray
 from sqlalchemy import func, select
 
 from orchestrator.db.models import Event, Metric, Run
 from orchestrator.db.session import session_scope
 from orchestrator.vocabulary import TERMINAL_STATES
-
-ray = pytest.importorskip("ray")
+from tests.orchestrator.tiny import tiny_overrides
 
 NAMESPACE = "ablate-restart-test"
 TOKEN = "restart-test-token"
 INLINE = [{"parent": "A", "name": "A2"}, {"parent": "A", "name": "A3"}]
-TINY = {
-    "model": {"size": "tiny", "depth": 3, "identity_tokens": 4},
-    "data": {"dataset": "shapes", "num_images": 64, "held_out": 2},
-    "schedule": {"steps": 60, "batch_size": 4, "warmup_steps": 5, "checkpoint_every": 10, "ema": {"warmup_steps": 5}},
-    "eval": {"num_samples": 2, "sampler_steps": 2, "lpips_backbone": "random_standin"},
-    "precision": {"mode": "fp32"},
-}
+TINY = tiny_overrides(steps=60)
 
 
 @pytest.fixture(scope="module")

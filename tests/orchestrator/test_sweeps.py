@@ -48,22 +48,32 @@ class FakeClock:
         return self.now
 
 
-@pytest.fixture(scope="module")
-def node_name(database_url: str, sshd) -> str:  # noqa: ANN001
+def _add_node(database_url: str, **fields: object) -> str:
     with session_scope(database_url) as session:
-        add_node(
-            session,
-            NodeCreate(
-                name="night-node",
-                host=sshd.host,
-                port=sshd.port,
-                user=sshd.user,
-                key_path=str(sshd.client_key),
-                known_hosts_path=str(sshd.known_hosts),
-                price_per_hour=2.0,
-            ),
-        )
-    return "night-node"
+        add_node(session, NodeCreate(price_per_hour=2.0, **fields))  # type: ignore[arg-type]
+    return str(fields["name"])
+
+
+@pytest.fixture(scope="module")
+def ssh_node(database_url: str, sshd) -> str:  # noqa: ANN001
+    """A node on the loopback OpenSSH server, for the sweeps that provision, copy back and tear down."""
+    return _add_node(
+        database_url,
+        name="night-node",
+        host=sshd.host,
+        port=sshd.port,
+        user=sshd.user,
+        key_path=str(sshd.client_key),
+        known_hosts_path=str(sshd.known_hosts),
+    )
+
+
+@pytest.fixture(scope="module")
+def node_name(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A registered node that is never contacted: the tests that only fire schedules need no SSH server."""
+    key = tmp_path_factory.mktemp("keys") / "unused_ed25519"
+    key.write_text("never read: no test using this node opens a connection\n")
+    return _add_node(database_url, name="paper-node", host="192.0.2.1", user="nobody", key_path=str(key))
 
 
 @pytest.fixture(autouse=True)
@@ -117,12 +127,12 @@ def _set_run(database_url: str, run_id: int, **fields: object) -> None:
 def test_nightly_sweep_provisions_runs_copies_back_and_tears_down(
     database_url: str,
     sshd,  # noqa: ANN001
-    node_name: str,
+    ssh_node: str,
     tmp_path: Path,
 ) -> None:
     remote = sshd.workdir / "nightly"
     clock = FakeClock(DAY.replace(hour=12))
-    _schedule(database_url, "nightly", node_name, clock.now)
+    _schedule(database_url, "nightly", ssh_node, clock.now)
     runner = SweepRunner(database_url, tmp_path / "storage", clock=clock, node_config=_config(remote))
 
     clock.now = DAY.replace(hour=21, minute=59)
@@ -168,13 +178,13 @@ def test_nightly_sweep_provisions_runs_copies_back_and_tears_down(
     assert [m["recon_lpips"] for m in next(r for r in exported["runs"] if r["arm"] == "A")["metrics"]] == [0.95]
     assert not remote.exists()  # torn down: left the cluster and removed the working dir
     with session_scope(database_url) as session:
-        assert find_node(session, node_name).state == "registered"
+        assert find_node(session, ssh_node).state == "registered"
 
 
-def test_budget_cap_stops_the_sweep_gracefully(database_url: str, sshd, node_name: str, tmp_path: Path) -> None:  # noqa: ANN001
+def test_budget_cap_stops_the_sweep_gracefully(database_url: str, sshd, ssh_node: str, tmp_path: Path) -> None:  # noqa: ANN001
     remote = sshd.workdir / "budget"
     clock = FakeClock(DAY.replace(hour=12))
-    _schedule(database_url, "capped", node_name, clock.now, cron="0 21 * * *", budget=3.0)
+    _schedule(database_url, "capped", ssh_node, clock.now, cron="0 21 * * *", budget=3.0)
     runner = SweepRunner(database_url, tmp_path / "storage", clock=clock, node_config=_config(remote))
 
     clock.now = DAY.replace(hour=21)
@@ -270,12 +280,12 @@ def test_paused_schedule_does_not_fire_and_resume_skips_the_pause(
 def test_failing_bootstrap_fails_the_sweep_with_the_command(
     database_url: str,
     sshd,  # noqa: ANN001
-    node_name: str,
+    ssh_node: str,
     tmp_path: Path,
 ) -> None:
     remote = sshd.workdir / "broken"
     clock = FakeClock(DAY.replace(hour=12))
-    _schedule(database_url, "broken", node_name, clock.now, cron="0 20 * * *")
+    _schedule(database_url, "broken", ssh_node, clock.now, cron="0 20 * * *")
     config = _config(remote, install=["echo no space left on device >&2; exit 28", "touch {remote_dir}/never"])
     runner = SweepRunner(database_url, tmp_path, clock=clock, node_config=config)
     clock.now = DAY.replace(hour=20)
@@ -289,7 +299,7 @@ def test_failing_bootstrap_fails_the_sweep_with_the_command(
 def test_provisioning_error_other_than_node_error_fails_the_sweep_once(
     database_url: str,
     sshd,  # noqa: ANN001
-    node_name: str,
+    ssh_node: str,
     tmp_path: Path,
 ) -> None:
     remote = sshd.workdir / "upload"
@@ -298,21 +308,21 @@ def test_provisioning_error_other_than_node_error_fails_the_sweep_once(
     # A directory where the package upload goes: SFTP's open fails with an OSError, not a NodeError.
     (remote / package.name).mkdir(parents=True)
     clock = FakeClock(DAY.replace(hour=12))
-    _schedule(database_url, "upload", node_name, clock.now, cron="0 21 * * *")
+    _schedule(database_url, "upload", ssh_node, clock.now, cron="0 21 * * *")
     config = _config(remote, install=["{venv}/bin/pip install {package}"]).model_copy(update={"package": package})
     runner = SweepRunner(database_url, tmp_path, clock=clock, node_config=config)
     clock.now = DAY.replace(hour=21)
     runner.tick()
     [sweep] = _sweeps(database_url, "upload")
     assert sweep.state == "failed" and sweep.grid_id is None and sweep.finished_at is not None
-    assert sweep.error.startswith(f"provisioning {node_name}: ") and "Error" in sweep.error
+    assert sweep.error.startswith(f"provisioning {ssh_node}: ") and "Error" in sweep.error
     assert not remote.exists()  # torn down: cleanup removed the working directory
     clock.now = DAY.replace(hour=21, minute=5)
     runner.tick()  # a failed sweep is not provisioned again
     [again] = _sweeps(database_url, "upload")
     assert again.state == "failed" and again.error == sweep.error
     with session_scope(database_url) as session:
-        assert find_node(session, node_name).state == "registered"
+        assert find_node(session, ssh_node).state == "registered"
 
 
 def test_schedule_validation_names_the_field(database_url: str, node_name: str) -> None:

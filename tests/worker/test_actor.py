@@ -303,6 +303,7 @@ def test_jsonable_non_finite_paths_nested() -> None:
 
 
 def test_jsonable_scalars_with_item() -> None:
-    torch = pytest.importorskip("torch")
+    import torch
+
     out = _jsonable({"loss": torch.tensor(0.25), "bad": torch.tensor(float("nan")), "steps": torch.tensor(4)})
     assert out == {"loss": 0.25, "bad": "nan", "steps": 4}
