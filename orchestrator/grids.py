@@ -1,4 +1,4 @@
-"""The grid service: validate a grid body, store it as one queued run per arm, summarise it, stop runs.
+"""The grid service: validate a grid body, store it as one queued run per arm, stop runs.
 
 Used by the REST API, the CLI, the importer of published curves and the schedules, so every caller
 gets the same validation and the same error paths.
@@ -20,9 +20,9 @@ from sqlalchemy.orm import Session
 
 from model.spec import ArmSpec, estimate_params, estimate_peak_bytes, estimate_state_bytes
 from orchestrator.arms import LINEAGE_KEYS, ArmError, arm_files, resolve
-from orchestrator.db.models import METRIC_FIELDS, Event, Grid, Metric, Run, utcnow
+from orchestrator.db.models import Event, Grid, Metric, Run, utcnow
 from orchestrator.db.transitions import transition
-from orchestrator.messages import errors_text
+from orchestrator.errors import Conflict, InvalidBody
 from orchestrator.vocabulary import TERMINAL_STATES, GridSource, RunDecision, RunState
 
 ARM_LABEL_MAX = 64  # runs.arm is VARCHAR(64)
@@ -68,19 +68,13 @@ class GridCreate(BaseModel):
         return check_text(v)
 
 
-class GridError(ValueError):
-    """A grid that cannot be created. `errors` are pydantic-style dicts with `loc` relative to the body."""
+class GridError(InvalidBody):
+    """A grid that cannot be created; `errors` carry each problem's path in the grid body."""
 
-    def __init__(self, errors: list[dict[str, Any]]) -> None:
-        self.errors = errors
-        super().__init__(self.message())
-
-    def message(self) -> str:
-        """One line: `arms.1.optimizer.asymflow: Extra inputs are not permitted; ...`."""
-        return errors_text(self.errors, root="(grid)")
+    root = "(grid)"
 
 
-class RunConflict(ValueError):
+class RunConflict(Conflict):
     """An action that does not apply to the run's current state (e.g. stopping a finished run)."""
 
 
@@ -319,50 +313,6 @@ def latest_metrics(session: Session, run_ids: list[int]) -> dict[int, Metric]:
         select(Metric).join(newest, (Metric.run_id == newest.c.run_id) & (Metric.step == newest.c.step))
     )
     return {m.run_id: m for m in rows}
-
-
-def run_summary(run: Run, latest: Metric | None) -> dict[str, Any]:
-    """A run's state and decision with its latest checkpoint's metrics flattened in (None where absent)."""
-    out: dict[str, Any] = {
-        "id": run.id,
-        "grid_id": run.grid_id,
-        "position": run.position,
-        "arm": run.arm,
-        "state": run.state,
-        "stop_requested": run.stop_requested,
-        "decision": run.decision,
-        "decision_step": run.decision_step,
-        "decision_reason": run.decision_reason,
-        "best_step": run.best_step,
-        "best_value": run.best_value,
-        "best_checkpoint": run.best_checkpoint,
-        "gpu_name": run.gpu_name,
-        "node": run.node,
-        "retries": run.retries,
-        "fallbacks": run.fallbacks,
-        "created_at": run.created_at,
-        "started_at": run.started_at,
-        "finished_at": run.finished_at,
-        "latest_step": latest.step if latest else None,
-    }
-    out.update({name: getattr(latest, name) if latest else None for name in METRIC_FIELDS})
-    return out
-
-
-def grid_summary(session: Session, grid: Grid) -> dict[str, Any]:
-    """The grid with its runs in order, each with its latest metrics, and a count of runs per state."""
-    latest = latest_metrics(session, [r.id for r in grid.runs])
-    runs = [run_summary(r, latest.get(r.id)) for r in grid.runs]
-    return {
-        "id": grid.id,
-        "name": grid.name,
-        "control": grid.control_arm,
-        "source": grid.source,
-        "overrides": grid.overrides,
-        "created_at": grid.created_at,
-        "states": dict(Counter(r.state for r in grid.runs)),
-        "runs": runs,
-    }
 
 
 def stop_run(session: Session, run: Run, now: datetime | None = None) -> Run:

@@ -19,6 +19,7 @@ import stat
 import sys
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
@@ -30,6 +31,7 @@ from sqlalchemy.orm import Session
 
 from orchestrator.db.models import Event, Node, Schedule, utcnow
 from orchestrator.db.session import session_scope
+from orchestrator.errors import Conflict, InvalidBody, NotFound
 from orchestrator.vocabulary import NodeState
 
 if TYPE_CHECKING:  # paramiko is imported where SSH happens: the API must start fast
@@ -44,6 +46,18 @@ OUTPUT_KEEP = 16_000  # characters of stdout/stderr kept per command event (the 
 
 class NodeError(RuntimeError):
     """A node operation that could not be done; the message is one line the user can act on."""
+
+
+class NodeNotFound(NotFound, NodeError):
+    """No node of that name."""
+
+
+class NodeConflict(Conflict, NodeError):
+    """The name is taken, or a schedule still uses the node."""
+
+
+class NodeInvalid(InvalidBody, NodeError):
+    """A node body whose key files are not where the controller allows them."""
 
 
 class HostKeyError(NodeError):
@@ -112,27 +126,14 @@ def key_path_problems(body: NodeCreate, allowed_dirs: Sequence[Path]) -> dict[st
     return problems
 
 
-def node_public(node: Node) -> dict[str, Any]:
-    return {
-        "id": node.id,
-        "name": node.name,
-        "host": node.host,
-        "port": node.port,
-        "user": node.user,
-        "key_path": node.key_path,
-        "known_hosts_path": node.known_hosts_path,
-        "price_per_hour": node.price_per_hour,
-        "state": node.state,
-        "gpus": node.gpus,
-        "last_probe": node.last_probe,
-        "created_at": node.created_at,
-    }
-
-
-def add_node(session: Session, body: NodeCreate) -> Node:
-    """Register a node; NodeError if the name is taken. Flushes, no commit."""
+def add_node(session: Session, body: NodeCreate, key_dirs: Sequence[Path] | None = None) -> Node:
+    """Register a node; NodeConflict if the name is taken. With `key_dirs` (ABLATE_SSH_KEY_DIRS), its
+    key files must lie under them (NodeInvalid naming the field otherwise). Flushes, no commit."""
+    problems = key_path_problems(body, key_dirs) if key_dirs is not None else {}
+    if problems:
+        raise NodeInvalid([{"loc": [field], "msg": msg, "type": "value_error"} for field, msg in problems.items()])
     if find_node(session, body.name) is not None:
-        raise NodeError(f"a node named {body.name!r} already exists; remove it first or pick another name")
+        raise NodeConflict(f"a node named {body.name!r} already exists; remove it first or pick another name")
     node = Node(**body.model_dump())
     session.add(node)
     session.flush()
@@ -148,7 +149,7 @@ def find_node(session: Session, name: str) -> Node | None:
 def get_node(session: Session, name: str) -> Node:
     node = find_node(session, name)
     if node is None:
-        raise NodeError(f"no node named {name!r}; `ablate nodes list` shows the registered ones")
+        raise NodeNotFound(f"no node named {name!r}; `ablate nodes list` shows the registered ones")
     return node
 
 
@@ -161,9 +162,26 @@ def remove_node(session: Session, name: str) -> None:
     node = get_node(session, name)
     users = [s.name for s in session.scalars(select(Schedule)) if name in s.nodes]
     if users:
-        raise NodeError(f"node {name!r} is used by schedule(s) {', '.join(users)}; change or delete those first")
+        raise NodeConflict(f"node {name!r} is used by schedule(s) {', '.join(users)}; change or delete those first")
     session.delete(node)
     session.flush()
+
+
+@contextmanager
+def remote_errors(name: str) -> Iterator[None]:
+    """Anything that goes wrong on the way to the node, as a NodeError naming it (the API answers 424,
+    the CLI prints one line): SSH and socket errors, and invalid ABLATE_NODE_* settings."""
+    import paramiko
+    from pydantic import ValidationError
+
+    try:
+        yield
+    except NodeError:
+        raise
+    except ValidationError as exc:  # BootstrapConfig: the controller's ABLATE_NODE_* settings
+        raise NodeError(f"node {name!r}: invalid ABLATE_NODE_ settings: {exc}") from None
+    except (paramiko.SSHException, OSError, EOFError, ValueError) as exc:
+        raise NodeError(f"node {name!r}: {type(exc).__name__}: {exc}") from None
 
 
 # -- SSH ----------------------------------------------------------------------------------------------

@@ -33,7 +33,17 @@ from sqlalchemy.orm import Session
 
 from orchestrator.db.models import METRIC_FIELDS, Event, Grid, Node, Schedule, Sweep, utcnow
 from orchestrator.db.session import engine_for, session_scope
-from orchestrator.grids import GridCreate, GridError, create_grid, resolve_grid, stop_run
+from orchestrator.errors import Conflict, InvalidBody, NotFound
+from orchestrator.grids import (
+    GridCreate,
+    GridError,
+    PathPolicy,
+    create_grid,
+    memory_errors,
+    path_errors,
+    resolve_grid,
+    stop_run,
+)
 from orchestrator.messages import validation_text
 from orchestrator.nodes import (
     NAME_PATTERN,
@@ -55,6 +65,18 @@ Clock = Callable[[], datetime]
 
 class ScheduleError(ValueError):
     """A schedule that cannot be created or changed; one line naming the field."""
+
+
+class ScheduleNotFound(NotFound, ScheduleError):
+    """No schedule of that name."""
+
+
+class ScheduleConflict(Conflict, ScheduleError):
+    """The name is taken, or a sweep of the schedule is under way."""
+
+
+class ScheduleInvalid(InvalidBody, ScheduleError):
+    """A schedule body that names what does not exist (unknown nodes)."""
 
 
 def aware(dt: datetime) -> datetime:
@@ -112,13 +134,31 @@ class ScheduleCreate(BaseModel):
         return v
 
 
-def create_schedule(session: Session, body: ScheduleCreate, now: datetime | None = None) -> Schedule:
-    """Store a schedule; its first fire is the next cron time after `now`. Flushes, no commit."""
+def create_schedule(
+    session: Session,
+    body: ScheduleCreate,
+    now: datetime | None = None,
+    max_gpu_memory_gib: float | None = None,
+    paths: PathPolicy | None = None,
+) -> Schedule:
+    """Store a schedule; its first fire is the next cron time after `now`. Flushes, no commit.
+
+    Its grid must fit a GPU (`max_gpu_memory_gib`) and, with `paths`, keep its spec paths under the
+    operator's directories, as a grid submitted now would (ScheduleInvalid under ["grid", ...]).
+    """
+    grid = GridCreate.model_validate(body.grid)
+    resolved = resolve_grid(grid)  # valid: ScheduleCreate checked it
+    problems = memory_errors(grid, resolved, max_gpu_memory_gib)
+    if paths is not None:
+        problems = path_errors(grid, resolved, paths.weights_dirs, paths.data_dirs) + problems
+    if problems:
+        raise ScheduleInvalid([{**p, "loc": ["grid", *p["loc"]]} for p in problems])
     if find_schedule(session, body.name) is not None:
-        raise ScheduleError(f"a schedule named {body.name!r} already exists")
+        raise ScheduleConflict(f"a schedule named {body.name!r} already exists")
     missing = [n for n in body.nodes if find_node(session, n) is None]
     if missing:
-        raise ScheduleError(f"nodes: unknown node(s) {', '.join(missing)}; register them with `ablate nodes add`")
+        msg = f"unknown node(s) {', '.join(missing)}; register them with `ablate nodes add`"
+        raise ScheduleInvalid([{"loc": ["nodes"], "msg": msg, "type": "value_error"}])
     schedule = Schedule(
         name=body.name,
         cron=body.cron,
@@ -142,7 +182,7 @@ def find_schedule(session: Session, name: str) -> Schedule | None:
 def get_schedule(session: Session, name: str) -> Schedule:
     schedule = find_schedule(session, name)
     if schedule is None:
-        raise ScheduleError(f"no schedule named {name!r}; `ablate schedules list` shows them")
+        raise ScheduleNotFound(f"no schedule named {name!r}; `ablate schedules list` shows them")
     return schedule
 
 
@@ -170,46 +210,9 @@ def resume_schedule(session: Session, name: str, now: datetime | None = None) ->
 def delete_schedule(session: Session, name: str) -> None:
     schedule = get_schedule(session, name)
     if session.scalar(select(Sweep.id).where(Sweep.schedule_id == schedule.id, Sweep.under_way)):
-        raise ScheduleError(f"schedule {name!r} has a sweep under way; wait for it or stop it first")
+        raise ScheduleConflict(f"schedule {name!r} has a sweep under way; wait for it or stop it first")
     session.delete(schedule)
     session.flush()
-
-
-def sweep_public(sweep: Sweep) -> dict[str, Any]:
-    return {
-        "id": sweep.id,
-        "state": sweep.state,
-        "scheduled_for": aware(sweep.scheduled_for),
-        "fired_at": aware(sweep.fired_at),
-        "late": sweep.late,
-        "grid_id": sweep.grid_id,
-        "nodes": sweep.nodes,
-        "price_per_hour": sweep.price_per_hour,
-        "budget": sweep.budget,
-        "spend": sweep.spend,
-        "stop_reason": sweep.stop_reason,
-        "error": sweep.error,
-        "results_dir": sweep.results_dir,
-        "finished_at": aware(sweep.finished_at) if sweep.finished_at else None,
-    }
-
-
-def schedule_public(session: Session, schedule: Schedule) -> dict[str, Any]:
-    sweeps = session.scalars(select(Sweep).where(Sweep.schedule_id == schedule.id).order_by(Sweep.id.desc()).limit(20))
-    return {
-        "id": schedule.id,
-        "name": schedule.name,
-        "cron": schedule.cron,
-        "grid": schedule.grid,
-        "nodes": schedule.nodes,
-        "budget": schedule.budget,
-        "misfire": schedule.misfire,
-        "paused": schedule.paused,
-        "last_fire_at": aware(schedule.last_fire_at) if schedule.last_fire_at else None,
-        "next_fire_at": aware(schedule.next_fire_at) if schedule.next_fire_at else None,
-        "created_at": aware(schedule.created_at),
-        "sweeps": [sweep_public(s) for s in sweeps],
-    }
 
 
 # -- the runner ---------------------------------------------------------------------------------------------

@@ -1,4 +1,6 @@
-"""Error responses: spec errors become 422s naming the field path, state conflicts 409s.
+"""Error responses, one status per kind of domain error (orchestrator/errors.py): an invalid body
+422 naming the field path, not found 404, a state conflict 409, a node that cannot be reached or
+refuses a command 424. Routes raise; they never build error responses themselves.
 
 Error bodies echo field names from the request, which may hold any text (lone surrogates
 included), so they are rendered as ASCII JSON: whatever the input, the answer is never a 500.
@@ -7,6 +9,7 @@ included), so they are rendered as ASCII JSON: whatever the input, the answer is
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request, status
@@ -14,7 +17,8 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from orchestrator.grids import GridError, RunConflict
+from orchestrator.errors import Conflict, InvalidBody, NotFound
+from orchestrator.nodes import NodeError
 
 
 class SafeJSONResponse(JSONResponse):
@@ -33,19 +37,25 @@ async def _request_invalid(_: Request, exc: Exception) -> JSONResponse:
     return SafeJSONResponse(status_code=status.HTTP_422_UNPROCESSABLE_CONTENT, content=content)
 
 
-async def _grid_invalid(_: Request, exc: Exception) -> JSONResponse:
+async def _body_invalid(_: Request, exc: Exception) -> JSONResponse:
     # The same shape as FastAPI's own 422s, with the path from the body root, e.g.
     # ["body", "arms", 1, "optimizer", "asymflow"].
-    assert isinstance(exc, GridError)
+    assert isinstance(exc, InvalidBody)
     detail = [{**err, "loc": ["body", *err["loc"]]} for err in exc.errors]
     return SafeJSONResponse(status_code=status.HTTP_422_UNPROCESSABLE_CONTENT, content={"detail": detail})
 
 
-async def _conflict(_: Request, exc: Exception) -> JSONResponse:
-    return SafeJSONResponse(status_code=status.HTTP_409_CONFLICT, content={"detail": str(exc)})
+def _message(code: int) -> Callable[[Request, Exception], Awaitable[JSONResponse]]:
+    async def handler(_: Request, exc: Exception) -> JSONResponse:
+        return SafeJSONResponse(status_code=code, content={"detail": str(exc)})
+
+    return handler
 
 
 def install_error_handlers(app: FastAPI) -> None:
+    # Looked up along the exception's MRO: NodeNotFound is a NotFound (404) before it is a NodeError (424).
     app.add_exception_handler(RequestValidationError, _request_invalid)
-    app.add_exception_handler(GridError, _grid_invalid)
-    app.add_exception_handler(RunConflict, _conflict)
+    app.add_exception_handler(InvalidBody, _body_invalid)
+    app.add_exception_handler(NotFound, _message(status.HTTP_404_NOT_FOUND))
+    app.add_exception_handler(Conflict, _message(status.HTTP_409_CONFLICT))
+    app.add_exception_handler(NodeError, _message(status.HTTP_424_FAILED_DEPENDENCY))

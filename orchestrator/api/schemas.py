@@ -1,14 +1,23 @@
-"""Request and response bodies of the REST API (Create bodies in, Public bodies out)."""
+"""Request and response bodies of the REST API (Create bodies in, Public bodies out).
+
+The Create bodies belong to the services that validate them (grids, nodes, sweeps) and are re-exported
+here. Every Public body is built from its database row (`from_attributes`), so a field is named once:
+in the row and in the model. `RunSummary.from_row` is the one way a run becomes a record, for the API,
+the CLI, the dashboard and a sweep's metrics export alike.
+"""
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Any
+from datetime import UTC, datetime
+from typing import Annotated, Any, Self
 
-from pydantic import BaseModel, ConfigDict, create_model
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model, field_validator
 
-from orchestrator.db.models import METRIC_FIELDS, Metric
+from orchestrator.db.models import METRIC_FIELDS, Grid, Metric, Run
 from orchestrator.grids import GridCreate
+from orchestrator.nodes import NodeCreate
+from orchestrator.sweeps import ScheduleCreate
+from orchestrator.vocabulary import NodeState, SweepState
 
 __all__ = [
     "ArmPublic",
@@ -16,12 +25,29 @@ __all__ = [
     "GridCreated",
     "GridDetail",
     "GridPublic",
+    "Gpu",
     "Health",
     "MetricPublic",
     "MetricValues",
+    "NodeCreate",
+    "NodePublic",
+    "ProbeResult",
     "RunPublic",
     "RunSummary",
+    "ScheduleCreate",
+    "SchedulePublic",
+    "SweepPublic",
 ]
+
+RECENT_SWEEPS = 20  # how many of a schedule's sweeps its record shows, newest first
+
+
+def _utc(value: datetime) -> datetime:
+    """SQLite hands back naive datetimes; every stored time is UTC."""
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+UTCDatetime = Annotated[datetime, AfterValidator(_utc)]
 
 
 class Public(BaseModel):
@@ -43,10 +69,14 @@ class GridCreated(BaseModel):
 class GridPublic(Public):
     id: int
     name: str
-    control: str | None
-    source: str
+    control: str | None  # Grid.control_arm
+    source: str  # a GridSource
     created_at: datetime
-    states: dict[str, int]  # number of runs per state
+    states: dict[str, int]  # number of runs per RunState
+
+    @classmethod
+    def from_row(cls, grid: Grid) -> Self:
+        return cls.model_validate(grid)
 
 
 class RunSummary(MetricValues):  # type: ignore[misc, valid-type]
@@ -56,9 +86,9 @@ class RunSummary(MetricValues):  # type: ignore[misc, valid-type]
     grid_id: int
     position: int
     arm: str
-    state: str
+    state: str  # a RunState
     stop_requested: bool
-    decision: str | None
+    decision: str | None  # a RunDecision
     decision_step: int | None
     decision_reason: str | None
     best_step: int | None
@@ -71,12 +101,27 @@ class RunSummary(MetricValues):  # type: ignore[misc, valid-type]
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
-    latest_step: int | None
+    latest_step: int | None = None
+
+    @classmethod
+    def from_row(cls, run: Run, latest: Metric | None) -> Self:
+        """The run's row with `latest` (its newest checkpoint, or None) flattened in."""
+        out = cls.model_validate(run)
+        if latest is None:
+            return out
+        metrics = {name: getattr(latest, name) for name in METRIC_FIELDS}
+        return out.model_copy(update={"latest_step": latest.step, **metrics})
 
 
 class GridDetail(GridPublic):
     overrides: dict[str, Any]
     runs: list[RunSummary]
+
+    @classmethod
+    def from_rows(cls, grid: Grid, latest: dict[int, Metric]) -> Self:
+        """The grid with each run's newest checkpoint (`latest`: run id -> metric row)."""
+        runs = [RunSummary.from_row(r, latest.get(r.id)) for r in grid.runs]
+        return cls.model_validate(grid).model_copy(update={"runs": runs})
 
 
 class RunPublic(RunSummary):
@@ -91,6 +136,11 @@ class RunPublic(RunSummary):
     last_checkpoint_step: int | None
     error: str | None
     versions: dict[str, Any]
+
+    @field_validator("nodes", mode="before")
+    @classmethod
+    def _no_nodes(cls, nodes: list[str] | None) -> list[str]:
+        return nodes or []  # NULL in rows written before the column existed
 
 
 class MetricPublic(MetricValues):  # type: ignore[misc, valid-type]
@@ -111,3 +161,72 @@ class Health(BaseModel):
     status: str
     database: str
     version: str
+
+
+class Gpu(BaseModel):
+    index: int
+    name: str
+    memory_mib: int
+    driver: str
+    uuid: str
+
+
+class NodePublic(Public):
+    id: int
+    name: str
+    host: str
+    port: int
+    user: str
+    key_path: str
+    known_hosts_path: str | None
+    price_per_hour: float
+    state: NodeState
+    gpus: list[Gpu]
+    last_probe: dict[str, Any]
+    created_at: UTCDatetime
+
+
+class ProbeResult(BaseModel):
+    node: str
+    hostname: str
+    gpus: list[Gpu]
+    free_disk_gb: float
+    python: str
+    probed_at: str
+
+
+class SweepPublic(Public):
+    id: int
+    state: SweepState
+    scheduled_for: UTCDatetime
+    fired_at: UTCDatetime
+    late: bool
+    grid_id: int | None
+    nodes: list[str]
+    price_per_hour: float
+    budget: float | None
+    spend: float
+    stop_reason: str | None
+    error: str | None
+    results_dir: str | None
+    finished_at: UTCDatetime | None
+
+
+class SchedulePublic(Public):
+    id: int
+    name: str
+    cron: str
+    grid: dict[str, Any]
+    nodes: list[str]
+    budget: float | None
+    misfire: str
+    paused: bool
+    last_fire_at: UTCDatetime | None
+    next_fire_at: UTCDatetime | None
+    created_at: UTCDatetime
+    sweeps: list[SweepPublic] = Field(max_length=RECENT_SWEEPS)  # the most recent, newest first
+
+    @field_validator("sweeps", mode="before")
+    @classmethod
+    def _recent(cls, sweeps: Any) -> Any:
+        return list(sweeps)[:RECENT_SWEEPS]

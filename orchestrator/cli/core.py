@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 import yaml
@@ -16,6 +16,10 @@ from rich.table import Table
 from orchestrator.cli import CLIError, app
 from orchestrator.messages import database_error_text, errors_text, masked_url, validation_text
 from orchestrator.settings import Settings, get_settings
+from orchestrator.vocabulary import RunState
+
+if TYPE_CHECKING:
+    from orchestrator.api.schemas import GridDetail, GridPublic
 
 console = Console()
 db_app = typer.Typer(no_args_is_help=True, help="The database schema (Alembic migrations).")
@@ -139,54 +143,54 @@ def status(grid_id: Annotated[int | None, typer.Argument(help="Show this grid's 
     from sqlalchemy import select
     from sqlalchemy.exc import SQLAlchemyError
 
+    from orchestrator.api.schemas import GridDetail, GridPublic
     from orchestrator.db.models import Grid
     from orchestrator.db.session import session_scope
-    from orchestrator.grids import grid_summary
+    from orchestrator.grids import latest_metrics
 
     settings = get_settings()
     try:
         with session_scope(settings.database_url) as session:
             if grid_id is None:
-                grids = [grid_summary(session, g) for g in session.scalars(select(Grid).order_by(Grid.id.desc()))]
-                _print_grids(grids)
+                _print_grids([GridPublic.from_row(g) for g in session.scalars(select(Grid).order_by(Grid.id.desc()))])
                 return
             grid = session.get(Grid, grid_id) if 1 <= grid_id < 2**31 else None
             if grid is None:
                 raise CLIError(f"no grid with id {grid_id}; `ablate status` lists them")
-            _print_runs(grid_summary(session, grid))
+            _print_runs(GridDetail.from_rows(grid, latest_metrics(session, [r.id for r in grid.runs])))
     except SQLAlchemyError as exc:
         raise CLIError(
             f"cannot read {masked_url(settings.database_url)}: {database_error_text(exc)} (run `ablate db upgrade`?)"
         ) from None
 
 
-def _print_grids(grids: list[dict[str, Any]]) -> None:
+def _print_grids(grids: list[GridPublic]) -> None:
     table = Table(title="grids")
     for col in ("id", "name", "control", "source", "created", "runs"):
         table.add_column(col)
     for g in grids:
-        states = ", ".join(f"{n} {s}" for s, n in sorted(g["states"].items()))
-        created = f"{g['created_at']:%Y-%m-%d %H:%M}"
+        states = ", ".join(f"{n} {s}" for s, n in sorted(g.states.items()))
+        created = f"{g.created_at:%Y-%m-%d %H:%M}"
         # escape(): names are user text; "[/]" or "[link=...]" would be Rich markup (a crash or a fake link).
-        table.add_row(str(g["id"]), escape(g["name"]), escape(_fmt(g["control"])), g["source"], created, states)
+        table.add_row(str(g.id), escape(g.name), escape(_fmt(g.control)), g.source, created, states)
     console.print(table)
 
 
-def _print_runs(grid: dict[str, Any]) -> None:
-    table = Table(title=f"grid {grid['id']}: {escape(grid['name'])} (control {escape(str(grid['control']))})")
+def _print_runs(grid: GridDetail) -> None:
+    table = Table(title=f"grid {grid.id}: {escape(grid.name)} (control {escape(str(grid.control))})")
     for col in ("run", "arm", "state", "step", "recon LPIPS", "text LPIPS", "iter/s", "decision"):
         table.add_column(col)
-    for r in grid["runs"]:
-        recon = _fmt(r["recon_lpips"])
-        if r["recon_lpips_se"] is not None:
-            recon += f" ± {r['recon_lpips_se']:.3f}"
+    for r in grid.runs:
+        recon = _fmt(r.recon_lpips)
+        if r.recon_lpips_se is not None:
+            recon += f" ± {r.recon_lpips_se:.3f}"
         decision = "-"
-        if r["decision"] is not None:
-            decision = escape(f"{r['decision']} @ {_fmt(r['decision_step'])}: {r['decision_reason']}")
-        state = r["state"] + (" (stop requested)" if r["stop_requested"] and r["state"] == "running" else "")
+        if r.decision is not None:
+            decision = escape(f"{r.decision} @ {_fmt(r.decision_step)}: {r.decision_reason}")
+        state = r.state + (" (stop requested)" if r.stop_requested and r.state == RunState.running else "")
         table.add_row(
-            str(r["id"]), escape(r["arm"]), state, _fmt(r["latest_step"]), recon, _fmt(r["text_lpips"]),
-            _fmt(r["iter_per_sec"], 3), decision,
+            str(r.id), escape(r.arm), state, _fmt(r.latest_step), recon, _fmt(r.text_lpips), _fmt(r.iter_per_sec, 3),
+            decision,
         )
     console.print(table)
 

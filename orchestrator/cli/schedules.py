@@ -87,9 +87,10 @@ def _node_cell(name: str, state: str | None) -> str:
 @schedules_app.command("list")
 def list_() -> None:
     """Schedules with their next fire and their latest sweep."""
+    from orchestrator.api.schemas import SchedulePublic
     from orchestrator.db.session import session_scope
     from orchestrator.nodes import list_nodes
-    from orchestrator.sweeps import list_schedules, schedule_public
+    from orchestrator.sweeps import list_schedules
 
     table = Table(title="schedules (UTC)")
     for col in ("name", "cron", "nodes", "budget", "misfire", "status", "next fire", "last sweep"):
@@ -97,19 +98,19 @@ def list_() -> None:
     with _schedule_errors(), session_scope(_settings().database_url) as session:
         states = {n.name: n.state for n in list_nodes(session)}
         for s in list_schedules(session):
-            p = schedule_public(session, s)
+            p = SchedulePublic.model_validate(s)
             last = "-"
-            if p["sweeps"]:
-                w = p["sweeps"][0]
-                last = f"#{w['id']} {w['state']} spent {w['spend']:.2f}" + (" (late)" if w["late"] else "")
-            nxt = f"{p['next_fire_at']:%Y-%m-%d %H:%M}" if p["next_fire_at"] and not p["paused"] else "-"
+            if p.sweeps:
+                w = p.sweeps[0]
+                last = f"#{w.id} {w.state} spent {w.spend:.2f}" + (" (late)" if w.late else "")
+            nxt = f"{p.next_fire_at:%Y-%m-%d %H:%M}" if p.next_fire_at and not p.paused else "-"
             table.add_row(
-                p["name"],
-                p["cron"],
-                ",".join(_node_cell(n, states.get(n)) for n in p["nodes"]),
-                "-" if p["budget"] is None else f"{p['budget']:g}",
-                p["misfire"],
-                "paused" if p["paused"] else "active",
+                p.name,
+                p.cron,
+                ",".join(_node_cell(n, states.get(n)) for n in p.nodes),
+                "-" if p.budget is None else f"{p.budget:g}",
+                p.misfire,
+                "paused" if p.paused else "active",
                 nxt,
                 last,
             )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import UTC, datetime
 from typing import Any
 
@@ -51,6 +52,16 @@ class Grid(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     runs: Mapped[list[Run]] = relationship(back_populates="grid", order_by="Run.position")
+
+    @property
+    def control(self) -> str | None:
+        """The arm the stall rule compares against (the API's name for control_arm)."""
+        return self.control_arm
+
+    @property
+    def states(self) -> dict[str, int]:
+        """How many of its runs are in each RunState."""
+        return dict(Counter(r.state for r in self.runs))
 
 
 class Run(Base):
@@ -202,6 +213,9 @@ class Schedule(Base):
     last_fire_at: Mapped[datetime | None] = mapped_column()
     next_fire_at: Mapped[datetime | None] = mapped_column()
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    # Newest first; read-only here (a sweep is created by the runner with its schedule_id).
+    sweeps: Mapped[list[Sweep]] = relationship(viewonly=True, order_by="Sweep.id.desc()")
 
 
 class Sweep(Base):

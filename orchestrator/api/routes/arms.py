@@ -11,6 +11,6 @@ router = APIRouter(prefix="/api/arms", tags=["arms"])
 
 
 @router.get("", response_model=list[ArmPublic])
-def list_arms() -> list[dict]:
+def list_arms() -> list[ArmPublic]:
     specs = all_arms()
-    return [{**row, "spec": specs[row["arm"]].model_dump(mode="json")} for row in lineage_table()]
+    return [ArmPublic(**row, spec=specs[row["arm"]].model_dump(mode="json")) for row in lineage_table()]

@@ -11,7 +11,7 @@ from sqlalchemy.orm import selectinload
 from orchestrator.api.deps import AuthDep, SessionDep, SettingsDep, get_or_404
 from orchestrator.api.schemas import GridCreate, GridCreated, GridDetail, GridPublic
 from orchestrator.db.models import Grid
-from orchestrator.grids import PathPolicy, create_grid, gpu_memory_cap_gib, grid_summary
+from orchestrator.grids import PathPolicy, create_grid, gpu_memory_cap_gib, latest_metrics
 
 router = APIRouter(prefix="/api/grids", tags=["grids"])
 
@@ -37,16 +37,15 @@ def list_grids(
     session: SessionDep,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0,
-) -> list[dict]:
+) -> list[GridPublic]:
     """Newest first."""
     grids = session.scalars(
         select(Grid).options(selectinload(Grid.runs)).order_by(Grid.id.desc()).limit(limit).offset(offset)
     )
-    return [
-        {k: v for k, v in grid_summary(session, g).items() if k in GridPublic.model_fields} for g in grids
-    ]
+    return [GridPublic.from_row(g) for g in grids]
 
 
 @router.get("/{grid_id}", response_model=GridDetail, responses={404: {"description": "no such grid"}})
-def get_grid(grid_id: int, session: SessionDep) -> dict:
-    return grid_summary(session, get_or_404(session, Grid, grid_id))
+def get_grid(grid_id: int, session: SessionDep) -> GridDetail:
+    grid = get_or_404(session, Grid, grid_id)
+    return GridDetail.from_rows(grid, latest_metrics(session, [r.id for r in grid.runs]))
