@@ -31,7 +31,7 @@ from sqlalchemy import select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
-from orchestrator.db.models import METRIC_FIELDS, Event, Grid, Node, Schedule, Sweep, utcnow
+from orchestrator.db.models import Event, Grid, Node, Schedule, Sweep, utcnow
 from orchestrator.db.session import engine_for, session_scope
 from orchestrator.errors import Conflict, InvalidBody, NotFound
 from orchestrator.grids import (
@@ -479,6 +479,8 @@ class SweepRunner:
     ) -> tuple[list[str], set[str]]:
         """Metrics from the DB to metrics.json; each run's checkpoints from durable storage, or from the
         node that ran it when storage holds none (or cannot be read)."""
+        from orchestrator.api.schemas import MetricPublic, RunPublic  # the API's records (it imports this module)
+
         problems: list[str] = []
         failed: set[str] = set()
         wanted: dict[str, list[tuple[str, Path]]] = {}
@@ -495,23 +497,9 @@ class SweepRunner:
             }
             export = []
             for run in grid.runs if grid is not None else []:
-                export.append(
-                    {
-                        "run_id": run.id,
-                        "arm": run.arm,
-                        "state": run.state,
-                        "node": run.node,
-                        "decision": run.decision,
-                        "decision_step": run.decision_step,
-                        "decision_reason": run.decision_reason,
-                        "best_step": run.best_step,
-                        "best_checkpoint": run.best_checkpoint,
-                        "checkpoint_dir": run.checkpoint_dir,
-                        "checkpoint_url": run.checkpoint_url,
-                        "nodes": run.nodes or [],
-                        "metrics": [{"step": m.step, **{f: getattr(m, f) for f in METRIC_FIELDS}} for m in run.metrics],
-                    }
-                )
+                record = RunPublic.from_row(run, run.metrics[-1] if run.metrics else None)
+                metrics = [MetricPublic.model_validate(m).model_dump(mode="json") for m in run.metrics]
+                export.append({**record.model_dump(mode="json"), "metrics": metrics})
                 owner = aliases.get(run.node or "")
                 local = results / "runs" / f"{run.id}-{_path_part(run.arm)}"
                 if run.checkpoint_url:

@@ -22,6 +22,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
 from model.spec import ArmSpec
+from orchestrator.api.schemas import RunSummary
 from orchestrator.arms import LINEAGE_KEYS, ArmError, changes, flatten, resolve
 from orchestrator.db.models import METRIC_FIELDS, Event, Grid, Metric, Node, Run, Schedule, Sweep
 from orchestrator.numbers import finite_or_none, is_finite
@@ -319,41 +320,28 @@ def grid_detail(session: Session, grid: Grid, alarm_minutes: float = 15.0) -> di
         best_step, best_value = _best(r, ms)
         standin = sorted({m.step for m in ms if m.lpips_backbone == STANDIN})
         backbones = sorted({m.lpips_backbone for m in ms if m.lpips_backbone})
-        out_runs.append(
-            {
-                "id": r.id,
-                "arm": r.arm,
-                "position": r.position,
-                "description": (r.spec or {}).get("description"),
-                "state": r.state,
-                "stop_requested": r.stop_requested,
-                "decision": r.decision,
-                "decision_step": r.decision_step,
-                "decision_reason": r.decision_reason,
-                "stopped": r.decision in STOP_DECISIONS and r.decision_step is not None,
-                "best_step": best_step,
-                "best_value": finite_or_none(best_value),
-                "best_from_detector": r.best_step is not None,
-                "fallbacks": r.fallbacks or [],
-                "warnings": warnings.get(r.id, []),
-                "lpips_backbones": backbones,
-                "standin_steps": standin,
-                "gpu_name": r.gpu_name,
-                "node": r.node,
-                "nodes": r.nodes or [],
-                "storage": storage.get(r.id),
-                "retries": r.retries,
-                "error": r.error,
-                "started_at": _iso(r.started_at),
-                "finished_at": _iso(r.finished_at),
-                "series": _series(ms),
-                "paired": (
-                    {q: paired_difference(ms, metrics[control.id], q) for q in QUALITY}
-                    if control is not None and r.id != control.id
-                    else None
-                ),
-            }
+        row = RunSummary.from_row(r, ms[-1] if ms else None).model_dump(mode="json")  # NaN/Inf -> null
+        row.update(
+            description=(r.spec or {}).get("description"),
+            stopped=r.decision in STOP_DECISIONS and r.decision_step is not None,
+            best_step=best_step,
+            best_value=finite_or_none(best_value),
+            best_from_detector=r.best_step is not None,
+            fallbacks=r.fallbacks or [],
+            warnings=warnings.get(r.id, []),
+            lpips_backbones=backbones,
+            standin_steps=standin,
+            nodes=r.nodes or [],
+            storage=storage.get(r.id),
+            error=r.error,
+            series=_series(ms),
+            paired=(
+                {q: paired_difference(ms, metrics[control.id], q) for q in QUALITY}
+                if control is not None and r.id != control.id
+                else None
+            ),
         )
+        out_runs.append(row)
     return {
         "id": grid.id,
         "name": grid.name,
