@@ -21,16 +21,16 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from model.data import build_dataset
+from model.data import ImageCaptionDataset, build_dataset
 from model.evaluate import NO_EDITS_NOTE, evaluate
 from model.flow import FlowMatching, estimate_pca_basis, interpolate, sample_t
 from model.nanodit import NanoDiT
 from model.optim import EMA, OptimizerStep, build_optimizers, lr_at, set_lr
-from model.perceptual import load_lpips
+from model.perceptual import LPIPSMetric, load_lpips
 from model.precision import apply_precision, autocast_ctx
-from model.repa import RepaProjector, build_teacher, repa_loss, repa_weight
+from model.repa import RepaProjector, Teacher, build_teacher, repa_loss, repa_weight
 from model.spec import ArmSpec
-from model.text import build_text_encoder
+from model.text import TextEncoder, build_text_encoder
 from worker import checkpoint as ckpt
 
 # Steps after each (re)start excluded from iter/s: compile, cudnn autotune, allocator warm-up.
@@ -70,23 +70,23 @@ class Parts:
 
     spec: ArmSpec
     device: torch.device
-    dataset: Any
-    text_encoder: nn.Module
-    model: nn.Module
+    dataset: ImageCaptionDataset
+    text_encoder: TextEncoder
+    model: nn.Module  # NanoDiT, possibly FP8-converted and compiled
     flow: FlowMatching
     optimizers: list[torch.optim.Optimizer]
-    emas: dict[str, EMA]
-    lpips: Any
-    teacher: Any | None
-    projector: nn.Module | None
+    opt_step: OptimizerStep  # every optimizer's step(), compiled where it can be
+    trainable: list[nn.Parameter]  # what gradient clipping sees
+    emas: dict[str, EMA]  # "model", and "text_encoder" when it trains
+    lpips: LPIPSMetric
+    teacher: Teacher | None  # REPA only
+    projector: RepaProjector | None
     repa_block: int | None
     autocast: Callable[[], contextlib.AbstractContextManager]
     fallbacks: list[str] = field(default_factory=list)
     fp8_linears: list[str] = field(default_factory=list)
     fp8_autotune: str | None = None  # what chose the FP8 set ("skipped: not CUDA", "reused from checkpoint: ...")
     precision_mode: str = "bf16"  # what actually ran (fp32 where CPU_BF16_FALLBACK applied)
-    trainable: list[nn.Parameter] = field(default_factory=list)
-    opt_step: Callable[[], None] | None = None  # all optimizers' step(); None: step each eagerly
 
 
 def _has_trainable(module: nn.Module) -> bool:
@@ -162,6 +162,8 @@ def build(
         model=model,
         flow=flow,
         optimizers=optimizers,
+        opt_step=opt_step,
+        trainable=trainable,
         emas=emas,
         lpips=lpips,
         teacher=teacher,
@@ -172,8 +174,6 @@ def build(
         fp8_linears=list(report.fp8_linears),
         fp8_autotune=report.autotune,
         precision_mode=precision.mode,
-        trainable=trainable,
-        opt_step=opt_step,
     )
 
 
@@ -213,11 +213,7 @@ def train_step(parts: Parts, step: int, data_gen: torch.Generator, noise_gen: to
     clip = spec.optimizer.grad_clip if spec.optimizer.grad_clip > 0 else math.inf
     grad_norm = torch.nn.utils.clip_grad_norm_(parts.trainable, clip)
     set_lr(parts.optimizers, lr_at(step, sched))
-    if parts.opt_step is not None:
-        parts.opt_step()
-    else:
-        for opt in parts.optimizers:
-            opt.step()
+    parts.opt_step()
     for opt in parts.optimizers:
         opt.zero_grad(set_to_none=True)
     if "model" in parts.emas:
@@ -295,6 +291,149 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+# --- checkpoint bookkeeping ------------------------------------------------------------------------
+
+
+@dataclass
+class Window:
+    """What the loop measures between two checkpoints: loss and grad norm summed on the device (no
+    per-step sync), and the steady-state time of the steps after WARMUP_STEPS."""
+
+    device: torch.device
+    loss_sum: Tensor
+    gnorm_sum: Tensor
+    steps: int = 0
+    timed_steps: int = 0
+    timed_s: float = 0.0
+    t_timing: float | None = None  # perf_counter() when timing (re)started; None before warm-up ends
+
+    @classmethod
+    def empty(cls, device: torch.device, timing: bool = False) -> Window:
+        zero = torch.zeros((), device=device)
+        return cls(device, zero, zero.clone(), t_timing=time.perf_counter() if timing else None)
+
+    def start_timing(self) -> None:
+        _sync(self.device)
+        self.t_timing = time.perf_counter()
+
+    def add(self, loss: Tensor, gnorm: Tensor) -> None:
+        self.loss_sum += loss
+        self.gnorm_sum += gnorm
+        self.steps += 1
+        self.timed_steps += self.t_timing is not None
+
+    def close(self) -> tuple[float | None, float | None, float | None]:
+        """(mean train loss, mean grad norm, steady-state iter/s); syncs the device once."""
+        _sync(self.device)
+        if self.t_timing is not None:
+            self.timed_s += time.perf_counter() - self.t_timing
+        ips = self.timed_steps / self.timed_s if self.timed_steps and self.timed_s > 0 else None
+        if not self.steps:
+            return None, None, ips
+        return (self.loss_sum / self.steps).item(), (self.gnorm_sum / self.steps).item(), ips
+
+
+@dataclass
+class Checkpoints:
+    """Evaluates, records and saves a checkpoint; keeps what a resume needs (wall time so far, the last
+    record, the best recon LPIPS and its step)."""
+
+    parts: Parts
+    out_dir: Path
+    gens: dict[str, torch.Generator]
+    resumed_from: int = 0
+    wall_before: float = 0.0  # seconds trained by earlier processes of this run
+    last_record: dict[str, Any] | None = None
+    best: dict[str, Any] = field(default_factory=lambda: {"step": None, "recon_lpips": None})
+    t_start: float = field(default_factory=time.perf_counter)
+    info: dict[str, Any] = field(default_factory=dict)  # device name and UUID, on every record
+    provenance: dict[str, Any] = field(default_factory=ckpt.provenance)  # code and library versions, in every file
+
+    def restore(self, state: dict[str, Any]) -> int:
+        """Load a checkpoint into the parts and this bookkeeping; returns its step."""
+        _restore(self.parts, state, self.gens)
+        self.resumed_from, self.wall_before = state["step"], state["wall_time_s"]
+        self.last_record, self.best = state["record"], state["best"]
+        ckpt.truncate_metrics(self.out_dir, self.resumed_from)
+        return self.resumed_from
+
+    def wall(self) -> float:
+        return self.wall_before + time.perf_counter() - self.t_start
+
+    def save(self, step: int, window: Window, final: bool) -> dict[str, Any]:
+        """Evaluate at `step`, append the record to metrics.jsonl, write the checkpoint (and best.pt)."""
+        parts, spec, sched = self.parts, self.parts.spec, self.parts.spec.schedule
+        train_loss, grad_norm, ips = window.close()
+        t_eval = time.perf_counter()
+        use_ema = spec.eval.use_ema and "model" in parts.emas
+        metrics = evaluate(
+            parts.emas["model"].module if use_ema else parts.model,
+            parts.emas["text_encoder"].module if use_ema and "text_encoder" in parts.emas else parts.text_encoder,
+            parts.flow,
+            parts.dataset,
+            spec.eval,
+            parts.lpips,
+            parts.device,
+            batch_size=EVAL_BATCH,
+            autocast=parts.autocast,
+        )
+        eval_s = time.perf_counter() - t_eval
+        note = metrics.get("text_manip_note")
+        if note is not None and note not in parts.fallbacks:
+            parts.fallbacks.append(note)  # build checks too; this keeps any skipped metric on the record
+        path = ckpt.checkpoint_path(self.out_dir, step)
+        recon = metrics["recon_lpips"]
+        is_best = recon is not None and math.isfinite(recon) and (
+            self.best["recon_lpips"] is None or recon < self.best["recon_lpips"]
+        )
+        if is_best:
+            self.best = {"step": step, "recon_lpips": recon}
+        elapsed = self.wall()
+        tokens_per_image = (spec.resolution() // parts.flow.patch) ** 2
+        record: dict[str, Any] = {
+            "step": step,
+            "train_loss": train_loss,
+            "grad_norm": grad_norm,
+            "lr": lr_at(max(step - 1, 0), sched),
+            **metrics,
+            "iter_per_sec": ips,
+            "samples_per_sec": ips * sched.batch_size if ips else None,
+            "tokens_per_sec": ips * sched.batch_size * tokens_per_image if ips else None,
+            "peak_memory_gb": peak_memory_gb(parts.device),
+            "wall_time_s": elapsed,
+            "gpu_hours": elapsed / 3600 if parts.device.type == "cuda" else 0.0,
+            "eval_time_s": eval_s,
+            "checkpoint": str(path),
+            "best_checkpoint": str(self.out_dir / ckpt.BEST_NAME) if self.best["step"] is not None else None,
+            "best_step": self.best["step"],
+            "is_best": is_best,
+            **self.info,
+            "precision": parts.precision_mode,
+            "fallbacks": list(parts.fallbacks),
+            "fp8_linears": parts.fp8_linears,
+            "fp8_autotune": parts.fp8_autotune,
+            "repa_teacher": parts.teacher.label if parts.teacher is not None else None,
+            "resumed_from_step": self.resumed_from or None,
+            "final": final,
+        }
+        # metrics.jsonl before the checkpoint: a kill in between re-does this step on resume
+        # (truncate_metrics drops the line), never leaves a checkpoint without its record.
+        ckpt.append_metrics(self.out_dir, record)
+        extra = {"wall_time_s": elapsed, "record": record, "best": self.best, **self.provenance}
+        ckpt.save_atomic(_state(parts, step, self.gens, extra), path)
+        if is_best:
+            ckpt.mark_best(path, self.out_dir)
+        ckpt.prune(self.out_dir)
+        self.last_record = record
+        return record
+
+    def final(self, step: int, window: Window) -> dict[str, Any]:
+        """The record to end on when asked to stop at `step`: the checkpoint just written, else a new one."""
+        if self.last_record is not None and self.last_record["step"] == step:
+            return {**self.last_record, "final": True}
+        return self.save(step, window, final=True)
+
+
 # --- the loop --------------------------------------------------------------------------------------
 
 
@@ -336,128 +475,26 @@ def train_arm(
         "data": torch.Generator().manual_seed(spec.data.seed + 1),
         "noise": torch.Generator(device=dev).manual_seed(spec.data.seed + 2),
     }
-    info = device_info(dev)
-    prov = ckpt.provenance()
-    tokens_per_image = (spec.resolution() // parts.flow.patch) ** 2
-
-    step, wall_before = 0, 0.0
-    last_record: dict[str, Any] | None = None
-    best: dict[str, Any] = {"step": None, "recon_lpips": None}
-    if state is not None:
-        _restore(parts, state, gens)
-        step, wall_before = state["step"], state["wall_time_s"]
-        last_record, best = state["record"], state["best"]
-        ckpt.truncate_metrics(out_dir, step)
-    resumed_from = step
-
-    def wall() -> float:
-        return wall_before + time.perf_counter() - t_start
-
-    if last_record is not None and step >= sched.steps:
-        yield {**last_record, "final": True}
+    checkpoints = Checkpoints(parts, out_dir, gens, t_start=t_start, info=device_info(dev))
+    step = checkpoints.restore(state) if state is not None else 0
+    if checkpoints.last_record is not None and step >= sched.steps:
+        yield {**checkpoints.last_record, "final": True}
         return
 
-    # Window accumulators since the last checkpoint (device tensors: no per-step sync).
-    loss_sum = torch.zeros((), device=dev)
-    gnorm_sum = torch.zeros((), device=dev)
-    window_steps = 0
-    timed_steps, timed_s, t_window = 0, 0.0, None
-
-    def checkpoint(final: bool) -> dict[str, Any]:
-        nonlocal loss_sum, gnorm_sum, window_steps, timed_steps, timed_s, t_window, last_record, best
-        _sync(dev)
-        if t_window is not None:
-            timed_s += time.perf_counter() - t_window
-        ips = timed_steps / timed_s if timed_steps and timed_s > 0 else None
-        n = max(window_steps, 1)
-        train_loss = (loss_sum / n).item() if window_steps else None
-        grad_norm = (gnorm_sum / n).item() if window_steps else None
-        t_eval = time.perf_counter()
-        use_ema = spec.eval.use_ema and "model" in parts.emas
-        metrics = evaluate(
-            parts.emas["model"].module if use_ema else parts.model,
-            parts.emas["text_encoder"].module if use_ema and "text_encoder" in parts.emas else parts.text_encoder,
-            parts.flow,
-            parts.dataset,
-            spec.eval,
-            parts.lpips,
-            dev,
-            batch_size=EVAL_BATCH,
-            autocast=parts.autocast,
-        )
-        eval_s = time.perf_counter() - t_eval
-        note = metrics.get("text_manip_note")
-        if note is not None and note not in parts.fallbacks:
-            parts.fallbacks.append(note)  # build checks too; this keeps any skipped metric on the record
-        path = ckpt.checkpoint_path(out_dir, step)
-        recon = metrics["recon_lpips"]
-        is_best = recon is not None and math.isfinite(recon) and (
-            best["recon_lpips"] is None or recon < best["recon_lpips"]
-        )
-        if is_best:
-            best = {"step": step, "recon_lpips": recon}
-        elapsed = wall()
-        record: dict[str, Any] = {
-            "step": step,
-            "train_loss": train_loss,
-            "grad_norm": grad_norm,
-            "lr": lr_at(max(step - 1, 0), sched),
-            **metrics,
-            "iter_per_sec": ips,
-            "samples_per_sec": ips * sched.batch_size if ips else None,
-            "tokens_per_sec": ips * sched.batch_size * tokens_per_image if ips else None,
-            "peak_memory_gb": peak_memory_gb(dev),
-            "wall_time_s": elapsed,
-            "gpu_hours": elapsed / 3600 if dev.type == "cuda" else 0.0,
-            "eval_time_s": eval_s,
-            "checkpoint": str(path),
-            "best_checkpoint": str(out_dir / ckpt.BEST_NAME) if best["step"] is not None else None,
-            "best_step": best["step"],
-            "is_best": is_best,
-            **info,
-            "precision": parts.precision_mode,
-            "fallbacks": list(parts.fallbacks),
-            "fp8_linears": parts.fp8_linears,
-            "fp8_autotune": parts.fp8_autotune,
-            "repa_teacher": parts.teacher.label if parts.teacher is not None else None,
-            "resumed_from_step": resumed_from or None,
-            "final": final,
-        }
-        # metrics.jsonl before the checkpoint: a kill in between re-does this step on resume
-        # (truncate_metrics drops the line), never leaves a checkpoint without its record.
-        ckpt.append_metrics(out_dir, record)
-        state = _state(parts, step, gens, {"wall_time_s": elapsed, "record": record, "best": best, **prov})
-        ckpt.save_atomic(state, path)
-        if is_best:
-            ckpt.mark_best(path, out_dir)
-        ckpt.prune(out_dir)
-        last_record = record
-        loss_sum = torch.zeros((), device=dev)
-        gnorm_sum = torch.zeros((), device=dev)
-        window_steps, timed_steps, timed_s = 0, 0, 0.0
-        t_window = time.perf_counter() if t_window is not None else None
-        return record
-
+    window = Window.empty(dev)
     steps_this_process = 0
     while step < sched.steps:
         if should_stop is not None and should_stop():
-            if last_record is not None and last_record["step"] == step:
-                yield {**last_record, "final": True}
-            else:
-                yield checkpoint(final=True)
+            yield checkpoints.final(step, window)
             return
         if steps_this_process == WARMUP_STEPS:
-            _sync(dev)
-            t_window = time.perf_counter()
+            window.start_timing()
         loss, gnorm = train_step(parts, step, gens["data"], gens["noise"])
         step += 1
         steps_this_process += 1
-        window_steps += 1
-        if t_window is not None:
-            timed_steps += 1
-        loss_sum += loss
-        gnorm_sum += gnorm
+        window.add(loss, gnorm)
         if on_step is not None:
             on_step(step, loss.item())
         if step % sched.checkpoint_every == 0 or step == sched.steps:
-            yield checkpoint(final=step == sched.steps)
+            yield checkpoints.save(step, window, final=step == sched.steps)
+            window = Window.empty(dev, timing=window.t_timing is not None)
