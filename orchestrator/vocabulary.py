@@ -115,5 +115,6 @@ def for_script() -> dict[str, Any]:
     return {
         "run_state": {m.name: m.value for m in RunState},
         "decision": {m.name.lower(): m.value for m in RunDecision},
+        "node_state": {m.name: m.value for m in NodeState},
         "live_grid_states": sorted(LIVE_GRID_STATES),
     }

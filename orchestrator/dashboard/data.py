@@ -22,7 +22,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
 from model.spec import ArmSpec
-from orchestrator.api.schemas import RunSummary
+from orchestrator.api.schemas import RunSummary, SweepPublic
 from orchestrator.arms import LINEAGE_KEYS, ArmError, changes, flatten, resolve
 from orchestrator.db.models import METRIC_FIELDS, Event, Grid, Metric, Node, Run, Schedule, Sweep
 from orchestrator.numbers import finite_or_none, is_finite
@@ -109,20 +109,9 @@ def sweep_rows(session: Session, limit: int = 20) -> list[dict[str, Any]]:
         .order_by(Sweep.id.desc())
         .limit(limit)
     ):
-        rows.append(
-            {
-                "id": sweep.id,
-                "schedule": schedule,
-                "state": sweep.state,
-                "fired_at": _iso(sweep.fired_at),
-                "grid_id": sweep.grid_id,
-                "nodes": [{"name": n, "state": nodes.get(n, "removed")} for n in sweep.nodes],
-                "spend": sweep.spend,
-                "budget": sweep.budget,
-                "error": sweep.error,
-                "stop_reason": sweep.stop_reason,
-            }
-        )
+        row = SweepPublic.model_validate(sweep).model_dump(mode="json")
+        row.update(schedule=schedule, nodes=[{"name": n, "state": nodes.get(n, "removed")} for n in sweep.nodes])
+        rows.append(row)
     return rows
 
 
