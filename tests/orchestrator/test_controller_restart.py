@@ -23,7 +23,7 @@ from sqlalchemy import func, select
 from orchestrator.db.models import Event, Metric, Run
 from orchestrator.db.session import session_scope
 from orchestrator.vocabulary import TERMINAL_STATES
-from tests.orchestrator.tiny import tiny_overrides
+from tests.orchestrator.factories import tiny_overrides
 
 NAMESPACE = "ablate-restart-test"
 TOKEN = "restart-test-token"

@@ -22,15 +22,14 @@ from orchestrator.nodes import (
     BootstrapConfig,
     CommandFailed,
     HostKeyError,
-    NodeCreate,
     NodeShell,
-    add_node,
     bootstrap_node,
     get_node,
     probe_node,
     run_steps,
     teardown_node,
 )
+from tests.orchestrator.factories import add_ssh_node
 
 
 def _ssh_keygen_fingerprint(pub: Path) -> str:
@@ -39,19 +38,7 @@ def _ssh_keygen_fingerprint(pub: Path) -> str:
 
 
 def _register(database_url: str, sshd, name: str, known_hosts: Path | None = None) -> None:  # noqa: ANN001
-    with session_scope(database_url) as session:
-        add_node(
-            session,
-            NodeCreate(
-                name=name,
-                host=sshd.host,
-                port=sshd.port,
-                user=sshd.user,
-                key_path=str(sshd.client_key),
-                known_hosts_path=str(known_hosts or sshd.known_hosts),
-                price_per_hour=2.4,
-            ),
-        )
+    add_ssh_node(database_url, sshd, name, price_per_hour=2.4, known_hosts=known_hosts)
 
 
 def _node(database_url: str, name: str) -> Node:

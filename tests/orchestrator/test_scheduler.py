@@ -22,7 +22,7 @@ from orchestrator.db.session import session_scope
 from orchestrator.grids import GridCreate, create_grid, stop_run
 from orchestrator.scheduler import Scheduler, actor_name, run_dir
 from orchestrator.vocabulary import TERMINAL_STATES
-from tests.orchestrator.tiny import tiny_overrides
+from tests.orchestrator.factories import tiny_overrides
 
 TINY = tiny_overrides(steps=40)
 

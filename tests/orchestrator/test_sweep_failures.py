@@ -21,10 +21,11 @@ from sqlalchemy import func, select
 from orchestrator.api.app import create_app
 from orchestrator.db.models import Event, Grid, Node, Run, Schedule, Sweep
 from orchestrator.db.session import session_scope
-from orchestrator.nodes import BootstrapConfig, NodeCreate, add_node, find_node
+from orchestrator.nodes import BootstrapConfig, find_node
 from orchestrator.settings import Settings
 from orchestrator.sweeps import ScheduleCreate, SweepRunner, create_schedule, get_schedule, runner_lock
 from orchestrator.vocabulary import NodeState, RunState, SweepState
+from tests.orchestrator.factories import add_ssh_node
 
 GRID = {"name": "nightly", "arms": ["A"], "overrides": {"model": {"size": "tiny"}}}
 DAY = datetime(2026, 2, 2, tzinfo=UTC)
@@ -40,20 +41,7 @@ class FakeClock:
 
 @pytest.fixture(scope="module")
 def node_name(database_url: str, sshd) -> str:  # noqa: ANN001
-    with session_scope(database_url) as session:
-        add_node(
-            session,
-            NodeCreate(
-                name="flaky-node",
-                host=sshd.host,
-                port=sshd.port,
-                user=sshd.user,
-                key_path=str(sshd.client_key),
-                known_hosts_path=str(sshd.known_hosts),
-                price_per_hour=1.0,
-            ),
-        )
-    return "flaky-node"
+    return add_ssh_node(database_url, sshd, "flaky-node", price_per_hour=1.0)
 
 
 @pytest.fixture(autouse=True)

@@ -33,6 +33,7 @@ from orchestrator.sweeps import (
     resume_schedule,
 )
 from orchestrator.vocabulary import RunState
+from tests.orchestrator.factories import add_ssh_node
 
 GRID = {"name": "nightly", "arms": ["A", "B"], "overrides": {"model": {"size": "tiny"}}}
 DAY = datetime(2026, 1, 5, tzinfo=UTC)  # a Monday
@@ -48,24 +49,10 @@ class FakeClock:
         return self.now
 
 
-def _add_node(database_url: str, **fields: object) -> str:
-    with session_scope(database_url) as session:
-        add_node(session, NodeCreate(price_per_hour=2.0, **fields))  # type: ignore[arg-type]
-    return str(fields["name"])
-
-
 @pytest.fixture(scope="module")
 def ssh_node(database_url: str, sshd) -> str:  # noqa: ANN001
     """A node on the loopback OpenSSH server, for the sweeps that provision, copy back and tear down."""
-    return _add_node(
-        database_url,
-        name="night-node",
-        host=sshd.host,
-        port=sshd.port,
-        user=sshd.user,
-        key_path=str(sshd.client_key),
-        known_hosts_path=str(sshd.known_hosts),
-    )
+    return add_ssh_node(database_url, sshd, "night-node")
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +60,10 @@ def node_name(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> st
     """A registered node that is never contacted: the tests that only fire schedules need no SSH server."""
     key = tmp_path_factory.mktemp("keys") / "unused_ed25519"
     key.write_text("never read: no test using this node opens a connection\n")
-    return _add_node(database_url, name="paper-node", host="192.0.2.1", user="nobody", key_path=str(key))
+    body = NodeCreate(name="paper-node", host="192.0.2.1", user="nobody", key_path=str(key), price_per_hour=2.0)
+    with session_scope(database_url) as session:
+        add_node(session, body)
+    return body.name
 
 
 @pytest.fixture(autouse=True)
