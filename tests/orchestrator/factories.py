@@ -4,6 +4,7 @@ tests.cluster.testbed is): the tiniest arm overrides that still train, and a nod
 
 from __future__ import annotations
 
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -49,3 +50,13 @@ def add_ssh_node(
     with session_scope(database_url) as session:
         add_node(session, body)
     return name
+
+
+class FakeClock:
+    """A sweep runner's clock, moved by the test."""
+
+    def __init__(self, now: datetime) -> None:
+        self.now = now
+
+    def __call__(self) -> datetime:
+        return self.now

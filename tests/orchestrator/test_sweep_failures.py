@@ -25,18 +25,10 @@ from orchestrator.nodes import BootstrapConfig, find_node
 from orchestrator.settings import Settings
 from orchestrator.sweeps import ScheduleCreate, SweepRunner, create_schedule, get_schedule, runner_lock
 from orchestrator.vocabulary import NodeState, RunState, SweepState
-from tests.orchestrator.factories import add_ssh_node
+from tests.orchestrator.factories import FakeClock, add_ssh_node
 
 GRID = {"name": "nightly", "arms": ["A"], "overrides": {"model": {"size": "tiny"}}}
 DAY = datetime(2026, 2, 2, tzinfo=UTC)
-
-
-class FakeClock:
-    def __init__(self, now: datetime) -> None:
-        self.now = now
-
-    def __call__(self) -> datetime:
-        return self.now
 
 
 @pytest.fixture(scope="module")

@@ -33,20 +33,10 @@ from orchestrator.sweeps import (
     resume_schedule,
 )
 from orchestrator.vocabulary import RunState
-from tests.orchestrator.factories import add_ssh_node
+from tests.orchestrator.factories import FakeClock, add_ssh_node
 
 GRID = {"name": "nightly", "arms": ["A", "B"], "overrides": {"model": {"size": "tiny"}}}
 DAY = datetime(2026, 1, 5, tzinfo=UTC)  # a Monday
-
-
-class FakeClock:
-    """The runner's clock, moved by the test."""
-
-    def __init__(self, now: datetime) -> None:
-        self.now = now
-
-    def __call__(self) -> datetime:
-        return self.now
 
 
 @pytest.fixture(scope="module")
