@@ -81,3 +81,15 @@ def pytest_sessionfinish(session: pytest.Session) -> Iterator[None]:
             yellow=True,
         )
     return result
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint() -> Iterator[str]:
+    """moto's S3 in server mode on a free loopback port; its endpoint URL."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()

@@ -114,19 +114,10 @@ def test_sftp_server_with_an_unknown_host_key_is_refused_and_recorded(sshd, tmp_
 
 
 @pytest.fixture(scope="module")
-def s3_endpoint() -> Iterator[str]:
-    server_mod = pytest.importorskip("moto.server")
-    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
-
-
-@pytest.fixture(scope="module")
 def ray_with_aws_env() -> Iterator[Any]:
     """A local Ray whose workers see the usual AWS variables (they inherit the driver's environment)."""
-    ray = pytest.importorskip("ray")
+    import ray
+
     saved = {k: os.environ.get(k) for k in AWS_ENV}
     os.environ.update(AWS_ENV)
     ray.init(num_gpus=4, num_cpus=2, namespace="ablate-storage-test", include_dashboard=False, log_to_driver=False)

@@ -132,17 +132,6 @@ def test_a_node_with_an_older_checkpoint_takes_the_newer_one_from_storage(tmp_pa
 # -- S3: a real S3-compatible server on loopback ------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def s3_server() -> Iterator[str]:
-    """moto's S3 in server mode on a free loopback port; its endpoint URL."""
-    server_mod = pytest.importorskip("moto.server")
-    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
-
-
 @pytest.fixture
 def aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
     # The usual AWS variables (moto accepts any key); nothing may reach a real AWS endpoint.
@@ -153,12 +142,12 @@ def aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_s3_store_retries_while_the_bucket_is_missing_and_training_goes_on(
-    s3_server: str, aws_env: None, tmp_path: Path
+    s3_endpoint: str, aws_env: None, tmp_path: Path
 ) -> None:
     """The bucket does not exist yet: every upload fails and is logged with its error, yet the trainer
     yields all its checkpoints (uploads never stall it). Once the bucket exists a retry stores the
     newest checkpoint (older pending ones were superseded), and only then does the worker report done."""
-    options = {"endpoint_url": s3_server}
+    options = {"endpoint_url": s3_endpoint}
     url = "s3://ablate-late-bucket/ckpts/run-5"
     worker = ArmWorker(5, spec(), str(tmp_path / "node"), storage={"url": url, "options": options, "keep_last": 1})
     trained = wait_for(lambda: len((r := worker.poll(None, 0.5))["records"]) == 3 and r, "all three checkpoints")
@@ -181,8 +170,8 @@ def test_s3_store_retries_while_the_bucket_is_missing_and_training_goes_on(
     ).read_bytes()
 
 
-def test_s3_resume_on_a_fresh_node(s3_server: str, aws_env: None, tmp_path: Path) -> None:
-    options = {"endpoint_url": s3_server}
+def test_s3_resume_on_a_fresh_node(s3_endpoint: str, aws_env: None, tmp_path: Path) -> None:
+    options = {"endpoint_url": s3_endpoint}
     fs, _ = open_fs("s3://ablate-resume", options)
     fs.mkdir("ablate-resume")
     url = "s3://ablate-resume/run-6"
