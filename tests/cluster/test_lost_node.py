@@ -48,8 +48,9 @@ CREDENTIALS = ("ablate-bed", "ablate-bed-secret")  # moto accepts any; nothing l
 @pytest.fixture(scope="module")
 def s3_on_bridge(testbed: TestBed) -> Iterator[str]:
     """moto's S3 server on the controller's bridge address (reachable from every node), a bucket in it."""
-    server_mod = pytest.importorskip("moto.server")
-    server = server_mod.ThreadedMotoServer(ip_address=testbed.controller_ip, port=0, verbose=False)
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address=testbed.controller_ip, port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
     endpoint = f"http://{host}:{port}"
