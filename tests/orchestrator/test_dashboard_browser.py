@@ -268,3 +268,45 @@ def test_live_grid_updates_and_labels_standins(base_url: str, database_url: str,
     page.wait_for_selector("#live", state="hidden", timeout=20_000)
     assert page.inner_text("#arms tr[data-arm='B'] .badge") == "completed"
     page.close()
+
+
+@needs_chromium
+def test_unstored_checkpoints_and_a_second_node_are_shown(base_url: str, database_url: str, browser_context) -> None:  # type: ignore[no-untyped-def]
+    """A run whose newest checkpoint has not reached checkpoint storage for longer than the alarm time
+    (15 min by default) gets a red banner with the last upload error; a run resumed on another node
+    names both nodes."""
+    from datetime import UTC, datetime, timedelta
+
+    from orchestrator.db.models import Event
+    from orchestrator.db.session import session_scope
+    from orchestrator.grids import GridCreate, create_grid
+    from orchestrator.vocabulary import RunState
+
+    now = datetime.now(UTC)
+    with session_scope(database_url) as s:
+        grid = create_grid(s, GridCreate(name="storage", arms=["A", "B"], overrides={"model": {"size": "tiny"}}))
+        a, b = grid.runs
+        for run in grid.runs:
+            run.state, run.checkpoint_url = RunState.running, f"s3://bucket/run-{run.id}"
+        b.nodes, b.retries = ["node0 (10.1.0.11)", "node1 (10.1.0.12)"], 1
+        s.flush()
+        s.add_all([
+            Event(run_id=a.id, grid_id=grid.id, kind="checkpoint", time=now - timedelta(minutes=22), data={"step": 10}),
+            Event(run_id=a.id, grid_id=grid.id, kind="checkpoint.store_failed", time=now - timedelta(minutes=1),
+                  data={"step": 10, "seq": 1, "attempt": 0, "error": "EndpointConnectionError: bucket unreachable"}),
+            Event(run_id=b.id, grid_id=grid.id, kind="checkpoint", time=now - timedelta(minutes=22), data={"step": 10}),
+            Event(run_id=b.id, grid_id=grid.id, kind="checkpoint.stored", time=now - timedelta(minutes=21),
+                  data={"step": 10, "seq": 1, "attempt": 0}),
+        ])
+        gid = grid.id
+
+    page = browser_context.new_page()
+    page.goto(f"{base_url}/grids/{gid}")
+    page.wait_for_selector("main#grid[data-ready='true']")
+    banner = page.inner_text("#banners .banner.storage[data-arm='A']")
+    assert "checkpoints not stored for 22 min" in banner and "bucket unreachable" in banner
+    assert "No checkpoint in storage yet" in banner
+    assert page.query_selector("#banners .banner.storage[data-arm='B']") is None  # B's checkpoint is stored
+    assert "checkpoints unstored 22 min" in page.inner_text("#arms tr[data-arm='A']")
+    assert "nodes: node0 (10.1.0.11) → node1 (10.1.0.12)" in page.inner_text("#arms tr[data-arm='B']")
+    page.close()
