@@ -179,7 +179,7 @@ class CheckpointStore:
             os.link(src, staged)
         except OSError:  # no hard links on this filesystem: a copy (slower, still correct)
             shutil.copy2(src, staged)
-        records = {n: (self.out_dir / n).read_bytes() for n in RECORD_FILES if (self.out_dir / n).exists()}
+        records = {f: (self.out_dir / f).read_bytes() for f in RECORD_FILES if (self.out_dir / f).exists()}
         item = _Item(step, staged, records)
         with self._cond:
             old = [self._latest, self._best]

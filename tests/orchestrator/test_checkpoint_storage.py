@@ -22,7 +22,7 @@ from orchestrator.db.models import Event, Grid, Metric, Run
 from orchestrator.db.session import session_scope
 from orchestrator.grids import GridCreate, create_grid
 from orchestrator.ingest import record_event
-from orchestrator.storage import storage_alarms
+from orchestrator.storage import record_storage, seen_seq, storage_alarms
 from orchestrator.sweeps import SweepRunner
 from orchestrator.vocabulary import TERMINAL_STATES
 from worker.actor import ArmWorker
@@ -285,3 +285,26 @@ def test_dashboard_flags_a_run_whose_checkpoints_are_not_stored(database_url: st
     with session_scope(database_url) as session:
         (status,) = storage_alarms(session, [session.get(Run, run_id)], minutes=15).values()
         assert status["alarm"] is False and status["stored_step"] == 20 and status["failed_attempts"] == 0
+
+
+def test_upload_log_entries_become_events_once_across_polls_restarts_and_attempts(database_url: str) -> None:
+    """The worker re-sends its last 50 log entries with every poll; each becomes one event, also after a
+    controller restart (which reads back what it stored) and for a new attempt (whose sequence restarts)."""
+    def log(*seqs: int) -> dict[str, Any]:
+        return {"log": [{"seq": s, "time": "t", "kind": "checkpoint.stored", "message": f"#{s}",
+                         "data": {"step": 10 * s}} for s in seqs]}
+
+    with session_scope(database_url) as session:
+        run = create_grid(session, GridCreate(name="seq", arms=["A"], overrides=TINY)).runs[0]
+        session.flush()
+        seen = record_storage(session, run, 0, log(1, 2), 0)
+        seen = record_storage(session, run, 0, log(1, 2, 3), seen)  # the next poll repeats 1 and 2
+        run_id = run.id
+    assert seen == 3
+    with session_scope(database_url) as session:  # a restarted controller adopts the same worker
+        run = session.get(Run, run_id)
+        assert seen_seq(session, run_id, 0) == 3 and seen_seq(session, run_id, 1) == 0
+        record_storage(session, run, 0, log(2, 3, 4), seen_seq(session, run_id, 0))
+        record_storage(session, run, 1, log(1), seen_seq(session, run_id, 1))  # the next attempt's worker
+    kinds = [(e.data["attempt"], e.data["seq"]) for e in _events(database_url, run_id) if e.kind == "checkpoint.stored"]
+    assert kinds == [(0, 1), (0, 2), (0, 3), (0, 4), (1, 1)]
