@@ -75,6 +75,19 @@ def _nonempty(path: Path) -> bool:
     return path.is_dir() and any(path.iterdir())
 
 
+def _refresh_ray_auth() -> None:
+    """Make an already imported Ray see the auth environment just set (what Ray's own
+    `_enable_token_auth` does); a no-op where Ray was not imported yet."""
+    import sys
+
+    if "ray" not in sys.modules:
+        return
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
+
+
 def connect_ray(settings: Settings, **init_kwargs: Any) -> None:
     """Join the configured cluster, or start a local Ray (declaring settings.logical_gpus GPUs if > 0)."""
     import signal
@@ -86,6 +99,7 @@ def connect_ray(settings: Settings, **init_kwargs: Any) -> None:
         from orchestrator.cluster import auth_env
 
         os.environ.update(auth_env(token))
+        _refresh_ray_auth()  # for a process that imported Ray already
     import ray
 
     if ray.is_initialized():

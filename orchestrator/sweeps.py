@@ -488,19 +488,21 @@ class SweepRunner:
         with session_scope(self.database_url) as session:
             grid = session.get(Grid, grid_id) if grid_id is not None else None
             nodes = {n.name: n for n in session.scalars(select(Node).where(Node.name.in_(names)))}
-            # A worker records its hostname; map it (and the SSH host) back to the node that ran it.
+            # A worker records its hostname and Ray node IP; map them (and the SSH host) back to the node
+            # that ran it. The IP first: machines (the test bed's namespaces, cloned images) share hostnames.
             aliases = {
                 alias: name
                 for name, n in nodes.items()
                 for alias in (name, n.host, n.last_probe.get("hostname"))
                 if alias
             }
+            started_ip = _started_ips(session, [r.id for r in grid.runs] if grid is not None else [])
             export = []
             for run in grid.runs if grid is not None else []:
                 record = RunPublic.from_row(run, run.metrics[-1] if run.metrics else None)
                 metrics = [MetricPublic.model_validate(m).model_dump(mode="json") for m in run.metrics]
                 export.append({**record.model_dump(mode="json"), "metrics": metrics})
-                owner = aliases.get(run.node or "")
+                owner = aliases.get(started_ip.get(run.id, "")) or aliases.get(run.node or "")
                 local = results / "runs" / f"{run.id}-{_path_part(run.arm)}"
                 if run.checkpoint_url:
                     stored.append((run.checkpoint_url, local, owner, run.checkpoint_dir))
@@ -590,6 +592,20 @@ class SweepRunner:
                 except Exception:
                     log.exception("cannot record the failed tick")
             stop.wait(interval_s)
+
+
+def _started_ips(session: Session, run_ids: list[int]) -> dict[int, str]:
+    """Run id -> the Ray node IP its latest worker reported when it started (from the "started" events)."""
+    ips: dict[int, str] = {}
+    if not run_ids:
+        return ips
+    events = session.scalars(
+        select(Event).where(Event.run_id.in_(run_ids), Event.kind == "started").order_by(Event.id)
+    )
+    for event in events:
+        if isinstance(event.data, dict) and event.data.get("node_ip"):
+            ips[event.run_id] = str(event.data["node_ip"])  # type: ignore[index]
+    return ips
 
 
 def _path_part(name: str) -> str:
