@@ -122,6 +122,7 @@ def start_head(
     dashboard_host: str = "127.0.0.1",
     num_cpus: int | None = None,
     ray: str | None = None,
+    dashboard_port: int | None = None,
 ) -> RayHead:
     """`ray start --head` with token auth, no GPUs (nodes bring them), dashboard and job API on
     `dashboard_host` (loopback unless the operator opens it), in its own session."""
@@ -133,6 +134,8 @@ def start_head(
     ]  # fmt: skip
     if num_cpus is not None:
         command.append(f"--num-cpus={num_cpus}")
+    if dashboard_port is not None:
+        command.append(f"--dashboard-port={dashboard_port}")
     session_dir = temp_dir / "ablate-head"
     head = RayHead(address=f"{node_ip}:{port}", session_dir=session_dir, token_file=token_file)
     status = start_session(session_dir, command, env=auth_env(token_file))

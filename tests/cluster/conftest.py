@@ -47,16 +47,25 @@ def testbed() -> Iterator[TestBed]:
 
 @pytest.fixture(scope="module")
 def ray_head(testbed: TestBed) -> Iterator[RayHead]:
-    with socket.socket() as s:
-        s.bind((testbed.controller_ip, 0))
-        port = s.getsockname()[1]
+    port, dashboard_port = _free_port(testbed.controller_ip), _free_port("127.0.0.1")
     head = start_head(
-        testbed.controller_ip, port, testbed.root / "controller" / "ray_token", testbed.root / "head", num_cpus=1
+        testbed.controller_ip,
+        port,
+        testbed.root / "controller" / "ray_token",
+        testbed.root / "head",
+        num_cpus=1,
+        dashboard_port=dashboard_port,  # loopback is shared with other Ray heads on this machine
     )
     try:
         yield head
     finally:
         head.stop()
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
 
 
 def node_config(testbed: TestBed, head: RayHead, **overrides: object) -> BootstrapConfig:

@@ -26,7 +26,7 @@ from sqlalchemy import func, select
 
 from orchestrator.api.app import create_app
 from orchestrator.cluster import RayHead
-from orchestrator.db.models import Event, Grid, Metric, Node, Run, Sweep
+from orchestrator.db.models import Event, Grid, Metric, Node, Run, Schedule, Sweep
 from orchestrator.db.session import session_scope
 from orchestrator.nodes import NodeCreate, add_node
 from orchestrator.settings import Settings
@@ -116,6 +116,14 @@ def controller(
             proc.kill()
             proc.wait()
         log.close()
+
+
+@pytest.fixture(autouse=True)
+def _only_this_tests_schedule(database_url: str) -> None:
+    """Each test's clock jumps to another night: earlier tests' schedules must not fire there too."""
+    with session_scope(database_url) as session:
+        for schedule in session.scalars(select(Schedule)):
+            schedule.paused = True
 
 
 def _schedule(c: Controller, name: str, clock: Clock, overrides: dict[str, Any], budget: float | None = None) -> None:

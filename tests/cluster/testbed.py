@@ -320,7 +320,16 @@ class TestBed:
         )
 
     def node_processes(self, node: BedNode) -> list[int]:
-        return _pids_of_uid(node.uid)
+        """Live processes of the node's user (zombies left to an init that does not reap them excluded)."""
+        live = []
+        for pid in _pids_of_uid(node.uid):
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+            except OSError:
+                continue
+            if stat[stat.rindex(")") + 2] != "Z":
+                live.append(pid)
+        return live
 
     # -- teardown --------------------------------------------------------------------------------------
 

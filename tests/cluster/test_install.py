@@ -1,0 +1,69 @@
+"""Install without an index: bootstrap's default install path into a fresh venv on a test-bed node,
+from a wheelhouse built in the test and copied over SFTP.
+
+What this proves: the install steps (`python -m venv`, `pip install --no-index --find-links
+<wheelhouse>`) run on a node that cannot reach any index (the namespace's only network is the
+bridge), the project's wheel lands in the new venv, and the node-side Ray session helper that the
+join and leave commands use runs from it. What it does not: the full dependency closure (torch,
+ray, ... are gigabytes), so the package line adds `--no-deps`; the other cluster tests use a
+pre-built environment, as the worker image does.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from orchestrator.cluster import RayHead
+from orchestrator.db.session import session_scope
+from orchestrator.nodes import BootstrapConfig, NodeCreate, add_node, bootstrap_node
+from tests.cluster.conftest import ROOT, node_config
+from tests.cluster.testbed import TestBed
+
+
+def test_default_install_from_a_wheelhouse_with_no_index(
+    database_url: str, testbed: TestBed, ray_head: RayHead, tmp_path: Path
+) -> None:
+    wheelhouse = tmp_path / "wheelhouse"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheelhouse), "."],
+        cwd=ROOT,
+        check=True,
+        timeout=300,
+    )
+    [wheel] = wheelhouse.glob("ablate-*.whl")
+    node = testbed.nodes[0]
+    probe = "import socket; socket.create_connection(('pypi.org', 443), 3)"
+    unreachable = testbed.in_node(node, sys.executable, "-c", probe)
+    assert unreachable.returncode != 0  # the node has no way to an index
+
+    default = BootstrapConfig()
+    config = node_config(
+        testbed,
+        ray_head,
+        venv=None,  # the default: {remote_dir}/venv, made by the install
+        python=sys.executable,  # its venv module makes a fresh venv on the base interpreter
+        package=wheel,
+        wheelhouse=wheelhouse,
+        install=[*default.install[:2], default.install[2] + " --no-deps"],
+        join=["{venv}/bin/python -m orchestrator.cluster --help > {remote_dir}/helper.txt"],
+    )
+    with session_scope(database_url) as session:
+        add_node(
+            session,
+            NodeCreate(
+                name="fresh",
+                host=node.ip,
+                user=node.user,
+                key_path=str(node.client_key),
+                known_hosts_path=str(node.known_hosts),
+            ),
+        )
+    bootstrap_node(database_url, "fresh", config)
+
+    venv = node.home / "ablate" / "venv"
+    assert (node.home / "ablate" / "wheelhouse" / wheel.name).is_file()  # copied over SFTP
+    installed = list((venv / "lib").glob("python3*/site-packages/ablate-*.dist-info"))
+    assert len(installed) == 1
+    assert "start-session" in (node.home / "ablate" / "helper.txt").read_text()  # ran from the fresh venv
