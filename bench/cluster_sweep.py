@@ -1,0 +1,218 @@
+"""Overnight sweep latencies on the namespace test bed (tests/cluster/testbed.py), as root on Linux.
+
+Measures, on two namespace nodes joined to a token-auth Ray head over real SSH, with the real
+scheduler in its own process:
+  - node provisioned -> joined: the `ray start` of the join command (SSH command duration);
+  - fire -> first optimizer step on a node: the sweep's fire tick to the first metric row at step 1
+    (checkpoint_every=1, so the first record follows the first optimizer step; includes the step-1
+    evaluation of 2 tiny samples and the scheduler's 0.3 s poll);
+  - teardown: each node's leave (stop its Ray session) + cleanup commands, and the whole collecting
+    tick (copy-back of every run's checkpoints + teardown of both nodes).
+
+    python bench/cluster_sweep.py [--repeats 1] [--out docs/bench-results/cluster_sweep.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from sqlalchemy import func, select  # noqa: E402
+
+from orchestrator.cluster import start_head  # noqa: E402
+from orchestrator.db.models import Event, Grid, Metric, Run, Sweep  # noqa: E402
+from orchestrator.db.session import session_scope, upgrade  # noqa: E402
+from orchestrator.nodes import NodeCreate, add_node  # noqa: E402
+from orchestrator.sweeps import ScheduleCreate, SweepRunner, create_schedule  # noqa: E402
+from orchestrator.vocabulary import ACTIVE_SWEEP_STATES, SweepState  # noqa: E402
+from tests.cluster.conftest import PACKAGES, node_config  # noqa: E402
+from tests.cluster.testbed import TestBed  # noqa: E402
+
+TINY = {
+    "model": {"size": "tiny", "depth": 3, "identity_tokens": 4},
+    "data": {"dataset": "shapes", "num_images": 32, "held_out": 2},
+    "schedule": {"steps": 5, "batch_size": 2, "warmup_steps": 1, "checkpoint_every": 1, "ema": {"warmup_steps": 1}},
+    "eval": {"num_samples": 2, "sampler_steps": 2, "lpips_backbone": "random_standin"},
+    "precision": {"mode": "fp32"},
+}
+ARMS = ["A", "B", "C", {"parent": "A", "name": "A2"}, {"parent": "A", "name": "A3"}]
+
+
+class Clock:
+    """Fake time at the fire, real time after it."""
+
+    def __init__(self, at: datetime) -> None:
+        self.at, self.real_from = at, time.monotonic()
+
+    def __call__(self) -> datetime:
+        return self.at + timedelta(seconds=time.monotonic() - self.real_from)
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def one_sweep(bed: TestBed, head, database_url: str, storage: Path, night: int) -> dict[str, float]:  # noqa: ANN001
+    fire_at = datetime(2026, 4, 1 + night, 22, tzinfo=UTC)
+    with session_scope(database_url) as session:
+        create_schedule(
+            session,
+            ScheduleCreate(
+                name=f"bench-{night}",
+                cron="0 22 * * *",
+                grid={"name": f"bench-{night}", "arms": ARMS, "overrides": TINY},
+                nodes=[n.name for n in bed.nodes],
+            ),
+            now=fire_at - timedelta(hours=1),
+        )
+    clock = Clock(fire_at)
+    runner = SweepRunner(database_url, storage, clock=clock, node_config=node_config(bed, head))
+    with session_scope(database_url) as session:
+        before = session.scalar(select(func.max(Event.id))) or 0
+    fired = time.time()
+    runner.tick()
+    with session_scope(database_url) as session:
+        sweep = session.scalars(select(Sweep).order_by(Sweep.id.desc())).first()
+        assert sweep is not None and sweep.state == SweepState.running, sweep and sweep.error
+        sweep_id, grid_id = sweep.id, sweep.grid_id
+        joins = [
+            e.data["duration_s"]
+            for e in session.scalars(select(Event).where(Event.kind == "node.command", Event.id > before))
+            if "ray start" in e.message
+        ]
+    first_step = None
+    collect_s = None
+    while True:
+        if first_step is None:
+            with session_scope(database_url) as session:
+                first = session.scalar(
+                    select(Metric.created_at)
+                    .join(Run, Metric.run_id == Run.id)
+                    .where(Run.grid_id == grid_id, Metric.step == 1)
+                    .order_by(Metric.created_at)
+                )
+            if first is not None:
+                first_step = first.replace(tzinfo=UTC).timestamp() - fired
+        with session_scope(database_url) as session:
+            state = session.get_one(Sweep, sweep_id).state
+        if state not in ACTIVE_SWEEP_STATES:
+            break
+        started = time.monotonic()
+        runner.tick()
+        if state == SweepState.collecting:
+            collect_s = time.monotonic() - started
+        time.sleep(0.3)
+    with session_scope(database_url) as session:
+        sweep = session.get_one(Sweep, sweep_id)
+        assert sweep.state == SweepState.completed, sweep.error
+        assert len(session.get_one(Grid, grid_id).runs) == 5
+        leaves = [
+            e.data["duration_s"]
+            for e in session.scalars(select(Event).where(Event.kind == "node.command", Event.id > before))
+            if "stop-session" in e.message or e.message.startswith("rm -rf")
+        ]
+    return {
+        "join_s": max(joins),
+        "fire_to_first_step_s": first_step or float("nan"),
+        "teardown_commands_s": sum(leaves) / len(bed.nodes),
+        "collecting_tick_s": collect_s or float("nan"),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    TestBed.check()
+    tag = f"ab{os.getpid() % 100000}"
+    storage = Path("/tmp") / tag / "controller" / "storage"
+    work = Path(tempfile.mkdtemp(prefix="ablate-bench-"))
+    database_url = f"sqlite:///{work / 'ablate.db'}"
+    upgrade(database_url)
+    readable = [Path(sys.base_prefix), Path(sys.prefix)]
+    with TestBed(nodes=2, gpus=2, tag=tag, private_paths=[storage], readable=readable) as bed:
+        bed.src = bed.root / "src"  # type: ignore[attr-defined]
+        for package in PACKAGES:
+            shutil.copytree(ROOT / package, bed.src / package, ignore=shutil.ignore_patterns("__pycache__"))  # type: ignore[attr-defined]
+        token = bed.root / "controller" / "ray_token"
+        head = start_head(
+            bed.controller_ip,
+            free_port(bed.controller_ip),
+            token,
+            bed.root / "head",
+            num_cpus=1,
+            dashboard_port=free_port("127.0.0.1"),
+        )
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "ABLATE_DATABASE_URL": database_url,
+            "ABLATE_RAY_ADDRESS": head.address,
+            "ABLATE_RAY_TOKEN_FILE": str(token),
+            "ABLATE_STORAGE_DIR": str(storage),
+            "ABLATE_SCHEDULER_INTERVAL_S": "0.3",
+            "ABLATE_WORKER_THREADS": "1",
+            "ABLATE_RAY_NAMESPACE": f"ablate-bench-{os.getpid()}",
+        }
+        scheduler = subprocess.Popen(
+            [sys.executable, "-m", "orchestrator.scheduler"],
+            env=env,
+            stdout=(work / "scheduler.log").open("wb"),
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            for node in bed.nodes:
+                with session_scope(database_url) as session:
+                    add_node(
+                        session,
+                        NodeCreate(
+                            name=node.name,
+                            host=node.ip,
+                            user=node.user,
+                            key_path=str(node.client_key),
+                            known_hosts_path=str(node.known_hosts),
+                            price_per_hour=1.0,
+                        ),
+                    )
+            results = [one_sweep(bed, head, database_url, storage, i) for i in range(args.repeats)]
+        finally:
+            scheduler.terminate()
+            scheduler.wait(timeout=30)
+            head.stop()
+    shutil.rmtree(work, ignore_errors=True)
+    lines = [
+        "| measurement | " + " | ".join(f"sweep {i + 1}" for i in range(len(results))) + " | median |",
+        "|---|" + "---|" * (len(results) + 1),
+    ]
+    labels = {
+        "join_s": "node provisioned -> joined (`ray start`, slowest node), s",
+        "fire_to_first_step_s": "fire -> first optimizer step on a node, s",
+        "teardown_commands_s": "teardown per node (leave + cleanup commands), s",
+        "collecting_tick_s": "copy-back + teardown of both nodes (the collecting tick), s",
+    }
+    for key, label in labels.items():
+        values = [r[key] for r in results]
+        lines.append(f"| {label} | " + " | ".join(f"{v:.2f}" for v in values) + f" | {statistics.median(values):.2f} |")
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
