@@ -402,13 +402,14 @@ class NodeShell:
         `skipped` and named in the node event.
         """
         written: list[Path] = []
+        links: list[str] = []
         refused: list[str] = []
         root = local.resolve()
-        with self.sftp() as sftp:
+        with self.client.open_sftp() as sftp:
             for rel, kind in _walk(sftp, remote, refused=refused):
                 target = local.joinpath(*PurePosixPath(rel).parts) if rel else local
                 if kind == "link":
-                    refused.append(f"{PurePosixPath(remote) / rel if rel else remote} (symbolic link)")
+                    links.append(str(PurePosixPath(remote) / rel) if rel else remote)
                     continue
                 if not target.resolve().is_relative_to(root):  # e.g. a local link planted earlier
                     refused.append(f"{PurePosixPath(remote) / rel} (would land outside {local})")
@@ -420,8 +421,9 @@ class NodeShell:
                 sftp.get(str(PurePosixPath(remote) / rel) if rel else remote, str(target))
                 written.append(target)
         if skipped is not None:
-            skipped.extend(refused)
-        note = f"; refused {len(refused)}: {', '.join(refused)}" if refused else ""
+            skipped.extend(links + refused)
+        note = f"; skipped {len(links)} symbolic links: {', '.join(links)}" if links else ""
+        note += f"; refused {len(refused)} unsafe names: {', '.join(refused)}" if refused else ""
         self._note("sftp.get", f"{remote} -> {local} ({len(written)} files{note})")
         return written
 
