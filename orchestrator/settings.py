@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from functools import cache
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -143,7 +142,3 @@ def load_settings() -> Settings:
         field = str(exc).split('"')[1] if '"' in str(exc) else "?"
         raise SettingsError(f"invalid settings: ABLATE_{field.upper()}: must be a JSON object") from None
 
-
-@cache
-def get_settings() -> Settings:
-    return load_settings()

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from orchestrator.cli import CLIError, app
 from orchestrator.messages import database_error_text, errors_text, masked_url, validation_text
-from orchestrator.settings import Settings, get_settings
+from orchestrator.settings import Settings, load_settings
 from orchestrator.vocabulary import RunState
 
 if TYPE_CHECKING:
@@ -51,7 +51,7 @@ def serve(
     """Run the controller: migrate the database, then serve the REST API (OpenAPI at /docs)."""
     from orchestrator.server import serve as run_server
 
-    settings = get_settings()
+    settings = load_settings()
     host, port = host or settings.host, port or settings.port
     if not _port_free(host, port):
         raise CLIError(f"{host}:{port} is already in use: pass --port or set ABLATE_PORT")
@@ -65,7 +65,7 @@ def db_upgrade(revision: Annotated[str, typer.Argument(help="Alembic revision")]
 
     from orchestrator.db.session import upgrade
 
-    settings = get_settings()
+    settings = load_settings()
     try:
         upgrade(settings.database_url, revision)
     except SQLAlchemyError as exc:
@@ -115,7 +115,7 @@ def submit(
     except GridError as exc:
         raise CLIError(f"{grid_file}: {exc.message()}") from None
 
-    settings = get_settings()
+    settings = load_settings()
     host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
     base = (url or f"http://{host}:{settings.port}").rstrip("/")
     token = read_token(settings)
@@ -148,7 +148,7 @@ def status(grid_id: Annotated[int | None, typer.Argument(help="Show this grid's 
     from orchestrator.db.session import session_scope
     from orchestrator.grids import latest_metrics
 
-    settings = get_settings()
+    settings = load_settings()
     try:
         with session_scope(settings.database_url) as session:
             if grid_id is None:
@@ -221,7 +221,7 @@ def ray_head(
     storage_dir/ray_token (0600), which `ablate serve` and node bootstrap then use."""
     from orchestrator.cluster import start_head
 
-    settings = get_settings()
+    settings = load_settings()
     token = settings.ray_token_file or settings.storage_dir / "ray_token"
     try:
         head = start_head(node_ip_address, port, token, Path("/tmp/ablate-ray"), dashboard_host=dashboard_host)

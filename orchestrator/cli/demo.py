@@ -23,7 +23,7 @@ from rich.table import Table
 
 from arms import ARMS_DIR
 from orchestrator.cli import CLIError, app
-from orchestrator.settings import Settings, get_settings
+from orchestrator.settings import Settings, load_settings
 from orchestrator.vocabulary import DETECTOR_STOPS, TERMINAL_STATES, RunDecision, RunState
 
 console = Console()
@@ -240,7 +240,7 @@ def demo(
     from orchestrator.grids import GridCreate, create_grid
     from orchestrator.scheduler import Scheduler, connect_ray
 
-    settings = demo_settings(get_settings())
+    settings = demo_settings(load_settings())
     upgrade(settings.database_url)
     own_db = "ABLATE_DATABASE_URL" not in os.environ
     if own_db:

@@ -51,7 +51,7 @@ def import_command(
     from orchestrator.db.session import session_scope, upgrade
     from orchestrator.grids import GridError
     from orchestrator.importer import CurvesImportError, arm_letters, import_curves, start_times_of
-    from orchestrator.settings import get_settings
+    from orchestrator.settings import load_settings
 
     pol = load_policy(policy) if policy is not None else None
     try:
@@ -64,7 +64,7 @@ def import_command(
     except CurvesImportError as exc:
         raise CLIError(f"{curves}: {exc}") from None
     starts = start_times_of(json.loads(curves.read_text()))
-    settings = get_settings()
+    settings = load_settings()
     try:
         upgrade(settings.database_url)
         with session_scope(settings.database_url) as session:

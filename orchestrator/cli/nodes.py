@@ -19,6 +19,7 @@ from rich.table import Table
 
 from orchestrator.cli import CLIError, app
 from orchestrator.messages import database_error_text, validation_text
+from orchestrator.settings import load_settings
 
 nodes_app = typer.Typer(no_args_is_help=True, help="Rented GPU nodes reached over SSH (known host keys only).")
 app.add_typer(nodes_app, name="nodes")
@@ -42,8 +43,6 @@ def node_errors() -> Iterator[None]:
 
 
 def _database_url() -> str:
-    from orchestrator.settings import load_settings
-
     return load_settings().database_url
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -18,15 +18,10 @@ from rich.table import Table
 from orchestrator.cli import CLIError, app
 from orchestrator.cli.core import load_grid_file
 from orchestrator.cli.nodes import node_errors
+from orchestrator.settings import load_settings
 
 schedules_app = typer.Typer(no_args_is_help=True, help="Cron-fired sweeps on rented nodes (cron times are UTC).")
 app.add_typer(schedules_app, name="schedules")
-
-
-def _settings() -> Any:
-    from orchestrator.settings import load_settings
-
-    return load_settings()
 
 
 @contextmanager
@@ -67,7 +62,7 @@ def create(
             budget=budget,
             misfire=misfire,  # type: ignore[arg-type]
         )
-        with session_scope(_settings().database_url) as session:
+        with session_scope(load_settings().database_url) as session:
             schedule = create_schedule(session, body)
             first = schedule.next_fire_at
     typer.echo(f"schedule {name} created; first fire {first:%Y-%m-%d %H:%M} UTC")
@@ -95,7 +90,7 @@ def list_() -> None:
     table = Table(title="schedules (UTC)")
     for col in ("name", "cron", "nodes", "budget", "misfire", "status", "next fire", "last sweep"):
         table.add_column(col)
-    with _schedule_errors(), session_scope(_settings().database_url) as session:
+    with _schedule_errors(), session_scope(load_settings().database_url) as session:
         states = {n.name: n.state for n in list_nodes(session)}
         for s in list_schedules(session):
             p = SchedulePublic.model_validate(s)
@@ -123,7 +118,7 @@ def pause(name: Annotated[str, typer.Argument(help="Schedule name")]) -> None:
     from orchestrator.db.session import session_scope
     from orchestrator.sweeps import pause_schedule
 
-    with _schedule_errors(), session_scope(_settings().database_url) as session:
+    with _schedule_errors(), session_scope(load_settings().database_url) as session:
         pause_schedule(session, name)
     typer.echo(f"schedule {name} paused")
 
@@ -134,7 +129,7 @@ def resume(name: Annotated[str, typer.Argument(help="Schedule name")]) -> None:
     from orchestrator.db.session import session_scope
     from orchestrator.sweeps import resume_schedule
 
-    with _schedule_errors(), session_scope(_settings().database_url) as session:
+    with _schedule_errors(), session_scope(load_settings().database_url) as session:
         nxt = resume_schedule(session, name).next_fire_at
     typer.echo(f"schedule {name} resumed; next fire {nxt:%Y-%m-%d %H:%M} UTC")
 
@@ -145,7 +140,7 @@ def delete(name: Annotated[str, typer.Argument(help="Schedule name")]) -> None:
     from orchestrator.db.session import session_scope
     from orchestrator.sweeps import delete_schedule
 
-    with _schedule_errors(), session_scope(_settings().database_url) as session:
+    with _schedule_errors(), session_scope(load_settings().database_url) as session:
         delete_schedule(session, name)
     typer.echo(f"schedule {name} deleted")
 
@@ -155,7 +150,7 @@ def run(interval: Annotated[float, typer.Option(help="Seconds between ticks")] =
     """Fire schedules and drive their sweeps in the foreground until interrupted."""
     from orchestrator.sweeps import SweepRunner
 
-    settings = _settings()
+    settings = load_settings()
     runner = SweepRunner(settings.database_url, settings.storage_dir, checkpoint_options=settings.checkpoint_options)
     typer.echo(f"sweep runner: ticking every {interval:g} s against {settings.database_url.split('@')[-1]}")
     try:
