@@ -94,7 +94,7 @@ def evaluate(
 
     `model` (the EMA copy when eval.use_ema) and `text_encoder` are put in eval mode for the call and
     restored afterwards; the global RNG is left untouched (training resumes bit-identically).
-    Returns recon_lpips(+_se, _n), text_lpips(+_se, _n), text_manip_delta(+_se, _n), lpips_backbone and
+    Returns recon_lpips(+_se, _n, _samples), text_lpips(+...), text_manip_delta(+...), lpips_backbone and
     text_manip_note: None, or why text_manip_delta (and its se and n) is None: a dataset without caption
     edits (`dataset.supports_edits` False, e.g. an imagefolder with no `edit` field and no colour word).
     """
@@ -141,6 +141,9 @@ def evaluate(
     for key, vals in (("recon_lpips", recon), ("text_lpips", text_only), ("text_manip_delta", manip)):
         mean, se, count = mean_se(torch.cat(vals)) if vals else (None, None, 0)
         out[key], out[f"{key}_se"], out[f"{key}_n"] = mean, se, count
+        # Per-sample values (sample i has the same noise in every arm): the dashboard pairs them across
+        # arms for the SE of a difference, far tighter than the two arms' SEs combined.
+        out[f"{key}_samples"] = torch.cat(vals).tolist() if vals else []
     if manip_note is not None:
         out["text_manip_delta_n"] = None  # not measured, as opposed to measured on zero pairs
     out["text_manip_note"] = manip_note

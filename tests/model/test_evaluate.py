@@ -77,6 +77,8 @@ def test_metrics_wiring(setup) -> None:
     assert out["recon_lpips_n"] == out["text_lpips_n"] == out["text_manip_delta_n"] == 6
     assert out["text_lpips_se"] > 0 and math.isfinite(out["text_lpips_se"])
     assert out["lpips_backbone"] == "random_standin" and out["text_manip_note"] is None
+    assert len(out["text_lpips_samples"]) == 6  # per sample, in held-out order: the dashboard pairs them
+    assert sum(out["text_lpips_samples"]) / 6 == pytest.approx(out["text_lpips"])
     blind = evaluate(Stub(use_text=False), text, flow, dataset, SPEC.eval, lpips, "cpu")
     assert blind["text_manip_delta"] == pytest.approx(0.0, abs=1e-7)
 
