@@ -100,6 +100,7 @@ def _rows(settings: Settings, grid_id: int) -> list[dict[str, Any]]:
     stop (decision, step, reason, the best checkpoint kept, device-hours saved)."""
     from sqlalchemy import select
 
+    from orchestrator.api.schemas import RunSummary
     from orchestrator.db.models import Metric, Run
     from orchestrator.db.session import session_scope
     from orchestrator.detector import projected_hours_saved
@@ -118,29 +119,23 @@ def _rows(settings: Settings, grid_id: int) -> list[dict[str, Any]]:
             if stopped_by_detector and at_stop is not None and at_stop.wall_time_s is not None:
                 # one worker holds one device for its wall time: its device-hours
                 saved = projected_hours_saved(steps, run.decision_step, at_stop.wall_time_s / 3600)
-            out.append(
-                {
-                    "arm": run.arm,
-                    "state": run.state,
-                    "decision": run.decision,
-                    "decision_step": run.decision_step,
-                    "detector_stop": stopped_by_detector,
-                    "reason": run.decision_reason or run.error,
-                    "gpu": run.gpu_index,
-                    "steps": steps,
-                    "step": latest.step if latest else None,
-                    "first": metrics[0].recon_lpips if metrics else None,
-                    "first_step": metrics[0].step if metrics else None,
-                    "final": latest.recon_lpips if latest else None,
-                    "best": run.best_value,
-                    "best_se": best.recon_lpips_se if best else None,
-                    "best_step": run.best_step,
-                    "best_checkpoint": run.best_checkpoint,
-                    "hours_saved": saved,
-                    "iter_s": sum(rates) / len(rates) if rates else None,  # mean over checkpoints
-                    "backbone": latest.lpips_backbone if latest else None,
-                }
+            row = RunSummary.from_row(run, latest).model_dump()  # arm, state, decision, best_step, ...
+            row.update(
+                detector_stop=stopped_by_detector,
+                reason=run.decision_reason or run.error,
+                gpu=run.gpu_index,
+                steps=steps,
+                step=row["latest_step"],
+                first=metrics[0].recon_lpips if metrics else None,
+                first_step=metrics[0].step if metrics else None,
+                final=row["recon_lpips"],
+                best=run.best_value,
+                best_se=best.recon_lpips_se if best else None,
+                hours_saved=saved,
+                iter_s=sum(rates) / len(rates) if rates else None,  # mean over checkpoints
+                backbone=row["lpips_backbone"],
             )
+            out.append(row)
     return out
 
 
