@@ -6,6 +6,8 @@ Commands import heavy libraries (torch, ray) inside their bodies, so `ablate --h
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import typer
 from pydantic import ValidationError
@@ -15,6 +17,26 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, help="Ablation orc
 
 class CLIError(RuntimeError):
     """An error the user can fix; printed as one line, exit code 2."""
+
+
+@contextmanager
+def service_errors() -> Iterator[None]:
+    """What the node and schedule services raise (not found, taken, unreachable, invalid input) and
+    database errors, as one clear line."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from orchestrator.messages import database_error_text, validation_text
+    from orchestrator.nodes import NodeError
+    from orchestrator.sweeps import ScheduleError
+
+    try:
+        yield
+    except (NodeError, ScheduleError) as exc:
+        raise CLIError(str(exc)) from None
+    except ValidationError as exc:
+        raise CLIError(validation_text(exc)) from None
+    except SQLAlchemyError as exc:
+        raise CLIError(f"database error: {database_error_text(exc)} (run `ablate db upgrade`?)") from None
 
 
 def _register() -> None:

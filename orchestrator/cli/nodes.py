@@ -7,39 +7,18 @@ files are paths on the controller machine, so these commands run there.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from orchestrator.cli import CLIError, app
-from orchestrator.messages import database_error_text, validation_text
+from orchestrator.cli import app, service_errors
 from orchestrator.settings import load_settings
 
 nodes_app = typer.Typer(no_args_is_help=True, help="Rented GPU nodes reached over SSH (known host keys only).")
 app.add_typer(nodes_app, name="nodes")
-
-
-@contextmanager
-def node_errors() -> Iterator[None]:
-    """NodeError, bad input and database errors as one clear line."""
-    from sqlalchemy.exc import SQLAlchemyError
-
-    from orchestrator.nodes import NodeError
-
-    try:
-        yield
-    except NodeError as exc:
-        raise CLIError(str(exc)) from None
-    except ValidationError as exc:
-        raise CLIError(validation_text(exc)) from None
-    except SQLAlchemyError as exc:
-        raise CLIError(f"database error: {database_error_text(exc)} (run `ablate db upgrade`?)") from None
 
 
 def _database_url() -> str:
@@ -62,7 +41,7 @@ def add(
     from orchestrator.db.session import session_scope
     from orchestrator.nodes import NodeCreate, NodeError, add_node, key_path_problems
 
-    with node_errors():
+    with service_errors():
         body = NodeCreate(
             name=name,
             host=host,
@@ -90,7 +69,7 @@ def list_() -> None:
     table = Table(title="nodes")
     for col in ("name", "address", "state", "price/h", "gpus", "last probe"):
         table.add_column(col)
-    with node_errors(), session_scope(_database_url()) as session:
+    with service_errors(), session_scope(_database_url()) as session:
         for n in list_nodes(session):
             gpus = ", ".join(sorted({g["name"] for g in n.gpus}))
             gpus = f"{len(n.gpus)}x {gpus}" if n.gpus else "-"
@@ -110,7 +89,7 @@ def probe(name: Annotated[str, typer.Argument(help="Node name")]) -> None:
     """SSH to the node; print JSON with gpus (nvidia-smi), free disk (GB) and the Python version."""
     from orchestrator.nodes import probe_node
 
-    with node_errors():
+    with service_errors():
         result = probe_node(_database_url(), name)
     typer.echo(json.dumps(result, indent=2))
 
@@ -120,7 +99,7 @@ def bootstrap(name: Annotated[str, typer.Argument(help="Node name")]) -> None:
     """Install the worker environment and join the Ray cluster (ABLATE_NODE_* settings)."""
     from orchestrator.nodes import BootstrapConfig, bootstrap_node
 
-    with node_errors():
+    with service_errors():
         found = bootstrap_node(_database_url(), name, BootstrapConfig())
     typer.echo(f"node {name} joined with {len(found['gpus'])} GPUs")
 
@@ -130,7 +109,7 @@ def drain(name: Annotated[str, typer.Argument(help="Node name")]) -> None:
     """Leave the Ray cluster (stops the node's own Ray session); the environment stays for the next bootstrap."""
     from orchestrator.nodes import BootstrapConfig, drain_node
 
-    with node_errors():
+    with service_errors():
         drain_node(_database_url(), name, BootstrapConfig())
     typer.echo(f"node {name} drained")
 
@@ -140,7 +119,7 @@ def teardown(name: Annotated[str, typer.Argument(help="Node name")]) -> None:
     """Leave the Ray cluster and delete the node's working directory."""
     from orchestrator.nodes import BootstrapConfig, teardown_node
 
-    with node_errors():
+    with service_errors():
         teardown_node(_database_url(), name, BootstrapConfig())
     typer.echo(f"node {name} torn down")
 
@@ -151,6 +130,6 @@ def remove(name: Annotated[str, typer.Argument(help="Node name")]) -> None:
     from orchestrator.db.session import session_scope
     from orchestrator.nodes import remove_node
 
-    with node_errors(), session_scope(_database_url()) as session:
+    with service_errors(), session_scope(_database_url()) as session:
         remove_node(session, name)
     typer.echo(f"removed node {name}")

@@ -6,8 +6,6 @@ Talks to the database directly (ABLATE_DATABASE_URL), like `ablate nodes` and `a
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -15,25 +13,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from orchestrator.cli import CLIError, app
+from orchestrator.cli import app, service_errors
 from orchestrator.cli.core import load_grid_file
-from orchestrator.cli.nodes import node_errors
 from orchestrator.settings import load_settings
 
 schedules_app = typer.Typer(no_args_is_help=True, help="Cron-fired sweeps on rented nodes (cron times are UTC).")
 app.add_typer(schedules_app, name="schedules")
-
-
-@contextmanager
-def _schedule_errors() -> Iterator[None]:
-    """ScheduleError, NodeError, bad input and database errors as one clear line."""
-    from orchestrator.sweeps import ScheduleError
-
-    with node_errors():
-        try:
-            yield
-        except ScheduleError as exc:
-            raise CLIError(str(exc)) from None
 
 
 @schedules_app.command("create")
@@ -53,7 +38,7 @@ def create(
 
     body_grid = load_grid_file(grid)
     node_list = [n.strip() for n in nodes.split(",") if n.strip()]
-    with _schedule_errors():
+    with service_errors():
         body = ScheduleCreate(
             name=name,
             cron=cron,
@@ -90,7 +75,7 @@ def list_() -> None:
     table = Table(title="schedules (UTC)")
     for col in ("name", "cron", "nodes", "budget", "misfire", "status", "next fire", "last sweep"):
         table.add_column(col)
-    with _schedule_errors(), session_scope(load_settings().database_url) as session:
+    with service_errors(), session_scope(load_settings().database_url) as session:
         states = {n.name: n.state for n in list_nodes(session)}
         for s in list_schedules(session):
             p = SchedulePublic.model_validate(s)
@@ -118,7 +103,7 @@ def pause(name: Annotated[str, typer.Argument(help="Schedule name")]) -> None:
     from orchestrator.db.session import session_scope
     from orchestrator.sweeps import pause_schedule
 
-    with _schedule_errors(), session_scope(load_settings().database_url) as session:
+    with service_errors(), session_scope(load_settings().database_url) as session:
         pause_schedule(session, name)
     typer.echo(f"schedule {name} paused")
 
@@ -129,7 +114,7 @@ def resume(name: Annotated[str, typer.Argument(help="Schedule name")]) -> None:
     from orchestrator.db.session import session_scope
     from orchestrator.sweeps import resume_schedule
 
-    with _schedule_errors(), session_scope(load_settings().database_url) as session:
+    with service_errors(), session_scope(load_settings().database_url) as session:
         nxt = resume_schedule(session, name).next_fire_at
     typer.echo(f"schedule {name} resumed; next fire {nxt:%Y-%m-%d %H:%M} UTC")
 
@@ -140,7 +125,7 @@ def delete(name: Annotated[str, typer.Argument(help="Schedule name")]) -> None:
     from orchestrator.db.session import session_scope
     from orchestrator.sweeps import delete_schedule
 
-    with _schedule_errors(), session_scope(load_settings().database_url) as session:
+    with service_errors(), session_scope(load_settings().database_url) as session:
         delete_schedule(session, name)
     typer.echo(f"schedule {name} deleted")
 
