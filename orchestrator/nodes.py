@@ -22,7 +22,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -37,7 +37,8 @@ from orchestrator.vocabulary import NodeState
 if TYPE_CHECKING:  # paramiko is imported where SSH happens: the API must start fast
     import paramiko
 
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"  # node and schedule names
+Named = TypeVar("Named", Node, Schedule)
 # Seconds of silence after which an SFTP read/write gives up, and between SSH keepalives.
 SFTP_TIMEOUT_S = 120.0
 KEEPALIVE_S = 30
@@ -140,10 +141,15 @@ def add_node(session: Session, body: NodeCreate, key_dirs: Sequence[Path] | None
     return node
 
 
-def find_node(session: Session, name: str) -> Node | None:
+def find_named(session: Session, model: type[Named], name: str) -> Named | None:
+    """The node or schedule called `name`, or None."""
     if not re.match(NAME_PATTERN, name):
         return None  # cannot exist; also keeps NUL bytes and the like away from the database
-    return session.scalar(select(Node).where(Node.name == name))
+    return session.scalar(select(model).where(model.name == name))  # type: ignore[attr-defined]
+
+
+def find_node(session: Session, name: str) -> Node | None:
+    return find_named(session, Node, name)
 
 
 def get_node(session: Session, name: str) -> Node:

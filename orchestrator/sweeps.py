@@ -52,6 +52,7 @@ from orchestrator.nodes import (
     NodeShell,
     bootstrap_node,
     drain,
+    find_named,
     find_node,
     teardown,
 )
@@ -174,9 +175,7 @@ def create_schedule(
 
 
 def find_schedule(session: Session, name: str) -> Schedule | None:
-    if not re.match(NAME_PATTERN, name):
-        return None
-    return session.scalar(select(Schedule).where(Schedule.name == name))
+    return find_named(session, Schedule, name)
 
 
 def get_schedule(session: Session, name: str) -> Schedule:

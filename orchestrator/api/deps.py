@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Annotated, TypeVar
+from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -44,6 +44,8 @@ def require_token(
 
 
 AuthDep = Annotated[None, Depends(require_token)]
+# The OpenAPI entry of every route that takes AuthDep.
+AUTH_RESPONSES: dict[int | str, dict[str, Any]] = {401: {"description": "missing or wrong bearer token"}}
 
 
 T = TypeVar("T")

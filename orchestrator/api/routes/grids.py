@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query, status
 from sqlalchemy import select
 from sqlalchemy.orm import selectinload
 
-from orchestrator.api.deps import AuthDep, SessionDep, SettingsDep, get_or_404
+from orchestrator.api.deps import AUTH_RESPONSES, AuthDep, SessionDep, SettingsDep, get_or_404
 from orchestrator.api.schemas import GridCreate, GridCreated, GridDetail, GridPublic
 from orchestrator.db.models import Grid
 from orchestrator.grids import PathPolicy, create_grid, gpu_memory_cap_gib, latest_metrics
@@ -20,7 +20,7 @@ router = APIRouter(prefix="/api/grids", tags=["grids"])
     "",
     status_code=status.HTTP_201_CREATED,
     response_model=GridCreated,
-    responses={401: {"description": "missing or wrong bearer token"}, 422: {"description": "invalid grid"}},
+    responses={**AUTH_RESPONSES, 422: {"description": "invalid grid"}},
 )
 def submit_grid(body: GridCreate, session: SessionDep, settings: SettingsDep, _: AuthDep) -> GridCreated:
     """Store the grid and queue one run per arm. Invalid arms, and arms whose estimated peak GPU memory

@@ -12,7 +12,7 @@ from typing import Any
 
 from fastapi import APIRouter, Response, status
 
-from orchestrator.api.deps import AuthDep, SessionDep, SettingsDep
+from orchestrator.api.deps import AUTH_RESPONSES, AuthDep, SessionDep, SettingsDep
 from orchestrator.api.schemas import NodeCreate, NodePublic, ProbeResult
 from orchestrator.nodes import (
     BootstrapConfig,
@@ -29,12 +29,11 @@ from orchestrator.nodes import (
 
 router = APIRouter(prefix="/api/nodes", tags=["nodes"])
 
-_AUTH = {401: {"description": "missing or wrong bearer token"}}
 _404 = {404: {"description": "no such node"}}
 _424 = {424: {"description": "the node could not be reached, refused its host key, or a command failed"}}
 
 
-@router.get("", response_model=list[NodePublic], responses=_AUTH)
+@router.get("", response_model=list[NodePublic], responses=AUTH_RESPONSES)
 def get_nodes(session: SessionDep, _: AuthDep) -> list[NodePublic]:
     return [NodePublic.model_validate(n) for n in list_nodes(session)]
 
@@ -43,7 +42,7 @@ def get_nodes(session: SessionDep, _: AuthDep) -> list[NodePublic]:
     "",
     status_code=status.HTTP_201_CREATED,
     response_model=NodePublic,
-    responses={**_AUTH, 409: {"description": "name taken"}},
+    responses={**AUTH_RESPONSES, 409: {"description": "name taken"}},
 )
 def post_node(body: NodeCreate, session: SessionDep, settings: SettingsDep, _: AuthDep) -> NodePublic:
     """Register a node. Its host key must already be in the known-hosts file (`ssh-keyscan`); its key
@@ -51,7 +50,7 @@ def post_node(body: NodeCreate, session: SessionDep, settings: SettingsDep, _: A
     return NodePublic.model_validate(add_node(session, body, key_dirs=settings.ssh_key_dirs))
 
 
-@router.get("/{name}", response_model=NodePublic, responses={**_AUTH, **_404})
+@router.get("/{name}", response_model=NodePublic, responses={**AUTH_RESPONSES, **_404})
 def get_node_by_name(name: str, session: SessionDep, _: AuthDep) -> NodePublic:
     return NodePublic.model_validate(get_node(session, name))
 
@@ -59,7 +58,7 @@ def get_node_by_name(name: str, session: SessionDep, _: AuthDep) -> NodePublic:
 @router.delete(
     "/{name}",
     status_code=status.HTTP_204_NO_CONTENT,
-    responses={**_AUTH, **_404, 409: {"description": "a schedule uses it"}},
+    responses={**AUTH_RESPONSES, **_404, 409: {"description": "a schedule uses it"}},
 )
 def delete_node(name: str, session: SessionDep, _: AuthDep) -> Response:
     """Forget the node (the machine itself is not touched)."""
@@ -67,7 +66,7 @@ def delete_node(name: str, session: SessionDep, _: AuthDep) -> Response:
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
-@router.post("/{name}/probe", response_model=ProbeResult, responses={**_AUTH, **_404, **_424})
+@router.post("/{name}/probe", response_model=ProbeResult, responses={**AUTH_RESPONSES, **_404, **_424})
 def post_probe(name: str, session: SessionDep, settings: SettingsDep, _: AuthDep) -> ProbeResult:
     """GPUs from nvidia-smi, free disk (GB) and Python version, over SSH; stored on the node."""
     get_node(session, name)
@@ -87,19 +86,19 @@ def _lifecycle(
     return NodePublic.model_validate(get_node(session, name))
 
 
-@router.post("/{name}/bootstrap", response_model=NodePublic, responses={**_AUTH, **_404, **_424})
+@router.post("/{name}/bootstrap", response_model=NodePublic, responses={**AUTH_RESPONSES, **_404, **_424})
 def post_bootstrap(name: str, session: SessionDep, settings: SettingsDep, _: AuthDep) -> NodePublic:
     """Install the worker environment and join the Ray cluster (ABLATE_NODE_* settings)."""
     return _lifecycle(name, session, settings, bootstrap_node)
 
 
-@router.post("/{name}/drain", response_model=NodePublic, responses={**_AUTH, **_404, **_424})
+@router.post("/{name}/drain", response_model=NodePublic, responses={**AUTH_RESPONSES, **_404, **_424})
 def post_drain(name: str, session: SessionDep, settings: SettingsDep, _: AuthDep) -> NodePublic:
     """Leave the Ray cluster; the environment stays."""
     return _lifecycle(name, session, settings, drain_node)
 
 
-@router.post("/{name}/teardown", response_model=NodePublic, responses={**_AUTH, **_404, **_424})
+@router.post("/{name}/teardown", response_model=NodePublic, responses={**AUTH_RESPONSES, **_404, **_424})
 def post_teardown(name: str, session: SessionDep, settings: SettingsDep, _: AuthDep) -> NodePublic:
     """Leave the Ray cluster and delete the node's working directory."""
     return _lifecycle(name, session, settings, teardown_node)

@@ -6,7 +6,7 @@ from fastapi import APIRouter
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from orchestrator.api.deps import AuthDep, SessionDep, get_or_404
+from orchestrator.api.deps import AUTH_RESPONSES, AuthDep, SessionDep, get_or_404
 from orchestrator.api.schemas import MetricPublic, RunPublic
 from orchestrator.db.models import Metric, Run
 from orchestrator.grids import latest_metrics, stop_run
@@ -36,7 +36,7 @@ def get_metrics(run_id: int, session: SessionDep) -> list[MetricPublic]:
 @router.post(
     "/{run_id}/stop",
     response_model=RunPublic,
-    responses={**_404, 401: {"description": "missing or wrong bearer token"}, 409: {"description": "already finished"}},
+    responses={**_404, **AUTH_RESPONSES, 409: {"description": "already finished"}},
 )
 def request_stop(run_id: int, session: SessionDep, _: AuthDep) -> RunPublic:
     """Queued: stopped at once (decision "user"). Starting/running: the scheduler stops it gracefully."""

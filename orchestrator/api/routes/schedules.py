@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response, status
 
-from orchestrator.api.deps import AuthDep, SessionDep, SettingsDep
+from orchestrator.api.deps import AUTH_RESPONSES, AuthDep, SessionDep, SettingsDep
 from orchestrator.api.schemas import ScheduleCreate, SchedulePublic
 from orchestrator.grids import PathPolicy, gpu_memory_cap_gib
 from orchestrator.sweeps import (
@@ -22,11 +22,10 @@ from orchestrator.sweeps import (
 
 router = APIRouter(prefix="/api/schedules", tags=["schedules"])
 
-_AUTH = {401: {"description": "missing or wrong bearer token"}}
 _404 = {404: {"description": "no such schedule"}}
 
 
-@router.get("", response_model=list[SchedulePublic], responses=_AUTH)
+@router.get("", response_model=list[SchedulePublic], responses=AUTH_RESPONSES)
 def get_schedules(session: SessionDep, _: AuthDep) -> list[SchedulePublic]:
     return [SchedulePublic.model_validate(s) for s in list_schedules(session)]
 
@@ -35,7 +34,7 @@ def get_schedules(session: SessionDep, _: AuthDep) -> list[SchedulePublic]:
     "",
     status_code=status.HTTP_201_CREATED,
     response_model=SchedulePublic,
-    responses={**_AUTH, 409: {"description": "name taken"}},
+    responses={**AUTH_RESPONSES, 409: {"description": "name taken"}},
 )
 def post_schedule(body: ScheduleCreate, session: SessionDep, settings: SettingsDep, _: AuthDep) -> SchedulePublic:
     """Store a schedule; its grid is validated now and submitted at each fire. Cron times are UTC."""
@@ -48,18 +47,18 @@ def post_schedule(body: ScheduleCreate, session: SessionDep, settings: SettingsD
     return SchedulePublic.model_validate(schedule)
 
 
-@router.get("/{name}", response_model=SchedulePublic, responses={**_AUTH, **_404})
+@router.get("/{name}", response_model=SchedulePublic, responses={**AUTH_RESPONSES, **_404})
 def get_schedule_by_name(name: str, session: SessionDep, _: AuthDep) -> SchedulePublic:
     return SchedulePublic.model_validate(get_schedule(session, name))
 
 
-@router.post("/{name}/pause", response_model=SchedulePublic, responses={**_AUTH, **_404})
+@router.post("/{name}/pause", response_model=SchedulePublic, responses={**AUTH_RESPONSES, **_404})
 def post_pause(name: str, session: SessionDep, _: AuthDep) -> SchedulePublic:
     """No more fires until resumed; a sweep under way carries on."""
     return SchedulePublic.model_validate(pause_schedule(session, name))
 
 
-@router.post("/{name}/resume", response_model=SchedulePublic, responses={**_AUTH, **_404})
+@router.post("/{name}/resume", response_model=SchedulePublic, responses={**AUTH_RESPONSES, **_404})
 def post_resume(name: str, session: SessionDep, _: AuthDep) -> SchedulePublic:
     """Fire again from the next cron time; fires that fell in the pause are not run."""
     return SchedulePublic.model_validate(resume_schedule(session, name))
@@ -68,7 +67,7 @@ def post_resume(name: str, session: SessionDep, _: AuthDep) -> SchedulePublic:
 @router.delete(
     "/{name}",
     status_code=status.HTTP_204_NO_CONTENT,
-    responses={**_AUTH, **_404, 409: {"description": "a sweep is under way"}},
+    responses={**AUTH_RESPONSES, **_404, 409: {"description": "a sweep is under way"}},
 )
 def delete_schedule_by_name(name: str, session: SessionDep, _: AuthDep) -> Response:
     delete_schedule(session, name)
