@@ -16,7 +16,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ from orchestrator.nodes import NodeCreate, add_node, bootstrap_node
 from orchestrator.vocabulary import TERMINAL_STATES, RunState
 from tests.cluster.conftest import ROOT, node_config
 from tests.cluster.testbed import BedNode, TestBed
+from tests.polling import wait_for
 
 TINY: dict[str, Any] = {
     "model": {"size": "tiny", "depth": 3, "identity_tokens": 4},
@@ -147,16 +147,6 @@ def _stored(database_url: str, run_id: int) -> int:
     return max(steps, default=0)
 
 
-def _wait(check: Any, what: str, timeout: float, log: Path) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = check()
-        if result:
-            return result
-        time.sleep(0.3)
-    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}; scheduler log:\n{log.read_text()[-4000:]}")
-
-
 def _lose(testbed: TestBed, node: BedNode) -> None:
     """The node dies: every process of its Ray session and of its user SIGKILLed, then its link down."""
     sid = int((node.home / "ablate" / "ray" / "session").read_text())
@@ -191,7 +181,7 @@ def test_a_lost_node_s_arms_resume_on_the_other_node_from_storage(
         grid = create_grid(session, GridCreate(name="lost-node", arms=["A", "B"], overrides=TINY))
         ids = [r.id for r in grid.runs]
     # Both arms running, each with two checkpoints already in S3.
-    _wait(lambda: all(_stored(database_url, i) >= 20 for i in ids), "two stored checkpoints per arm", 240, log)
+    wait_for(lambda: all(_stored(database_url, i) >= 20 for i in ids), "two stored checkpoints per arm", 240, 0.3, log)
     runs = _runs(database_url, ids)
     assert all(r.state == RunState.running for r in runs), [(r.arm, r.state, r.error) for r in runs]
     victim_ip = runs[0].nodes[-1].split("(")[-1].rstrip(")")
@@ -201,7 +191,8 @@ def test_a_lost_node_s_arms_resume_on_the_other_node_from_storage(
     stored_at_loss = {i: _stored(database_url, i) for i in on_victim}
     _lose(testbed, victim)
 
-    _wait(lambda: all(r.state in TERMINAL_STATES for r in _runs(database_url, ids)), "both arms to finish", 420, log)
+    finished = lambda: all(r.state in TERMINAL_STATES for r in _runs(database_url, ids))  # noqa: E731
+    wait_for(finished, "both arms to finish", 420, 0.3, log)
     with session_scope(database_url) as session:
         for run in session.scalars(select(Run).where(Run.id.in_(ids))):
             assert run.state == RunState.completed, (run.arm, run.state, run.error)

@@ -8,8 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -25,28 +24,14 @@ from orchestrator.ingest import record_event
 from orchestrator.storage import record_storage, seen_seq, storage_alarms
 from orchestrator.sweeps import SweepRunner
 from orchestrator.vocabulary import TERMINAL_STATES
+from tests.orchestrator.factories import tiny_overrides
+from tests.polling import wait_for
 from worker.actor import ArmWorker
 from worker.storage import CheckpointStore, StoreConfig, open_fs
 
-TINY: dict[str, Any] = {
-    "model": {"size": "tiny", "depth": 3, "identity_tokens": 4},
-    "data": {"dataset": "shapes", "num_images": 64, "held_out": 2},
-    "schedule": {"steps": 30, "batch_size": 4, "warmup_steps": 5, "checkpoint_every": 10, "ema": {"warmup_steps": 5}},
-    "eval": {"num_samples": 2, "sampler_steps": 2, "lpips_backbone": "random_standin"},
-    "precision": {"mode": "fp32"},
-}
+TINY = tiny_overrides(steps=30)
 AWS_ENV = {"AWS_ACCESS_KEY_ID": "ablate-test", "AWS_SECRET_ACCESS_KEY": "ablate-test-secret",
            "AWS_DEFAULT_REGION": "us-east-1"}
-
-
-def wait_for(check: Callable[[], Any], what: str, timeout: float = 120.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = check()
-        if result:
-            return result
-        time.sleep(0.1)
-    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def tiny_spec(steps: int = 30) -> dict[str, Any]:

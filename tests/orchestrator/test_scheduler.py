@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from orchestrator.grids import GridCreate, create_grid, stop_run
 from orchestrator.scheduler import Scheduler, actor_name, run_dir
 from orchestrator.vocabulary import TERMINAL_STATES
 from tests.orchestrator.factories import tiny_overrides
+from tests.polling import wait_for
 
 TINY = tiny_overrides(steps=40)
 
@@ -71,17 +71,6 @@ def steps_of(database_url: str, run_id: int) -> list[int]:
 def events_of(database_url: str, run_id: int) -> list[Event]:
     with session_scope(database_url) as session:
         return list(session.scalars(select(Event).where(Event.run_id == run_id).order_by(Event.id)))
-
-
-def wait_for(check: Callable[[], Any], what: str, timeout: float = 90.0) -> Any:
-    """Poll `check` until it returns something truthy (returned); fail naming `what` after `timeout` s."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = check()
-        if result:
-            return result
-        time.sleep(0.1)
-    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def all_done(database_url: str, ids: list[int]) -> bool:

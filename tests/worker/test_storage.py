@@ -5,8 +5,7 @@ tests/orchestrator/test_checkpoint_storage.py."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ import torch
 
 from model.spec import ArmSpec
 from orchestrator.arms import deep_merge, resolve
+from tests.polling import wait_for
 from worker.actor import ArmWorker
 from worker.storage import CheckpointStore, StoreConfig, open_fs, stored_checkpoints
 
@@ -38,16 +38,6 @@ def one_thread() -> Iterator[None]:
 def spec(**over: Any) -> dict[str, Any]:
     s: ArmSpec = resolve("A", deep_merge(TINY, over))
     return s.model_dump(mode="json")
-
-
-def wait_for(check: Callable[[], Any], what: str, timeout: float = 120.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = check()
-        if result:
-            return result
-        time.sleep(0.05)
-    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def finish(worker: ArmWorker) -> dict[str, Any]:
