@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 from sqlalchemy import func, select  # noqa: E402
 
 from orchestrator.cluster import start_head  # noqa: E402
-from orchestrator.db.models import Event, Grid, Metric, Run, Sweep  # noqa: E402
+from orchestrator.db.models import Event, Grid, Metric, Run, Schedule, Sweep  # noqa: E402
 from orchestrator.db.session import session_scope, upgrade  # noqa: E402
 from orchestrator.nodes import NodeCreate, add_node  # noqa: E402
 from orchestrator.sweeps import ScheduleCreate, SweepRunner, create_schedule  # noqa: E402
@@ -69,6 +69,8 @@ def free_port(host: str) -> int:
 def one_sweep(bed: TestBed, head, database_url: str, storage: Path, night: int) -> dict[str, float]:  # noqa: ANN001
     fire_at = datetime(2026, 4, 1 + night, 22, tzinfo=UTC)
     with session_scope(database_url) as session:
+        for schedule in session.scalars(select(Schedule)):  # an earlier night's schedule would fire too
+            schedule.paused = True
         create_schedule(
             session,
             ScheduleCreate(
@@ -96,7 +98,9 @@ def one_sweep(bed: TestBed, head, database_url: str, storage: Path, night: int) 
         ]
     first_step = None
     collect_s = None
+    deadline = time.monotonic() + 900
     while True:
+        assert time.monotonic() < deadline, "the sweep did not finish in 15 minutes"
         if first_step is None:
             with session_scope(database_url) as session:
                 first = session.scalar(

@@ -315,6 +315,17 @@ class SweepRunner:
                 session, "schedule.overlap", f"{schedule.name}: sweep {busy} is still under way; fire skipped", **info
             )
             return None
+        # Another schedule's sweep on the same node would join it twice and tear it down under the other.
+        in_use = {
+            (name, other.id)
+            for other in session.scalars(select(Sweep).where(Sweep.under_way))
+            for name in other.nodes
+            if name in schedule.nodes
+        }
+        if in_use:
+            taken = ", ".join(f"{name} (sweep {sid})" for name, sid in sorted(in_use))
+            _event(session, "schedule.nodes_busy", f"{schedule.name}: nodes in use by {taken}; fire skipped", **info)
+            return None
         nodes = session.scalars(select(Node).where(Node.name.in_(schedule.nodes))).all()
         sweep = Sweep(
             schedule_id=schedule.id,

@@ -43,6 +43,8 @@ def _one_schedule_at_a_time(database_url: str) -> None:
             schedule.paused = True
         for node in session.scalars(select(Node)):
             node.state = NodeState.registered
+        for sweep in session.scalars(select(Sweep).where(Sweep.under_way)):  # an earlier test's, left running
+            sweep.state = SweepState.failed
 
 
 def _config(remote: Path, **kw: object) -> BootstrapConfig:
@@ -227,3 +229,26 @@ def test_a_held_runner_lock_keeps_another_runner_idle(database_url: str) -> None
             assert (first, second) == (True, False)
     with runner_lock(database_url) as again:
         assert again
+
+
+def test_a_schedule_whose_node_is_in_another_sweep_does_not_fire(
+    database_url: str,
+    sshd,  # noqa: ANN001
+    node_name: str,
+    tmp_path: Path,
+) -> None:
+    remote = sshd.workdir / "busy"
+    clock = FakeClock(DAY.replace(day=9))
+    _fire(database_url, "first", node_name, clock)
+    with session_scope(database_url) as session:
+        body = ScheduleCreate(name="second", cron="0 22 * * *", grid={**GRID, "name": "second"}, nodes=[node_name])
+        create_schedule(session, body, now=DAY.replace(day=9, hour=12))
+    clock.now = DAY.replace(day=9, hour=22)  # both are due: the first (by id) takes the node
+    runner = _runner(database_url, tmp_path / "storage", clock, _config(remote))
+    runner.tick()
+    assert _sweep(database_url, "first").state == SweepState.running
+    with session_scope(database_url) as session:
+        second = get_schedule(session, "second")
+        assert session.scalar(select(func.count()).select_from(Sweep).where(Sweep.schedule_id == second.id)) == 0
+        busy = session.scalars(select(Event.message).where(Event.kind == "schedule.nodes_busy")).all()
+    assert busy == [f"second: nodes in use by {node_name} (sweep {_sweep(database_url, 'first').id}); fire skipped"]
