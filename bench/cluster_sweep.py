@@ -117,8 +117,9 @@ def one_sweep(bed: TestBed, head, database_url: str, storage: Path, night: int) 
             break
         started = time.monotonic()
         runner.tick()
-        if state == SweepState.collecting:
-            collect_s = time.monotonic() - started
+        with session_scope(database_url) as session:
+            if session.get_one(Sweep, sweep_id).state not in ACTIVE_SWEEP_STATES:
+                collect_s = time.monotonic() - started  # the tick that copied back and tore down
         time.sleep(0.3)
     with session_scope(database_url) as session:
         sweep = session.get_one(Sweep, sweep_id)
@@ -207,7 +208,7 @@ def main() -> None:
         "join_s": "node provisioned -> joined (`ray start`, slowest node), s",
         "fire_to_first_step_s": "fire -> first optimizer step on a node, s",
         "teardown_commands_s": "teardown per node (leave + cleanup commands), s",
-        "collecting_tick_s": "copy-back + teardown of both nodes (the collecting tick), s",
+        "collecting_tick_s": "copy-back + teardown of both nodes (the sweep's last tick), s",
     }
     for key, label in labels.items():
         values = [r[key] for r in results]
