@@ -16,6 +16,7 @@ from fastapi import FastAPI, Request, status
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
 
 from orchestrator.errors import Conflict, InvalidBody, NotFound
 from orchestrator.nodes import NodeError
@@ -52,6 +53,16 @@ def _message(code: int) -> Callable[[Request, Exception], Awaitable[JSONResponse
     return handler
 
 
+async def _database_unavailable(_: Request, exc: Exception) -> JSONResponse:
+    # The database is restarting or unreachable: say so and when to retry, instead of a bare 500.
+    # (A write that got this answer was rolled back: nothing was stored.)
+    return SafeJSONResponse(
+        status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
+        content={"detail": "the database is unavailable (restarting or unreachable); retry shortly"},
+        headers={"Retry-After": "2"},
+    )
+
+
 def install_error_handlers(app: FastAPI) -> None:
     # Looked up along the exception's MRO: NodeNotFound is a NotFound (404) before it is a NodeError (424).
     app.add_exception_handler(RequestValidationError, _request_invalid)
@@ -59,3 +70,5 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(NotFound, _message(status.HTTP_404_NOT_FOUND))
     app.add_exception_handler(Conflict, _message(status.HTTP_409_CONFLICT))
     app.add_exception_handler(NodeError, _message(status.HTTP_424_FAILED_DEPENDENCY))
+    for exc in (OperationalError, InterfaceError, DisconnectionError):
+        app.add_exception_handler(exc, _database_unavailable)

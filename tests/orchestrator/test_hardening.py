@@ -331,3 +331,16 @@ def test_node_route_errors_are_clear_not_500(database_url: str, storage: Path, t
         monkeypatch.delenv("ABLATE_NODE_COMMAND_TIMEOUT_S")
         resp = c.post("/api/nodes/err-node/probe", headers=AUTH)  # nothing listens on port 1
         assert resp.status_code == 424 and "err-node" in resp.json()["detail"]
+
+
+def test_an_unreachable_database_is_503_with_retry_after(storage: Path) -> None:
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    app = make_app(f"postgresql+psycopg://postgres@127.0.0.1:{port}/none", storage)
+    with TestClient(app, raise_server_exceptions=False) as c:
+        for resp in (c.get("/api/grids"), c.post("/api/grids", json={"name": "x", "arms": ["A"]}, headers=AUTH)):
+            assert resp.status_code == 503 and resp.headers["retry-after"] == "2"
+            assert "database is unavailable" in resp.json()["detail"]
