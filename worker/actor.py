@@ -8,16 +8,20 @@ DB may have missed. Imports model/ and worker/ only (plus ray and torch), never 
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
 import socket
 import threading
+import time
 import traceback
 from pathlib import Path
 from typing import Any
 
 RECORDS_FILE = "records.jsonl"
+# How long a worker waits for space on a full disk before its run fails (the operator's time to react).
+DISK_FULL_WAIT_S = 600.0
 
 
 def _jsonable(value: Any) -> Any:
@@ -173,9 +177,7 @@ class ArmWorker:
                 for record in stream:
                     rec = _jsonable(dict(record))
                     # Durable before it is offered: a restarted controller or worker re-reads the file.
-                    fh.write(json.dumps(rec) + "\n")
-                    fh.flush()
-                    os.fsync(fh.fileno())
+                    self._append_durably(fh, json.dumps(rec) + "\n")
                     with self._cond:
                         self._records.append(rec)
                         self._cond.notify_all()
@@ -194,6 +196,29 @@ class ArmWorker:
                 last = traceback.format_exception_only(exc)[-1].strip()
                 self._error = f"{last}\n{traceback.format_exc(limit=-8)}"
                 self._cond.notify_all()
+
+    def _append_durably(self, fh: Any, line: str) -> None:
+        """Append and fsync one record line. A full disk is waited out (up to DISK_FULL_WAIT_S, checking
+        every second, a stop request ends the wait) instead of failing the run: the partial line is cut
+        off and the write repeated once space is back."""
+        waited = 0.0
+        while True:
+            start = fh.tell()
+            try:
+                fh.write(line)
+                fh.flush()
+                os.fsync(fh.fileno())
+                return
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC or waited >= DISK_FULL_WAIT_S or self._stop.is_set():
+                    raise
+                try:
+                    fh.truncate(start)  # the buffered tail may or may not have reached the file
+                    fh.seek(start)
+                except OSError:
+                    pass
+                time.sleep(1.0)
+                waited += 1.0
 
     def _fetch_stored(self) -> None:
         """A new node (or one that lost its disk) resumes from the newest checkpoint in storage."""
