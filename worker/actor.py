@@ -199,24 +199,28 @@ class ArmWorker:
 
     def _append_durably(self, fh: Any, line: str) -> None:
         """Append and fsync one record line. A full disk is waited out (up to DISK_FULL_WAIT_S, checking
-        every second, a stop request ends the wait) instead of failing the run: the partial line is cut
-        off and the write repeated once space is back."""
-        waited = 0.0
-        while True:
-            start = fh.tell()
+        every second; a stop request ends the wait) instead of failing the run.
+
+        Written with os.write on the append-mode descriptor, past the text buffer: what a full disk
+        refused is simply written later, after the part that went in (no duplicate, no torn line).
+        """
+        fh.flush()  # the text layer holds nothing of ours from here on
+        data, waited = line.encode(), 0.0
+        while data:
             try:
-                fh.write(line)
-                fh.flush()
+                data = data[os.write(fh.fileno(), data) :]
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC or waited >= DISK_FULL_WAIT_S or self._stop.is_set():
+                    raise
+                time.sleep(1.0)
+                waited += 1.0
+        while True:
+            try:
                 os.fsync(fh.fileno())
                 return
             except OSError as exc:
                 if exc.errno != errno.ENOSPC or waited >= DISK_FULL_WAIT_S or self._stop.is_set():
                     raise
-                try:
-                    fh.truncate(start)  # the buffered tail may or may not have reached the file
-                    fh.seek(start)
-                except OSError:
-                    pass
                 time.sleep(1.0)
                 waited += 1.0
 

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import pickle
+import shutil
+import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -46,3 +51,27 @@ def test_our_own_checkpoint_state_loads_weights_only(tmp_path: Path) -> None:
     assert loaded["step"] == 3 and torch.equal(loaded["model"]["w"], torch.ones(2))
     assert loaded["optimizers"][0]["param_groups"][0]["betas"] == (0.9, 0.95)
     assert loaded["provenance"]["versions"]["torch"] == str(torch.__version__)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("mount") is None, reason="needs root to mount a tiny tmpfs")
+def test_a_full_disk_is_waited_out_not_a_failed_run(tmp_path: Path) -> None:
+    from worker.actor import ArmWorker
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], check=True)
+    try:
+        filler = disk / "filler"
+        fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
+        with contextlib.suppress(OSError):
+            while True:
+                os.write(fd, b"\0" * 4096)
+        os.close(fd)
+        worker = ArmWorker.__new__(ArmWorker)  # only the record writer; no training thread
+        worker._stop = threading.Event()
+        threading.Timer(1.5, filler.unlink).start()  # the operator frees space
+        with (disk / "records.jsonl").open("a+") as fh:
+            worker._append_durably(fh, '{"step": 10}\n')
+        assert (disk / "records.jsonl").read_text() == '{"step": 10}\n'
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)
