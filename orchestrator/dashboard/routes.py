@@ -10,6 +10,7 @@ from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 
 from orchestrator.api.deps import SessionDep, SettingsDep, get_or_404
+from orchestrator.api.guard import token_matches
 from orchestrator.dashboard.data import (
     PAGE_SIZE,
     grid_count,
@@ -47,6 +48,13 @@ def index_page(request: Request, session: SessionDep, limit: Limit = PAGE_SIZE, 
     """The grid list, one page of it (newest first), rendered on the server (readable without JS) and
     refreshed by polling."""
     total = grid_count(session)
+    sweeps = sweep_rows(session)
+    if not token_matches(request.headers.get("authorization"), request.app.state.api_token):
+        # A sweep's error carries the failing remote command and its output (hosts, paths): like
+        # /api/schedules, only for token holders. The open page says where the details are.
+        for row in sweeps:
+            if row["error"]:
+                row["error"] = f"failed; details with the API token: GET /api/schedules/{row['schedule']}"
     pages = {
         "newer": max(0, offset - limit) if offset > 0 else None,
         "older": offset + limit if offset + limit < total else None,
@@ -59,7 +67,7 @@ def index_page(request: Request, session: SessionDep, limit: Limit = PAGE_SIZE, 
         limit=limit,
         offset=offset,
         **pages,
-        sweeps=sweep_rows(session),
+        sweeps=sweeps,
         unreleased=unreleased_nodes(session),
     )
 

@@ -344,3 +344,17 @@ def test_an_unreachable_database_is_503_with_retry_after(storage: Path) -> None:
         for resp in (c.get("/api/grids"), c.post("/api/grids", json={"name": "x", "arms": ["A"]}, headers=AUTH)):
             assert resp.status_code == 503 and resp.headers["retry-after"] == "2"
             assert "database is unavailable" in resp.json()["detail"]
+
+
+def test_open_dashboard_hides_sweep_errors(client: TestClient, database_url: str, storage: Path) -> None:
+    from orchestrator.db.models import Sweep, utcnow
+
+    secret = "ssh ubuntu@203.0.113.7: pip install failed in /home/ubuntu/ablate/venv"
+    with session_scope(database_url) as session:
+        schedule = Schedule(name="leaky", cron="0 2 * * *", grid={"name": "g", "arms": ["A"]}, nodes=[])
+        session.add(schedule)
+        session.flush()
+        session.add(Sweep(schedule_id=schedule.id, scheduled_for=utcnow(), fired_at=utcnow(), state="failed",
+                          nodes=[], error=secret))
+    assert secret not in client.get("/").text and "GET /api/schedules/leaky" in client.get("/").text
+    assert secret in client.get("/", headers=AUTH).text
