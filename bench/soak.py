@@ -336,8 +336,12 @@ def fault_workers(env: Env, n: int = 2) -> dict[str, Any]:
     from orchestrator.db.session import session_scope
     from orchestrator.scheduler import actor_name
 
-    with session_scope(env.db) as session:
-        running = session.execute(select(Run.id, Run.retries).where(Run.state == "running")).all()
+    running: list[Any] = []
+    t_wait = time.monotonic()
+    while not running and time.monotonic() - t_wait < 120:  # between grids no worker may be up
+        with session_scope(env.db) as session:
+            running = session.execute(select(Run.id, Run.retries).where(Run.state == "running")).all()
+        time.sleep(0.5)
     killed = []
     for run_id, retries in random.sample(running, min(n, len(running))):
         try:
