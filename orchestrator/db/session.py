@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import cache
@@ -15,6 +16,8 @@ from sqlalchemy.orm import Session, sessionmaker
 import migrations
 
 MIGRATIONS_DIR = Path(migrations.__file__).parent
+# Seconds a new Postgres connection keeps retrying while the server refuses it (restarting).
+CONNECT_WAIT_S = 5.0
 
 
 def alembic_config(database_url: str) -> Config:
@@ -45,7 +48,22 @@ def engine_for(database_url: str) -> Engine:
             cur.close()
 
         return engine
-    return create_engine(database_url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+    engine = create_engine(database_url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+
+    @event.listens_for(engine, "do_connect")
+    def _wait_for_restart(dialect, _record, cargs, cparams):  # type: ignore[no-untyped-def]
+        # A Postgres restart (a fast one takes well under a second) refuses connections for a moment:
+        # new connections, pre-ping's reconnects included, wait it out instead of failing the request.
+        deadline = time.monotonic() + CONNECT_WAIT_S
+        while True:
+            try:
+                return dialect.loaded_dbapi.connect(*cargs, **cparams)
+            except dialect.loaded_dbapi.OperationalError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.2)
+
+    return engine
 
 
 @cache
