@@ -34,10 +34,9 @@ from sqlalchemy import func, select  # noqa: E402
 from orchestrator.cluster import start_head  # noqa: E402
 from orchestrator.db.models import Event, Grid, Metric, Run, Schedule, Sweep  # noqa: E402
 from orchestrator.db.session import session_scope, upgrade  # noqa: E402
-from orchestrator.nodes import NodeCreate, add_node  # noqa: E402
 from orchestrator.sweeps import ScheduleCreate, SweepRunner, create_schedule  # noqa: E402
 from orchestrator.vocabulary import ACTIVE_SWEEP_STATES, SweepState  # noqa: E402
-from tests.cluster.conftest import PACKAGES, node_config  # noqa: E402
+from tests.cluster.conftest import PACKAGES, node_config, register_node  # noqa: E402
 from tests.cluster.testbed import TestBed  # noqa: E402
 
 TINY = {
@@ -182,18 +181,7 @@ def main() -> None:
         )
         try:
             for node in bed.nodes:
-                with session_scope(database_url) as session:
-                    add_node(
-                        session,
-                        NodeCreate(
-                            name=node.name,
-                            host=node.ip,
-                            user=node.user,
-                            key_path=str(node.client_key),
-                            known_hosts_path=str(node.known_hosts),
-                            price_per_hour=1.0,
-                        ),
-                    )
+                register_node(database_url, node, price_per_hour=1.0)
             results = [one_sweep(bed, head, database_url, storage, i) for i in range(args.repeats)]
         finally:
             scheduler.terminate()

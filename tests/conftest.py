@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -93,3 +94,17 @@ def s3_endpoint() -> Iterator[str]:
     host, port = server.get_host_and_port()
     yield f"http://{host}:{port}"
     server.stop()
+
+
+@pytest.fixture
+def online_but_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Downloads allowed (ABLATE_OFFLINE=0) but every HTTP(S) request goes through a proxy on a port just
+    closed, so a library's download fails at once and nothing reaches the network."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.setenv("ABLATE_OFFLINE", "0")
+    for var in ("https_proxy", "HTTPS_PROXY", "http_proxy", "HTTP_PROXY"):
+        monkeypatch.setenv(var, f"http://127.0.0.1:{port}")
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.delenv("NO_PROXY", raising=False)

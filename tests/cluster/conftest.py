@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cluster import RayHead, auth_env, start_head
-from orchestrator.nodes import BootstrapConfig
-from tests.cluster.testbed import TestBed, TestBedUnavailable
+from orchestrator.db.session import session_scope
+from orchestrator.nodes import BootstrapConfig, NodeCreate, add_node
+from tests.cluster.testbed import BedNode, TestBed, TestBedUnavailable
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("orchestrator", "worker", "model", "arms", "migrations")
@@ -81,6 +82,24 @@ def node_config(testbed: TestBed, head: RayHead, **overrides: object) -> Bootstr
         "command_timeout_s": 120,
     }
     return BootstrapConfig(**{**values, **overrides})
+
+
+def register_node(database_url: str, node: BedNode, name: str | None = None, price_per_hour: float = 0.0) -> str:
+    """The bed node as the controller's node row (its address, login user, key and known host key); its name."""
+    name = name or node.name
+    with session_scope(database_url) as session:
+        add_node(
+            session,
+            NodeCreate(
+                name=name,
+                host=node.ip,
+                user=node.user,
+                key_path=str(node.client_key),
+                known_hosts_path=str(node.known_hosts),
+                price_per_hour=price_per_hour,
+            ),
+        )
+    return name
 
 
 def alive_nodes(head: RayHead) -> dict[str, float]:

@@ -16,9 +16,8 @@ import sys
 from pathlib import Path
 
 from orchestrator.cluster import RayHead
-from orchestrator.db.session import session_scope
-from orchestrator.nodes import BootstrapConfig, NodeCreate, add_node, bootstrap_node
-from tests.cluster.conftest import ROOT, node_config
+from orchestrator.nodes import BootstrapConfig, bootstrap_node
+from tests.cluster.conftest import ROOT, node_config, register_node
 from tests.cluster.testbed import TestBed
 
 
@@ -49,18 +48,7 @@ def test_default_install_from_a_wheelhouse_with_no_index(
         install=[*default.install[:2], default.install[2] + " --no-deps"],
         join=["{venv}/bin/python -m orchestrator.cluster --help > {remote_dir}/helper.txt"],
     )
-    with session_scope(database_url) as session:
-        add_node(
-            session,
-            NodeCreate(
-                name="fresh",
-                host=node.ip,
-                user=node.user,
-                key_path=str(node.client_key),
-                known_hosts_path=str(node.known_hosts),
-            ),
-        )
-    bootstrap_node(database_url, "fresh", config)
+    bootstrap_node(database_url, register_node(database_url, node, name="fresh"), config)
 
     venv = node.home / "ablate" / "venv"
     assert (node.home / "ablate" / "wheelhouse" / wheel.name).is_file()  # copied over SFTP

@@ -10,31 +10,15 @@ from sqlalchemy import select
 from orchestrator.cluster import RayHead, session_pids
 from orchestrator.db.models import Event
 from orchestrator.db.session import session_scope
-from orchestrator.nodes import CommandFailed, NodeCreate, NodeShell, add_node, bootstrap_node, drain_node, get_node
-from tests.cluster.conftest import alive_nodes, node_config
+from orchestrator.nodes import CommandFailed, NodeShell, bootstrap_node, drain_node, get_node
+from tests.cluster.conftest import alive_nodes, node_config, register_node
 from tests.cluster.testbed import TestBed
-
-
-def _register(database_url: str, testbed: TestBed, i: int) -> str:
-    node = testbed.nodes[i]
-    with session_scope(database_url) as session:
-        add_node(
-            session,
-            NodeCreate(
-                name=node.name,
-                host=node.ip,
-                user=node.user,
-                key_path=str(node.client_key),
-                known_hosts_path=str(node.known_hosts),
-            ),
-        )
-    return node.name
 
 
 def test_node_joins_with_the_token_and_leaves_only_its_own_session(
     database_url: str, testbed: TestBed, ray_head: RayHead
 ) -> None:
-    name = _register(database_url, testbed, 0)
+    name = register_node(database_url, testbed.nodes[0])
     node = testbed.nodes[0]
     config = node_config(testbed, ray_head)
     bootstrap_node(database_url, name, config)
@@ -60,7 +44,7 @@ def test_node_joins_with_the_token_and_leaves_only_its_own_session(
 
 
 def test_node_without_the_token_is_refused(database_url: str, testbed: TestBed, ray_head: RayHead) -> None:
-    name = _register(database_url, testbed, 1)
+    name = register_node(database_url, testbed.nodes[1])
     node = testbed.nodes[1]
     # The default join, minus the token: RAY_AUTH_MODE/RAY_AUTH_TOKEN_PATH left out.
     join = node_config(testbed, ray_head).join[0].replace("RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH={token_path}", "")

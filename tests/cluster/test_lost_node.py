@@ -28,9 +28,9 @@ from orchestrator.cluster import RayHead, session_pids
 from orchestrator.db.models import Event, Metric, Run
 from orchestrator.db.session import session_scope
 from orchestrator.grids import GridCreate, create_grid
-from orchestrator.nodes import NodeCreate, add_node, bootstrap_node
+from orchestrator.nodes import bootstrap_node
 from orchestrator.vocabulary import TERMINAL_STATES, RunState
-from tests.cluster.conftest import ROOT, node_config
+from tests.cluster.conftest import ROOT, node_config, register_node
 from tests.cluster.testbed import BedNode, TestBed
 from tests.polling import wait_for
 
@@ -90,18 +90,7 @@ def cluster(database_url: str, testbed: TestBed, ray_head: RayHead, s3_on_bridge
     """Both nodes joined for real, and the scheduler in its own process storing checkpoints in S3."""
     for node in testbed.nodes:
         _aws_profile(node)
-        with session_scope(database_url) as session:
-            add_node(
-                session,
-                NodeCreate(
-                    name=node.name,
-                    host=node.ip,
-                    user=node.user,
-                    key_path=str(node.client_key),
-                    known_hosts_path=str(node.known_hosts),
-                ),
-            )
-        bootstrap_node(database_url, node.name, node_config(testbed, ray_head))
+        bootstrap_node(database_url, register_node(database_url, node), node_config(testbed, ray_head))
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT),

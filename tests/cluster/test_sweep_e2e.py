@@ -28,11 +28,10 @@ from orchestrator.api.app import create_app
 from orchestrator.cluster import RayHead
 from orchestrator.db.models import Event, Grid, Metric, Node, Run, Schedule, Sweep
 from orchestrator.db.session import session_scope
-from orchestrator.nodes import NodeCreate, add_node
 from orchestrator.settings import Settings
 from orchestrator.sweeps import ScheduleCreate, SweepRunner, create_schedule, get_schedule
 from orchestrator.vocabulary import TERMINAL_STATES, NodeState, RunDecision, RunState, SweepState
-from tests.cluster.conftest import ROOT, node_config
+from tests.cluster.conftest import ROOT, node_config, register_node
 from tests.cluster.testbed import TestBed
 
 DAY = datetime(2026, 3, 2, tzinfo=UTC)
@@ -78,18 +77,7 @@ def controller(
 ) -> Iterator[Controller]:
     """Nodes registered, and the real scheduler in its own process, joined to the head with the token."""
     for node in testbed.nodes:
-        with session_scope(database_url) as session:
-            add_node(
-                session,
-                NodeCreate(
-                    name=node.name,
-                    host=node.ip,
-                    user=node.user,
-                    key_path=str(node.client_key),
-                    known_hosts_path=str(node.known_hosts),
-                    price_per_hour=1.0,
-                ),
-            )
+        register_node(database_url, node, price_per_hour=1.0)
     storage = testbed.storage  # type: ignore[attr-defined]
     env = {
         **os.environ,

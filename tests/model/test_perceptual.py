@@ -3,7 +3,6 @@ missing-weights errors (offline, and a download that fails). Nothing here downlo
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
@@ -138,17 +137,10 @@ def test_missing_weights_offline_is_a_clear_error(monkeypatch: pytest.MonkeyPatc
     assert not perceptual.torchvision_cache_path().exists()
 
 
-def test_a_failed_download_is_the_same_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.usefixtures("online_but_refused")
+def test_a_failed_download_is_the_same_clear_error() -> None:
     """Online, torchvision's download goes through a proxy that refuses connections (a port just
     closed): the error names the URL and how to provide the file; nothing is left in the cache."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    monkeypatch.setenv("ABLATE_OFFLINE", "0")
-    for var in ("https_proxy", "HTTPS_PROXY", "http_proxy", "HTTP_PROXY"):
-        monkeypatch.setenv(var, f"http://127.0.0.1:{port}")
-    monkeypatch.delenv("no_proxy", raising=False)
-    monkeypatch.delenv("NO_PROXY", raising=False)
     with pytest.raises(LPIPSWeightsError) as err:
         load_lpips(EvalSpec())
     msg = str(err.value)

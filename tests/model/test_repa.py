@@ -1,7 +1,6 @@
 """REPA: loss values, TREAD-aware gathering, warm-down schedule, teacher loading and refusals.
 Nothing here downloads: torch's hub cache is a temporary TORCH_HOME the tests fill themselves."""
 
-import socket
 
 import pytest
 import torch
@@ -146,16 +145,9 @@ def test_a_weights_file_takes_its_architecture_from_the_cached_repository(torch_
     assert teacher.label == "dinov2" and torch.equal(teacher.net.patch.weight, state["patch.weight"])
 
 
-def test_dinov2_failed_download_names_the_fix(torch_home, monkeypatch):
+@pytest.mark.usefixtures("online_but_refused")
+def test_dinov2_failed_download_names_the_fix(torch_home):
     """Online, torch.hub's download of the repository goes through a proxy that refuses connections."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    monkeypatch.setenv("ABLATE_OFFLINE", "0")
-    for var in ("https_proxy", "HTTPS_PROXY", "http_proxy", "HTTP_PROXY"):
-        monkeypatch.setenv(var, f"http://127.0.0.1:{port}")
-    monkeypatch.delenv("no_proxy", raising=False)
-    monkeypatch.delenv("NO_PROXY", raising=False)
     with pytest.raises(TeacherError) as err:
         build_teacher(RepaSpec(enabled=True), "cpu")
     msg = str(err.value)

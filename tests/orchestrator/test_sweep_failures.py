@@ -80,6 +80,17 @@ def _sweep(database_url: str, schedule: str) -> Sweep:
         return sweep
 
 
+def _running_sweep(
+    database_url: str, name: str, node: str, remote: Path, storage: Path
+) -> tuple[SweepRunner, FakeClock, Sweep]:
+    """A schedule fired at 22:00 and its sweep provisioned by one tick of a runner."""
+    clock = FakeClock(DAY)
+    _fire(database_url, name, node, clock)
+    runner = _runner(database_url, storage, clock, _config(remote))
+    runner.tick()
+    return runner, clock, _sweep(database_url, name)
+
+
 def _commands(database_url: str, needle: str) -> int:
     with session_scope(database_url) as session:
         return session.scalar(select(func.count()).where(Event.kind == "node.command", Event.message.contains(needle)))
@@ -102,11 +113,7 @@ def test_copy_back_os_error_ends_the_sweep_and_releases_the_node(
     tmp_path: Path,
 ) -> None:
     remote = sshd.workdir / "copyfail"
-    clock = FakeClock(DAY)
-    _fire(database_url, "copyfail", node_name, clock)
-    runner = _runner(database_url, tmp_path / "storage", clock, _config(remote))
-    runner.tick()
-    sweep = _sweep(database_url, "copyfail")
+    runner, clock, sweep = _running_sweep(database_url, "copyfail", node_name, remote, tmp_path / "storage")
     assert sweep.state == SweepState.running
     ckpt = remote / "ckpt"
     ckpt.mkdir()
@@ -173,11 +180,7 @@ def test_exception_while_collecting_fails_the_sweep_after_teardown(
     tmp_path: Path,
 ) -> None:
     remote = sshd.workdir / "collectfail"
-    clock = FakeClock(DAY)
-    _fire(database_url, "collectfail", node_name, clock)
-    runner = _runner(database_url, tmp_path / "storage", clock, _config(remote))
-    runner.tick()
-    sweep = _sweep(database_url, "collectfail")
+    runner, clock, sweep = _running_sweep(database_url, "collectfail", node_name, remote, tmp_path / "storage")
     _finish_runs(database_url, sweep.grid_id)
     (tmp_path / "storage" / "sweeps").mkdir(parents=True)
     (tmp_path / "storage" / "sweeps" / str(sweep.id)).write_text("not a directory")  # results dir cannot be made

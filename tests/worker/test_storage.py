@@ -5,7 +5,6 @@ tests/orchestrator/test_checkpoint_storage.py."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,14 +24,6 @@ TINY: dict[str, Any] = {
     "eval": {"num_samples": 2, "sampler_steps": 2, "lpips_backbone": "random_standin"},
     "precision": {"mode": "fp32"},
 }
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def spec(**over: Any) -> dict[str, Any]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,15 +25,6 @@ QUICK: dict[str, Any] = {
     "eval": {"num_samples": 2, "sampler_steps": 2, "lpips_backbone": "random_standin"},
     "repa": {"teacher": "random_standin"},
 }
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    # Tiny shapes gain nothing from a second thread, and OpenMP spinning collapses on a busy machine.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def spec_for(arm: str, **over: Any) -> ArmSpec:
