@@ -158,11 +158,18 @@ class Scheduler:
         self._thread = threading.Thread(target=self.run_forever, name="ablate-scheduler", daemon=True)
         self._thread.start()
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self, timeout: float = 10.0, connect_timeout: float = 180.0) -> None:
         """Stop the loop; the workers (detached actors) keep training for the next controller."""
         self._halt.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        if self._thread is None:
+            return
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            # Almost always `ray.init` starting a local Ray on a busy machine: it cannot be interrupted,
+            # and exiting under it races Ray's own exit hook (ray.shutdown) against a half-made
+            # connection. Let it finish; the loop ends right after.
+            print("scheduler: waiting for Ray to finish starting before exiting", flush=True)
+            self._thread.join(connect_timeout)
 
     def run_forever(self) -> None:
         while not self._halt.is_set():
