@@ -110,8 +110,8 @@ class RayHead:
     session_dir: Path
     token_file: Path
 
-    def stop(self) -> list[int]:
-        return stop_session_dir(self.session_dir)
+    def stop(self, grace_s: float = 15.0) -> list[int]:
+        return stop_session_dir(self.session_dir, grace_s)
 
 
 def start_head(
