@@ -19,7 +19,6 @@ import os
 import shutil
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,7 +35,7 @@ from orchestrator.db.models import Event, Grid, Metric, Run, Schedule, Sweep  # 
 from orchestrator.db.session import session_scope, upgrade  # noqa: E402
 from orchestrator.sweeps import ScheduleCreate, SweepRunner, create_schedule  # noqa: E402
 from orchestrator.vocabulary import ACTIVE_SWEEP_STATES, SweepState  # noqa: E402
-from tests.cluster.conftest import PACKAGES, node_config, register_node  # noqa: E402
+from tests.cluster.conftest import PACKAGES, node_config, register_node, scheduler_process  # noqa: E402
 from tests.cluster.testbed import TestBed  # noqa: E402
 
 TINY = {
@@ -162,30 +161,12 @@ def main() -> None:
             num_cpus=1,
             dashboard_port=free_port("127.0.0.1"),
         )
-        env = {
-            **os.environ,
-            "PYTHONPATH": str(ROOT),
-            "ABLATE_DATABASE_URL": database_url,
-            "ABLATE_RAY_ADDRESS": head.address,
-            "ABLATE_RAY_TOKEN_FILE": str(token),
-            "ABLATE_STORAGE_DIR": str(storage),
-            "ABLATE_SCHEDULER_INTERVAL_S": "0.3",
-            "ABLATE_WORKER_THREADS": "1",
-            "ABLATE_RAY_NAMESPACE": f"ablate-bench-{os.getpid()}",
-        }
-        scheduler = subprocess.Popen(
-            [sys.executable, "-m", "orchestrator.scheduler"],
-            env=env,
-            stdout=(work / "scheduler.log").open("wb"),
-            stderr=subprocess.STDOUT,
-        )
         try:
-            for node in bed.nodes:
-                register_node(database_url, node, price_per_hour=1.0)
-            results = [one_sweep(bed, head, database_url, storage, i) for i in range(args.repeats)]
+            with scheduler_process(database_url, head, storage, work / "scheduler.log", "ablate-bench"):
+                for node in bed.nodes:
+                    register_node(database_url, node, price_per_hour=1.0)
+                results = [one_sweep(bed, head, database_url, storage, i) for i in range(args.repeats)]
         finally:
-            scheduler.terminate()
-            scheduler.wait(timeout=30)
             head.stop()
     shutil.rmtree(work, ignore_errors=True)
     lines = [

@@ -142,7 +142,8 @@ def _event_times(db: str, ids: list[int], kind: str) -> dict[int, datetime]:
         return {run_id: t for run_id, t in rows}
 
 
-def _tiny(steps: int, every: int) -> dict[str, Any]:
+def tiny_overrides(steps: int, every: int) -> dict[str, Any]:
+    """Grid overrides for a tiny arm of `steps` steps, a checkpoint every `every` (also bench/soak.py's)."""
     return {
         "model": {"size": "tiny", "depth": 3, "identity_tokens": 4},
         "data": {"dataset": "shapes", "num_images": 64, "held_out": 2},
@@ -165,7 +166,7 @@ def latency(db: str, scheduler_cls: Any, settings: Any, n: int) -> dict[str, lis
         scheduler.start()
         try:
             for _ in range(arms_n):
-                (run_id,) = _submit(db, ["A"], _tiny(2, 1))
+                (run_id,) = _submit(db, ["A"], tiny_overrides(2, 1))
                 _wait_done(db, [run_id])
                 with session_scope(db) as session:
                     run = session.get(Run, run_id)
@@ -195,7 +196,7 @@ def idle_gaps(db: str, scheduler_cls: Any, settings: Any, gpus: int, per_gpu: in
     scheduler = scheduler_cls(settings, train_fn=SYNTHETIC)
     scheduler.start()
     try:
-        ids = _submit(db, arms, _tiny(4, 1))
+        ids = _submit(db, arms, tiny_overrides(4, 1))
         _wait_done(db, ids)
     finally:
         scheduler.stop()
@@ -224,7 +225,7 @@ def ingest_rate(db: str, scheduler_cls: Any, settings: Any, arms_n: int, records
     scheduler = scheduler_cls(settings, train_fn=SYNTHETIC)
     scheduler.start()
     try:
-        ids = _submit(db, arms, _tiny(records, 1))
+        ids = _submit(db, arms, tiny_overrides(records, 1))
         _wait_done(db, ids)
     finally:
         scheduler.stop()

@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestration import tiny_overrides  # bench/orchestration.py: this script's directory is on sys.path
+
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
 SYNTHETIC = "orchestration:synthetic_train"  # importable by the workers: BENCH_DIR is on their PYTHONPATH
@@ -193,23 +195,13 @@ def _request(client: Any, stats: Stats, kind: str, method: str, path: str, fuzz:
     return resp
 
 
-def overrides(steps: int, every: int) -> dict[str, Any]:
-    return {
-        "model": {"size": "tiny", "depth": 3, "identity_tokens": 4},
-        "data": {"dataset": "shapes", "num_images": 64, "held_out": 2},
-        "schedule": {"steps": steps, "batch_size": 4, "warmup_steps": 1, "checkpoint_every": every},
-        "eval": {"num_samples": 2, "sampler_steps": 2, "lpips_backbone": "random_standin"},
-        "precision": {"mode": "fp32"},
-    }
-
-
 def submitter(env: Env, stats: Stats, stop: threading.Event, every_s: float, steps: int, ckpt: int) -> None:
     import httpx
 
     n = 0
     with httpx.Client(base_url=env.base, timeout=30) as client:
         while not stop.is_set():
-            body = {"name": f"soak-{n}", "arms": ["A", "B", "C", "D"], "overrides": overrides(steps, ckpt)}
+            body = {"name": f"soak-{n}", "arms": ["A", "B", "C", "D"], "overrides": tiny_overrides(steps, ckpt)}
             resp = _request(client, stats, "submit", "POST", "/api/grids", json=body, headers=AUTH)
             if resp is not None and resp.status_code == 201:
                 with stats.lock:

@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -102,6 +103,40 @@ def register_node(database_url: str, node: BedNode, name: str | None = None, pri
             ),
         )
     return name
+
+
+@contextmanager
+def scheduler_process(
+    database_url: str, head: RayHead, storage: Path, log_path: Path, namespace: str, **env: str
+) -> Iterator[subprocess.Popen[bytes]]:
+    """The real scheduler in its own process (`python -m orchestrator.scheduler`), joined to the head with
+    the token, declaring no GPUs of its own; `env` adds settings (ABLATE_...). Its output goes to
+    `log_path`, kept for a failure's post-mortem. Terminated (then killed) on exit."""
+    full_env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "ABLATE_DATABASE_URL": database_url,
+        "ABLATE_RAY_ADDRESS": head.address,
+        "ABLATE_RAY_TOKEN_FILE": str(head.token_file),
+        "ABLATE_STORAGE_DIR": str(storage),
+        "ABLATE_SCHEDULER_INTERVAL_S": "0.3",
+        "ABLATE_WORKER_THREADS": "1",
+        "ABLATE_RAY_NAMESPACE": f"{namespace}-{os.getpid()}",
+        **env,
+    }
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "orchestrator.scheduler"], env=full_env, stdout=log, stderr=subprocess.STDOUT
+        )
+        try:
+            yield proc
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 def alive_nodes(head: RayHead) -> dict[str, float]:

@@ -15,7 +15,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,7 @@ from orchestrator.db.session import session_scope
 from orchestrator.grids import GridCreate, create_grid
 from orchestrator.nodes import bootstrap_node
 from orchestrator.vocabulary import TERMINAL_STATES, RunState
-from tests.cluster.conftest import ROOT, node_config, register_node
+from tests.cluster.conftest import node_config, register_node, scheduler_process
 from tests.cluster.testbed import BedNode, TestBed
 from tests.polling import wait_for
 
@@ -91,33 +90,15 @@ def cluster(database_url: str, testbed: TestBed, ray_head: RayHead, s3_on_bridge
     for node in testbed.nodes:
         _aws_profile(node)
         bootstrap_node(database_url, register_node(database_url, node), node_config(testbed, ray_head))
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "ABLATE_DATABASE_URL": database_url,
-        "ABLATE_RAY_ADDRESS": ray_head.address,
-        "ABLATE_RAY_TOKEN_FILE": str(ray_head.token_file),
-        "ABLATE_STORAGE_DIR": str(testbed.storage),  # type: ignore[attr-defined]
-        "ABLATE_SCHEDULER_INTERVAL_S": "0.3",
-        "ABLATE_WORKER_THREADS": "1",
-        "ABLATE_RAY_NAMESPACE": f"ablate-lost-{os.getpid()}",
+    log = testbed.root / "scheduler-lost.log"
+    options = {
         "ABLATE_CHECKPOINT_URL": f"s3://{BUCKET}/nightly",
         "ABLATE_CHECKPOINT_OPTIONS": json.dumps({"endpoint_url": s3_on_bridge}),
         "ABLATE_CHECKPOINT_KEEP_LAST": "1",
     }
-    log = (testbed.root / "scheduler-lost.log").open("wb")
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.scheduler"], env=env, stdout=log,
-                            stderr=subprocess.STDOUT)
-    try:
-        yield {"endpoint": s3_on_bridge, "log": testbed.root / "scheduler-lost.log"}
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+    storage = testbed.storage  # type: ignore[attr-defined]
+    with scheduler_process(database_url, ray_head, storage, log, "ablate-lost", **options):
+        yield {"endpoint": s3_on_bridge, "log": log}
 
 
 def _runs(database_url: str, ids: list[int]) -> list[Run]:

@@ -10,9 +10,6 @@ real night would pay.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,7 +28,7 @@ from orchestrator.db.session import session_scope
 from orchestrator.settings import Settings
 from orchestrator.sweeps import ScheduleCreate, SweepRunner, create_schedule, get_schedule
 from orchestrator.vocabulary import TERMINAL_STATES, NodeState, RunDecision, RunState, SweepState
-from tests.cluster.conftest import ROOT, node_config, register_node
+from tests.cluster.conftest import node_config, register_node, scheduler_process
 from tests.cluster.testbed import TestBed
 
 DAY = datetime(2026, 3, 2, tzinfo=UTC)
@@ -79,31 +76,9 @@ def controller(
     for node in testbed.nodes:
         register_node(database_url, node, price_per_hour=1.0)
     storage = testbed.storage  # type: ignore[attr-defined]
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "ABLATE_DATABASE_URL": database_url,
-        "ABLATE_RAY_ADDRESS": ray_head.address,
-        "ABLATE_RAY_TOKEN_FILE": str(ray_head.token_file),
-        "ABLATE_STORAGE_DIR": str(storage),
-        "ABLATE_SCHEDULER_INTERVAL_S": "0.3",
-        "ABLATE_WORKER_THREADS": "1",
-        "ABLATE_RAY_NAMESPACE": f"ablate-bed-{os.getpid()}",
-    }
-    log = (tmp_path_factory.mktemp("scheduler") / "scheduler.log").open("wb")  # kept for a failure's post-mortem
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator.scheduler"], env=env, stdout=log, stderr=subprocess.STDOUT
-    )
-    try:
+    log = tmp_path_factory.mktemp("scheduler") / "scheduler.log"
+    with scheduler_process(database_url, ray_head, storage, log, "ablate-bed"):
         yield Controller(database_url, storage, ray_head, testbed)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
 
 
 @pytest.fixture(autouse=True)
