@@ -4,6 +4,8 @@
 virtualenv (the pre-built worker environment, as in the worker image) and a copy of the project's
 source; the controller's storage dir is node-local on each node, as on rented machines.
 `ray_head`: the controller's Ray head on the bridge address, token auth on, in its own session.
+Helpers for tests and bench/: `node_config` (the join with the pre-built environment), `register_node`
+(a bed node as the controller's node row), `scheduler_process` (the real scheduler in its own process).
 """
 
 from __future__ import annotations
