@@ -1,7 +1,6 @@
 """REPA: loss values, TREAD-aware gathering, warm-down schedule, teacher loading and refusals.
 Nothing here downloads: torch's hub cache is a temporary TORCH_HOME the tests fill themselves."""
 
-
 import pytest
 import torch
 from torch import nn
