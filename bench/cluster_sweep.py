@@ -30,10 +30,11 @@ sys.path.insert(0, str(ROOT))
 
 from sqlalchemy import func, select  # noqa: E402
 
-from orchestrator.cluster import start_head  # noqa: E402
 from orchestrator.db.models import Event, Grid, Metric, Run, Schedule, Sweep  # noqa: E402
 from orchestrator.db.session import session_scope, upgrade  # noqa: E402
-from orchestrator.sweeps import ScheduleCreate, SweepRunner, create_schedule  # noqa: E402
+from orchestrator.fleet.ray_cluster import start_head  # noqa: E402
+from orchestrator.sweeps.runner import SweepRunner  # noqa: E402
+from orchestrator.sweeps.schedules import ScheduleCreate, create_schedule  # noqa: E402
 from orchestrator.vocabulary import ACTIVE_SWEEP_STATES, SweepState  # noqa: E402
 from tests.cluster.conftest import PACKAGES, node_config, register_node, scheduler_process  # noqa: E402
 from tests.cluster.testbed import TestBed  # noqa: E402

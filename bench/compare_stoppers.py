@@ -24,8 +24,8 @@ from typing import Protocol
 import numpy as np
 
 from model.spec import DetectorPolicy
-from orchestrator.curves import load_curves
-from orchestrator.detector import Checkpoint, decide
+from orchestrator.runs.curves import load_curves
+from orchestrator.runs.detector import Checkpoint, decide
 
 METRIC = "recon_lpips"
 DEFAULT_CURVES = Path(__file__).parents[1] / "tests" / "fixtures" / "published_ablation_a_to_d.json"

@@ -21,9 +21,9 @@ import torch
 import yaml
 
 from arms import ARMS_DIR
-from orchestrator.arms import deep_merge
-from orchestrator.detector import Checkpoint, replay_arm
-from orchestrator.grids import GridCreate, resolve_grid
+from orchestrator.runs.arms import deep_merge
+from orchestrator.runs.detector import Checkpoint, replay_arm
+from orchestrator.runs.grids import GridCreate, resolve_grid
 from worker.train import train_arm
 
 BROKEN = "A-lr5e-2"

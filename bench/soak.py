@@ -60,7 +60,8 @@ def controller_main() -> None:
     """`python bench/soak.py controller`: the app `ablate serve` runs, its scheduler on the synthetic stream."""
     import uvicorn
 
-    from orchestrator.scheduler import Scheduler, connect_ray
+    from orchestrator.runs.placement import connect_ray
+    from orchestrator.runs.scheduler import Scheduler
     from orchestrator.server import build_app
     from orchestrator.settings import load_settings
 
@@ -326,7 +327,7 @@ def fault_workers(env: Env, n: int = 2) -> dict[str, Any]:
 
     from orchestrator.db.models import Run
     from orchestrator.db.session import session_scope
-    from orchestrator.scheduler import actor_name
+    from orchestrator.runs.placement import actor_name
 
     running: list[Any] = []
     t_wait = time.monotonic()

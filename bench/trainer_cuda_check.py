@@ -23,7 +23,7 @@ from worker.train import train_arm
 
 
 def spec_for(arm: str, size: str, steps: int, compile: bool, compile_mode: str = "default") -> ArmSpec:
-    from orchestrator.arms import resolve  # a bench may use the controller's arm files
+    from orchestrator.runs.arms import resolve  # a bench may use the controller's arm files
 
     overrides = {
         "model": {"size": size},

@@ -211,7 +211,7 @@ class EvalSpec(Strict):
 
 
 class DetectorPolicy(Strict):
-    """Collapse-detector policy; see orchestrator/detector.py for how each field is used.
+    """Collapse-detector policy; see orchestrator/runs/detector.py for how each field is used.
 
     Defaults are tuned on the published A-D curves: they stop B (best recon LPIPS 0.907 @3000,
     then 0.922, 0.951, ...) at step 4000 and let A, C, D finish (C ends 0.017 above its best).

@@ -8,15 +8,21 @@ from pathlib import Path
 
 from fastapi import FastAPI
 
-from orchestrator.api.app import create_app
+from orchestrator.app import create_app
 from orchestrator.db.session import upgrade
 from orchestrator.messages import masked_url
 from orchestrator.settings import MIN_TOKEN_LENGTH, Settings, SettingsError
 
 
 def read_token(settings: Settings) -> str | None:
-    """The configured token, else the one stored under the storage dir, else None."""
+    """The configured token, else the one stored under the storage dir, else None; SettingsError for one
+    shorter than MIN_TOKEN_LENGTH (it is the only guard on writes)."""
     if settings.api_token:
+        if len(settings.api_token) < MIN_TOKEN_LENGTH:
+            raise SettingsError(
+                f"invalid settings: ABLATE_API_TOKEN: must be at least {MIN_TOKEN_LENGTH} characters "
+                "(unset it and `ablate serve` generates one)"
+            )
         return settings.api_token
     path = settings.token_file
     if path.is_file():
@@ -85,8 +91,8 @@ def serve(settings: Settings, host: str | None = None, port: int | None = None) 
     """Run the controller in the foreground until interrupted."""
     import uvicorn
 
-    from orchestrator.scheduler import attach_scheduler
-    from orchestrator.sweeps import attach_to_app as attach_sweeps
+    from orchestrator.runs.scheduler import attach_scheduler
+    from orchestrator.sweeps.runner import attach_to_app as attach_sweeps
 
     app = build_app(settings)
     attach_scheduler(app)  # starts with the app (joins or starts Ray), stops with it

@@ -26,8 +26,9 @@ class Settings(BaseSettings):
     # (postgresql+psycopg://user@host/db).
     database_url: str = f"sqlite:///{DEFAULT_DIR / 'ablate.db'}"
     # Bearer token for every write (and the reads that expose infrastructure). Unset: `ablate serve`
-    # generates one into storage_dir/api_token. At least 16 characters: it is the only guard on writes.
-    api_token: Annotated[str, Field(min_length=MIN_TOKEN_LENGTH)] | None = None
+    # generates one into storage_dir/api_token. At least 16 characters, checked where a token is used
+    # (`ablate serve`, `ablate submit`: server.read_token), so commands that need none run with any.
+    api_token: str | None = None
     # Ray cluster to join ("auto", "ray://host:10001", an address); unset: start a local Ray.
     ray_address: str | None = None
     # The Ray cluster token (Ray's token auth) used to join ray_address; `ablate ray-head` writes

@@ -20,8 +20,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from orchestrator.db.events import record_event
 from orchestrator.db.models import Event, Run
-from orchestrator.ingest import record_event
 from orchestrator.settings import Settings
 
 STORAGE_EVENTS = (

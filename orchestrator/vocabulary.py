@@ -28,7 +28,7 @@ ACTIVE_STATES = frozenset({RunState.starting, RunState.running})
 
 
 class DecisionKind(StrEnum):
-    """The collapse detector's verdict on a checkpoint (orchestrator.detector.decide)."""
+    """The collapse detector's verdict on a checkpoint (orchestrator.runs.detector.decide)."""
 
     CONTINUE = "continue"
     COLLAPSE = "collapse"

@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
 
 from orchestrator.errors import Conflict, InvalidBody, NotFound
-from orchestrator.nodes import NodeError
+from orchestrator.fleet.errors import NodeError
 
 
 class SafeJSONResponse(JSONResponse):

@@ -8,7 +8,7 @@ sees only the method, path and headers. Which requests need the token:
   remote command output);
 - with `private_reads` (ABLATE_PRIVATE_READS), every read except /healthz and the dashboard's static
   files.
-Body size is FastAPI's own `max_body_size` (413 before parsing), set in orchestrator.api.app.
+Body size is FastAPI's own `max_body_size` (413 before parsing), set in orchestrator.app.
 """
 
 from __future__ import annotations

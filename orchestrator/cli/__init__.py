@@ -25,9 +25,9 @@ def service_errors() -> Iterator[None]:
     database errors, as one clear line."""
     from sqlalchemy.exc import SQLAlchemyError
 
+    from orchestrator.fleet.errors import NodeError
     from orchestrator.messages import database_error_text, validation_text
-    from orchestrator.nodes import NodeError
-    from orchestrator.sweeps import ScheduleError
+    from orchestrator.sweeps.schedules import ScheduleError
 
     try:
         yield
@@ -55,8 +55,8 @@ def _register() -> None:
 
 def main() -> None:
     """Console-script entry: known errors become one clear line instead of a traceback."""
-    from orchestrator.arms import ArmError
     from orchestrator.messages import validation_text
+    from orchestrator.runs.arms import ArmError
     from orchestrator.settings import SettingsError
 
     _register()

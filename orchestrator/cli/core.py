@@ -103,7 +103,7 @@ def submit(
     """Submit a grid to the running server; prints the new grid's id."""
     import httpx
 
-    from orchestrator.grids import GridCreate, GridError, resolve_grid
+    from orchestrator.runs.grids import GridCreate, GridError, resolve_grid
     from orchestrator.server import read_token
 
     data = load_grid_file(grid_file)
@@ -146,7 +146,7 @@ def status(grid_id: Annotated[int | None, typer.Argument(help="Show this grid's 
     from orchestrator.api.schemas import GridDetail, GridPublic
     from orchestrator.db.models import Grid
     from orchestrator.db.session import session_scope
-    from orchestrator.grids import latest_metrics
+    from orchestrator.runs.grids import latest_metrics
 
     settings = load_settings()
     try:
@@ -198,7 +198,7 @@ def _print_runs(grid: GridDetail) -> None:
 @app.command()
 def arms() -> None:
     """The arms A..I, resolved, and what each changes against its parent."""
-    from orchestrator.arms import lineage_table
+    from orchestrator.runs.arms import lineage_table
 
     table = Table(title="arms (arms/*.yaml)", show_lines=True)
     for col in ("arm", "parent", "changes vs parent", "description"):
@@ -219,7 +219,7 @@ def ray_head(
 ) -> None:
     """Start the controller's Ray head with token auth, in its own session; the token goes to
     storage_dir/ray_token (0600), which `ablate serve` and node bootstrap then use."""
-    from orchestrator.cluster import start_head
+    from orchestrator.fleet.ray_cluster import start_head
 
     settings = load_settings()
     token = settings.ray_token_file or settings.storage_dir / "ray_token"
@@ -228,4 +228,4 @@ def ray_head(
     except RuntimeError as exc:
         raise CLIError(str(exc)) from None
     typer.echo(f"Ray head at {head.address} with token auth; token in {token}; dashboard on {dashboard_host}:8265")
-    typer.echo(f"stop it with: python -m orchestrator.cluster stop-session {head.session_dir}")
+    typer.echo(f"stop it with: python -m orchestrator.fleet.ray_cluster stop-session {head.session_dir}")

@@ -103,7 +103,7 @@ def _rows(settings: Settings, grid_id: int) -> list[dict[str, Any]]:
     from orchestrator.api.schemas import RunSummary
     from orchestrator.db.models import Metric, Run
     from orchestrator.db.session import session_scope
-    from orchestrator.detector import projected_hours_saved
+    from orchestrator.runs.detector import projected_hours_saved
 
     out = []
     with session_scope(settings.database_url) as session:
@@ -232,8 +232,9 @@ def demo(
     import ray
 
     from orchestrator.db.session import session_scope, upgrade
-    from orchestrator.grids import GridCreate, create_grid
-    from orchestrator.scheduler import Scheduler, connect_ray
+    from orchestrator.runs.grids import GridCreate, create_grid
+    from orchestrator.runs.placement import connect_ray
+    from orchestrator.runs.scheduler import Scheduler
 
     settings = demo_settings(load_settings())
     upgrade(settings.database_url)

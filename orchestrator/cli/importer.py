@@ -47,10 +47,10 @@ def import_command(
     from sqlalchemy.exc import SQLAlchemyError
 
     from orchestrator.cli.replay import load_policy
-    from orchestrator.curves import CurvesError, load_curves
     from orchestrator.db.session import session_scope, upgrade
-    from orchestrator.grids import GridError
-    from orchestrator.importer import CurvesImportError, arm_letters, import_curves, start_times_of
+    from orchestrator.runs.curves import CurvesError, load_curves
+    from orchestrator.runs.grids import GridError
+    from orchestrator.runs.importer import CurvesImportError, arm_letters, import_curves, start_times_of
     from orchestrator.settings import load_settings
 
     pol = load_policy(policy) if policy is not None else None

@@ -39,7 +39,8 @@ def add(
 ) -> None:
     """Register a node. Its host key must already be in the known-hosts file (`ssh-keyscan`)."""
     from orchestrator.db.session import session_scope
-    from orchestrator.nodes import NodeCreate, NodeError, add_node, key_path_problems
+    from orchestrator.fleet.errors import NodeError
+    from orchestrator.fleet.inventory import NodeCreate, add_node, key_path_problems
 
     with service_errors():
         body = NodeCreate(
@@ -64,7 +65,7 @@ def add(
 def list_() -> None:
     """Registered nodes with their state, price and GPUs from the last probe."""
     from orchestrator.db.session import session_scope
-    from orchestrator.nodes import list_nodes
+    from orchestrator.fleet.inventory import list_nodes
 
     table = Table(title="nodes")
     for col in ("name", "address", "state", "price/h", "gpus", "last probe"):
@@ -87,7 +88,7 @@ def list_() -> None:
 @nodes_app.command("probe")
 def probe(name: Annotated[str, typer.Argument(help="Node name")]) -> None:
     """SSH to the node; print JSON with gpus (nvidia-smi), free disk (GB) and the Python version."""
-    from orchestrator.nodes import probe_node
+    from orchestrator.fleet.probe import probe_node
 
     with service_errors():
         result = probe_node(_database_url(), name)
@@ -97,7 +98,7 @@ def probe(name: Annotated[str, typer.Argument(help="Node name")]) -> None:
 @nodes_app.command("bootstrap")
 def bootstrap(name: Annotated[str, typer.Argument(help="Node name")]) -> None:
     """Install the worker environment and join the Ray cluster (ABLATE_NODE_* settings)."""
-    from orchestrator.nodes import BootstrapConfig, bootstrap_node
+    from orchestrator.fleet.bootstrap import BootstrapConfig, bootstrap_node
 
     with service_errors():
         found = bootstrap_node(_database_url(), name, BootstrapConfig())
@@ -107,7 +108,7 @@ def bootstrap(name: Annotated[str, typer.Argument(help="Node name")]) -> None:
 @nodes_app.command("drain")
 def drain(name: Annotated[str, typer.Argument(help="Node name")]) -> None:
     """Leave the Ray cluster (stops the node's own Ray session); the environment stays for the next bootstrap."""
-    from orchestrator.nodes import BootstrapConfig, drain_node
+    from orchestrator.fleet.bootstrap import BootstrapConfig, drain_node
 
     with service_errors():
         drain_node(_database_url(), name, BootstrapConfig())
@@ -117,7 +118,7 @@ def drain(name: Annotated[str, typer.Argument(help="Node name")]) -> None:
 @nodes_app.command("teardown")
 def teardown(name: Annotated[str, typer.Argument(help="Node name")]) -> None:
     """Leave the Ray cluster and delete the node's working directory."""
-    from orchestrator.nodes import BootstrapConfig, teardown_node
+    from orchestrator.fleet.bootstrap import BootstrapConfig, teardown_node
 
     with service_errors():
         teardown_node(_database_url(), name, BootstrapConfig())
@@ -128,7 +129,7 @@ def teardown(name: Annotated[str, typer.Argument(help="Node name")]) -> None:
 def remove(name: Annotated[str, typer.Argument(help="Node name")]) -> None:
     """Forget a node (its command events stay, unlinked). Does not touch the machine."""
     from orchestrator.db.session import session_scope
-    from orchestrator.nodes import remove_node
+    from orchestrator.fleet.inventory import remove_node
 
     with service_errors(), session_scope(_database_url()) as session:
         remove_node(session, name)

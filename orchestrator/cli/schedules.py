@@ -34,7 +34,7 @@ def create(
 ) -> None:
     """Schedule a grid: at each fire, provision the nodes, run it, copy results back, tear down."""
     from orchestrator.db.session import session_scope
-    from orchestrator.sweeps import ScheduleCreate, create_schedule
+    from orchestrator.sweeps.schedules import ScheduleCreate, create_schedule
 
     body_grid = load_grid_file(grid)
     node_list = [n.strip() for n in nodes.split(",") if n.strip()]
@@ -69,8 +69,8 @@ def list_() -> None:
     """Schedules with their next fire and their latest sweep."""
     from orchestrator.api.schemas import SchedulePublic
     from orchestrator.db.session import session_scope
-    from orchestrator.nodes import list_nodes
-    from orchestrator.sweeps import list_schedules
+    from orchestrator.fleet.inventory import list_nodes
+    from orchestrator.sweeps.schedules import list_schedules
 
     table = Table(title="schedules (UTC)")
     for col in ("name", "cron", "nodes", "budget", "misfire", "status", "next fire", "last sweep"):
@@ -101,7 +101,7 @@ def list_() -> None:
 def pause(name: Annotated[str, typer.Argument(help="Schedule name")]) -> None:
     """No more fires until resumed (a sweep under way carries on)."""
     from orchestrator.db.session import session_scope
-    from orchestrator.sweeps import pause_schedule
+    from orchestrator.sweeps.schedules import pause_schedule
 
     with service_errors(), session_scope(load_settings().database_url) as session:
         pause_schedule(session, name)
@@ -112,7 +112,7 @@ def pause(name: Annotated[str, typer.Argument(help="Schedule name")]) -> None:
 def resume(name: Annotated[str, typer.Argument(help="Schedule name")]) -> None:
     """Fire again from the next cron time (fires that fell in the pause are not run)."""
     from orchestrator.db.session import session_scope
-    from orchestrator.sweeps import resume_schedule
+    from orchestrator.sweeps.schedules import resume_schedule
 
     with service_errors(), session_scope(load_settings().database_url) as session:
         nxt = resume_schedule(session, name).next_fire_at
@@ -123,7 +123,7 @@ def resume(name: Annotated[str, typer.Argument(help="Schedule name")]) -> None:
 def delete(name: Annotated[str, typer.Argument(help="Schedule name")]) -> None:
     """Delete a schedule and its sweep history (refused while a sweep is under way)."""
     from orchestrator.db.session import session_scope
-    from orchestrator.sweeps import delete_schedule
+    from orchestrator.sweeps.schedules import delete_schedule
 
     with service_errors(), session_scope(load_settings().database_url) as session:
         delete_schedule(session, name)
@@ -133,7 +133,7 @@ def delete(name: Annotated[str, typer.Argument(help="Schedule name")]) -> None:
 @schedules_app.command("run")
 def run(interval: Annotated[float, typer.Option(help="Seconds between ticks")] = 30.0) -> None:
     """Fire schedules and drive their sweeps in the foreground until interrupted."""
-    from orchestrator.sweeps import SweepRunner
+    from orchestrator.sweeps.runner import SweepRunner
 
     settings = load_settings()
     runner = SweepRunner(settings.database_url, settings.storage_dir, checkpoint_options=settings.checkpoint_options)

@@ -23,16 +23,16 @@ from sqlalchemy.orm import Session, selectinload
 
 from model.spec import ArmSpec
 from orchestrator.api.schemas import RunSummary, SweepPublic
-from orchestrator.arms import LINEAGE_KEYS, ArmError, changes, flatten, resolve
 from orchestrator.db.models import METRIC_FIELDS, Event, Grid, Metric, Node, Run, Schedule, Sweep
 from orchestrator.numbers import finite_or_none, is_finite
+from orchestrator.runs.arms import LINEAGE_KEYS, ArmError, changes, flatten, resolve
 from orchestrator.storage import STORAGE_EVENTS, storage_alarms
 from orchestrator.vocabulary import STOP_DECISIONS, TERMINAL_STATES, GridState, NodeState, RunState
 
 # Quality metrics with stored standard errors; lower is better for the two LPIPS ones.
 QUALITY = ("recon_lpips", "text_lpips", "text_manip_delta")
 STANDIN = "random_standin"
-# Events whose data carries the detector's `warnings` (orchestrator.detector.Decision.warnings).
+# Events whose data carries the detector's `warnings` (orchestrator.runs.detector.Decision.warnings).
 WARNING_EVENTS = ("decision", "warning")
 
 
@@ -208,7 +208,7 @@ def _as_spec(raw: dict[str, Any]) -> ArmSpec | None:
 
 
 def lineage(grid: Grid) -> list[dict[str, Any]]:
-    """Per run: its parent and what it changes against it (orchestrator.arms.changes on stored specs).
+    """Per run: its parent and what it changes against it (orchestrator.runs.arms.changes on stored specs).
 
     The parent is taken from the grid when one of its runs is that arm, else resolved from arms/ with
     the grid's overrides applied (so a tiny-size grid is not compared with a seed-size parent).

@@ -21,9 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cluster import RayHead, auth_env, start_head
 from orchestrator.db.session import session_scope
-from orchestrator.nodes import BootstrapConfig, NodeCreate, add_node
+from orchestrator.fleet.bootstrap import BootstrapConfig
+from orchestrator.fleet.inventory import NodeCreate, add_node
+from orchestrator.fleet.ray_cluster import RayHead, auth_env, start_head
 from tests.cluster.testbed import BedNode, TestBed, TestBedUnavailable
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -111,7 +112,7 @@ def register_node(database_url: str, node: BedNode, name: str | None = None, pri
 def scheduler_process(
     database_url: str, head: RayHead, storage: Path, log_path: Path, namespace: str, **env: str
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """The real scheduler in its own process (`python -m orchestrator.scheduler`), joined to the head with
+    """The real scheduler in its own process (`python -m orchestrator.runs.scheduler`), joined to the head with
     the token, declaring no GPUs of its own; `env` adds settings (ABLATE_...). Its output goes to
     `log_path`, kept for a failure's post-mortem. Terminated (then killed) on exit."""
     full_env = {
@@ -128,7 +129,7 @@ def scheduler_process(
     }
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "orchestrator.scheduler"], env=full_env, stdout=log, stderr=subprocess.STDOUT
+            [sys.executable, "-m", "orchestrator.runs.scheduler"], env=full_env, stdout=log, stderr=subprocess.STDOUT
         )
         try:
             yield proc

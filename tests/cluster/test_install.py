@@ -15,8 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from orchestrator.cluster import RayHead
-from orchestrator.nodes import BootstrapConfig, bootstrap_node
+from orchestrator.fleet.bootstrap import BootstrapConfig, bootstrap_node
+from orchestrator.fleet.ray_cluster import RayHead
 from tests.cluster.conftest import ROOT, node_config, register_node
 from tests.cluster.testbed import TestBed
 
@@ -46,7 +46,7 @@ def test_default_install_from_a_wheelhouse_with_no_index(
         package=wheel,
         wheelhouse=wheelhouse,
         install=[*default.install[:2], default.install[2] + " --no-deps"],
-        join=["{venv}/bin/python -m orchestrator.cluster --help > {remote_dir}/helper.txt"],
+        join=["{venv}/bin/python -m orchestrator.fleet.ray_cluster --help > {remote_dir}/helper.txt"],
     )
     bootstrap_node(database_url, register_node(database_url, node, name="fresh"), config)
 

@@ -7,10 +7,12 @@ import stat
 import pytest
 from sqlalchemy import select
 
-from orchestrator.cluster import RayHead, session_pids
 from orchestrator.db.models import Event
 from orchestrator.db.session import session_scope
-from orchestrator.nodes import CommandFailed, NodeShell, bootstrap_node, drain_node, get_node
+from orchestrator.fleet.bootstrap import bootstrap_node, drain_node
+from orchestrator.fleet.inventory import get_node
+from orchestrator.fleet.ray_cluster import RayHead, session_pids
+from orchestrator.fleet.shell import CommandFailed, NodeShell
 from tests.cluster.conftest import alive_nodes, node_config, register_node
 from tests.cluster.testbed import TestBed
 

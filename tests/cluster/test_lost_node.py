@@ -23,11 +23,11 @@ import pytest
 import torch
 from sqlalchemy import select
 
-from orchestrator.cluster import RayHead, session_pids
 from orchestrator.db.models import Event, Metric, Run
 from orchestrator.db.session import session_scope
-from orchestrator.grids import GridCreate, create_grid
-from orchestrator.nodes import bootstrap_node
+from orchestrator.fleet.bootstrap import bootstrap_node
+from orchestrator.fleet.ray_cluster import RayHead, session_pids
+from orchestrator.runs.grids import GridCreate, create_grid
 from orchestrator.vocabulary import TERMINAL_STATES, RunState
 from tests.cluster.conftest import node_config, register_node, scheduler_process
 from tests.cluster.testbed import BedNode, TestBed

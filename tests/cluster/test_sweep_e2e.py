@@ -21,12 +21,13 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from orchestrator.api.app import create_app
-from orchestrator.cluster import RayHead
+from orchestrator.app import create_app
 from orchestrator.db.models import Event, Grid, Metric, Node, Run, Schedule, Sweep
 from orchestrator.db.session import session_scope
+from orchestrator.fleet.ray_cluster import RayHead
 from orchestrator.settings import Settings
-from orchestrator.sweeps import ScheduleCreate, SweepRunner, create_schedule, get_schedule
+from orchestrator.sweeps.runner import SweepRunner
+from orchestrator.sweeps.schedules import ScheduleCreate, create_schedule, get_schedule
 from orchestrator.vocabulary import TERMINAL_STATES, NodeState, RunDecision, RunState, SweepState
 from tests.cluster.conftest import node_config, register_node, scheduler_process
 from tests.cluster.testbed import TestBed

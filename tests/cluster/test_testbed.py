@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 
-from orchestrator.nodes import NodeShell, probe
+from orchestrator.fleet.probe import probe
+from orchestrator.fleet.shell import NodeShell
 from tests.cluster.testbed import TestBed
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.db.session import session_scope
-from orchestrator.nodes import NodeCreate, add_node
+from orchestrator.fleet.inventory import NodeCreate, add_node
 
 
 def tiny_overrides(steps: int) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from orchestrator.api.app import create_app
+from orchestrator.app import create_app
 from orchestrator.db.models import Metric, Run
 from orchestrator.db.session import session_scope
 from orchestrator.settings import Settings

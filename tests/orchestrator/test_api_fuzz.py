@@ -12,7 +12,7 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 
-from orchestrator.api.app import create_app
+from orchestrator.app import create_app
 from orchestrator.settings import Settings
 
 TOKEN = "fuzz-token"

@@ -17,12 +17,12 @@ import pytest
 from sqlalchemy import select
 
 from orchestrator.dashboard.data import grid_detail, grid_version
+from orchestrator.db.events import record_event
 from orchestrator.db.models import Event, Grid, Metric, Run
 from orchestrator.db.session import session_scope
-from orchestrator.grids import GridCreate, create_grid
-from orchestrator.ingest import record_event
+from orchestrator.runs.grids import GridCreate, create_grid
 from orchestrator.storage import record_storage, seen_seq, storage_alarms
-from orchestrator.sweeps import SweepRunner
+from orchestrator.sweeps.runner import SweepRunner
 from orchestrator.vocabulary import TERMINAL_STATES
 from tests.orchestrator.factories import tiny_overrides
 from tests.polling import wait_for
@@ -35,7 +35,7 @@ AWS_ENV = {"AWS_ACCESS_KEY_ID": "ablate-test", "AWS_SECRET_ACCESS_KEY": "ablate-
 
 
 def tiny_spec(steps: int = 30) -> dict[str, Any]:
-    from orchestrator.arms import deep_merge, resolve
+    from orchestrator.runs.arms import deep_merge, resolve
 
     over = deep_merge(TINY, {"schedule": {"steps": steps}})
     return resolve("A", over).model_dump(mode="json")
@@ -133,7 +133,8 @@ def test_a_lost_worker_whose_disk_is_gone_resumes_from_s3(
     """Kill a worker mid-run and take its local checkpoint directory away (a lost node): the re-queued
     run resumes from the newest checkpoint in S3, its metrics are contiguous with none duplicated, and
     every value equals its twin's, trained uninterrupted from the same seed in the same grid."""
-    from orchestrator.scheduler import Scheduler, actor_name, run_dir
+    from orchestrator.runs.placement import actor_name, run_dir
+    from orchestrator.runs.scheduler import Scheduler
     from orchestrator.settings import Settings
 
     ray = ray_with_aws_env

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from orchestrator.api.app import create_app
+from orchestrator.app import create_app
 from orchestrator.settings import Settings
 
 

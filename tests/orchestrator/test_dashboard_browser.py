@@ -36,7 +36,7 @@ def base_url(database_url: str) -> Iterator[str]:
     """The real app on a free loopback port, in a thread."""
     import uvicorn
 
-    from orchestrator.api.app import create_app
+    from orchestrator.app import create_app
     from orchestrator.settings import Settings
 
     app = create_app(Settings(database_url=database_url), api_token="test-token")
@@ -218,7 +218,7 @@ def test_live_grid_updates_and_labels_standins(base_url: str, database_url: str,
     exist, and a stand-in LPIPS backbone and a recorded fallback are labelled."""
     from orchestrator.db.models import Metric, Run
     from orchestrator.db.session import session_scope
-    from orchestrator.grids import GridCreate, create_grid
+    from orchestrator.runs.grids import GridCreate, create_grid
     from orchestrator.vocabulary import RunState
 
     def checkpoint(run_id: int, step: int) -> Metric:
@@ -279,7 +279,7 @@ def test_unstored_checkpoints_and_a_second_node_are_shown(base_url: str, databas
 
     from orchestrator.db.models import Event
     from orchestrator.db.session import session_scope
-    from orchestrator.grids import GridCreate, create_grid
+    from orchestrator.runs.grids import GridCreate, create_grid
     from orchestrator.vocabulary import RunState
 
     now = datetime.now(UTC)

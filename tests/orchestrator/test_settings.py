@@ -38,7 +38,6 @@ def test_variables_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
         ("ABLATE_DATABASE_URL", "mysql://db/x"),
         ("ABLATE_MAX_RETRIES", "-1"),
         ("ABLATE_SCHEDULER_INTERVAL_S", "0"),
-        ("ABLATE_API_TOKEN", "x"),  # a 1-character token would be the only guard on every write
         ("ABLATE_MAX_BODY_BYTES", "10"),
         ("ABLATE_OFFLINE", "maybe"),
     ],
@@ -78,3 +77,14 @@ def test_cli_reports_bad_settings_in_one_line() -> None:
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: invalid settings: ABLATE_PORT: "), proc.stderr
+
+
+def test_short_token_is_checked_where_a_token_is_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Commands that need no token (import, train, replay) load the settings with any token; the
+    server and `ablate submit` refuse a short one, naming the variable."""
+    from orchestrator.server import read_token
+
+    monkeypatch.setenv("ABLATE_API_TOKEN", "x")
+    settings = load_settings()
+    with pytest.raises(SettingsError, match="^invalid settings: ABLATE_API_TOKEN: must be at least 16"):
+        read_token(settings)

@@ -11,7 +11,7 @@ from sqlalchemy.orm import selectinload
 from orchestrator.api.deps import AUTH_RESPONSES, AuthDep, SessionDep, SettingsDep, get_or_404
 from orchestrator.api.schemas import GridCreate, GridCreated, GridDetail, GridPublic
 from orchestrator.db.models import Grid
-from orchestrator.grids import PathPolicy, create_grid, gpu_memory_cap_gib, latest_metrics
+from orchestrator.runs.grids import PathPolicy, create_grid, gpu_memory_cap_gib, latest_metrics
 
 router = APIRouter(prefix="/api/grids", tags=["grids"])
 

@@ -14,18 +14,10 @@ from fastapi import APIRouter, Response, status
 
 from orchestrator.api.deps import AUTH_RESPONSES, AuthDep, SessionDep, SettingsDep
 from orchestrator.api.schemas import NodeCreate, NodePublic, ProbeResult
-from orchestrator.nodes import (
-    BootstrapConfig,
-    add_node,
-    bootstrap_node,
-    drain_node,
-    get_node,
-    list_nodes,
-    probe_node,
-    remote_errors,
-    remove_node,
-    teardown_node,
-)
+from orchestrator.fleet.bootstrap import BootstrapConfig, bootstrap_node, drain_node, teardown_node
+from orchestrator.fleet.errors import remote_errors
+from orchestrator.fleet.inventory import add_node, get_node, list_nodes, remove_node
+from orchestrator.fleet.probe import probe_node
 
 router = APIRouter(prefix="/api/nodes", tags=["nodes"])
 

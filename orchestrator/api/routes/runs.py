@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session
 from orchestrator.api.deps import AUTH_RESPONSES, AuthDep, SessionDep, get_or_404
 from orchestrator.api.schemas import MetricPublic, RunPublic
 from orchestrator.db.models import Metric, Run
-from orchestrator.grids import latest_metrics, stop_run
+from orchestrator.runs.grids import latest_metrics, stop_run
 
 router = APIRouter(prefix="/api/runs", tags=["runs"])
 

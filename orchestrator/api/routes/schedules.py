@@ -10,8 +10,8 @@ from fastapi import APIRouter, Response, status
 
 from orchestrator.api.deps import AUTH_RESPONSES, AuthDep, SessionDep, SettingsDep
 from orchestrator.api.schemas import ScheduleCreate, SchedulePublic
-from orchestrator.grids import PathPolicy, gpu_memory_cap_gib
-from orchestrator.sweeps import (
+from orchestrator.runs.grids import PathPolicy, gpu_memory_cap_gib
+from orchestrator.sweeps.schedules import (
     create_schedule,
     delete_schedule,
     get_schedule,

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.curves import CurvesError, load_curves, parse_curves
+from orchestrator.runs.curves import CurvesError, load_curves, parse_curves
 
-FIXTURE = Path(__file__).parents[1] / "fixtures" / "published_ablation_a_to_d.json"
+FIXTURE = Path(__file__).parents[2] / "fixtures" / "published_ablation_a_to_d.json"
 ABLATE = str(Path(sys.executable).with_name("ablate"))
 KEYS = {"arm", "decision", "step_flagged", "best_step", "best_value", "reason", "gpu_hours_saved"}
 

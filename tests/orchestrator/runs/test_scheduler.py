@@ -18,8 +18,9 @@ from sqlalchemy import select
 
 from orchestrator.db.models import Event, Metric, Run
 from orchestrator.db.session import session_scope
-from orchestrator.grids import GridCreate, create_grid, stop_run
-from orchestrator.scheduler import Scheduler, actor_name, run_dir
+from orchestrator.runs.grids import GridCreate, create_grid, stop_run
+from orchestrator.runs.placement import actor_name, run_dir
+from orchestrator.runs.scheduler import Scheduler
 from orchestrator.vocabulary import TERMINAL_STATES
 from tests.orchestrator.factories import tiny_overrides
 from tests.polling import wait_for

@@ -18,17 +18,12 @@ from typer.testing import CliRunner
 from orchestrator.cli import app
 from orchestrator.db.models import Event, Node
 from orchestrator.db.session import session_scope
-from orchestrator.nodes import (
-    BootstrapConfig,
-    CommandFailed,
-    HostKeyError,
-    NodeShell,
-    bootstrap_node,
-    get_node,
-    probe_node,
-    run_steps,
-    teardown_node,
-)
+from orchestrator.fleet.bootstrap import BootstrapConfig, bootstrap_node, run_steps, teardown_node
+from orchestrator.fleet.copy_back import fetch_tree
+from orchestrator.fleet.errors import HostKeyError
+from orchestrator.fleet.inventory import get_node
+from orchestrator.fleet.probe import probe_node
+from orchestrator.fleet.shell import CommandFailed, NodeShell
 from tests.orchestrator.factories import add_ssh_node
 
 
@@ -150,7 +145,7 @@ def test_bootstrap_installs_venv_and_joins_then_teardown_removes(database_url: s
 
 def test_bootstrap_without_ray_address_is_refused_before_any_command(database_url: str, sshd) -> None:  # noqa: ANN001
     _register(database_url, sshd, "quad-noaddr")
-    from orchestrator.nodes import NodeError
+    from orchestrator.fleet.errors import NodeError
 
     with pytest.raises(NodeError, match="ABLATE_NODE_RAY_ADDRESS"):
         bootstrap_node(database_url, "quad-noaddr", BootstrapConfig(ray_address=None, install=["true"]))
@@ -193,7 +188,7 @@ def test_fetch_tree_copies_a_remote_directory(database_url: str, sshd, tmp_path:
     (src / "step_100" / "model.pt").write_bytes(b"\x00weights")
     (src / "metrics.jsonl").write_text('{"step": 100}\n')
     with NodeShell.open(_node(database_url, "quad-fetch"), database_url) as shell:
-        written = shell.fetch_tree(str(src), tmp_path / "back")
+        written = fetch_tree(shell, str(src), tmp_path / "back")
     assert sorted(p.relative_to(tmp_path / "back").as_posix() for p in written) == [
         "metrics.jsonl",
         "step_100/model.pt",
@@ -210,7 +205,7 @@ def test_fetch_tree_skips_symbolic_links(database_url: str, sshd, tmp_path: Path
     (src / "step_1" / "alias.pt").symlink_to(src / "step_1" / "model.pt")
     skipped: list[str] = []
     with NodeShell.open(_node(database_url, "quad-links"), database_url) as shell:
-        written = shell.fetch_tree(str(src), tmp_path / "back", skipped)
+        written = fetch_tree(shell, str(src), tmp_path / "back", skipped)
     assert [p.relative_to(tmp_path / "back").as_posix() for p in written] == ["step_1/model.pt"]
     assert sorted(p.relative_to(tmp_path / "back").as_posix() for p in (tmp_path / "back").rglob("*")) == [
         "step_1",
@@ -268,7 +263,7 @@ def test_cli_add_list_probe_remove(database_url: str, sshd, monkeypatch: pytest.
 def test_nodes_over_rest(database_url: str, sshd, tmp_path: Path) -> None:  # noqa: ANN001
     from fastapi.testclient import TestClient
 
-    from orchestrator.api.app import create_app
+    from orchestrator.app import create_app
     from orchestrator.settings import Settings
 
     settings = Settings(database_url=database_url, ssh_key_dirs=[sshd.client_key.parent, tmp_path])

@@ -19,10 +19,10 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from model.spec import ArmSpec, estimate_params, estimate_peak_bytes, estimate_state_bytes
-from orchestrator.arms import LINEAGE_KEYS, ArmError, arm_files, resolve
 from orchestrator.db.models import Event, Grid, Metric, Run, utcnow
 from orchestrator.db.transitions import transition
 from orchestrator.errors import Conflict, InvalidBody
+from orchestrator.runs.arms import LINEAGE_KEYS, ArmError, arm_files, resolve
 from orchestrator.vocabulary import TERMINAL_STATES, GridSource, RunDecision, RunState
 
 ARM_LABEL_MAX = 64  # runs.arm is VARCHAR(64)

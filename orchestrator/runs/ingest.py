@@ -14,6 +14,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from model.spec import DetectorPolicy
+from orchestrator.db.events import record_event
 from orchestrator.db.models import METRIC_FIELDS, Event, Grid, Metric, Run, utcnow
 from orchestrator.numbers import is_finite, json_safe
 from orchestrator.vocabulary import STOP_DECISIONS, RunDecision
@@ -120,10 +121,6 @@ def last_step(session: Session, run_id: int) -> int | None:
     return session.scalar(select(func.max(Metric.step)).where(Metric.run_id == run_id))
 
 
-def record_event(session: Session, run: Run, kind: str, message: str, /, **data: Any) -> None:
-    session.add(Event(run_id=run.id, grid_id=run.grid_id, kind=kind, message=message, data=data))
-
-
 def _record_warnings(session: Session, run: Run, verdict: Any) -> None:
     """Secondary-metric warnings (they never stop a run) as a `warning` event whenever they change,
     so the dashboard shows them while the run goes on."""
@@ -190,7 +187,7 @@ def apply_detector(
     then asks the worker for a graceful stop. In `warn` mode the first flag is recorded as a `warning`
     event and the run goes on.
     """
-    from orchestrator.detector import Checkpoint, decide
+    from orchestrator.runs.detector import Checkpoint, decide
 
     policy = _policy(run)
     if policy.mode == "off":
@@ -236,7 +233,7 @@ def ingest(session: Session, run: Run, records: list[dict[str, Any]], detect: bo
     Each new checkpoint, in step order, gets a `checkpoint` event, advances the run's best (the
     policy's metric and direction) and is judged by the detector unless the run is already stopping.
     """
-    from orchestrator.detector import Checkpoint
+    from orchestrator.runs.detector import Checkpoint
 
     by_step = {int(r["step"]): r for r in records}
     new = insert_metrics(session, run.id, list(by_step.values()))

@@ -12,8 +12,9 @@ from sqlalchemy import select
 
 from orchestrator.db.models import Event, Run
 from orchestrator.db.session import session_factory, session_scope
-from orchestrator.grids import GridCreate, create_grid, stop_run
-from orchestrator.scheduler import Scheduler, Worker, claim_for_launch
+from orchestrator.runs.grids import GridCreate, create_grid, stop_run
+from orchestrator.runs.placement import Worker, claim_for_launch
+from orchestrator.runs.scheduler import Scheduler
 from orchestrator.settings import Settings
 from orchestrator.vocabulary import RunState
 
@@ -119,8 +120,8 @@ def test_the_api_serves_while_ray_is_still_unreachable(database_url: str, tmp_pa
         """
         import os, sys
         from fastapi.testclient import TestClient
-        from orchestrator.api.app import create_app
-        from orchestrator.scheduler import attach_scheduler
+        from orchestrator.app import create_app
+        from orchestrator.runs.scheduler import attach_scheduler
         from orchestrator.settings import Settings
 
         # Port 9 (discard): nothing listens, so joining this "cluster" fails or hangs.

@@ -21,11 +21,12 @@ from sqlalchemy import select
 
 from orchestrator.db.models import Event, Grid, Metric, Run, Schedule, Sweep
 from orchestrator.db.session import session_scope
-from orchestrator.nodes import BootstrapConfig, NodeCreate, add_node, find_node
-from orchestrator.sweeps import (
+from orchestrator.fleet.bootstrap import BootstrapConfig
+from orchestrator.fleet.inventory import NodeCreate, add_node, find_node
+from orchestrator.sweeps.runner import SweepRunner
+from orchestrator.sweeps.schedules import (
     ScheduleCreate,
     ScheduleError,
-    SweepRunner,
     aware,
     create_schedule,
     get_schedule,
@@ -323,7 +324,7 @@ def test_schedule_validation_names_the_field(database_url: str, node_name: str) 
 def test_schedules_over_rest(database_url: str, node_name: str) -> None:
     from fastapi.testclient import TestClient
 
-    from orchestrator.api.app import create_app
+    from orchestrator.app import create_app
     from orchestrator.settings import Settings
 
     client = TestClient(create_app(Settings(database_url=database_url), "tok"))

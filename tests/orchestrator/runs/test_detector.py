@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from model.spec import DetectorPolicy
-from orchestrator.detector import Checkpoint, DecisionKind, decide, projected_hours_saved, replay, replay_arm
+from orchestrator.runs.detector import Checkpoint, DecisionKind, decide, projected_hours_saved, replay, replay_arm
 
 C, X, D, S = "continue", "collapse", "diverged", "stalled"
 
@@ -224,7 +224,7 @@ def test_checkpoint_from_a_db_metric_row() -> None:
     from orchestrator.db.models import METRIC_FIELDS, Metric
 
     row = Metric(step=1000, recon_lpips=0.93, recon_lpips_se=0.005, gpu_hours=3.0, lpips_backbone="alexnet")
-    # As orchestrator.ingest.metric_series hands a stored row to the detector.
+    # As orchestrator.runs.ingest.metric_series hands a stored row to the detector.
     cp = Checkpoint.from_mapping({"step": row.step, **{f: getattr(row, f) for f in METRIC_FIELDS}})
     assert (cp.step, cp.get("recon_lpips"), cp.se("recon_lpips"), cp.hours) == (1000, 0.93, 0.005, 3.0)
     assert cp.get("text_lpips") is None and "lpips_backbone" not in cp.values

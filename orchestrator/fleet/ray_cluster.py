@@ -5,7 +5,7 @@ the file RAY_AUTH_TOKEN_PATH names); the token never appears on a command line. 
 runs in its own process session, and leaving stops exactly the processes of that session, never
 with `ray stop`, which ends every Ray of the machine (other users', a test's own).
 
-Also a small CLI that nodes run from their install (`python -m orchestrator.cluster`):
+Also a small CLI that nodes run from their install (`python -m orchestrator.fleet.ray_cluster`):
     start-session DIR -- ray start ...   run the command in a new session; DIR/session holds its id
     stop-session DIR                      end every process of that session (TERM, then KILL)
 """
@@ -146,7 +146,9 @@ def start_head(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m orchestrator.cluster", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m orchestrator.fleet.ray_cluster", description=__doc__.split("\n\n")[0]
+    )
     sub = parser.add_subparsers(dest="action", required=True)
     start = sub.add_parser("start-session", help="run a command (after --) in a new session recorded in DIR")
     start.add_argument("dir", type=Path)

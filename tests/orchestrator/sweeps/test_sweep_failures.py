@@ -18,12 +18,15 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from orchestrator.api.app import create_app
+from orchestrator.app import create_app
 from orchestrator.db.models import Event, Grid, Node, Run, Schedule, Sweep
 from orchestrator.db.session import session_scope
-from orchestrator.nodes import BootstrapConfig, find_node
+from orchestrator.fleet.bootstrap import BootstrapConfig
+from orchestrator.fleet.inventory import find_node
 from orchestrator.settings import Settings
-from orchestrator.sweeps import ScheduleCreate, SweepRunner, create_schedule, get_schedule, runner_lock
+from orchestrator.sweeps.lock import runner_lock
+from orchestrator.sweeps.runner import SweepRunner
+from orchestrator.sweeps.schedules import ScheduleCreate, create_schedule, get_schedule
 from orchestrator.vocabulary import NodeState, RunState, SweepState
 from tests.orchestrator.factories import FakeClock, add_ssh_node
 

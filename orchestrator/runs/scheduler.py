@@ -4,7 +4,7 @@ State machine per run (DESIGN.md): queued -> starting -> running -> completed | 
 - Launch: queued runs FIFO within a grid, grids in submission order, while the cluster has GPUs that
   none of our workers hold. Each run is a named, detached actor (`ablate-run-<id>-<attempt>` in the
   settings' namespace) with num_gpus=1 (Ray sets CUDA_VISIBLE_DEVICES) and num_cpus=0.
-- Ingest (orchestrator/ingest.py): every record the worker yields is stored idempotently on
+- Ingest (orchestrator/runs/ingest.py): every record the worker yields is stored idempotently on
   (run_id, step); the detector judges every new checkpoint, and collapse | diverged | stalled stops
   the run gracefully.
 - Worker death: the run is re-queued (retries + 1) and resumes from its last checkpoint; past
@@ -21,23 +21,31 @@ Ray is imported lazily: the API process imports this module without paying for R
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session
 
+from orchestrator.db.events import record_event
 from orchestrator.db.models import Grid, Run, utcnow
 from orchestrator.db.session import session_scope
 from orchestrator.db.transitions import transition
-from orchestrator.ingest import ingest, last_step, record_event
+from orchestrator.runs.ingest import ingest, last_step
+from orchestrator.runs.placement import (
+    Worker,
+    actor_name,
+    claim_for_launch,
+    connect_ray,
+    mark_running,
+    nonempty,
+    run_dir,
+    start_worker,
+)
 from orchestrator.settings import Settings
-from orchestrator.storage import record_storage, run_storage_url, seen_seq, worker_storage
+from orchestrator.storage import record_storage, run_storage_url, seen_seq
 from orchestrator.vocabulary import ACTIVE_STATES, TERMINAL_STATES, GridSource, RunState
 
 log = logging.getLogger("ablate.scheduler")
@@ -49,94 +57,7 @@ POLL_WAIT_S = 1.0  # worker-side long-poll: a record reaches the DB as soon as i
 MAX_INGEST_FAILURES = 5
 
 
-def claim_for_launch(session: Session, run: Run, checkpoint_dir: str) -> bool:
-    """queued -> starting, if the run is still queued; False when a stop (or anything else) got there first."""
-    return transition(
-        session,
-        run,
-        RunState.queued,
-        state=RunState.starting,
-        checkpoint_dir=checkpoint_dir,
-        started_at=run.started_at or utcnow(),
-    )
-
-
-def actor_name(run_id: int, attempt: int) -> str:
-    """The worker's Ray name; a new attempt (after a worker died) gets a new name."""
-    return f"ablate-run-{run_id}-{attempt}"
-
-
-def run_dir(settings: Settings, run_id: int) -> Path:
-    """Checkpoints and records of one run, the same directory for every attempt."""
-    return settings.storage_dir.resolve() / "runs" / str(run_id)
-
-
-def _nonempty(path: Path) -> bool:
-    return path.is_dir() and any(path.iterdir())
-
-
-def _refresh_ray_auth() -> None:
-    """Make an already imported Ray see the auth environment just set (what Ray's own
-    `_enable_token_auth` does); a no-op where Ray was not imported yet."""
-    import sys
-
-    if "ray" not in sys.modules:
-        return
-    from ray._raylet import AuthenticationTokenLoader, Config
-
-    Config.initialize("")
-    AuthenticationTokenLoader.instance().reset_cache()
-
-
-def connect_ray(settings: Settings, **init_kwargs: Any) -> None:
-    """Join the configured cluster, or start a local Ray (declaring settings.logical_gpus GPUs if > 0)."""
-    import signal
-
-    token = settings.cluster_token_file if settings.ray_address else None
-    if token is not None:
-        # Before `import ray`: Ray reads the auth mode and token path from the environment when it is
-        # imported (set later, a driver is refused with "Authentication token is missing or incorrect").
-        from orchestrator.cluster import auth_env
-
-        os.environ.update(auth_env(token))
-        _refresh_ray_auth()  # for a process that imported Ray already
-    import ray
-
-    if ray.is_initialized():
-        return
-    kwargs: dict[str, Any] = {"namespace": settings.ray_namespace, **init_kwargs}
-    # ray.init replaces the SIGTERM handler with sys.exit; keep the server's (uvicorn shuts down cleanly).
-    in_main = threading.current_thread() is threading.main_thread()
-    previous = signal.getsignal(signal.SIGTERM) if in_main else None
-    if settings.ray_address:
-        ray.init(address=settings.ray_address, **kwargs)
-    else:
-        if settings.logical_gpus > 0:
-            kwargs.setdefault("num_gpus", settings.logical_gpus)
-        ray.init(include_dashboard=False, **kwargs)
-    if in_main and previous is not None:
-        signal.signal(signal.SIGTERM, previous)
-
-
 # -- the loop -----------------------------------------------------------------------------------------
-
-
-@dataclass
-class Worker:
-    """A live actor of ours and what we have taken from it."""
-
-    run_id: int
-    name: str
-    handle: Any
-    after_step: int | None
-    poll_ref: Any = None
-    stop_sent: bool = False
-    started: bool = False  # its first poll reply is committed (the run is `running`)
-    info: dict[str, Any] = field(default_factory=dict)
-    launched_at: float = field(default_factory=time.monotonic)  # time.monotonic() s, for start_timeout_s
-    attempt: int = 0  # the run's retries when launched (the worker's upload log is per attempt)
-    storage_seen: int = 0  # the newest upload-log entry of this worker stored as an event
-    ingest_failures: int = 0  # consecutive replies that could not be stored (not counting DB outages)
 
 
 class Scheduler:
@@ -292,10 +213,6 @@ class Scheduler:
 
     def _launch(self, session: Session, run: Run) -> bool:
         """Claim the queued run and start its worker; False (nothing started) when a stop won the race."""
-        import ray
-
-        from worker.actor import ArmWorker
-
         name = actor_name(run.id, run.retries)
         out_dir = run_dir(self.settings, run.id)
         # Claim first: on Postgres the row stays locked until commit, so a concurrent stop waits and
@@ -304,7 +221,7 @@ class Scheduler:
             log.info("run %s left the queue (%s) before its launch; not launched", run.id, run.state)
             return False
         handle = self._lookup(name)  # left by a controller that died between creating it and committing
-        if handle is None and run.retries == 0 and run.last_checkpoint_step is None and _nonempty(out_dir):
+        if handle is None and run.retries == 0 and run.last_checkpoint_step is None and nonempty(out_dir):
             # Files from another database's run with the same id: resuming from them would be wrong.
             aside = out_dir.with_name(f"{out_dir.name}.stale-{int(time.time())}")
             out_dir.rename(aside)
@@ -312,27 +229,7 @@ class Scheduler:
         # Durable storage: the same prefix for every attempt, so a new node resumes from it.
         run.checkpoint_url = run_storage_url(self.settings, run)
         if handle is None:
-            handle = (
-                ray.remote(ArmWorker)
-                .options(
-                    name=name,
-                    namespace=self.settings.ray_namespace,
-                    lifetime="detached",
-                    num_gpus=1,
-                    num_cpus=0,
-                    max_concurrency=4,  # poll and request_stop run beside the training thread
-                    max_restarts=0,  # a lost worker is retried by us, from its checkpoint
-                )
-                .remote(
-                    run.id,
-                    run.spec,
-                    str(out_dir),
-                    str(self.settings.lpips_weights.resolve()) if self.settings.lpips_weights else None,
-                    self.settings.worker_threads,
-                    self.train_fn,
-                    storage=worker_storage(self.settings, run.checkpoint_url),
-                )
-            )
+            handle = start_worker(self.settings, run, name, out_dir, self.train_fn)
         after = last_step(session, run.id)
         self.workers[run.id] = Worker(
             run.id, name, handle, after, attempt=run.retries, storage_seen=seen_seq(session, run.id, run.retries)
@@ -401,7 +298,7 @@ class Scheduler:
                 self._kill(worker)
                 return True
             if not worker.started:
-                self._mark_running(session, run, reply["info"])
+                mark_running(session, run, reply["info"])
             if reply["records"]:
                 ingest(session, run, reply["records"])
             seen = record_storage(session, run, worker.attempt, reply.get("storage"), worker.storage_seen)
@@ -425,28 +322,6 @@ class Scheduler:
         if gone:
             self._kill(worker)
         return gone
-
-    def _mark_running(self, session: Session, run: Run, info: dict[str, Any]) -> None:
-        run.versions = info.get("provenance") or run.versions
-        run.gpu_index = info.get("cuda_visible_devices")
-        run.gpu_name = info.get("gpu_name") or run.gpu_name
-        run.gpu_uuid = info.get("gpu_uuid")
-        run.node = info.get("node")
-        # Every node it ran on (a lost node's run resumes elsewhere); hostname and Ray node IP, since
-        # machines (namespaces of the test bed, cloned images) can share a hostname.
-        where = f"{run.node} ({info['node_ip']})" if info.get("node_ip") else run.node
-        if where and (run.nodes or [None])[-1] != where:
-            run.nodes = [*(run.nodes or []), where]
-        if run.state == RunState.starting:
-            run.state = RunState.running
-            record_event(
-                session,
-                run,
-                "started",
-                f"on GPU {run.gpu_index} ({run.gpu_name or 'logical'}) of {run.node}",
-                attempt=run.retries,
-                **{k: v for k, v in info.items() if k != "provenance"},
-            )
 
     def _worker_died(self, worker: Worker, exc: BaseException) -> None:
         self.workers.pop(worker.run_id, None)
@@ -537,7 +412,7 @@ def attach_scheduler(app: Any) -> None:
 
 
 def main() -> None:
-    """`python -m orchestrator.scheduler`: the scheduler alone in the foreground (tests kill -9 it)."""
+    """`python -m orchestrator.runs.scheduler`: the scheduler alone in the foreground (tests kill -9 it)."""
     from orchestrator.db.session import upgrade
     from orchestrator.settings import load_settings
 

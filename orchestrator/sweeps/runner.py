@@ -1,4 +1,4 @@
-"""Schedules (cron expressions in the DB) and the sweeps they fire on rented nodes.
+"""The sweep runner: the state machine that takes a fired schedule through its nodes to its results.
 
 A sweep: provision its nodes (probe + bootstrap into the Ray cluster), submit its grid through the
 grid service, wait for the runs (whatever scheduler runs them moves them through queued -> ... ->
@@ -13,209 +13,33 @@ that was down) replays time exactly. Cron times are UTC.
 
 from __future__ import annotations
 
-import fcntl
-import json
 import logging
-import re
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from datetime import UTC, datetime, timedelta
+from collections.abc import Callable
+from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from croniter import croniter
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-from sqlalchemy import select, text
-from sqlalchemy.engine import make_url
+from pydantic import ValidationError
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from orchestrator.db.models import Event, Grid, Node, Schedule, Sweep, utcnow
-from orchestrator.db.session import engine_for, session_scope
-from orchestrator.errors import Conflict, InvalidBody, NotFound
-from orchestrator.grids import (
-    GridCreate,
-    GridError,
-    PathPolicy,
-    create_grid,
-    memory_errors,
-    path_errors,
-    resolve_grid,
-    stop_run,
-)
-from orchestrator.messages import validation_text
-from orchestrator.nodes import (
-    NAME_PATTERN,
-    BootstrapConfig,
-    NodeError,
-    NodeShell,
-    bootstrap_node,
-    drain,
-    find_named,
-    find_node,
-    teardown,
-)
-from orchestrator.storage import download_run
+from orchestrator.db.session import session_scope
+from orchestrator.fleet.bootstrap import BootstrapConfig, bootstrap_node, drain, teardown
+from orchestrator.fleet.errors import NodeError, error_reason
+from orchestrator.fleet.shell import NodeShell
+from orchestrator.runs.grids import GridCreate, GridError, create_grid, stop_run
+from orchestrator.sweeps.budget import spend
+from orchestrator.sweeps.copy_back import copy_back
+from orchestrator.sweeps.lock import runner_lock
+from orchestrator.sweeps.schedules import aware, fire_times, next_fire
 from orchestrator.vocabulary import TERMINAL_STATES, GridSource, NodeState, SweepState
 
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], datetime]
-
-
-class ScheduleError(ValueError):
-    """A schedule that cannot be created or changed; one line naming the field."""
-
-
-class ScheduleNotFound(NotFound, ScheduleError):
-    """No schedule of that name."""
-
-
-class ScheduleConflict(Conflict, ScheduleError):
-    """The name is taken, or a sweep of the schedule is under way."""
-
-
-class ScheduleInvalid(InvalidBody, ScheduleError):
-    """A schedule body that names what does not exist (unknown nodes)."""
-
-
-def aware(dt: datetime) -> datetime:
-    """SQLite hands back naive datetimes; every stored time is UTC."""
-    return dt if dt.tzinfo is not None else dt.replace(tzinfo=UTC)
-
-
-def next_fire(cron: str, after: datetime) -> datetime:
-    """The first cron time strictly after `after` (UTC)."""
-    return croniter(cron, aware(after)).get_next(datetime)
-
-
-# -- schedules: create, list, pause, resume -------------------------------------------------------------
-
-
-class ScheduleCreate(BaseModel):
-    """A schedule as POST /api/schedules and `ablate schedules create` take it."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: str = Field(pattern=NAME_PATTERN, examples=["nightly-abcd"])
-    # Five-field cron, UTC: "0 22 * * *" fires at 22:00 UTC every day.
-    cron: str = Field(min_length=1, max_length=120, examples=["0 22 * * *"])  # the validator explains bad ones
-    # A grid body exactly as POST /api/grids takes it; validated now, not at 22:00.
-    grid: dict[str, Any] = Field(examples=[{"name": "abcd", "arms": ["A", "B", "C", "D"]}])
-    nodes: list[str] = Field(min_length=1, max_length=64, examples=[["quad-4090-a"]])
-    # Most to spend per sweep, in the units of the nodes' price_per_hour; None: no cap.
-    budget: float | None = Field(default=None, gt=0, le=1e9)
-    # A fire missed while the controller was down: run it once, late, or skip to the next.
-    misfire: Literal["run_once", "skip"] = "run_once"
-
-    @field_validator("cron")
-    @classmethod
-    def _valid_cron(cls, v: str) -> str:
-        if len(v.split()) != 5 or not croniter.is_valid(v):
-            raise ValueError("must be a five-field cron expression (minute hour day month weekday), e.g. '0 22 * * *'")
-        return v
-
-    @field_validator("grid")
-    @classmethod
-    def _valid_grid(cls, v: dict[str, Any]) -> dict[str, Any]:
-        try:
-            resolve_grid(GridCreate.model_validate(v))
-        except ValidationError as exc:
-            raise ValueError(validation_text(exc, root="(grid)")) from None
-        except GridError as exc:
-            raise ValueError(exc.message()) from None
-        return v
-
-    @field_validator("nodes")
-    @classmethod
-    def _unique_nodes(cls, v: list[str]) -> list[str]:
-        if len(set(v)) != len(v):
-            raise ValueError("each node may appear once")
-        return v
-
-
-def create_schedule(
-    session: Session,
-    body: ScheduleCreate,
-    now: datetime | None = None,
-    max_gpu_memory_gib: float | None = None,
-    paths: PathPolicy | None = None,
-) -> Schedule:
-    """Store a schedule; its first fire is the next cron time after `now`. Flushes, no commit.
-
-    Its grid must fit a GPU (`max_gpu_memory_gib`) and, with `paths`, keep its spec paths under the
-    operator's directories, as a grid submitted now would (ScheduleInvalid under ["grid", ...]).
-    """
-    grid = GridCreate.model_validate(body.grid)
-    resolved = resolve_grid(grid)  # valid: ScheduleCreate checked it
-    problems = memory_errors(grid, resolved, max_gpu_memory_gib)
-    if paths is not None:
-        problems = path_errors(grid, resolved, paths.weights_dirs, paths.data_dirs) + problems
-    if problems:
-        raise ScheduleInvalid([{**p, "loc": ["grid", *p["loc"]]} for p in problems])
-    if find_schedule(session, body.name) is not None:
-        raise ScheduleConflict(f"a schedule named {body.name!r} already exists")
-    missing = [n for n in body.nodes if find_node(session, n) is None]
-    if missing:
-        msg = f"unknown node(s) {', '.join(missing)}; register them with `ablate nodes add`"
-        raise ScheduleInvalid([{"loc": ["nodes"], "msg": msg, "type": "value_error"}])
-    schedule = Schedule(
-        name=body.name,
-        cron=body.cron,
-        grid=body.grid,
-        nodes=body.nodes,
-        budget=body.budget,
-        misfire=body.misfire,
-        next_fire_at=next_fire(body.cron, now or utcnow()),
-    )
-    session.add(schedule)
-    session.flush()
-    return schedule
-
-
-def find_schedule(session: Session, name: str) -> Schedule | None:
-    return find_named(session, Schedule, name)
-
-
-def get_schedule(session: Session, name: str) -> Schedule:
-    schedule = find_schedule(session, name)
-    if schedule is None:
-        raise ScheduleNotFound(f"no schedule named {name!r}; `ablate schedules list` shows them")
-    return schedule
-
-
-def list_schedules(session: Session) -> list[Schedule]:
-    return list(session.scalars(select(Schedule).order_by(Schedule.name)))
-
-
-def pause_schedule(session: Session, name: str) -> Schedule:
-    """No more fires until resumed; a sweep already under way carries on."""
-    schedule = get_schedule(session, name)
-    schedule.paused = True
-    session.flush()
-    return schedule
-
-
-def resume_schedule(session: Session, name: str, now: datetime | None = None) -> Schedule:
-    """Fire again from the next cron time after now; fires that fell in the pause are not misfires."""
-    schedule = get_schedule(session, name)
-    schedule.paused = False
-    schedule.next_fire_at = next_fire(schedule.cron, now or utcnow())
-    session.flush()
-    return schedule
-
-
-def delete_schedule(session: Session, name: str) -> None:
-    schedule = get_schedule(session, name)
-    if session.scalar(select(Sweep.id).where(Sweep.schedule_id == schedule.id, Sweep.under_way)):
-        raise ScheduleConflict(f"schedule {name!r} has a sweep under way; wait for it or stop it first")
-    session.delete(schedule)
-    session.flush()
-
-
-# -- the runner ---------------------------------------------------------------------------------------------
-
 
 def _event(session: Session, kind: str, message: str, sweep: Sweep | None = None, **data: Any) -> None:
     if sweep is not None:
@@ -296,7 +120,7 @@ class SweepRunner:
         assert schedule.next_fire_at is not None
         scheduled_for = aware(schedule.next_fire_at)
         # Every fire time up to now: more than one means the controller was down across several.
-        missed = list(_fire_times(schedule.cron, scheduled_for, now))
+        missed = list(fire_times(schedule.cron, scheduled_for, now))
         late = now - scheduled_for > self.misfire_grace
         schedule.next_fire_at = next_fire(schedule.cron, now)
         info = {"schedule": schedule.name, "scheduled_for": scheduled_for.isoformat(), "fire_times": len(missed)}
@@ -372,7 +196,7 @@ class SweepRunner:
     def _fail(self, sweep_id: int, step: str, exc: BaseException, nodes: list[str] | None = None) -> None:
         """End the sweep `failed` with the step and reason, after stopping its runs and tearing down
         `nodes` (default: every node it provisioned)."""
-        reason = _reason(exc)
+        reason = error_reason(exc)
         with session_scope(self.database_url) as session:
             sweep = session.get_one(Sweep, sweep_id)
             names = list(sweep.nodes) if nodes is None else nodes
@@ -385,7 +209,7 @@ class SweepRunner:
             sweep = session.get_one(Sweep, sweep_id)
             sweep.state, sweep.finished_at = SweepState.failed, self.now()
             sweep.error = f"{step}: {reason}" + "".join(f"; {p}" for p in problems)
-            sweep.spend = _spend(sweep, sweep.finished_at)
+            sweep.spend = spend(sweep, sweep.finished_at)
             _event(session, "sweep.failed", sweep.error, sweep, step=step)
 
     def _config(self) -> BootstrapConfig:
@@ -426,7 +250,7 @@ class SweepRunner:
             )
 
     def _watch(self, session: Session, sweep: Sweep, now: datetime) -> None:
-        sweep.spend = _spend(sweep, now)
+        sweep.spend = spend(sweep, now)
         grid = session.get(Grid, sweep.grid_id) if sweep.grid_id is not None else None
         runs = list(grid.runs) if grid is not None else []
         pending = [r for r in runs if r.state not in TERMINAL_STATES]
@@ -464,12 +288,14 @@ class SweepRunner:
             names, grid_id = list(sweep.nodes), sweep.grid_id
         results = self.storage_dir / "sweeps" / str(sweep_id)
         results.mkdir(parents=True, exist_ok=True)
-        problems, failed_copies = self._copy_back(sweep_id, grid_id, names, results)
+        problems, failed_copies = copy_back(
+            self.database_url, self.checkpoint_options, sweep_id, grid_id, names, results
+        )
         problems += self._teardown(names, keep_files=failed_copies)
         with session_scope(self.database_url) as session:
             sweep = session.get_one(Sweep, sweep_id)
             sweep.finished_at = self.now()
-            sweep.spend = _spend(sweep, sweep.finished_at)
+            sweep.spend = spend(sweep, sweep.finished_at)
             sweep.results_dir = str(results)
             if problems:
                 sweep.error = "; ".join(filter(None, [sweep.error, *problems]))
@@ -483,63 +309,6 @@ class SweepRunner:
                 f"results in {results}" + (f"; {sweep.error}" if sweep.error else ""),
                 sweep,
             )
-
-    def _copy_back(
-        self, sweep_id: int, grid_id: int | None, names: list[str], results: Path
-    ) -> tuple[list[str], set[str]]:
-        """Metrics from the DB to metrics.json; each run's checkpoints from durable storage, or from the
-        node that ran it when storage holds none (or cannot be read)."""
-        from orchestrator.api.schemas import MetricPublic, RunPublic  # the API's records (it imports this module)
-
-        problems: list[str] = []
-        failed: set[str] = set()
-        wanted: dict[str, list[tuple[str, Path]]] = {}
-        stored: list[tuple[str, Path, str | None, str | None]] = []  # url, local, owner node, its dir
-        with session_scope(self.database_url) as session:
-            grid = session.get(Grid, grid_id) if grid_id is not None else None
-            nodes = {n.name: n for n in session.scalars(select(Node).where(Node.name.in_(names)))}
-            # A worker records its hostname and Ray node IP; map them (and the SSH host) back to the node
-            # that ran it. The IP first: machines (the test bed's namespaces, cloned images) share hostnames.
-            aliases = {
-                alias: name
-                for name, n in nodes.items()
-                for alias in (name, n.host, n.last_probe.get("hostname"))
-                if alias
-            }
-            started_ip = _started_ips(session, [r.id for r in grid.runs] if grid is not None else [])
-            export = []
-            for run in grid.runs if grid is not None else []:
-                record = RunPublic.from_row(run, run.metrics[-1] if run.metrics else None)
-                metrics = [MetricPublic.model_validate(m).model_dump(mode="json") for m in run.metrics]
-                export.append({**record.model_dump(mode="json"), "metrics": metrics})
-                owner = aliases.get(started_ip.get(run.id, "")) or aliases.get(run.node or "")
-                local = results / "runs" / f"{run.id}-{_path_part(run.arm)}"
-                if run.checkpoint_url:
-                    stored.append((run.checkpoint_url, local, owner, run.checkpoint_dir))
-                elif owner and run.checkpoint_dir:
-                    wanted.setdefault(owner, []).append((run.checkpoint_dir, local))
-            for n in nodes.values():
-                session.expunge(n)
-        (results / "metrics.json").write_text(
-            json.dumps({"sweep_id": sweep_id, "grid_id": grid_id, "runs": export}, indent=1, default=str)
-        )
-        for url, local, owner, remote in stored:
-            try:
-                download_run(url, self.checkpoint_options, local)
-            except Exception as exc:  # noqa: BLE001 - storage down or empty: the node may still have them
-                if owner and remote:
-                    wanted.setdefault(owner, []).append((remote, local))
-                if not isinstance(exc, FileNotFoundError):
-                    problems.append(f"copying {url} from checkpoint storage: {_reason(exc)}")
-        for name, copies in wanted.items():
-            try:
-                with NodeShell.open(nodes[name], self.database_url) as shell:
-                    for remote, local in copies:
-                        shell.fetch_tree(remote, local)
-            except Exception as exc:  # noqa: BLE001 - SFTP PermissionError, ENOSPC, SSHException: keep going
-                failed.add(name)
-                problems.append(f"copying results from {name}: {_reason(exc)} (its files are kept on the node)")
-        return problems, failed
 
     def _teardown(self, names: list[str], keep_files: set[str]) -> list[str]:
         """Leave the cluster on every node; delete the working dir unless its results could not be copied.
@@ -560,10 +329,10 @@ class SweepRunner:
                     break
                 except Exception as exc:  # noqa: BLE001 - whatever it is, try again, then report the node
                     error = exc
-                    log.warning("tearing down %s, attempt %d: %s", name, attempt + 1, _reason(exc))
+                    log.warning("tearing down %s, attempt %d: %s", name, attempt + 1, error_reason(exc))
             if error is not None:
                 problems.append(
-                    f"tearing down {name} failed {self.teardown_attempts} times: {_reason(error)} "
+                    f"tearing down {name} failed {self.teardown_attempts} times: {error_reason(error)} "
                     "-- THE NODE MAY STILL BE RUNNING (and billing)"
                 )
                 with session_scope(self.database_url) as session:
@@ -602,87 +371,6 @@ class SweepRunner:
                 except Exception:
                     log.exception("cannot record the failed tick")
             stop.wait(interval_s)
-
-
-def _started_ips(session: Session, run_ids: list[int]) -> dict[int, str]:
-    """Run id -> the Ray node IP its latest worker reported when it started (from the "started" events)."""
-    ips: dict[int, str] = {}
-    if not run_ids:
-        return ips
-    events = session.scalars(
-        select(Event).where(Event.run_id.in_(run_ids), Event.kind == "started").order_by(Event.id)
-    )
-    for event in events:
-        if isinstance(event.data, dict) and event.data.get("node_ip"):
-            ips[event.run_id] = str(event.data["node_ip"])  # type: ignore[index]
-    return ips
-
-
-def _path_part(name: str) -> str:
-    """A stored arm name as one safe path part (names from before arm names were restricted)."""
-    part = re.sub(r"[^A-Za-z0-9._-]", "_", name).lstrip(".")
-    return part[:64] or "arm"
-
-
-def _reason(exc: BaseException) -> str:
-    """A NodeError's own line; anything else with its type, which is the useful part of an OSError."""
-    return str(exc) if isinstance(exc, NodeError) else f"{type(exc).__name__}: {exc}"
-
-
-RUNNER_LOCK_KEY = 0x61626C61  # "abla": the Postgres advisory lock the sweep runner holds while it ticks
-
-
-@contextmanager
-def runner_lock(database_url: str) -> Iterator[bool]:
-    """Yield True when this runner holds the sweep-runner lock (until the block ends), else False.
-
-    Postgres: a session advisory lock on a connection of its own; SQLite: flock on a file beside the
-    database. Both are released by the operating system or server when the holder dies.
-    """
-    if make_url(database_url).get_backend_name() == "postgresql":
-        with engine_for(database_url).connect() as conn:
-            mine = bool(conn.scalar(text("SELECT pg_try_advisory_lock(:k)"), {"k": RUNNER_LOCK_KEY}))
-            conn.commit()
-            try:
-                yield mine
-            finally:
-                if mine:
-                    conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": RUNNER_LOCK_KEY})
-                    conn.commit()
-        return
-    database = make_url(database_url).database or ""
-    path = Path(f"{database}.sweep-runner.lock") if database and database != ":memory:" else None
-    if path is None:  # an in-memory database belongs to one process
-        yield True
-        return
-    with path.open("a") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-def _fire_times(cron: str, first: datetime, now: datetime) -> list[datetime]:
-    """Cron times from `first` (inclusive) to `now` (inclusive), at most 1000."""
-    times = [first]
-    it = croniter(cron, first)
-    while len(times) < 1000:
-        t = it.get_next(datetime)
-        if t > now:
-            break
-        times.append(t)
-    return times
-
-
-def _spend(sweep: Sweep, now: datetime) -> float:
-    """Price per hour of all its nodes x hours since the fire (nodes bill from provisioning on)."""
-    hours = max(0.0, (aware(now) - aware(sweep.fired_at)).total_seconds() / 3600)
-    return round(sweep.price_per_hour * hours, 6)
 
 
 def attach_to_app(app: Any, interval_s: float = 30.0) -> None:

@@ -17,7 +17,8 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from orchestrator.nodes import NodeShell
+from orchestrator.fleet.copy_back import fetch_tree
+from orchestrator.fleet.shell import NodeShell
 
 FILES = {"ok.txt": b"fine", "sub/inner.txt": b"also fine"}
 HOSTILE = ["../escape.txt", "/tmp/abs-escape.txt", "..", ".", "a/../../up.txt", "nul\x00.txt"]
@@ -118,7 +119,7 @@ def test_copy_back_writes_nothing_outside_the_results_dir(hostile_node: _Row, tm
     before = set(tmp_path.rglob("*")) | set(Path("/tmp").glob("abs-escape*"))
     skipped: list[str] = []
     with NodeShell.open(hostile_node) as shell:  # type: ignore[arg-type]
-        written = shell.fetch_tree("/ckpt", results / "run", skipped)
+        written = fetch_tree(shell, "/ckpt", results / "run", skipped)
     assert sorted(p.relative_to(results / "run").as_posix() for p in written) == ["ok.txt", "sub/inner.txt"]
     assert (results / "run" / "ok.txt").read_bytes() == b"fine"
     after = set(tmp_path.rglob("*")) | set(Path("/tmp").glob("abs-escape*"))
@@ -131,7 +132,7 @@ def test_copy_back_writes_nothing_outside_the_results_dir(hostile_node: _Row, tm
 def test_arm_names_that_are_not_one_safe_path_part_get_a_422(database_url: str, tmp_path: Path, name: str) -> None:
     from fastapi.testclient import TestClient
 
-    from orchestrator.api.app import create_app
+    from orchestrator.app import create_app
     from orchestrator.settings import Settings
 
     client = TestClient(create_app(Settings(database_url=database_url, storage_dir=tmp_path), "t"))

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from orchestrator.curves import CurvesError, load_curves, parse_curves
 from orchestrator.db.models import Event, Grid, Metric, Run
 from orchestrator.db.session import session_scope
-from orchestrator.grids import GridError
-from orchestrator.importer import CurvesImportError, import_curves
+from orchestrator.runs.curves import CurvesError, load_curves, parse_curves
+from orchestrator.runs.grids import GridError
+from orchestrator.runs.importer import CurvesImportError, import_curves
 
-FIXTURE = Path(__file__).parents[1] / "fixtures" / "published_ablation_a_to_d.json"
+FIXTURE = Path(__file__).parents[2] / "fixtures" / "published_ablation_a_to_d.json"
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +89,16 @@ def test_import_bad_input_is_one_clear_line(database_url: str, tmp_path: Path, a
         import_curves(s, curves, "x", arm_map={"baseline": "Z"})
     with pytest.raises(CurvesError, match="not found"):
         load_curves(tmp_path / "missing.json")
+
+
+def test_import_runs_with_any_token_setting(
+    database_url: str, ablate_cli, monkeypatch: pytest.MonkeyPatch  # type: ignore[no-untyped-def]
+) -> None:
+    """Importing a file needs no API token, so a short one set for another purpose does not stop it."""
+    monkeypatch.setenv("ABLATE_API_TOKEN", "short")
+    out = ablate_cli(database_url, "import", str(FIXTURE), "--name", "short-token")
+    assert out.returncode == 0, out.stderr
+    assert "ABLATE_API_TOKEN" not in out.stderr
 
 
 def test_import_mapping_control_and_divergence(database_url: str) -> None:

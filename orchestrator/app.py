@@ -1,4 +1,5 @@
-"""The FastAPI application factory. No torch import here: the API must start in well under a second."""
+"""The FastAPI application: the REST API (orchestrator/api) and the dashboard (orchestrator/dashboard) in one app.
+No torch import here: the API must start in well under a second."""
 
 from __future__ import annotations
 

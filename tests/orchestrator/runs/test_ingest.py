@@ -8,8 +8,8 @@ from sqlalchemy import func, select
 
 from orchestrator.db.models import Event, Metric, Run
 from orchestrator.db.session import session_scope
-from orchestrator.grids import GridCreate, create_grid
-from orchestrator.ingest import ingest, metric_series
+from orchestrator.runs.grids import GridCreate, create_grid
+from orchestrator.runs.ingest import ingest, metric_series
 from orchestrator.vocabulary import RunState
 
 

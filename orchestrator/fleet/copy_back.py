@@ -1,0 +1,85 @@
+"""Safe copy-back: a node's files onto the controller over SFTP, trusting nothing the node says.
+
+The node is someone else's computer: names that are not one plain path part are refused, symbolic links
+are not followed, and nothing is written outside the target directory.
+"""
+
+from __future__ import annotations
+
+import stat
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
+
+from orchestrator.fleet.errors import NodeError
+
+if TYPE_CHECKING:
+    import paramiko
+
+    from orchestrator.fleet.shell import NodeShell
+
+
+def fetch_tree(shell: NodeShell, remote: str, local: Path, skipped: list[str] | None = None) -> list[Path]:
+    """Copy a remote file or directory tree to `local` over SFTP; returns the files written.
+
+    The node is not trusted: nothing is written outside `local`. Names the server lists that are
+    not a single plain path part (`..`, `.`, with a `/`, NUL, empty) are refused, and symbolic
+    links are not followed (one to `/` would copy the node's filesystem); both are appended to
+    `skipped` and named in the node event.
+    """
+    written: list[Path] = []
+    links: list[str] = []
+    refused: list[str] = []
+    root = local.resolve()
+    with shell.client.open_sftp() as sftp:
+        for rel, kind in _walk(sftp, remote, refused=refused):
+            target = local.joinpath(*PurePosixPath(rel).parts) if rel else local
+            if kind == "link":
+                links.append(str(PurePosixPath(remote) / rel) if rel else remote)
+                continue
+            if not target.resolve().is_relative_to(root):  # e.g. a local link planted earlier
+                refused.append(f"{PurePosixPath(remote) / rel} (would land outside {local})")
+                continue
+            if kind == "dir":
+                target.mkdir(parents=True, exist_ok=True)
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            sftp.get(str(PurePosixPath(remote) / rel) if rel else remote, str(target))
+            written.append(target)
+    if skipped is not None:
+        skipped.extend(links + refused)
+    note = f"; skipped {len(links)} symbolic links: {', '.join(links)}" if links else ""
+    note += f"; refused {len(refused)} unsafe names: {', '.join(refused)}" if refused else ""
+    shell.note("sftp.get", f"{remote} -> {local} ({len(written)} files{note})")
+    return written
+
+
+def _safe_name(name: str) -> bool:
+    """One plain path part: what a directory listing may hold (a hostile server may send anything)."""
+    return bool(name) and name not in (".", "..") and "/" not in name and "\\" not in name and "\x00" not in name
+
+
+def _walk(
+    sftp: paramiko.SFTPClient, root: str, rel: str = "", refused: list[str] | None = None
+) -> Iterator[tuple[str, str]]:
+    """(relative path, "dir" | "file" | "link") under root, depth first; links are not followed and
+    unsafe names are appended to `refused` instead of being walked."""
+    path = str(PurePosixPath(root) / rel) if rel else root
+    try:
+        attrs = sftp.lstat(path)
+    except FileNotFoundError:
+        raise NodeError(f"remote path {path} does not exist") from None
+    mode = attrs.st_mode or 0
+    if stat.S_ISLNK(mode):
+        yield rel, "link"
+    elif stat.S_ISDIR(mode):
+        yield rel, "dir"
+        for entry in sorted(sftp.listdir_attr(path), key=lambda a: a.filename):
+            if not _safe_name(entry.filename):
+                if refused is not None:
+                    refused.append(f"{path}/{entry.filename!r} (unsafe name)")
+                continue
+            child = str(PurePosixPath(rel) / entry.filename) if rel else entry.filename
+            yield from _walk(sftp, root, child, refused)
+    else:
+        yield rel, "file"

@@ -1,0 +1,115 @@
+"""A run, its metrics and its grid as records: built from their database rows (`from_attributes`), so a
+field is named once, in the row and in the model. `RunSummary.from_row` is the one way a run becomes a
+record, for the API, the CLI, the dashboard and a sweep's metrics export alike."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Any, Self
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, create_model, field_validator
+
+from orchestrator.db.models import METRIC_FIELDS, Grid, Metric, Run
+
+
+def _utc(value: datetime) -> datetime:
+    """SQLite hands back naive datetimes; every stored time is UTC."""
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+UTCDatetime = Annotated[datetime, AfterValidator(_utc)]
+
+
+class Public(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+
+# One optional field per metric column, typed from the table, so a new metric column appears here by itself.
+MetricValues: type[Public] = create_model(  # type: ignore[call-overload]
+    "MetricValues",
+    __base__=Public,
+    **{name: (Metric.__table__.columns[name].type.python_type | None, None) for name in METRIC_FIELDS},
+)
+
+
+class GridPublic(Public):
+    id: int
+    name: str
+    control: str | None  # Grid.control_arm
+    source: str  # a GridSource
+    created_at: datetime
+    states: dict[str, int]  # number of runs per RunState
+
+    @classmethod
+    def from_row(cls, grid: Grid) -> Self:
+        return cls.model_validate(grid)
+
+
+class RunSummary(MetricValues):  # type: ignore[misc, valid-type]
+    """A run with its latest checkpoint's metrics (all None before the first checkpoint)."""
+
+    id: int
+    grid_id: int
+    position: int
+    arm: str
+    state: str  # a RunState
+    stop_requested: bool
+    decision: str | None  # a RunDecision
+    decision_step: int | None
+    decision_reason: str | None
+    best_step: int | None
+    best_value: float | None
+    best_checkpoint: str | None
+    gpu_name: str | None
+    node: str | None
+    retries: int
+    fallbacks: list[Any]
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    latest_step: int | None = None
+
+    @classmethod
+    def from_row(cls, run: Run, latest: Metric | None) -> Self:
+        """The run's row with `latest` (its newest checkpoint, or None) flattened in."""
+        out = cls.model_validate(run)
+        if latest is None:
+            return out
+        metrics = {name: getattr(latest, name) for name in METRIC_FIELDS}
+        return out.model_copy(update={"latest_step": latest.step, **metrics})
+
+
+class GridDetail(GridPublic):
+    overrides: dict[str, Any]
+    runs: list[RunSummary]
+
+    @classmethod
+    def from_rows(cls, grid: Grid, latest: dict[int, Metric]) -> Self:
+        """The grid with each run's newest checkpoint (`latest`: run id -> metric row)."""
+        runs = [RunSummary.from_row(r, latest.get(r.id)) for r in grid.runs]
+        return cls.model_validate(grid).model_copy(update={"runs": runs})
+
+
+class RunPublic(RunSummary):
+    """Everything stored about a run, including the exact resolved spec it trains."""
+
+    spec: dict[str, Any]
+    gpu_index: str | None
+    gpu_uuid: str | None
+    checkpoint_dir: str | None
+    checkpoint_url: str | None  # its prefix in durable checkpoint storage
+    nodes: list[str]  # every node it ran on, in order (more than one after a lost node)
+    last_checkpoint_step: int | None
+    error: str | None
+    versions: dict[str, Any]
+
+    @field_validator("nodes", mode="before")
+    @classmethod
+    def _no_nodes(cls, nodes: list[str] | None) -> list[str]:
+        return nodes or []  # NULL in rows written before the column existed
+
+
+class MetricPublic(MetricValues):  # type: ignore[misc, valid-type]
+    step: int
+    created_at: datetime
+    extra: dict[str, Any]

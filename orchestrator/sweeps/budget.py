@@ -1,0 +1,14 @@
+"""Budget arithmetic: what a sweep has spent so far, in the units of its nodes' price per hour."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from orchestrator.db.models import Sweep
+from orchestrator.sweeps.schedules import aware
+
+
+def spend(sweep: Sweep, now: datetime) -> float:
+    """Price per hour of all its nodes x hours since the fire (nodes bill from provisioning on)."""
+    hours = max(0.0, (aware(now) - aware(sweep.fired_at)).total_seconds() / 3600)
+    return round(sweep.price_per_hour * hours, 6)

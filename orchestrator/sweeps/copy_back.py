@@ -1,0 +1,101 @@
+"""A sweep's results onto the controller: every run's metrics as JSON, its checkpoints from durable
+storage, or over SFTP from the node that ran it when storage holds none."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from orchestrator.db.models import Event, Grid, Node
+from orchestrator.db.session import session_scope
+from orchestrator.fleet.copy_back import fetch_tree
+from orchestrator.fleet.errors import error_reason
+from orchestrator.fleet.shell import NodeShell
+from orchestrator.runs.records import MetricPublic, RunPublic
+from orchestrator.storage import download_run
+
+
+def copy_back(
+    database_url: str,
+    checkpoint_options: dict[str, Any],
+    sweep_id: int,
+    grid_id: int | None,
+    names: list[str],
+    results: Path,
+) -> tuple[list[str], set[str]]:
+    """Metrics from the DB to metrics.json; each run's checkpoints from durable storage, or from the
+    node that ran it when storage holds none (or cannot be read)."""
+    problems: list[str] = []
+    failed: set[str] = set()
+    wanted: dict[str, list[tuple[str, Path]]] = {}
+    stored: list[tuple[str, Path, str | None, str | None]] = []  # url, local, owner node, its dir
+    with session_scope(database_url) as session:
+        grid = session.get(Grid, grid_id) if grid_id is not None else None
+        nodes = {n.name: n for n in session.scalars(select(Node).where(Node.name.in_(names)))}
+        # A worker records its hostname and Ray node IP; map them (and the SSH host) back to the node
+        # that ran it. The IP first: machines (the test bed's namespaces, cloned images) share hostnames.
+        aliases = {
+            alias: name
+            for name, n in nodes.items()
+            for alias in (name, n.host, n.last_probe.get("hostname"))
+            if alias
+        }
+        started_ip = started_ips(session, [r.id for r in grid.runs] if grid is not None else [])
+        export = []
+        for run in grid.runs if grid is not None else []:
+            record = RunPublic.from_row(run, run.metrics[-1] if run.metrics else None)
+            metrics = [MetricPublic.model_validate(m).model_dump(mode="json") for m in run.metrics]
+            export.append({**record.model_dump(mode="json"), "metrics": metrics})
+            owner = aliases.get(started_ip.get(run.id, "")) or aliases.get(run.node or "")
+            local = results / "runs" / f"{run.id}-{path_part(run.arm)}"
+            if run.checkpoint_url:
+                stored.append((run.checkpoint_url, local, owner, run.checkpoint_dir))
+            elif owner and run.checkpoint_dir:
+                wanted.setdefault(owner, []).append((run.checkpoint_dir, local))
+        for n in nodes.values():
+            session.expunge(n)
+    (results / "metrics.json").write_text(
+        json.dumps({"sweep_id": sweep_id, "grid_id": grid_id, "runs": export}, indent=1, default=str)
+    )
+    for url, local, owner, remote in stored:
+        try:
+            download_run(url, checkpoint_options, local)
+        except Exception as exc:  # noqa: BLE001 - storage down or empty: the node may still have them
+            if owner and remote:
+                wanted.setdefault(owner, []).append((remote, local))
+            if not isinstance(exc, FileNotFoundError):
+                problems.append(f"copying {url} from checkpoint storage: {error_reason(exc)}")
+    for name, copies in wanted.items():
+        try:
+            with NodeShell.open(nodes[name], database_url) as shell:
+                for remote, local in copies:
+                    fetch_tree(shell, remote, local)
+        except Exception as exc:  # noqa: BLE001 - SFTP PermissionError, ENOSPC, SSHException: keep going
+            failed.add(name)
+            problems.append(f"copying results from {name}: {error_reason(exc)} (its files are kept on the node)")
+    return problems, failed
+
+
+def started_ips(session: Session, run_ids: list[int]) -> dict[int, str]:
+    """Run id -> the Ray node IP its latest worker reported when it started (from the "started" events)."""
+    ips: dict[int, str] = {}
+    if not run_ids:
+        return ips
+    events = session.scalars(
+        select(Event).where(Event.run_id.in_(run_ids), Event.kind == "started").order_by(Event.id)
+    )
+    for event in events:
+        if isinstance(event.data, dict) and event.data.get("node_ip"):
+            ips[event.run_id] = str(event.data["node_ip"])  # type: ignore[index]
+    return ips
+
+
+def path_part(name: str) -> str:
+    """A stored arm name as one safe path part (names from before arm names were restricted)."""
+    part = re.sub(r"[^A-Za-z0-9._-]", "_", name).lstrip(".")
+    return part[:64] or "arm"

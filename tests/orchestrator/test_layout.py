@@ -1,0 +1,118 @@
+"""The layout shows the architecture: dependencies point one way, no import circle, no file past 450 lines.
+
+Read from the source with `ast` (lazy imports inside functions count too): a rule broken here is an
+import someone added, and the test names it.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2] / "orchestrator"
+MAX_LINES = 450
+DOMAINS = ("runs", "fleet", "sweeps")
+SURFACES = ("api", "cli", "dashboard")
+SHARED = ("db", "settings", "vocabulary", "messages", "storage", "errors", "numbers")
+# What each part of orchestrator/ must never import (DESIGN.md, "Layout").
+FORBIDDEN = {
+    "runs": ("sweeps", *SURFACES),
+    "fleet": ("runs", "sweeps", *SURFACES),
+    "sweeps": SURFACES,
+    **{shared: (*DOMAINS, *SURFACES, "server") for shared in SHARED},
+}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every orchestrator module `path` imports, at any depth of the file (lazy imports included)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("orchestrator"):
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("orchestrator"))
+    return found
+
+
+def part_of(module: str) -> str:
+    """orchestrator.runs.grids -> runs; orchestrator.settings -> settings."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+SOURCES = sorted(ROOT.rglob("*.py"))
+GRAPH = {module_name(p): imports_of(p) for p in SOURCES}
+
+
+def test_no_file_is_over_the_limit() -> None:
+    long = {str(p.relative_to(ROOT.parent)): n for p in SOURCES if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert long == {}, f"split these by purpose (at most {MAX_LINES} lines): {long}"
+
+
+@pytest.mark.parametrize("part", sorted(FORBIDDEN))
+def test_dependencies_point_one_way(part: str) -> None:
+    wrong = sorted(
+        f"{module} imports {target}"
+        for module, targets in GRAPH.items()
+        if part_of(module) == part
+        for target in targets
+        if part_of(target) in FORBIDDEN[part]
+    )
+    assert wrong == [], f"{part} must not import {FORBIDDEN[part]}"
+
+
+def test_every_domain_folder_says_what_lives_there() -> None:
+    for folder in (*DOMAINS, "fleet/providers"):
+        init = ROOT / folder / "__init__.py"
+        assert init.is_file() and ast.get_docstring(ast.parse(init.read_text())), f"{init} needs a docstring"
+
+
+def test_no_import_circle_between_parts() -> None:
+    """Parts (runs, fleet, sweeps, api, db, settings, ...) form a graph without cycles; a module importing a
+    sibling of its own part is fine."""
+    edges: dict[str, set[str]] = {}
+    for module, targets in GRAPH.items():
+        for target in targets:
+            if part_of(target) != part_of(module) and part_of(target) in GRAPH_PARTS:
+                edges.setdefault(part_of(module), set()).add(part_of(target))
+    cycle = find_cycle(edges)
+    assert cycle is None, " -> ".join(cycle or [])
+
+
+def test_no_import_circle_between_modules() -> None:
+    edges = {m: {t for t in ts if t in GRAPH and t != m} for m, ts in GRAPH.items()}
+    cycle = find_cycle(edges)
+    assert cycle is None, " -> ".join(cycle or [])
+
+
+GRAPH_PARTS = {part_of(m) for m in GRAPH}
+
+
+def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    """A cycle in the directed graph as a list of nodes (first repeated at the end), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt) :] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(edges):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
