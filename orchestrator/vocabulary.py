@@ -108,6 +108,8 @@ class NodeState(StrEnum):
     drained = "drained"
     # A sweep's teardown failed after its retries: the node may still be running and billing.
     teardown_failed = "teardown_failed"
+    # Its last bootstrap failed (state_detail says at which step and how); the next bootstrap clears it.
+    bootstrap_failed = "bootstrap_failed"
 
 
 def for_script() -> dict[str, Any]:

@@ -86,6 +86,7 @@ class NodePublic(Public):
     known_hosts_path: str | None
     price_per_hour: float
     state: NodeState
+    state_detail: str | None
     gpus: list[Gpu]
     last_probe: dict[str, Any]
     created_at: UTCDatetime

@@ -36,7 +36,28 @@ def service_errors() -> Iterator[None]:
     except ValidationError as exc:
         raise CLIError(validation_text(exc)) from None
     except SQLAlchemyError as exc:
-        raise CLIError(f"database error: {database_error_text(exc)} (run `ablate db upgrade`?)") from None
+        raise CLIError(f"database error: {database_error_text(exc)}") from None
+
+
+def migrated_database_url() -> str:
+    """The configured database, migrated to the newest schema first, as `ablate serve` does, so a command
+    run on a fresh machine finds its tables; an unreachable database is one clear line."""
+    from pathlib import Path
+
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from orchestrator.db.session import upgrade
+    from orchestrator.messages import database_error_text, masked_url
+    from orchestrator.settings import load_settings
+
+    url = load_settings().database_url
+    if url.startswith("sqlite:///"):  # the embedded default: its directory, owner-only as serve makes it
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        upgrade(url)
+    except SQLAlchemyError as exc:
+        raise CLIError(f"cannot migrate {masked_url(url)}: {database_error_text(exc)}") from None
+    return url
 
 
 def _register() -> None:

@@ -10,10 +10,9 @@ import typer
 import yaml
 from pydantic import ValidationError
 from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
 from orchestrator.cli import CLIError, app
+from orchestrator.cli.tables import Column, print_table
 from orchestrator.messages import database_error_text, errors_text, masked_url, validation_text
 from orchestrator.settings import Settings, load_settings
 from orchestrator.vocabulary import RunState
@@ -165,34 +164,49 @@ def status(grid_id: Annotated[int | None, typer.Argument(help="Show this grid's 
 
 
 def _print_grids(grids: list[GridPublic]) -> None:
-    table = Table(title="grids")
-    for col in ("id", "name", "control", "source", "created", "runs"):
-        table.add_column(col)
+    columns = [
+        Column("id", justify="right"),
+        Column("name"),
+        Column("control", priority=2),
+        Column("source", priority=3),
+        Column("created", priority=1),
+        Column("runs"),
+    ]
+    rows = []
     for g in grids:
         states = ", ".join(f"{n} {s}" for s, n in sorted(g.states.items()))
-        created = f"{g.created_at:%Y-%m-%d %H:%M}"
-        # escape(): names are user text; "[/]" or "[link=...]" would be Rich markup (a crash or a fake link).
-        table.add_row(str(g.id), escape(g.name), escape(_fmt(g.control)), g.source, created, states)
-    console.print(table)
+        rows.append([str(g.id), g.name, _fmt(g.control), g.source, f"{g.created_at:%Y-%m-%d %H:%M}", states])
+    print_table("grids", columns, rows, console)
+
+
+RUN_COLUMNS = [
+    Column("run", justify="right"),
+    Column("arm"),
+    Column("state"),
+    Column("step", priority=2, justify="right"),
+    Column("recon LPIPS", short="recon", justify="right"),
+    Column("text LPIPS", priority=3, short="text", justify="right"),
+    Column("iter/s", priority=4, justify="right"),
+    Column("decision", priority=1),
+]
 
 
 def _print_runs(grid: GridDetail) -> None:
-    table = Table(title=f"grid {grid.id}: {escape(grid.name)} (control {escape(str(grid.control))})")
-    for col in ("run", "arm", "state", "step", "recon LPIPS", "text LPIPS", "iter/s", "decision"):
-        table.add_column(col)
+    rows = []
     for r in grid.runs:
         recon = _fmt(r.recon_lpips)
         if r.recon_lpips_se is not None:
             recon += f" ± {r.recon_lpips_se:.3f}"
         decision = "-"
         if r.decision is not None:
-            decision = escape(f"{r.decision} @ {_fmt(r.decision_step)}: {r.decision_reason}")
+            decision = f"{r.decision} @ {_fmt(r.decision_step)}: {r.decision_reason}"
         state = r.state + (" (stop requested)" if r.stop_requested and r.state == RunState.running else "")
-        table.add_row(
-            str(r.id), escape(r.arm), state, _fmt(r.latest_step), recon, _fmt(r.text_lpips), _fmt(r.iter_per_sec, 3),
-            decision,
+        if r.error and r.state == RunState.failed:
+            decision = f"error: {r.error}" if decision == "-" else f"{decision}; error: {r.error}"
+        rows.append(
+            [str(r.id), r.arm, state, _fmt(r.latest_step), recon, _fmt(r.text_lpips), _fmt(r.iter_per_sec, 3), decision]
         )
-    console.print(table)
+    print_table(f"grid {grid.id}: {grid.name} (control {grid.control})", RUN_COLUMNS, rows, console)
 
 
 @app.command()
@@ -200,13 +214,12 @@ def arms() -> None:
     """The arms A..I, resolved, and what each changes against its parent."""
     from orchestrator.runs.arms import lineage_table
 
-    table = Table(title="arms (arms/*.yaml)", show_lines=True)
-    for col in ("arm", "parent", "changes vs parent", "description"):
-        table.add_column(col)
+    columns = [Column("arm"), Column("parent"), Column("changes vs parent"), Column("description", priority=1)]
+    rows = []
     for row in lineage_table():
         changed = "\n".join(f"{k} = {v}" for k, v in row["changes"].items()) or "(baseline)"
-        table.add_row(row["arm"], row["parent"] or "-", changed, row["description"])
-    console.print(table)
+        rows.append([row["arm"], row["parent"] or "-", changed, row["description"]])
+    print_table("arms (arms/*.yaml)", columns, rows, console, show_lines=True)
 
 
 @app.command("ray-head")

@@ -8,6 +8,7 @@ per-arm summary at the end.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
@@ -23,6 +24,8 @@ from rich.table import Table
 
 from arms import ARMS_DIR
 from orchestrator.cli import CLIError, app
+from orchestrator.cli.tables import Column, print_table
+from orchestrator.cli.tables import build as build_table
 from orchestrator.settings import Settings, load_settings
 from orchestrator.vocabulary import DETECTOR_STOPS, TERMINAL_STATES, RunDecision, RunState
 
@@ -158,33 +161,55 @@ def _stop_lines(rows: list[dict[str, Any]]) -> list[str]:
     ]
 
 
-def _progress_table(rows: list[dict[str, Any]], elapsed: float, url: str, device: str = "CPU") -> Group:
-    table = Table(title=f"ablate demo: {elapsed:4.0f} s   dashboard {url}", title_justify="left")
-    for col in ("arm", "state", "GPU", "step", "recon LPIPS", "best", "iter/s", f"{device}-h saved"):
-        table.add_column(col, justify="left" if col in ("arm", "state") else "right")
+def _progress_table(
+    rows: list[dict[str, Any]], elapsed: float, url: str, device: str = "CPU", width: int | None = None
+) -> Group:
+    """The live table, fitted to `width` (the terminal's) by hiding whole columns; None: whole."""
+    columns = [
+        Column("arm"),
+        Column("state"),
+        Column("GPU", priority=3, justify="right"),
+        Column("step", priority=2, justify="right"),
+        Column("recon LPIPS", priority=1, short="recon", justify="right"),
+        Column("best", justify="right"),
+        Column("iter/s", priority=4, justify="right"),
+        Column(f"{device}-h saved", priority=5, short="saved", justify="right"),
+    ]
+    cells = []
     for r in rows:
         state = r["state"] + (f" ({r['decision']} @{r['decision_step']})" if r["detector_stop"] else "")
-        table.add_row(
-            r["arm"],
-            state,
-            r["gpu"] or "-",
-            f"{r['step'] or 0}/{r['steps']}",
-            _f(r["final"]),
-            f"{_f(r['best'])} @{r['best_step']}" if r["best"] is not None else "-",
-            _f(r["iter_s"], 1),
-            _saved(r["hours_saved"]),
+        cells.append(
+            [
+                r["arm"],
+                state,
+                r["gpu"] or "-",
+                f"{r['step'] or 0}/{r['steps']}",
+                _f(r["final"]),
+                f"{_f(r['best'])} @{r['best_step']}" if r["best"] is not None else "-",
+                _f(r["iter_s"], 1),
+                _saved(r["hours_saved"]),
+            ]
         )
+    table, _ = build_table(f"ablate demo: {elapsed:4.0f} s   dashboard {url}", columns, cells, width)
     return Group(table, *_stop_lines(rows))
 
 
-def summary_table(rows: list[dict[str, Any]], device: str = "CPU") -> Table:
-    """The demo's result: arm, GPU, state/decision (@ step), first, best (+- SE, @ step) and final
+SUMMARY_COLUMNS = [
+    Column("arm"),
+    Column("GPU", priority=4, justify="right"),
+    Column("state / decision"),
+    Column("first recon LPIPS", priority=2, short="first", justify="right"),
+    Column("best recon LPIPS ± SE", short="best ± SE", justify="right"),
+    Column("@ step", justify="right"),
+    Column("final recon LPIPS", priority=1, short="final", justify="right"),
+    Column("iter/s", priority=3, justify="right"),
+]
+
+
+def summary_rows(rows: list[dict[str, Any]]) -> list[list[str]]:
+    """The demo's result per arm: arm, GPU, state/decision (@ step), first, best (+- SE, @ step) and final
     recon LPIPS, iter/s, device-hours the detector's stop saved."""
-    table = Table(title="ablate demo: result per arm", title_justify="left", show_lines=False)
-    cols = ("arm", "GPU", "state / decision", "first recon LPIPS", "best recon LPIPS ± SE", "@ step")
-    cols += ("final recon LPIPS", "iter/s", f"{device}-h saved")
-    for col in cols:
-        table.add_column(col, justify="left" if col in ("arm", "state / decision") else "right")
+    out = []
     for r in rows:
         state = r["state"] if not r["decision"] else f"{r['state']} / {r['decision']}"
         if r["detector_stop"]:
@@ -192,10 +217,19 @@ def summary_table(rows: list[dict[str, Any]], device: str = "CPU") -> Table:
         best = f"{_f(r['best'])} ± {_f(r['best_se'])}" if r["best"] is not None else "-"
         first = f"{_f(r['first'])} @{r['first_step']}" if r["first"] is not None else "-"
         best_at = str(r["best_step"] or "-")
-        table.add_row(
-            r["arm"], r["gpu"] or "-", state, first, best, best_at, _f(r["final"]), _f(r["iter_s"], 1),
-            _saved(r["hours_saved"]),
+        out.append(
+            [r["arm"], r["gpu"] or "-", state, first, best, best_at, _f(r["final"]), _f(r["iter_s"], 1),
+             _saved(r["hours_saved"])]
         )
+    return out
+
+
+def summary_columns(device: str) -> list[Column]:
+    return [*SUMMARY_COLUMNS, Column(f"{device}-h saved", priority=5, short="saved", justify="right")]
+
+
+def summary_table(rows: list[dict[str, Any]], device: str = "CPU", width: int | None = None) -> Table:
+    table, _ = build_table("ablate demo: result per arm", summary_columns(device), summary_rows(rows), width)
     return table
 
 
@@ -220,6 +254,27 @@ class _ApiServer:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(5)
+
+
+def _follow(console: Console, settings: Settings, grid_id: int, t0: float, url: str, device: str) -> None:
+    """Until every arm is final: a live table on a terminal; into a file or pipe, a line per stop (a live
+    table there would be printed at an arbitrary width)."""
+    announced: set[str] = set()
+    live = Live(console=console, refresh_per_second=2, transient=False) if console.is_terminal else None
+    with live or contextlib.nullcontext():
+        while True:
+            rows = _rows(settings, grid_id)
+            if live is not None:
+                live.update(_progress_table(rows, time.monotonic() - t0, url, device, console.width))
+            else:
+                for r in rows:
+                    if r["state"] in TERMINAL_STATES and r["arm"] not in announced:
+                        announced.add(r["arm"])
+                        console.print(f"{time.monotonic() - t0:4.0f} s  {r['arm']} {r['state']}", soft_wrap=True)
+            if rows and all(r["state"] in TERMINAL_STATES for r in rows):
+                break
+            time.sleep(1.0)
+    console.print()
 
 
 @app.command()
@@ -264,17 +319,10 @@ def demo(
             grid_id = create_grid(session, GridCreate(**body)).id
         labels = [a if isinstance(a, str) else a["name"] for a in body["arms"]]
         console.print(f"submitted grid {grid_id} ({', '.join(labels)}); dashboard: {url}")
-        with Live(console=console, refresh_per_second=2, transient=False) as live:
-            while True:
-                rows = _rows(settings, grid_id)
-                live.update(_progress_table(rows, time.monotonic() - t0, url, device))
-                if rows and all(r["state"] in TERMINAL_STATES for r in rows):
-                    break
-                time.sleep(1.0)
-        console.print()
+        _follow(console, settings, grid_id, t0, url, device)
         elapsed = time.monotonic() - t0
         rows = _rows(settings, grid_id)
-        console.print(summary_table(rows, device))
+        print_table("ablate demo: result per arm", summary_columns(device), summary_rows(rows), console)
         backbones = sorted({r["backbone"] for r in rows if r["backbone"]})
         console.print(f"LPIPS backbone: {', '.join(backbones) or '-'}   total {elapsed:.0f} s   dashboard {url}")
         for line in _stop_lines(rows):

@@ -11,18 +11,12 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
-from orchestrator.cli import app, service_errors
-from orchestrator.settings import load_settings
+from orchestrator.cli import app, migrated_database_url, service_errors
+from orchestrator.cli.tables import Column, print_table
 
 nodes_app = typer.Typer(no_args_is_help=True, help="Rented GPU nodes reached over SSH (known host keys only).")
 app.add_typer(nodes_app, name="nodes")
-
-
-def _database_url() -> str:
-    return load_settings().database_url
 
 
 @nodes_app.command("add")
@@ -56,7 +50,7 @@ def add(
         problems = key_path_problems(body, [Path("/")])
         if problems:
             raise NodeError("; ".join(f"{field}: {msg}" for field, msg in problems.items()))
-        with session_scope(_database_url()) as session:
+        with session_scope(migrated_database_url()) as session:
             add_node(session, body)
     typer.echo(f"registered node {name} ({user}@{host}:{port}); check it with `ablate nodes probe {name}`")
 
@@ -65,24 +59,32 @@ def add(
 def list_() -> None:
     """Registered nodes with their state, price and GPUs from the last probe."""
     from orchestrator.db.session import session_scope
-    from orchestrator.fleet.inventory import list_nodes
+    from orchestrator.fleet.inventory import list_nodes, state_text
 
-    table = Table(title="nodes")
-    for col in ("name", "address", "state", "price/h", "gpus", "last probe"):
-        table.add_column(col)
-    with service_errors(), session_scope(_database_url()) as session:
+    columns = [
+        Column("name"),
+        Column("address", priority=2),
+        Column("state"),
+        Column("price/h", priority=3, justify="right"),
+        Column("gpus", priority=1),
+        Column("last probe", priority=4),
+    ]
+    rows = []
+    with service_errors(), session_scope(migrated_database_url()) as session:
         for n in list_nodes(session):
             gpus = ", ".join(sorted({g["name"] for g in n.gpus}))
             gpus = f"{len(n.gpus)}x {gpus}" if n.gpus else "-"
-            table.add_row(
-                n.name,
-                f"{n.user}@{n.host}:{n.port}",
-                n.state,
-                f"{n.price_per_hour:g}",
-                gpus,
-                n.last_probe.get("probed_at", "-"),
+            rows.append(
+                [
+                    n.name,
+                    f"{n.user}@{n.host}:{n.port}",
+                    state_text(n.state, n.state_detail),
+                    f"{n.price_per_hour:g}",
+                    gpus,
+                    n.last_probe.get("probed_at", "-"),
+                ]
             )
-    Console().print(table)  # built here: the terminal width is read now
+    print_table("nodes", columns, rows)
 
 
 @nodes_app.command("probe")
@@ -91,7 +93,7 @@ def probe(name: Annotated[str, typer.Argument(help="Node name")]) -> None:
     from orchestrator.fleet.probe import probe_node
 
     with service_errors():
-        result = probe_node(_database_url(), name)
+        result = probe_node(migrated_database_url(), name)
     typer.echo(json.dumps(result, indent=2))
 
 
@@ -101,7 +103,7 @@ def bootstrap(name: Annotated[str, typer.Argument(help="Node name")]) -> None:
     from orchestrator.fleet.bootstrap import BootstrapConfig, bootstrap_node
 
     with service_errors():
-        found = bootstrap_node(_database_url(), name, BootstrapConfig())
+        found = bootstrap_node(migrated_database_url(), name, BootstrapConfig())
     typer.echo(f"node {name} joined with {len(found['gpus'])} GPUs")
 
 
@@ -111,7 +113,7 @@ def drain(name: Annotated[str, typer.Argument(help="Node name")]) -> None:
     from orchestrator.fleet.bootstrap import BootstrapConfig, drain_node
 
     with service_errors():
-        drain_node(_database_url(), name, BootstrapConfig())
+        drain_node(migrated_database_url(), name, BootstrapConfig())
     typer.echo(f"node {name} drained")
 
 
@@ -121,7 +123,7 @@ def teardown(name: Annotated[str, typer.Argument(help="Node name")]) -> None:
     from orchestrator.fleet.bootstrap import BootstrapConfig, teardown_node
 
     with service_errors():
-        teardown_node(_database_url(), name, BootstrapConfig())
+        teardown_node(migrated_database_url(), name, BootstrapConfig())
     typer.echo(f"node {name} torn down")
 
 
@@ -131,6 +133,6 @@ def remove(name: Annotated[str, typer.Argument(help="Node name")]) -> None:
     from orchestrator.db.session import session_scope
     from orchestrator.fleet.inventory import remove_node
 
-    with service_errors(), session_scope(_database_url()) as session:
+    with service_errors(), session_scope(migrated_database_url()) as session:
         remove_node(session, name)
     typer.echo(f"removed node {name}")

@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.table import Table
+from rich.text import Text
 
-from orchestrator.cli import app, service_errors
+from orchestrator.cli import app, migrated_database_url, service_errors
 from orchestrator.cli.core import load_grid_file
+from orchestrator.cli.tables import Column, print_table
 from orchestrator.settings import load_settings
 
 schedules_app = typer.Typer(no_args_is_help=True, help="Cron-fired sweeps on rented nodes (cron times are UTC).")
@@ -47,21 +47,19 @@ def create(
             budget=budget,
             misfire=misfire,  # type: ignore[arg-type]
         )
-        with session_scope(load_settings().database_url) as session:
+        with session_scope(migrated_database_url()) as session:
             schedule = create_schedule(session, body)
             first = schedule.next_fire_at
     typer.echo(f"schedule {name} created; first fire {first:%Y-%m-%d %H:%M} UTC")
 
 
-def _node_cell(name: str, state: str | None) -> str:
+def _node_cell(name: str, state: str | None) -> Text:
     """A node name; in red, and said in words, when its teardown failed (it may still be billing)."""
-    from rich.markup import escape
-
     from orchestrator.vocabulary import NodeState
 
     if state == NodeState.teardown_failed:
-        return f"[bold red]{escape(name)} (TEARDOWN FAILED)[/bold red]"
-    return escape(name)
+        return Text(f"{name} (TEARDOWN FAILED)", style="bold red")
+    return Text(name)
 
 
 @schedules_app.command("list")
@@ -72,10 +70,18 @@ def list_() -> None:
     from orchestrator.fleet.inventory import list_nodes
     from orchestrator.sweeps.schedules import list_schedules
 
-    table = Table(title="schedules (UTC)")
-    for col in ("name", "cron", "nodes", "budget", "misfire", "status", "next fire", "last sweep"):
-        table.add_column(col)
-    with service_errors(), session_scope(load_settings().database_url) as session:
+    columns = [
+        Column("name"),
+        Column("cron", priority=2),
+        Column("nodes"),
+        Column("budget", priority=3, justify="right"),
+        Column("misfire", priority=4),
+        Column("status"),
+        Column("next fire", priority=1),
+        Column("last sweep"),
+    ]
+    rows = []
+    with service_errors(), session_scope(migrated_database_url()) as session:
         states = {n.name: n.state for n in list_nodes(session)}
         for s in list_schedules(session):
             p = SchedulePublic.model_validate(s)
@@ -84,17 +90,19 @@ def list_() -> None:
                 w = p.sweeps[0]
                 last = f"#{w.id} {w.state} spent {w.spend:.2f}" + (" (late)" if w.late else "")
             nxt = f"{p.next_fire_at:%Y-%m-%d %H:%M}" if p.next_fire_at and not p.paused else "-"
-            table.add_row(
-                p.name,
-                p.cron,
-                ",".join(_node_cell(n, states.get(n)) for n in p.nodes),
-                "-" if p.budget is None else f"{p.budget:g}",
-                p.misfire,
-                "paused" if p.paused else "active",
-                nxt,
-                last,
+            rows.append(
+                [
+                    p.name,
+                    p.cron,
+                    Text(",").join(_node_cell(n, states.get(n)) for n in p.nodes),
+                    "-" if p.budget is None else f"{p.budget:g}",
+                    p.misfire,
+                    "paused" if p.paused else "active",
+                    nxt,
+                    last,
+                ]
             )
-    Console().print(table)  # built here: the terminal width is read now
+    print_table("schedules (UTC)", columns, rows)
 
 
 @schedules_app.command("pause")
@@ -103,7 +111,7 @@ def pause(name: Annotated[str, typer.Argument(help="Schedule name")]) -> None:
     from orchestrator.db.session import session_scope
     from orchestrator.sweeps.schedules import pause_schedule
 
-    with service_errors(), session_scope(load_settings().database_url) as session:
+    with service_errors(), session_scope(migrated_database_url()) as session:
         pause_schedule(session, name)
     typer.echo(f"schedule {name} paused")
 
@@ -114,7 +122,7 @@ def resume(name: Annotated[str, typer.Argument(help="Schedule name")]) -> None:
     from orchestrator.db.session import session_scope
     from orchestrator.sweeps.schedules import resume_schedule
 
-    with service_errors(), session_scope(load_settings().database_url) as session:
+    with service_errors(), session_scope(migrated_database_url()) as session:
         nxt = resume_schedule(session, name).next_fire_at
     typer.echo(f"schedule {name} resumed; next fire {nxt:%Y-%m-%d %H:%M} UTC")
 
@@ -125,7 +133,7 @@ def delete(name: Annotated[str, typer.Argument(help="Schedule name")]) -> None:
     from orchestrator.db.session import session_scope
     from orchestrator.sweeps.schedules import delete_schedule
 
-    with service_errors(), session_scope(load_settings().database_url) as session:
+    with service_errors(), session_scope(migrated_database_url()) as session:
         delete_schedule(session, name)
     typer.echo(f"schedule {name} deleted")
 

@@ -101,7 +101,7 @@ def grid_rows(session: Session, limit: int = PAGE_SIZE, offset: int = 0) -> list
 def sweep_rows(session: Session, limit: int = 20) -> list[dict[str, Any]]:
     """The latest sweeps, newest first, each node with its state: a node whose teardown failed may
     still be running and billing, so the page shows it in red."""
-    nodes = {n.name: n.state for n in session.scalars(select(Node))}
+    nodes = {n.name: (n.state, n.state_detail) for n in session.scalars(select(Node))}
     rows = []
     for sweep, schedule in session.execute(
         select(Sweep, Schedule.name)
@@ -110,9 +110,23 @@ def sweep_rows(session: Session, limit: int = 20) -> list[dict[str, Any]]:
         .limit(limit)
     ):
         row = SweepPublic.model_validate(sweep).model_dump(mode="json")
-        row.update(schedule=schedule, nodes=[{"name": n, "state": nodes.get(n, "removed")} for n in sweep.nodes])
+        row.update(
+            schedule=schedule,
+            nodes=[
+                {"name": n, "state": nodes.get(n, ("removed", None))[0], "detail": nodes.get(n, ("", None))[1]}
+                for n in sweep.nodes
+            ],
+        )
         rows.append(row)
     return rows
+
+
+def failed_bootstraps(session: Session) -> list[dict[str, str | None]]:
+    """Nodes whose last bootstrap failed, with the step and how (`join: exit 126`)."""
+    rows = session.execute(
+        select(Node.name, Node.state_detail).where(Node.state == NodeState.bootstrap_failed).order_by(Node.name)
+    )
+    return [{"name": name, "detail": detail} for name, detail in rows]
 
 
 def unreleased_nodes(session: Session) -> list[str]:

@@ -13,6 +13,7 @@ from orchestrator.api.deps import SessionDep, SettingsDep, get_or_404
 from orchestrator.api.guard import token_matches
 from orchestrator.dashboard.data import (
     PAGE_SIZE,
+    failed_bootstraps,
     grid_count,
     grid_detail,
     grid_rows,
@@ -69,6 +70,7 @@ def index_page(request: Request, session: SessionDep, limit: Limit = PAGE_SIZE, 
         **pages,
         sweeps=sweeps,
         unreleased=unreleased_nodes(session),
+        failed_bootstraps=failed_bootstraps(session),
     )
 
 

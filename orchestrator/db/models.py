@@ -192,6 +192,8 @@ class Node(Base):
     known_hosts_path: Mapped[str | None] = mapped_column(Text)
     price_per_hour: Mapped[float] = mapped_column(Float, default=0.0)
     state: Mapped[str] = mapped_column(String(32), default=NodeState.registered)  # a NodeState
+    # What put it in that state when it is a failure: "join: exit 126".
+    state_detail: Mapped[str | None] = mapped_column(Text)
     gpus: Mapped[list[Any]] = mapped_column(default=list)  # from the last probe
     last_probe: Mapped[dict[str, Any]] = mapped_column(default=dict)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

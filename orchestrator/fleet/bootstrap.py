@@ -13,12 +13,12 @@ from typing import Any
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from orchestrator.db.models import Node
+from orchestrator.db.models import Event, Node
 from orchestrator.db.session import session_scope
 from orchestrator.fleet.errors import NodeError
-from orchestrator.fleet.inventory import get_node
+from orchestrator.fleet.inventory import get_node, set_state
 from orchestrator.fleet.probe import probe
-from orchestrator.fleet.shell import NodeShell
+from orchestrator.fleet.shell import CommandFailed, NodeShell
 from orchestrator.vocabulary import NodeState
 
 
@@ -163,8 +163,12 @@ def bootstrap(shell: NodeShell, config: BootstrapConfig, num_gpus: int) -> None:
         for wheel in wheels:
             shell.put(wheel, f"{config.remote_dir}/wheelhouse/{wheel.name}")
     variables = config.variables(num_gpus, remote_package)
-    run_steps(shell, config.install, variables, config.command_timeout_s)
-    run_steps(shell, config.join, variables, config.command_timeout_s)
+    for step, templates in (("install", config.install), ("join", config.join)):
+        try:
+            run_steps(shell, templates, variables, config.command_timeout_s)
+        except CommandFailed as exc:
+            exc.step = step
+            raise
 
 
 def drain(shell: NodeShell, config: BootstrapConfig) -> None:
@@ -178,9 +182,18 @@ def teardown(shell: NodeShell, config: BootstrapConfig) -> None:
     run_steps(shell, config.cleanup, config.variables(0), config.command_timeout_s)
 
 
-def _set_state(database_url: str, name: str, state: NodeState) -> None:
+def _set_state(database_url: str, name: str, state: NodeState, detail: str | None = None) -> None:
     with session_scope(database_url) as session:
-        get_node(session, name).state = state
+        set_state(get_node(session, name), state, detail)
+
+
+def failure_detail(exc: BaseException) -> str:
+    """Where a bootstrap failed, short enough for a table cell: `join: exit 126`, `install: timed out`,
+    `check: NodeError` (the command and its output are in the node's command events)."""
+    if isinstance(exc, CommandFailed):
+        how = "timed out" if exc.result.timed_out else f"exit {exc.result.exit_code}"
+        return f"{exc.step}: {how}"
+    return f"check: {type(exc).__name__}"
 
 
 def _with_node(database_url: str, name: str) -> Node:
@@ -194,14 +207,24 @@ def bootstrap_node(database_url: str, name: str, config: BootstrapConfig | None 
     """Probe, then bootstrap a registered node (state "joined"); returns the probe JSON."""
     config = config or BootstrapConfig()
     node = _with_node(database_url, name)
-    with NodeShell.open(node, database_url) as shell:
-        found = probe(shell)
-        if not found["gpus"]:
-            raise NodeError(f"node {name!r}: nvidia-smi lists no GPUs")
-        bootstrap(shell, config, num_gpus=len(found["gpus"]))
+    try:
+        with NodeShell.open(node, database_url) as shell:
+            found = probe(shell)
+            if not found["gpus"]:
+                raise NodeError(f"node {name!r}: nvidia-smi lists no GPUs")
+            bootstrap(shell, config, num_gpus=len(found["gpus"]))
+    except Exception as exc:
+        # Marked on the node (the dashboard and `ablate nodes list` say so), then raised as before.
+        detail = failure_detail(exc)
+        with session_scope(database_url) as session:
+            row = get_node(session, name)
+            row.state, row.state_detail = NodeState.bootstrap_failed, detail
+            session.add(Event(node_id=row.id, kind="node.bootstrap_failed", message=f"{detail}: {exc}"[:2000]))
+        raise
     with session_scope(database_url) as session:
         row = get_node(session, name)
-        row.gpus, row.last_probe, row.state = found["gpus"], found, NodeState.joined
+        row.gpus, row.last_probe = found["gpus"], found
+        row.state, row.state_detail = NodeState.joined, None
     return found
 
 

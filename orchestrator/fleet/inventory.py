@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 
 from orchestrator.db.models import Node, Schedule
 from orchestrator.fleet.errors import NodeConflict, NodeInvalid, NodeNotFound
+from orchestrator.vocabulary import NodeState
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"  # node and schedule names
 Named = TypeVar("Named", Node, Schedule)
@@ -102,6 +103,19 @@ def get_node(session: Session, name: str) -> Node:
 
 def list_nodes(session: Session) -> list[Node]:
     return list(session.scalars(select(Node).order_by(Node.name)))
+
+
+def set_state(node: Node, state: NodeState, detail: str | None = None) -> None:
+    """Move a node to `state`. A failed bootstrap stays visible through the drain or teardown that follows
+    it (the operator must see why); only the next bootstrap clears it."""
+    if node.state == NodeState.bootstrap_failed and state in (NodeState.registered, NodeState.drained):
+        return
+    node.state, node.state_detail = state, detail
+
+
+def state_text(state: str, detail: str | None) -> str:
+    """A node's state as a person reads it: `bootstrap_failed (join: exit 126)`."""
+    return f"{state} ({detail})" if detail else state
 
 
 def remove_node(session: Session, name: str) -> None:

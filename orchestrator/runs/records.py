@@ -63,6 +63,7 @@ class RunSummary(MetricValues):  # type: ignore[misc, valid-type]
     gpu_name: str | None
     node: str | None
     retries: int
+    error: str | None  # why it failed: the exception's type, message and innermost frame
     fallbacks: list[Any]
     created_at: datetime
     started_at: datetime | None
@@ -100,7 +101,6 @@ class RunPublic(RunSummary):
     checkpoint_url: str | None  # its prefix in durable checkpoint storage
     nodes: list[str]  # every node it ran on, in order (more than one after a lost node)
     last_checkpoint_step: int | None
-    error: str | None
     versions: dict[str, Any]
 
     @field_validator("nodes", mode="before")

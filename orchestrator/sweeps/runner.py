@@ -29,6 +29,7 @@ from orchestrator.db.models import Event, Grid, Node, Schedule, Sweep, utcnow
 from orchestrator.db.session import session_scope
 from orchestrator.fleet.bootstrap import BootstrapConfig, bootstrap_node, drain, teardown
 from orchestrator.fleet.errors import NodeError, error_reason
+from orchestrator.fleet.inventory import set_state
 from orchestrator.fleet.shell import NodeShell
 from orchestrator.runs.grids import GridCreate, GridError, create_grid, stop_run
 from orchestrator.sweeps.budget import spend
@@ -353,7 +354,7 @@ class SweepRunner:
         with session_scope(self.database_url) as session:
             row = session.scalar(select(Node).where(Node.name == name))
             if row is not None:
-                row.state = NodeState.drained if keep else NodeState.registered
+                set_state(row, NodeState.drained if keep else NodeState.registered)
 
     # the loop
 

@@ -143,6 +143,35 @@ def test_bootstrap_installs_venv_and_joins_then_teardown_removes(database_url: s
     assert _node(database_url, "quad-boot").state == "registered"
 
 
+def test_failed_bootstrap_marks_the_node_until_the_next_one(database_url: str, sshd, monkeypatch) -> None:  # noqa: ANN001
+    """A join that exits 126 leaves the node `bootstrap_failed (join: exit 126)`, through the teardown that
+    follows, in `ablate nodes list` too; the next bootstrap that succeeds clears it."""
+    from orchestrator.cli import _register as register_commands
+
+    _register(database_url, sshd, "quad-broken")
+    remote = sshd.relative(sshd.workdir / "broken")
+    failing = BootstrapConfig(
+        ray_address="10.1.2.3:6379", match_python=False, remote_dir=remote, install=["true"],
+        join=["sh -c 'exit 126'"], leave=["true"], cleanup=["true"],
+    )
+    with pytest.raises(CommandFailed, match="exited 126"):
+        bootstrap_node(database_url, "quad-broken", failing)
+    node = _node(database_url, "quad-broken")
+    assert (node.state, node.state_detail) == ("bootstrap_failed", "join: exit 126")
+    teardown_node(database_url, "quad-broken", failing)
+    assert _node(database_url, "quad-broken").state == "bootstrap_failed", "teardown must not hide the failure"
+
+    register_commands()
+    monkeypatch.setenv("ABLATE_DATABASE_URL", database_url)
+    listed = CliRunner().invoke(app, ["nodes", "list"])
+    assert listed.exit_code == 0 and "bootstrap_failed (join: exit 126)" in listed.output, listed.output
+
+    fixed = failing.model_copy(update={"join": ["true"]})
+    bootstrap_node(database_url, "quad-broken", fixed)
+    node = _node(database_url, "quad-broken")
+    assert (node.state, node.state_detail) == ("joined", None)
+
+
 def test_bootstrap_without_ray_address_is_refused_before_any_command(database_url: str, sshd) -> None:  # noqa: ANN001
     _register(database_url, sshd, "quad-noaddr")
     from orchestrator.fleet.errors import NodeError

@@ -1,0 +1,106 @@
+"""Tables that read at any width: whole columns give way, never the text in a cell.
+
+On a terminal narrower than the table, columns are first given their short header, then dropped, lowest
+priority first, and the caption names what was hidden; a cell is never cut or wrapped. Written to a file or
+a pipe (not a terminal), the table is printed whole at the width it needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from rich.cells import cell_len
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+# Rich's default box: one border column per column edge, one space of padding each side of a cell.
+PADDING = 2
+
+
+@dataclass(frozen=True)
+class Column:
+    header: str
+    # 0: always shown; a higher number is hidden sooner when the terminal is too narrow.
+    priority: int = 0
+    # A shorter header tried before the column is hidden (e.g. "recon" for "recon LPIPS ± SE").
+    short: str | None = None
+    justify: str = "left"
+
+
+# A cell is plain text, or rich Text where it carries style (a red node whose teardown failed).
+Cell = str | Text
+
+
+def _width(cell: Cell) -> int:
+    text = cell.plain if isinstance(cell, Text) else cell
+    return max((cell_len(line) for line in text.splitlines()), default=0)
+
+
+def table_width(headers: Sequence[str], rows: Sequence[Sequence[Cell]], keep: Sequence[int]) -> int:
+    """Characters the table takes with the columns `keep`, each as wide as its widest cell or header."""
+    widths = [max([cell_len(headers[i]), *(_width(r[i]) for r in rows)]) for i in keep]
+    return sum(w + PADDING for w in widths) + len(keep) + 1
+
+
+def fit(columns: Sequence[Column], rows: Sequence[Sequence[Cell]], width: int | None) -> tuple[list[str], list[int]]:
+    """(headers, indices of the columns shown) for a terminal `width` wide; None: no limit."""
+    headers = [c.header for c in columns]
+    keep = list(range(len(columns)))
+    if width is None:
+        return headers, keep
+    # Lowest priority first; among equals, the rightmost (the leftmost columns name the row).
+    order = sorted((i for i, c in enumerate(columns) if c.priority > 0), key=lambda i: (-columns[i].priority, -i))
+    for i in order:
+        if table_width(headers, rows, keep) <= width:
+            break
+        if columns[i].short is not None:
+            headers[i] = columns[i].short
+            if table_width(headers, rows, keep) <= width:
+                break
+        keep.remove(i)
+    for i in keep:  # the columns that always stay may still take their short header
+        if columns[i].short is not None and table_width(headers, rows, keep) > width:
+            headers[i] = columns[i].short
+    return headers, keep
+
+
+def build(
+    title: str, columns: Sequence[Column], rows: Sequence[Sequence[Cell]], width: int | None, show_lines: bool = False
+) -> tuple[Table, int]:
+    """The table fitted to `width` (None: whole) and the width it needs."""
+    headers, keep = fit(columns, rows, width)
+    hidden = [columns[i].header for i in range(len(columns)) if i not in keep]
+    caption = None
+    if hidden:
+        caption = f"hidden on this narrow terminal: {', '.join(hidden)} (widen it, or pipe to a file for all)"
+    needed = max(table_width(headers, rows, keep), cell_len(title), cell_len(caption or ""))
+    # Too narrow even for the columns that always stay: their text folds onto more lines, never cut.
+    fits = width is None or table_width(headers, rows, keep) <= width
+    table = Table(title=title, title_justify="left", caption=caption, caption_justify="left", show_lines=show_lines)
+    for i in keep:
+        table.add_column(
+            headers[i], justify=columns[i].justify, no_wrap=fits, overflow="ignore" if fits else "fold"
+        )  # type: ignore[arg-type]
+    for row in rows:
+        table.add_row(*(row[i] if isinstance(row[i], Text) else Text(str(row[i])) for i in keep))
+    return table, needed
+
+
+def print_table(
+    title: str,
+    columns: Sequence[Column],
+    rows: Sequence[Sequence[Cell]],
+    console: Console | None = None,
+    show_lines: bool = False,
+) -> None:
+    """Print the table fitted to the terminal, or whole when the output is not a terminal."""
+    console = console or Console()
+    if console.is_terminal:
+        table, _ = build(title, columns, rows, console.width, show_lines)
+        console.print(table)
+        return
+    table, needed = build(title, columns, rows, None, show_lines)
+    # A file or pipe has no width: print at the table's own, so no cell is folded or cut.
+    Console(file=console.file, width=needed, no_color=console.no_color, highlight=False).print(table)

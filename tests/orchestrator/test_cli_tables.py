@@ -1,0 +1,76 @@
+"""The CLI's tables at any width: whole columns give way on a narrow terminal, and a file or pipe gets
+every column with every cell whole."""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from orchestrator.cli.tables import Column, print_table
+
+COLUMNS = [
+    Column("arm"),
+    Column("state / decision"),
+    Column("GPU", priority=3),
+    Column("best recon LPIPS ± SE", short="best ± SE"),
+    Column("iter/s", priority=2),
+    Column("CPU-h saved", priority=1, short="saved"),
+]
+ROWS = [
+    ["A", "completed / continue", "0", "0.048 ± 0.009", "9.0", "-"],
+    ["A-lr5e-2", "stopped / collapse @200", "4", "0.069 ± 0.012", "9.0", "0.0056 (20 s)"],
+]
+
+
+def _render(console: Console) -> str:
+    print_table("demo", COLUMNS, ROWS, console)
+    return console.file.getvalue()  # type: ignore[attr-defined]
+
+
+def test_narrow_terminal_hides_whole_columns_never_cell_text() -> None:
+    out = _render(Console(file=io.StringIO(), width=72, force_terminal=True, color_system=None))
+    assert max(len(line) for line in out.splitlines()) <= 72
+    for cell in ("A-lr5e-2", "stopped / collapse @200", "0.069 ± 0.012", "completed / continue"):
+        assert cell in out, f"{cell!r} was cut:\n{out}"
+    assert "…" not in out
+    # The lowest priority goes first: GPU (3) and iter/s (2) are hidden, and the caption says so.
+    assert "hidden on this narrow terminal: GPU, iter/s" in out.replace("\n", " ")
+
+
+def test_wide_terminal_shows_every_column() -> None:
+    out = _render(Console(file=io.StringIO(), width=200, force_terminal=True, color_system=None))
+    assert "CPU-h saved" in out and "iter/s" in out and "GPU" in out and "hidden" not in out
+
+
+def test_a_file_gets_the_whole_table_whatever_the_width() -> None:
+    out = _render(Console(file=io.StringIO(), width=40))  # not a terminal
+    assert "hidden" not in out and "…" not in out
+    for cell in ("0.0056 (20 s)", "stopped / collapse @200", "best recon LPIPS ± SE", "CPU-h saved"):
+        assert cell in out
+    assert len({len(line) for line in out.splitlines()[1:]}) == 1, "every row of the table on one line"
+
+
+def test_nodes_list_into_a_pipe_on_a_fresh_database(tmp_path: Path) -> None:
+    """`ablate nodes add` and `ablate nodes list | cat` on a database no command has migrated yet: the
+    commands migrate it, and the long address is printed whole (COLUMNS=80 as a small terminal sets)."""
+    exe = shutil.which("ablate") or str(Path(sys.executable).parent / "ablate")
+    key = tmp_path / "id_ed25519"
+    key.write_text("not read by add\n")
+    env = {
+        **os.environ,
+        "ABLATE_DATABASE_URL": f"sqlite:///{tmp_path / 'fresh' / 'ablate.db'}",
+        "COLUMNS": "80",
+    }
+    host = "ceon1-very-long-hostname.internal.example"
+    add = [exe, "nodes", "add", "ceon1", "--host", host, "--user", "ceon1", "--key", str(key)]
+    added = subprocess.run(add, env=env, capture_output=True, text=True, timeout=120)
+    assert added.returncode == 0, added.stderr
+    listed = subprocess.run([exe, "nodes", "list"], env=env, capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    assert f"ceon1@{host}:22" in listed.stdout and "registered" in listed.stdout and "…" not in listed.stdout
