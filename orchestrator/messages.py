@@ -3,6 +3,7 @@ and database URLs with the password masked."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -37,3 +38,12 @@ def masked_url(url: str) -> str:
     from sqlalchemy.engine import make_url
 
     return make_url(url).render_as_string(hide_password=True)
+
+
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def strip_ansi(text: str) -> str:
+    """Without terminal colour codes (Ray wraps its actor errors in them): what gets stored is read on a
+    dashboard and in a database, not a terminal."""
+    return ANSI_ESCAPE.sub("", text)

@@ -12,6 +12,7 @@ import errno
 import json
 import math
 import os
+import re
 import socket
 import threading
 import time
@@ -20,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 RECORDS_FILE = "records.jsonl"
+# Terminal colour codes (Ray wraps its messages in them): never stored in an error the operator reads.
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # How long a worker waits for space on a full disk before its run fails (the operator's time to react).
 DISK_FULL_WAIT_S = 600.0
 
@@ -37,6 +40,29 @@ def _jsonable(value: Any) -> Any:
     if hasattr(value, "item") and callable(value.item):  # 0-d tensors / numpy scalars
         return _jsonable(value.item())
     return value
+
+
+def _short_path(path: str) -> str:
+    """worker/actor.py for the project's files, torch/nn/modules/module.py for a library's."""
+    if "/site-packages/" in path:
+        return path.rsplit("/site-packages/", 1)[1]
+    for package in ("/worker/", "/model/", "/orchestrator/"):
+        if package in path:
+            return package.lstrip("/") + path.rsplit(package, 1)[1]
+    return path
+
+
+def describe_error(exc: BaseException) -> str:
+    """What the run stores when its worker fails: `Type: message (at file:line in function)` on the first
+    line, the last frames of the traceback below it, without terminal escape codes."""
+    head = traceback.format_exception_only(exc)[-1].strip()
+    frames = traceback.extract_tb(exc.__traceback__)
+    ours = [f for f in frames if _short_path(f.filename).startswith(("worker/", "model/", "orchestrator/"))]
+    if frames:  # the innermost of our frames: where our code met the error (not pathlib's mkdir)
+        inner = (ours or frames)[-1]
+        head += f" (at {_short_path(inner.filename)}:{inner.lineno} in {inner.name})"
+    tail = "".join(traceback.format_exception(exc, limit=-8)).rstrip()
+    return ANSI_ESCAPE.sub("", f"{head}\n{tail}")
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -128,23 +154,32 @@ class ArmWorker:
     ) -> None:
         self.run_id = run_id
         self.out_dir = Path(out_dir)
-        self.out_dir.mkdir(parents=True, exist_ok=True)
         self._spec = spec
         self._lpips_weights = Path(lpips_weights) if lpips_weights else None
         self._torch_threads = torch_threads
         self._train_fn = train_fn
         self._cond = threading.Condition()
-        self._records = load_records(self.out_dir)
-        self._resumed_records = len(self._records)
+        self._records: list[dict[str, Any]] = []
         self._state = "running"  # running | done | error
         self._error: str | None = None
         self._stop = threading.Event()
-        self._info = gpu_info()
+        self._info: dict[str, Any] = {"pid": os.getpid(), "node": socket.gethostname(), "node_ip": _node_ip()}
         self._store = None
-        if storage is not None:
-            from worker.storage import CheckpointStore, StoreConfig
+        try:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            self._records = load_records(self.out_dir)
+            self._info = gpu_info()
+            if storage is not None:
+                from worker.storage import CheckpointStore, StoreConfig
 
-            self._store = CheckpointStore(StoreConfig.from_dict(storage), self.out_dir)
+                self._store = CheckpointStore(StoreConfig.from_dict(storage), self.out_dir)
+        except Exception as exc:
+            # A directory it cannot write, a bad storage setting: any retry would fail the same way, so
+            # the actor stays up and `poll` reports the error (the run fails at once, with the reason)
+            # instead of dying as a lost worker that would be re-queued.
+            self._state, self._error = "error", describe_error(exc)
+            return
+        self._resumed_records = len(self._records)
         self._thread = threading.Thread(target=self._train, name=f"train-run-{run_id}", daemon=True)
         self._thread.start()
 
@@ -193,8 +228,7 @@ class ArmWorker:
                 self._store.flush()
             with self._cond:
                 self._state = "error"
-                last = traceback.format_exception_only(exc)[-1].strip()
-                self._error = f"{last}\n{traceback.format_exc(limit=-8)}"
+                self._error = describe_error(exc)
                 self._cond.notify_all()
 
     def _append_durably(self, fh: Any, line: str) -> None:

@@ -201,8 +201,9 @@ def _print_runs(grid: GridDetail) -> None:
         if r.decision is not None:
             decision = f"{r.decision} @ {_fmt(r.decision_step)}: {r.decision_reason}"
         state = r.state + (" (stop requested)" if r.stop_requested and r.state == RunState.running else "")
-        if r.error and r.state == RunState.failed:
-            decision = f"error: {r.error}" if decision == "-" else f"{decision}; error: {r.error}"
+        if r.error and r.state == RunState.failed:  # its first line: type, message and where
+            error = r.error.splitlines()[0]
+            decision = f"error: {error}" if decision == "-" else f"{decision}; error: {error}"
         rows.append(
             [str(r.id), r.arm, state, _fmt(r.latest_step), recon, _fmt(r.text_lpips), _fmt(r.iter_per_sec, 3), decision]
         )

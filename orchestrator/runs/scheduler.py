@@ -33,6 +33,7 @@ from orchestrator.db.events import record_event
 from orchestrator.db.models import Grid, Run, utcnow
 from orchestrator.db.session import session_scope
 from orchestrator.db.transitions import transition
+from orchestrator.messages import strip_ansi
 from orchestrator.runs.ingest import ingest, last_step
 from orchestrator.runs.placement import (
     Worker,
@@ -297,7 +298,7 @@ class Scheduler:
             if run is None:  # grid deleted under us
                 self._kill(worker)
                 return True
-            if not worker.started:
+            if not worker.started and reply["state"] != "error":  # a worker that failed never started
                 mark_running(session, run, reply["info"])
             if reply["records"]:
                 ingest(session, run, reply["records"])
@@ -325,7 +326,8 @@ class Scheduler:
 
     def _worker_died(self, worker: Worker, exc: BaseException) -> None:
         self.workers.pop(worker.run_id, None)
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        text = strip_ansi(str(exc)).strip()
+        message = text.splitlines()[0] if text else type(exc).__name__
         with session_scope(self.settings.database_url) as session:
             run = session.get(Run, worker.run_id)
             if run is None:

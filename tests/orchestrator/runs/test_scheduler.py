@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -321,3 +322,45 @@ def test_records_that_cannot_be_stored_fail_their_run_and_stall_nothing(
     assert good.state == "completed" and steps_of(database_url, healthy) == [10, 20, 30, 40]
     assert bad.state == "failed" and "could not be stored 5 times" in bad.error and "injected" in bad.error
     assert poisoned not in scheduler.workers
+
+
+@pytest.fixture
+def unwritable_runs_dir(tmp_path: Path) -> Iterator[Path]:
+    """tmp_path/runs, where no worker can create a run's directory: immutable for root (whom permission
+    bits do not stop), mode 0500 for anyone else."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    if os.geteuid() == 0:
+        if subprocess.run(["chattr", "+i", str(runs)], capture_output=True).returncode != 0:
+            pytest.skip("chattr +i is not supported on this filesystem")
+    else:
+        runs.chmod(0o500)
+    yield runs
+    if os.geteuid() == 0:
+        subprocess.run(["chattr", "-i", str(runs)], check=True)
+    else:
+        runs.chmod(0o700)
+
+
+def test_a_worker_that_cannot_write_its_directory_fails_its_run_at_once(
+    scheduler: Scheduler, database_url: str, unwritable_runs_dir: Path, ablate_cli  # type: ignore[no-untyped-def]
+) -> None:
+    """The real Ray actor's constructor meets a PermissionError: the run fails at once (no retry, no
+    "worker lost") with the exception's type, message, path and innermost frame, free of terminal codes,
+    and `ablate status` shows it."""
+    [run_id] = submit(database_url, ["A"])
+    wait_for(lambda: all_done(database_url, [run_id]), "the run to end", timeout=120)
+    [run] = runs(database_url, [run_id])
+    expected_path = str(unwritable_runs_dir / str(run_id))
+    assert run.state == "failed" and run.retries == 0, (run.state, run.retries, run.error)
+    first = run.error.splitlines()[0]
+    assert first.startswith("PermissionError: ") and expected_path in first, first
+    assert "(at worker/actor.py:" in first and "in __init__)" in first, first
+    assert "\x1b" not in run.error
+    kinds = [e.kind for e in events_of(database_url, run_id)]
+    assert "worker_lost" not in kinds and "started" not in kinds and kinds[-1] == "failed", kinds
+    with session_scope(database_url) as session:
+        grid_id = session.get(Run, run_id).grid_id
+    status = ablate_cli(database_url, "status", str(grid_id))
+    assert status.returncode == 0, status.stderr
+    assert "PermissionError" in status.stdout and expected_path in status.stdout, status.stdout
