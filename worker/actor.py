@@ -14,6 +14,7 @@ import math
 import os
 import re
 import socket
+import sysconfig
 import threading
 import time
 import traceback
@@ -57,8 +58,9 @@ def describe_error(exc: BaseException) -> str:
     line, the last frames of the traceback below it, without terminal escape codes."""
     head = traceback.format_exception_only(exc)[-1].strip()
     frames = traceback.extract_tb(exc.__traceback__)
-    ours = [f for f in frames if _short_path(f.filename).startswith(("worker/", "model/", "orchestrator/"))]
-    if frames:  # the innermost of our frames: where our code met the error (not pathlib's mkdir)
+    stdlib = sysconfig.get_paths()["stdlib"]
+    ours = [f for f in frames if "/site-packages/" not in f.filename and not f.filename.startswith(stdlib)]
+    if frames:  # the innermost frame outside the libraries: where our code met the error (not pathlib's)
         inner = (ours or frames)[-1]
         head += f" (at {_short_path(inner.filename)}:{inner.lineno} in {inner.name})"
     tail = "".join(traceback.format_exception(exc, limit=-8)).rstrip()

@@ -241,7 +241,8 @@ def test_poll_reports_error_text_when_the_stream_raises(tmp_path: Path, streams:
     assert [r["step"] for r in got] == [1]  # the record before the failure is still delivered
     assert final["state"] == "error"
     first_line = final["error"].splitlines()[0]  # what the scheduler puts in the run's reason
-    assert first_line == "RuntimeError: loss went nan at step 2"
+    # type and message, then where: the innermost frame outside the libraries (the stream that raised)
+    assert first_line.startswith("RuntimeError: loss went nan at step 2 (at ") and " in raises)" in first_line
     assert "Traceback" in final["error"]
 
 
