@@ -36,6 +36,7 @@ from orchestrator.db.models import Grid, Run, utcnow
 from orchestrator.db.session import session_scope
 from orchestrator.db.transitions import transition
 from orchestrator.ingest import ingest, last_step, record_event
+from orchestrator.reports.write import write_due_reports
 from orchestrator.settings import Settings
 from orchestrator.storage import record_storage, run_storage_url, seen_seq, worker_storage
 from orchestrator.vocabulary import ACTIVE_STATES, TERMINAL_STATES, GridSource, RunState
@@ -215,6 +216,7 @@ class Scheduler:
             self._expire_unplaced(now)
             self._send_stops()
             self._launch_queued()
+            write_due_reports(self.settings)  # grids that ended since the last pass get their report
 
     # reconcile ---------------------------------------------------------------------------------------
 

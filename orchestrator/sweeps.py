@@ -56,6 +56,7 @@ from orchestrator.nodes import (
     find_node,
     teardown,
 )
+from orchestrator.reports.write import write_report
 from orchestrator.storage import download_run
 from orchestrator.vocabulary import TERMINAL_STATES, GridSource, NodeState, SweepState
 
@@ -523,6 +524,13 @@ class SweepRunner:
         (results / "metrics.json").write_text(
             json.dumps({"sweep_id": sweep_id, "grid_id": grid_id, "runs": export}, indent=1, default=str)
         )
+        if grid_id is not None:  # the report travels with the results (its samples read from storage)
+            try:
+                with session_scope(self.database_url) as session:
+                    if (report_grid := session.get(Grid, grid_id)) is not None:
+                        write_report(session, report_grid, results / "report", self.checkpoint_options)
+            except Exception as exc:  # noqa: BLE001 - a report failure must not lose the copy-back
+                problems.append(f"writing the report into {results / 'report'}: {_reason(exc)}")
         for url, local, owner, remote in stored:
             try:
                 download_run(url, self.checkpoint_options, local)
