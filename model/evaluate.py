@@ -30,6 +30,10 @@ from model.spec import EvalSpec
 # comparable); the caption-edit pairs use stream 1.
 STREAM_HELD_OUT = 0
 STREAM_EDITS = 1
+# Sample images kept per evaluation (the first held-out items and caption pairs, so every arm of a grid
+# shows the same prompts, targets and noise): a few hundred KB of PNG per checkpoint at most.
+SAMPLE_IMAGES = 4
+SAMPLE_PAIRS = 2
 # Why text_manip_delta is None for a dataset without caption edits (the trainer records it as a fallback).
 NO_EDITS_NOTE = "text_manip_delta skipped: dataset has no caption edits (add an `edit` field to captions.jsonl)"
 
@@ -89,6 +93,7 @@ def evaluate(
     *,
     batch_size: int = 32,
     autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+    keep_images: bool = False,
 ) -> dict[str, Any]:
     """The three metrics on `eval_spec.num_samples` held-out images / caption pairs.
 
@@ -97,6 +102,10 @@ def evaluate(
     Returns recon_lpips(+_se, _n, _samples), text_lpips(+...), text_manip_delta(+...), lpips_backbone and
     text_manip_note: None, or why text_manip_delta (and its se and n) is None: a dataset without caption
     edits (`dataset.supports_edits` False, e.g. an imagefolder with no `edit` field and no colour word).
+
+    keep_images: also return "images", the generations already made for the metrics (no extra sampling):
+    the first SAMPLE_IMAGES targets with their reconstructions and text-only samples, and the first
+    SAMPLE_PAIRS caption/edit generations, each a list of (caption, (3, H, W) float tensor in [0, 1]).
     """
     n = eval_spec.num_samples
     images, captions = dataset.held_out(n)
@@ -107,6 +116,12 @@ def evaluate(
     model.eval()
     text_encoder.eval()
     recon, text_only, manip = [], [], []
+    kept: dict[str, list[tuple[str, Tensor]]] = {"target": [], "recon": [], "text": [], "caption": [], "edit": []}
+
+    def keep(kind: str, captions_of: list[str], batch: Tensor, limit: int) -> None:
+        room = limit - len(kept[kind])
+        unit = dataset.to_unit(batch[:room].float()).clamp(0, 1).cpu()
+        kept[kind].extend(zip(captions_of[:room], unit, strict=False))
     try:
         cuda = [torch.cuda.current_device()] if torch.device(device).type == "cuda" else []
         with torch.random.fork_rng(devices=cuda), torch.no_grad():
@@ -119,6 +134,10 @@ def evaluate(
                 steps = eval_spec.sampler_steps
                 full = generate(model, flow, noise, text, mask, target, steps, autocast)
                 plain = generate(model, flow, noise, text, mask, None, steps, autocast)
+                if keep_images and lo < SAMPLE_IMAGES:
+                    caps = [captions[i] for i in idx]
+                    for kind, batch in (("target", target), ("recon", full), ("text", plain)):
+                        keep(kind, caps, batch, SAMPLE_IMAGES)
                 ref = _to_lpips_range(dataset, target)
                 recon.append(lpips_metric(_to_lpips_range(dataset, full), ref).flatten().float().cpu())
                 text_only.append(lpips_metric(_to_lpips_range(dataset, plain), ref).flatten().float().cpu())
@@ -132,6 +151,9 @@ def evaluate(
                         generate(model, flow, noise, text.to(device), mask.to(device), None,
                                  eval_spec.sampler_steps, autocast)
                     )
+                if keep_images and lo < SAMPLE_PAIRS:
+                    keep("caption", [pairs[i][0] for i in idx], gens[0], SAMPLE_PAIRS)
+                    keep("edit", [pairs[i][1] for i in idx], gens[1], SAMPLE_PAIRS)
                 a, b = (_to_lpips_range(dataset, g) for g in gens)
                 manip.append(lpips_metric(a, b).flatten().float().cpu())
     finally:
@@ -147,4 +169,6 @@ def evaluate(
     if manip_note is not None:
         out["text_manip_delta_n"] = None  # not measured, as opposed to measured on zero pairs
     out["text_manip_note"] = manip_note
+    if keep_images:
+        out["images"] = kept
     return out

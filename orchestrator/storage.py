@@ -7,12 +7,13 @@
   polls and controller restarts (entries carry a per-attempt sequence number).
 - Alarm: a run whose newest ingested checkpoint has not reached storage for checkpoint_alarm_minutes
   is flagged on the dashboard, with the last error.
-- Copy-back: a sweep downloads each run's prefix instead of pulling from the node.
+- Copy-back: a sweep downloads each run's prefix (its sample images too) instead of pulling from the node.
 Imports no torch: worker.storage needs only fsspec and paramiko.
 """
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,10 @@ STORAGE_EVENTS = (
     "checkpoint.fetched",
     "checkpoint.fetch_failed",
 )
+# A run's sample images under its prefix and its out_dir (worker/samples.py, worker/storage.py).
+SAMPLES_DIR = "samples"
+SAMPLE_STEP_RE = re.compile(r"^step_(\d{7})$")
+SAMPLE_FILE_RE = re.compile(r"^(target|recon|text|caption|edit)_\d{1,3}\.png$")
 # Events after which storage holds a step (data["step"]).
 HELD_EVENTS = ("checkpoint.stored", "checkpoint.fetched")
 
@@ -135,6 +140,9 @@ def download_run(url: str, options: dict[str, Any], local: Path) -> int:
     count = 0
     for remote in names:
         name = remote.rstrip("/").rsplit("/", 1)[-1]
+        if name == SAMPLES_DIR and fs.isdir(remote):
+            count += _download_samples(fs, remote, local / SAMPLES_DIR)
+            continue
         if name in ("", ".", "..") or fs.isdir(remote):
             continue  # only the run's own flat files; never a path outside `local`
         tmp = local / (name + ".download")
@@ -142,3 +150,23 @@ def download_run(url: str, options: dict[str, Any], local: Path) -> int:
         tmp.replace(local / name)
         count += 1
     return count
+
+
+def _download_samples(fs: Any, remote: str, local: Path) -> int:
+    """samples/step_*/ *.png of a run (worker/samples.py); names are checked, so nothing lands outside."""
+    count = 0
+    for folder in fs.ls(remote, detail=False):
+        step = folder.rstrip("/").rsplit("/", 1)[-1]
+        if not SAMPLE_STEP_RE.match(step) or not fs.isdir(folder):
+            continue
+        for png in fs.ls(folder, detail=False):
+            name = png.rstrip("/").rsplit("/", 1)[-1]
+            if not SAMPLE_FILE_RE.match(name):
+                continue
+            (local / step).mkdir(parents=True, exist_ok=True)
+            tmp = local / step / (name + ".download")
+            fs.get_file(png, str(tmp))
+            tmp.replace(local / step / name)
+            count += 1
+    return count
+

@@ -8,6 +8,8 @@ into an empty out_dir and a sweep's copy-back is a download of the prefix:
     best.pt              the checkpoint with the best recon LPIPS so far
     metrics.jsonl        the trainer's records, and records.jsonl the actor's (uploaded before the
                          checkpoint they end with, so a stored checkpoint always has its records)
+    samples/step_{step:07d}/*.png   every evaluation's sample images (worker/samples.py), never pruned,
+                         uploaded with the first checkpoint at or past their step
 
 Training never waits for storage: `offer` hard-links the new checkpoint into out_dir/.upload (pruning
 cannot delete it under the upload) and returns; one thread uploads the newest pending checkpoint (an
@@ -31,6 +33,8 @@ import fsspec
 import paramiko
 
 CKPT_RE = re.compile(r"^ckpt_(\d+)\.pt$")
+SAMPLES_DIR = "samples"  # worker/samples.py writes there (kept equal: that module imports torch)
+SAMPLE_STEP_RE = re.compile(r"^step_(\d+)$")
 BEST_NAME = "best.pt"
 RECORD_FILES = ("metrics.jsonl", "records.jsonl")
 STAGING = ".upload"
@@ -156,6 +160,7 @@ class CheckpointStore:
         self._root = ""
         self._thread: threading.Thread | None = None
         self._offers = 0
+        self._samples_stored: set[str] = set()  # sample folders uploaded by this process (upload thread only)
         # Links staged by a worker that died mid-upload: they would pin pruned checkpoints' disk space.
         shutil.rmtree(self.out_dir / STAGING, ignore_errors=True)
 
@@ -366,6 +371,7 @@ class CheckpointStore:
         for name, data in latest.records.items():
             self._put_bytes(fs, f"{root}/{name}", data, atomic)
             size += len(data)
+        size += self._upload_samples(fs, root, latest.step, atomic)
         ckpt_remote = f"{root}/{_ckpt_name(latest.step)}"
         self._put_file(fs, latest.staged, ckpt_remote, atomic)
         size += latest.staged.stat().st_size
@@ -377,6 +383,24 @@ class CheckpointStore:
                 size += best.staged.stat().st_size
         for _, path in stored_checkpoints(fs, root)[: -self.config.keep_last]:
             fs.rm_file(path)
+        return size
+
+    def _upload_samples(self, fs: Any, root: str, up_to_step: int, atomic: bool) -> int:
+        """Sample folders of steps up to `up_to_step` not stored yet (a later step's folder may be being
+        written by the trainer right now). A folder counts as stored only once all its files are."""
+        size = 0
+        for folder in sorted((self.out_dir / SAMPLES_DIR).glob("step_*")):
+            m = SAMPLE_STEP_RE.match(folder.name)
+            if m is None or int(m.group(1)) > up_to_step or folder.name in self._samples_stored:
+                continue
+            remote = f"{root}/{SAMPLES_DIR}/{folder.name}"
+            if not atomic:
+                fs.makedirs(remote, exist_ok=True)
+            for png in sorted(folder.glob("*.png")):
+                data = png.read_bytes()
+                self._put_bytes(fs, f"{remote}/{png.name}", data, atomic)
+                size += len(data)
+            self._samples_stored.add(folder.name)
         return size
 
     @staticmethod

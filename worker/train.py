@@ -32,6 +32,7 @@ from model.repa import RepaProjector, Teacher, build_teacher, repa_loss, repa_we
 from model.spec import ArmSpec
 from model.text import TextEncoder, build_text_encoder
 from worker import checkpoint as ckpt
+from worker.samples import write_samples
 
 # Steps after each (re)start excluded from iter/s: compile, cudnn autotune, allocator warm-up.
 WARMUP_STEPS = 3
@@ -376,7 +377,10 @@ class Checkpoints:
             parts.device,
             batch_size=EVAL_BATCH,
             autocast=parts.autocast,
+            keep_images=True,
         )
+        # The PNGs before the record that names them (metrics.jsonl is what a resume trusts).
+        samples = write_samples(self.out_dir, step, metrics.pop("images"))
         eval_s = time.perf_counter() - t_eval
         note = metrics.get("text_manip_note")
         if note is not None and note not in parts.fallbacks:
@@ -403,6 +407,7 @@ class Checkpoints:
             "wall_time_s": elapsed,
             "gpu_hours": elapsed / 3600 if parts.device.type == "cuda" else 0.0,
             "eval_time_s": eval_s,
+            "samples": samples,
             "checkpoint": str(path),
             "best_checkpoint": str(self.out_dir / ckpt.BEST_NAME) if self.best["step"] is not None else None,
             "best_step": self.best["step"],

@@ -69,6 +69,7 @@ def _register() -> None:
         model_info,  # noqa: F401
         nodes,  # noqa: F401
         replay,  # noqa: F401
+        report,  # noqa: F401
         schedules,  # noqa: F401
         train,  # noqa: F401
     )

@@ -11,7 +11,6 @@ import csv
 import hashlib
 import io
 import json
-import math
 from collections import Counter
 from collections.abc import Iterable
 from datetime import datetime
@@ -26,11 +25,10 @@ from orchestrator.api.schemas import RunSummary, SweepPublic
 from orchestrator.db.models import METRIC_FIELDS, Event, Grid, Metric, Node, Run, Schedule, Sweep
 from orchestrator.numbers import finite_or_none, is_finite
 from orchestrator.runs.arms import LINEAGE_KEYS, ArmError, changes, flatten, resolve
+from orchestrator.runs.reports.stats import QUALITY, paired_difference
 from orchestrator.storage import STORAGE_EVENTS, storage_alarms
 from orchestrator.vocabulary import STOP_DECISIONS, TERMINAL_STATES, GridState, NodeState, RunState
 
-# Quality metrics with stored standard errors; lower is better for the two LPIPS ones.
-QUALITY = ("recon_lpips", "text_lpips", "text_manip_delta")
 STANDIN = "random_standin"
 # Events whose data carries the detector's `warnings` (orchestrator.runs.detector.Decision.warnings).
 WARNING_EVENTS = ("decision", "warning")
@@ -172,46 +170,6 @@ def _series(metrics: list[Metric]) -> dict[str, list[Any]]:
         if any(v is not None for v in values):
             cols[name] = [finite_or_none(v) if isinstance(v, float) else v for v in values]
     return cols
-
-
-def _samples(m: Metric, metric: str) -> list[float] | None:
-    """Per-sample values, if the worker stored them in `extra` (enables a truly paired SE)."""
-    values = (m.extra or {}).get(f"{metric}_samples")
-    return values if isinstance(values, list) and values else None
-
-
-def paired_difference(arm: list[Metric], control: list[Metric], metric: str) -> dict[str, Any]:
-    """arm - control at each checkpoint both have, with the SE of the difference and how it was got.
-
-    paired: per-sample differences on the same seeded samples, SE = sd(d)/sqrt(n) (the evaluation
-    seeds noise per sample, so samples pair up); independent: sqrt(se_a^2 + se_c^2), an upper bound
-    when the samples are positively correlated; none: no SE stored (e.g. published curves).
-    """
-    by_step = {m.step: m for m in control}
-    steps, diffs, ses, methods = [], [], [], []
-    for m in arm:
-        c = by_step.get(m.step)
-        a_val, c_val = (getattr(m, metric), getattr(c, metric)) if c else (None, None)
-        if c is None or not is_finite(a_val) or not is_finite(c_val):
-            continue
-        steps.append(m.step)
-        diffs.append(a_val - c_val)
-        sa, sc = _samples(m, metric), _samples(c, metric)
-        se_a, se_c = getattr(m, f"{metric}_se"), getattr(c, f"{metric}_se")
-        if sa and sc and len(sa) == len(sc) > 1:
-            d = [x - y for x, y in zip(sa, sc, strict=True)]
-            mean = sum(d) / len(d)
-            sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (len(d) - 1))
-            ses.append(sd / math.sqrt(len(d)))
-            methods.append("paired")
-        elif se_a is not None and se_c is not None:
-            ses.append(math.sqrt(se_a**2 + se_c**2))
-            methods.append("independent")
-        else:
-            ses.append(None)
-            methods.append("none")
-    method = Counter(methods).most_common(1)[0][0] if methods else "none"
-    return {"step": steps, "diff": diffs, "se": [finite_or_none(s) for s in ses], "se_method": method}
 
 
 def _as_spec(raw: dict[str, Any]) -> ArmSpec | None:

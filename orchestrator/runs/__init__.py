@@ -3,7 +3,8 @@
 Here: the arm specs and their lineage (`arms`), grids and their validation (`grids`), placing runs on Ray
 (`placement`) and the scheduler loop that launches, polls and retries them (`scheduler`), metric ingest
 (`ingest`), the collapse detector (`detector`), recorded curves and their importer (`curves`, `importer`),
-and the run records every reader builds from the rows (`records`).
+the run records every reader builds from the rows (`records`), the sample images of each evaluation
+(`samples`) and each grid's report (`reports/`).
 
 May import: `orchestrator.db`, the shared top-level modules (settings, vocabulary, messages, storage,
 errors, numbers), `fleet.ray_cluster` for the cluster's token environment, and `model`/`worker` lazily.

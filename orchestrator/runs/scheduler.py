@@ -45,6 +45,7 @@ from orchestrator.runs.placement import (
     run_dir,
     start_worker,
 )
+from orchestrator.runs.reports.write import write_due_reports
 from orchestrator.settings import Settings
 from orchestrator.storage import record_storage, run_storage_url, seen_seq
 from orchestrator.vocabulary import ACTIVE_STATES, TERMINAL_STATES, GridSource, RunState
@@ -137,6 +138,7 @@ class Scheduler:
             self._expire_unplaced(now)
             self._send_stops()
             self._launch_queued()
+            write_due_reports(self.settings)  # grids that ended since the last pass get their report
 
     # reconcile ---------------------------------------------------------------------------------------
 

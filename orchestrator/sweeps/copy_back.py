@@ -17,6 +17,7 @@ from orchestrator.fleet.copy_back import fetch_tree
 from orchestrator.fleet.errors import error_reason
 from orchestrator.fleet.shell import NodeShell
 from orchestrator.runs.records import MetricPublic, RunPublic
+from orchestrator.runs.reports.write import write_report
 from orchestrator.storage import download_run
 
 
@@ -62,6 +63,13 @@ def copy_back(
     (results / "metrics.json").write_text(
         json.dumps({"sweep_id": sweep_id, "grid_id": grid_id, "runs": export}, indent=1, default=str)
     )
+    if grid_id is not None:  # the report travels with the results (its samples read from storage)
+        try:
+            with session_scope(database_url) as session:
+                if (report_grid := session.get(Grid, grid_id)) is not None:
+                    write_report(session, report_grid, results / "report", checkpoint_options)
+        except Exception as exc:  # noqa: BLE001 - a report failure must not lose the copy-back
+            problems.append(f"writing the report into {results / 'report'}: {error_reason(exc)}")
     for url, local, owner, remote in stored:
         try:
             download_run(url, checkpoint_options, local)

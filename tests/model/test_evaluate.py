@@ -125,3 +125,28 @@ def test_dataset_without_edits_skips_text_manip_delta(tmp_path: Path) -> None:
     assert out["text_manip_delta"] is None and out["text_manip_delta_se"] is None and out["text_manip_delta_n"] is None
     assert out["text_manip_note"] == NO_EDITS_NOTE
     assert out["recon_lpips"] == pytest.approx(0.0, abs=1e-6) and out["text_lpips"] > 0 and out["text_lpips_n"] == 2
+
+
+def test_kept_images_are_the_generations_the_metrics_scored(setup) -> None:
+    """keep_images returns the first held-out targets with their generations (across batches), and the
+    first caption/edit pairs, in [0, 1]; the metrics are the same as without it."""
+    from model.evaluate import SAMPLE_IMAGES, SAMPLE_PAIRS
+
+    dataset, text, lpips, flow = setup
+    out = evaluate(Stub(use_text=True), text, flow, dataset, SPEC.eval, lpips, "cpu", batch_size=3, keep_images=True)
+    plain = evaluate(Stub(use_text=True), text, flow, dataset, SPEC.eval, lpips, "cpu", batch_size=3)
+    assert out["recon_lpips"] == plain["recon_lpips"] and out["text_lpips_samples"] == plain["text_lpips_samples"]
+    images = out["images"]
+    held, captions = dataset.held_out(SAMPLE_IMAGES)
+    assert [c for c, _ in images["target"]] == captions == [c for c, _ in images["recon"]]
+    for i, (_, img) in enumerate(images["target"]):
+        assert torch.allclose(img, dataset.to_unit(held[i]).clamp(0, 1))
+        # the stub returns the identity image: the reconstruction is the target
+        assert torch.allclose(images["recon"][i][1], img, atol=1e-5)
+    assert len(images["text"]) == SAMPLE_IMAGES
+    pairs = dataset.edit_pairs(SAMPLE_PAIRS)
+    assert [c for c, _ in images["caption"]] == [a for a, _ in pairs]
+    assert [c for c, _ in images["edit"]] == [b for _, b in pairs]
+    assert not torch.equal(images["caption"][0][1], images["edit"][0][1])  # the edit steers the stub
+    assert all(0 <= img.min() and img.max() <= 1 for kind in images.values() for _, img in kind)
+    assert "images" not in plain

@@ -234,6 +234,8 @@ def test_sweep_copy_back_takes_checkpoints_from_storage(database_url: str, tmp_p
     assert sorted(p.name for p in got.iterdir()) == ["best.pt", "ckpt_0000020.pt", "records.jsonl"]
     assert (got / "best.pt").read_bytes() == b"best"
     assert not (results / "runs" / f"{ids[1]}-B").exists()
+    # The grid's report travels with the results (ablate report / report.html, self-contained).
+    assert sorted(p.name for p in (results / "report").iterdir()) == ["report.html", "report.json", "report.md"]
 
 
 # -- the dashboard's alarm ------------------------------------------------------------------------------------------

@@ -48,9 +48,14 @@ def test_checkpoints_are_stored_and_pruned_to_keep_last(tmp_path: Path) -> None:
     worker = ArmWorker(1, spec(), str(tmp_path / "node"), storage={"url": url, "keep_last": 1})
     reply = finish(worker)
     assert [r["step"] for r in reply["records"]] == [10, 20, 30]
-    assert stored_names(url) == ["best.pt", "ckpt_0000030.pt", "metrics.jsonl", "records.jsonl"]
+    assert stored_names(url) == ["best.pt", "ckpt_0000030.pt", "metrics.jsonl", "records.jsonl", "samples"]
     store = tmp_path / "store" / "run-1"
     local = tmp_path / "node"
+    # Every evaluation's sample images, never pruned (steps 10 and 20 were superseded before upload or not).
+    for rec in reply["records"]:
+        for f in rec["samples"]["files"]:
+            path = Path(rec["samples"]["dir"]) / f["file"]
+            assert (store / path).read_bytes() == (local / path).read_bytes()
     assert (store / "ckpt_0000030.pt").read_bytes() == (local / "ckpt_0000030.pt").read_bytes()
     assert (store / "best.pt").read_bytes() == (local / "best.pt").read_bytes()
     assert (store / "records.jsonl").read_text() == (local / "records.jsonl").read_text()

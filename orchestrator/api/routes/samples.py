@@ -1,0 +1,44 @@
+"""Sample images of a run: the list by step, and one PNG. Read-only and unauthenticated like the other
+reads (the dashboard's gallery and the report show them)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, HTTPException, Path, Response, status
+
+from orchestrator.api.deps import SessionDep, SettingsDep, get_or_404
+from orchestrator.db.models import Run
+from orchestrator.runs.samples import StepSamples, run_samples, sample_png
+
+router = APIRouter(prefix="/api/runs", tags=["samples"])
+
+_404 = {404: {"description": "no such run, step or image"}}
+
+
+@router.get("/{run_id}/samples", response_model=list[StepSamples], responses=_404)
+def list_samples(run_id: int, session: SessionDep) -> list[StepSamples]:
+    """Every checkpoint's sample images (targets, reconstructions, text-only, caption/edit pairs), in step
+    order, with the best and the final checkpoint marked."""
+    return run_samples(session, get_or_404(session, Run, run_id))
+
+
+@router.get(
+    "/{run_id}/samples/{step}/{name}",
+    response_class=Response,
+    responses={**_404, 200: {"content": {"image/png": {}}, "description": "the PNG"}},
+)
+def get_sample(
+    run_id: int,
+    step: int,
+    session: SessionDep,
+    settings: SettingsDep,
+    name: str = Path(pattern=r"^[a-z]+_\d{1,3}\.png$", max_length=16),
+) -> Response:
+    run = get_or_404(session, Run, run_id)
+    data = sample_png(run, step, name, dict(settings.checkpoint_options))
+    if data is None:
+        raise HTTPException(
+            status.HTTP_404_NOT_FOUND,
+            detail=f"run {run_id} has no sample {name!r} at step {step} (GET /api/runs/{run_id}/samples lists them)",
+        )
+    # Samples of a step never change once written: cacheable for a day.
+    return Response(data, media_type="image/png", headers={"Cache-Control": "public, max-age=86400"})

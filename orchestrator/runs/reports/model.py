@@ -1,0 +1,121 @@
+"""The report of one grid as typed records (rendered by orchestrator/reports/render.py)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel
+
+Verdict = Literal["better", "worse", "no clear difference", "no interval"]
+
+
+class Comparison(BaseModel):
+    """One arm against another (its parent or the control) on one metric at one of its checkpoints."""
+
+    metric: str
+    against: Literal["parent", "control"]
+    other_arm: str
+    at: Literal["best", "final"]  # the arm's best or final checkpoint; the other arm at the same step
+    step: int
+    value: float | None = None
+    other_value: float | None = None
+    diff: float | None = None  # value - other_value
+    se: float | None = None
+    low: float | None = None  # 95% interval of diff
+    high: float | None = None
+    pairing: Literal["paired", "independent"] | None = None
+    n: int | None = None
+    verdict: Verdict | None = None  # None: not available (see words)
+    words: str
+
+
+class DetectorOutcome(BaseModel):
+    decision: str | None  # a RunDecision, None before any checkpoint was judged
+    step: int | None
+    reason: str | None
+    stopped: bool  # stopped by the detector (collapse | diverged | stalled)
+    kept_step: int | None  # the checkpoint kept (best)
+    kept_value: float | None
+    kept_checkpoint: str | None
+    planned_steps: int | None
+    gpu_hours_saved: float | None  # the steps it did not run, at its own rate
+    money_saved: float | None
+
+
+class Throughput(BaseModel):
+    """Medians over the run's checkpoints (steady state: the worker excludes warm-up and eval time)."""
+
+    iter_per_sec: float | None
+    samples_per_sec: float | None
+    tokens_per_sec: float | None
+    gpu_hours: float | None
+    money: float | None  # a sweep's price per GPU-hour x GPU-hours; None outside a sweep
+    price_per_gpu_hour: float | None
+    gpu_name: str | None
+
+
+class SampleImage(BaseModel):
+    kind: str
+    index: int
+    caption: str
+    url: str  # the API path
+    data_uri: str | None  # the PNG embedded (None where neither the run folder nor storage holds it)
+
+
+class SampleRow(BaseModel):
+    arm: str
+    step: int
+    images: list[SampleImage]
+
+
+class ArmReport(BaseModel):
+    arm: str
+    run_id: int
+    description: str | None
+    parent: str | None
+    changes: dict[str, object]  # dotted field -> value against its parent
+    state: str
+    best_step: int | None
+    best_value: float | None
+    final_step: int | None
+    final_value: float | None
+    series: dict[str, list[float | None]]  # step and the primary metric, for the plot
+    comparisons: list[Comparison]
+    detector: DetectorOutcome
+    throughput: Throughput
+    fallbacks: list[str]  # what the run did instead of what was asked, stand-in metrics included
+    standin_steps: list[int]  # checkpoints whose LPIPS came from a random (stand-in) backbone
+    samples: SampleRow | None  # at its best checkpoint
+    control_samples: SampleRow | None  # the control's at the same step (else its best)
+
+
+class RankEntry(BaseModel):
+    rank: int
+    arm: str
+    best_value: float | None
+    best_step: int | None
+    final_value: float | None
+    state: str
+    decision: str | None
+
+
+class Summary(BaseModel):
+    primary_metric: str
+    ranking: list[RankEntry]  # by best value of the primary metric, better first
+    stopped: list[str]  # "B: collapse at step 4000 (...)"
+    comparisons: int  # how many comparisons the report makes
+    with_interval: int
+    excluding_zero: int
+    words: list[str]
+
+
+class GridReport(BaseModel):
+    grid_id: int
+    name: str
+    source: str
+    control: str | None
+    state: str
+    generated_at: datetime
+    summary: Summary
+    arms: list[ArmReport]

@@ -1,0 +1,94 @@
+"""Differences between two arms' checkpoints, their standard errors and 95% intervals: pure maths over
+stored metric rows (the dashboard's paired curves and the report's comparisons both use it).
+
+Pairing: the evaluation seeds its noise per sample (model/evaluate.py), so sample i of every arm is
+generated from the same noise and target; per-sample differences then have SE sd(d)/sqrt(n), far
+tighter than the two arms' SEs combined. Without stored per-sample values the arms are treated as
+independent: SE sqrt(se_a^2 + se_b^2), an upper bound when samples are positively correlated.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from orchestrator.db.models import Metric
+from orchestrator.numbers import finite_or_none, is_finite
+
+# Quality metrics with stored standard errors, and which way is better (text_manip_delta: a larger
+# response to an edited caption is better; the detector's secondary policy says the same).
+QUALITY = ("recon_lpips", "text_lpips", "text_manip_delta")
+LOWER_IS_BETTER = {"recon_lpips": True, "text_lpips": True, "text_manip_delta": False}
+Pairing = Literal["paired", "independent", "none"]
+
+
+def per_sample(m: Metric, metric: str) -> list[float] | None:
+    """Per-sample values, if the worker stored them in `extra` (enables a truly paired SE)."""
+    values = (m.extra or {}).get(f"{metric}_samples")
+    return values if isinstance(values, list) and values else None
+
+
+def t_quantile(df: float | None) -> float:
+    """Two-sided 95% quantile of Student's t with `df` degrees of freedom (normal when df is None)."""
+    from scipy.stats import norm, t  # lazily: the API imports this module and must start fast
+
+    return float(norm.ppf(0.975) if df is None or df <= 0 else t.ppf(0.975, df))
+
+
+@dataclass(frozen=True)
+class Difference:
+    """a - b at one checkpoint step: the difference, its SE and 95% interval, and how they were got."""
+
+    diff: float
+    se: float | None
+    low: float | None
+    high: float | None
+    pairing: Pairing  # paired (per-sample values) | independent (SEs combined, or none stored)
+    n: int | None  # pairs (paired) or the smaller arm's n (independent), when known
+
+
+def difference(a: Metric, b: Metric, metric: str) -> Difference | None:
+    """a - b on `metric` (None when either value is missing or non-finite), with a 95% interval: t with
+    n-1 df for paired samples, Welch-Satterthwaite df for independent SEs with known n, else normal."""
+    a_val, b_val = getattr(a, metric), getattr(b, metric)
+    if not is_finite(a_val) or not is_finite(b_val):
+        return None
+    diff = a_val - b_val
+    sa, sb = per_sample(a, metric), per_sample(b, metric)
+    if sa and sb and len(sa) == len(sb) > 1:
+        d = [x - y for x, y in zip(sa, sb, strict=True)]
+        mean = sum(d) / len(d)
+        se = math.sqrt(sum((x - mean) ** 2 for x in d) / (len(d) - 1)) / math.sqrt(len(d))
+        half = t_quantile(len(d) - 1) * se
+        return Difference(diff, se, diff - half, diff + half, "paired", len(d))
+    se_a, se_b = getattr(a, f"{metric}_se"), getattr(b, f"{metric}_se")
+    n_a, n_b = getattr(a, f"{metric}_n", None), getattr(b, f"{metric}_n", None)
+    n = min(n_a, n_b) if n_a and n_b else None
+    if not is_finite(se_a) or not is_finite(se_b):
+        return Difference(diff, None, None, None, "independent", n)
+    se = math.sqrt(se_a**2 + se_b**2)
+    df = None
+    if n_a and n_b and n_a > 1 and n_b > 1 and se > 0:
+        df = se**4 / (se_a**4 / (n_a - 1) + se_b**4 / (n_b - 1))
+    half = t_quantile(df) * se
+    return Difference(diff, se, diff - half, diff + half, "independent", n)
+
+
+def paired_difference(arm: list[Metric], control: list[Metric], metric: str) -> dict[str, Any]:
+    """arm - control at each checkpoint both have, with the SE of the difference and how it was got
+    (the dashboard's curves): paired, independent (SEs combined), or none (no SE stored)."""
+    by_step = {m.step: m for m in control}
+    steps, diffs, ses, methods = [], [], [], []
+    for m in arm:
+        c = by_step.get(m.step)
+        d = difference(m, c, metric) if c is not None else None
+        if d is None:
+            continue
+        steps.append(m.step)
+        diffs.append(d.diff)
+        ses.append(d.se)
+        methods.append(d.pairing if d.se is not None else "none")
+    method = Counter(methods).most_common(1)[0][0] if methods else "none"
+    return {"step": steps, "diff": diffs, "se": [finite_or_none(s) for s in ses], "se_method": method}

@@ -1,0 +1,79 @@
+"""Writing reports to disk: on demand (`ablate report`), when a grid ends (the scheduler asks every
+housekeeping pass: write_due_reports) and into a sweep's copied-back results.
+
+A grid is due when all its runs are in a terminal state and no `report.written` or `report.failed`
+event names it: each grid gets its report once, whichever way it ended (finished, stopped while
+queued, failed after retries, or found ended by a restarted controller).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import exists, select
+from sqlalchemy.orm import Session
+
+from orchestrator.db.models import Event, Grid, Run
+from orchestrator.db.session import session_scope
+from orchestrator.runs.reports.build import build_report
+from orchestrator.runs.reports.render import RENDERERS
+from orchestrator.settings import Settings
+from orchestrator.vocabulary import TERMINAL_STATES
+
+log = logging.getLogger(__name__)
+REPORT_EVENTS = ("report.written", "report.failed")
+
+
+def report_dir(settings: Settings, grid_id: int) -> Path:
+    """Where a grid's report is written when it ends: storage_dir/reports/grid-{id}."""
+    return settings.storage_dir / "reports" / f"grid-{grid_id}"
+
+
+def write_report(session: Session, grid: Grid, out: Path, storage_options: dict[str, Any] | None = None) -> list[Path]:
+    """report.json, report.md and report.html of `grid` into `out` (created); returns the paths."""
+    report = build_report(session, grid, storage_options)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for ext, render in RENDERERS.items():
+        path = out / f"report.{ext}"
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(render(report), encoding="utf-8")
+        tmp.replace(path)  # a reader never sees half a report
+        paths.append(path)
+    return paths
+
+
+def due_grids(session: Session) -> list[int]:
+    """Grids with runs, none of them still active, and no report event yet."""
+    active = exists().where(Run.grid_id == Grid.id, Run.state.not_in(TERMINAL_STATES))
+    has_runs = exists().where(Run.grid_id == Grid.id)
+    reported = exists().where(Event.grid_id == Grid.id, Event.run_id.is_(None), Event.kind.in_(REPORT_EVENTS))
+    return list(session.scalars(select(Grid.id).where(has_runs, ~active, ~reported).order_by(Grid.id)))
+
+
+def write_due_reports(settings: Settings) -> list[int]:
+    """Write the report of every grid that has ended since the last pass; returns their ids. A failure is
+    recorded as a `report.failed` event (no retry every tick; `ablate report` writes it by hand)."""
+    with session_scope(settings.database_url) as session:
+        due = due_grids(session)
+    written = []
+    for grid_id in due:
+        out = report_dir(settings, grid_id)
+        with session_scope(settings.database_url) as session:
+            grid = session.get(Grid, grid_id)
+            if grid is None:
+                continue
+            try:
+                write_report(session, grid, out, settings.checkpoint_options)
+            except Exception as exc:  # noqa: BLE001 - a report must never stop the scheduler
+                log.exception("report of grid %s failed", grid_id)
+                session.add(Event(grid_id=grid_id, kind="report.failed",
+                                  message=f"report not written: {type(exc).__name__}: {exc} "
+                                          f"(write it with `ablate report {grid_id}`)"))  # fmt: skip
+                continue
+            session.add(Event(grid_id=grid_id, kind="report.written", message=f"report written to {out}",
+                              data={"dir": str(out)}))  # fmt: skip
+            written.append(grid_id)
+    return written
