@@ -1,0 +1,1 @@
+"""The fleet: the nodes sweeps run on, registered or rented (`providers/`)."""
