@@ -34,6 +34,7 @@ class Timing:
     reachable_s: float = 900.0  # create -> SSH answers
     poll_s: float = 5.0  # between describe calls
     destroy_s: float = 120.0  # destroy -> provider reports it gone
+    connect_s: float = 5.0  # one SSH connection attempt
 
 
 def ssh_answers(host: str, port: int, timeout_s: float = 5.0) -> bool:
@@ -55,7 +56,7 @@ def wait_reachable(provider: Provider, instance_id: str, timing: Timing) -> Inst
         if last.state in (InstanceState.gone, InstanceState.stopped):
             raise ProviderError(f"{provider.name}: instance {instance_id} is {last.status} before it was reachable")
         endpoint = last.reachable_endpoint
-        if endpoint is not None and ssh_answers(*endpoint):
+        if endpoint is not None and ssh_answers(*endpoint, timeout_s=timing.connect_s):
             return last
         if time.monotonic() >= deadline:
             where = f"{endpoint[0]}:{endpoint[1]} does not answer SSH" if endpoint else f"status {last.status}"
