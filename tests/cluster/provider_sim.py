@@ -13,7 +13,7 @@ Every request must carry `Authorization: Bearer <api_key>` (401 otherwise). Inst
 from create until destroy at their hourly price (`bill()`). What creating an instance means is
 pluggable (`Hooks`): by default it only records it, at an address that answers nothing (TEST-NET-1);
 `ssh_banner_hooks` points instances at a loopback port that greets like sshd; in the namespace test
-bed (`testbed_hooks`) each instance is a real namespace node with its own sshd, removed on destroy.
+bed (`bed_hooks`) each instance is a real namespace node with its own sshd, removed on destroy.
 Everything behind this HTTP API (SSH, bootstrap, Ray) is real in the tests that use it.
 """
 
@@ -474,7 +474,7 @@ def ssh_banner_hooks(banner: SshBanner) -> Hooks:
     return Hooks(on_create=lambda inst: ("127.0.0.1", banner.port))
 
 
-def testbed_hooks(bed: Any, gpus: Callable[[SimInstance], int] = lambda inst: inst.gpus) -> Hooks:
+def bed_hooks(bed: Any, gpus: Callable[[SimInstance], int] = lambda inst: inst.gpus) -> Hooks:
     """Each created instance is a new node of the namespace test bed `bed` (tests/cluster/testbed.py):
     its own network namespace, IP, login user and sshd; an attached SSH key is authorized for its user;
     destroy removes the node."""
