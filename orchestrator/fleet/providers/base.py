@@ -124,6 +124,13 @@ class Instance:
     ssh_port: int | None = None
     ssh_user: str = "root"
     offer_id: str | None = None
+    started_at: float | None = None  # epoch seconds the provider started billing, where it says
+
+    def cost_so_far(self, now: float) -> float | None:
+        """What it has billed until `now` at its current price; None where the provider gives no start."""
+        if self.started_at is None:
+            return None
+        return self.price_per_hour * max(0.0, now - self.started_at) / 3600.0
 
     @property
     def reachable_endpoint(self) -> tuple[str, int] | None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+import time
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -187,4 +188,5 @@ def _instance(pod: dict[str, Any]) -> Instance:
         ssh_host=host,
         ssh_port=port,
         ssh_user="root",
+        started_at=time.time() - float(pod["uptimeSeconds"]) if pod.get("uptimeSeconds") is not None else None,
     )

@@ -177,6 +177,7 @@ def _instance(row: dict[str, Any]) -> Instance:
         ssh_port=port,
         ssh_user="root",
         offer_id=str(row["ask_contract_id"]) if row.get("ask_contract_id") is not None else None,
+        started_at=float(row["start_date"]) if row.get("start_date") else None,
     )
 
 
