@@ -31,6 +31,9 @@ COPY model ./model
 COPY arms ./arms
 COPY migrations ./migrations
 RUN pip install "torch==${TORCH_VERSION}" . && pip check
+# The provider SDKs after the check: installed without their declared requirements, which conflict with ours
+# (pyproject.toml lists what they import); `pip check` would flag exactly those pins.
+RUN pip install --no-deps vastai==1.9.1 runpod==1.12.0
 
 # State (SQLite if no Postgres is configured, checkpoints, the generated API token, sweep results).
 ENV ABLATE_STORAGE_DIR=/var/lib/ablate ABLATE_HOST=0.0.0.0 ABLATE_PORT=8000

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from pydantic_settings import SettingsError as EnvParseError
 
@@ -86,6 +86,19 @@ class Settings(BaseSettings):
     # error naming the fix. Read where the weights load (model/hub.py); declared here so a bad value
     # stops start-up.
     offline: bool = False
+    # -- rented nodes (orchestrator/fleet/providers/) --
+    # This controller's name in the label of every instance it rents (`ablate.<id>.s<sweep>`): the reaper
+    # destroys only instances with its own id, so two controllers can share one provider account.
+    controller_id: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]{0,31}$")] = "ablate"
+    # Provider API keys: the variable, or a file readable by the controller's user only (mode 0600).
+    # SecretStr: never shown by repr, a log line or a response. Never stored in the database.
+    vast_api_key: SecretStr | None = None
+    vast_api_key_file: Path | None = None
+    runpod_api_key: SecretStr | None = None
+    runpod_api_key_file: Path | None = None
+    # Base URLs of the providers' APIs; unset: the SDKs' defaults. The tests point them at a simulator.
+    vast_url: str | None = None  # vastai's server_url (default https://console.vast.ai)
+    runpod_api_url: str | None = None  # runpod's RUNPOD_API_BASE_URL (default https://api.runpod.io)
 
     @field_validator("database_url")
     @classmethod

@@ -331,23 +331,68 @@ class TestBed:
                 live.append(pid)
         return live
 
+    # -- nodes that come and go (a provider simulator's rented instances) ------------------------------
+
+    def add_node(self, gpus: int) -> BedNode:
+        """One more node on the running bed, reachable over SSH when this returns; removed by
+        `remove_node` or `close()`."""
+        i = self.count
+        self.count += 1
+        self.gpus.append(gpus)
+        node = self._add_node(i)
+        self.nodes.append(node)
+        self._wait_ssh(node)
+        return node
+
+    def authorize(self, node: BedNode, public_key: str) -> None:
+        """Let `public_key` log in as the node's user too (with the same PATH as the bed's own key)."""
+        keys = node.client_key.parent / "authorized_keys"
+        prefix = keys.read_text().split(" ", 1)[0]  # environment="PATH=..."
+        with keys.open("a") as f:
+            f.write(f"{prefix} {public_key.strip()}\n")
+
+    def remove_node(self, node: BedNode) -> None:
+        """End the node's processes and remove its namespace, link, user and files (as close() does)."""
+        self._stop(node)
+        i = node.name.removeprefix("node")  # named as in _add_node
+        ns, veth, user = node.netns, f"{self.tag}v{i}", node.user
+        errors = []
+        for kind, name, cmd in (
+            ("netns", ns, ("ip", "netns", "del", ns)),
+            ("link", veth, ("ip", "link", "del", veth)),
+            ("user", user, ("userdel", user)),
+        ):
+            if (kind, name) in self._created:
+                self._created.remove((kind, name))
+                r = _run(*cmd, check=False)
+                if r.returncode != 0 and not (kind == "link" and "Cannot find device" in r.stderr):
+                    errors.append(f"removing {kind} {name}: {r.stderr.strip()}")
+        shutil.rmtree(node.client_key.parent, ignore_errors=True)
+        self.nodes.remove(node)
+        if errors:
+            raise RuntimeError("; ".join(errors))
+
     # -- teardown --------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _stop(node: BedNode) -> None:
+        try:
+            kill_uid(node.uid)
+        except KeyError:
+            pass
+        if node.sshd is not None and node.sshd.poll() is None:
+            try:
+                os.killpg(node.sshd.pid, signal.SIGTERM)
+                node.sshd.wait(timeout=10)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                os.killpg(node.sshd.pid, signal.SIGKILL)
+                node.sshd.wait(timeout=10)
 
     def close(self) -> None:
         """Remove everything start() created, in reverse; keeps going past errors, then raises the first."""
         errors: list[str] = []
         for node in self.nodes:
-            try:
-                kill_uid(node.uid)
-            except KeyError:
-                pass
-            if node.sshd is not None and node.sshd.poll() is None:
-                try:
-                    os.killpg(node.sshd.pid, signal.SIGTERM)
-                    node.sshd.wait(timeout=10)
-                except (ProcessLookupError, subprocess.TimeoutExpired):
-                    os.killpg(node.sshd.pid, signal.SIGKILL)
-                    node.sshd.wait(timeout=10)
+            self._stop(node)
         while self._created:
             kind, name = self._created.pop()
             if kind == "netns":

@@ -30,10 +30,24 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def _type_only(tree: ast.AST) -> set[int]:
+    """ids of the nodes under `if TYPE_CHECKING:`: names for annotations, never imported at run time."""
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            skip.update(id(child) for stmt in node.body for child in ast.walk(stmt))
+    return skip
+
+
 def imports_of(path: Path) -> set[str]:
-    """Every orchestrator module `path` imports, at any depth of the file (lazy imports included)."""
+    """Every orchestrator module `path` imports at run time, at any depth of the file (lazy imports
+    included, `if TYPE_CHECKING:` blocks not)."""
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    type_only = _type_only(tree)
+    for node in ast.walk(tree):
+        if id(node) in type_only:
+            continue
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("orchestrator"):
             found.add(node.module)
         elif isinstance(node, ast.Import):

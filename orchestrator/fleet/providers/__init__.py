@@ -1,3 +1,31 @@
-"""Providers that rent and destroy the machines a sweep runs on (static: nodes the operator registered;
-cloud providers through their official SDKs). Each exposes the same few functions; the sweep runner never
-knows which one it talks to."""
+"""Providers of rented nodes: `static` (registered by hand), `vast` (Vast.ai), `runpod` (RunPod).
+
+`provider_for(name, settings)` builds one from settings (its API key included); the rest of the
+controller talks to it only through `base.Provider`. See base.py for the records, request.py for what
+a schedule asks, lifecycle.py for rent-or-destroy, reaper.py for what no live sweep owns.
+"""
+
+from __future__ import annotations
+
+from orchestrator.fleet.providers.base import Provider, ProviderError
+from orchestrator.fleet.providers.request import PROVIDERS
+from orchestrator.settings import Settings
+
+
+def provider_for(name: str, settings: Settings) -> Provider:
+    """The provider `name` configured from `settings`; ProviderError naming the fix when it cannot be."""
+    from orchestrator.fleet.providers.credentials import api_key
+
+    if name == "static":
+        from orchestrator.fleet.providers.static import StaticProvider
+
+        return StaticProvider(settings.database_url)
+    if name == "vast":
+        from orchestrator.fleet.providers.vast import VastProvider
+
+        return VastProvider(api_key(settings, "vast"), server_url=settings.vast_url)
+    if name == "runpod":
+        from orchestrator.fleet.providers.runpod import RunPodProvider
+
+        return RunPodProvider(api_key(settings, "runpod"), api_url=settings.runpod_api_url)
+    raise ProviderError(f"unknown provider {name!r}; one of {', '.join(PROVIDERS)}")

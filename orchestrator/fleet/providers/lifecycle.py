@@ -1,0 +1,100 @@
+"""Provider-independent steps around a rental: rent until reachable or destroy, destroy until confirmed.
+
+`rent` is what the sweep runner calls per node: create, wait until SSH answers, and on any failure
+on the way destroy what was created (confirmed gone, or said that it is not), so that a half-made
+rental never bills on unseen. The SSH check here is only "the port speaks SSH": the host key is
+checked by the SSH layer (orchestrator/nodes.py), never accepted here.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from dataclasses import dataclass
+
+from orchestrator.fleet.providers.base import Instance, InstanceState, LaunchSpec, Offer, Provider, ProviderError
+
+log = logging.getLogger(__name__)
+
+
+class RentFailed(ProviderError):
+    """A rental that did not become a usable node; `instance_id` None when nothing was created."""
+
+    def __init__(self, message: str, instance_id: str | None, destroyed: bool) -> None:
+        super().__init__(message)
+        self.instance_id = instance_id
+        self.destroyed = destroyed
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How long to wait for what, in seconds. Defaults fit Vast/RunPod pulling a multi-GB image."""
+
+    reachable_s: float = 900.0  # create -> SSH answers
+    poll_s: float = 5.0  # between describe calls
+    destroy_s: float = 120.0  # destroy -> provider reports it gone
+    connect_s: float = 5.0  # one SSH connection attempt
+
+
+def ssh_answers(host: str, port: int, timeout_s: float = 5.0) -> bool:
+    """True when (host, port) accepts a connection and greets with an SSH banner."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as s:
+            s.settimeout(timeout_s)
+            return s.recv(8).startswith(b"SSH-")
+    except OSError:
+        return False
+
+
+def wait_reachable(provider: Provider, instance_id: str, timing: Timing) -> Instance:
+    """The instance once it runs and its SSH port answers; ProviderError if it is gone, stopped or late."""
+    deadline = time.monotonic() + timing.reachable_s
+    last: Instance | None = None
+    while True:
+        last = provider.describe(instance_id)
+        if last.state in (InstanceState.gone, InstanceState.stopped):
+            raise ProviderError(f"{provider.name}: instance {instance_id} is {last.status} before it was reachable")
+        endpoint = last.reachable_endpoint
+        if endpoint is not None and ssh_answers(*endpoint, timeout_s=timing.connect_s):
+            return last
+        if time.monotonic() >= deadline:
+            where = f"{endpoint[0]}:{endpoint[1]} does not answer SSH" if endpoint else f"status {last.status}"
+            raise ProviderError(
+                f"{provider.name}: instance {instance_id} not reachable after {timing.reachable_s:g} s ({where})"
+            )
+        time.sleep(timing.poll_s)
+
+
+def destroy_confirmed(provider: Provider, instance_id: str, timing: Timing) -> bool:
+    """Destroy and poll until the provider reports it gone; False (and a log line) when not confirmed."""
+    deadline = time.monotonic() + timing.destroy_s
+    try:
+        provider.destroy(instance_id)
+        while provider.describe(instance_id).state is not InstanceState.gone:
+            if time.monotonic() >= deadline:
+                log.error(
+                    "%s: destroy of instance %s not confirmed after %g s", provider.name, instance_id, timing.destroy_s
+                )
+                return False
+            time.sleep(timing.poll_s)
+    except ProviderError as exc:
+        log.error("%s: destroy of instance %s not confirmed: %s", provider.name, instance_id, exc)
+        return False
+    return True
+
+
+def rent(provider: Provider, offer: Offer, spec: LaunchSpec, timing: Timing | None = None) -> Instance:
+    """Create an instance from `offer` and wait until SSH answers. RentFailed on any failure, after the
+    instance (if one was created) has been destroyed; `RentFailed.destroyed` says whether that was confirmed."""
+    timing = timing or Timing()
+    try:
+        created = provider.create(offer, spec)
+    except ProviderError as exc:
+        raise RentFailed(str(exc), None, destroyed=True) from None
+    try:
+        return wait_reachable(provider, created.instance_id, timing)
+    except ProviderError as exc:
+        destroyed = destroy_confirmed(provider, created.instance_id, timing)
+        outcome = "destroyed" if destroyed else "DESTROY NOT CONFIRMED: the reaper retries by its label"
+        raise RentFailed(f"{exc}; instance {created.instance_id} {outcome}", created.instance_id, destroyed) from None

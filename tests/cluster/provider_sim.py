@@ -1,0 +1,492 @@
+"""A stand-in for Vast.ai's and RunPod's HTTP APIs on loopback, for the official SDKs to talk to.
+
+It serves exactly the subset that orchestrator/fleet/providers/{vast,runpod}.py call through the SDKs
+(pointed here by their base-URL settings: vastai's server_url, runpod's RUNPOD_API_BASE_URL):
+
+  Vast REST   POST /api/v0/bundles/ (search offers)      PUT /api/v0/asks/<offer>/ (create)
+              POST /api/v0/instances/<id>/ssh/ (key)     GET /api/v0/instances/<id>/ (show)
+              GET /api/v1/instances/ (list)              DELETE /api/v0/instances/<id>/ (destroy)
+  RunPod      POST /graphql: gpuTypes (list, and one type with prices), podFindAndDeployOnDemand,
+              pod(input: {podId}), myself { pods }, podTerminate
+
+Every request must carry `Authorization: Bearer <api_key>` (401 otherwise). Instances bill per second
+from create until destroy at their hourly price (`bill()`). What creating an instance means is
+pluggable (`Hooks`): by default it only records it, at an address that answers nothing (TEST-NET-1);
+`ssh_banner_hooks` points instances at a loopback port that greets like sshd; in the namespace test
+bed (`bed_hooks`) each instance is a real namespace node with its own sshd, removed on destroy.
+Everything behind this HTTP API (SSH, bootstrap, Ray) is real in the tests that use it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+UNREACHABLE = ("192.0.2.1", 22)  # TEST-NET-1: routed nowhere, so SSH never answers
+
+
+@dataclass
+class SimInstance:
+    provider: str  # "vast" | "runpod"
+    id: str
+    label: str  # Vast label / RunPod pod name
+    gpu_name: str
+    gpus: int
+    price_per_hour: float
+    offer_id: str
+    image: str
+    disk_gb: float
+    env: dict[str, str]
+    created: float = field(default_factory=time.time)
+    ended: float | None = None
+    ssh_host: str | None = None
+    ssh_port: int | None = None
+    ssh_keys: list[str] = field(default_factory=list)
+    ready_at: float = 0.0  # when it turns from loading to running
+    handle: Any = None  # what the create hook made (a test bed node)
+
+    @property
+    def live(self) -> bool:
+        return self.ended is None
+
+    def cost(self, now: float | None = None) -> float:
+        end = self.ended if self.ended is not None else (now or time.time())
+        return self.price_per_hour * max(0.0, end - self.created) / 3600.0
+
+
+@dataclass
+class Hooks:
+    """What creating, keying and destroying an instance does beyond the simulator's own record."""
+
+    on_create: Callable[[SimInstance], tuple[str, int]] = lambda inst: UNREACHABLE
+    on_ssh_key: Callable[[SimInstance, str], None] = lambda inst, key: None
+    on_destroy: Callable[[SimInstance], None] = lambda inst: None
+
+
+def vast_offer(offer_id: int, gpu_name: str = "RTX 4090", gpus: int = 4, dph_total: float = 1.6, **extra: Any) -> dict:
+    """A Vast offer row with the fields the SDK's default filters and our provider read."""
+    row = {
+        "id": offer_id,
+        "ask_contract_id": offer_id,
+        "machine_id": 1000 + offer_id,
+        "gpu_name": gpu_name,
+        "num_gpus": gpus,
+        "dph_total": dph_total,
+        "min_bid": round(dph_total * 0.4, 4),
+        "reliability": 0.99,
+        "reliability2": 0.99,
+        "cuda_max_good": 12.4,
+        "disk_space": 500.0,
+        "gpu_ram": 24564,
+        "geolocation": "Sweden, SE",
+        "verified": True,
+        "external": False,
+        "rentable": True,
+        "rented": False,
+    }
+    row.update(extra)
+    return row
+
+
+def runpod_gpu(gpu_id: str = "NVIDIA GeForce RTX 4090", secure: float = 0.69, community: float = 0.34) -> dict:
+    """A RunPod GPU type with per-GPU prices in both clouds."""
+    return {
+        "id": gpu_id,
+        "displayName": gpu_id.replace("NVIDIA GeForce ", ""),
+        "memoryInGb": 24,
+        "maxGpuCount": 8,
+        "manufacturer": "Nvidia",
+        "cudaCores": 16384,
+        "secureCloud": secure is not None,
+        "communityCloud": community is not None,
+        "securePrice": secure,
+        "communityPrice": community,
+        "oneMonthPrice": None,
+        "threeMonthPrice": None,
+        "oneWeekPrice": None,
+        "communitySpotPrice": None,
+        "secureSpotPrice": None,
+    }
+
+
+class ProviderSim:
+    """Both APIs on one loopback port (`url`); use as a context manager."""
+
+    def __init__(
+        self,
+        api_key: str,
+        vast_offers: list[dict] | None = None,
+        runpod_gpus: list[dict] | None = None,
+        hooks: Hooks | None = None,
+        boot_s: float = 0.0,
+    ) -> None:
+        self.api_key = api_key
+        self.vast_offers = {str(o["id"]): dict(o) for o in vast_offers or []}
+        self.runpod_gpus = list(runpod_gpus or [])
+        self.hooks = hooks or Hooks()
+        self.boot_s = boot_s  # seconds an instance stays "loading" after create
+        self.instances: dict[str, SimInstance] = {}
+        self.requests: list[tuple[str, str, dict[str, str]]] = []  # (method, path, headers): what the SDKs sent
+        self._lock = threading.Lock()
+        self._next_vast_id = 7001
+        handler = type("Handler", (_Handler,), {"sim": self})
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._thread = threading.Thread(target=self._server.serve_forever, name="provider-sim", daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def __enter__(self) -> ProviderSim:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        for inst in list(self.instances.values()):  # a test that failed midway leaves no namespace behind
+            if inst.live:
+                self._end(inst)
+
+    # -- the bill ------------------------------------------------------------------------------------
+
+    def bill(self) -> float:
+        now = time.time()
+        return sum(i.cost(now) for i in self.instances.values())
+
+    def live(self) -> list[SimInstance]:
+        return [i for i in self.instances.values() if i.live]
+
+    # -- state changes (called by the handler under the lock) --------------------------------------------
+
+    def _create(self, inst: SimInstance) -> SimInstance:
+        self.instances[inst.id] = inst
+        inst.ready_at = inst.created + self.boot_s
+        inst.ssh_host, inst.ssh_port = self.hooks.on_create(inst)
+        for key in inst.ssh_keys:
+            self.hooks.on_ssh_key(inst, key)
+        return inst
+
+    def _end(self, inst: SimInstance) -> None:
+        inst.ended = time.time()
+        self.hooks.on_destroy(inst)
+
+    def _status(self, inst: SimInstance) -> str:
+        return "running" if time.time() >= inst.ready_at else "loading"
+
+    # -- Vast ------------------------------------------------------------------------------------------
+
+    def vast_search(self, q: dict[str, Any]) -> dict:
+        rows = [o for o in self.vast_offers.values() if _matches(o, q)]
+        for col, direction in q.get("order") or []:
+            rows.sort(key=lambda r, c=col: r.get(c) or 0, reverse=direction == "desc")
+        if q.get("limit"):
+            rows = rows[: int(q["limit"])]
+        return {"offers": rows}
+
+    def vast_create(self, offer_id: str, body: dict[str, Any]) -> tuple[int, dict]:
+        offer = self.vast_offers.get(offer_id)
+        if offer is None or offer["rented"]:
+            return 404, {"success": False, "error": "no_such_ask", "msg": f"offer {offer_id} is not available"}
+        offer["rented"] = True  # a Vast offer is one machine: rented once
+        price = float(body["price"]) if body.get("price") is not None else float(offer["dph_total"])
+        inst = SimInstance(
+            provider="vast",
+            id=str(self._next_vast_id),
+            label=body.get("label") or "",
+            gpu_name=offer["gpu_name"],
+            gpus=int(offer["num_gpus"]),
+            price_per_hour=price,
+            offer_id=offer_id,
+            image=body.get("image") or "",
+            disk_gb=float(body.get("disk") or 10),
+            env={k: str(v) for k, v in (body.get("env") or {}).items()},
+        )
+        self._next_vast_id += 1
+        self._create(inst)
+        return 200, {"success": True, "new_contract": int(inst.id)}
+
+    def vast_row(self, inst: SimInstance) -> dict:
+        return {
+            "id": int(inst.id),
+            "ask_contract_id": int(inst.offer_id),
+            "label": inst.label or None,
+            "actual_status": self._status(inst),
+            "intended_status": "running",
+            "cur_state": "running",
+            "dph_total": inst.price_per_hour,
+            "num_gpus": inst.gpus,
+            "gpu_name": inst.gpu_name,
+            "image_uuid": inst.image,
+            "disk_space": inst.disk_gb,
+            "public_ipaddr": inst.ssh_host,
+            "ports": {"22/tcp": [{"HostIp": "0.0.0.0", "HostPort": str(inst.ssh_port)}]},
+            "ssh_host": inst.ssh_host,
+            "ssh_port": inst.ssh_port,
+            "start_date": inst.created,
+            "extra_env": [[k, v] for k, v in inst.env.items()],
+        }
+
+    def vast_instance(self, iid: str) -> SimInstance | None:
+        inst = self.instances.get(iid)
+        return inst if inst is not None and inst.provider == "vast" and inst.live else None
+
+    # -- RunPod ------------------------------------------------------------------------------------------
+
+    def graphql(self, query: str) -> dict:
+        if "podFindAndDeployOnDemand" in query:
+            return self._runpod_deploy(query)
+        if "podTerminate" in query:
+            pod_id = _field(query, "podId")
+            inst = self.instances.get(pod_id or "")
+            if inst is None or inst.provider != "runpod" or not inst.live:
+                return {"errors": [{"message": f"pod {pod_id} not found"}]}
+            self._end(inst)
+            return {"data": {"podTerminate": None}}
+        if re.search(r"\bpod\(input:", query):
+            inst = self.instances.get(_field(query, "podId") or "")
+            live = inst is not None and inst.provider == "runpod" and inst.live
+            return {"data": {"pod": self._pod(inst) if live else None}}
+        if "myself" in query and "pods" in query:
+            pods = [self._pod(i) for i in self.instances.values() if i.provider == "runpod" and i.live]
+            return {"data": {"myself": {"pods": pods}}}
+        if "gpuTypes(input:" in query:
+            wanted = _field(query, "id")
+            return {
+                "data": {"gpuTypes": [{**g, "lowestPrice": _lowest(g)} for g in self.runpod_gpus if g["id"] == wanted]}
+            }
+        if "gpuTypes" in query:
+            return {
+                "data": {"gpuTypes": [{k: g[k] for k in ("id", "displayName", "memoryInGb")} for g in self.runpod_gpus]}
+            }
+        return {"errors": [{"message": "the provider simulator does not serve this query"}]}
+
+    def _runpod_deploy(self, query: str) -> dict:
+        gpu_id, cloud = _field(query, "gpuTypeId"), _enum(query, "cloudType")
+        count = int(_number(query, "gpuCount") or 1)
+        gpu = next((g for g in self.runpod_gpus if g["id"] == gpu_id), None)
+        price = None if gpu is None else gpu["securePrice" if cloud == "SECURE" else "communityPrice"]
+        if gpu is None or price is None or count > gpu["maxGpuCount"]:
+            return {
+                "errors": [
+                    {"message": "There are no longer any instances available with the requested specifications."}
+                ]
+            }
+        env = dict(re.findall(r'\{ key: "([^"]*)", value: "([^"]*)" \}', query))
+        inst = SimInstance(
+            provider="runpod",
+            id=secrets.token_hex(7),
+            label=_field(query, "name") or "",
+            gpu_name=gpu_id or "",
+            gpus=count,
+            price_per_hour=float(price) * count,
+            offer_id=f"{cloud}:{gpu_id}",
+            image=_field(query, "imageName") or "",
+            disk_gb=float(_number(query, "containerDiskInGb") or 0),
+            env=env,
+            ssh_keys=[env["PUBLIC_KEY"]] if env.get("PUBLIC_KEY") else [],
+        )
+        self._create(inst)
+        pod = {"id": inst.id, "imageName": inst.image, "env": [f"{k}={v}" for k, v in env.items()], "machineId": "m1"}
+        return {"data": {"podFindAndDeployOnDemand": {**pod, "machine": {"podHostId": f"{inst.id}-64410"}}}}
+
+    def _pod(self, inst: SimInstance) -> dict:
+        up = self._status(inst) == "running"
+        ports = [
+            {"ip": inst.ssh_host, "isIpPublic": True, "privatePort": 22, "publicPort": inst.ssh_port, "type": "tcp"}
+        ]
+        return {
+            "id": inst.id,
+            "name": inst.label,
+            "desiredStatus": "RUNNING",
+            "costPerHr": inst.price_per_hour,
+            "gpuCount": inst.gpus,
+            "imageName": inst.image,
+            "containerDiskInGb": inst.disk_gb,
+            "env": [f"{k}={v}" for k, v in inst.env.items()],
+            "uptimeSeconds": int(time.time() - inst.created),
+            "runtime": {"ports": ports} if up else None,
+            "machine": {"gpuDisplayName": inst.gpu_name},
+        }
+
+
+class _Handler(BaseHTTPRequestHandler):
+    sim: ProviderSim
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        pass  # quiet: pytest shows failures, not every request
+
+    def _body(self) -> Any:
+        n = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(n) if n else b""
+        return json.loads(raw) if raw else {}
+
+    def _send(self, code: int, payload: Any) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _handle(self, method: str) -> None:
+        sim = self.sim
+        parts = urlsplit(self.path)
+        sim.requests.append((method, parts.path, dict(self.headers)))
+        body = self._body()
+        if self.headers.get("Authorization") != f"Bearer {sim.api_key}":
+            self._send(401, {"success": False, "error": "auth_error", "msg": "invalid API key"})
+            return
+        with sim._lock:
+            code, payload = self._route(method, parts.path, parse_qs(parts.query), body)
+        self._send(code, payload)
+
+    def _route(self, method: str, path: str, query: dict[str, list[str]], body: Any) -> tuple[int, Any]:
+        sim = self.sim
+        if method == "POST" and path == "/graphql":
+            return 200, sim.graphql(body.get("query", ""))
+        if method == "POST" and path == "/api/v0/bundles/":
+            return 200, sim.vast_search(body)
+        if method == "GET" and path == "/api/v1/instances/":
+            rows = [sim.vast_row(i) for i in sim.instances.values() if i.provider == "vast" and i.live]
+            return 200, {"instances": rows, "next_token": None, "total_instances": len(rows)}
+        if m := re.fullmatch(r"/api/v0/asks/(\d+)/", path):
+            if method == "PUT":
+                return sim.vast_create(m[1], body)
+        if m := re.fullmatch(r"/api/v0/instances/(\d+)/ssh/", path):
+            inst = sim.vast_instance(m[1])
+            if method == "POST" and inst is not None:
+                inst.ssh_keys.append(body["ssh_key"])
+                sim.hooks.on_ssh_key(inst, body["ssh_key"])
+                return 200, {"success": True}
+            return 404, {"success": False, "msg": "no such instance"}
+        if m := re.fullmatch(r"/api/v0/instances/(\d+)/", path):
+            inst = sim.vast_instance(m[1])
+            if method == "GET":
+                return 200, {"instances": sim.vast_row(inst) if inst is not None else None}
+            if method == "DELETE":
+                if inst is None:
+                    return 404, {"success": False, "msg": "no such instance"}
+                sim._end(inst)
+                return 200, {"success": True}
+        return 404, {"success": False, "msg": f"the provider simulator does not serve {method} {path}"}
+
+    def do_GET(self) -> None:  # noqa: N802 - BaseHTTPRequestHandler's names
+        self._handle("GET")
+
+    def do_POST(self) -> None:  # noqa: N802
+        self._handle("POST")
+
+    def do_PUT(self) -> None:  # noqa: N802
+        self._handle("PUT")
+
+    def do_DELETE(self) -> None:  # noqa: N802
+        self._handle("DELETE")
+
+
+# -- Vast's filter language and RunPod's GraphQL text, as far as the SDK calls go ------------------------
+
+_OPS: dict[str, Callable[[Any, Any], bool]] = {
+    "eq": lambda a, b: a == b,
+    "neq": lambda a, b: a != b,
+    "gte": lambda a, b: a is not None and a >= b,
+    "lte": lambda a, b: a is not None and a <= b,
+    "gt": lambda a, b: a is not None and a > b,
+    "lt": lambda a, b: a is not None and a < b,
+    "in": lambda a, b: a in b,
+    "notin": lambda a, b: a not in b,
+}
+_NOT_FILTERS = {"order", "type", "limit", "allocated_storage", "disable_bundling"}
+
+
+def _matches(offer: dict, q: dict[str, Any]) -> bool:
+    for name, cond in q.items():
+        if name in _NOT_FILTERS or not isinstance(cond, dict):
+            continue
+        for op, want in cond.items():
+            if op not in _OPS or not _OPS[op](offer.get(name), want):
+                return False
+    return True
+
+
+def _field(query: str, name: str) -> str | None:
+    m = re.search(rf'\b{name}:\s*"([^"]*)"', query)
+    return m[1] if m else None
+
+
+def _number(query: str, name: str) -> str | None:
+    m = re.search(rf"\b{name}:\s*(\d+)", query)
+    return m[1] if m else None
+
+
+def _enum(query: str, name: str) -> str | None:
+    m = re.search(rf"\b{name}:\s*([A-Z_]+)", query)
+    return m[1] if m else None
+
+
+def _lowest(gpu: dict) -> dict:
+    prices = [p for p in (gpu["securePrice"], gpu["communityPrice"]) if p is not None]
+    return {"minimumBidPrice": None, "uninterruptablePrice": min(prices) if prices else None}
+
+
+# -- create hooks ------------------------------------------------------------------------------------------
+
+
+class SshBanner:
+    """A loopback TCP port that greets like sshd and closes: enough for "SSH answers" without root."""
+
+    def __init__(self) -> None:
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self._sock.settimeout(0.2)
+        self.port = self._sock.getsockname()[1]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            with conn:
+                conn.sendall(b"SSH-2.0-provider-sim\r\n")
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+        self._sock.close()
+
+
+def ssh_banner_hooks(banner: SshBanner) -> Hooks:
+    return Hooks(on_create=lambda inst: ("127.0.0.1", banner.port))
+
+
+def bed_hooks(bed: Any, gpus: Callable[[SimInstance], int] = lambda inst: inst.gpus) -> Hooks:
+    """Each created instance is a new node of the namespace test bed `bed` (tests/cluster/testbed.py):
+    its own network namespace, IP, login user and sshd; an attached SSH key is authorized for its user;
+    destroy removes the node."""
+
+    def on_create(inst: SimInstance) -> tuple[str, int]:
+        inst.handle = bed.add_node(gpus(inst))
+        return inst.handle.ip, inst.handle.port
+
+    def on_ssh_key(inst: SimInstance, key: str) -> None:
+        bed.authorize(inst.handle, key)
+
+    def on_destroy(inst: SimInstance) -> None:
+        bed.remove_node(inst.handle)
+
+    return Hooks(on_create=on_create, on_ssh_key=on_ssh_key, on_destroy=on_destroy)

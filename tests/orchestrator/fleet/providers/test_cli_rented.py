@@ -1,0 +1,71 @@
+"""`ablate offers` and `ablate instances [destroy]` against the provider simulator, through the real SDKs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from typer.testing import CliRunner
+
+from orchestrator.cli import _register, app
+from orchestrator.fleet.providers.base import InstanceLabel, LaunchSpec
+from orchestrator.fleet.providers.vast import VastProvider
+from tests.cluster.provider_sim import ProviderSim, vast_offer
+
+# The SDKs install apart from the project (their declared requirements conflict; README's first command).
+pytest.importorskip("vastai", reason="the vastai SDK: pip install --no-deps vastai==1.9.1 runpod==1.12.0")
+pytest.importorskip("runpod", reason="the runpod SDK: pip install --no-deps vastai==1.9.1 runpod==1.12.0")
+
+KEY = "sk-cli-0123456789abcdef"
+_register()
+
+
+@pytest.fixture
+def sim(monkeypatch: pytest.MonkeyPatch) -> Iterator[ProviderSim]:
+    offers = [
+        vast_offer(301, dph_total=1.6),
+        vast_offer(302, dph_total=1.4),
+        vast_offer(303, dph_total=2.4),
+        vast_offer(304, gpus=2, dph_total=0.6),
+    ]
+    with ProviderSim(KEY, vast_offers=offers) as s:
+        for var in ("ABLATE_RUNPOD_API_KEY", "ABLATE_RUNPOD_API_KEY_FILE", "ABLATE_VAST_API_KEY_FILE"):
+            monkeypatch.delenv(var, raising=False)
+        monkeypatch.setenv("ABLATE_VAST_API_KEY", KEY)
+        monkeypatch.setenv("ABLATE_VAST_URL", s.url)
+        monkeypatch.setenv("ABLATE_CONTROLLER_ID", "night")
+        yield s
+
+
+def test_offers_prints_the_fitting_offers_cheapest_first(sim: ProviderSim) -> None:
+    out = CliRunner().invoke(
+        app,
+        ["offers", "vast", "--gpu", "RTX_4090", "--gpus", "4", "--max-price", "0.45", "--nodes", "1"],
+        env={"COLUMNS": "200"},
+    )
+    assert out.exit_code == 0, out.output
+    rows = [line for line in out.output.splitlines() if line.strip().startswith("│ 30")]
+    assert [r.split("│")[1].strip() for r in rows] == ["302", "301"]  # 303 is over the cap: not asked for
+    assert "rent (1)" in rows[0] and "yes" in rows[1]
+    assert KEY not in out.output
+
+
+def test_instances_lists_ours_with_cost_and_destroy_ends_one(sim: ProviderSim) -> None:
+    provider = VastProvider(KEY, server_url=sim.url)
+    spec = LaunchSpec(image="img", disk_gb=50, ssh_public_key="ssh-ed25519 AAAA test", label=InstanceLabel("night", 5))
+    ours = provider.create(next(o for o in provider.search(_request()) if o.offer_id == "302"), spec)
+    runner = CliRunner()
+    listed = runner.invoke(app, ["instances"], env={"COLUMNS": "200"})
+    assert listed.exit_code == 0, listed.output
+    assert ours.instance_id in listed.output and "1 instance(s)" in listed.output
+    gone = runner.invoke(app, ["instances", "destroy", ours.instance_id, "--provider", "vast"])
+    assert gone.exit_code == 0, gone.output
+    assert f"vast instance {ours.instance_id} destroyed" in gone.output
+    assert sim.live() == []
+    assert "0 instance(s)" in runner.invoke(app, ["instances"]).output
+
+
+def _request():  # noqa: ANN202
+    from orchestrator.fleet.providers.request import NodeRequest
+
+    return NodeRequest(provider="vast", gpu="RTX_4090", gpus_per_node=4, max_price_per_gpu_hour=0.45)
