@@ -1,7 +1,8 @@
 """The dashboard in a real headless Chromium: the published A-D curves imported with `ablate import`,
 served by the real app with uvicorn, the grid page loaded and checked (four arms drawn on the
-canvas, B's detector stop marked with its reason), a screenshot taken (into the test's temporary
-directory; ABLATE_UPDATE_SCREENSHOT=1 also copies it to docs/screenshots/grid.png for the README)."""
+canvas, B's detector stop marked with its reason), the gallery of sample images on a grid whose
+checkpoints carry them, screenshots taken (into the test's temporary directory; ABLATE_UPDATE_SCREENSHOT=1
+also copies them to docs/screenshots/grid.png and gallery.png for the README)."""
 
 from __future__ import annotations
 
