@@ -119,4 +119,5 @@ def for_script() -> dict[str, Any]:
         "decision": {m.name.lower(): m.value for m in RunDecision},
         "node_state": {m.name: m.value for m in NodeState},
         "live_grid_states": sorted(LIVE_GRID_STATES),
+        "terminal_run_states": sorted(TERMINAL_STATES),
     }

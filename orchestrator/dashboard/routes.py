@@ -23,6 +23,7 @@ from orchestrator.dashboard.data import (
     unreleased_nodes,
 )
 from orchestrator.db.models import Grid
+from orchestrator.runs.samples import KIND_LABELS
 from orchestrator.vocabulary import for_script
 
 HERE = Path(__file__).parent
@@ -77,7 +78,9 @@ def index_page(request: Request, session: SessionDep, limit: Limit = PAGE_SIZE, 
 @router.get("/grids/{grid_id}", response_class=HTMLResponse, include_in_schema=False)
 def grid_page(grid_id: int, request: Request, session: SessionDep) -> HTMLResponse:
     grid = get_or_404(session, Grid, grid_id)
-    return _page(request, "grid.html", grid={"id": grid.id, "name": grid.name, "source": grid.source})
+    return _page(
+        request, "grid.html", grid={"id": grid.id, "name": grid.name, "source": grid.source}, sample_kinds=KIND_LABELS
+    )
 
 
 @router.get("/api/dashboard/grids")

@@ -29,11 +29,14 @@ KIND_LABELS = {
 }
 
 
-class SampleFile(BaseModel):
+class SampleName(BaseModel):
     file: str
-    kind: str
+    kind: str  # a key of KIND_LABELS
     index: int
     caption: str
+
+
+class SampleFile(SampleName):
     bytes: int
     url: str  # the API path of the PNG
 
@@ -50,6 +53,16 @@ class StepSamples(BaseModel):
     files: list[SampleFile]
 
 
+class SampleIndex(BaseModel):
+    """A run's sample images in short, for the dashboard's gallery (in every poll of a live grid, so
+    it stays a few hundred bytes per checkpoint): the steps that have images, and the fixed set of
+    images each step holds (the same prompts and seeds at every evaluation, worker/samples.py), as the
+    newest step lists it. The PNG of one is png_url(run_id, step, file)."""
+
+    steps: list[int]
+    files: list[SampleName]
+
+
 def png_url(run_id: int, step: int, name: str) -> str:
     return f"/api/runs/{run_id}/samples/{step}/{name}"
 
@@ -57,6 +70,27 @@ def png_url(run_id: int, step: int, name: str) -> str:
 def _manifest(extra: dict[str, Any] | None) -> dict[str, Any] | None:
     manifest = (extra or {}).get("samples")
     return manifest if isinstance(manifest, dict) and isinstance(manifest.get("files"), list) else None
+
+
+def _files(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    """The manifest's entries that name a sample file (nothing else is ever served)."""
+    return [f for f in manifest["files"] if isinstance(f, dict) and SAMPLE_FILE_RE.match(str(f.get("file", "")))]
+
+
+def sample_index(records: list[tuple[int, dict[str, Any] | None]]) -> SampleIndex:
+    """The SampleIndex of a run from its (step, Metric.extra) records, in step order."""
+    steps, newest = [], None
+    for step, extra in records:
+        manifest = _manifest(extra)
+        if manifest is not None:
+            steps.append(step)
+            newest = manifest
+    names = [
+        SampleName(file=str(f["file"]), kind=str(f.get("kind", "")), index=int(f.get("index", 0)),
+                   caption=str(f.get("caption", "")))
+        for f in (_files(newest) if newest is not None else [])
+    ]  # fmt: skip
+    return SampleIndex(steps=steps, files=names)
 
 
 def run_samples(session: Session, run: Run) -> list[StepSamples]:
@@ -77,8 +111,7 @@ def run_samples(session: Session, run: Run) -> list[StepSamples]:
                 bytes=int(f.get("bytes", 0)),
                 url=png_url(run.id, step, str(f["file"])),
             )
-            for f in manifest["files"]
-            if isinstance(f, dict) and SAMPLE_FILE_RE.match(str(f.get("file", "")))
+            for f in _files(manifest)
         ]
         out.append(
             StepSamples(

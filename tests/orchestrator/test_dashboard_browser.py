@@ -1,7 +1,8 @@
 """The dashboard in a real headless Chromium: the published A-D curves imported with `ablate import`,
 served by the real app with uvicorn, the grid page loaded and checked (four arms drawn on the
-canvas, B's detector stop marked with its reason), a screenshot taken (into the test's temporary
-directory; ABLATE_UPDATE_SCREENSHOT=1 also copies it to docs/screenshots/grid.png for the README)."""
+canvas, B's detector stop marked with its reason), the gallery of sample images on a grid whose
+checkpoints carry them, screenshots taken (into the test's temporary directory; ABLATE_UPDATE_SCREENSHOT=1
+also copies them to docs/screenshots/grid.png and gallery.png for the README)."""
 
 from __future__ import annotations
 
@@ -213,9 +214,12 @@ def test_metrics_csv_export(base_url: str, grid_id: int, published_curves: dict)
 
 
 @needs_chromium
-def test_live_grid_updates_and_labels_standins(base_url: str, database_url: str, browser_context) -> None:  # type: ignore[no-untyped-def]
-    """A running grid: the page polls and redraws when a checkpoint lands, SE bands are drawn where SEs
-    exist, and a stand-in LPIPS backbone and a recorded fallback are labelled."""
+def test_live_grid_updates_and_labels_standins(  # type: ignore[no-untyped-def]
+    base_url: str, database_url: str, browser_context, tmp_path: Path
+) -> None:
+    """A running grid: the page polls and redraws when a checkpoint lands (its sample images join the
+    gallery), SE bands are drawn where SEs exist, and a stand-in LPIPS backbone and a recorded fallback
+    are labelled."""
     from orchestrator.db.models import Metric, Run
     from orchestrator.db.session import session_scope
     from orchestrator.runs.grids import GridCreate, create_grid
@@ -242,6 +246,7 @@ def test_live_grid_updates_and_labels_standins(base_url: str, database_url: str,
             run.state = RunState.running
             s.add_all([checkpoint(run.id, 50), checkpoint(run.id, 100)])
         grid.runs[1].fallbacks = ["compile: off (no C compiler for inductor)"]
+        grid.runs[0].checkpoint_dir = str(tmp_path)
         gid, run_a = grid.id, grid.runs[0].id
 
     page = browser_context.new_page()
@@ -258,9 +263,22 @@ def test_live_grid_updates_and_labels_standins(base_url: str, database_url: str,
     # The lineage table diffs B against A in this grid (both tiny): only TREAD differs.
     assert page.inner_text("#lineage tr[data-arm='B'] ul.changes").strip() == "tread.enabled = true"
 
+    assert "No sample images stored" in page.inner_text("#gallery")
+
+    from worker.samples import write_samples
+
     with session_scope(database_url) as s:
-        s.add(checkpoint(run_a, 150))
+        latest = checkpoint(run_a, 150)
+        latest.extra = {"samples": write_samples(tmp_path, 150, _drawn_samples(0, 150))}
+        s.add(latest)
     page.wait_for_function(f"document.querySelector(\"{step_cell}\").textContent === '150'", timeout=20_000)
+    # The new checkpoint's images, in A's column (the newest step, still training); B has none yet.
+    assert page.inner_text("#gallery-label") == "step 150"
+    images = _gallery_images(page)
+    assert {im["arm"] for im in images} == {"A"} and all(im["width"] > 0 for im in images)
+    assert all(im["src"] == f"/api/runs/{run_a}/samples/150/{im['kind']}_{im['src'][-5]}.png" for im in images)
+    assert page.locator(".gallery-arm[data-arm='A'] .mark.latest").count() == 1
+    assert "no sample images stored" in page.inner_text(".gallery-arm[data-arm='B']")
 
     with session_scope(database_url) as s:
         for run in s.get(Run, run_a).grid.runs:
@@ -309,4 +327,170 @@ def test_unstored_checkpoints_and_a_second_node_are_shown(base_url: str, databas
     assert page.query_selector("#banners .banner.storage[data-arm='B']") is None  # B's checkpoint is stored
     assert "checkpoints unstored 22 min" in page.inner_text("#arms tr[data-arm='A']")
     assert "nodes: node0 (10.1.0.11) → node1 (10.1.0.12)" in page.inner_text("#arms tr[data-arm='B']")
+    page.close()
+
+
+# -- the gallery -------------------------------------------------------------------------------------------
+
+GALLERY_STEPS = {"A": [10, 20, 30, 40], "B": [10, 20, 30], "C": [10, 20, 30, 40], "D": [10, 20, 30, 40]}
+GALLERY_BEST = {"A": 40, "B": 20, "C": 30, "D": 40}
+GALLERY_SHOT = SCREENSHOT.with_name("gallery.png")
+
+
+def _drawn_samples(arm_index: int, step: int) -> dict:
+    """Images in the shape evaluate() keeps them (4 targets with reconstructions and text-only samples,
+    2 caption/edit pairs), drawn by the test: real shapes-dataset targets, and "generations" that are
+    the targets under noise fading with the step (B's coming back as dithering after step 20)."""
+    import numpy as np
+    import torch
+
+    from model.data import edit_attrs, render_shapes, shape_attrs
+
+    attrs = [shape_attrs(7, i) for i in range(4)]
+    edits = [edit_attrs(a, "colour", np.random.default_rng(i)) for i, a in enumerate(attrs[:2])]
+    targets = render_shapes(attrs, 32)
+    gen = torch.Generator().manual_seed(1000 * arm_index + step)
+    noise = 0.35 * (1 - step / 50) + (0.3 if arm_index == 1 and step > 20 else 0.0)
+
+    def generated(images: torch.Tensor) -> torch.Tensor:
+        out = images + noise * torch.randn(images.shape, generator=gen)
+        if arm_index == 1 and step > 20:  # B: "structural noise and visual dithering"
+            out = (out > torch.rand(images.shape, generator=gen)).float()
+        return out.clamp(0, 1)
+
+    caps = [a.caption() for a in attrs]
+    pairs = render_shapes(attrs[:2] + edits, 32)
+    others = [shape_attrs(9, i) for i in range(4)]
+    return {
+        "target": list(zip(caps, targets, strict=True)),
+        "recon": list(zip(caps, generated(targets), strict=True)),
+        "text": [(a.caption(), img) for a, img in zip(others, generated(render_shapes(others, 32)), strict=True)],
+        "caption": list(zip(caps[:2], generated(pairs[:2]), strict=True)),
+        "edit": [(e.caption(), img) for e, img in zip(edits, generated(pairs[2:]), strict=True)],
+    }
+
+
+@pytest.fixture(scope="module")
+def gallery_grid(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> int:
+    """A finished four-arm grid whose checkpoints carry sample images, written by the worker's own
+    writer into each run's folder: B stopped at step 30 (best 20), the others ran to 40."""
+    from orchestrator.db.models import Metric
+    from orchestrator.db.session import session_scope
+    from orchestrator.runs.grids import GridCreate, create_grid
+    from orchestrator.vocabulary import RunDecision, RunState
+    from worker.samples import write_samples
+
+    folder = tmp_path_factory.mktemp("gallery-runs")
+    with session_scope(database_url) as s:
+        grid = create_grid(s, GridCreate(name="gallery (drawn test images)", arms=list("ABCD"),
+                                         overrides={"model": {"size": "tiny"}}))  # fmt: skip
+        for i, run in enumerate(grid.runs):
+            run.checkpoint_dir = str(folder / run.arm)
+            for step in GALLERY_STEPS[run.arm]:
+                manifest = write_samples(folder / run.arm, step, _drawn_samples(i, step))
+                lpips = 0.8 - step / 100 + 0.05 * i + (0.3 if run.arm == "B" and step > 20 else 0.0)
+                s.add(Metric(run_id=run.id, step=step, recon_lpips=lpips, gpu_hours=step / 20, iter_per_sec=3.0,
+                             extra={"samples": manifest}))  # fmt: skip
+            run.best_step, run.best_value = GALLERY_BEST[run.arm], 0.8 - GALLERY_BEST[run.arm] / 100 + 0.05 * i
+            run.state = RunState.completed
+        b = grid.runs[1]
+        b.state, b.decision, b.decision_step = RunState.stopped, RunDecision.COLLAPSE, 30
+        b.decision_reason = "recon_lpips rose 0.3 above its best (step 20) and stayed there"
+        return grid.id
+
+
+def _gallery_images(page) -> list[dict]:  # type: ignore[no-untyped-def]
+    """Every image of the gallery, once all have loaded or failed: arm, src, naturalWidth."""
+    page.wait_for_function("[...document.querySelectorAll('#gallery-arms img')].every(i => i.complete)")
+    return page.eval_on_selector_all(
+        "#gallery-arms img",
+        "imgs => imgs.map(i => ({arm: i.closest('.gallery-arm').dataset.arm, kind: i.dataset.kind,"
+        " src: new URL(i.src).pathname, width: i.naturalWidth}))",
+    )
+
+
+def _click_point(page, marker: str) -> None:  # type: ignore[no-untyped-def]
+    """A user's click on the curve point under `marker` (a ★ sits on its point): move there, then click."""
+    page.locator(marker).scroll_into_view_if_needed()
+    box = page.locator(marker).bounding_box()
+    assert box is not None
+    x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+    page.mouse.move(x - 20, y)
+    page.mouse.move(x, y, steps=4)
+    page.mouse.click(x, y)
+
+
+@needs_chromium
+def test_gallery_shows_the_arms_side_by_side_at_a_step(  # type: ignore[no-untyped-def]
+    base_url: str, gallery_grid: int, browser_context, tmp_path: Path
+) -> None:
+    page = browser_context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+    page.goto(f"{base_url}/grids/{gallery_grid}")
+    page.wait_for_selector("main#grid[data-ready='true']")
+    columns = page.locator("#gallery-arms .gallery-arm")
+    assert columns.evaluate_all("els => els.map(e => e.dataset.arm)") == list("ABCD")
+
+    # The newest step first: A, C, D at 40 (A's final and best); B stopped at 30, so none, said why.
+    assert page.get_attribute("#gallery", "data-step") == "40"
+    images = _gallery_images(page)
+    assert {im["arm"] for im in images} == {"A", "C", "D"}
+    assert all(im["src"].split("/")[5] == "40" and im["width"] > 0 for im in images), images
+    assert len([im for im in images if im["arm"] == "A"]) == 16  # 4 targets, recons, texts; 2 pairs
+    assert "stopped at step 30" in page.inner_text(".gallery-arm[data-arm='B']")
+    assert page.locator(".gallery-arm[data-arm='A'] .mark.best").count() == 1
+    assert page.locator(".gallery-arm[data-arm='A'] .mark.final").count() == 1
+    assert page.locator(".gallery-arm[data-arm='C'] .mark").count() == 1  # final only: its best is step 30
+
+    # The step picker (the slider, by keyboard) moves every column to that step.
+    page.focus("#gallery-step")
+    page.keyboard.press("ArrowLeft")
+    page.keyboard.press("ArrowLeft")
+    assert page.inner_text("#gallery-label") == "step 20"
+    images = _gallery_images(page)
+    assert [im["arm"] for im in images[::16]] == list("ABCD")
+    assert all(im["src"].split("/")[5] == "20" and im["width"] > 0 for im in images), images
+    assert page.locator(".gallery-arm:has(.mark.best)").evaluate_all("els => els.map(e => e.dataset.arm)") == ["B"]
+    # Each reconstruction beside its target; text-only samples and caption/edit pairs labelled.
+    a = ".gallery-arm[data-arm='A']"
+    pair = page.locator(f"{a} [data-group='recon'] .pair").first
+    assert pair.locator("img").evaluate_all("els => els.map(e => e.dataset.kind)") == ["target", "recon"]
+    assert pair.locator("figcaption").all_inner_texts() == ["target", "recon"]
+    assert "text only" in page.inner_text(f"{a} [data-group='text'] h3")
+    assert page.locator(f"{a} [data-group='text'] figcaption").first.inner_text().startswith("a ")
+    manip = page.locator(f"{a} [data-group='manipulation'] .pair").first
+    assert manip.locator("img").evaluate_all("els => els.map(e => e.dataset.kind)") == ["caption", "edit"]
+    assert "→" in (manip.get_attribute("title") or "")
+    assert "target (held-out image)" in (pair.locator("img").first.get_attribute("title") or "")
+
+    # Each arm at its own best: B's column shows step 20, A's step 40, each marked ★.
+    page.click("#gallery button[data-mode='best']")
+    assert columns.evaluate_all("els => els.map(e => e.dataset.step)") == ["40", "20", "30", "40"]
+    assert page.locator(".gallery-arm .mark.best").count() == 4
+
+    # Clicking a curve's point picks that checkpoint: B's best star (step 20) on the step chart, then a
+    # point against GPU-hours (x is hours there: the step comes from the point).
+    recon = "figure.chart[data-key='recon_lpips'][data-axis='step']"
+    _click_point(page, f"{recon} .marker.best[data-arm='B']")
+    assert page.get_attribute("#gallery", "data-mode") == "step"
+    assert page.input_value("#gallery-step") == "1" and page.inner_text("#gallery-label") == "step 20"
+    assert all(im["src"].split("/")[5] == "20" for im in _gallery_images(page))
+    assert page.get_attribute(f"{recon} .marker.selected", "data-step") == "20"
+    hours = "figure.chart[data-key='recon_lpips'][data-axis='hours']"
+    _click_point(page, f"{hours} .marker.best[data-arm='D']")  # D's best: step 40, 2 GPU-hours
+    assert page.inner_text("#gallery-label") == "step 40"
+
+    # Back to step 20 for the picture: the curves, the line at the step, the gallery under them.
+    page.click("#gallery-prev")
+    page.click("#gallery-prev")
+    _gallery_images(page)
+    page.evaluate("scrollTo(0, 0)")  # else the sticky header is drawn where the page was scrolled to
+    bottom = page.eval_on_selector("#gallery", "e => e.getBoundingClientRect().bottom")
+    shot = tmp_path / "gallery.png"
+    page.screenshot(path=str(shot), full_page=True, clip={"x": 0, "y": 0, "width": 1440, "height": bottom + 12})
+    if os.environ.get("ABLATE_UPDATE_SCREENSHOT") == "1":
+        shutil.copyfile(shot, GALLERY_SHOT)
+    assert errors == []
     page.close()

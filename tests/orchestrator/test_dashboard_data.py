@@ -10,6 +10,7 @@ import pytest
 from orchestrator.dashboard.data import paired_difference
 from orchestrator.db.models import Metric
 from orchestrator.runs.ingest import metric_values
+from orchestrator.runs.samples import sample_index
 
 
 def _checkpoint(step: int, samples: list[float] | None, se: float | None = 0.02) -> Metric:
@@ -36,3 +37,25 @@ def test_without_samples_the_se_is_the_independent_bound_or_none() -> None:
     assert independent["se_method"] == "independent" and independent["se"] == [pytest.approx(math.sqrt(2) * 0.02)]
     none = paired_difference([_checkpoint(10, None, se=None)], [_checkpoint(10, None, se=None)], "recon_lpips")
     assert none["se_method"] == "none" and none["se"] == [None]
+
+
+def test_the_gallery_index_lists_steps_with_images_and_the_newest_set() -> None:
+    def manifest(*names: str) -> dict:
+        files = [{"file": n, "kind": n.split("_")[0], "index": 0, "caption": "a red square", "bytes": 9} for n in names]
+        return {"samples": {"dir": "x", "max_side": 128, "files": files}}
+
+    records = [
+        (10, manifest("target_0.png", "recon_0.png")),
+        (20, None),  # a checkpoint recorded without images (an imported curve)
+        (30, {"other": 1}),
+        (40, manifest("target_0.png", "recon_0.png", "text_0.png", "best.pt", "../x_0.png")),
+    ]
+    index = sample_index(records)
+    assert index.steps == [10, 40]
+    # The newest step's set, and only names the API serves.
+    assert [(f.file, f.kind, f.index, f.caption) for f in index.files] == [
+        ("target_0.png", "target", 0, "a red square"),
+        ("recon_0.png", "recon", 0, "a red square"),
+        ("text_0.png", "text", 0, "a red square"),
+    ]
+    assert sample_index([(10, None)]).model_dump() == {"steps": [], "files": []}

@@ -153,7 +153,7 @@ def test_private_reads_close_grids_runs_and_dashboard(database_url: str, storage
         grid_id = c.post("/api/grids", json={"name": "p", "arms": ["A"], "overrides": TINY}, headers=AUTH).json()["id"]
         run_id = c.get(f"/api/grids/{grid_id}", headers=AUTH).json()["runs"][0]["id"]
         for path in ("/", "/api/grids", f"/api/grids/{grid_id}", f"/api/runs/{run_id}", "/api/dashboard/grids",
-                     f"/api/grids/{grid_id}/metrics.csv", f"/grids/{grid_id}"):
+                     f"/api/grids/{grid_id}/metrics.csv", f"/grids/{grid_id}", f"/api/runs/{run_id}/samples"):
             assert c.get(path).status_code == 401, path
             assert c.get(path, headers=AUTH).status_code == 200, path
         assert c.get("/healthz").status_code == 200

@@ -1,5 +1,6 @@
-"""Sample images of a run: the list by step, and one PNG. Read-only and unauthenticated like the other
-reads (the dashboard's gallery and the report show them)."""
+"""Sample images of a run: the list by step, and one PNG. Read-only and open like the other grid and run
+reads, behind the token with ABLATE_PRIVATE_READS (orchestrator/api/guard.py); the dashboard's gallery and
+the report show them."""
 
 from __future__ import annotations
 

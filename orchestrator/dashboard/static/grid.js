@@ -24,6 +24,7 @@
   let data = null;
   let charts = [];
   let pollTimer = null;
+  let selectedStep = null;  // the gallery's step, drawn as a line on the charts whose x is the step
 
   // --- small DOM helpers (textContent everywhere: arm names and reasons are user data) ---
   function el(tag, attrs, ...children) {
@@ -100,6 +101,7 @@
           run, after,
           xs: p.map((q) => q.x),
           ys: p.map((q) => q.y),
+          steps: p.map((q) => q.step),
           hi: hasSe ? p.map((q) => (q.se === null ? null : q.y + seScale * q.se)) : null,
           lo: hasSe ? p.map((q) => (q.se === null ? null : q.y - seScale * q.se)) : null,
         };
@@ -111,7 +113,7 @@
     if (!p || p.step.length === 0) return [];
     const hasSe = p.se.some((v) => v !== null);
     return [{
-      run, after: false, xs: p.step, ys: p.diff,
+      run, after: false, xs: p.step, ys: p.diff, steps: p.step,
       hi: hasSe ? p.diff.map((d, i) => (p.se[i] === null ? null : d + 2 * p.se[i])) : null,
       lo: hasSe ? p.diff.map((d, i) => (p.se[i] === null ? null : d - 2 * p.se[i])) : null,
       seMethod: p.se_method,
@@ -147,6 +149,7 @@
         spanGaps: true,
         points: { show: true, size: t.after ? 4 : 5, fill: t.after ? alpha(c, 0.45) : c, stroke: t.after ? alpha(c, 0.45) : c },
         _arm: t.run.arm, _main: !t.after,
+        _steps: column(t, t.steps),  // the checkpoint step of each point, for a click to pick (x may be GPU-hours)
       });
     }
     return { cols, series, bands };
@@ -183,6 +186,32 @@
         layer.append(el("div", { ...attrs, class: "marker best" }, "★"));
       }
     }
+  }
+
+  // The gallery's step: a thin line on the charts whose x axis is the step.
+  function placeSelected(u, xIsStep) {
+    let line = u.over.querySelector(".marker.selected");
+    if (!line) {
+      line = el("div", { class: "marker selected" });
+      u.over.append(line);
+    }
+    const left = selectedStep === null || !xIsStep ? null : u.valToPos(selectedStep, "x");
+    line.hidden = !(left !== null && left >= -1 && left <= u.over.clientWidth + 1);
+    if (!line.hidden) line.style.left = `${left}px`;
+    line.dataset.step = selectedStep ?? "";
+  }
+
+  // A click (not the end of a drag-zoom) on a chart: the step of the point nearest the pointer.
+  function clickedStep(u) {
+    const i = u.cursor.idx;
+    if (i === null || i === undefined) return null;
+    let best = null, dist = Infinity;
+    u.series.forEach((s, k) => {
+      if (k === 0 || !s._steps || !s.show || u.data[k][i] === null || s._steps[i] === null) return;
+      const d = Math.abs(u.valToPos(u.data[k][i], "y") - u.cursor.top);
+      if (d < dist) { dist = d; best = s._steps[i]; }
+    });
+    return best;
   }
 
   function refLine(u, y, label) {
@@ -240,6 +269,7 @@
         draw: [(u) => {
           refs.forEach((r) => refLine(u, r.y, r.label));
           placeMarkers(u, markers.filter((m) => !hidden.has(m.run.arm)));
+          placeSelected(u, axis !== "hours");
           // Which arms have a drawn line: read by the browser test next to the canvas pixels.
           card.dataset.bands = String(bands.length);
           card.dataset.drawn = Array.from(new Set(u.series.filter((s, i) => i > 0 && s._main && s.show && u.data[i].some((v) => v !== null)).map((s) => s._arm))).join(",");
@@ -254,6 +284,15 @@
       },
     };
     const chart = new uPlot(opts, cols, plot);
+    chart._xIsStep = axis !== "hours";
+    let down = null;
+    chart.over.addEventListener("mousedown", (e) => { down = [e.clientX, e.clientY]; });
+    chart.over.addEventListener("click", (e) => {
+      if (down && Math.hypot(e.clientX - down[0], e.clientY - down[1]) > 4) return;  // a drag-zoom
+      const step = clickedStep(chart);
+      if (step !== null) gallery.select(step);
+    });
+    card.dataset.clickable = "true";
     return chart;
   }
 
@@ -441,6 +480,7 @@
     renderBanners(d);
     renderArms(d);
     renderCharts(d);
+    gallery.update(d);
     renderLineage(d);
     root.dataset.version = d.version;
     root.dataset.ready = "true";
@@ -468,6 +508,14 @@
     clearTimeout(pollTimer);
     if (!data || data.live || root.dataset.error) pollTimer = setTimeout(load, pollMs);
   }
+
+  const gallery = window.AblateGallery({
+    el, colour, hidden,
+    onStep: (step) => {
+      selectedStep = step;
+      charts.forEach((c) => c && placeSelected(c, c._xIsStep));
+    },
+  });
 
   let resizeTimer = null;
   window.addEventListener("resize", () => {
