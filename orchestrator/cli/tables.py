@@ -78,7 +78,13 @@ def build(
     needed = max(table_width(headers, rows, keep), cell_len(title), cell_len(caption or ""))
     # Too narrow even for the columns that always stay: their text folds onto more lines, never cut.
     fits = width is None or table_width(headers, rows, keep) <= width
-    table = Table(title=title, title_justify="left", caption=caption, caption_justify="left", show_lines=show_lines)
+    table = Table(  # Text, not markup: titles hold user text ("[/]" in a grid name is not a closing tag)
+        title=Text(title, style="italic"),
+        title_justify="left",
+        caption=Text(caption, style="dim italic") if caption else None,
+        caption_justify="left",
+        show_lines=show_lines,
+    )
     for i in keep:
         table.add_column(
             headers[i], justify=columns[i].justify, no_wrap=fits, overflow="ignore" if fits else "fold"
