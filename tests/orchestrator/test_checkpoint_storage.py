@@ -22,7 +22,7 @@ from orchestrator.db.models import Event, Grid, Metric, Run
 from orchestrator.db.session import session_scope
 from orchestrator.runs.grids import GridCreate, create_grid
 from orchestrator.storage import record_storage, seen_seq, storage_alarms
-from orchestrator.sweeps.runner import SweepRunner
+from orchestrator.sweeps.copy_back import copy_back
 from orchestrator.vocabulary import TERMINAL_STATES
 from tests.orchestrator.factories import tiny_overrides
 from tests.polling import wait_for
@@ -72,9 +72,9 @@ def test_sftp_store_and_resume_on_a_fresh_node(sshd, tmp_path: Path) -> None:  #
     done = finish(ArmWorker(1, tiny_spec(), str(tmp_path / "node2"), storage=storage))
     assert [r["step"] for r in done["records"]] == sorted({10, 20, 30, stop_step})
     assert any(e["kind"] == "checkpoint.fetched" and e["data"]["step"] == stop_step for e in done["storage"]["log"])
-    # keep_last=1: the newest periodic checkpoint and best.pt; no temp file left behind.
+    # keep_last=1: the newest periodic checkpoint and best.pt (with every evaluation's samples); no temp file.
     assert sorted(p.name for p in on_server.iterdir()) == ["best.pt", "ckpt_0000030.pt", "metrics.jsonl",
-                                                           "records.jsonl"]
+                                                           "records.jsonl", "samples"]
 
 
 def test_sftp_server_with_an_unknown_host_key_is_refused_and_recorded(sshd, tmp_path: Path) -> None:  # noqa: ANN001
@@ -200,7 +200,7 @@ def test_a_lost_worker_whose_disk_is_gone_resumes_from_s3(
     assert len(seqs) == len(set(seqs)), "each upload-log entry is one event"
     fs.invalidate_cache()
     names = sorted(n.rsplit("/", 1)[-1] for n in fs.ls(url.removeprefix("s3://"), detail=False))
-    assert names == ["best.pt", "ckpt_0000060.pt", "metrics.jsonl", "records.jsonl"]
+    assert names == ["best.pt", "ckpt_0000060.pt", "metrics.jsonl", "records.jsonl", "samples"]
 
 
 def _state(database_url: str, run_id: int) -> str:
@@ -225,10 +225,9 @@ def test_sweep_copy_back_takes_checkpoints_from_storage(database_url: str, tmp_p
         stored.checkpoint_url, stored.node = f"file://{store}", "gone-node"
         unstored.checkpoint_url = f"file://{tmp_path / 'store' / 'never-written'}"
         ids, grid_id = (stored.id, unstored.id), grid.id
-    runner = SweepRunner(database_url, tmp_path / "results")
     results = tmp_path / "results" / "sweeps" / "1"
     results.mkdir(parents=True)
-    problems, failed = runner._copy_back(1, grid_id, [], results)
+    problems, failed = copy_back(database_url, {}, 1, grid_id, [], results)
     assert problems == [] and failed == set()
     got = results / "runs" / f"{ids[0]}-A"
     assert sorted(p.name for p in got.iterdir()) == ["best.pt", "ckpt_0000020.pt", "records.jsonl"]
