@@ -10,8 +10,9 @@ Unreadable inputs are listed (in the sidecars and the manifest) and left out; th
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,6 +57,31 @@ def open_source(src: Path, caption_column: str | None = None) -> Source:
     raise DatasetError(f"{src} has neither {', '.join(LISTINGS)} nor *.tar shards")
 
 
+_SOURCE: tuple[Source, int] | None = None  # the source a forked decode worker reads (set before the fork)
+
+
+def _decode_row(row: int) -> tuple[int, np.ndarray | None, str | None]:
+    assert _SOURCE is not None
+    source, resolution = _SOURCE
+    try:
+        return row, source.decode(row, resolution).numpy(), None
+    except DatasetError as exc:
+        return row, None, str(exc)
+
+
+def _decoded(
+    source: Source, resolution: int, rows: range, workers: int
+) -> Iterator[tuple[int, np.ndarray | None, str | None]]:
+    """(row, image or None, error or None) in row order, decoded by `workers` forked processes."""
+    global _SOURCE
+    _SOURCE = (source, resolution)
+    if workers <= 1:
+        yield from map(_decode_row, rows)
+        return
+    with multiprocessing.get_context("fork").Pool(workers) as pool:
+        yield from pool.imap(_decode_row, rows, chunksize=4)
+
+
 @dataclass
 class PrepareResult:
     out: Path
@@ -88,8 +114,13 @@ def prepare(
     caption_column: str | None = None,
     shard_bytes: int = SHARD_BYTES,
     on_item: Callable[[int, int], None] | None = None,
+    workers: int | None = None,
 ) -> PrepareResult:
-    """Prepare `src` into `out` at `resolution`. on_item(done, total) after every source item (progress bar)."""
+    """Prepare `src` into `out` at `resolution`. on_item(done, total) after every source item (progress bar).
+    workers: decode processes (default: the CPUs this process may use)."""
+    from model.data.loader import cpus_available
+
+    workers = cpus_available() if workers is None else workers
     source = open_source(src, caption_column)
     n = len(source.entries)
     per_shard = max(1, shard_bytes // (3 * resolution * resolution))
@@ -120,13 +151,13 @@ def prepare(
                 on_item(done, n)
         else:
             images, lines, bad = [], [], []
-            for r in rows:
-                try:
-                    images.append(source.decode(r, resolution).numpy())
+            for r, image, error in _decoded(source, resolution, rows, workers):
+                if image is None:
+                    bad.append(str(error))
+                else:
+                    images.append(image)
                     e = source.entries[r]
                     lines.append({"caption": e.caption, **({"edit": e.edit} if e.edit else {})})
-                except DatasetError as exc:
-                    bad.append(str(exc))
                 done += 1
                 if on_item is not None:
                     on_item(done, n)
