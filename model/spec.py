@@ -74,9 +74,20 @@ class ModelSpec(Strict):
         return self
 
 
+PATH_DATASETS = ("imagefolder", "webdataset", "prepared")  # the kinds that read data.path
+
+
 class DataSpec(Strict):
-    dataset: Literal["shapes", "digits", "imagefolder"] = "shapes"
-    path: str | None = None  # imagefolder: a directory with images and captions.jsonl
+    # imagefolder: images + captions.jsonl, or Hugging Face metadata.jsonl / metadata.csv; webdataset: *.tar
+    # shards; prepared: the output of `ablate data prepare` (uint8 at the training resolution, memory-mapped).
+    dataset: Literal["shapes", "digits", "imagefolder", "webdataset", "prepared"] = "shapes"
+    path: str | None = None  # the directory of an imagefolder, webdataset or prepared dataset
+    # metadata.jsonl / metadata.csv: the column with the captions (None = the first of caption, text)
+    caption_column: Annotated[str, Field(min_length=1)] | None = None
+    # Loader worker processes that decode and resize off the training thread. auto: this arm's share of
+    # the node's CPUs (CPUs / GPUs of the node) less one for the training thread, 1..8; 1 on CPU
+    # training. 0 loads in the training thread (debugging only: the GPU waits for every batch).
+    loader_workers: Literal["auto"] | Annotated[int, Field(ge=0, le=64)] = "auto"
     resolution: Annotated[int, Field(gt=0, le=MAX_RESOLUTION)] | None = None  # None = the size's native one
     # unit = [0, 1] (the study's A-E, reproduced on purpose); symmetric = [-1, 1] (arm F's fix).
     pixel_range: Literal["unit", "symmetric"] = "unit"
@@ -88,9 +99,16 @@ class DataSpec(Strict):
     seed: Seed = 0
 
     @model_validator(mode="after")
-    def _imagefolder_needs_path(self) -> DataSpec:
-        if self.dataset == "imagefolder" and not self.path:
-            raise ValueError("dataset 'imagefolder' needs data.path: a directory with images and captions.jsonl")
+    def _path_datasets_need_path(self) -> DataSpec:
+        if self.dataset in PATH_DATASETS and not self.path:
+            what = {
+                "imagefolder": "a directory with images and captions.jsonl (or metadata.jsonl / metadata.csv)",
+                "webdataset": "a directory of WebDataset *.tar shards",
+                "prepared": "a directory written by `ablate data prepare`",
+            }[self.dataset]
+            raise ValueError(f"dataset {self.dataset!r} needs data.path: {what}")
+        if self.caption_column is not None and self.dataset != "imagefolder":
+            raise ValueError("data.caption_column applies only to dataset 'imagefolder' (Hugging Face metadata)")
         return self
 
 
@@ -119,9 +137,14 @@ class EMASpec(Strict):
 
 class ScheduleSpec(Strict):
     steps: Annotated[int, Field(gt=0, le=10**8)] = 5000
-    # global batch per optimizer step (micro-batch = batch / grad_accum)
+    # global batch per optimizer step, whatever the micro-batch: the arms of a grid compare at equal batch
     batch_size: Annotated[int, Field(gt=0, le=65536)] = 256
-    grad_accum: PositiveInt = 1
+    # Images per forward/backward. auto: the largest divisor of batch_size that fits the GPU, found by
+    # trial steps at start (the seed-size batch of 256 in one micro-batch runs out of memory on 80 GB);
+    # the whole batch on CPU. An int fixes it. Gradient accumulation = batch_size / micro_batch.
+    micro_batch: Literal["auto"] | Annotated[int, Field(gt=0, le=65536)] = "auto"
+    # Legacy way to fix the micro-batch (batch_size / grad_accum); None = from micro_batch.
+    grad_accum: PositiveInt | None = None
     lr: PositiveFloat = 3e-4
     min_lr: Annotated[float, Field(ge=0)] = 1e-6
     lr_schedule: Literal["cosine", "constant"] = "cosine"
@@ -134,11 +157,25 @@ class ScheduleSpec(Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> ScheduleSpec:
-        if self.batch_size % self.grad_accum:
-            raise ValueError(f"batch_size ({self.batch_size}) must be divisible by grad_accum ({self.grad_accum})")
+        if self.grad_accum is not None:
+            if self.batch_size % self.grad_accum:
+                raise ValueError(f"batch_size ({self.batch_size}) must be divisible by grad_accum ({self.grad_accum})")
+            if self.micro_batch != "auto" and self.micro_batch * self.grad_accum != self.batch_size:
+                raise ValueError(
+                    f"micro_batch ({self.micro_batch}) x grad_accum ({self.grad_accum}) != batch_size "
+                    f"({self.batch_size}): set one of micro_batch or grad_accum"
+                )
+        if self.micro_batch != "auto" and self.batch_size % self.micro_batch:
+            raise ValueError(f"batch_size ({self.batch_size}) must be divisible by micro_batch ({self.micro_batch})")
         if self.min_lr > self.lr:
             raise ValueError(f"min_lr ({self.min_lr}) must not exceed lr ({self.lr})")
         return self
+
+    def fixed_micro_batch(self) -> int | None:
+        """The micro-batch the spec fixes (micro_batch or batch_size / grad_accum), None for auto."""
+        if self.grad_accum is not None:
+            return self.batch_size // self.grad_accum
+        return None if self.micro_batch == "auto" else self.micro_batch
 
 
 class TreadSpec(Strict):
@@ -179,13 +216,16 @@ class PrecisionSpec(Strict):
     fp8_recipe: Literal["tensorwise", "rowwise", "rowwise_with_gw_hp", "mxfp8"] = "tensorwise"
     # fnmatch patterns over module names; only nn.Linear with both dims divisible by 16 convert.
     fp8_modules: list[str] = Field(default_factory=lambda: ["*.attn.qkv", "*.attn.proj", "*.mlp.fc1", "*.mlp.fc2"])
-    compile: bool = False  # torch.compile (on CUDA) of the model, see compile_scope
+    # torch.compile of the model, see compile_scope. None (default): on where the device is CUDA (1.23x
+    # for arm A at seed size, docs/benchmarks.md), off on CPU (compile time dominates tiny runs).
+    compile: bool | None = None
     # model: one graph over the whole forward (fusions across blocks, TREAD's routing at static shapes);
     # blocks: regional compile of each block (faster to compile, one graph reused by every block).
     compile_scope: Literal["model", "blocks"] = "model"
     # default: Inductor kernels launched from Python. reduce-overhead: the model's forward and backward
-    # replayed as CUDA graphs (TREAD arms are launch-bound at seed size without them); needs
-    # schedule.grad_accum 1, since a replay reuses the memory the previous micro-batch's gradients live in.
+    # replayed as CUDA graphs (TREAD arms are launch-bound at seed size without them); needs one
+    # micro-batch per step, since a replay reuses the memory the previous micro-batch's gradients live in
+    # (an auto micro-batch below the batch falls back to default, recorded on the run).
     compile_mode: Literal["default", "reduce-overhead"] = "default"
     # fp8 on CUDA, opt-in: keep in FP8 only the linear shapes whose float8 fwd+bwd beats bf16 at the run's
     # token count (speed over the ablation: arm I then may run partly or wholly bf16). Either way a CUDA run
@@ -281,10 +321,12 @@ class ArmSpec(Strict):
             patch = self.model.dims().patch
             if self.flow.rank > 3 * patch * patch:
                 raise ValueError(f"flow.rank ({self.flow.rank}) exceeds the patch dimension {3 * patch * patch}")
-        if self.precision.compile_mode == "reduce-overhead" and self.schedule.grad_accum != 1:
+        micro = self.schedule.fixed_micro_batch()
+        if self.precision.compile_mode == "reduce-overhead" and micro is not None and micro != self.schedule.batch_size:
             raise ValueError(
-                "precision.compile_mode 'reduce-overhead' needs schedule.grad_accum 1 "
-                f"(got {self.schedule.grad_accum}): use compile_mode default, or a batch_size that fits one micro-batch"
+                "precision.compile_mode 'reduce-overhead' needs one micro-batch per step "
+                f"(got micro-batch {micro} of {self.schedule.batch_size}): use compile_mode default, "
+                "or a batch_size that fits one micro-batch"
             )
         # the metrics are computed on held-out images: fail at submission, not at the first checkpoint
         if self.eval.num_samples > self.data.held_out:
@@ -323,10 +365,11 @@ def estimate_state_bytes(spec: ArmSpec) -> int:
 
 
 def estimate_peak_bytes(spec: ArmSpec) -> int:
-    """Estimated peak GPU memory of one arm: training state plus one micro-batch's activations."""
+    """Estimated peak GPU memory of one arm: training state plus one micro-batch's activations (one image
+    where the micro-batch is auto: the least it can pick, so this is what must fit at all)."""
     d = spec.model.dims()
     tokens = (spec.resolution() // d.patch) ** 2 + d.text_tokens + spec.model.identity_tokens
-    micro = spec.schedule.batch_size // spec.schedule.grad_accum
+    micro = spec.schedule.fixed_micro_batch() or 1
     act_bytes = 4 if spec.precision.mode == "fp32" else 2
     per_token_block = (ACT_ELEMS_PER_HIDDEN + 2 * spec.model.mlp_ratio) * d.hidden * act_bytes
     return int(estimate_state_bytes(spec) + micro * tokens * d.depth * per_token_block)

@@ -3,8 +3,9 @@
 `train_arm` builds the arm's dataset, text encoder, NanoDiT (+ precision, REPA, AsymFlow basis),
 optimizers and EMA, resumes from the latest checkpoint in out_dir if there is one, and trains,
 yielding a record at every checkpoint. A resumed run continues exactly (bit-identical on CPU): the
-checkpoint holds the model, EMA, optimizers, the global torch RNG (TREAD's permutations), the data
-stream's generator and the flow-noise generator. Imports model/ only.
+checkpoint holds the model, EMA, optimizers, the global torch RNG (TREAD's permutations), the flow-noise
+generator and the micro-batch; the data stream is a pure function of (data seed, step), served by loader
+worker processes (model/data/loader.py). Imports model/ only.
 """
 
 from __future__ import annotations
@@ -15,13 +16,15 @@ import resource
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from model.data import ImageCaptionDataset, build_dataset
+from model.data import ImageCaptionDataset, as_unit_float, build_dataset
+from model.data.loader import MicroBatch, SkipCounter, StepBatches, auto_workers, make_loader
 from model.evaluate import NO_EDITS_NOTE, evaluate
 from model.flow import FlowMatching, estimate_pca_basis, interpolate, sample_t
 from model.nanodit import NanoDiT
@@ -32,6 +35,7 @@ from model.repa import RepaProjector, Teacher, build_teacher, repa_loss, repa_we
 from model.spec import ArmSpec
 from model.text import TextEncoder, build_text_encoder
 from worker import checkpoint as ckpt
+from worker.micro_batch import MicroBatchChoice, choose_micro_batch, oom_message
 from worker.samples import write_samples
 
 # Steps after each (re)start excluded from iter/s: compile, cudnn autotune, allocator warm-up.
@@ -88,6 +92,17 @@ class Parts:
     fp8_linears: list[str] = field(default_factory=list)
     fp8_autotune: str | None = None  # what chose the FP8 set ("skipped: not CUDA", "reused from checkpoint: ...")
     precision_mode: str = "bf16"  # what actually ran (fp32 where CPU_BF16_FALLBACK applied)
+    micro: MicroBatchChoice | None = None  # images per forward/backward and how they were chosen
+    compiled: bool = False  # precision.compile as resolved for the device
+
+    @property
+    def micro_batch(self) -> int:
+        assert self.micro is not None
+        return self.micro.size
+
+    @property
+    def grad_accum(self) -> int:
+        return self.spec.schedule.batch_size // self.micro_batch
 
 
 def _has_trainable(module: nn.Module) -> bool:
@@ -95,12 +110,17 @@ def _has_trainable(module: nn.Module) -> bool:
 
 
 def build(
-    spec: ArmSpec, device: torch.device, lpips_weights: Path | None, fp8_linears: list[str] | None = None
+    spec: ArmSpec,
+    device: torch.device,
+    lpips_weights: Path | None,
+    fp8_linears: list[str] | None = None,
+    micro_batch: int | None = None,
 ) -> Parts:
     """Construct a run's parts; model init uses the global RNG seeded from data.seed.
 
     fp8_linears: the FP8 set saved in the checkpoint being resumed (None on a fresh start): converted as
-    is, without re-timing, so the resumed run keeps the numerics it started with.
+    is, without re-timing, so the resumed run keeps the numerics it started with. micro_batch: likewise
+    the micro-batch the resumed run trained with (not searched again).
     """
     torch.manual_seed(spec.data.seed)
     fallbacks: list[str] = []
@@ -138,10 +158,26 @@ def build(
             emas["text_encoder"] = EMA(text_encoder, spec.schedule.ema)
 
     precision = spec.precision
+    if precision.compile is None:  # the default: compiled where the device is CUDA
+        precision = precision.model_copy(update={"compile": device.type == "cuda"})
     if device.type == "cpu" and precision.mode == "bf16":
         fallbacks.append(CPU_BF16_FALLBACK)
         precision = precision.model_copy(update={"mode": "fp32"})
-    micro_tokens = spec.schedule.batch_size // spec.schedule.grad_accum * (spec.resolution() // dims.patch) ** 2
+    autocast = partial(autocast_ctx, precision, device)
+    # The micro-batch is found eager, before FP8 conversion and compile: both use less memory than eager
+    # bf16, so what fits here fits there (the margin covers compile's own buffers).
+    micro = choose_micro_batch(
+        spec, device, model, text_encoder, dataset, autocast, teacher, repa_block, fixed=micro_batch
+    )
+    if micro.note:
+        fallbacks.append(micro.note)
+    if precision.compile_mode == "reduce-overhead" and micro.size != spec.schedule.batch_size:
+        fallbacks.append(
+            f"compile_mode reduce-overhead needs one micro-batch per step; micro-batch {micro.size} of "
+            f"{spec.schedule.batch_size}: compile_mode default"
+        )
+        precision = precision.model_copy(update={"compile_mode": "default"})
+    micro_tokens = micro.size * (spec.resolution() // dims.patch) ** 2
     # FP8 autotune times at this size (unless the set comes from the checkpoint)
     report = apply_precision(model, precision, device, tokens=micro_tokens, fp8_linears=fp8_linears)
     fallbacks.extend(report.fallbacks)
@@ -170,31 +206,34 @@ def build(
         teacher=teacher,
         projector=projector,
         repa_block=repa_block,
-        autocast=lambda: autocast_ctx(precision, device),
+        autocast=autocast,
         fallbacks=fallbacks,
         fp8_linears=list(report.fp8_linears),
         fp8_autotune=report.autotune,
         precision_mode=precision.mode,
+        micro=micro,
+        compiled=bool(precision.compile),
     )
 
 
 # --- one optimizer step ----------------------------------------------------------------------------
 
 
-def train_step(parts: Parts, step: int, data_gen: torch.Generator, noise_gen: torch.Generator) -> tuple[Tensor, Tensor]:
-    """One optimizer step (with grad accumulation); returns (loss, grad_norm) as 0-d tensors (no sync)."""
+def train_step(parts: Parts, step: int, batches: list[MicroBatch], noise_gen: torch.Generator) -> tuple[Tensor, Tensor]:
+    """One optimizer step over its micro-batches (grad accumulation); returns (loss, grad_norm) as 0-d
+    tensors (no sync)."""
     spec, dev = parts.spec, parts.device
     sched = spec.schedule
-    micro = sched.batch_size // sched.grad_accum
+    accum = len(batches)
     w_repa = repa_weight(spec.repa, step, sched.steps) if parts.teacher is not None else 0.0
     total = torch.zeros((), device=dev)
-    for _ in range(sched.grad_accum):
-        if spec.precision.compile_mode == "reduce-overhead":  # CUDA graphs: a new iteration (grad_accum is 1)
+    for mb in batches:
+        if spec.precision.compile_mode == "reduce-overhead":  # CUDA graphs: a new iteration (one micro-batch)
             torch.compiler.cudagraph_mark_step_begin()
-        x0, captions = parts.dataset.train_batch(micro, data_gen)
-        x0 = x0.to(dev, non_blocking=True)
-        with_identity = torch.rand(1, generator=data_gen).item() < IDENTITY_PROB  # CPU draw: no GPU sync
-        t = sample_t(micro, spec.flow, noise_gen, dev)
+        # pinned by the loader: the copy is asynchronous; uint8 becomes float on the device
+        x0 = parts.dataset.from_unit(as_unit_float(mb.images.to(dev, non_blocking=True)))
+        captions, with_identity = mb.captions, mb.identity
+        t = sample_t(len(captions), spec.flow, noise_gen, dev)
         eps = torch.randn(x0.shape, generator=noise_gen, device=dev)
         x_t = interpolate(x0, eps, t)
         with parts.autocast():
@@ -209,8 +248,8 @@ def train_step(parts: Parts, step: int, data_gen: torch.Generator, noise_gen: to
                 h, w = x0.shape[-2] // parts.flow.patch, x0.shape[-1] // parts.flow.patch
                 feats = parts.teacher.features(parts.dataset.to_lpips(x0), (h, w))
                 loss = loss + w_repa * repa_loss(out.hidden, out.kept, feats, parts.projector)
-        (loss / sched.grad_accum).backward()
-        total += loss.detach() / sched.grad_accum
+        (loss / accum).backward()
+        total += loss.detach() / accum
     clip = spec.optimizer.grad_clip if spec.optimizer.grad_clip > 0 else math.inf
     grad_norm = torch.nn.utils.clip_grad_norm_(parts.trainable, clip)
     set_lr(parts.optimizers, lr_at(step, sched))
@@ -242,6 +281,7 @@ def _state(parts: Parts, step: int, gens: dict[str, torch.Generator], extra: dic
         "rng": rng,
         "spec": parts.spec.model_dump(mode="json"),
         "fp8_linears": list(parts.fp8_linears),  # reused on resume (see build)
+        "micro_batch": parts.micro_batch,  # likewise
         **extra,
     }
 
@@ -283,8 +323,10 @@ def device_info(device: torch.device) -> dict[str, Any]:
         return {"device_name": props.name, "gpu_uuid": f"GPU-{uuid}" if uuid is not None else None}
     import platform
 
-    return {"device_name": f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
-            "gpu_uuid": None}
+    return {
+        "device_name": f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
+        "gpu_uuid": None,
+    }
 
 
 def _sync(device: torch.device) -> None:
@@ -307,6 +349,7 @@ class Window:
     timed_steps: int = 0
     timed_s: float = 0.0
     t_timing: float | None = None  # perf_counter() when timing (re)started; None before warm-up ends
+    wait_s: float = 0.0  # of timed_s: the loop blocked on the loader for its next micro-batch
 
     @classmethod
     def empty(cls, device: torch.device, timing: bool = False) -> Window:
@@ -317,11 +360,17 @@ class Window:
         _sync(self.device)
         self.t_timing = time.perf_counter()
 
-    def add(self, loss: Tensor, gnorm: Tensor) -> None:
+    def add(self, loss: Tensor, gnorm: Tensor, wait_s: float) -> None:
         self.loss_sum += loss
         self.gnorm_sum += gnorm
         self.steps += 1
-        self.timed_steps += self.t_timing is not None
+        if self.t_timing is not None:
+            self.timed_steps += 1
+            self.wait_s += wait_s
+
+    def data_wait_fraction(self) -> float | None:
+        """Share of the steady-state wall time the loop waited for data (after close())."""
+        return min(1.0, self.wait_s / self.timed_s) if self.timed_steps and self.timed_s > 0 else None
 
     def close(self) -> tuple[float | None, float | None, float | None]:
         """(mean train loss, mean grad norm, steady-state iter/s); syncs the device once."""
@@ -347,7 +396,9 @@ class Checkpoints:
     last_record: dict[str, Any] | None = None
     best: dict[str, Any] = field(default_factory=lambda: {"step": None, "recon_lpips": None})
     t_start: float = field(default_factory=time.perf_counter)
-    info: dict[str, Any] = field(default_factory=dict)  # device name and UUID, on every record
+    info: dict[str, Any] = field(default_factory=dict)  # device name and UUID, loader workers: on every record
+    skips: SkipCounter | None = None  # training files that failed to decode
+    compile_s: float | None = None  # this process's first step, compile included (compiled runs only)
     provenance: dict[str, Any] = field(default_factory=ckpt.provenance)  # code and library versions, in every file
 
     def restore(self, state: dict[str, Any]) -> int:
@@ -387,8 +438,10 @@ class Checkpoints:
             parts.fallbacks.append(note)  # build checks too; this keeps any skipped metric on the record
         path = ckpt.checkpoint_path(self.out_dir, step)
         recon = metrics["recon_lpips"]
-        is_best = recon is not None and math.isfinite(recon) and (
-            self.best["recon_lpips"] is None or recon < self.best["recon_lpips"]
+        is_best = (
+            recon is not None
+            and math.isfinite(recon)
+            and (self.best["recon_lpips"] is None or recon < self.best["recon_lpips"])
         )
         if is_best:
             self.best = {"step": step, "recon_lpips": recon}
@@ -401,6 +454,7 @@ class Checkpoints:
             "lr": lr_at(max(step - 1, 0), sched),
             **metrics,
             "iter_per_sec": ips,
+            "data_wait_fraction": window.data_wait_fraction(),
             "samples_per_sec": ips * sched.batch_size if ips else None,
             "tokens_per_sec": ips * sched.batch_size * tokens_per_image if ips else None,
             "peak_memory_gb": peak_memory_gb(parts.device),
@@ -419,6 +473,13 @@ class Checkpoints:
             "fp8_autotune": parts.fp8_autotune,
             "repa_teacher": parts.teacher.label if parts.teacher is not None else None,
             "resumed_from_step": self.resumed_from or None,
+            "micro_batch": parts.micro_batch,
+            "grad_accum": parts.grad_accum,
+            "micro_batch_how": parts.micro.how if parts.micro is not None else None,
+            "compiled": parts.compiled,
+            "compile_s": self.compile_s,
+            "skipped_images": self.skips.count if self.skips is not None else 0,
+            "skipped_files": list(self.skips.files)[:10] if self.skips is not None else [],
             "final": final,
         }
         # metrics.jsonl before the checkpoint: a kill in between re-does this step on resume
@@ -467,39 +528,64 @@ def train_arm(
         torch.cuda.set_device(dev)
         torch.cuda.reset_peak_memory_stats(dev)
     t_start = time.perf_counter()
-    # The checkpoint is read before build: a resumed FP8 run converts the linears it started with.
+    # The checkpoint is read before build: a resumed FP8 run converts the linears it started with, and
+    # trains with the micro-batch it started with.
     latest = ckpt.latest_checkpoint(out_dir)
     state: dict[str, Any] | None = None
     if latest is not None:
         # CPU first: RNG states must stay CPU ByteTensors; load_state_dict copies tensors to the device.
         state = ckpt.load(latest, map_location="cpu")
         check_resumable(state["spec"], spec, latest)
-    parts = build(spec, dev, lpips_weights, fp8_linears=state.get("fp8_linears") if state is not None else None)
+    saved = state or {}
+    try:
+        parts = build(
+            spec, dev, lpips_weights, fp8_linears=saved.get("fp8_linears"), micro_batch=saved.get("micro_batch")
+        )
+    except torch.OutOfMemoryError:
+        raise TrainError(
+            oom_message(spec.schedule.fixed_micro_batch() or 1, spec.schedule.batch_size, dev, "set-up")
+        ) from None
     sched = spec.schedule
-    gens = {
-        "data": torch.Generator().manual_seed(spec.data.seed + 1),
-        "noise": torch.Generator(device=dev).manual_seed(spec.data.seed + 2),
-    }
-    checkpoints = Checkpoints(parts, out_dir, gens, t_start=t_start, info=device_info(dev))
+    gens = {"noise": torch.Generator(device=dev).manual_seed(spec.data.seed + 2)}
+    workers = spec.data.loader_workers if spec.data.loader_workers != "auto" else auto_workers(dev.type)
+    info = {**device_info(dev), "loader_workers": workers}
+    checkpoints = Checkpoints(parts, out_dir, gens, t_start=t_start, info=info)
+    checkpoints.skips = SkipCounter(parts.dataset.num_train)
     step = checkpoints.restore(state) if state is not None else 0
     if checkpoints.last_record is not None and step >= sched.steps:
         yield {**checkpoints.last_record, "final": True}
         return
 
+    batches = StepBatches(parts.dataset, sched.batch_size, parts.micro_batch, spec.data.seed + 1, IDENTITY_PROB)
+    loader = iter(make_loader(batches, step, sched.steps, workers, pin=dev.type == "cuda"))
     window = Window.empty(dev)
     steps_this_process = 0
-    while step < sched.steps:
-        if should_stop is not None and should_stop():
-            yield checkpoints.final(step, window)
-            return
-        if steps_this_process == WARMUP_STEPS:
-            window.start_timing()
-        loss, gnorm = train_step(parts, step, gens["data"], gens["noise"])
-        step += 1
-        steps_this_process += 1
-        window.add(loss, gnorm)
-        if on_step is not None:
-            on_step(step, loss.item())
-        if step % sched.checkpoint_every == 0 or step == sched.steps:
-            yield checkpoints.save(step, window, final=step == sched.steps)
-            window = Window.empty(dev, timing=window.t_timing is not None)
+    try:
+        while step < sched.steps:
+            if should_stop is not None and should_stop():
+                yield checkpoints.final(step, window)
+                return
+            if steps_this_process == WARMUP_STEPS:
+                window.start_timing()
+            t_wait = time.perf_counter()
+            micro_batches = [next(loader) for _ in range(parts.grad_accum)]
+            wait_s = time.perf_counter() - t_wait
+            for mb in micro_batches:
+                checkpoints.skips.add(mb.skipped)
+            t_step = time.perf_counter()
+            loss, gnorm = train_step(parts, step, micro_batches, gens["noise"])
+            if steps_this_process == 0 and parts.compiled:
+                _sync(dev)
+                checkpoints.compile_s = time.perf_counter() - t_step
+            step += 1
+            steps_this_process += 1
+            window.add(loss, gnorm, wait_s)
+            if on_step is not None:
+                on_step(step, loss.item())
+            if step % sched.checkpoint_every == 0 or step == sched.steps:
+                yield checkpoints.save(step, window, final=step == sched.steps)
+                window = Window.empty(dev, timing=window.t_timing is not None)
+    except torch.OutOfMemoryError:
+        raise TrainError(
+            oom_message(parts.micro_batch, sched.batch_size, dev, f"training step {step + 1} or its evaluation")
+        ) from None

@@ -64,6 +64,7 @@ def _register() -> None:
     # Imported for their side effect of adding commands to `app`.
     from orchestrator.cli import (
         core,  # noqa: F401
+        data,  # noqa: F401
         demo,  # noqa: F401
         importer,  # noqa: F401
         model_info,  # noqa: F401

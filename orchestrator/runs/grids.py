@@ -193,12 +193,12 @@ def memory_errors(body: GridCreate, resolved: list[tuple[str, ArmSpec]], cap_gib
             continue
         peak = estimate_peak_bytes(spec) / 2**30
         if cap_gib and peak > cap_gib:
-            micro = spec.schedule.batch_size // spec.schedule.grad_accum
+            micro = spec.schedule.fixed_micro_batch() or 1
             errors.append(
                 _error(
                     (*loc, "schedule"),
                     f"arm {label}: estimated peak GPU memory {peak:,.1f} GiB exceeds {cap_gib:g} GiB per GPU at "
-                    f"micro-batch {micro} (schedule.batch_size / schedule.grad_accum); raise schedule.grad_accum "
+                    f"micro-batch {micro}; set schedule.micro_batch lower (or auto, the default) "
                     "or lower schedule.batch_size, data.resolution or the model size",
                 )
             )

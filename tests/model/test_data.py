@@ -338,7 +338,7 @@ def test_imagefolder_embeddings(tmp_path: Path) -> None:
 
 
 def test_imagefolder_over_its_cache_cap_decodes_per_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import model.data as data_mod
+    import model.data.folder as data_mod
 
     make_folder(tmp_path, 12)
     decoded: list[str] = []

@@ -188,7 +188,8 @@ def test_saved_fp8_set_is_reused_without_timing():
 
 
 def test_cuda_graphs_refuse_grad_accumulation():
-    with pytest.raises(ValueError, match=r"compile_mode 'reduce-overhead' needs schedule.grad_accum 1 \(got 2\)"):
+    needs = r"compile_mode 'reduce-overhead' needs one micro-batch per step \(got micro-batch 4 of 8\)"
+    with pytest.raises(ValueError, match=needs):
         resolve("B", {"precision": {"compile_mode": "reduce-overhead"}, "schedule": {"batch_size": 8, "grad_accum": 2}})
     ok = resolve("B", {"precision": {"compile_mode": "reduce-overhead"}, "schedule": {"batch_size": 8}})
     assert ok.precision.compile_mode == "reduce-overhead" and ok.precision.compile_scope == "model"

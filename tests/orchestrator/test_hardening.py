@@ -192,14 +192,18 @@ def test_model_too_large_for_any_gpu_names_the_estimate(client: TestClient) -> N
 
 def test_peak_memory_over_the_cap_is_422_with_the_estimate(database_url: str, storage: Path) -> None:
     with TestClient(make_app(database_url, storage, max_gpu_memory_gib=24)) as c:
-        seed = {"name": "seed", "arms": [{"parent": "A", "name": "A-seed"}]}  # batch 256 at 4096 tokens
+        # batch 256 at 4096 tokens in one micro-batch
+        seed = {"name": "seed", "arms": [{"parent": "A", "name": "A-seed", "schedule": {"micro_batch": 256}}]}
         resp = c.post("/api/grids", json=seed, headers=AUTH)
         assert resp.status_code == 422
         (err,) = resp.json()["detail"]
         assert err["loc"] == ["body", "arms", 0, "schedule"]
-        assert "estimated peak GPU memory" in err["msg"] and "24 GiB" in err["msg"] and "grad_accum" in err["msg"]
+        assert "estimated peak GPU memory" in err["msg"] and "24 GiB" in err["msg"] and "micro_batch" in err["msg"]
         fits = {"name": "seed-accum", "arms": [{"parent": "A", "name": "A", "schedule": {"grad_accum": 64}}]}
         assert c.post("/api/grids", json=fits, headers=AUTH).status_code == 201
+        # the defaults (micro_batch auto) fit: the trainer finds the micro-batch on the GPU
+        auto = {"name": "seed-auto", "arms": [{"parent": "A", "name": "A"}]}
+        assert c.post("/api/grids", json=auto, headers=AUTH).status_code == 201
 
 
 # -- 6. spec paths to files on the workers ----------------------------------------------------------------

@@ -149,7 +149,7 @@ def test_s3_store_retries_while_the_bucket_is_missing_and_training_goes_on(
     fs.mkdir("ablate-late-bucket")
     done = finish(worker)
     assert done["storage"]["stored_step"] == 30 and done["storage"]["failures"] == 0
-    assert stored_names(url, options) == ["best.pt", "ckpt_0000030.pt", "metrics.jsonl", "records.jsonl"]
+    assert stored_names(url, options) == ["best.pt", "ckpt_0000030.pt", "metrics.jsonl", "records.jsonl", "samples"]
     fs.invalidate_cache()
     assert fs.cat_file("ablate-late-bucket/ckpts/run-5/ckpt_0000030.pt") == (
         tmp_path / "node" / "ckpt_0000030.pt"
