@@ -6,7 +6,8 @@ from __future__ import annotations
 import re
 import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -123,7 +124,21 @@ def run_steps(shell: NodeShell, templates: Sequence[str], variables: dict[str, s
 
 
 def bootstrap(shell: NodeShell, config: BootstrapConfig, num_gpus: int) -> None:
-    """Install the worker environment on the node and join the controller's Ray cluster."""
+    """Install the worker environment on the node and join the controller's Ray cluster; what fails is
+    tagged with its step (check, upload, install, join) for the node's state."""
+    with bootstrap_step("check"):
+        _check(shell, config)
+    with bootstrap_step("upload"):
+        remote_package = _upload(shell, config)
+    variables = config.variables(num_gpus, remote_package)
+    with bootstrap_step("install"):
+        run_steps(shell, config.install, variables, config.command_timeout_s)
+    with bootstrap_step("join"):
+        run_steps(shell, config.join, variables, config.command_timeout_s)
+
+
+def _check(shell: NodeShell, config: BootstrapConfig) -> None:
+    """What must hold before anything is copied: the settings the templates need, the Python version."""
     joining = "\n".join(config.join)
     if not config.ray_address and "{ray_address}" in joining:
         raise NodeError("ABLATE_NODE_RAY_ADDRESS is not set: the Ray head address (host:6379) nodes must join")
@@ -145,6 +160,11 @@ def bootstrap(shell: NodeShell, config: BootstrapConfig, num_gpus: int) -> None:
                 f"{'.'.join(local)}; Ray needs the same Python minor version on every node: set "
                 f"ABLATE_NODE_PYTHON to a python{'.'.join(local)} on the node (or ABLATE_NODE_MATCH_PYTHON=false)"
             )
+
+
+def _upload(shell: NodeShell, config: BootstrapConfig) -> str:
+    """The token, the package and the wheelhouse onto the node; returns the package's remote path."""
+    joining = "\n".join(config.join)
     # 0700 before anything goes in: the token must never be readable by other users of the node.
     shell.run(f"mkdir -p {shlex.quote(config.remote_dir)} && chmod 700 {shlex.quote(config.remote_dir)}", 60)
     if config.token_file is not None and "{token_path}" in joining:
@@ -162,13 +182,7 @@ def bootstrap(shell: NodeShell, config: BootstrapConfig, num_gpus: int) -> None:
         shell.run(f"mkdir -p {shlex.quote(config.remote_dir)}/wheelhouse", 60)
         for wheel in wheels:
             shell.put(wheel, f"{config.remote_dir}/wheelhouse/{wheel.name}")
-    variables = config.variables(num_gpus, remote_package)
-    for step, templates in (("install", config.install), ("join", config.join)):
-        try:
-            run_steps(shell, templates, variables, config.command_timeout_s)
-        except CommandFailed as exc:
-            exc.step = step
-            raise
+    return remote_package
 
 
 def drain(shell: NodeShell, config: BootstrapConfig) -> None:
@@ -187,13 +201,24 @@ def _set_state(database_url: str, name: str, state: NodeState, detail: str | Non
         set_state(get_node(session, name), state, detail)
 
 
+@contextmanager
+def bootstrap_step(name: str) -> Iterator[None]:
+    """Tag what fails inside with the bootstrap step it failed in (the innermost step wins)."""
+    try:
+        yield
+    except Exception as exc:
+        if not hasattr(exc, "bootstrap_step"):
+            exc.bootstrap_step = name  # type: ignore[attr-defined]
+        raise
+
+
 def failure_detail(exc: BaseException) -> str:
     """Where a bootstrap failed, short enough for a table cell: `join: exit 126`, `install: timed out`,
-    `check: NodeError` (the command and its output are in the node's command events)."""
+    `upload: OSError` (the command and its output are in the node's command events)."""
+    step = getattr(exc, "bootstrap_step", "connect")
     if isinstance(exc, CommandFailed):
-        how = "timed out" if exc.result.timed_out else f"exit {exc.result.exit_code}"
-        return f"{exc.step}: {how}"
-    return f"check: {type(exc).__name__}"
+        return f"{step}: " + ("timed out" if exc.result.timed_out else f"exit {exc.result.exit_code}")
+    return f"{step}: {type(exc).__name__}"
 
 
 def _with_node(database_url: str, name: str) -> Node:

@@ -81,7 +81,6 @@ class CommandFailed(NodeError):
 
     def __init__(self, node: str, result: CommandResult) -> None:
         self.result = result
-        self.step = "command"  # which sequence it stopped (install, join, ...): set by who ran it
         what = f"timed out after {result.timeout_s:g} s" if result.timed_out else f"exited {result.exit_code}"
         output = (result.stderr.strip() or result.stdout.strip())[-800:]
         super().__init__(f"node {node!r}: `{result.command}` {what}: {output or '(no output)'}")

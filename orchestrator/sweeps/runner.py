@@ -339,7 +339,7 @@ class SweepRunner:
                 with session_scope(self.database_url) as session:
                     row = session.scalar(select(Node).where(Node.name == name))
                     if row is not None:
-                        row.state = NodeState.teardown_failed
+                        set_state(row, NodeState.teardown_failed)
                         session.add(Event(node_id=row.id, kind="node.teardown_failed", message=problems[-1]))
         return problems
 

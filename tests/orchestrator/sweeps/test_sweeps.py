@@ -158,8 +158,9 @@ def test_nightly_sweep_provisions_runs_copies_back_and_tears_down(
     exported = json.loads((results / "metrics.json").read_text())
     assert [m["recon_lpips"] for m in next(r for r in exported["runs"] if r["arm"] == "A")["metrics"]] == [0.95]
     assert not remote.exists()  # torn down: left the cluster and removed the working dir
-    with session_scope(database_url) as session:
-        assert find_node(session, ssh_node).state == "registered"
+    with session_scope(database_url) as session:  # the failed bootstrap stays visible after the teardown
+        node = find_node(session, ssh_node)
+        assert (node.state, node.state_detail) == ("bootstrap_failed", "upload: OSError"), node.state_detail
 
 
 def test_budget_cap_stops_the_sweep_gracefully(database_url: str, sshd, ssh_node: str, tmp_path: Path) -> None:  # noqa: ANN001
@@ -302,8 +303,9 @@ def test_provisioning_error_other_than_node_error_fails_the_sweep_once(
     runner.tick()  # a failed sweep is not provisioned again
     [again] = _sweeps(database_url, "upload")
     assert again.state == "failed" and again.error == sweep.error
-    with session_scope(database_url) as session:
-        assert find_node(session, ssh_node).state == "registered"
+    with session_scope(database_url) as session:  # the failed bootstrap stays visible after the teardown
+        node = find_node(session, ssh_node)
+        assert (node.state, node.state_detail) == ("bootstrap_failed", "upload: OSError"), node.state_detail
 
 
 def test_schedule_validation_names_the_field(database_url: str, node_name: str) -> None:
