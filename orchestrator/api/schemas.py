@@ -124,6 +124,7 @@ class SchedulePublic(Public):
     cron: str
     grid: dict[str, Any]
     nodes: list[str]
+    request: dict[str, Any] | None  # a NodeRequest: the nodes each sweep rents (then `nodes` is empty)
     budget: float | None
     misfire: str
     paused: bool
