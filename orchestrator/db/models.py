@@ -286,3 +286,20 @@ class RentedInstance(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     destroy_confirmed_at: Mapped[datetime | None] = mapped_column()
     last_error: Mapped[str | None] = mapped_column(Text)
+
+    def cost(self, now: datetime) -> float:
+        """What it billed: price per hour x (create -> destroy confirmed, or `now` while it may still bill)."""
+        end = self.destroy_confirmed_at or now
+        created = self.created_at
+        # SQLite hands back naive datetimes; every stored time is UTC.
+        end, created = (t if t.tzinfo is not None else t.replace(tzinfo=UTC) for t in (end, created))
+        return self.price_per_hour * max(0.0, (end - created).total_seconds()) / 3600
+
+    @property
+    def cost_so_far(self) -> float:
+        return round(self.cost(utcnow()), 6)
+
+    @property
+    def destroy_unconfirmed(self) -> bool:
+        """Red on the dashboard: its destroy was not confirmed, so it may still bill."""
+        return self.state == RentedState.destroy_failed

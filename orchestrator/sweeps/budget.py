@@ -4,14 +4,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from orchestrator.db.models import RentedInstance, Sweep
+from orchestrator.db.models import Sweep
 from orchestrator.sweeps.schedules import aware
-
-
-def instance_cost(instance: RentedInstance, now: datetime) -> float:
-    """What a rented instance billed: its price per hour x (create -> destroy confirmed, or now)."""
-    end = aware(instance.destroy_confirmed_at) if instance.destroy_confirmed_at is not None else aware(now)
-    return instance.price_per_hour * max(0.0, (end - aware(instance.created_at)).total_seconds()) / 3600
 
 
 def spend(sweep: Sweep, now: datetime) -> float:
@@ -19,6 +13,6 @@ def spend(sweep: Sweep, now: datetime) -> float:
     too). On registered nodes: price per hour of all its nodes x hours since the fire (they bill all day;
     the sweep is charged from provisioning on)."""
     if sweep.instances:
-        return round(sum(instance_cost(i, now) for i in sweep.instances), 6)
+        return round(sum(i.cost(aware(now)) for i in sweep.instances), 6)
     hours = max(0.0, (aware(now) - aware(sweep.fired_at)).total_seconds() / 3600)
     return round(sweep.price_per_hour * hours, 6)

@@ -93,6 +93,19 @@ class SweepRunner:
         self.misfire_grace = misfire_grace
         self.stop_grace = stop_grace
 
+    @classmethod
+    def from_settings(cls, settings: Any) -> SweepRunner:  # noqa: ANN401 - orchestrator.settings.Settings
+        """The runner `ablate serve` and `ablate schedules run` drive: renting from every provider with a key."""
+        from orchestrator.fleet.providers import configured_providers
+
+        return cls(
+            settings.database_url,
+            settings.storage_dir,
+            checkpoint_options=settings.checkpoint_options,
+            providers=configured_providers(settings),
+            rental=rental_config(settings),
+        )
+
     def now(self) -> datetime:
         return aware(self.clock())
 
@@ -399,16 +412,7 @@ def attach_to_app(app: Any, interval_s: float = 30.0) -> None:
     stop = threading.Event()
 
     def start(app: Any) -> None:
-        from orchestrator.fleet.providers import configured_providers
-
-        settings = app.state.settings
-        runner = SweepRunner(
-            settings.database_url,
-            settings.storage_dir,
-            checkpoint_options=settings.checkpoint_options,
-            providers=configured_providers(settings),
-            rental=rental_config(settings),
-        )
+        runner = SweepRunner.from_settings(app.state.settings)
         thread = threading.Thread(target=runner.run_forever, args=(interval_s, stop), name="sweeps", daemon=True)
         thread.start()
         app.state.sweep_thread = thread

@@ -262,3 +262,42 @@ def test_no_api_key_in_any_event_or_response(
     for path in ("/api/schedules", "/api/schedules/rent-secret", "/"):
         answer = client.get(path, headers=auth)
         assert answer.status_code == 200 and KEY not in answer.text
+
+
+def test_a_destroy_not_confirmed_is_red_on_the_dashboard_and_rest_until_the_reaper_ends_it(
+    database_url: str,
+    sshd,  # noqa: ANN001
+    sim: ProviderSim,
+    tmp_path: Path,
+) -> None:
+    runner = _runner(database_url, sshd, sim, tmp_path, sshd.workdir / "unconfirmed")
+    _schedule(database_url, "rent-red")
+    runner.tick()
+    sweep = _sweep(database_url, "rent-red")
+    assert sweep.state == SweepState.running, sweep.error
+    # The provider stops accepting the key before the end (revoked, an outage): destroy cannot be confirmed.
+    runner.rentals.providers["vast"] = VastProvider("sk-revoked-000000000000", server_url=sim.url)
+    _finish_runs(database_url, sweep.grid_id)
+    runner.tick()
+    sweep = _sweep(database_url, "rent-red")
+    assert sweep.state == SweepState.failed and "IT MAY STILL BE BILLING" in sweep.error
+    [instance] = _instances(database_url, sweep.id)
+    assert instance.state == RentedState.destroy_failed and len(sim.live()) == 1
+
+    client = TestClient(create_app(Settings(database_url=database_url, storage_dir=tmp_path), "tok"))
+    auth = {"Authorization": "Bearer tok"}
+    [public] = client.get("/api/schedules/rent-red", headers=auth).json()["sweeps"][0]["instances"]
+    assert (public["instance_id"], public["state"]) == (instance.instance_id, "destroy_failed")
+    assert public["destroy_unconfirmed"] and public["price_per_hour"] == 1.2 and public["cost_so_far"] > 0
+    assert public["host_key"].startswith("SHA256:") and public["offer_id"] == "302"
+    page = client.get("/").text
+    assert 'id="unconfirmed-destroys"' in page and f"vast {instance.instance_id}" in page
+    assert f'class="chip rented rented-destroy_failed" data-instance="vast-{instance.instance_id}"' in page
+    assert "DESTROY NOT CONFIRMED" in page
+
+    runner.rentals.providers["vast"] = VastProvider(KEY, server_url=sim.url)  # the key works again
+    runner.tick()  # the reaper: labelled, and its sweep is not live
+    assert sim.live() == []
+    [instance] = _instances(database_url, sweep.id)
+    assert instance.state == RentedState.destroyed and instance.destroy_confirmed_at is not None
+    assert 'id="unconfirmed-destroys"' not in client.get("/").text

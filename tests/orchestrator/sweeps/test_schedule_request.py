@@ -60,3 +60,24 @@ def test_request_schedules_over_rest(database_url: str) -> None:
     created = client.post("/api/schedules", json=body, headers=auth)
     assert created.status_code == 201, created.text
     assert created.json()["request"]["max_price_per_gpu_hour"] == 0.45 and created.json()["nodes"] == []
+
+
+def test_request_schedules_from_the_cli(database_url: str, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    import yaml
+    from typer.testing import CliRunner
+
+    from orchestrator.cli import _register, app
+
+    _register()
+    monkeypatch.setenv("ABLATE_DATABASE_URL", database_url)
+    monkeypatch.setenv("COLUMNS", "200")
+    (tmp_path / "grid.yaml").write_text(yaml.safe_dump(GRID))
+    (tmp_path / "rent.yaml").write_text(yaml.safe_dump(REQUEST))
+    args = ["schedules", "create", "cli-rent", "--cron", "0 22 * * *", "--grid", str(tmp_path / "grid.yaml")]
+    made = CliRunner().invoke(app, [*args, "--request", str(tmp_path / "rent.yaml")])
+    assert made.exit_code == 0, made.output
+    listed = CliRunner().invoke(app, ["schedules", "list"])
+    assert "rent 2x 4x RTX_4090 @vast <= 0.45/GPU-h" in listed.output
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump({**REQUEST, "provider": "aws"}))
+    bad = CliRunner().invoke(app, [*args[:2], "cli-bad", *args[3:], "--request", str(tmp_path / "bad.yaml")])
+    assert bad.exit_code != 0 and "request.provider" in str(bad.exception)
