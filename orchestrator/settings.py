@@ -99,6 +99,12 @@ class Settings(BaseSettings):
     # Base URLs of the providers' APIs; unset: the SDKs' defaults. The tests point them at a simulator.
     vast_url: str | None = None  # vastai's server_url (default https://console.vast.ai)
     runpod_api_url: str | None = None  # runpod's RUNPOD_API_BASE_URL (default https://api.runpod.io)
+    # The controller's SSH key for the nodes it rents (its .pub is handed to each instance, the only key
+    # let in). Unset: storage_dir/ssh/rent_ed25519, made on first use.
+    rent_ssh_key: Path | None = None
+    # The image rented instances run: CUDA, sshd, and Python of the controller's minor version (bootstrap
+    # checks it; Ray needs it); the worker environment is installed by bootstrap as on registered nodes.
+    rent_image: str = "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"
 
     @field_validator("database_url")
     @classmethod

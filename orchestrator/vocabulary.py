@@ -112,12 +112,29 @@ class NodeState(StrEnum):
     bootstrap_failed = "bootstrap_failed"
 
 
+class RentedState(StrEnum):
+    """An instance a sweep rented, as the controller tracks it: renting -> running -> destroyed, or
+    destroy_failed (red: it may still bill; the reaper retries by its label) or failed (never usable,
+    destroyed)."""
+
+    renting = "renting"  # create sent, waiting until SSH answers
+    running = "running"  # reachable, host key pinned, a node of the sweep
+    destroyed = "destroyed"  # the provider confirmed it gone: it bills no more
+    failed = "failed"  # not reachable / bootstrap failed: destroyed and replaced by another offer
+    destroy_failed = "destroy_failed"  # destroy not confirmed: may still be billing
+
+
+# The provider may still bill for these.
+BILLING_RENTED_STATES = frozenset({RentedState.renting, RentedState.running, RentedState.destroy_failed})
+
+
 def for_script() -> dict[str, Any]:
     """The vocabulary the dashboard's scripts use, rendered into each page as JSON (#vocabulary)."""
     return {
         "run_state": {m.name: m.value for m in RunState},
         "decision": {m.name.lower(): m.value for m in RunDecision},
         "node_state": {m.name: m.value for m in NodeState},
+        "rented_state": {m.name: m.value for m in RentedState},
         "live_grid_states": sorted(LIVE_GRID_STATES),
         "terminal_run_states": sorted(TERMINAL_STATES),
     }

@@ -25,7 +25,7 @@ from orchestrator.runs.records import (
     UTCDatetime,
 )
 from orchestrator.sweeps.schedules import ScheduleCreate
-from orchestrator.vocabulary import NodeState, SweepState
+from orchestrator.vocabulary import NodeState, RentedState, SweepState
 
 __all__ = [
     "ArmPublic",
@@ -40,6 +40,7 @@ __all__ = [
     "NodeCreate",
     "NodePublic",
     "ProbeResult",
+    "RentedInstancePublic",
     "RunPublic",
     "RunSummary",
     "ScheduleCreate",
@@ -101,6 +102,26 @@ class ProbeResult(BaseModel):
     probed_at: str
 
 
+class RentedInstancePublic(Public):
+    """An instance a sweep rented. Never carries an API key: the provider's key is not in the row."""
+
+    provider: str
+    instance_id: str
+    offer_id: str | None
+    gpu_name: str
+    gpus: int
+    price_per_hour: float  # what the provider bills for the whole node
+    label: str
+    node_name: str | None
+    state: RentedState
+    host_key: str | None  # SHA256 fingerprint pinned at first contact
+    created_at: UTCDatetime
+    destroy_confirmed_at: UTCDatetime | None
+    last_error: str | None
+    cost_so_far: float  # price x (create -> destroy confirmed, or now)
+    destroy_unconfirmed: bool  # red: it may still bill
+
+
 class SweepPublic(Public):
     id: int
     state: SweepState
@@ -116,6 +137,7 @@ class SweepPublic(Public):
     error: str | None
     results_dir: str | None
     finished_at: UTCDatetime | None
+    instances: list[RentedInstancePublic]  # what it rented (empty on registered nodes)
 
 
 class SchedulePublic(Public):
@@ -124,6 +146,7 @@ class SchedulePublic(Public):
     cron: str
     grid: dict[str, Any]
     nodes: list[str]
+    request: dict[str, Any] | None  # a NodeRequest: the nodes each sweep rents (then `nodes` is empty)
     budget: float | None
     misfire: str
     paused: bool

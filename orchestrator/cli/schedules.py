@@ -26,7 +26,10 @@ def create(
     name: Annotated[str, typer.Argument(help="A short unique name, e.g. nightly-abcd")],
     cron: Annotated[str, typer.Option(help="Five-field cron expression in UTC, e.g. '0 22 * * *'")],
     grid: Annotated[Path, typer.Option(help="Grid YAML as `ablate submit` takes it")],
-    nodes: Annotated[str, typer.Option(help="Comma-separated node names (`ablate nodes list`)")],
+    nodes: Annotated[str | None, typer.Option(help="Comma-separated node names (`ablate nodes list`)")] = None,
+    request: Annotated[
+        Path | None, typer.Option(help="Instead of --nodes: YAML of nodes to rent at each fire (provider, gpu, ...)")
+    ] = None,
     budget: Annotated[float | None, typer.Option(help="Most to spend per sweep: sum of price/hour x hours")] = None,
     misfire: Annotated[
         str, typer.Option(help="A fire missed while the controller was down: run_once (late) or skip")
@@ -37,13 +40,15 @@ def create(
     from orchestrator.sweeps.schedules import ScheduleCreate, create_schedule
 
     body_grid = load_grid_file(grid)
-    node_list = [n.strip() for n in nodes.split(",") if n.strip()]
+    node_list = [n.strip() for n in nodes.split(",") if n.strip()] if nodes is not None else None
+    wanted = load_grid_file(request) if request is not None else None  # the same YAML reading and errors
     with service_errors():
         body = ScheduleCreate(
             name=name,
             cron=cron,
             grid=body_grid,
             nodes=node_list,
+            request=wanted,  # type: ignore[arg-type]
             budget=budget,
             misfire=misfire,  # type: ignore[arg-type]
         )
@@ -60,6 +65,15 @@ def _node_cell(name: str, state: str | None) -> Text:
     if state == NodeState.teardown_failed:
         return Text(f"{name} (TEARDOWN FAILED)", style="bold red")
     return Text(name)
+
+
+def _wanted(request: dict | None) -> Text:
+    """A request schedule's nodes cell: `rent 2x 4x RTX_4090 @vast <= 0.45/GPU-h`."""
+    if request is None:
+        return Text("-")
+    r = request
+    cap = r["max_price_per_gpu_hour"]
+    return Text(f"rent {r['nodes']}x {r['gpus_per_node']}x {r['gpu']} @{r['provider']} <= {cap}/GPU-h")
 
 
 @schedules_app.command("list")
@@ -94,7 +108,7 @@ def list_() -> None:
                 [
                     p.name,
                     p.cron,
-                    Text(",").join(_node_cell(n, states.get(n)) for n in p.nodes),
+                    Text(",").join(_node_cell(n, states.get(n)) for n in p.nodes) if p.nodes else _wanted(p.request),
                     "-" if p.budget is None else f"{p.budget:g}",
                     p.misfire,
                     "paused" if p.paused else "active",
@@ -144,7 +158,8 @@ def run(interval: Annotated[float, typer.Option(help="Seconds between ticks")] =
     from orchestrator.sweeps.runner import SweepRunner
 
     settings = load_settings()
-    runner = SweepRunner(settings.database_url, settings.storage_dir, checkpoint_options=settings.checkpoint_options)
+    with service_errors():  # a provider key file that is unusable is one line, not a traceback
+        runner = SweepRunner.from_settings(settings)
     typer.echo(f"sweep runner: ticking every {interval:g} s against {settings.database_url.split('@')[-1]}")
     try:
         runner.run_forever(interval)

@@ -22,13 +22,13 @@ from sqlalchemy.orm import Session, selectinload
 
 from model.spec import ArmSpec
 from orchestrator.api.schemas import RunSummary, SweepPublic
-from orchestrator.db.models import METRIC_FIELDS, Event, Grid, Metric, Node, Run, Schedule, Sweep
+from orchestrator.db.models import METRIC_FIELDS, Event, Grid, Metric, Node, RentedInstance, Run, Schedule, Sweep
 from orchestrator.numbers import finite_or_none, is_finite
 from orchestrator.runs.arms import LINEAGE_KEYS, ArmError, changes, flatten, resolve
 from orchestrator.runs.reports.stats import QUALITY, paired_difference
 from orchestrator.runs.samples import sample_index
 from orchestrator.storage import STORAGE_EVENTS, storage_alarms
-from orchestrator.vocabulary import STOP_DECISIONS, TERMINAL_STATES, GridState, NodeState, RunState
+from orchestrator.vocabulary import STOP_DECISIONS, TERMINAL_STATES, GridState, NodeState, RentedState, RunState
 
 STANDIN = "random_standin"
 # Events whose data carries the detector's `warnings` (orchestrator.runs.detector.Decision.warnings).
@@ -126,6 +126,16 @@ def failed_bootstraps(session: Session) -> list[dict[str, str | None]]:
         select(Node.name, Node.state_detail).where(Node.state == NodeState.bootstrap_failed).order_by(Node.name)
     )
     return [{"name": name, "detail": detail} for name, detail in rows]
+
+
+def unconfirmed_destroys(session: Session) -> list[str]:
+    """Rented instances whose destroy was not confirmed: they may still bill (the reaper retries)."""
+    rows = session.execute(
+        select(RentedInstance.provider, RentedInstance.instance_id)
+        .where(RentedInstance.state == RentedState.destroy_failed)
+        .order_by(RentedInstance.id)
+    )
+    return [f"{provider} {iid}" for provider, iid in rows]
 
 
 def unreleased_nodes(session: Session) -> list[str]:

@@ -20,6 +20,7 @@ from orchestrator.dashboard.data import (
     grid_version,
     metrics_csv,
     sweep_rows,
+    unconfirmed_destroys,
     unreleased_nodes,
 )
 from orchestrator.db.models import Grid
@@ -57,6 +58,9 @@ def index_page(request: Request, session: SessionDep, limit: Limit = PAGE_SIZE, 
         for row in sweeps:
             if row["error"]:
                 row["error"] = f"failed; details with the API token: GET /api/schedules/{row['schedule']}"
+            for instance in row["instances"]:  # a failed bootstrap's reason carries command output too
+                if instance["last_error"]:
+                    instance["last_error"] = "details with the API token"
     pages = {
         "newer": max(0, offset - limit) if offset > 0 else None,
         "older": offset + limit if offset + limit < total else None,
@@ -71,6 +75,7 @@ def index_page(request: Request, session: SessionDep, limit: Limit = PAGE_SIZE, 
         **pages,
         sweeps=sweeps,
         unreleased=unreleased_nodes(session),
+        unconfirmed=unconfirmed_destroys(session),
         failed_bootstraps=failed_bootstraps(session),
     )
 

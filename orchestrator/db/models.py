@@ -28,6 +28,7 @@ from orchestrator.vocabulary import (
     STOP_DECISIONS,
     GridSource,
     NodeState,
+    RentedState,
     RunState,
     SweepState,
 )
@@ -208,7 +209,9 @@ class Schedule(Base):
     name: Mapped[str] = mapped_column(String(200), unique=True)
     cron: Mapped[str] = mapped_column(String(120))
     grid: Mapped[dict[str, Any]] = mapped_column()  # a grid body as POST /api/grids takes it
-    nodes: Mapped[list[Any]] = mapped_column(default=list)  # node names
+    nodes: Mapped[list[Any]] = mapped_column(default=list)  # node names; empty when it has a request
+    # A NodeRequest (orchestrator/fleet/providers/request.py) as JSON: nodes rented at each fire.
+    request: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     budget: Mapped[float | None] = mapped_column(Float)  # currency units: price per hour x hours
     misfire: Mapped[str] = mapped_column(String(16), default="run_once")  # run_once | skip
     paused: Mapped[bool] = mapped_column(default=False)
@@ -242,6 +245,9 @@ class Sweep(Base):
     results_dir: Mapped[str | None] = mapped_column(Text)  # where checkpoints and metrics were copied
     finished_at: Mapped[datetime | None] = mapped_column()
 
+    # What it rented (empty for a sweep on registered nodes), oldest first.
+    instances: Mapped[list[RentedInstance]] = relationship(viewonly=True, order_by="RentedInstance.id")
+
     @hybrid_property
     def under_way(self) -> bool:
         """Not yet finished: the runner advances it, and its schedule cannot fire again or be deleted."""
@@ -251,3 +257,49 @@ class Sweep(Base):
     @classmethod
     def _under_way_expression(cls) -> ColumnElement[bool]:
         return cls.state.in_(ACTIVE_SWEEP_STATES)
+
+
+class RentedInstance(Base):
+    """One instance a sweep rented from a provider, from create until its destroy was confirmed.
+
+    Its cost is price_per_hour x (destroy_confirmed_at or now - created_at), both on the runner's clock:
+    what the provider bills from create until destroy, and what the sweep's spend sums. Never holds a key.
+    """
+
+    __tablename__ = "rented_instances"
+    __table_args__ = (UniqueConstraint("provider", "instance_id", name="uq_rented_provider_instance"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    # SET NULL: a deleted schedule's sweeps go, the record of what was rented (and maybe still bills) stays.
+    sweep_id: Mapped[int | None] = mapped_column(ForeignKey("sweeps.id", ondelete="SET NULL"), index=True)
+    provider: Mapped[str] = mapped_column(String(32))
+    instance_id: Mapped[str] = mapped_column(String(128))
+    offer_id: Mapped[str | None] = mapped_column(String(128))
+    gpu_name: Mapped[str] = mapped_column(String(128), default="")
+    gpus: Mapped[int] = mapped_column(Integer, default=0)
+    price_per_hour: Mapped[float] = mapped_column(Float, default=0.0)  # what the provider bills, whole node
+    label: Mapped[str] = mapped_column(String(64))  # ablate.<controller>.s<sweep>
+    node_name: Mapped[str | None] = mapped_column(String(200))  # its row in `nodes` while it is a node
+    state: Mapped[str] = mapped_column(String(16), default=RentedState.renting, index=True)  # a RentedState
+    # The SSH host key pinned at first contact (SHA256 fingerprint), see docs/operations.md.
+    host_key: Mapped[str | None] = mapped_column(String(128))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    destroy_confirmed_at: Mapped[datetime | None] = mapped_column()
+    last_error: Mapped[str | None] = mapped_column(Text)
+
+    def cost(self, now: datetime) -> float:
+        """What it billed: price per hour x (create -> destroy confirmed, or `now` while it may still bill)."""
+        end = self.destroy_confirmed_at or now
+        created = self.created_at
+        # SQLite hands back naive datetimes; every stored time is UTC.
+        end, created = (t if t.tzinfo is not None else t.replace(tzinfo=UTC) for t in (end, created))
+        return self.price_per_hour * max(0.0, (end - created).total_seconds()) / 3600
+
+    @property
+    def cost_so_far(self) -> float:
+        return round(self.cost(utcnow()), 6)
+
+    @property
+    def destroy_unconfirmed(self) -> bool:
+        """Red on the dashboard: its destroy was not confirmed, so it may still bill."""
+        return self.state == RentedState.destroy_failed

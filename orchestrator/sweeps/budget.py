@@ -9,6 +9,10 @@ from orchestrator.sweeps.schedules import aware
 
 
 def spend(sweep: Sweep, now: datetime) -> float:
-    """Price per hour of all its nodes x hours since the fire (nodes bill from provisioning on)."""
+    """A sweep that rented: what its instances billed (failed rentals included: the provider bills them
+    too). On registered nodes: price per hour of all its nodes x hours since the fire (they bill all day;
+    the sweep is charged from provisioning on)."""
+    if sweep.instances:
+        return round(sum(i.cost(aware(now)) for i in sweep.instances), 6)
     hours = max(0.0, (aware(now) - aware(sweep.fired_at)).total_seconds() / 3600)
     return round(sweep.price_per_hour * hours, 6)

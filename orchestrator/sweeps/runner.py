@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -30,17 +30,21 @@ from orchestrator.db.session import session_scope
 from orchestrator.fleet.bootstrap import BootstrapConfig, bootstrap_node, drain, teardown
 from orchestrator.fleet.errors import NodeError, error_reason
 from orchestrator.fleet.inventory import set_state
+from orchestrator.fleet.providers.base import Provider
+from orchestrator.fleet.providers.request import NodeRequest
 from orchestrator.fleet.shell import NodeShell
 from orchestrator.runs.grids import GridCreate, GridError, create_grid, stop_run
 from orchestrator.sweeps.budget import spend
 from orchestrator.sweeps.copy_back import copy_back
 from orchestrator.sweeps.lock import runner_lock
+from orchestrator.sweeps.rented import RentalConfig, Rentals, rental_config
 from orchestrator.sweeps.schedules import aware, fire_times, next_fire
 from orchestrator.vocabulary import TERMINAL_STATES, GridSource, NodeState, SweepState
 
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], datetime]
+
 
 def _event(session: Session, kind: str, message: str, sweep: Sweep | None = None, **data: Any) -> None:
     if sweep is not None:
@@ -58,6 +62,10 @@ class SweepRunner:
 
     Any runner may tick: only the one holding the runner lock (`runner_lock`) fires or advances
     anything, so `ablate serve` and `ablate schedules run` side by side never run a sweep twice.
+
+    `providers` (those with an API key) and `rental` serve schedules that ask for nodes (a request):
+    the sweep rents them at fire and destroys them at its end (orchestrator/sweeps/rented.py), and every
+    tick reaps this controller's labelled instances that no live sweep owns.
     """
 
     def __init__(
@@ -71,7 +79,10 @@ class SweepRunner:
         teardown_attempts: int = 4,
         teardown_backoff_s: float = 5.0,
         checkpoint_options: dict[str, Any] | None = None,
+        providers: Mapping[str, Provider] | None = None,
+        rental: RentalConfig | None = None,
     ) -> None:
+        self.rentals = Rentals(database_url, dict(providers or {}), rental, self.now)
         self.database_url = database_url
         self.teardown_attempts = teardown_attempts
         self.teardown_backoff_s = teardown_backoff_s
@@ -81,6 +92,19 @@ class SweepRunner:
         self.node_config = node_config
         self.misfire_grace = misfire_grace
         self.stop_grace = stop_grace
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> SweepRunner:  # noqa: ANN401 - orchestrator.settings.Settings
+        """The runner `ablate serve` and `ablate schedules run` drive: renting from every provider with a key."""
+        from orchestrator.fleet.providers import configured_providers
+
+        return cls(
+            settings.database_url,
+            settings.storage_dir,
+            checkpoint_options=settings.checkpoint_options,
+            providers=configured_providers(settings),
+            rental=rental_config(settings),
+        )
 
     def now(self) -> datetime:
         return aware(self.clock())
@@ -96,6 +120,7 @@ class SweepRunner:
 
     def _tick(self) -> None:
         now = self.now()
+        self.rentals.reap()  # first thing at start-up, then every tick
         self.fire_due(now)
         with session_scope(self.database_url) as session:
             active = list(session.scalars(select(Sweep.id).where(Sweep.under_way).order_by(Sweep.id)))
@@ -205,7 +230,7 @@ class SweepRunner:
             for run in grid.runs if grid is not None else []:
                 if run.state not in TERMINAL_STATES:
                     stop_run(session, run, self.now())
-        problems = self._teardown(names, keep_files=set())
+        problems = self._teardown(names, keep_files=set()) + self.rentals.release(sweep_id)
         with session_scope(self.database_url) as session:
             sweep = session.get_one(Sweep, sweep_id)
             sweep.state, sweep.finished_at = SweepState.failed, self.now()
@@ -222,8 +247,16 @@ class SweepRunner:
             schedule = session.get_one(Schedule, sweep.schedule_id)
             names, grid_body = list(sweep.nodes), dict(schedule.grid)
             label = f"{grid_body.get('name', schedule.name)} @ {aware(sweep.scheduled_for):%Y-%m-%d %H:%M}"
+            request = NodeRequest.model_validate(schedule.request) if schedule.request is not None else None
+        if request is not None:
+            try:
+                config = self._config()
+                names = self.rentals.rent(sweep_id, request, lambda n: bootstrap_node(self.database_url, n, config))
+            except Exception as exc:  # noqa: BLE001 - whatever failed, what was rented goes back
+                self._fail(sweep_id, f"renting {request.nodes}x {request.gpus_per_node}x {request.gpu}", exc)
+                return
         done: list[str] = []
-        for name in names:
+        for name in names if request is None else []:  # rented nodes were bootstrapped as they came
             try:
                 bootstrap_node(self.database_url, name, self._config())  # probe first, then install and join
             except Exception as exc:  # noqa: BLE001 - anything else (an SFTP OSError...) would re-provision every tick
@@ -292,7 +325,7 @@ class SweepRunner:
         problems, failed_copies = copy_back(
             self.database_url, self.checkpoint_options, sweep_id, grid_id, names, results
         )
-        problems += self._teardown(names, keep_files=failed_copies)
+        problems += self._teardown(names, keep_files=failed_copies) + self.rentals.release(sweep_id)
         with session_scope(self.database_url) as session:
             sweep = session.get_one(Sweep, sweep_id)
             sweep.finished_at = self.now()
@@ -379,10 +412,7 @@ def attach_to_app(app: Any, interval_s: float = 30.0) -> None:
     stop = threading.Event()
 
     def start(app: Any) -> None:
-        settings = app.state.settings
-        runner = SweepRunner(
-            settings.database_url, settings.storage_dir, checkpoint_options=settings.checkpoint_options
-        )
+        runner = SweepRunner.from_settings(app.state.settings)
         thread = threading.Thread(target=runner.run_forever, args=(interval_s, stop), name="sweeps", daemon=True)
         thread.start()
         app.state.sweep_thread = thread

@@ -7,13 +7,14 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from croniter import croniter
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from orchestrator.db.models import Schedule, Sweep, utcnow
 from orchestrator.errors import Conflict, InvalidBody, NotFound
 from orchestrator.fleet.inventory import NAME_PATTERN, find_named, find_node
+from orchestrator.fleet.providers.request import NodeRequest
 from orchestrator.messages import validation_text
 from orchestrator.runs.grids import GridCreate, GridError, PathPolicy, memory_errors, path_errors, resolve_grid
 
@@ -44,8 +45,6 @@ def next_fire(cron: str, after: datetime) -> datetime:
     return croniter(cron, aware(after)).get_next(datetime)
 
 
-
-
 class ScheduleCreate(BaseModel):
     """A schedule as POST /api/schedules and `ablate schedules create` take it."""
 
@@ -56,7 +55,14 @@ class ScheduleCreate(BaseModel):
     cron: str = Field(min_length=1, max_length=120, examples=["0 22 * * *"])  # the validator explains bad ones
     # A grid body exactly as POST /api/grids takes it; validated now, not at 22:00.
     grid: dict[str, Any] = Field(examples=[{"name": "abcd", "arms": ["A", "B", "C", "D"]}])
-    nodes: list[str] = Field(min_length=1, max_length=64, examples=[["quad-4090-a"]])
+    # Either registered nodes by name (the operator rented them) or a request for nodes the sweep rents at
+    # each fire and destroys at its end; exactly one of the two.
+    nodes: list[str] | None = Field(default=None, min_length=1, max_length=64, examples=[["quad-4090-a"]])
+    request: NodeRequest | None = Field(
+        default=None,
+        validate_default=True,  # so "neither given" is reported, under this field
+        examples=[{"provider": "vast", "gpu": "RTX_4090", "nodes": 2, "max_price_per_gpu_hour": 0.45}],
+    )
     # Most to spend per sweep, in the units of the nodes' price_per_hour; None: no cap.
     budget: float | None = Field(default=None, gt=0, le=1e9)
     # A fire missed while the controller was down: run it once, late, or skip to the next.
@@ -82,9 +88,19 @@ class ScheduleCreate(BaseModel):
 
     @field_validator("nodes")
     @classmethod
-    def _unique_nodes(cls, v: list[str]) -> list[str]:
-        if len(set(v)) != len(v):
+    def _unique_nodes(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and len(set(v)) != len(v):
             raise ValueError("each node may appear once")
+        return v
+
+    @field_validator("request")
+    @classmethod
+    def _nodes_or_request(cls, v: NodeRequest | None, info: ValidationInfo) -> NodeRequest | None:
+        named = info.data.get("nodes")
+        if v is not None and named:
+            raise ValueError("give either nodes (registered machines) or request (nodes to rent), not both")
+        if v is None and not named and "nodes" in info.data:  # nodes absent from info.data: it failed itself
+            raise ValueError("give nodes (registered machine names) or request (provider, gpu, ... to rent)")
         return v
 
 
@@ -109,7 +125,8 @@ def create_schedule(
         raise ScheduleInvalid([{**p, "loc": ["grid", *p["loc"]]} for p in problems])
     if find_schedule(session, body.name) is not None:
         raise ScheduleConflict(f"a schedule named {body.name!r} already exists")
-    missing = [n for n in body.nodes if find_node(session, n) is None]
+    names = body.nodes or []
+    missing = [n for n in names if find_node(session, n) is None]
     if missing:
         msg = f"unknown node(s) {', '.join(missing)}; register them with `ablate nodes add`"
         raise ScheduleInvalid([{"loc": ["nodes"], "msg": msg, "type": "value_error"}])
@@ -117,7 +134,8 @@ def create_schedule(
         name=body.name,
         cron=body.cron,
         grid=body.grid,
-        nodes=body.nodes,
+        nodes=names,
+        request=body.request.model_dump(mode="json") if body.request is not None else None,
         budget=body.budget,
         misfire=body.misfire,
         next_fire_at=next_fire(body.cron, now or utcnow()),

@@ -33,6 +33,14 @@ PACKAGES = ("orchestrator", "worker", "model", "arms", "migrations")
 
 @pytest.fixture(scope="module")
 def testbed() -> Iterator[TestBed]:
+    with worker_bed(nodes=2) as bed:
+        yield bed
+
+
+@contextmanager
+def worker_bed(nodes: int) -> Iterator[TestBed]:
+    """A bed whose nodes (now and added later) reach this Python, its virtualenv and the source; skips
+    the test when this machine cannot host a bed."""
     try:
         TestBed.check()
     except TestBedUnavailable as exc:
@@ -40,7 +48,7 @@ def testbed() -> Iterator[TestBed]:
     tag = f"ab{os.getpid() % 100000}"
     storage = Path("/tmp") / tag / "controller" / "storage"
     with TestBed(
-        nodes=2, gpus=2, tag=tag, private_paths=[storage], readable=[Path(sys.base_prefix), Path(sys.prefix)]
+        nodes=nodes, gpus=2, tag=tag, private_paths=[storage], readable=[Path(sys.base_prefix), Path(sys.prefix)]
     ) as bed:
         src = bed.root / "src"
         for package in PACKAGES:

@@ -128,6 +128,7 @@ class ProviderSim:
         runpod_gpus: list[dict] | None = None,
         hooks: Hooks | None = None,
         boot_s: float = 0.0,
+        first_vast_id: int = 7001,
     ) -> None:
         self.api_key = api_key
         self.vast_offers = {str(o["id"]): dict(o) for o in vast_offers or []}
@@ -137,7 +138,7 @@ class ProviderSim:
         self.instances: dict[str, SimInstance] = {}
         self.requests: list[tuple[str, str, dict[str, str]]] = []  # (method, path, headers): what the SDKs sent
         self._lock = threading.Lock()
-        self._next_vast_id = 7001
+        self._next_vast_id = first_vast_id  # a test with several simulators against one DB keeps ids apart
         handler = type("Handler", (_Handler,), {"sim": self})
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self._thread = threading.Thread(target=self._server.serve_forever, name="provider-sim", daemon=True)

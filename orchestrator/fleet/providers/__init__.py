@@ -29,3 +29,17 @@ def provider_for(name: str, settings: Settings) -> Provider:
 
         return RunPodProvider(api_key(settings, "runpod"), api_url=settings.runpod_api_url)
     raise ProviderError(f"unknown provider {name!r}; one of {', '.join(PROVIDERS)}")
+
+
+def configured_providers(settings: Settings) -> dict[str, Provider]:
+    """The renting providers (vast, runpod) that have an API key configured: what sweeps may rent from
+    and what the reaper lists every tick."""
+    from orchestrator.fleet.providers.credentials import MissingApiKey
+
+    found: dict[str, Provider] = {}
+    for name in ("vast", "runpod"):
+        try:
+            found[name] = provider_for(name, settings)
+        except MissingApiKey:
+            continue
+    return found

@@ -1,0 +1,144 @@
+"""The night rented end to end: a schedule that asks for two nodes (not names) fires; the runner rents
+them through the real vastai SDK from the provider simulator, whose instances are real namespace nodes
+of the test bed (own sshd, own address, stand-in nvidia-smi); their host keys are pinned at first
+contact; they are bootstrapped and join the token-auth Ray head; the real scheduler (its own process)
+trains tiny arms on their logical GPUs; results are copied back; both instances are destroyed. Zero
+instances are left, and the sweep's spend equals the simulator's per-second bill within a second's price.
+
+Only the providers' HTTP API is simulated: SSH, bootstrap, Ray, training and copy-back are real.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from orchestrator.db.models import Event, Grid, Node, RentedInstance, Run, Schedule, Sweep, utcnow
+from orchestrator.db.session import session_scope
+from orchestrator.fleet.providers.base import Instance
+from orchestrator.fleet.providers.lifecycle import Timing
+from orchestrator.fleet.providers.vast import VastProvider
+from orchestrator.fleet.ray_cluster import RayHead
+from orchestrator.sweeps.rented import RentalConfig
+from orchestrator.sweeps.runner import SweepRunner
+from orchestrator.sweeps.schedules import ScheduleCreate, create_schedule
+from orchestrator.vocabulary import RentedState, RunState, SweepState
+from tests.cluster.conftest import node_config, scheduler_process, worker_bed
+from tests.cluster.provider_sim import ProviderSim, bed_hooks, vast_offer
+from tests.cluster.testbed import TestBed
+
+pytest.importorskip("vastai", reason="the vastai SDK: pip install --no-deps vastai==1.9.1 runpod==1.12.0")
+
+KEY = "sk-e2e-rented-night-0123456789"
+TINY: dict[str, Any] = {
+    "model": {"size": "tiny", "depth": 3, "identity_tokens": 4},
+    "data": {"dataset": "shapes", "num_images": 32, "held_out": 2},
+    "schedule": {"steps": 20, "batch_size": 2, "warmup_steps": 2, "checkpoint_every": 5, "ema": {"warmup_steps": 2}},
+    "eval": {"num_samples": 2, "sampler_steps": 2, "lpips_backbone": "random_standin"},
+    "precision": {"mode": "fp32"},
+}
+ARMS = ["A", "B", "C", {"parent": "A", "name": "A2"}]  # four arms: one per logical GPU of two 2-GPU nodes
+# The cheapest two fit (0.30 and 0.35 per GPU-hour); the third is over the cap.
+OFFERS = [vast_offer(501, dph_total=1.4), vast_offer(502, dph_total=1.2), vast_offer(503, dph_total=2.4)]
+
+
+@pytest.fixture(scope="module")
+def testbed() -> Iterator[TestBed]:
+    """No nodes of its own: every node of this module comes from a rental (overrides conftest's)."""
+    with worker_bed(nodes=0) as bed:
+        yield bed
+
+
+def _login_user(bed: TestBed) -> Any:  # noqa: ANN401 - a callable
+    """A bed node logs in as its own user (root's processes are the machine's): found by its address."""
+
+    def user(instance: Instance) -> str:
+        return next(n.user for n in bed.nodes if n.ip == instance.ssh_host)
+
+    return user
+
+
+def test_a_request_schedule_rents_two_nodes_trains_copies_back_and_destroys_them(
+    database_url: str, testbed: TestBed, ray_head: RayHead, tmp_path: Path
+) -> None:
+    bed, storage = testbed, testbed.storage  # type: ignore[attr-defined]
+    body = ScheduleCreate(
+        name="rented-night",
+        cron="0 22 * * *",
+        grid={"name": "rented-night", "arms": ARMS, "overrides": TINY},
+        request={"provider": "vast", "gpu": "RTX_4090", "gpus_per_node": 4, "nodes": 2, "max_price_per_gpu_hour": 0.45},
+    )
+    with session_scope(database_url) as session:
+        create_schedule(session, body).next_fire_at = utcnow() - timedelta(seconds=1)  # due now
+
+    # The offers are 4-GPU machines; each becomes a bed node with 2 logical GPUs (two cores here).
+    with ProviderSim(KEY, vast_offers=OFFERS, hooks=bed_hooks(bed, gpus=lambda inst: 2)) as sim:
+        rental = RentalConfig(
+            controller_id="bed",
+            ssh_key=tmp_path / "controller" / "rent_ed25519",  # made on first use
+            known_hosts_dir=tmp_path / "controller" / "known_hosts",
+            image="ablate/worker:test",
+            timing=Timing(reachable_s=60, poll_s=0.2, destroy_s=60, connect_s=2),
+            login_user=_login_user(bed),
+        )
+        runner = SweepRunner(
+            database_url,
+            storage,
+            node_config=node_config(bed, ray_head),
+            providers={"vast": VastProvider(KEY, server_url=sim.url)},
+            rental=rental,
+        )
+        log = tmp_path / "scheduler.log"
+        with scheduler_process(database_url, ray_head, storage, log, "ablate-rented"):
+            fired = time.monotonic()
+            runner.tick()  # fire: rent two, pin, register, bootstrap, join; submit the grid
+            with session_scope(database_url) as session:
+                sweep = session.scalars(select(Sweep)).one()
+            assert sweep.state == SweepState.running, sweep.error
+            assert len(sim.live()) == 2 and len(bed.nodes) == 2
+            deadline = time.monotonic() + 480
+            while True:
+                with session_scope(database_url) as session:
+                    sweep = session.get_one(Sweep, sweep.id)
+                if sweep.state in (SweepState.completed, SweepState.failed, SweepState.stopped):
+                    break
+                assert time.monotonic() < deadline, f"sweep still {sweep.state}; scheduler: {log.read_text()[-3000:]}"
+                runner.tick()
+                time.sleep(1.0)
+            print(f"fire -> sweep ended: {time.monotonic() - fired:.1f} s")
+
+        assert sweep.state == SweepState.completed, sweep.error
+        with session_scope(database_url) as session:
+            runs = list(session.get_one(Grid, sweep.grid_id).runs)
+            instances = list(session.scalars(select(RentedInstance).where(RentedInstance.sweep_id == sweep.id)))
+            started = session.execute(
+                select(Event.data).join(Run, Event.run_id == Run.id).where(
+                    Run.grid_id == sweep.grid_id, Event.kind == "started"
+                )
+            ).scalars().all()
+            pinned = session.scalars(select(Event).where(Event.kind == "rented.host_key_pinned")).all()
+            nodes_left = session.scalars(select(Node)).all()
+        assert {r.state for r in runs} == {RunState.completed}
+        # Rented the two cheapest fitting offers; both destroyed, confirmed.
+        assert sorted(i.offer_id for i in instances) == ["501", "502"]
+        assert {i.state for i in instances} == {RentedState.destroyed}
+        assert all(i.destroy_confirmed_at is not None and i.host_key for i in instances)
+        # Trained on the rented nodes' addresses, and each node's host key was pinned to its instance.
+        ips = {sim.instances[i.instance_id].ssh_host for i in instances}
+        assert {d["node_ip"] for d in started} == ips
+        assert sorted(e.data["fingerprint"] for e in pinned) == sorted(i.host_key for i in instances)
+        for run in runs:
+            assert (Path(sweep.results_dir) / "runs" / f"{run.id}-{run.arm}" / "best.pt").is_file()
+        # Nothing left: no instance at the provider, no namespace node, no node row.
+        assert sim.live() == [] and bed.nodes == [] and nodes_left == []
+        bill = sim.bill()
+        print(f"spend {sweep.spend:.6f} vs simulator bill {bill:.6f}")
+        assert bill <= sweep.spend <= bill + (1.4 + 1.2) / 3600
+        with session_scope(database_url) as session:
+            assert session.scalars(select(Schedule)).one().request is not None
