@@ -173,7 +173,7 @@ def lr_at(step: int, schedule: ScheduleSpec) -> float:
 
     Linear warm-up from lr/warmup to lr over `warmup_steps`, then cosine from lr to min_lr at the
     last step (or constant lr). Past `lr_explode_after` the lr is multiplied by `lr_explode_factor`
-    (a hook that makes a real run degrade, for the collapse detector's tests).
+    (a real lr spike that makes a run break: the collapse detector's tests and the demo's broken arm).
     """
     s = schedule
     if step < s.warmup_steps:

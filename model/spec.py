@@ -151,7 +151,8 @@ class ScheduleSpec(Strict):
     warmup_steps: NonNegInt = 500
     ema: EMASpec = EMASpec()
     checkpoint_every: PositiveInt = 500  # evaluation + checkpoint interval in optimizer steps
-    # Test hook for the collapse detector: multiply the lr by this after lr_explode_after steps.
+    # A real lr spike: multiply the lr by this from optimizer step lr_explode_after on (the collapse
+    # detector's tests, and the demo's broken arm: arms/demo.yaml).
     lr_explode_after: NonNegInt | None = None
     lr_explode_factor: PositiveFloat = 1.0
 

@@ -28,13 +28,16 @@ def test_demo_grid_is_a_to_d_and_an_arm_whose_lr_is_too_high(
     backbone, line = demo_lpips(settings)  # offline (tests), nothing cached: the labelled stand-in
     assert backbone == "random_standin" and "ABLATE_OFFLINE" in line
     arms = dict(resolve_grid(GridCreate(**demo_grid(backbone))))
-    assert list(arms) == ["A", "B", "C", "D", "A-lr5e-2"]
+    assert list(arms) == ["A", "B", "C", "D", "A-lr500x"]
     for spec in arms.values():
         assert spec.model.size == "tiny" and spec.data.dataset == "shapes" and spec.schedule.steps == 400
         assert spec.eval.lpips_backbone == "random_standin"
-    # the broken arm's own lr and warm-up survive the grid's overrides; everything else is A's
-    hot, a = arms["A-lr5e-2"], arms["A"]
-    assert (hot.schedule.lr, hot.schedule.warmup_steps, a.schedule.lr, a.schedule.warmup_steps) == (5e-2, 150, 2e-3, 30)
+    # the broken arm is A under the grid's overrides, plus its own lr jump (which the overrides must not drop)
+    hot, a = arms["A-lr500x"], arms["A"]
+    assert (hot.schedule.lr_explode_after, hot.schedule.lr_explode_factor) == (100, 500)
+    assert (a.schedule.lr_explode_after, a.schedule.lr, a.schedule.warmup_steps) == (None, 2e-3, 30)
+    jump = {"lr_explode_after", "lr_explode_factor"}
+    assert hot.schedule.model_dump(exclude=jump) == a.schedule.model_dump(exclude=jump)
     assert hot.model_dump(exclude={"name", "parent", "description", "schedule"}) == a.model_dump(
         exclude={"name", "parent", "description", "schedule"}
     )
@@ -71,18 +74,18 @@ ROWS = [
      "detector_stop": False, "first": 0.12, "first_step": 50, "best": 0.048, "best_se": 0.009, "best_step": 400,
      "best_checkpoint": "/r/1/best.pt", "final": 0.048, "iter_s": 9.0, "hours_saved": None, "steps": 400,
      "step": 400, "reason": None},
-    {"arm": "A-lr5e-2", "gpu": "4", "state": "stopped", "decision": "collapse", "decision_step": 200,
-     "detector_stop": True, "first": 0.069, "first_step": 50, "best": 0.069, "best_se": 0.012, "best_step": 50,
-     "best_checkpoint": "/r/5/best.pt", "final": 0.122, "iter_s": 9.0, "hours_saved": 0.0056, "steps": 400,
-     "step": 200, "reason": "recon_lpips worsened 3 checkpoints in a row"},
+    {"arm": "A-lr500x", "gpu": "4", "state": "stopped", "decision": "diverged", "decision_step": 150,
+     "detector_stop": True, "first": 0.12, "first_step": 50, "best": 0.113, "best_se": 0.023, "best_step": 100,
+     "best_checkpoint": "/r/5/best.pt", "final": float("nan"), "iter_s": 9.0, "hours_saved": 0.0056, "steps": 400,
+     "step": 150, "reason": "recon_lpips=nan, train_loss=nan, grad_norm=nan at step 150"},
 ]
 
 
 def test_the_tables_show_the_detectors_stop_its_reason_kept_checkpoint_and_hours_saved() -> None:
     final = _text(summary_table(ROWS))
-    assert "stopped / collapse @200" in final and "0.0056 (20 s)" in final and "CPU-h saved" in final
+    assert "stopped / diverged @150" in final and "0.0056 (20 s)" in final and "CPU-h saved" in final
     live = _text(_progress_table(ROWS, 30.0, "http://x/"))
-    assert "stopped (collapse @200)" in live and "0.0056 (20 s)" in live
-    assert "kept its best checkpoint, step 50: /r/5/best.pt" in live
-    assert "reason: recon_lpips worsened 3 checkpoints in a row" in live
+    assert "stopped (diverged @150)" in live and "0.0056 (20 s)" in live
+    assert "kept its best checkpoint, step 100: /r/5/best.pt" in live
+    assert "reason: recon_lpips=nan, train_loss=nan, grad_norm=nan at step 150" in live
     assert "A stopped" not in live  # the arm that completed has no stop line

@@ -1,7 +1,7 @@
 """`ablate demo` end to end, as the Quickstart runs it: a subprocess on embedded defaults (SQLite, a
 local Ray with 5 logical GPUs), then the stored result is checked (about 3 minutes on 2 cores): A-D
-improve and complete, the arm whose lr is too high is stopped by the detector with its best checkpoint
-kept, and the tables and the dashboard's data say so."""
+improve and complete, the arm whose lr jumps 500x at step 100 is stopped by the detector with its best
+checkpoint kept, and the tables and the dashboard's data say so."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from orchestrator.dashboard.data import grid_detail
 from orchestrator.db.models import Grid
 from orchestrator.db.session import session_scope
 
-BROKEN = "A-lr5e-2"
+BROKEN = "A-lr500x"
 
 
 def test_demo_trains_five_arms_and_the_detector_stops_the_broken_one(tmp_path: Path) -> None:
@@ -54,7 +54,9 @@ def test_demo_trains_five_arms_and_the_detector_stops_the_broken_one(tmp_path: P
         assert r.best_checkpoint and Path(r.best_checkpoint).exists()
     broken = runs[BROKEN]
     assert broken.state == "stopped" and broken.decision in {"collapse", "diverged"}, (broken.state, broken.decision)
-    assert broken.decision_step < 400, "stopped before its last step"
+    # It turns NaN 6-7 steps after the jump: `diverged` at step 150 in every case bench/demo_broken_arm.py
+    # measured; issue 22 asks for a stop by step 300 of 400 whatever the CPU.
+    assert broken.decision_step <= 300, f"stopped only at step {broken.decision_step}"
     assert broken.best_step < broken.decision_step and Path(broken.best_checkpoint).exists()
     assert labels == {"random_standin"}, "offline demo metrics are labelled as stand-in LPIPS"
 
