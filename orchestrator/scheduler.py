@@ -88,8 +88,9 @@ def _refresh_ray_auth() -> None:
     AuthenticationTokenLoader.instance().reset_cache()
 
 
-def connect_ray(settings: Settings, **init_kwargs: Any) -> None:
-    """Join the configured cluster, or start a local Ray (declaring settings.logical_gpus GPUs if > 0)."""
+def connect_ray(settings: Settings, **init_kwargs: Any) -> bool:
+    """Join the configured cluster, or start a local Ray (declaring settings.logical_gpus GPUs if > 0).
+    True when this call connected (the caller then owns the connection), False when Ray already was."""
     import signal
 
     token = settings.cluster_token_file if settings.ray_address else None
@@ -103,7 +104,7 @@ def connect_ray(settings: Settings, **init_kwargs: Any) -> None:
     import ray
 
     if ray.is_initialized():
-        return
+        return False
     kwargs: dict[str, Any] = {"namespace": settings.ray_namespace, **init_kwargs}
     # ray.init replaces the SIGTERM handler with sys.exit; keep the server's (uvicorn shuts down cleanly).
     in_main = threading.current_thread() is threading.main_thread()
@@ -116,6 +117,7 @@ def connect_ray(settings: Settings, **init_kwargs: Any) -> None:
         ray.init(include_dashboard=False, **kwargs)
     if in_main and previous is not None:
         signal.signal(signal.SIGTERM, previous)
+    return True
 
 
 # -- the loop -----------------------------------------------------------------------------------------
@@ -166,25 +168,35 @@ class Scheduler:
         self._thread.join(timeout)
         if self._thread.is_alive():
             # Almost always `ray.init` starting a local Ray on a busy machine: it cannot be interrupted,
-            # and exiting under it races Ray's own exit hook (ray.shutdown) against a half-made
-            # connection. Let it finish; the loop ends right after.
+            # and the thread must outlive it to disconnect (run_forever's finally). Let it finish.
             print("scheduler: waiting for Ray to finish starting before exiting", flush=True)
             self._thread.join(connect_timeout)
 
     def run_forever(self) -> None:
+        connected = False
         while not self._halt.is_set():
             try:
-                connect_ray(self.settings)
+                connected = connect_ray(self.settings)
                 break
             except Exception:  # e.g. the cluster is not up yet: keep the API serving, try again
                 log.exception("could not connect to Ray; retrying")
                 self._halt.wait(max(self.settings.scheduler_interval_s, 5.0))
-        while not self._halt.is_set():
-            try:
-                self.tick()
-            except Exception:  # a DB hiccup must not kill the controller; the next tick retries
-                log.exception("scheduler tick failed")
-                self._halt.wait(self.settings.scheduler_interval_s)
+        try:
+            while not self._halt.is_set():
+                try:
+                    self.tick()
+                except Exception:  # a DB hiccup must not kill the controller; the next tick retries
+                    log.exception("scheduler tick failed")
+                    self._halt.wait(self.settings.scheduler_interval_s)
+        finally:
+            if connected:
+                # Disconnect in this thread, before it ends: a local Ray's gcs_server and raylet are
+                # started with PR_SET_PDEATHSIG, which fires when the *thread* that started them exits.
+                # Left to the atexit hook, ray.shutdown ran after they were SIGKILLed and hung 60 s in a
+                # GCS call (its error-listener thread's first internal_kv_get), so `ablate serve` did too.
+                import ray
+
+                ray.shutdown()
 
     def tick(self) -> None:
         """One pass: reconcile, collect worker replies (waiting up to the interval), stop, launch.
