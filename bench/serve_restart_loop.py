@@ -66,10 +66,14 @@ def descendants(pid: int) -> list[int]:
 
 
 def cmdline(pid: int) -> str:
+    """The command line, or for a zombie (empty cmdline: exited, not yet reaped) its name and state."""
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return "?"
+    name, state = stat[stat.index("(") + 1 : stat.rindex(")")], stat.rsplit(")", 1)[1].split()[0]
+    return cmd or f"[{name}] state {state}"
 
 
 def ablate_cmd() -> list[str]:
@@ -158,6 +162,8 @@ def cycle(i: int, args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
         log.close()
         text = (tmp / "serve.log").read_text()
         result["traceback"] = "Traceback" in text
+        # Scheduler.stop's 10 s join ran out: its thread was still inside ray.init (see orchestrator/scheduler.py).
+        result["waited_for_ray_init"] = "waiting for Ray to finish starting" in text
         if result.get("hung") or result["traceback"] or args.keep:
             result["log"] = str(tmp / "serve.log")
         else:
