@@ -164,6 +164,7 @@ def cycle(i: int, args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
         result["traceback"] = "Traceback" in text
         # Scheduler.stop's 10 s join ran out: its thread was still inside ray.init (see orchestrator/scheduler.py).
         result["waited_for_ray_init"] = "waiting for Ray to finish starting" in text
+        result["exited_under_ray_init"] = "exiting without it" in text
         if result.get("hung") or result["traceback"] or args.keep:
             result["log"] = str(tmp / "serve.log")
         else:
@@ -183,6 +184,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("serve_restart_loop.json"))
     args = ap.parse_args()
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    # A shell's background job (nohup ... &) ignores SIGINT and its children inherit that: give the
+    # servers Ctrl-C's default (KeyboardInterrupt after uvicorn's shutdown), as in a terminal or pytest.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     load_before = os.getloadavg()[0]  # other users of the machine add to our busy loops
     load = start_load(args.load)
     results = []
@@ -209,6 +213,8 @@ def main() -> None:
         "exit_s_median": statistics.median(exits) if exits else None,
         "exit_s_max": max(exits) if exits else None,
         "over_15s": sum(1 for e in exits if e > 15),
+        "waited_for_ray_init": sum(1 for r in results if r["waited_for_ray_init"]),
+        "exited_under_ray_init": sum(1 for r in results if r["exited_under_ray_init"]),
     }
     print(json.dumps(summary), flush=True)
     args.out.write_text(json.dumps({"summary": summary, "cycles": results}, indent=1))

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -47,6 +48,9 @@ POLL_WAIT_S = 1.0  # worker-side long-poll: a record reaches the DB as soon as i
 # being unreachable (a record the DB refuses) has its run failed with the error, so it cannot stall
 # the loop; an unreachable database is waited out.
 MAX_INGEST_FAILURES = 5
+# How long `ablate serve`, once asked to stop, waits for a ray.init still in flight (a local Ray's start
+# took 15-50 s on 2 busy cores) before exiting without it (see attach_scheduler).
+SERVE_CONNECT_WAIT_S = 3.0
 
 
 def claim_for_launch(session: Session, run: Run, checkpoint_dir: str) -> bool:
@@ -152,6 +156,7 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self._last_housekeeping = 0.0
         self._warned_no_gpu = False
+        self.connecting = False  # inside connect_ray (ray.init): what stop() may have to wait out
 
     # lifecycle ---------------------------------------------------------------------------------------
 
@@ -160,27 +165,37 @@ class Scheduler:
         self._thread = threading.Thread(target=self.run_forever, name="ablate-scheduler", daemon=True)
         self._thread.start()
 
-    def stop(self, timeout: float = 10.0, connect_timeout: float = 180.0) -> None:
-        """Stop the loop; the workers (detached actors) keep training for the next controller."""
+    def stop(self, timeout: float = 10.0, connect_timeout: float = 180.0) -> bool:
+        """Stop the loop; the workers (detached actors) keep training for the next controller.
+
+        A `ray.init` in flight cannot be interrupted and the thread must outlive it to disconnect
+        (run_forever's finally): wait up to connect_timeout s for it, then up to timeout s for the
+        thread to end. False when it gave up on a ray.init still in flight (the thread is inside it)."""
         self._halt.set()
         if self._thread is None:
-            return
-        self._thread.join(timeout)
-        if self._thread.is_alive():
-            # Almost always `ray.init` starting a local Ray on a busy machine: it cannot be interrupted,
-            # and the thread must outlive it to disconnect (run_forever's finally). Let it finish.
+            return True
+        if self.connecting:
             print("scheduler: waiting for Ray to finish starting before exiting", flush=True)
-            self._thread.join(connect_timeout)
+            end = time.monotonic() + connect_timeout
+            while self.connecting and self._thread.is_alive() and time.monotonic() < end:
+                self._thread.join(0.1)
+            if self.connecting:
+                return False
+        self._thread.join(timeout)
+        return True
 
     def run_forever(self) -> None:
         connected = False
         while not self._halt.is_set():
+            self.connecting = True
             try:
                 connected = connect_ray(self.settings)
                 break
             except Exception:  # e.g. the cluster is not up yet: keep the API serving, try again
                 log.exception("could not connect to Ray; retrying")
                 self._halt.wait(max(self.settings.scheduler_interval_s, 5.0))
+            finally:
+                self.connecting = False
         try:
             while not self._halt.is_set():
                 try:
@@ -540,9 +555,19 @@ def attach_scheduler(app: Any) -> None:
 
     def stop(app: Any) -> None:
         scheduler = getattr(app.state, "scheduler", None)
-        if scheduler is not None:
-            scheduler.stop()
-            print("scheduler: stopped (workers train on; a restarted controller adopts them)")
+        if scheduler is None:
+            return
+        if not scheduler.stop(connect_timeout=SERVE_CONNECT_WAIT_S):
+            # Its thread is still inside ray.init (py-spy: Node.__init__ -> GetNode, or CoreWorker ->
+            # RegisterClient), which cannot be interrupted; nothing of ours has run yet (no pass, no
+            # actor). A normal exit would run Ray's atexit hooks (node kill, then ray.shutdown) under that
+            # half-made connection: the 60 s hang again. Skip them: the Ray processes it started share
+            # the thread's fate (PR_SET_PDEATHSIG) and end with this process; the API has stopped.
+            print("scheduler: Ray is still starting; exiting without it (its processes end with this one)")
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
+        print("scheduler: stopped (workers train on; a restarted controller adopts them)")
 
     app.state.startup_hooks.append(start)
     app.state.shutdown_hooks.append(stop)
