@@ -49,7 +49,7 @@ POLL_WAIT_S = 1.0  # worker-side long-poll: a record reaches the DB as soon as i
 # the loop; an unreachable database is waited out.
 MAX_INGEST_FAILURES = 5
 # How long `ablate serve`, once asked to stop, waits for a ray.init still in flight (a local Ray's start
-# took 15-50 s on 2 busy cores) before exiting without it (see attach_scheduler).
+# took 15-60 s on 2 busy cores) before exiting without it (see attach_scheduler).
 SERVE_CONNECT_WAIT_S = 3.0
 
 
