@@ -59,8 +59,9 @@ def _refresh_ray_auth() -> None:
     AuthenticationTokenLoader.instance().reset_cache()
 
 
-def connect_ray(settings: Settings, **init_kwargs: Any) -> None:
-    """Join the configured cluster, or start a local Ray (declaring settings.logical_gpus GPUs if > 0)."""
+def connect_ray(settings: Settings, **init_kwargs: Any) -> bool:
+    """Join the configured cluster, or start a local Ray (declaring settings.logical_gpus GPUs if > 0).
+    True when this call connected (the caller then owns the connection), False when Ray already was."""
     import signal
 
     token = settings.cluster_token_file if settings.ray_address else None
@@ -74,7 +75,7 @@ def connect_ray(settings: Settings, **init_kwargs: Any) -> None:
     import ray
 
     if ray.is_initialized():
-        return
+        return False
     kwargs: dict[str, Any] = {"namespace": settings.ray_namespace, **init_kwargs}
     # ray.init replaces the SIGTERM handler with sys.exit; keep the server's (uvicorn shuts down cleanly).
     in_main = threading.current_thread() is threading.main_thread()
@@ -87,6 +88,7 @@ def connect_ray(settings: Settings, **init_kwargs: Any) -> None:
         ray.init(include_dashboard=False, **kwargs)
     if in_main and previous is not None:
         signal.signal(signal.SIGTERM, previous)
+    return True
 
 
 def start_worker(settings: Settings, run: Run, name: str, out_dir: Path, train_fn: str) -> Any:

@@ -73,6 +73,7 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self._last_housekeeping = 0.0
         self._warned_no_gpu = False
+        self.connecting = False  # inside connect_ray (ray.init): what stop() may have to wait out
 
     # lifecycle ---------------------------------------------------------------------------------------
 
@@ -81,33 +82,53 @@ class Scheduler:
         self._thread = threading.Thread(target=self.run_forever, name="ablate-scheduler", daemon=True)
         self._thread.start()
 
-    def stop(self, timeout: float = 10.0, connect_timeout: float = 180.0) -> None:
-        """Stop the loop; the workers (detached actors) keep training for the next controller."""
+    def stop(self, timeout: float = 10.0, connect_timeout: float = 180.0) -> bool:
+        """Stop the loop; the workers (detached actors) keep training for the next controller.
+
+        A `ray.init` in flight cannot be interrupted and the thread must outlive it to disconnect
+        (run_forever's finally): wait up to connect_timeout s for it, then up to timeout s for the
+        thread to end. False when it gave up on a ray.init still in flight (the thread is inside it)."""
         self._halt.set()
         if self._thread is None:
-            return
-        self._thread.join(timeout)
-        if self._thread.is_alive():
-            # Almost always `ray.init` starting a local Ray on a busy machine: it cannot be interrupted,
-            # and exiting under it races Ray's own exit hook (ray.shutdown) against a half-made
-            # connection. Let it finish; the loop ends right after.
+            return True
+        if self.connecting:
             print("scheduler: waiting for Ray to finish starting before exiting", flush=True)
-            self._thread.join(connect_timeout)
+            end = time.monotonic() + connect_timeout
+            while self.connecting and self._thread.is_alive() and time.monotonic() < end:
+                self._thread.join(0.1)
+            if self.connecting:
+                return False
+        self._thread.join(timeout)
+        return True
 
     def run_forever(self) -> None:
+        connected = False
         while not self._halt.is_set():
+            self.connecting = True
             try:
-                connect_ray(self.settings)
+                connected = connect_ray(self.settings)
                 break
             except Exception:  # e.g. the cluster is not up yet: keep the API serving, try again
                 log.exception("could not connect to Ray; retrying")
                 self._halt.wait(max(self.settings.scheduler_interval_s, 5.0))
-        while not self._halt.is_set():
-            try:
-                self.tick()
-            except Exception:  # a DB hiccup must not kill the controller; the next tick retries
-                log.exception("scheduler tick failed")
-                self._halt.wait(self.settings.scheduler_interval_s)
+            finally:
+                self.connecting = False
+        try:
+            while not self._halt.is_set():
+                try:
+                    self.tick()
+                except Exception:  # a DB hiccup must not kill the controller; the next tick retries
+                    log.exception("scheduler tick failed")
+                    self._halt.wait(self.settings.scheduler_interval_s)
+        finally:
+            if connected:
+                # Disconnect in this thread, before it ends: a local Ray's gcs_server and raylet are
+                # started with PR_SET_PDEATHSIG, which fires when the *thread* that started them exits.
+                # Left to the atexit hook, ray.shutdown ran after they were SIGKILLed and hung 60 s in a
+                # GCS call (its error-listener thread's first internal_kv_get), so `ablate serve` did too.
+                import ray
+
+                ray.shutdown()
 
     def tick(self) -> None:
         """One pass: reconcile, collect worker replies (waiting up to the interval), stop, launch.
@@ -395,24 +416,6 @@ class Scheduler:
         if not worker.stop_sent:
             worker.stop_sent = True
             worker.handle.request_stop.remote()
-
-
-def attach_scheduler(app: Any) -> None:
-    """Run a Scheduler for the app's lifetime (`ablate serve`), through its startup/shutdown hooks."""
-
-    def start(app: Any) -> None:
-        app.state.scheduler = Scheduler(app.state.settings)
-        app.state.scheduler.start()
-        print(f"scheduler: started (Ray namespace {app.state.settings.ray_namespace!r})")
-
-    def stop(app: Any) -> None:
-        scheduler = getattr(app.state, "scheduler", None)
-        if scheduler is not None:
-            scheduler.stop()
-            print("scheduler: stopped (workers train on; a restarted controller adopts them)")
-
-    app.state.startup_hooks.append(start)
-    app.state.shutdown_hooks.append(stop)
 
 
 def main() -> None:

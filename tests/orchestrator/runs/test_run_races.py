@@ -121,7 +121,7 @@ def test_the_api_serves_while_ray_is_still_unreachable(database_url: str, tmp_pa
         import os, sys
         from fastapi.testclient import TestClient
         from orchestrator.app import create_app
-        from orchestrator.runs.scheduler import attach_scheduler
+        from orchestrator.server import attach_scheduler
         from orchestrator.settings import Settings
 
         # Port 9 (discard): nothing listens, so joining this "cluster" fails or hangs.
