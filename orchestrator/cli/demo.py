@@ -29,7 +29,7 @@ from orchestrator.cli.tables import build as build_table
 from orchestrator.settings import Settings, load_settings
 from orchestrator.vocabulary import DETECTOR_STOPS, TERMINAL_STATES, RunDecision, RunState
 
-console = Console()
+console = Console(soft_wrap=True)  # long lines are not hard-wrapped (into a file they stay one line)
 DEMO_GRID = ARMS_DIR / "demo.yaml"
 DEMO_GPUS = 5  # one per arm of arms/demo.yaml, so the broken arm trains beside the others
 

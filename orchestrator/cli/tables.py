@@ -87,7 +87,7 @@ def build(
     )
     for i in keep:
         table.add_column(
-            headers[i], justify=columns[i].justify, no_wrap=fits, overflow="ignore" if fits else "fold"
+            headers[i], justify=columns[i].justify, no_wrap=fits, overflow="fold"
         )  # type: ignore[arg-type]
     for row in rows:
         table.add_row(*(row[i] if isinstance(row[i], Text) else Text(str(row[i])) for i in keep))
