@@ -331,6 +331,7 @@ def demo(
             if r["reason"] and r["state"] != RunState.completed and not r["detector_stop"]:
                 console.print(f"  {r['arm']}: {r['reason'].splitlines()[0]}")
         console.print(f"checkpoints: {Path(settings.storage_dir).resolve() / 'runs'}")
+        console.print(f"report (each arm against its parent and the control): {url}api/grids/{grid_id}/report.html")
         if hold:
             console.print("serving the dashboard; Ctrl-C to end")
             while True:
