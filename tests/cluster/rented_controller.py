@@ -10,9 +10,13 @@ them) and short waits (ABLATE_TEST_POLL_S, ABLATE_TEST_TICK_S).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import sys
 from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
 from orchestrator.db.session import upgrade
 from orchestrator.fleet.providers.base import Instance
@@ -29,6 +33,33 @@ def bed_login_user(tag: str) -> object:
         return f"{tag}u{int((instance.ssh_host or '').rsplit('.', 1)[-1]) - 11}"
 
     return user
+
+
+def controller_env(bed: Any, head: Any, sim: Any, key: str, controller_id: str, home: Path) -> dict[str, str]:  # noqa: ANN401
+    """The settings (environment) of a controller that rents from the simulator `sim` (tests/cluster/
+    provider_sim.py) with `key` and joins nodes of `bed` to `head` with the bed's Python."""
+    key_file = home / "vast_api_key"
+    key_file.write_text(key)
+    key_file.chmod(0o600)
+    return {
+        "ABLATE_VAST_API_KEY_FILE": str(key_file),
+        "ABLATE_VAST_URL": sim.url,
+        "ABLATE_CONTROLLER_ID": controller_id,
+        "ABLATE_RENT_SSH_KEY": str(home / "rent_ed25519"),
+        "ABLATE_RENT_IMAGE": "ablate/worker:test",
+        "ABLATE_NODE_RAY_ADDRESS": head.address,
+        "ABLATE_NODE_TOKEN_FILE": str(head.token_file),
+        "ABLATE_NODE_VENV": sys.prefix,
+        "ABLATE_NODE_PYTHON": sys.executable,
+        "ABLATE_NODE_INSTALL": "[]",
+        "ABLATE_NODE_ENV": json.dumps({"PYTHONPATH": str(bed.src)}),  # type: ignore[attr-defined]
+        "ABLATE_NODE_JOIN_ARGS": "--num-cpus=1",
+        "ABLATE_NODE_COMMAND_TIMEOUT_S": "120",
+        "ABLATE_RENT_DEADMAN_COMMAND": 'touch "$HOME/deadman-fired"',  # never `poweroff` on the test bed
+        "ABLATE_RENT_DEADMAN_PYTHON": sys.executable,
+        "ABLATE_TEST_BED_TAG": bed.tag,
+        "ABLATE_TEST_TICK_S": "1.0",
+    }
 
 
 def main() -> None:

@@ -23,7 +23,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -42,6 +41,7 @@ from orchestrator.sweeps.schedules import ScheduleCreate, create_schedule
 from orchestrator.vocabulary import RentedState, RunState, SweepState
 from tests.cluster.conftest import scheduler_process, worker_bed
 from tests.cluster.provider_sim import ProviderSim, SimInstance, bed_hooks, vast_offer
+from tests.cluster.rented_controller import controller_env
 from tests.cluster.testbed import TestBed
 from tests.polling import wait_for
 
@@ -66,30 +66,6 @@ def testbed() -> Iterator[TestBed]:
     """No nodes of its own: every node comes from a rental (overrides conftest's)."""
     with worker_bed(nodes=0) as bed:
         yield bed
-
-
-def controller_env(bed: TestBed, head: RayHead, sim: ProviderSim, home: Path) -> dict[str, str]:
-    """The settings of a controller that rents from the simulator and joins nodes with the bed's Python."""
-    key_file = home / "vast_api_key"
-    key_file.write_text(KEY)
-    key_file.chmod(0o600)
-    return {
-        "ABLATE_VAST_API_KEY_FILE": str(key_file),
-        "ABLATE_VAST_URL": sim.url,
-        "ABLATE_CONTROLLER_ID": CONTROLLER,
-        "ABLATE_RENT_SSH_KEY": str(home / "rent_ed25519"),
-        "ABLATE_RENT_IMAGE": "ablate/worker:test",
-        "ABLATE_NODE_RAY_ADDRESS": head.address,
-        "ABLATE_NODE_TOKEN_FILE": str(head.token_file),
-        "ABLATE_NODE_VENV": sys.prefix,
-        "ABLATE_NODE_PYTHON": sys.executable,
-        "ABLATE_NODE_INSTALL": "[]",
-        "ABLATE_NODE_ENV": json.dumps({"PYTHONPATH": str(bed.src)}),  # type: ignore[attr-defined]
-        "ABLATE_NODE_JOIN_ARGS": "--num-cpus=1",
-        "ABLATE_NODE_COMMAND_TIMEOUT_S": "120",
-        "ABLATE_TEST_BED_TAG": bed.tag,
-        "ABLATE_TEST_TICK_S": "1.0",
-    }
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:
@@ -139,7 +115,7 @@ def test_a_controller_killed_mid_sweep_leaks_nothing_after_restart(
         )
 
     with ProviderSim(KEY, vast_offers=OFFERS, hooks=bed_hooks(bed, gpus=lambda inst: 2)) as sim:
-        env = controller_env(bed, ray_head, sim, tmp_path)
+        env = controller_env(bed, ray_head, sim, KEY, CONTROLLER, tmp_path)
         # 1. Killed while renting: the first instance is recorded, the sweep is still provisioning.
         with controller() as proc:
             wait_for(lambda: _rows(database_url) >= 1, "the first rental recorded", 120, 0.05, log)
