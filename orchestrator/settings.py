@@ -105,6 +105,14 @@ class Settings(BaseSettings):
     # The image rented instances run: CUDA, sshd, and Python of the controller's minor version (bootstrap
     # checks it; Ray needs it); the worker environment is installed by bootstrap as on registered nodes.
     rent_image: str = "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"
+    # The dead-man's switch on every rented node (orchestrator/fleet/deadman.py): at the sweep's budget end
+    # plus the grace (or `without_budget_s` after the fire) the node destroys itself through the provider's
+    # API with its own instance-scoped key, then runs this command through `sh -c`. Tests touch a file.
+    rent_deadman_command: str = "sudo -n poweroff || poweroff || shutdown -h now"
+    rent_deadman_grace_s: float = Field(default=3600.0, ge=0)  # the runner's stop grace + copy-back + teardown
+    rent_deadman_without_budget_s: float = Field(default=24 * 3600.0, gt=0)
+    rent_deadman_python: str = "python3"  # the node's Python, which starts the switch before bootstrap
+    rent_deadman_enabled: bool = True  # false only for tests whose "rented node" is this machine
 
     @field_validator("database_url")
     @classmethod

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from orchestrator.db.models import Sweep
 from orchestrator.sweeps.schedules import aware
@@ -16,3 +16,10 @@ def spend(sweep: Sweep, now: datetime) -> float:
         return round(sum(i.cost(aware(now)) for i in sweep.instances), 6)
     hours = max(0.0, (aware(now) - aware(sweep.fired_at)).total_seconds() / 3600)
     return round(sweep.price_per_hour * hours, 6)
+
+
+def budget_end(sweep: Sweep, price_per_hour: float) -> datetime | None:
+    """When a sweep paying `price_per_hour` from its fire on has spent its budget; None without one."""
+    if sweep.budget is None or price_per_hour <= 0:
+        return None
+    return aware(sweep.fired_at) + timedelta(hours=sweep.budget / price_per_hour)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from sqlalchemy.orm import Session
 
 from orchestrator.db.models import Event, Node, RentedInstance, Schedule, Sweep
 from orchestrator.db.session import session_scope
+from orchestrator.fleet.deadman import DeadmanConfig, arm_node
 from orchestrator.fleet.errors import error_reason
 from orchestrator.fleet.inventory import NodeCreate, add_node
 from orchestrator.fleet.pinning import pin_first_contact
@@ -44,6 +45,8 @@ from orchestrator.fleet.providers.base import (
 from orchestrator.fleet.providers.lifecycle import Timing, destroy_confirmed, wait_reachable
 from orchestrator.fleet.providers.reaper import to_reap
 from orchestrator.fleet.providers.request import NodeRequest, choose_offers
+from orchestrator.sweeps.budget import budget_end
+from orchestrator.sweeps.schedules import aware
 from orchestrator.vocabulary import BILLING_RENTED_STATES, RentedState
 
 log = logging.getLogger(__name__)
@@ -71,6 +74,7 @@ class RentalConfig:
     # Who logs in: the instance's user (root on Vast and RunPod). The test bed's nodes log in as their
     # own users, which the simulator cannot say through the providers' APIs.
     login_user: Callable[[Instance], str] | None = None
+    deadman: DeadmanConfig = field(default_factory=DeadmanConfig)  # each node ends itself after the budget
 
 
 def controller_public_key(ssh_key: Path) -> str:
@@ -130,6 +134,7 @@ def rent_nodes(
         env={"ABLATE_SWEEP_ID": str(sweep_id)},
     )
     offers = choose_offers(provider.search(request), request)
+    deadline = _deadline(database_url, sweep_id, offers[: request.nodes], config.deadman)
     state = _Renting()
     while len(state.names) < request.nodes:
         if len(state.failures) >= config.max_failures or not offers:
@@ -141,7 +146,8 @@ def rent_nodes(
         offer = offers.pop(0)
         bid = offer.price_per_hour if offer.interruptible else None
         try:
-            name = _rent_one(database_url, sweep_id, provider, offer, _with_bid(spec, bid), config, bootstrap, clock)
+            spec_ = _with_bid(spec, bid)
+            name = _rent_one(database_url, sweep_id, provider, offer, spec_, config, bootstrap, clock, deadline)
         except Exception as exc:  # noqa: BLE001 - any failure of one rental: record it, try the next offer
             state.failures.append(f"offer {offer.offer_id}: {error_reason(exc)}"[:600])
             continue
@@ -157,6 +163,16 @@ def _with_bid(spec: LaunchSpec, bid: float | None) -> LaunchSpec:
     return replace(spec, bid_per_hour=bid)
 
 
+def _deadline(database_url: str, sweep_id: int, offers: list[Offer], deadman: DeadmanConfig) -> datetime:
+    """When the sweep's nodes end themselves: its budget's end at the chosen offers' price (or
+    `without_budget_s` after the fire), plus the grace."""
+    with session_scope(database_url) as session:
+        sweep = session.get_one(Sweep, sweep_id)
+        end = budget_end(sweep, sum(o.price_per_hour for o in offers))
+        end = end or aware(sweep.fired_at) + timedelta(seconds=deadman.without_budget_s)
+    return end + timedelta(seconds=deadman.grace_s)
+
+
 def _rent_one(
     database_url: str,
     sweep_id: int,
@@ -166,8 +182,10 @@ def _rent_one(
     config: RentalConfig,
     bootstrap: Callable[[str], object],
     clock: Clock,
+    deadline: datetime,
 ) -> str:
-    """One offer to a bootstrapped node, or an exception after the instance (if any) was destroyed."""
+    """One offer to a bootstrapped node with its dead-man's switch armed, or an exception after the
+    instance (if any) was destroyed."""
     created_at = clock()
     instance = provider.create(offer, spec)  # ProviderError: nothing (left) to destroy
     try:
@@ -204,6 +222,11 @@ def _rent_one(
                 instance_id=instance.instance_id,
                 fingerprint=pinned.fingerprint,
             )
+        armed = arm_node(database_url, name, provider, instance.instance_id, deadline, config.deadman)
+        with session_scope(database_url) as session:
+            when, iid = f"{armed.deadline:%Y-%m-%d %H:%M:%S} UTC", instance.instance_id
+            what = f"{provider.name} instance {iid}: dead-man's switch armed: at {when} it {armed.how}"
+            _event(session, sweep_id, "rented.deadman", what, instance_id=iid, deadline=armed.deadline.isoformat())
         bootstrap(name)
     except Exception as exc:
         _give_back(database_url, sweep_id, provider, row_id, config.timing, clock, failed=error_reason(exc))
@@ -415,4 +438,11 @@ def rental_config(settings: Any) -> RentalConfig:  # noqa: ANN401 - orchestrator
         ssh_key=settings.rent_ssh_key or ssh_dir / "rent_ed25519",
         known_hosts_dir=ssh_dir / "rented_known_hosts",
         image=settings.rent_image,
+        deadman=DeadmanConfig(
+            command=settings.rent_deadman_command,
+            grace_s=settings.rent_deadman_grace_s,
+            without_budget_s=settings.rent_deadman_without_budget_s,
+            python=settings.rent_deadman_python,
+            enabled=settings.rent_deadman_enabled,
+        ),
     )

@@ -118,11 +118,18 @@ def register_node(database_url: str, node: BedNode, name: str | None = None, pri
 
 @contextmanager
 def scheduler_process(
-    database_url: str, head: RayHead, storage: Path, log_path: Path, namespace: str, **env: str
+    database_url: str,
+    head: RayHead,
+    storage: Path,
+    log_path: Path,
+    namespace: str,
+    module: str = "orchestrator.runs.scheduler",
+    **env: str,
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """The real scheduler in its own process (`python -m orchestrator.runs.scheduler`), joined to the head with
-    the token, declaring no GPUs of its own; `env` adds settings (ABLATE_...). Its output goes to
-    `log_path`, kept for a failure's post-mortem. Terminated (then killed) on exit."""
+    """The real scheduler in its own process (`python -m orchestrator.runs.scheduler`, or `module`: a
+    controller that also runs sweeps), joined to the head with the token, declaring no GPUs of its own;
+    `env` adds settings (ABLATE_...). Its output goes to `log_path` (appended: a restarted controller
+    writes after the killed one), kept for a failure's post-mortem. Terminated (then killed) on exit."""
     full_env = {
         **os.environ,
         "PYTHONPATH": str(ROOT),
@@ -135,10 +142,8 @@ def scheduler_process(
         "ABLATE_RAY_NAMESPACE": f"{namespace}-{os.getpid()}",
         **env,
     }
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "orchestrator.runs.scheduler"], env=full_env, stdout=log, stderr=subprocess.STDOUT
-        )
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", module], env=full_env, stdout=log, stderr=subprocess.STDOUT)
         try:
             yield proc
         finally:

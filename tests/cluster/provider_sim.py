@@ -9,8 +9,10 @@ It serves exactly the subset that orchestrator/fleet/providers/{vast,runpod}.py 
   RunPod      POST /graphql: gpuTypes (list, and one type with prices), podFindAndDeployOnDemand,
               pod(input: {podId}), myself { pods }, podTerminate
 
-Every request must carry `Authorization: Bearer <api_key>` (401 otherwise). Instances bill per second
-from create until destroy at their hourly price (`bill()`). What creating an instance means is
+Every request must carry `Authorization: Bearer <api_key>` (401 otherwise), or the key the provider
+scoped to one instance (Vast's CONTAINER_API_KEY, RunPod's RUNPOD_API_KEY; `scoped_env`), which may only
+describe or destroy that instance (403 for anything else); `SimInstance.ended_by` says which key ended it.
+Instances bill per second from create until destroy at their hourly price (`bill()`). What creating an instance means is
 pluggable (`Hooks`): by default it only records it, at an address that answers nothing (TEST-NET-1);
 `ssh_banner_hooks` points instances at a loopback port that greets like sshd; in the namespace test
 bed (`bed_hooks`) each instance is a real namespace node with its own sshd, removed on destroy.
@@ -53,6 +55,14 @@ class SimInstance:
     ssh_keys: list[str] = field(default_factory=list)
     ready_at: float = 0.0  # when it turns from loading to running
     handle: Any = None  # what the create hook made (a test bed node)
+    scoped_key: str = field(default_factory=lambda: "scoped-" + secrets.token_hex(12))
+    ended_by: str | None = None  # "account" | "scoped": whose key destroyed it
+
+    def scoped_env(self) -> dict[str, str]:
+        """What the provider puts into the instance's environment: its id and its own scoped key."""
+        if self.provider == "vast":
+            return {"CONTAINER_ID": self.id, "CONTAINER_API_KEY": self.scoped_key}
+        return {"RUNPOD_POD_ID": self.id, "RUNPOD_API_KEY": self.scoped_key}
 
     @property
     def live(self) -> bool:
@@ -129,6 +139,7 @@ class ProviderSim:
         hooks: Hooks | None = None,
         boot_s: float = 0.0,
         first_vast_id: int = 7001,
+        host: str = "127.0.0.1",
     ) -> None:
         self.api_key = api_key
         self.vast_offers = {str(o["id"]): dict(o) for o in vast_offers or []}
@@ -138,9 +149,11 @@ class ProviderSim:
         self.instances: dict[str, SimInstance] = {}
         self.requests: list[tuple[str, str, dict[str, str]]] = []  # (method, path, headers): what the SDKs sent
         self._lock = threading.Lock()
+        self._by = "account"  # whose key the request being routed carries (set under the lock)
         self._next_vast_id = first_vast_id  # a test with several simulators against one DB keeps ids apart
         handler = type("Handler", (_Handler,), {"sim": self})
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        # `host`: the test bed's bridge address where rented nodes call the API themselves (the dead-man's switch)
+        self._server = ThreadingHTTPServer((host, 0), handler)
         self._thread = threading.Thread(target=self._server.serve_forever, name="provider-sim", daemon=True)
 
     @property
@@ -178,8 +191,8 @@ class ProviderSim:
             self.hooks.on_ssh_key(inst, key)
         return inst
 
-    def _end(self, inst: SimInstance) -> None:
-        inst.ended = time.time()
+    def _end(self, inst: SimInstance, by: str = "account") -> None:
+        inst.ended, inst.ended_by = time.time(), by
         self.hooks.on_destroy(inst)
 
     def _status(self, inst: SimInstance) -> str:
@@ -252,7 +265,7 @@ class ProviderSim:
             inst = self.instances.get(pod_id or "")
             if inst is None or inst.provider != "runpod" or not inst.live:
                 return {"errors": [{"message": f"pod {pod_id} not found"}]}
-            self._end(inst)
+            self._end(inst, self._by)
             return {"data": {"podTerminate": None}}
         if re.search(r"\bpod\(input:", query):
             inst = self.instances.get(_field(query, "podId") or "")
@@ -345,10 +358,16 @@ class _Handler(BaseHTTPRequestHandler):
         parts = urlsplit(self.path)
         sim.requests.append((method, parts.path, dict(self.headers)))
         body = self._body()
-        if self.headers.get("Authorization") != f"Bearer {sim.api_key}":
+        auth = self.headers.get("Authorization") or ""
+        scoped = next((i for i in list(sim.instances.values()) if auth == f"Bearer {i.scoped_key}"), None)
+        if auth != f"Bearer {sim.api_key}" and scoped is None:
             self._send(401, {"success": False, "error": "auth_error", "msg": "invalid API key"})
             return
+        if scoped is not None and not _only_about(scoped, method, parts.path, body):
+            self._send(403, {"success": False, "error": "forbidden", "msg": "this key manages one instance only"})
+            return
         with sim._lock:
+            sim._by = "account" if scoped is None else "scoped"
             code, payload = self._route(method, parts.path, parse_qs(parts.query), body)
         self._send(code, payload)
 
@@ -378,7 +397,7 @@ class _Handler(BaseHTTPRequestHandler):
             if method == "DELETE":
                 if inst is None:
                     return 404, {"success": False, "msg": "no such instance"}
-                sim._end(inst)
+                sim._end(inst, sim._by)
                 return 200, {"success": True}
         return 404, {"success": False, "msg": f"the provider simulator does not serve {method} {path}"}
 
@@ -408,6 +427,14 @@ _OPS: dict[str, Callable[[Any, Any], bool]] = {
     "notin": lambda a, b: a not in b,
 }
 _NOT_FILTERS = {"order", "type", "limit", "allocated_storage", "disable_bundling"}
+
+
+def _only_about(inst: SimInstance, method: str, path: str, body: Any) -> bool:  # noqa: ANN401
+    """Whether a request made with `inst`'s scoped key only describes or destroys `inst` itself."""
+    if path == f"/api/v0/instances/{inst.id}/":
+        return method in ("GET", "DELETE")
+    query = body.get("query", "") if method == "POST" and path == "/graphql" and isinstance(body, dict) else ""
+    return bool(re.search(r"\b(podTerminate|pod)\(input:", query)) and _field(query, "podId") == inst.id
 
 
 def _matches(offer: dict, q: dict[str, Any]) -> bool:
@@ -475,9 +502,10 @@ def ssh_banner_hooks(banner: SshBanner) -> Hooks:
     return Hooks(on_create=lambda inst: ("127.0.0.1", banner.port))
 
 
-def bed_hooks(bed: Any, gpus: Callable[[SimInstance], int] = lambda inst: inst.gpus) -> Hooks:
+def bed_hooks(bed: Any, gpus: Callable[[SimInstance], int] = lambda inst: inst.gpus, scoped: bool = True) -> Hooks:
     """Each created instance is a new node of the namespace test bed `bed` (tests/cluster/testbed.py):
-    its own network namespace, IP, login user and sshd; an attached SSH key is authorized for its user;
+    its own network namespace, IP, login user and sshd; an attached SSH key is authorized for its user,
+    whose sessions see the instance's scoped key (`scoped`; False: a provider that gives none);
     destroy removes the node."""
 
     def on_create(inst: SimInstance) -> tuple[str, int]:
@@ -485,7 +513,7 @@ def bed_hooks(bed: Any, gpus: Callable[[SimInstance], int] = lambda inst: inst.g
         return inst.handle.ip, inst.handle.port
 
     def on_ssh_key(inst: SimInstance, key: str) -> None:
-        bed.authorize(inst.handle, key)
+        bed.authorize(inst.handle, key, env=inst.scoped_env() if scoped else None)  # as the container env
 
     def on_destroy(inst: SimInstance) -> None:
         bed.remove_node(inst.handle)

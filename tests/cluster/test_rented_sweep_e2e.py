@@ -3,13 +3,14 @@ them through the real vastai SDK from the provider simulator, whose instances ar
 of the test bed (own sshd, own address, stand-in nvidia-smi); their host keys are pinned at first
 contact; they are bootstrapped and join the token-auth Ray head; the real scheduler (its own process)
 trains tiny arms on their logical GPUs; results are copied back; both instances are destroyed. Zero
-instances are left, and the sweep's spend equals the simulator's per-second bill within a second's price.
+instances are left, and the sweep's spend equals the simulator's per-second bill within three seconds' price
 
 Only the providers' HTTP API is simulated: SSH, bootstrap, Ray, training and copy-back are real.
 """
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -21,6 +22,7 @@ from sqlalchemy import select
 
 from orchestrator.db.models import Event, Grid, Node, RentedInstance, Run, Schedule, Sweep, utcnow
 from orchestrator.db.session import session_scope
+from orchestrator.fleet.deadman import DeadmanConfig
 from orchestrator.fleet.providers.base import Instance
 from orchestrator.fleet.providers.lifecycle import Timing
 from orchestrator.fleet.providers.vast import VastProvider
@@ -86,6 +88,7 @@ def test_a_request_schedule_rents_two_nodes_trains_copies_back_and_destroys_them
             image="ablate/worker:test",
             timing=Timing(reachable_s=60, poll_s=0.2, destroy_s=60, connect_s=2),
             login_user=_login_user(bed),
+            deadman=DeadmanConfig(command='touch "$HOME/deadman-fired"', python=sys.executable),
         )
         runner = SweepRunner(
             database_url,
@@ -139,6 +142,8 @@ def test_a_request_schedule_rents_two_nodes_trains_copies_back_and_destroys_them
         assert sim.live() == [] and bed.nodes == [] and nodes_left == []
         bill = sim.bill()
         print(f"spend {sweep.spend:.6f} vs simulator bill {bill:.6f}")
-        assert bill <= sweep.spend <= bill + (1.4 + 1.2) / 3600
+        # The spend runs to the destroy's confirmation, which here includes removing the namespace node
+        # (its processes ended, its user deleted): up to a few seconds on two shared cores.
+        assert bill <= sweep.spend <= bill + (1.4 + 1.2) * 3 / 3600
         with session_scope(database_url) as session:
             assert session.scalars(select(Schedule)).one().request is not None

@@ -344,12 +344,14 @@ class TestBed:
         self._wait_ssh(node)
         return node
 
-    def authorize(self, node: BedNode, public_key: str) -> None:
-        """Let `public_key` log in as the node's user too (with the same PATH as the bed's own key)."""
+    def authorize(self, node: BedNode, public_key: str, env: dict[str, str] | None = None) -> None:
+        """Let `public_key` log in as the node's user too (with the same PATH as the bed's own key, and
+        `env`: what a rented container's environment holds, such as its instance-scoped API key)."""
         keys = node.client_key.parent / "authorized_keys"
         prefix = keys.read_text().split(" ", 1)[0]  # environment="PATH=..."
+        extra = "".join(f',environment="{k}={v}"' for k, v in (env or {}).items())
         with keys.open("a") as f:
-            f.write(f"{prefix} {public_key.strip()}\n")
+            f.write(f"{prefix}{extra} {public_key.strip()}\n")
 
     def remove_node(self, node: BedNode) -> None:
         """End the node's processes and remove its namespace, link, user and files (as close() does)."""

@@ -25,6 +25,7 @@ from orchestrator.app import create_app
 from orchestrator.db.models import Event, Grid, Node, RentedInstance, Schedule, Sweep, utcnow
 from orchestrator.db.session import session_scope
 from orchestrator.fleet.bootstrap import BootstrapConfig
+from orchestrator.fleet.deadman import DeadmanConfig
 from orchestrator.fleet.providers.base import InstanceLabel, LaunchSpec
 from orchestrator.fleet.providers.lifecycle import Timing
 from orchestrator.fleet.providers.request import NodeRequest, choose_offers
@@ -71,6 +72,9 @@ def _runner(database_url: str, sshd, sim: ProviderSim, tmp_path: Path, remote: P
         image="ablate/worker:test",
         timing=FAST,
         login_user=lambda instance: sshd.user,  # the loopback sshd admits only this user, not root
+        # The loopback sshd is this machine, perhaps as root: a dead-man's switch armed there would outlive
+        # the test (and its stop command is `poweroff`). tests/cluster/test_deadman.py tests the switch.
+        deadman=DeadmanConfig(enabled=False),
     )
     config = BootstrapConfig(
         ray_address="127.0.0.1:6379",

@@ -1,0 +1,208 @@
+"""A rented night's latencies on the namespace test bed, through the provider simulator, as root on Linux.
+
+A schedule asks for two nodes (not names); the sweep runner rents them through the real vastai SDK from
+tests/cluster/provider_sim.py, whose instances are real namespace nodes (own sshd, own address), pins
+their host keys, arms the dead-man's switch, bootstraps them into the token-auth Ray head, and the real
+scheduler (its own process) trains five tiny arms; results are copied back and the instances destroyed.
+Measured per sweep:
+  - fire -> first optimizer step: the fire tick to the first metric row at step 1 (checkpoint_every=1),
+    renting both nodes included;
+  - last result -> destroy confirmed: the sweep's last metric row to the last instance's
+    `destroy_confirmed_at` (copy-back, leave, destroy, the provider's confirmation);
+and once, after the sweeps:
+  - a leaked instance found and destroyed: an instance labelled for a sweep that is not under way is
+    planted, then a new controller process (tests/cluster/rented_controller.py: scheduler + sweep
+    runner, as `ablate serve`) starts; seconds from its start to the simulator's destroy.
+
+    python bench/rented_night.py [--repeats 2] [--out docs/bench-results/rented_night.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from sqlalchemy import func, select  # noqa: E402
+
+from orchestrator.db.models import Grid, Metric, RentedInstance, Run, Schedule, Sweep, utcnow  # noqa: E402
+from orchestrator.db.session import session_scope, upgrade  # noqa: E402
+from orchestrator.fleet.deadman import DeadmanConfig  # noqa: E402
+from orchestrator.fleet.providers.base import InstanceLabel, LaunchSpec  # noqa: E402
+from orchestrator.fleet.providers.lifecycle import Timing  # noqa: E402
+from orchestrator.fleet.providers.request import NodeRequest  # noqa: E402
+from orchestrator.fleet.providers.vast import VastProvider  # noqa: E402
+from orchestrator.fleet.ray_cluster import start_head  # noqa: E402
+from orchestrator.sweeps.rented import RentalConfig  # noqa: E402
+from orchestrator.sweeps.runner import SweepRunner  # noqa: E402
+from orchestrator.sweeps.schedules import ScheduleCreate, create_schedule  # noqa: E402
+from orchestrator.vocabulary import ACTIVE_SWEEP_STATES, SweepState  # noqa: E402
+from tests.cluster.conftest import PACKAGES, node_config, scheduler_process  # noqa: E402
+from tests.cluster.provider_sim import ProviderSim, bed_hooks, vast_offer  # noqa: E402
+from tests.cluster.rented_controller import bed_login_user, controller_env  # noqa: E402
+from tests.cluster.testbed import TestBed  # noqa: E402
+
+KEY = "sk-bench-rented-night-0123456789"
+TINY = {
+    "model": {"size": "tiny", "depth": 3, "identity_tokens": 4},
+    "data": {"dataset": "shapes", "num_images": 32, "held_out": 2},
+    "schedule": {"steps": 5, "batch_size": 2, "warmup_steps": 1, "checkpoint_every": 1, "ema": {"warmup_steps": 1}},
+    "eval": {"num_samples": 2, "sampler_steps": 2, "lpips_backbone": "random_standin"},
+    "precision": {"mode": "fp32"},
+}
+ARMS = ["A", "B", "C", {"parent": "A", "name": "A2"}, {"parent": "A", "name": "A3"}]
+REQUEST = {"provider": "vast", "gpu": "RTX_4090", "gpus_per_node": 4, "nodes": 2, "max_price_per_gpu_hour": 0.45}
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def one_sweep(runner: SweepRunner, database_url: str, night: int) -> dict[str, float]:
+    with session_scope(database_url) as session:
+        for schedule in session.scalars(select(Schedule)):  # an earlier night's schedule would fire too
+            schedule.paused = True
+        body = ScheduleCreate(
+            name=f"rent-bench-{night}",
+            cron="0 22 * * *",
+            grid={"name": f"rent-bench-{night}", "arms": ARMS, "overrides": TINY},
+            request=REQUEST,
+        )
+        create_schedule(session, body).next_fire_at = utcnow() - timedelta(seconds=1)
+    fired = time.time()
+    runner.tick()
+    with session_scope(database_url) as session:
+        sweep = session.scalars(select(Sweep).order_by(Sweep.id.desc())).first()
+        assert sweep is not None and sweep.state == SweepState.running, sweep and sweep.error
+        sweep_id, grid_id = sweep.id, sweep.grid_id
+    deadline = time.monotonic() + 900
+    while True:
+        assert time.monotonic() < deadline, "the sweep did not finish in 15 minutes"
+        with session_scope(database_url) as session:
+            if session.get_one(Sweep, sweep_id).state not in ACTIVE_SWEEP_STATES:
+                break
+        runner.tick()
+        time.sleep(0.3)
+    with session_scope(database_url) as session:
+        sweep = session.get_one(Sweep, sweep_id)
+        assert sweep.state == SweepState.completed, sweep.error
+        assert len(session.get_one(Grid, grid_id).runs) == len(ARMS)
+        in_grid = select(Metric.created_at).join(Run, Metric.run_id == Run.id).where(Run.grid_id == grid_id)
+        first = session.scalar(in_grid.where(Metric.step == 1).order_by(Metric.created_at))
+        last = session.scalar(
+            select(func.max(Metric.created_at)).join(Run, Metric.run_id == Run.id).where(Run.grid_id == grid_id)
+        )
+        destroyed = session.scalar(
+            select(func.max(RentedInstance.destroy_confirmed_at)).where(RentedInstance.sweep_id == sweep_id)
+        )
+    assert first is not None and last is not None and destroyed is not None
+    return {
+        "fire_to_first_step_s": _epoch(first) - fired,
+        "last_result_to_destroyed_s": _epoch(destroyed) - _epoch(last),
+    }
+
+
+def _epoch(at: datetime) -> float:
+    return (at if at.tzinfo else at.replace(tzinfo=UTC)).timestamp()  # SQLite gives back naive UTC
+
+
+def leaked_after_restart(bed: TestBed, head, sim: ProviderSim, database_url: str, storage: Path, work: Path) -> float:  # noqa: ANN001
+    """Plant an instance of a sweep that is not under way; start a controller; seconds until it is gone."""
+    provider = VastProvider(KEY, server_url=sim.url)
+    request = NodeRequest.model_validate({**REQUEST, "nodes": 1})
+    offer = provider.search(request)[0]
+    spec = LaunchSpec("ablate/worker:test", 20, "ssh-ed25519 AAAA leaked", InstanceLabel("bench", 9999))
+    leaked = sim.instances[provider.create(offer, spec).instance_id]
+    env = controller_env(bed, head, sim, KEY, "bench", work)
+    log = work / "controller.log"
+    with scheduler_process(
+        database_url, head, storage, log, "ablate-bench-rent", module="tests.cluster.rented_controller", **env
+    ):
+        started = time.time()
+        deadline = time.monotonic() + 120
+        while leaked.live:
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.05)
+    return leaked.ended - started  # type: ignore[operator]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    TestBed.check()
+    tag = f"ab{os.getpid() % 100000}"
+    storage = Path("/tmp") / tag / "controller" / "storage"
+    work = Path(tempfile.mkdtemp(prefix="ablate-bench-"))
+    database_url = f"sqlite:///{work / 'ablate.db'}"
+    upgrade(database_url)
+    readable = [Path(sys.base_prefix), Path(sys.prefix)]
+    offers = [vast_offer(900 + i, dph_total=1.2 + 0.01 * i) for i in range(2 * args.repeats + 1)]
+    with TestBed(nodes=0, gpus=2, tag=tag, private_paths=[storage], readable=readable) as bed:
+        bed.src = bed.root / "src"  # type: ignore[attr-defined]
+        for package in PACKAGES:
+            shutil.copytree(ROOT / package, bed.src / package, ignore=shutil.ignore_patterns("__pycache__"))  # type: ignore[attr-defined]
+        token = bed.root / "controller" / "ray_token"
+        head = start_head(
+            bed.controller_ip, free_port(bed.controller_ip), token, bed.root / "head", num_cpus=1,
+            dashboard_port=free_port("127.0.0.1"),
+        )  # fmt: skip
+        hooks = bed_hooks(bed, gpus=lambda inst: 2)
+        try:
+            with ProviderSim(KEY, vast_offers=offers, hooks=hooks, host=bed.controller_ip) as sim:
+                rental = RentalConfig(
+                    controller_id="bench",
+                    ssh_key=work / "rent_ed25519",
+                    known_hosts_dir=work / "known_hosts",
+                    image="ablate/worker:test",
+                    timing=Timing(reachable_s=60, poll_s=0.2, destroy_s=60, connect_s=2),
+                    login_user=bed_login_user(bed.tag),  # type: ignore[arg-type]
+                    deadman=DeadmanConfig(command='touch "$HOME/deadman-fired"', python=sys.executable),
+                )
+                runner = SweepRunner(
+                    database_url,
+                    storage,
+                    node_config=node_config(bed, head),
+                    providers={"vast": VastProvider(KEY, server_url=sim.url)},
+                    rental=rental,
+                )
+                with scheduler_process(database_url, head, storage, work / "scheduler.log", "ablate-bench-rent"):
+                    results = [one_sweep(runner, database_url, i) for i in range(args.repeats)]
+                assert sim.live() == [], "instances left after the sweeps"
+                leak_s = leaked_after_restart(bed, head, sim, database_url, storage, work)
+        finally:
+            head.stop()
+    shutil.rmtree(work, ignore_errors=True)
+    lines = [
+        "| measurement | " + " | ".join(f"sweep {i + 1}" for i in range(len(results))) + " | median |",
+        "|---|" + "---|" * (len(results) + 1),
+    ]
+    labels = {
+        "fire_to_first_step_s": "fire -> first optimizer step (renting 2 nodes included), s",
+        "last_result_to_destroyed_s": "sweep's last result -> last destroy confirmed, s",
+    }
+    for key, label in labels.items():
+        values = [r[key] for r in results]
+        lines.append(f"| {label} | " + " | ".join(f"{v:.2f}" for v in values) + f" | {statistics.median(values):.2f} |")
+    lines.append(f"\nleaked instance destroyed, seconds after a controller process started: {leak_s:.2f}")
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
