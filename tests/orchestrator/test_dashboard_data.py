@@ -1,5 +1,7 @@
-"""The dashboard's paired difference against the control arm: per-sample pairs when the worker stored
-them, else the two arms' SEs combined (labelled), else none."""
+"""The dashboard's data: the paired difference against the control arm (per-sample pairs when the worker
+stored them, else the two arms' SEs combined, labelled, else none), the gallery's index, and how each
+arm's data fed its GPU (data wait flagged above 10% with the fix, micro-batch x accumulation, skipped
+images over resumed segments)."""
 
 from __future__ import annotations
 
@@ -7,9 +9,12 @@ import math
 
 import pytest
 
-from orchestrator.dashboard.data import paired_difference
+from orchestrator.dashboard.data import grid_detail, paired_difference
 from orchestrator.db.models import Metric
-from orchestrator.runs.ingest import metric_values
+from orchestrator.db.session import session_scope
+from orchestrator.runs.data_feed import DATA_WAIT_FIX, DATA_WAIT_LIMIT, data_feed
+from orchestrator.runs.grids import GridCreate, create_grid
+from orchestrator.runs.ingest import ingest, metric_values
 from orchestrator.runs.samples import sample_index
 
 
@@ -59,3 +64,54 @@ def test_the_gallery_index_lists_steps_with_images_and_the_newest_set() -> None:
         ("text_0.png", "text", 0, "a red square"),
     ]
     assert sample_index([(10, None)]).model_dump() == {"steps": [], "files": []}
+
+
+def _fed(step: int, wait: float | None, skipped: int = 0, resumed: int | None = None, **more: object) -> dict:
+    """A checkpoint record's data fields as worker/train.py writes them."""
+    return {
+        "step": step, "recon_lpips": 0.5, "data_wait_fraction": wait, "micro_batch": 8, "grad_accum": 32,
+        "loader_workers": 3, "skipped_images": skipped, "skipped_files": [f"bad{i}.jpg" for i in range(skipped)],
+        "resumed_from_step": resumed, **more,
+    }  # fmt: skip
+
+
+def test_data_wait_is_flagged_above_ten_percent_with_the_fix() -> None:
+    def feed(*records: dict) -> object:
+        return data_feed([(r["step"], metric_values(r)["extra"]) for r in records])
+
+    slow = feed(_fed(10, 0.02), _fed(20, 0.31))  # the newest checkpoint counts, not the worst
+    assert slow.waiting and slow.wait_fraction == pytest.approx(0.31)
+    assert slow.fix == DATA_WAIT_FIX and "ablate data prepare" in slow.fix and "data.loader_workers" in slow.fix
+    assert (slow.micro_batch, slow.grad_accum, slow.loader_workers) == (8, 32, 3)
+    recovered = feed(_fed(10, 0.31), _fed(20, 0.02))
+    assert not recovered.waiting and recovered.fix is None
+    at_limit = feed(_fed(10, DATA_WAIT_LIMIT))  # "more than 10%": 10% itself is fine
+    assert not at_limit.waiting
+    unmeasured = feed(_fed(10, None))  # no timed steps in the window: no figure, no flag
+    assert unmeasured.wait_fraction is None and not unmeasured.waiting
+    assert data_feed([]).model_dump() == {
+        "wait_fraction": None, "micro_batch": None, "grad_accum": None, "loader_workers": None,
+        "skipped_images": 0, "skipped_files": [], "waiting": False, "fix": None,
+    }  # fmt: skip
+
+
+def test_skipped_images_add_up_over_resumed_segments() -> None:
+    # Segment 1 skips 2 by step 20; the resumed worker (from 20) counts afresh: 1 by step 30, 3 by 40.
+    records = [_fed(10, 0.01, 1), _fed(20, 0.01, 2), _fed(30, 0.01, 1, resumed=20), _fed(40, 0.01, 3, resumed=20)]
+    feed = data_feed([(r["step"], metric_values(r)["extra"]) for r in records])
+    assert feed.skipped_images == 5
+    assert feed.skipped_files[:3] == ["bad0.jpg", "bad1.jpg", "bad2.jpg"] and len(feed.skipped_files) == 5
+
+
+def test_grid_detail_carries_each_arms_data_feed(database_url: str) -> None:
+    with session_scope(database_url) as s:
+        grid = create_grid(s, GridCreate(name="data feed", arms=["A", "B"], overrides={"model": {"size": "tiny"}}))
+        a, b = grid.runs
+        ingest(s, a, [_fed(10, 0.04), _fed(20, 0.03)], detect=False)
+        ingest(s, b, [_fed(10, 0.42, 2)], detect=False)
+        s.flush()
+        rows = {r["arm"]: r["data"] for r in grid_detail(s, grid)["runs"]}
+    assert rows["A"]["waiting"] is False and rows["A"]["wait_fraction"] == pytest.approx(0.03)
+    assert rows["A"]["skipped_images"] == 0
+    assert rows["B"]["waiting"] is True and rows["B"]["fix"] == DATA_WAIT_FIX
+    assert (rows["B"]["micro_batch"], rows["B"]["grad_accum"], rows["B"]["skipped_images"]) == (8, 32, 2)
