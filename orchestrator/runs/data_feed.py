@@ -29,8 +29,8 @@ class DataFeed(BaseModel):
     micro_batch: int | None = None
     grad_accum: int | None = None  # micro-batches per optimizer step: batch_size = micro_batch x grad_accum
     loader_workers: int | None = None
-    skipped_images: int = 0  # over every segment of the run (a resume starts the worker's count afresh)
-    skipped_files: list[str] = []  # the first few, newest segment first
+    skipped_images: int = 0  # distinct training files that failed to decode, over the run's segments
+    skipped_files: list[str] = []  # the first ten of them
     waiting: bool = False  # wait_fraction above DATA_WAIT_LIMIT
     fix: str | None = None  # what to do about it, in words, when waiting
 
@@ -42,22 +42,19 @@ def _int(value: Any) -> int | None:
 def data_feed(records: list[tuple[int, dict[str, Any] | None]]) -> DataFeed:
     """The DataFeed of a run from its (step, Metric.extra) records, in step order.
 
-    Skipped images are summed over the run's segments: a resumed worker counts from zero again
-    (worker/train.py SkipCounter), and each segment's records carry the step it resumed from, so the
-    last count of each segment adds up to the run's total without counting a redone step twice.
+    Skipped images: a worker counts distinct files (model/data/loader.py SkipCounter) from zero again
+    when it resumes, and a bad file is drawn again in the next segment, so segments' counts do not add
+    up. The run's count is the union of the files its segments name (each record names its first ten),
+    and at least the largest segment's count: exact whenever no segment skipped more than ten.
     """
     if not records:
         return DataFeed()
     newest = records[-1][1] or {}
-    last_count: dict[Any, int] = {}
-    files: dict[Any, list[str]] = {}
+    most = 0
+    files: dict[str, None] = {}  # an insertion-ordered set
     for _, extra in records:
-        extra = extra or {}
-        segment = extra.get("resumed_from_step")
-        count = _int(extra.get("skipped_images"))
-        if count is not None:
-            last_count[segment] = count
-            files[segment] = [str(f) for f in extra.get("skipped_files") or []]
+        most = max(most, _int((extra or {}).get("skipped_images")) or 0)
+        files.update(dict.fromkeys(str(f) for f in (extra or {}).get("skipped_files") or []))
     wait = newest.get("data_wait_fraction")
     wait = float(wait) if isinstance(wait, int | float) and not isinstance(wait, bool) else None
     waiting = wait is not None and wait > DATA_WAIT_LIMIT
@@ -66,8 +63,8 @@ def data_feed(records: list[tuple[int, dict[str, Any] | None]]) -> DataFeed:
         micro_batch=_int(newest.get("micro_batch")),
         grad_accum=_int(newest.get("grad_accum")),
         loader_workers=_int(newest.get("loader_workers")),
-        skipped_images=sum(last_count.values()),
-        skipped_files=[f for segment in reversed(list(files)) for f in files[segment]][:10],
+        skipped_images=max(most, len(files)),
+        skipped_files=list(files)[:10],
         waiting=waiting,
         fix=DATA_WAIT_FIX if waiting else None,
     )

@@ -6,6 +6,7 @@ images over resumed segments)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import pytest
 
@@ -66,12 +67,12 @@ def test_the_gallery_index_lists_steps_with_images_and_the_newest_set() -> None:
     assert sample_index([(10, None)]).model_dump() == {"steps": [], "files": []}
 
 
-def _fed(step: int, wait: float | None, skipped: int = 0, resumed: int | None = None, **more: object) -> dict:
-    """A checkpoint record's data fields as worker/train.py writes them."""
+def _fed(step: int, wait: float | None, skipped: Sequence[int] = (), resumed: int | None = None) -> dict:
+    """A checkpoint record's data fields as worker/train.py writes them (skipped: which bad files)."""
     return {
         "step": step, "recon_lpips": 0.5, "data_wait_fraction": wait, "micro_batch": 8, "grad_accum": 32,
-        "loader_workers": 3, "skipped_images": skipped, "skipped_files": [f"bad{i}.jpg" for i in range(skipped)],
-        "resumed_from_step": resumed, **more,
+        "loader_workers": 3, "skipped_images": len(skipped), "skipped_files": [f"bad{i}.jpg" for i in skipped][:10],
+        "resumed_from_step": resumed,
     }  # fmt: skip
 
 
@@ -95,12 +96,16 @@ def test_data_wait_is_flagged_above_ten_percent_with_the_fix() -> None:
     }  # fmt: skip
 
 
-def test_skipped_images_add_up_over_resumed_segments() -> None:
-    # Segment 1 skips 2 by step 20; the resumed worker (from 20) counts afresh: 1 by step 30, 3 by 40.
-    records = [_fed(10, 0.01, 1), _fed(20, 0.01, 2), _fed(30, 0.01, 1, resumed=20), _fed(40, 0.01, 3, resumed=20)]
-    feed = data_feed([(r["step"], metric_values(r)["extra"]) for r in records])
-    assert feed.skipped_images == 5
-    assert feed.skipped_files[:3] == ["bad0.jpg", "bad1.jpg", "bad2.jpg"] and len(feed.skipped_files) == 5
+def test_skipped_images_are_counted_once_over_resumed_segments() -> None:
+    def feed(*records: dict) -> object:
+        return data_feed([(r["step"], metric_values(r)["extra"]) for r in records])
+
+    # Segment 1 skips files 0 and 1; the resumed worker (from step 20) counts afresh and meets 0 again, then 2.
+    resumed = feed(_fed(10, 0.01, [0]), _fed(20, 0.01, [0, 1]), _fed(30, 0.01, [0], 20), _fed(40, 0.01, [0, 2], 20))
+    assert resumed.skipped_images == 3 and resumed.skipped_files == ["bad0.jpg", "bad1.jpg", "bad2.jpg"]
+    # A segment that skipped more than the ten a record names: its count is a floor for the run's.
+    many = feed(_fed(10, 0.01, list(range(14))), _fed(20, 0.01, [20], 10))
+    assert many.skipped_images == 14 and len(many.skipped_files) == 10
 
 
 def test_grid_detail_carries_each_arms_data_feed(database_url: str) -> None:
@@ -108,7 +113,7 @@ def test_grid_detail_carries_each_arms_data_feed(database_url: str) -> None:
         grid = create_grid(s, GridCreate(name="data feed", arms=["A", "B"], overrides={"model": {"size": "tiny"}}))
         a, b = grid.runs
         ingest(s, a, [_fed(10, 0.04), _fed(20, 0.03)], detect=False)
-        ingest(s, b, [_fed(10, 0.42, 2)], detect=False)
+        ingest(s, b, [_fed(10, 0.42, [3, 4])], detect=False)
         s.flush()
         rows = {r["arm"]: r["data"] for r in grid_detail(s, grid)["runs"]}
     assert rows["A"]["waiting"] is False and rows["A"]["wait_fraction"] == pytest.approx(0.03)
