@@ -164,3 +164,14 @@ def test_an_arm_trains_from_data_url_through_the_worker(stored: tuple[str, DataS
     assert fetched["url"] == url and sorted(fetched["downloaded"]) == sorted([*SHARDS, "captions.jsonl"])
     assert Path(fetched["path"]).parent == Path(store.cache_dir)
     assert record["skipped_images"] == 0 and record["train_loss"] is not None
+
+
+def test_a_file_url_is_fetched_the_same_way(tmp_path: Path) -> None:
+    """file:// (a filesystem every node mounts): copied into the node's cache like any store."""
+    out = tmp_path / "shared" / "photos"
+    prepare(photos(tmp_path / "src"), out, 16, shard_bytes=3 * 16 * 16 * 4)
+    store = DataStore(cache_dir=str(tmp_path / "cache"))
+    fetched = fetch_prepared(f"file://{out}", store)
+    assert sorted(fetched.downloaded) == sorted([*SHARDS, "captions.jsonl"])
+    assert all((Path(fetched.path) / n).read_bytes() == (out / n).read_bytes() for n in SHARDS)
+    assert fetch_prepared(f"file://{out}", store).downloaded == []
