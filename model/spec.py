@@ -75,6 +75,7 @@ class ModelSpec(Strict):
 
 
 PATH_DATASETS = ("imagefolder", "webdataset", "prepared")  # the kinds that read data.path
+DATA_URL_SCHEMES = ("file", "s3", "sftp")  # the stores checkpoints use (worker/storage.py)
 
 
 class DataSpec(Strict):
@@ -82,6 +83,10 @@ class DataSpec(Strict):
     # shards; prepared: the output of `ablate data prepare` (uint8 at the training resolution, memory-mapped).
     dataset: Literal["shapes", "digits", "imagefolder", "webdataset", "prepared"] = "shapes"
     path: str | None = None  # the directory of an imagefolder, webdataset or prepared dataset
+    # prepared shards on durable storage instead of a path (fsspec: s3://bucket/prefix, sftp://user@host/abs,
+    # file:///abs), read with the checkpoint store's options: each node fetches them once into its data cache,
+    # verified against the manifest's checksums before training starts (worker/data_fetch.py).
+    url: Annotated[str, Field(min_length=1, max_length=2048)] | None = None
     # metadata.jsonl / metadata.csv: the column with the captions (None = the first of caption, text)
     caption_column: Annotated[str, Field(min_length=1)] | None = None
     # Loader worker processes that decode and resize off the training thread. auto: this arm's share of
@@ -100,11 +105,24 @@ class DataSpec(Strict):
 
     @model_validator(mode="after")
     def _path_datasets_need_path(self) -> DataSpec:
+        if self.url is not None:
+            scheme = self.url.split("://", 1)[0] if "://" in self.url else ""
+            if scheme not in DATA_URL_SCHEMES:
+                raise ValueError(
+                    f"data.url {self.url!r} must start with one of {', '.join(s + '://' for s in DATA_URL_SCHEMES)}"
+                )
+            if self.dataset != "prepared":
+                raise ValueError(
+                    "data.url holds prepared shards: set data.dataset 'prepared' (make them with ablate data prepare)"
+                )
+            if self.path:
+                raise ValueError("set data.path or data.url, not both (a node caches data.url where it chooses)")
+            return self
         if self.dataset in PATH_DATASETS and not self.path:
             what = {
                 "imagefolder": "a directory with images and captions.jsonl (or metadata.jsonl / metadata.csv)",
                 "webdataset": "a directory of WebDataset *.tar shards",
-                "prepared": "a directory written by `ablate data prepare`",
+                "prepared": "a directory written by `ablate data prepare` (or data.url: the same on storage)",
             }[self.dataset]
             raise ValueError(f"dataset {self.dataset!r} needs data.path: {what}")
         if self.caption_column is not None and self.dataset != "imagefolder":

@@ -79,6 +79,12 @@ class Settings(BaseSettings):
     # Directories on the controller from which POST /api/nodes may name SSH keys and known-hosts files.
     ssh_key_dirs: list[Path] = [Path("~/.ssh")]
     data_dirs: list[Path] = []
+    # URL prefixes under which a spec's data.url may lie (s3://bucket/datasets, sftp://host/srv/data); empty:
+    # specs may name none. A worker fetches data.url with ABLATE_DATA_OPTIONS (unset: the checkpoint options)
+    # into ABLATE_DATA_CACHE_DIR on its node (unset: <storage_dir>/data-cache, the disk of its runs).
+    data_urls: list[str] = []
+    data_options: dict[str, Any] | None = None
+    data_cache_dir: Path | None = None
     # Per-GPU memory an arm's estimated peak may use, in GiB. 0: the largest GPU among the probed nodes;
     # with none probed, only the training state is checked, against the largest GPU there is (141 GiB).
     max_gpu_memory_gib: Annotated[float, Field(ge=0)] = 0.0

@@ -58,6 +58,13 @@ def worker_storage(settings: Settings, url: str) -> dict[str, Any]:
     }
 
 
+def worker_data_store(settings: Settings) -> dict[str, Any]:
+    """worker.data_fetch.DataStore as the dict the worker actor takes: how a node reaches data.url."""
+    options = settings.data_options if settings.data_options is not None else settings.checkpoint_options
+    cache = settings.data_cache_dir or settings.storage_dir / "data-cache"
+    return {"options": dict(options), "cache_dir": str(cache.expanduser().resolve())}
+
+
 def seen_seq(session: Session, run_id: int, attempt: int) -> int:
     """The newest upload-log entry of this attempt's worker already stored as an event (0: none)."""
     rows = session.scalars(

@@ -142,6 +142,8 @@ class ArmWorker:
         train_fn: "module:function" with train_arm's signature; benchmarks swap in a synthetic stream.
         storage: worker.storage.StoreConfig as a dict: checkpoints are also stored there (in the
             background), and a worker whose out_dir lacks the newest stored checkpoint fetches it first.
+        data_store: worker.data_fetch.DataStore as a dict: how this node reaches a spec's data.url
+            (storage options, its data cache); handed to train_fn only for a spec with data.url.
     """
 
     def __init__(
@@ -153,6 +155,7 @@ class ArmWorker:
         torch_threads: int = 0,
         train_fn: str = "worker.train:train_arm",
         storage: dict[str, Any] | None = None,
+        data_store: dict[str, Any] | None = None,
     ) -> None:
         self.run_id = run_id
         self.out_dir = Path(out_dir)
@@ -160,6 +163,7 @@ class ArmWorker:
         self._lpips_weights = Path(lpips_weights) if lpips_weights else None
         self._torch_threads = torch_threads
         self._train_fn = train_fn
+        self._data_store = data_store
         self._cond = threading.Condition()
         self._records: list[dict[str, Any]] = []
         self._state = "running"  # running | done | error
@@ -202,8 +206,15 @@ class ArmWorker:
                 torch.set_num_threads(self._torch_threads)
             spec = ArmSpec.model_validate(self._spec)
             device = "cuda" if torch.cuda.is_available() else "cpu"
+            # Only with data.url: a benchmark's synthetic train_fn keeps train_arm's older signature.
+            data = {"data_store": self._data_store} if spec.data.url is not None else {}
             stream = train_arm(
-                spec, self.out_dir, device=device, should_stop=self._stop.is_set, lpips_weights=self._lpips_weights
+                spec,
+                self.out_dir,
+                device=device,
+                should_stop=self._stop.is_set,
+                lpips_weights=self._lpips_weights,
+                **data,
             )
             with (self.out_dir / RECORDS_FILE).open("a+") as fh:
                 # A line cut short by a kill -9 is ended first, so our first record is not glued onto it.

@@ -35,6 +35,7 @@ from model.repa import RepaProjector, Teacher, build_teacher, repa_loss, repa_we
 from model.spec import ArmSpec
 from model.text import TextEncoder, build_text_encoder
 from worker import checkpoint as ckpt
+from worker.data_fetch import DataStore, fetch_prepared
 from worker.micro_batch import MicroBatchChoice, choose_micro_batch, oom_message
 from worker.samples import write_samples
 
@@ -115,16 +116,18 @@ def build(
     lpips_weights: Path | None,
     fp8_linears: list[str] | None = None,
     micro_batch: int | None = None,
+    data_root: Path | None = None,
 ) -> Parts:
     """Construct a run's parts; model init uses the global RNG seeded from data.seed.
 
     fp8_linears: the FP8 set saved in the checkpoint being resumed (None on a fresh start): converted as
     is, without re-timing, so the resumed run keeps the numerics it started with. micro_batch: likewise
-    the micro-batch the resumed run trained with (not searched again).
+    the micro-batch the resumed run trained with (not searched again). data_root: the local copy of
+    data.url (fetched by train_arm), else None.
     """
     torch.manual_seed(spec.data.seed)
     fallbacks: list[str] = []
-    dataset = build_dataset(spec)
+    dataset = build_dataset(spec, data_root)
     if not dataset.supports_edits:  # known now, so the first record already says so
         fallbacks.append(NO_EDITS_NOTE)
     # LPIPS and the teacher first: a missing weights file should fail before any work is done.
@@ -511,13 +514,16 @@ def train_arm(
     lpips_weights: Path | None = None,
     *,
     on_step: Callable[[int, float], None] | None = None,
+    data_store: DataStore | dict[str, Any] | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Train `spec` on `device`, yielding one record per checkpoint (every schedule.checkpoint_every
     steps and at the last step). Resumes from the latest checkpoint in out_dir. When should_stop()
     turns true, writes a final checkpoint, yields its record (final=True) and returns.
 
     on_step(step, loss) is called after every optimizer step (the CLI's progress bar); it costs a
-    device sync per step, so the Ray worker leaves it None.
+    device sync per step, so the Ray worker leaves it None. data_store: how this node reaches data.url
+    (storage options and its data cache; worker.data_fetch.DataStore): the shards are fetched and
+    verified before anything is built, and every record says what the fetch did (`data_fetch`).
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -537,9 +543,18 @@ def train_arm(
         state = ckpt.load(latest, map_location="cpu")
         check_resumable(state["spec"], spec, latest)
     saved = state or {}
+    fetched = None
+    if spec.data.url is not None:
+        store = data_store if isinstance(data_store, DataStore) else DataStore.from_dict(data_store)
+        fetched = fetch_prepared(spec.data.url, store)
     try:
         parts = build(
-            spec, dev, lpips_weights, fp8_linears=saved.get("fp8_linears"), micro_batch=saved.get("micro_batch")
+            spec,
+            dev,
+            lpips_weights,
+            fp8_linears=saved.get("fp8_linears"),
+            micro_batch=saved.get("micro_batch"),
+            data_root=Path(fetched.path) if fetched is not None else None,
         )
     except torch.OutOfMemoryError:
         raise TrainError(
@@ -549,6 +564,8 @@ def train_arm(
     gens = {"noise": torch.Generator(device=dev).manual_seed(spec.data.seed + 2)}
     workers = spec.data.loader_workers if spec.data.loader_workers != "auto" else auto_workers(dev.type)
     info = {**device_info(dev), "loader_workers": workers}
+    if fetched is not None:
+        info["data_fetch"] = fetched.as_record()
     checkpoints = Checkpoints(parts, out_dir, gens, t_start=t_start, info=info)
     checkpoints.skips = SkipCounter(parts.dataset.num_train)
     step = checkpoints.restore(state) if state is not None else 0

@@ -78,15 +78,21 @@ __all__ = [
 ]
 
 
-def build_dataset(spec: ArmSpec) -> ImageCaptionDataset:
-    """The dataset an arm trains on, at spec.resolution() (data.resolution or the size preset's)."""
+def build_dataset(spec: ArmSpec, root: Path | None = None) -> ImageCaptionDataset:
+    """The dataset an arm trains on, at spec.resolution() (data.resolution or the size preset's).
+
+    root: where data.path's directory is on this machine; given when the worker fetched data.url
+    into its node's cache (worker/data_fetch.py), else data.path.
+    """
     d = spec.data
     res = spec.resolution()
     if d.dataset == "shapes":
         return ShapesDataset(res, d.pixel_range, d.seed, d.num_images, d.held_out)
     if d.dataset == "digits":
         return DigitsDataset(res, d.pixel_range, d.seed, d.held_out)
-    root = Path(d.path or "").expanduser()
+    if d.url is not None and root is None:
+        raise DatasetError(f"data.url {d.url!r}: fetch it first (worker.data_fetch.fetch_prepared) and pass its root")
+    root = root if root is not None else Path(d.path or "").expanduser()
     precomputed = d.text_encoder == "precomputed"
     if d.dataset == "imagefolder":
         return ImageFolderDataset(

@@ -37,23 +37,30 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def parse_manifest(text: str, where: str | Path) -> dict:
+    """A manifest's JSON, checked for the format `prepare` writes; `where` names it in errors."""
+    try:
+        manifest = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DatasetError(f"prepared: {where} is not valid JSON ({exc.msg})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        found = manifest.get("format") if isinstance(manifest, dict) else None
+        raise DatasetError(f"prepared: {where} has format {found!r}, expected {FORMAT!r}")
+    return manifest
+
+
 def read_manifest(root: Path) -> dict:
     path = root / MANIFEST
     if not path.is_file():
         raise DatasetError(
             f"prepared: {path} is missing; make the directory with `ablate data prepare SRC --out {root}`"
         )
-    try:
-        manifest = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise DatasetError(f"prepared: {path} is not valid JSON ({exc.msg})") from None
-    if manifest.get("format") != FORMAT:
-        raise DatasetError(f"prepared: {path} has format {manifest.get('format')!r}, expected {FORMAT!r}")
-    return manifest
+    return parse_manifest(path.read_text(), path)
 
 
-def verify_shards(root: Path, manifest: dict) -> None:
-    """Every shard exists with its manifest size and sha256; the first that does not fails naming it.
+def first_bad_shard(root: Path, manifest: dict) -> str | None:
+    """The file name of the first shard that is missing or does not match its manifest size and sha256;
+    None when all match.
 
     A shard that matched before with the same size and mtime is not rehashed (the stamp is best-effort:
     a read-only directory rehashes every start).
@@ -63,20 +70,19 @@ def verify_shards(root: Path, manifest: dict) -> None:
         stamps = json.loads(stamp_path.read_text()) if stamp_path.is_file() else {}
     except (OSError, json.JSONDecodeError):
         stamps = {}
-    changed = False
+    changed, bad = False, None
     for shard in manifest["shards"]:
         path = root / shard["file"]
         if not path.is_file():
-            raise DatasetError(f"prepared: shard {path} is missing (manifest lists it); re-run ablate data prepare")
+            bad = shard["file"]
+            break
         st = path.stat()
         key = [st.st_size, st.st_mtime_ns, shard["sha256"]]
         if stamps.get(shard["file"]) == key:
             continue
         if st.st_size != shard["bytes"] or sha256_file(path) != shard["sha256"]:
-            raise DatasetError(
-                f"prepared: shard {path} does not match its checksum in {root / MANIFEST} (corrupt or partly "
-                "copied); delete it and re-run ablate data prepare (it redoes only missing shards), or fetch it again"
-            )
+            bad = shard["file"]
+            break
         stamps[shard["file"]] = key
         changed = True
     if changed:
@@ -84,6 +90,21 @@ def verify_shards(root: Path, manifest: dict) -> None:
             stamp_path.write_text(json.dumps(stamps))
         except OSError:
             pass  # read-only: verified again next start
+    return bad
+
+
+def verify_shards(root: Path, manifest: dict) -> None:
+    """Every shard exists with its manifest size and sha256; the first that does not fails naming it."""
+    bad = first_bad_shard(root, manifest)
+    if bad is None:
+        return
+    path = root / bad
+    if not path.is_file():
+        raise DatasetError(f"prepared: shard {path} is missing (manifest lists it); re-run ablate data prepare")
+    raise DatasetError(
+        f"prepared: shard {path} does not match its checksum in {root / MANIFEST} (corrupt or partly "
+        "copied); delete it and re-run ablate data prepare (it redoes only missing shards), or fetch it again"
+    )
 
 
 class PreparedDataset(CaptionedDataset):

@@ -25,6 +25,7 @@ from orchestrator.api.schemas import RunSummary, SweepPublic
 from orchestrator.db.models import METRIC_FIELDS, Event, Grid, Metric, Node, RentedInstance, Run, Schedule, Sweep
 from orchestrator.numbers import finite_or_none, is_finite
 from orchestrator.runs.arms import LINEAGE_KEYS, ArmError, changes, flatten, resolve
+from orchestrator.runs.data_feed import data_feed
 from orchestrator.runs.reports.stats import QUALITY, paired_difference
 from orchestrator.runs.samples import sample_index
 from orchestrator.storage import STORAGE_EVENTS, storage_alarms
@@ -308,6 +309,7 @@ def grid_detail(session: Session, grid: Grid, alarm_minutes: float = 15.0) -> di
             error=r.error,
             series=_series(ms),
             samples=sample_index([(m.step, m.extra) for m in ms]).model_dump(),
+            data=data_feed([(m.step, m.extra) for m in ms]).model_dump(),
             paired=(
                 {q: paired_difference(ms, metrics[control.id], q) for q in QUALITY}
                 if control is not None and r.id != control.id

@@ -223,23 +223,42 @@ def _spec_path(value: str, roots: Sequence[Path], what: str, env: str, suffixes:
     return None
 
 
+def _spec_url(value: str, prefixes: Sequence[str]) -> str | None:
+    """Why a spec's data.url is refused, or None: it must lie under one of the operator's URL prefixes
+    (at a path boundary: s3://b/data allows s3://b/data/faces, not s3://b/data-other), without `..`."""
+    if ".." in value.split("/"):
+        return "must not contain '..'"
+    if not any(value == p.rstrip("/") or value.startswith(p.rstrip("/") + "/") for p in prefixes):
+        where = ", ".join(prefixes) if prefixes else "none are configured"
+        return f"must lie under a URL prefix the operator allows in ABLATE_DATA_URLS ({where})"
+    return None
+
+
 def path_errors(
-    body: GridCreate, resolved: list[tuple[str, ArmSpec]], weights_dirs: Sequence[Path], data_dirs: Sequence[Path]
+    body: GridCreate,
+    resolved: list[tuple[str, ArmSpec]],
+    weights_dirs: Sequence[Path],
+    data_dirs: Sequence[Path],
+    data_urls: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
     """Spec paths that name files on the workers (REPA teacher, LPIPS weights, dataset) must lie under the
-    operator's directories: a token holder must not make a worker load an arbitrary file, let alone code."""
+    operator's directories, and a data.url under the operator's URL prefixes: a token holder must not make
+    a worker load an arbitrary file, let alone code, or fetch from an arbitrary store."""
     errors = []
     for i, (label, spec) in enumerate(resolved):
         checks = [
             (("repa", "teacher_path"), spec.repa.teacher_path, weights_dirs, "weight file", "ABLATE_WEIGHTS_DIRS"),
             (("eval", "lpips_weights"), spec.eval.lpips_weights, weights_dirs, "weight file", "ABLATE_WEIGHTS_DIRS"),
             (("data", "path"), spec.data.path, data_dirs, "dataset directory", "ABLATE_DATA_DIRS"),
+            (("data", "url"), spec.data.url, data_urls, "dataset URL", "ABLATE_DATA_URLS"),
         ]
         for field, value, roots, what, env in checks:
             if value is None:
                 continue
             suffixes = WEIGHT_SUFFIXES if what == "weight file" else ()
-            problem = _spec_path(value, roots, what, env, suffixes)
+            problem = (
+                _spec_url(value, roots) if what == "dataset URL" else _spec_path(value, roots, what, env, suffixes)
+            )
             if problem:
                 loc = ("arms", i) if isinstance(body.arms[i], dict) or not body.overrides else ("overrides",)
                 errors.append(_error((*loc, *field), f"arm {label}: {value!r} {problem}"))
@@ -263,6 +282,7 @@ class PathPolicy:
 
     weights_dirs: Sequence[Path] = ()
     data_dirs: Sequence[Path] = ()
+    data_urls: Sequence[str] = ()  # URL prefixes for data.url
 
 
 def create_grid(
@@ -280,7 +300,7 @@ def create_grid(
     resolved = resolve_grid(body)
     errors = memory_errors(body, resolved, max_gpu_memory_gib)
     if paths is not None:
-        errors += path_errors(body, resolved, paths.weights_dirs, paths.data_dirs)
+        errors += path_errors(body, resolved, paths.weights_dirs, paths.data_dirs, paths.data_urls)
     if errors:
         raise GridError(errors)
     grid = Grid(

@@ -16,7 +16,7 @@ from orchestrator.db.events import record_event
 from orchestrator.db.models import Run, utcnow
 from orchestrator.db.transitions import transition
 from orchestrator.settings import Settings
-from orchestrator.storage import worker_storage
+from orchestrator.storage import worker_data_store, worker_storage
 from orchestrator.vocabulary import RunState
 
 
@@ -117,6 +117,7 @@ def start_worker(settings: Settings, run: Run, name: str, out_dir: Path, train_f
             settings.worker_threads,
             train_fn,
             storage=worker_storage(settings, run.checkpoint_url),
+            data_store=worker_data_store(settings),
         )
     )
 

@@ -120,7 +120,7 @@ def create_schedule(
     resolved = resolve_grid(grid)  # valid: ScheduleCreate checked it
     problems = memory_errors(grid, resolved, max_gpu_memory_gib)
     if paths is not None:
-        problems = path_errors(grid, resolved, paths.weights_dirs, paths.data_dirs) + problems
+        problems = path_errors(grid, resolved, paths.weights_dirs, paths.data_dirs, paths.data_urls) + problems
     if problems:
         raise ScheduleInvalid([{**p, "loc": ["grid", *p["loc"]]} for p in problems])
     if find_schedule(session, body.name) is not None:

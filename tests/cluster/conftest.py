@@ -6,6 +6,8 @@ source; the controller's storage dir is node-local on each node, as on rented ma
 `ray_head`: the controller's Ray head on the bridge address, token auth on, in its own session.
 Helpers for tests and bench/: `node_config` (the join with the pre-built environment), `register_node`
 (a bed node as the controller's node row), `scheduler_process` (the real scheduler in its own process).
+`s3_on_bridge`: moto's S3 on the controller's bridge address with a bucket, and `aws_profile` (the usual
+credentials files in a node user's home).
 """
 
 from __future__ import annotations
@@ -153,6 +155,51 @@ def scheduler_process(
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+# S3 for tests that store checkpoints or data on the bed (moto; nothing leaves the machine).
+BUCKET = "ablate-bed"
+CREDENTIALS = ("ablate-bed", "ablate-bed-secret")  # moto accepts any; nothing leaves the machine
+
+
+@pytest.fixture(scope="module")
+def s3_on_bridge(testbed: TestBed) -> Iterator[str]:
+    """moto's S3 server on the controller's bridge address (reachable from every node), a bucket in it."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address=testbed.controller_ip, port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    from worker.storage import open_fs
+
+    names = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")
+    saved = {k: os.environ.get(k) for k in names}
+    os.environ.update(zip(names, (*CREDENTIALS, "us-east-1"), strict=True))
+    try:
+        fs, _ = open_fs(f"s3://{BUCKET}", {"endpoint_url": endpoint})
+        fs.mkdir(BUCKET)
+        yield endpoint
+    finally:
+        server.stop()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def aws_profile(node: BedNode) -> None:
+    """The usual credentials and config files in the node user's home, readable by that user only."""
+    aws = node.home / ".aws"
+    aws.mkdir(mode=0o700, exist_ok=True)
+    (aws / "credentials").write_text(
+        f"[default]\naws_access_key_id = {CREDENTIALS[0]}\naws_secret_access_key = {CREDENTIALS[1]}\n"
+    )
+    (aws / "config").write_text("[default]\nregion = us-east-1\n")
+    for path in (aws, aws / "credentials", aws / "config"):
+        os.chown(path, node.uid, node.uid)
+        path.chmod(0o700 if path.is_dir() else 0o600)
 
 
 def alive_nodes(head: RayHead) -> dict[str, float]:

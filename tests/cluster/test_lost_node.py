@@ -29,7 +29,7 @@ from orchestrator.fleet.bootstrap import bootstrap_node
 from orchestrator.fleet.ray_cluster import RayHead, session_pids
 from orchestrator.runs.grids import GridCreate, create_grid
 from orchestrator.vocabulary import TERMINAL_STATES, RunState
-from tests.cluster.conftest import node_config, register_node, scheduler_process
+from tests.cluster.conftest import BUCKET, aws_profile, node_config, register_node, scheduler_process
 from tests.cluster.testbed import BedNode, TestBed
 from tests.polling import wait_for
 
@@ -40,55 +40,11 @@ TINY: dict[str, Any] = {
     "eval": {"num_samples": 2, "sampler_steps": 2, "lpips_backbone": "random_standin"},
     "precision": {"mode": "fp32"},
 }
-BUCKET = "ablate-bed"
-CREDENTIALS = ("ablate-bed", "ablate-bed-secret")  # moto accepts any; nothing leaves the machine
-
-
-@pytest.fixture(scope="module")
-def s3_on_bridge(testbed: TestBed) -> Iterator[str]:
-    """moto's S3 server on the controller's bridge address (reachable from every node), a bucket in it."""
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address=testbed.controller_ip, port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    from worker.storage import open_fs
-
-    names = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")
-    saved = {k: os.environ.get(k) for k in names}
-    os.environ.update(zip(names, (*CREDENTIALS, "us-east-1"), strict=True))
-    try:
-        fs, _ = open_fs(f"s3://{BUCKET}", {"endpoint_url": endpoint})
-        fs.mkdir(BUCKET)
-        yield endpoint
-    finally:
-        server.stop()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-def _aws_profile(node: BedNode) -> None:
-    """The usual credentials and config files in the node user's home, readable by that user only."""
-    aws = node.home / ".aws"
-    aws.mkdir(mode=0o700, exist_ok=True)
-    (aws / "credentials").write_text(
-        f"[default]\naws_access_key_id = {CREDENTIALS[0]}\naws_secret_access_key = {CREDENTIALS[1]}\n"
-    )
-    (aws / "config").write_text("[default]\nregion = us-east-1\n")
-    for path in (aws, aws / "credentials", aws / "config"):
-        os.chown(path, node.uid, node.uid)
-        path.chmod(0o700 if path.is_dir() else 0o600)
-
-
 @pytest.fixture(scope="module")
 def cluster(database_url: str, testbed: TestBed, ray_head: RayHead, s3_on_bridge: str) -> Iterator[dict[str, Any]]:
     """Both nodes joined for real, and the scheduler in its own process storing checkpoints in S3."""
     for node in testbed.nodes:
-        _aws_profile(node)
+        aws_profile(node)
         bootstrap_node(database_url, register_node(database_url, node), node_config(testbed, ray_head))
     log = testbed.root / "scheduler-lost.log"
     options = {
@@ -191,8 +147,8 @@ def test_a_lost_node_s_arms_resume_on_the_other_node_from_storage(
 
             fs, root = open_fs(url, {"endpoint_url": cluster["endpoint"]})
             assert sorted(n.rsplit("/", 1)[-1] for n in fs.ls(root, detail=False)) == [
-                "best.pt", "ckpt_0000080.pt", "metrics.jsonl", "records.jsonl"
-            ]
+                "best.pt", "ckpt_0000080.pt", "metrics.jsonl", "records.jsonl", "samples"
+            ]  # samples/: every evaluation's images (worker/storage.py)
             stored = torch.load(fs.open(f"{root}/ckpt_0000080.pt"), weights_only=False)
             local = torch.load(tmp_path / run.arm / "ckpt_0000080.pt", weights_only=False)
             assert all(torch.equal(stored["model"][k], local["model"][k]) for k in local["model"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 import tarfile
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from pydantic import ValidationError
 
 from model.data import DatasetError, ImageFolderDataset, PreparedDataset, TarShardsDataset, build_dataset
 from model.data.prepare import prepare
@@ -148,3 +150,20 @@ def test_a_shard_checksum_mismatch_fails_at_start_naming_it(tmp_path: Path) -> N
     shard.write_bytes(bytes(data))  # a new mtime: the stamp no longer vouches for it
     with pytest.raises(DatasetError, match=r"shard .*shard-00001.npy does not match its checksum"):
         build_dataset(s)
+
+
+@pytest.mark.parametrize(
+    ("data", "needle"),
+    [
+        ({"dataset": "prepared", "url": "http://example.org/faces"}, "must start with one of file://, s3://, sftp://"),
+        ({"dataset": "prepared", "url": "/data/faces"}, "must start with one of"),
+        ({"dataset": "imagefolder", "url": "s3://lab/faces"}, "set data.dataset 'prepared'"),
+        ({"dataset": "prepared", "url": "s3://lab/faces", "path": "/data/faces"}, "not both"),
+        ({"dataset": "prepared"}, "needs data.path"),
+        ({"dataset": "prepared", "urls": "s3://lab/faces"}, "urls"),  # a misspelt key is an error
+    ],
+)
+def test_data_url_is_validated(data: dict, needle: str) -> None:
+    with pytest.raises(ValidationError, match=re.escape(needle)):
+        spec(**data)
+    assert spec(dataset="prepared", url="s3://lab/faces").data.url == "s3://lab/faces"

@@ -330,6 +330,40 @@ def test_unstored_checkpoints_and_a_second_node_are_shown(base_url: str, databas
     page.close()
 
 
+@needs_chromium
+def test_an_arm_waiting_for_data_is_flagged_with_the_fix(base_url: str, database_url: str, browser_context) -> None:  # type: ignore[no-untyped-def]
+    """Each arm's data wait and micro-batch x accumulation in the arms table; an arm waiting more than
+    10% of its time gets a banner with the fix in words; skipped images are counted."""
+    from orchestrator.db.session import session_scope
+    from orchestrator.runs.data_feed import DATA_WAIT_FIX
+    from orchestrator.runs.grids import GridCreate, create_grid
+    from orchestrator.runs.ingest import ingest
+
+    def record(wait: float, skipped: int) -> dict:
+        return {"step": 10, "recon_lpips": 0.6, "data_wait_fraction": wait, "micro_batch": 8, "grad_accum": 32,
+                "skipped_images": skipped, "skipped_files": [f"bad{i}.jpg" for i in range(skipped)]}  # fmt: skip
+
+    with session_scope(database_url) as s:
+        grid = create_grid(s, GridCreate(name="data wait", arms=["A", "B"], overrides={"model": {"size": "tiny"}}))
+        a, b = grid.runs
+        ingest(s, a, [record(0.021, 0)], detect=False)
+        ingest(s, b, [record(0.37, 3)], detect=False)
+        gid = grid.id
+
+    page = browser_context.new_page()
+    page.goto(f"{base_url}/grids/{gid}")
+    page.wait_for_selector("main#grid[data-ready='true']")
+    assert page.inner_text("#arms tr[data-arm='A'] td.data-wait") == "2.1%"
+    assert page.inner_text("#arms tr[data-arm='B'] td.data-wait") == "37%"
+    assert page.inner_text("#arms tr[data-arm='A'] td.micro") == "8 × 32"
+    assert page.query_selector("#banners .banner.data-wait[data-arm='A']") is None
+    banner = page.inner_text("#banners .banner.data-wait[data-arm='B']")
+    assert "B waits for data 37% of its time" in banner and DATA_WAIT_FIX in banner
+    assert page.inner_text("#arms tr[data-arm='B'] .tag.skipped") == "3 images skipped"
+    assert page.query_selector("#arms tr[data-arm='A'] .tag.skipped") is None
+    page.close()
+
+
 # -- the gallery -------------------------------------------------------------------------------------------
 
 GALLERY_STEPS = {"A": [10, 20, 30, 40], "B": [10, 20, 30], "C": [10, 20, 30, 40], "D": [10, 20, 30, 40]}

@@ -1,15 +1,21 @@
-"""The dashboard's paired difference against the control arm: per-sample pairs when the worker stored
-them, else the two arms' SEs combined (labelled), else none."""
+"""The dashboard's data: the paired difference against the control arm (per-sample pairs when the worker
+stored them, else the two arms' SEs combined, labelled, else none), the gallery's index, and how each
+arm's data fed its GPU (data wait flagged above 10% with the fix, micro-batch x accumulation, skipped
+images over resumed segments)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import pytest
 
-from orchestrator.dashboard.data import paired_difference
+from orchestrator.dashboard.data import grid_detail, paired_difference
 from orchestrator.db.models import Metric
-from orchestrator.runs.ingest import metric_values
+from orchestrator.db.session import session_scope
+from orchestrator.runs.data_feed import DATA_WAIT_FIX, DATA_WAIT_LIMIT, data_feed
+from orchestrator.runs.grids import GridCreate, create_grid
+from orchestrator.runs.ingest import ingest, metric_values
 from orchestrator.runs.samples import sample_index
 
 
@@ -59,3 +65,58 @@ def test_the_gallery_index_lists_steps_with_images_and_the_newest_set() -> None:
         ("text_0.png", "text", 0, "a red square"),
     ]
     assert sample_index([(10, None)]).model_dump() == {"steps": [], "files": []}
+
+
+def _fed(step: int, wait: float | None, skipped: Sequence[int] = (), resumed: int | None = None) -> dict:
+    """A checkpoint record's data fields as worker/train.py writes them (skipped: which bad files)."""
+    return {
+        "step": step, "recon_lpips": 0.5, "data_wait_fraction": wait, "micro_batch": 8, "grad_accum": 32,
+        "loader_workers": 3, "skipped_images": len(skipped), "skipped_files": [f"bad{i}.jpg" for i in skipped][:10],
+        "resumed_from_step": resumed,
+    }  # fmt: skip
+
+
+def test_data_wait_is_flagged_above_ten_percent_with_the_fix() -> None:
+    def feed(*records: dict) -> object:
+        return data_feed([(r["step"], metric_values(r)["extra"]) for r in records])
+
+    slow = feed(_fed(10, 0.02), _fed(20, 0.31))  # the newest checkpoint counts, not the worst
+    assert slow.waiting and slow.wait_fraction == pytest.approx(0.31)
+    assert slow.fix == DATA_WAIT_FIX and "ablate data prepare" in slow.fix and "data.loader_workers" in slow.fix
+    assert (slow.micro_batch, slow.grad_accum, slow.loader_workers) == (8, 32, 3)
+    recovered = feed(_fed(10, 0.31), _fed(20, 0.02))
+    assert not recovered.waiting and recovered.fix is None
+    at_limit = feed(_fed(10, DATA_WAIT_LIMIT))  # "more than 10%": 10% itself is fine
+    assert not at_limit.waiting
+    unmeasured = feed(_fed(10, None))  # no timed steps in the window: no figure, no flag
+    assert unmeasured.wait_fraction is None and not unmeasured.waiting
+    assert data_feed([]).model_dump() == {
+        "wait_fraction": None, "micro_batch": None, "grad_accum": None, "loader_workers": None,
+        "skipped_images": 0, "skipped_files": [], "waiting": False, "fix": None,
+    }  # fmt: skip
+
+
+def test_skipped_images_are_counted_once_over_resumed_segments() -> None:
+    def feed(*records: dict) -> object:
+        return data_feed([(r["step"], metric_values(r)["extra"]) for r in records])
+
+    # Segment 1 skips files 0 and 1; the resumed worker (from step 20) counts afresh and meets 0 again, then 2.
+    resumed = feed(_fed(10, 0.01, [0]), _fed(20, 0.01, [0, 1]), _fed(30, 0.01, [0], 20), _fed(40, 0.01, [0, 2], 20))
+    assert resumed.skipped_images == 3 and resumed.skipped_files == ["bad0.jpg", "bad1.jpg", "bad2.jpg"]
+    # A segment that skipped more than the ten a record names: its count is a floor for the run's.
+    many = feed(_fed(10, 0.01, list(range(14))), _fed(20, 0.01, [20], 10))
+    assert many.skipped_images == 14 and len(many.skipped_files) == 10
+
+
+def test_grid_detail_carries_each_arms_data_feed(database_url: str) -> None:
+    with session_scope(database_url) as s:
+        grid = create_grid(s, GridCreate(name="data feed", arms=["A", "B"], overrides={"model": {"size": "tiny"}}))
+        a, b = grid.runs
+        ingest(s, a, [_fed(10, 0.04), _fed(20, 0.03)], detect=False)
+        ingest(s, b, [_fed(10, 0.42, [3, 4])], detect=False)
+        s.flush()
+        rows = {r["arm"]: r["data"] for r in grid_detail(s, grid)["runs"]}
+    assert rows["A"]["waiting"] is False and rows["A"]["wait_fraction"] == pytest.approx(0.03)
+    assert rows["A"]["skipped_images"] == 0
+    assert rows["B"]["waiting"] is True and rows["B"]["fix"] == DATA_WAIT_FIX
+    assert (rows["B"]["micro_batch"], rows["B"]["grad_accum"], rows["B"]["skipped_images"]) == (8, 32, 2)

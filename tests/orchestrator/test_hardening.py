@@ -217,12 +217,16 @@ def test_peak_memory_over_the_cap_is_422_with_the_estimate(database_url: str, st
         ({"repa": {"enabled": True, "teacher_path": "/tmp/evil/t.pth"}}, ["repa", "teacher_path"], "WEIGHTS_DIRS"),
         ({"eval": {"lpips_weights": "/home/u/alex.pth"}}, ["eval", "lpips_weights"], "ABLATE_WEIGHTS_DIRS"),
         ({"data": {"dataset": "imagefolder", "path": "/etc"}}, ["data", "path"], "ABLATE_DATA_DIRS"),
+        ({"data": {"dataset": "prepared", "url": "s3://other/faces"}}, ["data", "url"], "ABLATE_DATA_URLS"),
+        ({"data": {"dataset": "prepared", "url": "s3://lab/data-evil"}}, ["data", "url"], "ABLATE_DATA_URLS"),
+        ({"data": {"dataset": "prepared", "url": "s3://lab/data/../x"}}, ["data", "url"], "'..'"),
     ],
 )
 def test_worker_paths_must_be_under_the_operator_dirs(
     database_url: str, storage: Path, overrides: dict, loc: list, needle: str
 ) -> None:
-    with TestClient(make_app(database_url, storage, weights_dirs=[Path("/w")], data_dirs=[Path("/data")])) as c:
+    dirs = {"weights_dirs": [Path("/w")], "data_dirs": [Path("/data")], "data_urls": ["s3://lab/data/"]}
+    with TestClient(make_app(database_url, storage, **dirs)) as c:
         body = {"name": "paths", "arms": ["A"], "overrides": {**TINY, **overrides}}
         resp = c.post("/api/grids", json=body, headers=AUTH)
         assert resp.status_code == 422, resp.text
@@ -231,6 +235,8 @@ def test_worker_paths_must_be_under_the_operator_dirs(
         ok = {**TINY, "repa": {"enabled": True, "teacher_path": "/w/dinov2_vitb14_pretrain.pth"},
               "data": {"dataset": "imagefolder", "path": "/data/faces"}}
         assert c.post("/api/grids", json={**body, "overrides": ok}, headers=AUTH).status_code == 201
+        fetched = {**TINY, "data": {"dataset": "prepared", "url": "s3://lab/data/faces"}}
+        assert c.post("/api/grids", json={**body, "overrides": fetched}, headers=AUTH).status_code == 201
 
 
 # -- 8. CSV export ------------------------------------------------------------------------------------------

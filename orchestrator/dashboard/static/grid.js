@@ -59,6 +59,7 @@
     const t = v.toPrecision(4);
     return t.includes(".") && !t.includes("e") ? t.replace(/\.?0+$/, "") : t;
   }
+  const pct = (v) => (v === null || v === undefined ? "—" : `${(100 * v).toFixed(v < 0.1 ? 1 : 0)}%`);
   const signed = (v) => (v === null || v === undefined ? "—" : (v > 0 ? "+" : "") + v.toFixed(4));
   const stopped = (run) => run.stopped;  // the server's verdict: a decision that stops a run, at a step
   const valueAt = (run, key, step) => {
@@ -355,6 +356,12 @@
           st.failed_attempts ? `${st.failed_attempts} failed upload(s); last: ${st.last_error}. ` : "",
           `A lost node would lose what came after (${st.url}).`));
       }
+      // The GPU waiting for batches (orchestrator/runs/data_feed.py decides and words the fix).
+      if (r.data.waiting) {
+        box.append(el("div", { class: "banner data-wait", "data-arm": r.arm },
+          el("strong", {}, `${r.arm} waits for data ${pct(r.data.wait_fraction)} of its time. `),
+          `Fix: ${r.data.fix}.`));
+      }
       if (r.state === VOCAB.run_state.failed && r.error) {
         box.append(el("div", { class: "banner failed", "data-arm": r.arm }, el("strong", {}, `${r.arm} failed: `), r.error));
       }
@@ -375,6 +382,8 @@
       if (r.retries) notes.push(el("span", { class: "tag" }, `${r.retries} retries`));
       if (r.nodes.length > 1) notes.push(el("span", { class: "tag", title: "resumed on another node from stored checkpoints" }, `nodes: ${r.nodes.join(" → ")}`));
       if (r.storage && r.storage.alarm) notes.push(el("span", { class: "tag alarm", title: r.storage.last_error || "" }, `checkpoints unstored ${fmt(r.storage.minutes_unstored, 0)} min`));
+      if (r.data.waiting) notes.push(el("span", { class: "tag alarm data-wait", title: `fix: ${r.data.fix}` }, `waits for data ${pct(r.data.wait_fraction)}`));
+      if (r.data.skipped_images > 0) notes.push(el("span", { class: "tag fallback skipped", title: `files that failed to decode, skipped: ${r.data.skipped_files.join(", ")}` }, `${r.data.skipped_images} images skipped`));
       if (r.gpu_name) notes.push(el("span", { class: "tag plain" }, r.gpu_name));
       const detector = r.decision && r.decision !== VOCAB.decision.continue
         ? el("span", {}, badge(stopped(r) ? VOCAB.run_state.stopped : r.decision, r.decision), r.decision_step !== null ? ` @${r.decision_step} ` : " ",
@@ -390,6 +399,9 @@
         el("td", {}, detector),
         el("td", { class: "num" }, fmt(lastOf(s.gpu_hours), 1)),
         el("td", { class: "num" }, fmt(lastOf(s.iter_per_sec))),
+        el("td", { class: `num data-wait${r.data.waiting ? " alarm" : ""}` }, pct(r.data.wait_fraction)),
+        el("td", { class: "num micro", title: r.data.loader_workers !== null ? `${r.data.loader_workers} loader workers` : null },
+          r.data.micro_batch !== null ? `${r.data.micro_batch} × ${r.data.grad_accum ?? 1}` : "—"),
         el("td", {}, notes));
       body.append(row);
     }
