@@ -154,6 +154,7 @@ def test_a_preempted_rented_node_s_arms_resume_elsewhere_and_a_replacement_is_re
             victim = next(i for i in sim.live() if i.ssh_host == victim_ip)
             on_victim = [r.id for r in runs if r.state == RunState.running and r.nodes[-1].endswith(f"({victim_ip})")]
             stored_at_loss = {i: _stored(database_url, i) for i in on_victim}
+            preempted_at = utcnow()
             sim.preempt(victim.id)
 
             deadline = time.monotonic() + 480
@@ -186,6 +187,21 @@ def test_a_preempted_rented_node_s_arms_resume_elsewhere_and_a_replacement_is_re
                 for r in runs
             }
             nodes_left = session.scalars(select(Node)).all()
+            when = {
+                e.kind: e.time
+                for e in session.scalars(
+                    select(Event).where(Event.kind.in_(["rented.preempted", "rented.replacement"])).order_by(Event.id)
+                )
+                if (e.data or {}).get("sweep_id") == sweep.id
+            }
+            resumed = session.scalars(
+                select(Event.time).where(Event.run_id.in_(on_victim), Event.kind == "checkpoint.fetched")
+            ).all()
+        since = lambda t: (t.replace(tzinfo=preempted_at.tzinfo) - preempted_at).total_seconds()  # noqa: E731
+        print(
+            f"preempted -> found {since(when['rented.preempted']):.1f} s, replacement joined "
+            f"{since(when['rented.replacement']):.1f} s, first arm resumed from storage {since(min(resumed)):.1f} s"
+        )
         assert {r.state for r in runs} == {RunState.completed}, [(r.arm, r.state, r.error) for r in runs]
         # The arms of the preempted node re-queued and resumed from storage, not from step 0.
         assert on_victim
