@@ -50,17 +50,23 @@ def watch_preemption(rentals: Rentals, sweep_id: int, bootstrap: Callable[[str],
     The node names that were lost. Never raises: a provider that cannot be asked is asked next tick."""
     with session_scope(rentals.database_url) as session:
         rows = [
-            (r.id, r.provider, r.instance_id)
+            (r.id, r.provider, r.instance_id, r.state)
             for r in session.scalars(
                 select(RentedInstance).where(
-                    RentedInstance.sweep_id == sweep_id, RentedInstance.state == RentedState.running
+                    RentedInstance.sweep_id == sweep_id,
+                    (RentedInstance.state == RentedState.running)
+                    | ((RentedInstance.state == RentedState.preempted) & RentedInstance.destroy_confirmed_at.is_(None)),
                 )
             )
         ]
     lost: list[str] = []
-    for row_id, name, instance_id in rows:
+    for row_id, name, instance_id, state in rows:
         provider = rentals.providers.get(name)
         if provider is None or rentals.config is None:
+            continue
+        if state == RentedState.preempted:  # the controller died before the destroy (so before any replacement)
+            _destroy(rentals, sweep_id, provider, row_id, "preempted earlier")
+            _replace(rentals, sweep_id, provider, bootstrap)
             continue
         try:
             instance = provider.describe(instance_id)
@@ -100,6 +106,16 @@ def _preempted(rentals: Rentals, sweep_id: int, provider: Provider, row_id: int,
         node=node_name,
         status=status,
     )
+    _destroy(rentals, sweep_id, provider, row_id, status)
+    return node_name
+
+
+def _destroy(rentals: Rentals, sweep_id: int, provider: Provider, row_id: int, status: str) -> None:
+    """Destroy a preempted instance until confirmed (`destroy_failed` when not: red, the reaper retries)."""
+    assert rentals.config is not None
+    db = rentals.database_url
+    with session_scope(db) as session:
+        iid = session.get_one(RentedInstance, row_id).instance_id
     confirmed = destroy_confirmed(provider, iid, rentals.config.timing)
     with session_scope(db) as session:
         row = session.get_one(RentedInstance, row_id)
@@ -115,7 +131,6 @@ def _preempted(rentals: Rentals, sweep_id: int, provider: Provider, row_id: int,
     verdict = "destroyed" if confirmed else "destroy NOT confirmed -- IT MAY STILL BE BILLING"
     kind = "rented.destroyed" if confirmed else "rented.destroy_failed"
     _event(sweep_id, kind, f"{provider.name} instance {iid} (preempted) {verdict}", db, instance_id=iid)
-    return node_name
 
 
 def replacement_allowed(rentals: Rentals, sweep_id: int, price_per_hour: float) -> str | None:

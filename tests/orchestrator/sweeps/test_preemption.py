@@ -107,3 +107,38 @@ def test_no_replacement_when_the_budget_left_would_not_pay_for_it(
     runner.tick()
     assert _sweep(database_url, "preempt-broke").state == SweepState.completed
     assert sim.live() == []
+
+
+def test_a_preemption_recorded_before_a_crash_is_destroyed_and_replaced_at_the_next_tick(
+    database_url: str,
+    sshd,  # noqa: ANN001
+    sim: ProviderSim,  # noqa: F811 - the fixture imported above
+    tmp_path: Path,
+) -> None:
+    _schedule(database_url, "preempt-crash", interruptible=True)
+    runner = _runner(database_url, sshd, sim, tmp_path, sshd.workdir / "preempt-crash")
+    runner.tick()
+    sweep = _sweep(database_url, "preempt-crash")
+    [first] = _instances(database_url, sweep.id)
+    sim.preempt(first.instance_id)
+    # What the first transaction of a preemption leaves when the controller dies before the destroy.
+    with session_scope(database_url) as session:
+        from orchestrator.db.models import RentedInstance, Sweep
+
+        row = session.get_one(RentedInstance, first.id)
+        node = session.scalar(select(Node).where(Node.name == row.node_name))
+        session.delete(node)
+        session.get_one(Sweep, sweep.id).nodes = []
+        row.state, row.node_name = RentedState.preempted, None
+    restarted = _runner(database_url, sshd, sim, tmp_path, sshd.workdir / "preempt-crash")
+    restarted.tick()
+    first, second = _instances(database_url, sweep.id)  # destroyed, then the replacement it never got
+    assert first.state == RentedState.preempted and first.destroy_confirmed_at is not None
+    assert second.state == RentedState.running and _sweep(database_url, "preempt-crash").nodes == [
+        f"vast-{second.instance_id}"
+    ]
+    assert not sim.instances[first.instance_id].live
+    _finish_runs(database_url, sweep.grid_id)
+    restarted.tick()
+    assert _sweep(database_url, "preempt-crash").state == SweepState.completed
+    assert sim.live() == []
