@@ -115,13 +115,15 @@ class NodeState(StrEnum):
 class RentedState(StrEnum):
     """An instance a sweep rented, as the controller tracks it: renting -> running -> destroyed, or
     destroy_failed (red: it may still bill; the reaper retries by its label) or failed (never usable,
-    destroyed)."""
+    destroyed) or preempted (taken back by the provider mid-sweep, then destroyed; see
+    orchestrator/sweeps/preemption.py)."""
 
     renting = "renting"  # create sent, waiting until SSH answers
     running = "running"  # reachable, host key pinned, a node of the sweep
     destroyed = "destroyed"  # the provider confirmed it gone: it bills no more
     failed = "failed"  # not reachable / bootstrap failed: destroyed and replaced by another offer
     destroy_failed = "destroy_failed"  # destroy not confirmed: may still be billing
+    preempted = "preempted"  # the provider took it back mid-sweep (interruptible): destroyed, confirmed
 
 
 # The provider may still bill for these.

@@ -37,6 +37,7 @@ from orchestrator.runs.grids import GridCreate, GridError, create_grid, stop_run
 from orchestrator.sweeps.budget import spend
 from orchestrator.sweeps.copy_back import copy_back
 from orchestrator.sweeps.lock import runner_lock
+from orchestrator.sweeps.preemption import watch_preemption
 from orchestrator.sweeps.rented import RentalConfig, Rentals, rental_config
 from orchestrator.sweeps.schedules import aware, fire_times, next_fire
 from orchestrator.vocabulary import TERMINAL_STATES, GridSource, NodeState, SweepState
@@ -204,6 +205,9 @@ class SweepRunner:
         try:
             if step == SweepState.provisioning:
                 self._provision(sweep_id, now)
+            elif step == SweepState.running and self.rentals.providers:
+                # A preempted rented node: destroyed, its runs re-queue by themselves, maybe a replacement.
+                watch_preemption(self.rentals, sweep_id, lambda n: bootstrap_node(self.database_url, n, self._config()))
             with session_scope(self.database_url) as session:
                 sweep = session.get_one(Sweep, sweep_id)
                 step = sweep.state

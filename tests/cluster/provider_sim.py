@@ -57,6 +57,7 @@ class SimInstance:
     handle: Any = None  # what the create hook made (a test bed node)
     scoped_key: str = field(default_factory=lambda: "scoped-" + secrets.token_hex(12))
     ended_by: str | None = None  # "account" | "scoped": whose key destroyed it
+    preempted: float | None = None  # when the provider took it back (interruptible): stopped, still billing disk
 
     def scoped_env(self) -> dict[str, str]:
         """What the provider puts into the instance's environment: its id and its own scoped key."""
@@ -80,6 +81,7 @@ class Hooks:
     on_create: Callable[[SimInstance], tuple[str, int]] = lambda inst: UNREACHABLE
     on_ssh_key: Callable[[SimInstance, str], None] = lambda inst, key: None
     on_destroy: Callable[[SimInstance], None] = lambda inst: None
+    on_preempt: Callable[[SimInstance], None] = lambda inst: None  # the machine goes down (not removed)
 
 
 def vast_offer(offer_id: int, gpu_name: str = "RTX 4090", gpus: int = 4, dph_total: float = 1.6, **extra: Any) -> dict:
@@ -181,6 +183,16 @@ class ProviderSim:
     def live(self) -> list[SimInstance]:
         return [i for i in self.instances.values() if i.live]
 
+    def preempt(self, instance_id: str) -> SimInstance:
+        """The provider takes an interruptible instance back: Vast reports it `exited` while it was meant to
+        run, RunPod `EXITED`; it keeps billing (disk) until destroyed; the machine behind it goes down."""
+        with self._lock:
+            inst = self.instances[instance_id]
+            assert inst.live and inst.preempted is None, f"instance {instance_id} is not running"
+            inst.preempted = time.time()
+            self.hooks.on_preempt(inst)
+            return inst
+
     # -- state changes (called by the handler under the lock) --------------------------------------------
 
     def _create(self, inst: SimInstance) -> SimInstance:
@@ -196,6 +208,8 @@ class ProviderSim:
         self.hooks.on_destroy(inst)
 
     def _status(self, inst: SimInstance) -> str:
+        if inst.preempted is not None:
+            return "exited"
         return "running" if time.time() >= inst.ready_at else "loading"
 
     # -- Vast ------------------------------------------------------------------------------------------
@@ -315,14 +329,14 @@ class ProviderSim:
         return {"data": {"podFindAndDeployOnDemand": {**pod, "machine": {"podHostId": f"{inst.id}-64410"}}}}
 
     def _pod(self, inst: SimInstance) -> dict:
-        up = self._status(inst) == "running"
+        up = self._status(inst) == "running"  # a preempted pod has no runtime
         ports = [
             {"ip": inst.ssh_host, "isIpPublic": True, "privatePort": 22, "publicPort": inst.ssh_port, "type": "tcp"}
         ]
         return {
             "id": inst.id,
             "name": inst.label,
-            "desiredStatus": "RUNNING",
+            "desiredStatus": "EXITED" if inst.preempted is not None else "RUNNING",
             "costPerHr": inst.price_per_hour,
             "gpuCount": inst.gpus,
             "imageName": inst.image,
@@ -506,7 +520,8 @@ def bed_hooks(bed: Any, gpus: Callable[[SimInstance], int] = lambda inst: inst.g
     """Each created instance is a new node of the namespace test bed `bed` (tests/cluster/testbed.py):
     its own network namespace, IP, login user and sshd; an attached SSH key is authorized for its user,
     whose sessions see the instance's scoped key (`scoped`; False: a provider that gives none);
-    destroy removes the node."""
+    preemption takes the node down (every process of its user, its Ray with them; sshd too); destroy
+    removes the node."""
 
     def on_create(inst: SimInstance) -> tuple[str, int]:
         inst.handle = bed.add_node(gpus(inst))
@@ -518,4 +533,7 @@ def bed_hooks(bed: Any, gpus: Callable[[SimInstance], int] = lambda inst: inst.g
     def on_destroy(inst: SimInstance) -> None:
         bed.remove_node(inst.handle)
 
-    return Hooks(on_create=on_create, on_ssh_key=on_ssh_key, on_destroy=on_destroy)
+    def on_preempt(inst: SimInstance) -> None:
+        bed._stop(inst.handle)  # what a reclaimed machine does: everything on it stops at once
+
+    return Hooks(on_create=on_create, on_ssh_key=on_ssh_key, on_destroy=on_destroy, on_preempt=on_preempt)

@@ -226,3 +226,20 @@ def test_provider_errors_name_the_provider(sim: ProviderSim) -> None:
         provider.create(offer, _spec())  # a Vast offer is one machine: rented already
     for instance in provider.list_owned("night"):
         provider.destroy(instance.instance_id)
+
+
+@pytest.mark.parametrize("name", ["vast", "runpod"])
+def test_a_preempted_instance_reads_stopped_through_the_sdk_and_bills_until_destroyed(
+    sim: ProviderSim, name: str
+) -> None:
+    provider = provider_for(name, _settings(sim))
+    offer = choose_offers(provider.search(REQUESTS[name]), REQUESTS[name])[0]
+    made = provider.create(offer, _spec())
+    sim.preempt(made.instance_id)  # Vast: actual_status exited (intended running); RunPod: desiredStatus EXITED
+    seen = provider.describe(made.instance_id)
+    assert (seen.state, seen.status) == (InstanceState.stopped, "exited" if name == "vast" else "EXITED")
+    assert seen.reachable_endpoint is None
+    assert [i.instance_id for i in provider.list_owned("night")] == [made.instance_id]  # still billing
+    assert sim.instances[made.instance_id].live
+    assert destroy_confirmed(provider, made.instance_id, FAST)
+    assert provider.describe(made.instance_id).state is InstanceState.gone and sim.live() == []

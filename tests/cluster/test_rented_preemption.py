@@ -1,0 +1,228 @@
+"""A rented interruptible node preempted mid-training, on the namespace test bed.
+
+A schedule asks for two interruptible Vast nodes; the runner rents them from the provider simulator
+(real vastai SDK), whose instances are real namespace nodes (own sshd, address, stand-in nvidia-smi);
+they bootstrap and join the token-auth Ray head, and the real scheduler (its own process) trains tiny
+arms on them with checkpoints in S3 (moto on the controller's bridge address). Mid-training the
+provider takes one node back: it reports `exited` and every process on the machine dies, its Ray
+with it. The runner marks the instance `preempted`, destroys it (confirmed), drops its node and rents
+a replacement (no budget: allowed); the arms that ran there re-queue through the scheduler's
+lost-worker path, resume from the newest checkpoint in S3 and complete. At the end: every run
+completed, results copied back, zero instances left at the provider, no namespace node, no node row.
+The branch without a replacement (budget too small): tests/orchestrator/sweeps/test_preemption.py.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from orchestrator.db.models import Event, Grid, Node, RentedInstance, Run, Sweep, utcnow
+from orchestrator.db.session import session_scope
+from orchestrator.fleet.deadman import DeadmanConfig
+from orchestrator.fleet.providers.lifecycle import Timing
+from orchestrator.fleet.providers.vast import VastProvider
+from orchestrator.fleet.ray_cluster import RayHead
+from orchestrator.sweeps.rented import RentalConfig
+from orchestrator.sweeps.runner import SweepRunner
+from orchestrator.sweeps.schedules import ScheduleCreate, create_schedule
+from orchestrator.vocabulary import RentedState, RunState, SweepState
+from tests.cluster.conftest import BUCKET, aws_profile, node_config, scheduler_process, worker_bed
+from tests.cluster.provider_sim import ProviderSim, SimInstance, bed_hooks, vast_offer
+from tests.cluster.test_rented_sweep_e2e import _login_user
+from tests.cluster.testbed import TestBed
+
+pytest.importorskip("vastai", reason="the vastai SDK: pip install --no-deps vastai==1.9.1 runpod==1.12.0")
+
+KEY = "sk-preempted-night-0123456789"
+TINY: dict[str, Any] = {
+    "model": {"size": "tiny", "depth": 3, "identity_tokens": 4},
+    "data": {"dataset": "shapes", "num_images": 32, "held_out": 2},
+    "schedule": {"steps": 40, "batch_size": 2, "warmup_steps": 2, "checkpoint_every": 10, "ema": {"warmup_steps": 2}},
+    "eval": {"num_samples": 2, "sampler_steps": 2, "lpips_backbone": "random_standin"},
+    "precision": {"mode": "fp32"},
+}
+# Two rented at fire (the cheapest), the third is the replacement.
+OFFERS = [vast_offer(601, dph_total=1.4), vast_offer(602, dph_total=1.2), vast_offer(603, dph_total=1.6)]
+
+
+@pytest.fixture(scope="module")
+def testbed() -> Iterator[TestBed]:
+    """No nodes of its own: every node of this module comes from a rental (overrides conftest's)."""
+    with worker_bed(nodes=0) as bed:
+        yield bed
+
+
+def _stored(database_url: str, run_id: int) -> int:
+    with session_scope(database_url) as session:
+        steps = session.scalars(
+            select(Event.data).where(Event.run_id == run_id, Event.kind == "checkpoint.stored")
+        ).all()
+    return max((d["step"] for d in steps), default=0)
+
+
+def _runs(database_url: str, grid_id: int) -> list[Run]:
+    with session_scope(database_url) as session:
+        return list(session.get_one(Grid, grid_id).runs)
+
+
+def test_a_preempted_rented_node_s_arms_resume_elsewhere_and_a_replacement_is_rented(
+    database_url: str,
+    testbed: TestBed,
+    ray_head: RayHead,
+    s3_on_bridge: str,
+    tmp_path: Path,
+) -> None:
+    bed, storage = testbed, testbed.storage  # type: ignore[attr-defined]
+    body = ScheduleCreate(
+        name="preempted-night",
+        cron="0 22 * * *",
+        grid={"name": "preempted-night", "arms": ["A", "B", "C"], "overrides": TINY},
+        request={
+            "provider": "vast",
+            "gpu": "RTX_4090",
+            "gpus_per_node": 4,
+            "nodes": 2,
+            "max_price_per_gpu_hour": 0.45,
+            "interruptible": True,
+        },
+    )
+    with session_scope(database_url) as session:
+        create_schedule(session, body).next_fire_at = utcnow() - timedelta(seconds=1)
+
+    hooks = bed_hooks(bed, gpus=lambda inst: 2)
+    made = hooks.on_create
+
+    def on_create(inst: SimInstance) -> tuple[str, int]:
+        endpoint = made(inst)
+        aws_profile(inst.handle)  # the usual S3 credentials in the node user's home
+        return endpoint
+
+    hooks.on_create = on_create
+    with ProviderSim(KEY, vast_offers=OFFERS, hooks=hooks, first_vast_id=8101) as sim:
+        rental = RentalConfig(
+            controller_id="bed",
+            ssh_key=tmp_path / "controller" / "rent_ed25519",
+            known_hosts_dir=tmp_path / "controller" / "known_hosts",
+            image="ablate/worker:test",
+            timing=Timing(reachable_s=60, poll_s=0.2, destroy_s=60, connect_s=2),
+            login_user=_login_user(bed),
+            deadman=DeadmanConfig(command='touch "$HOME/deadman-fired"', python=sys.executable),
+        )
+        runner = SweepRunner(
+            database_url,
+            storage,
+            node_config=node_config(bed, ray_head),
+            providers={"vast": VastProvider(KEY, server_url=sim.url)},
+            rental=rental,
+            checkpoint_options={"endpoint_url": s3_on_bridge},
+        )
+        log = tmp_path / "scheduler.log"
+        options = {
+            "ABLATE_CHECKPOINT_URL": f"s3://{BUCKET}/preempted",
+            "ABLATE_CHECKPOINT_OPTIONS": json.dumps({"endpoint_url": s3_on_bridge}),
+            "ABLATE_CHECKPOINT_KEEP_LAST": "1",
+        }
+        with scheduler_process(database_url, ray_head, storage, log, "ablate-preempt", **options):
+            runner.tick()  # fire: rent two, bootstrap, join; submit the grid
+            with session_scope(database_url) as session:
+                sweep = session.scalars(select(Sweep).where(Sweep.schedule_id.isnot(None))).all()[-1]
+            assert sweep.state == SweepState.running, sweep.error
+            assert len(sim.live()) == 2
+
+            # Train until an arm has a checkpoint in S3; then its node is taken back.
+            deadline = time.monotonic() + 300
+            while not any(
+                r.state == RunState.running and _stored(database_url, r.id) >= 10
+                for r in _runs(database_url, sweep.grid_id)
+            ):
+                assert time.monotonic() < deadline, f"no checkpoint stored; scheduler: {log.read_text()[-3000:]}"
+                runner.tick()
+                time.sleep(0.5)
+            runs = _runs(database_url, sweep.grid_id)
+            first = next(r for r in runs if r.state == RunState.running and _stored(database_url, r.id) >= 10)
+            victim_ip = first.nodes[-1].split("(")[-1].rstrip(")")
+            victim = next(i for i in sim.live() if i.ssh_host == victim_ip)
+            on_victim = [r.id for r in runs if r.state == RunState.running and r.nodes[-1].endswith(f"({victim_ip})")]
+            stored_at_loss = {i: _stored(database_url, i) for i in on_victim}
+            preempted_at = utcnow()
+            sim.preempt(victim.id)
+
+            deadline = time.monotonic() + 480
+            while True:
+                with session_scope(database_url) as session:
+                    sweep = session.get_one(Sweep, sweep.id)
+                if sweep.state in (SweepState.completed, SweepState.failed, SweepState.stopped):
+                    break
+                assert time.monotonic() < deadline, f"sweep still {sweep.state}; scheduler: {log.read_text()[-3000:]}"
+                runner.tick()
+                time.sleep(1.0)
+
+        assert sweep.state == SweepState.completed, sweep.error
+        with session_scope(database_url) as session:
+            runs = list(session.get_one(Grid, sweep.grid_id).runs)
+            instances = list(
+                session.scalars(
+                    select(RentedInstance).where(RentedInstance.sweep_id == sweep.id).order_by(RentedInstance.id)
+                )
+            )
+            kinds = [
+                e.kind
+                for e in session.scalars(select(Event).where(Event.kind.like("rented.%")).order_by(Event.id))
+                if (e.data or {}).get("sweep_id") == sweep.id
+            ]
+            fetched = {
+                r.id: session.scalars(
+                    select(Event.data).where(Event.run_id == r.id, Event.kind == "checkpoint.fetched")
+                ).all()
+                for r in runs
+            }
+            nodes_left = session.scalars(select(Node)).all()
+            when = {
+                e.kind: e.time
+                for e in session.scalars(
+                    select(Event).where(Event.kind.in_(["rented.preempted", "rented.replacement"])).order_by(Event.id)
+                )
+                if (e.data or {}).get("sweep_id") == sweep.id
+            }
+            resumed = session.scalars(
+                select(Event.time).where(Event.run_id.in_(on_victim), Event.kind == "checkpoint.fetched")
+            ).all()
+        since = lambda t: (t.replace(tzinfo=preempted_at.tzinfo) - preempted_at).total_seconds()  # noqa: E731
+        print(
+            f"preempted -> found {since(when['rented.preempted']):.1f} s, replacement joined "
+            f"{since(when['rented.replacement']):.1f} s, first arm resumed from storage {since(min(resumed)):.1f} s"
+        )
+        assert {r.state for r in runs} == {RunState.completed}, [(r.arm, r.state, r.error) for r in runs]
+        # The arms of the preempted node re-queued and resumed from storage, not from step 0.
+        assert on_victim
+        for run in runs:
+            if run.id in on_victim:
+                assert run.retries >= 1, run.arm
+                assert fetched[run.id] and fetched[run.id][0]["step"] >= stored_at_loss[run.id], run.arm
+                assert not run.nodes[-1].endswith(f"({victim_ip})"), run.nodes
+            assert (Path(sweep.results_dir) / "runs" / f"{run.id}-{run.arm}" / "best.pt").is_file()
+        # The preempted instance destroyed (confirmed), a replacement rented from the third offer.
+        by_offer = {i.offer_id: i for i in instances}
+        assert sorted(by_offer) == ["601", "602", "603"]
+        preempted = next(i for i in instances if i.instance_id == victim.id)
+        assert preempted.state == RentedState.preempted and preempted.destroy_confirmed_at is not None
+        assert by_offer["603"].state == RentedState.destroyed
+        assert kinds.index("rented.preempted") < kinds.index("rented.replacement")
+        assert sim.instances[victim.id].ended is not None
+        # Nothing left: no instance at the provider, no namespace node, no node row.
+        assert sim.live() == [] and bed.nodes == [] and nodes_left == []
+        assert bill_ok(sweep.spend, sim.bill(), [i.price_per_hour for i in instances])
+
+
+def bill_ok(spend: float, bill: float, prices: list[float]) -> bool:
+    """The spend covers the bill and exceeds it by at most a few seconds of each instance's price."""
+    return bill <= spend <= bill + sum(prices) * 5 / 3600
