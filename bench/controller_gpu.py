@@ -145,11 +145,18 @@ def check(url: str, grid_id: int, seen: dict[str, Any], steps: int) -> tuple[lis
     stored = sorted(p.name for p in store.iterdir()) if store and store.is_dir() else []
     best_local = b.get("best_checkpoint")
     lines.append(
-        f"stop {STOP_ARM} over REST: {seen['stop']}; state {b['state']}, decision {b.get('decision')}, "
+        f"stop {STOP_ARM} over REST: {seen['stop']}; state {b['state']}, stop_requested {b.get('stop_requested')}, "
+        f"decision {b.get('decision')}, "
         f"last checkpoint step {b.get('last_checkpoint_step')} of {steps}, best step {b.get('best_step')} "
         f"(recon {b.get('best_value')}); best_checkpoint {best_local}"
     )
     lines.append(f"  store {b.get('checkpoint_url')}: {stored}; best.pt there: {'best.pt' in stored}")
+    if store and "best.pt" in stored:
+        from worker import checkpoint as ckpt  # the stored best.pt: which step it holds
+
+        state = ckpt.load(store / "best.pt", map_location="cpu")
+        lines.append(f"  stored best.pt holds step {state['step']} (the run's best_step {b.get('best_step')}, "
+                     f"best recon {state['best']})")
 
     table = ["| arm | state | decision | checkpoints | last step | best recon* (step) | tokens/s | micro-batch x accum "
              "| how | compiled | compile_s | peak mem GB | fallbacks |", "|" + "---|" * 13]
