@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -52,13 +53,13 @@ def train(args: argparse.Namespace) -> None:
     t0 = time.monotonic()
     path = args.out / f"fp8_{args.arm}.jsonl"
     path.unlink(missing_ok=True)
+    shutil.rmtree(args.out / f"run-{args.arm}", ignore_errors=True)  # train_arm would resume it: start fresh
     for rec in train_arm(spec, args.out / f"run-{args.arm}", device=args.device,
                          should_stop=lambda: time.monotonic() - t0 > args.deadline_s):
         with path.open("a") as f:
             f.write(json.dumps(rec, default=str) + "\n")
-        print(f"{args.arm} step {rec['step']}: loss {rec['train_loss']:.4f} recon {rec['recon_lpips']:.4f} "
-              f"text {rec['text_lpips']:.4f} it/s {rec['iter_per_sec'] or 0:.2f} "
-              f"[{time.monotonic() - t0:.0f} s]", flush=True)
+        shown = {k: rec.get(k) for k in ("step", "train_loss", "recon_lpips", "text_lpips", "iter_per_sec", "final")}
+        print(f"{args.arm} {json.dumps(shown)} [{time.monotonic() - t0:.0f} s]", flush=True)
 
 
 def _row(rec: dict[str, Any]) -> SimpleNamespace:
@@ -71,7 +72,9 @@ def report(out: Path) -> str:
 
     recs = {arm: [json.loads(line) for line in (out / f"fp8_{arm}.jsonl").read_text().splitlines()] for arm in "GI"}
     g_by, i_by = ({r["step"]: r for r in recs[a]} for a in "GI")
-    common = sorted(set(g_by) & set(i_by))
+    common = sorted(s for s in set(g_by) & set(i_by) if g_by[s]["train_loss"] is not None)
+    if not common:
+        return f"no step both arms trained and evaluated: G {sorted(g_by)}, I {sorted(i_by)}"
     last_i, last_g = recs["I"][-1], recs["G"][-1]
     lines = [
         f"device {last_g.get('device_name')}; LPIPS backbone {last_g.get('lpips_backbone')}; "

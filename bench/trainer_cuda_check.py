@@ -94,6 +94,8 @@ def main() -> None:
     ap.add_argument("--compile-mode", default="default", choices=["default", "reduce-overhead"])
     ap.add_argument("--compile", default="auto", choices=["auto", "on", "off"], help="auto: the trainer's default")
     ap.add_argument("--batch-size", type=int, default=32, help="global batch (micro-batch: auto)")
+    ap.add_argument("--control", action="store_true",
+                    help="also run the uninterrupted run a second time: how far two runs without a stop differ")
     args = ap.parse_args()
     compile = {"auto": None, "on": True, "off": False}[args.compile]
     for arm in args.arms:
@@ -112,6 +114,14 @@ def main() -> None:
         final_step = straight[-1]["step"]
         weights = weights_equal(ckpt.checkpoint_path(root / "straight", final_step),
                                 ckpt.checkpoint_path(root / "resumed", final_step))
+        control = None
+        if args.control:  # the same run again, no stop: the GPU kernels' own run-to-run differences
+            again = run(spec, root / "again", args.device)
+            control = {
+                "final_loss_abs_diff": abs(straight[-1]["train_loss"] - again[-1]["train_loss"]),
+                "final_weights": weights_equal(ckpt.checkpoint_path(root / "straight", final_step),
+                                               ckpt.checkpoint_path(root / "again", final_step)),
+            }
         print(json.dumps({
             "arm": arm,
             "uninterrupted": [{k: r.get(k) for k in keys} for r in straight],
@@ -119,6 +129,7 @@ def main() -> None:
             "final_loss_equal": straight[-1]["train_loss"] == resumed[-1]["train_loss"],
             "final_loss_abs_diff": abs(straight[-1]["train_loss"] - resumed[-1]["train_loss"]),
             "final_weights": weights,
+            "control_uninterrupted_twice": control,
             "micro_batch": straight[-1].get("micro_batch"),
             "micro_batch_how": straight[-1].get("micro_batch_how"),
             "micro_batch_after_resume": resumed[-1].get("micro_batch"),
