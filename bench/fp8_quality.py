@@ -53,8 +53,9 @@ def train(args: argparse.Namespace) -> None:
     t0 = time.monotonic()
     path = args.out / f"fp8_{args.arm}.jsonl"
     path.unlink(missing_ok=True)
-    shutil.rmtree(args.out / f"run-{args.arm}", ignore_errors=True)  # train_arm would resume it: start fresh
-    for rec in train_arm(spec, args.out / f"run-{args.arm}", device=args.device,
+    run_dir = (args.work or args.out) / f"run-{args.arm}"
+    shutil.rmtree(run_dir, ignore_errors=True)  # train_arm would resume it: start fresh
+    for rec in train_arm(spec, run_dir, device=args.device,
                          should_stop=lambda: time.monotonic() - t0 > args.deadline_s):
         with path.open("a") as f:
             f.write(json.dumps(rec, default=str) + "\n")
@@ -126,7 +127,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--deadline-s", type=float, default=1e9, help="stop gracefully after this many seconds")
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True, help="records (fp8_ARM.jsonl) and the report")
+    ap.add_argument("--work", type=Path, default=None, help="run directories, checkpoints (default: --out)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.report:
