@@ -114,14 +114,6 @@ def main() -> None:
         final_step = straight[-1]["step"]
         weights = weights_equal(ckpt.checkpoint_path(root / "straight", final_step),
                                 ckpt.checkpoint_path(root / "resumed", final_step))
-        control = None
-        if args.control:  # the same run again, no stop: the GPU kernels' own run-to-run differences
-            again = run(spec, root / "again", args.device)
-            control = {
-                "final_loss_abs_diff": abs(straight[-1]["train_loss"] - again[-1]["train_loss"]),
-                "final_weights": weights_equal(ckpt.checkpoint_path(root / "straight", final_step),
-                                               ckpt.checkpoint_path(root / "again", final_step)),
-            }
         print(json.dumps({
             "arm": arm,
             "uninterrupted": [{k: r.get(k) for k in keys} for r in straight],
@@ -129,7 +121,6 @@ def main() -> None:
             "final_loss_equal": straight[-1]["train_loss"] == resumed[-1]["train_loss"],
             "final_loss_abs_diff": abs(straight[-1]["train_loss"] - resumed[-1]["train_loss"]),
             "final_weights": weights,
-            "control_uninterrupted_twice": control,
             "micro_batch": straight[-1].get("micro_batch"),
             "micro_batch_how": straight[-1].get("micro_batch_how"),
             "micro_batch_after_resume": resumed[-1].get("micro_batch"),
@@ -142,6 +133,15 @@ def main() -> None:
             "device": straight[-1].get("device_name"),
             "seconds": {"uninterrupted": round(t1 - t0, 1), "stop_and_resume": round(t2 - t1, 1)},
         }, default=str), flush=True)
+        if args.control:  # the same run again, no stop: the GPU kernels' own run-to-run differences
+            again = run(spec, root / "again", args.device)
+            print(json.dumps({
+                "arm": arm,
+                "control": "uninterrupted twice",
+                "final_loss_abs_diff": abs(straight[-1]["train_loss"] - again[-1]["train_loss"]),
+                "final_weights": weights_equal(ckpt.checkpoint_path(root / "straight", final_step),
+                                               ckpt.checkpoint_path(root / "again", final_step)),
+            }), flush=True)
 
 
 if __name__ == "__main__":
