@@ -242,9 +242,11 @@ class PrecisionSpec(Strict):
     # blocks: regional compile of each block (faster to compile, one graph reused by every block).
     compile_scope: Literal["model", "blocks"] = "model"
     # default: Inductor kernels launched from Python. reduce-overhead: the model's forward and backward
-    # replayed as CUDA graphs (TREAD arms are launch-bound at seed size without them); needs one
-    # micro-batch per step, since a replay reuses the memory the previous micro-batch's gradients live in
-    # (an auto micro-batch below the batch falls back to default, recorded on the run).
+    # replayed as CUDA graphs (they paid at seed size only at tiny batches: B at batch 4 was launch-bound;
+    # at the micro-batch auto picks, 32 for B on an H100, the GPU is busy 98% of the step, so graphs could
+    # gain at most 2%: docs/benchmarks.md, issue 27); needs one micro-batch per step, since a replay reuses
+    # the memory the previous micro-batch's gradients live in (an auto micro-batch below the batch falls
+    # back to default, recorded on the run).
     compile_mode: Literal["default", "reduce-overhead"] = "default"
     # fp8 on CUDA, opt-in: keep in FP8 only the linear shapes whose float8 fwd+bwd beats bf16 at the run's
     # token count (speed over the ablation: arm I then may run partly or wholly bf16). Either way a CUDA run
