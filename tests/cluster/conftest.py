@@ -178,6 +178,9 @@ def s3_on_bridge(testbed: TestBed) -> Iterator[str]:
     os.environ.update(zip(names, (*CREDENTIALS, "us-east-1"), strict=True))
     try:
         fs, _ = open_fs(f"s3://{BUCKET}", {"endpoint_url": endpoint})
+        # fsspec hands back its cached instance when an earlier module's server had this host:port, with
+        # that server's listing: forget it, or mkdir sees the old bucket and refuses (FileExistsError).
+        fs.invalidate_cache()
         fs.mkdir(BUCKET)
         yield endpoint
     finally:
