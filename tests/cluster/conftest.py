@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
 import pytest
 
 from orchestrator.db.session import session_scope
@@ -177,9 +178,10 @@ def s3_on_bridge(testbed: TestBed) -> Iterator[str]:
     saved = {k: os.environ.get(k) for k in names}
     os.environ.update(zip(names, (*CREDENTIALS, "us-east-1"), strict=True))
     try:
+        # moto keeps its buckets in process-wide state that outlives an earlier module's server: start
+        # empty (else mkdir meets that module's bucket: FileExistsError), and let fsspec forget its listing.
+        httpx.post(f"{endpoint}/moto-api/reset", timeout=30).raise_for_status()
         fs, _ = open_fs(f"s3://{BUCKET}", {"endpoint_url": endpoint})
-        # fsspec hands back its cached instance when an earlier module's server had this host:port, with
-        # that server's listing: forget it, or mkdir sees the old bucket and refuses (FileExistsError).
         fs.invalidate_cache()
         fs.mkdir(BUCKET)
         yield endpoint
