@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 import fsspec
-import paramiko
 
 CKPT_RE = re.compile(r"^ckpt_(\d+)\.pt$")
 SAMPLES_DIR = "samples"  # worker/samples.py writes there (kept equal: that module imports torch)
@@ -54,20 +53,25 @@ def _now() -> str:
     return datetime.now(UTC).isoformat()
 
 
-class KnownHostsPolicy(paramiko.MissingHostKeyPolicy):
-    """Accept an SFTP server only if its key is in a known-hosts file (fsspec's default, auto-add, trusts
-    any key). paramiko's client starts with no known keys, so every connection is decided here."""
+def known_hosts_policy(path: Path) -> Any:
+    """A paramiko policy that accepts an SFTP server only if its key is in the known-hosts file at path
+    (fsspec's default, auto-add, trusts any key; paramiko's client starts with no known keys, so every
+    connection is decided here). paramiko is imported only here: a node with a file:// or s3:// store
+    needs no SSH stack."""
+    import paramiko
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.keys = paramiko.HostKeys(str(path)) if path.exists() else paramiko.HostKeys()
+    class KnownHostsPolicy(paramiko.MissingHostKeyPolicy):
+        def __init__(self) -> None:
+            self.keys = paramiko.HostKeys(str(path)) if path.exists() else paramiko.HostKeys()
 
-    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
-        if not self.keys.check(hostname, key):
-            raise paramiko.SSHException(
-                f"host key of {hostname} ({key.get_name()} {key.fingerprint}) "
-                f"is not in {self.path}; add it with ssh-keyscan if it is the right server"
-            )
+        def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+            if not self.keys.check(hostname, key):
+                raise paramiko.SSHException(
+                    f"host key of {hostname} ({key.get_name()} {key.fingerprint}) "
+                    f"is not in {path}; add it with ssh-keyscan if it is the right server"
+                )
+
+    return KnownHostsPolicy()
 
 
 def open_fs(url: str, options: dict[str, Any] | None = None) -> tuple[Any, str]:
@@ -79,7 +83,7 @@ def open_fs(url: str, options: dict[str, Any] | None = None) -> tuple[Any, str]:
     opts = dict(options or {})
     if url.startswith(("sftp://", "ssh://")):
         known = Path(opts.pop("known_hosts", None) or Path.home() / ".ssh" / "known_hosts").expanduser()
-        opts["host_key_policy"] = KnownHostsPolicy(known)
+        opts["host_key_policy"] = known_hosts_policy(known)
         opts.setdefault("timeout", 30)
     return fsspec.url_to_fs(url, skip_instance_cache=True, **opts)
 

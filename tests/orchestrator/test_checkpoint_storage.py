@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -45,6 +47,25 @@ def finish(worker: ArmWorker) -> dict[str, Any]:
     reply = wait_for(lambda: (r := worker.poll(None, 0.5))["state"] != "running" and r, "the worker to finish")
     assert reply["state"] == "done", reply["error"]
     return reply
+
+
+def test_a_node_without_paramiko_trains_and_stores_to_a_file_store(tmp_path: Path) -> None:
+    """A GPU node with a file:// (or s3://) store needs no SSH stack: the worker imports and uploads with
+    paramiko made unimportable (a fresh interpreter, so this process's paramiko cannot leak in)."""
+    code = f"""
+import sys
+sys.modules["paramiko"] = None  # import paramiko now raises ImportError
+from worker.storage import CheckpointStore, StoreConfig, open_fs
+import worker.train, worker.actor
+fs, root = open_fs("file://{tmp_path}/store/run-1")
+fs.makedirs(root, exist_ok=True)
+fs.pipe(root + "/probe.txt", b"ok")
+print(fs.cat(root + "/probe.txt").decode())
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "ok"
 
 
 # -- SFTP to the controller: a real OpenSSH server -------------------------------------------------------
