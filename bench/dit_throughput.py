@@ -20,6 +20,7 @@ forward + backward.
     python bench/dit_throughput.py --skip micro,seed,gemm,others,eager --budget-s 250   # optimizer step only
     python bench/dit_throughput.py --night 1 --profile B,C   # issue 13: reference, A-D, G, I recipes, one run
     python bench/dit_throughput.py --night 2                 # issue 13: Muon alone, GEMM-bound FP8, scopes
+    python bench/dit_throughput.py --night 4 [--skip bf16]   # issue 27: FP8 recipes, seed and GEMM-bound
 """
 
 from __future__ import annotations
@@ -483,6 +484,15 @@ def night(args, add, results: dict, save) -> None:
         add("A cudagraphs", "A", True, overrides=ro, **seed)
         results["muon"] = muon_micro(args)
         save()
+    elif args.night == 4:  # issue 27: FP8 recipes of this torchao (run again under another: --skip bf16)
+        ro = {"precision": {"compile_mode": "reduce-overhead"}}
+        bf16 = "bf16" not in args.skip.split(",")
+        for prefix, shape, batch in (("", {}, args.batch), ("gemm-bound ", GEMM_BOUND, 8)):
+            if bf16:
+                add(f"{prefix}G cudagraphs", "G", True, overrides={**shape, **ro}, batch=batch, **seed)
+            for recipe in ("tensorwise", "rowwise"):
+                pr = {"precision": {"compile_mode": "reduce-overhead", "fp8_recipe": recipe}}
+                add(f"{prefix}I {recipe} cudagraphs", "I", True, overrides={**shape, **pr}, batch=batch, **seed)
     else:  # the model as CUDA graphs, the optimizer step compiled without: Muon arms, FP8 recipes
         ro = {"precision": {"compile_mode": "reduce-overhead"}}
         add("C cudagraphs", "C", True, overrides=ro, **seed)
@@ -520,6 +530,9 @@ def night(args, add, results: dict, save) -> None:
     ratio("I tensorwise cudagraphs", "G cudagraphs")
     ratio("I rowwise_with_gw_hp cudagraphs", "G cudagraphs")
     ratio("gemm-bound I rowwise", "gemm-bound G")
+    ratio("I rowwise cudagraphs", "G cudagraphs")
+    ratio("gemm-bound I tensorwise cudagraphs", "gemm-bound G cudagraphs")
+    ratio("gemm-bound I rowwise cudagraphs", "gemm-bound G cudagraphs")
     save()
 
 
@@ -534,12 +547,12 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "bench_out")))
     ap.add_argument("--quick", action="store_true", help="CPU smoke test: arms A and I, eager only")
     ap.add_argument("--threshold", type=float, default=1.05, help="I-tuned keeps linears faster than this in fp8")
-    ap.add_argument("--skip", default="", help="comma list of stages to skip: micro,seed,gemm,others,eager")
+    ap.add_argument("--skip", default="", help="comma list of stages to skip: micro,seed,gemm,others,eager; bf16 (night 4)")
     ap.add_argument("--sdpa", default="cudnn", choices=["cudnn", "default"], help="SDPA backend priority")
     ap.add_argument("--profile", default="G (profiled),I (profiled)", help="comma list of row labels to profile")
     ap.add_argument("--opt-mode", default=None, help="torch.compile mode of the optimizer step (stage optim)")
     ap.add_argument("--budget-s", type=float, default=1e9, help="start no new configuration after this many seconds")
-    ap.add_argument("--night", type=int, default=0, help="issue 13 tables: 1 (arms in one run), 2 (Muon, GEMM-bound)")
+    ap.add_argument("--night", type=int, default=0, help="issue 13 tables: 1 (arms in one run), 2 (Muon, GEMM-bound), 3; 4: issue 27 FP8 recipes")
     args = ap.parse_args()
     args.profile = set(args.profile.split(","))
     args.out.mkdir(parents=True, exist_ok=True)

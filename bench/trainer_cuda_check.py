@@ -15,6 +15,7 @@ finds 16, B 32, so --batch-size 64 accumulates 4 and 2).
     python bench/trainer_cuda_check.py --arms B A --size seed --steps 4 --batch-size 64
     python bench/trainer_cuda_check.py --arms G I --size small --steps 60
     python bench/trainer_cuda_check.py --arms I B --size tiny --steps 10 --compile-mode reduce-overhead
+    python bench/trainer_cuda_check.py --arms B --size seed --steps 4 --batch-size 64 --control --deterministic
 """
 
 from __future__ import annotations
@@ -32,12 +33,13 @@ from worker.train import train_arm
 
 
 def spec_for(
-    arm: str, size: str, steps: int, compile: bool | None, compile_mode: str = "default", batch_size: int = 32
+    arm: str, size: str, steps: int, compile: bool | None, compile_mode: str = "default", batch_size: int = 32,
+    deterministic: bool = False,
 ) -> ArmSpec:
     """compile None: the trainer's default (on for CUDA). micro_batch stays auto."""
     from orchestrator.runs.arms import resolve  # a bench may use the controller's arm files
 
-    precision: dict = {"compile_mode": compile_mode}
+    precision: dict = {"compile_mode": compile_mode, "deterministic": deterministic}
     if compile is not None:
         precision["compile"] = compile
     overrides = {
@@ -94,12 +96,14 @@ def main() -> None:
     ap.add_argument("--compile-mode", default="default", choices=["default", "reduce-overhead"])
     ap.add_argument("--compile", default="auto", choices=["auto", "on", "off"], help="auto: the trainer's default")
     ap.add_argument("--batch-size", type=int, default=32, help="global batch (micro-batch: auto)")
+    ap.add_argument("--deterministic", action="store_true",
+                    help="precision.deterministic: deterministic kernels (needs a fresh process: cuBLAS's workspace)")
     ap.add_argument("--control", action="store_true",
                     help="also run the uninterrupted run a second time: how far two runs without a stop differ")
     args = ap.parse_args()
     compile = {"auto": None, "on": True, "off": False}[args.compile]
     for arm in args.arms:
-        spec = spec_for(arm, args.size, args.steps, compile, args.compile_mode, args.batch_size)
+        spec = spec_for(arm, args.size, args.steps, compile, args.compile_mode, args.batch_size, args.deterministic)
         root = Path(tempfile.mkdtemp(prefix=f"cuda-check-{arm}-"))
         t0 = time.monotonic()
         straight = run(spec, root / "straight", args.device)
@@ -130,6 +134,7 @@ def main() -> None:
             "fp8_linears_after_resume": len(resumed[-1].get("fp8_linears") or []),
             "fp8_autotune": straight[-1].get("fp8_autotune"),
             "compile_mode": args.compile_mode,
+            "deterministic": straight[-1].get("deterministic"),
             "device": straight[-1].get("device_name"),
             "seconds": {"uninterrupted": round(t1 - t0, 1), "stop_and_resume": round(t2 - t1, 1)},
         }, default=str), flush=True)

@@ -5,33 +5,16 @@
 # resume bit-identical with those defaults (bench/trainer_cuda_check.py). Each stage runs only while the
 # call's time lasts (DEADLINE seconds from start); everything it measured is already in $OUT.
 #
-# Wheels: carry/whl/*.whl (pydantic, typer, fastapi, ... torchao, lpips), built as bench/quad_node.sh says.
+# Wheels: as bench/gpu_env.sh says (name .gpu-whl in the call's carry).
 # Usage on the GPU machine:   bash bench/trainer_gpu.sh 2>&1 | tee $OUT/call1.log
 # Dry run on a CPU machine:   SIZE=tiny DEVICE=cpu STEPS=4 CHECK_BATCH=16 MICRO="8 8" bash bench/trainer_gpu.sh
 set -uo pipefail
-T0=$(date +%s)
-DEADLINE=${DEADLINE:-585}
+source bench/gpu_env.sh
 SIZE=${SIZE:-seed}
 DEVICE=${DEVICE:-cuda}
 STEPS=${STEPS:-8}
 CHECK_BATCH=${CHECK_BATCH:-64}
-left() { echo $((DEADLINE - ($(date +%s) - T0))); }
-stage() { echo "=== $(date -u +%H:%M:%S) [$(($(date +%s) - T0)) s] $*"; }
-
-if [ -d carry/whl ]; then
-  site=/tmp/ablate-site
-  mkdir -p "$site"
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" carry/whl/*.whl
-  export PYTHONPATH="$site:$PWD"
-else
-  export PYTHONPATH="$PWD"
-fi
-export PYTHONUNBUFFERED=1 ABLATE_OFFLINE=1
-out=${OUT:-/tmp/trainer-gpu-out}
-mkdir -p "$out"
-nvidia-smi -L 2>/dev/null
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null
-python3 -c "import torch, torchao, pydantic; print('torch', torch.__version__, 'torchao', torchao.__version__, 'pydantic', pydantic.VERSION)"
 # AlexNet weights for LPIPS: none on this machine unless the hub cache has them (then no --lpips-standin).
 ls ~/.cache/torch/hub/checkpoints 2>/dev/null
 lpips_flag=--lpips-standin

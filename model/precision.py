@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fnmatch
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -53,6 +54,32 @@ class PrecisionReport:
     autotune: str | None = None  # what chose the FP8 set and how fast it was ("all 72 ...", "kept 4 of 4 ...")
     emulated: bool = False  # float8 emulated (CPU): FP8 numerics, no float8 kernels
     fp8_timings: list[dict] = field(default_factory=list)  # per shape: dims, tokens, bf16_ms, fp8_ms, speedup
+
+
+@contextlib.contextmanager
+def deterministic_algorithms(on: bool):
+    """precision.deterministic for the duration of a run, then the process's settings as they were (tests
+    train many runs in one process). Off: nothing is touched. An op with no deterministic kernel raises
+    at its first call, naming the op (torch's message), rather than silently varying."""
+    if not on:
+        yield
+        return
+    import torch._inductor.config as inductor_config
+
+    # cuBLAS reads this when PyTorch sizes its workspace, before the first GEMM of the process: set here,
+    # it covers a fresh worker; a process that already ran GEMMs gets torch's error naming the variable.
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    saved = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+             torch.backends.cudnn.benchmark, inductor_config.deterministic)
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
+    inductor_config.deterministic = True  # no on-device benchmarking that could pick other kernels
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
+        torch.backends.cudnn.benchmark = saved[2]
+        inductor_config.deterministic = saved[3]
 
 
 def _device(device: torch.device | str) -> torch.device:

@@ -253,6 +253,10 @@ class PrecisionSpec(Strict):
     # times each FP8 shape against bf16 and records it (PrecisionReport.fp8_timings).
     fp8_autotune: bool = False
     fp8_min_speedup: PositiveFloat = 1.02  # bf16 time / fp8 time a shape must reach (above timing noise)
+    # Deterministic kernels (torch.use_deterministic_algorithms, Inductor's deterministic mode, cuBLAS's
+    # fixed workspace): a rerun, or a stop and resume, is bitwise equal on CUDA too. Off by default: the
+    # deterministic backward of attention and of TREAD's scatter is slower (docs/benchmarks.md, issue 27).
+    deterministic: bool = False
 
 
 class AdaLNSpec(Strict):

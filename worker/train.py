@@ -30,7 +30,7 @@ from model.flow import FlowMatching, estimate_pca_basis, interpolate, sample_t
 from model.nanodit import NanoDiT
 from model.optim import EMA, OptimizerStep, build_optimizers, lr_at, set_lr
 from model.perceptual import LPIPSMetric, load_lpips
-from model.precision import apply_precision, autocast_ctx
+from model.precision import apply_precision, autocast_ctx, deterministic_algorithms
 from model.repa import RepaProjector, Teacher, build_teacher, repa_loss, repa_weight
 from model.spec import ArmSpec
 from model.text import TextEncoder, build_text_encoder
@@ -525,6 +525,19 @@ def train_arm(
     (storage options and its data cache; worker.data_fetch.DataStore): the shards are fetched and
     verified before anything is built, and every record says what the fetch did (`data_fetch`).
     """
+    with deterministic_algorithms(spec.precision.deterministic):
+        yield from _train(spec, out_dir, device, should_stop, lpips_weights, on_step, data_store)
+
+
+def _train(
+    spec: ArmSpec,
+    out_dir: Path,
+    device: str,
+    should_stop: Callable[[], bool] | None,
+    lpips_weights: Path | None,
+    on_step: Callable[[int, float], None] | None,
+    data_store: DataStore | dict[str, Any] | None,
+) -> Iterator[dict[str, Any]]:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     dev = torch.device(device)
@@ -563,7 +576,7 @@ def train_arm(
     sched = spec.schedule
     gens = {"noise": torch.Generator(device=dev).manual_seed(spec.data.seed + 2)}
     workers = spec.data.loader_workers if spec.data.loader_workers != "auto" else auto_workers(dev.type)
-    info = {**device_info(dev), "loader_workers": workers}
+    info = {**device_info(dev), "loader_workers": workers, "deterministic": spec.precision.deterministic}
     if fetched is not None:
         info["data_fetch"] = fetched.as_record()
     checkpoints = Checkpoints(parts, out_dir, gens, t_start=t_start, info=info)

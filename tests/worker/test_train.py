@@ -237,3 +237,20 @@ def test_defaults_on_cpu_train_the_whole_batch_with_one_loader_worker(tmp_path: 
     (rec,) = list(train_arm(spec_for("A", schedule={"steps": 4, "checkpoint_every": 4}), tmp_path))
     assert (rec["micro_batch"], rec["grad_accum"], rec["micro_batch_how"]) == (4, 1, "cpu: the whole batch")
     assert rec["loader_workers"] == 1 and 0 <= rec["data_wait_fraction"] <= 1
+
+
+def test_deterministic_mode_holds_for_the_run_and_is_restored_after(tmp_path: Path) -> None:
+    """precision.deterministic turns torch's deterministic algorithms on while the run trains (TREAD's
+    scatter, attention and the optimizer step included: no op raises), records it, and gives the process
+    back its own setting when the run ends."""
+    assert not torch.are_deterministic_algorithms_enabled()
+    spec = spec_for("B", schedule={"steps": 4, "checkpoint_every": 2}, precision={"deterministic": True})
+    seen = []
+    records = []
+    for rec in train_arm(spec, tmp_path):
+        seen.append(torch.are_deterministic_algorithms_enabled())
+        records.append(rec)
+    assert seen == [True, True] and [r["deterministic"] for r in records] == [True, True]
+    assert not torch.are_deterministic_algorithms_enabled()
+    (plain,) = list(train_arm(spec_for("B", schedule={"steps": 2, "checkpoint_every": 2}), tmp_path / "plain"))
+    assert plain["deterministic"] is False
