@@ -485,14 +485,21 @@ def night(args, add, results: dict, save) -> None:
         results["muon"] = muon_micro(args)
         save()
     elif args.night == 4:  # issue 27: FP8 recipes of this torchao (run again under another: --skip bf16)
-        ro = {"precision": {"compile_mode": "reduce-overhead"}}
         bf16 = "bf16" not in args.skip.split(",")
-        for prefix, shape, batch in (("", {}, args.batch), ("gemm-bound ", GEMM_BOUND, 8)):
-            if bf16:
-                add(f"{prefix}G cudagraphs", "G", True, overrides={**shape, **ro}, batch=batch, **seed)
-            for recipe in ("tensorwise", "rowwise"):
-                pr = {"precision": {"compile_mode": "reduce-overhead", "fp8_recipe": recipe}}
-                add(f"{prefix}I {recipe} cudagraphs", "I", True, overrides={**shape, **pr}, batch=batch, **seed)
+
+        def cg(shape: dict, recipe: str | None = None) -> dict:
+            precision = {"compile_mode": "reduce-overhead", **({"fp8_recipe": recipe} if recipe else {})}
+            return {"overrides": {**shape, "precision": precision}, "batch": 8 if shape else args.batch, **seed}
+
+        # Most telling first (a row takes about 2 min with its compile): the GEMM-bound pair, then seed shapes.
+        if bf16:
+            add("gemm-bound G cudagraphs", "G", True, **cg(GEMM_BOUND))
+        add("gemm-bound I tensorwise cudagraphs", "I", True, **cg(GEMM_BOUND, "tensorwise"))
+        add("I tensorwise cudagraphs", "I", True, **cg({}, "tensorwise"))
+        if bf16:
+            add("G cudagraphs", "G", True, **cg({}))
+        add("I rowwise cudagraphs", "I", True, **cg({}, "rowwise"))
+        add("gemm-bound I rowwise cudagraphs", "I", True, **cg(GEMM_BOUND, "rowwise"))
     else:  # the model as CUDA graphs, the optimizer step compiled without: Muon arms, FP8 recipes
         ro = {"precision": {"compile_mode": "reduce-overhead"}}
         add("C cudagraphs", "C", True, overrides=ro, **seed)

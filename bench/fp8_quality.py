@@ -52,9 +52,10 @@ def train(args: argparse.Namespace) -> None:
     spec = spec_for(args.arm, args.size, args.steps, args.every, args.batch)
     t0 = time.monotonic()
     path = args.out / f"fp8_{args.arm}.jsonl"
-    path.unlink(missing_ok=True)
     run_dir = (args.work or args.out) / f"run-{args.arm}"
-    shutil.rmtree(run_dir, ignore_errors=True)  # train_arm would resume it: start fresh
+    if not args.resume:  # train_arm would resume it: start fresh
+        path.unlink(missing_ok=True)
+        shutil.rmtree(run_dir, ignore_errors=True)
     for rec in train_arm(spec, run_dir, device=args.device,
                          should_stop=lambda: time.monotonic() - t0 > args.deadline_s):
         with path.open("a") as f:
@@ -117,6 +118,21 @@ def report(out: Path) -> str:
     return "\n".join(lines)
 
 
+def curves(out: Path, metric: str) -> str:
+    """The two arms' metric over steps as an SVG (the grid report's plot: best checkpoints as dots)."""
+    from orchestrator.runs.reports.render import curves_svg
+
+    arms = []
+    for arm in "GI":
+        recs = [json.loads(line) for line in (out / f"fp8_{arm}.jsonl").read_text().splitlines()]
+        recs = [r for r in recs if r.get(metric) is not None]
+        best = min(recs, key=lambda r: r[metric]) if recs else {}
+        arms.append(SimpleNamespace(
+            arm=arm, series={"step": [r["step"] for r in recs], metric: [r[metric] for r in recs]},
+            best_step=best.get("step"), best_value=best.get(metric), detector=SimpleNamespace(stopped=False)))
+    return curves_svg(arms, metric)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--arm", choices=["G", "I"])
@@ -129,12 +145,16 @@ def main() -> None:
     ap.add_argument("--deadline-s", type=float, default=1e9, help="stop gracefully after this many seconds")
     ap.add_argument("--out", type=Path, required=True, help="records (fp8_ARM.jsonl) and the report")
     ap.add_argument("--work", type=Path, default=None, help="run directories, checkpoints (default: --out)")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue the run in --work (one stopped by its deadline), appending to its records")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.report:
         text = report(args.out)
         print(text)
         (args.out / "fp8_quality.md").write_text(text + "\n")
+        for metric in ("train_loss", "recon_lpips"):
+            (args.out / f"fp8_{metric}.svg").write_text(curves(args.out, metric))
     elif args.arm:
         train(args)
     else:

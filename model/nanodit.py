@@ -245,7 +245,12 @@ class NanoDiT(nn.Module):
         B, _, H, W = ref.shape
         tok = self.id_embed(self.patchify(ref))  # (B, N, D)
         grid = tok.transpose(1, 2).reshape(B, self.hidden, H // self.patch, W // self.patch)
-        pooled = F.adaptive_avg_pool2d(grid, pool_grid(self.identity_tokens))  # (B, D, a, b)
+        a, b = pool_grid(self.identity_tokens)
+        h, w = grid.shape[2:]
+        if h % a == 0 and w % b == 0:  # an even split: a mean over blocks, whose CUDA backward is deterministic
+            pooled = grid.reshape(B, self.hidden, a, h // a, b, w // b).mean(dim=(3, 5))  # (B, D, a, b)
+        else:  # adaptive_avg_pool2d's CUDA backward has no deterministic kernel (precision.deterministic raises)
+            pooled = F.adaptive_avg_pool2d(grid, (a, b))
         return pooled.flatten(2).transpose(1, 2) + self.id_pos  # (B, K, D)
 
     def forward(
