@@ -66,8 +66,9 @@ def deterministic_algorithms(on: bool):
         return
     import torch._inductor.config as inductor_config
 
-    # cuBLAS reads this when PyTorch sizes its workspace, before the first GEMM of the process: set here,
-    # it covers a fresh worker; a process that already ran GEMMs gets torch's error naming the variable.
+    # PyTorch sizes cuBLAS's workspace from this at the process's first GEMM: set before the run's first
+    # GEMM, it covers a fresh process (a Ray worker, `ablate train`); one that ran GEMMs before keeps the
+    # workspace it sized then, which torch does not detect.
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     saved = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
              torch.backends.cudnn.benchmark, inductor_config.deterministic)

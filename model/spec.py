@@ -254,8 +254,8 @@ class PrecisionSpec(Strict):
     fp8_autotune: bool = False
     fp8_min_speedup: PositiveFloat = 1.02  # bf16 time / fp8 time a shape must reach (above timing noise)
     # Deterministic kernels (torch.use_deterministic_algorithms, Inductor's deterministic mode, cuBLAS's
-    # fixed workspace): a rerun, or a stop and resume, is bitwise equal on CUDA too. Off by default: the
-    # deterministic backward of attention and of TREAD's scatter is slower (docs/benchmarks.md, issue 27).
+    # fixed workspace): a rerun, or a stop and resume, is bitwise equal on CUDA too. Off by default: about
+    # 28% slower for arm B at seed size on an H100 (docs/benchmarks.md, issue 27).
     deterministic: bool = False
 
 
