@@ -554,12 +554,14 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "bench_out")))
     ap.add_argument("--quick", action="store_true", help="CPU smoke test: arms A and I, eager only")
     ap.add_argument("--threshold", type=float, default=1.05, help="I-tuned keeps linears faster than this in fp8")
-    ap.add_argument("--skip", default="", help="comma list of stages to skip: micro,seed,gemm,others,eager; bf16 (night 4)")
+    ap.add_argument("--skip", default="",
+                    help="comma list of stages to skip: micro,seed,gemm,others,eager; bf16 (night 4)")
     ap.add_argument("--sdpa", default="cudnn", choices=["cudnn", "default"], help="SDPA backend priority")
     ap.add_argument("--profile", default="G (profiled),I (profiled)", help="comma list of row labels to profile")
     ap.add_argument("--opt-mode", default=None, help="torch.compile mode of the optimizer step (stage optim)")
     ap.add_argument("--budget-s", type=float, default=1e9, help="start no new configuration after this many seconds")
-    ap.add_argument("--night", type=int, default=0, help="issue 13 tables: 1 (arms in one run), 2 (Muon, GEMM-bound), 3; 4: issue 27 FP8 recipes")
+    ap.add_argument("--night", type=int, default=0,
+                    help="issue 13 tables: 1 (arms in one run), 2 (Muon, GEMM-bound), 3; 4: issue 27's FP8 recipes")
     args = ap.parse_args()
     args.profile = set(args.profile.split(","))
     args.out.mkdir(parents=True, exist_ok=True)
