@@ -37,19 +37,17 @@ from sqlalchemy import func, select  # noqa: E402
 
 from orchestrator.db.models import Grid, Metric, RentedInstance, Run, Schedule, Sweep, utcnow  # noqa: E402
 from orchestrator.db.session import session_scope, upgrade  # noqa: E402
-from orchestrator.fleet.deadman import DeadmanConfig  # noqa: E402
 from orchestrator.fleet.providers.base import InstanceLabel, LaunchSpec  # noqa: E402
-from orchestrator.fleet.providers.lifecycle import Timing  # noqa: E402
 from orchestrator.fleet.providers.request import NodeRequest  # noqa: E402
 from orchestrator.fleet.providers.vast import VastProvider  # noqa: E402
 from orchestrator.fleet.ray_cluster import start_head  # noqa: E402
-from orchestrator.sweeps.rented import RentalConfig  # noqa: E402
 from orchestrator.sweeps.runner import SweepRunner  # noqa: E402
 from orchestrator.sweeps.schedules import ScheduleCreate, create_schedule  # noqa: E402
 from orchestrator.vocabulary import ACTIVE_SWEEP_STATES, SweepState  # noqa: E402
-from tests.cluster.conftest import PACKAGES, node_config, scheduler_process  # noqa: E402
+from tests.cluster.conftest import PACKAGES, scheduler_process  # noqa: E402
 from tests.cluster.provider_sim import ProviderSim, bed_hooks, vast_offer  # noqa: E402
-from tests.cluster.rented_controller import bed_login_user, controller_env  # noqa: E402
+from tests.cluster.rental import bed_rental, vast_runner  # noqa: E402
+from tests.cluster.rented_controller import controller_env  # noqa: E402
 from tests.cluster.testbed import TestBed  # noqa: E402
 
 KEY = "sk-bench-rented-night-0123456789"
@@ -163,22 +161,8 @@ def main() -> None:
         hooks = bed_hooks(bed, gpus=lambda inst: 2)
         try:
             with ProviderSim(KEY, vast_offers=offers, hooks=hooks, host=bed.controller_ip) as sim:
-                rental = RentalConfig(
-                    controller_id="bench",
-                    ssh_key=work / "rent_ed25519",
-                    known_hosts_dir=work / "known_hosts",
-                    image="ablate/worker:test",
-                    timing=Timing(reachable_s=60, poll_s=0.2, destroy_s=60, connect_s=2),
-                    login_user=bed_login_user(bed.tag),  # type: ignore[arg-type]
-                    deadman=DeadmanConfig(command='touch "$HOME/deadman-fired"', python=sys.executable),
-                )
-                runner = SweepRunner(
-                    database_url,
-                    storage,
-                    node_config=node_config(bed, head),
-                    providers={"vast": VastProvider(KEY, server_url=sim.url)},
-                    rental=rental,
-                )
+                rental = bed_rental(bed.tag, work, controller_id="bench")
+                runner = vast_runner(database_url, storage, bed, head, KEY, sim.url, rental)
                 with scheduler_process(database_url, head, storage, work / "scheduler.log", "ablate-bench-rent"):
                     results = [one_sweep(runner, database_url, i) for i in range(args.repeats)]
                 assert sim.live() == [], "instances left after the sweeps"

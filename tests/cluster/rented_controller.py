@@ -19,20 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.db.session import upgrade
-from orchestrator.fleet.providers.base import Instance
-from orchestrator.fleet.providers.lifecycle import Timing
 from orchestrator.runs.scheduler import Scheduler
 from orchestrator.settings import load_settings
 from orchestrator.sweeps.runner import SweepRunner
-
-
-def bed_login_user(tag: str) -> object:
-    """The bed node's user for an instance: node i listens on <prefix>.(11 + i) and logs in as <tag>u<i>."""
-
-    def user(instance: Instance) -> str:
-        return f"{tag}u{int((instance.ssh_host or '').rsplit('.', 1)[-1]) - 11}"
-
-    return user
+from tests.cluster.rental import BED_TIMING, DEADMAN_MARK, bed_login_user
 
 
 def controller_env(bed: Any, head: Any, sim: Any, key: str, controller_id: str, home: Path) -> dict[str, str]:  # noqa: ANN401
@@ -55,7 +45,7 @@ def controller_env(bed: Any, head: Any, sim: Any, key: str, controller_id: str, 
         "ABLATE_NODE_ENV": json.dumps({"PYTHONPATH": str(bed.src)}),  # type: ignore[attr-defined]
         "ABLATE_NODE_JOIN_ARGS": "--num-cpus=1",
         "ABLATE_NODE_COMMAND_TIMEOUT_S": "120",
-        "ABLATE_RENT_DEADMAN_COMMAND": 'touch "$HOME/deadman-fired"',  # never `poweroff` on the test bed
+        "ABLATE_RENT_DEADMAN_COMMAND": f'touch "$HOME/{DEADMAN_MARK}"',  # never `poweroff` on the test bed
         "ABLATE_RENT_DEADMAN_PYTHON": sys.executable,
         "ABLATE_TEST_BED_TAG": bed.tag,
         "ABLATE_TEST_TICK_S": "1.0",
@@ -73,7 +63,7 @@ def main() -> None:
     assert runner.rentals.config is not None
     runner.rentals.config = replace(
         runner.rentals.config,
-        timing=Timing(reachable_s=60, poll_s=poll, destroy_s=60, connect_s=2),
+        timing=replace(BED_TIMING, poll_s=poll),
         login_user=bed_login_user(os.environ["ABLATE_TEST_BED_TAG"]),  # type: ignore[arg-type]
     )
     print(f"controller: pid {os.getpid()} renting from {sorted(runner.rentals.providers)}", flush=True)

@@ -14,7 +14,6 @@ The account's API key is nowhere on the node: not in its files, not on a command
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta
@@ -25,16 +24,14 @@ from sqlalchemy import select
 
 from orchestrator.db.models import Event, Sweep, utcnow
 from orchestrator.db.session import session_scope
-from orchestrator.fleet.deadman import DeadmanConfig
 from orchestrator.fleet.providers.base import Provider
-from orchestrator.fleet.providers.lifecycle import Timing
 from orchestrator.fleet.providers.request import NodeRequest
-from orchestrator.sweeps.rented import RentalConfig, rent_nodes
+from orchestrator.sweeps.rented import rent_nodes
 from orchestrator.sweeps.runner import SweepRunner
 from orchestrator.sweeps.schedules import ScheduleCreate, create_schedule
 from tests.cluster.conftest import worker_bed
 from tests.cluster.provider_sim import ProviderSim, bed_hooks, runpod_gpu, vast_offer
-from tests.cluster.rented_controller import bed_login_user
+from tests.cluster.rental import DEADMAN_MARK, bed_rental
 from tests.cluster.testbed import TestBed
 from tests.polling import wait_for
 
@@ -83,15 +80,7 @@ def _rent_one(database_url: str, bed: TestBed, sim: ProviderSim, name: str, tmp:
         create_schedule(session, body).next_fire_at = utcnow() - timedelta(seconds=1)
     runner = SweepRunner(database_url, tmp)
     [sweep_id] = runner.fire_due(utcnow())
-    config = RentalConfig(
-        controller_id="bed",
-        ssh_key=tmp / "rent_ed25519",
-        known_hosts_dir=tmp / "known_hosts",
-        image="ablate/worker:test",
-        timing=Timing(reachable_s=60, poll_s=0.2, destroy_s=60, connect_s=2),
-        login_user=bed_login_user(bed.tag),  # type: ignore[arg-type]
-        deadman=DeadmanConfig(command='touch "$HOME/deadman-fired"', grace_s=0, python=sys.executable),
-    )
+    config = bed_rental(bed.tag, tmp, grace_s=0)
     provider = _provider(name, sim)
     [node] = rent_nodes(database_url, sweep_id, REQUESTS[name], provider, config, lambda n: None, utcnow)
     return sweep_id, node.split("-", 1)[1]
@@ -150,7 +139,7 @@ def test_without_a_scoped_key_the_node_runs_the_stop_command(
         sweep_id, iid = _rent_one(database_url, testbed, sim, "vast", tmp_path)
         inst = sim.instances[iid]
         [node] = testbed.nodes
-        fired = node.home / "deadman-fired"
+        fired = node.home / DEADMAN_MARK
         assert not fired.exists()
         wait_for(fired.exists, "the stop command to run", RUNS_FOR_S + 60, 0.1)
         log = (node.home / ".ablate-deadman.log").read_text()

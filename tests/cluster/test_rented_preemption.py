@@ -15,7 +15,6 @@ The branch without a replacement (budget too small): tests/orchestrator/sweeps/t
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -27,17 +26,12 @@ from sqlalchemy import select
 
 from orchestrator.db.models import Event, Grid, Node, RentedInstance, Run, Sweep, utcnow
 from orchestrator.db.session import session_scope
-from orchestrator.fleet.deadman import DeadmanConfig
-from orchestrator.fleet.providers.lifecycle import Timing
-from orchestrator.fleet.providers.vast import VastProvider
 from orchestrator.fleet.ray_cluster import RayHead
-from orchestrator.sweeps.rented import RentalConfig
-from orchestrator.sweeps.runner import SweepRunner
 from orchestrator.sweeps.schedules import ScheduleCreate, create_schedule
 from orchestrator.vocabulary import RentedState, RunState, SweepState
-from tests.cluster.conftest import BUCKET, aws_profile, node_config, scheduler_process, worker_bed
+from tests.cluster.conftest import BUCKET, aws_profile, scheduler_process, worker_bed
 from tests.cluster.provider_sim import ProviderSim, SimInstance, bed_hooks, vast_offer
-from tests.cluster.test_rented_sweep_e2e import _login_user
+from tests.cluster.rental import bed_rental, vast_runner
 from tests.cluster.testbed import TestBed
 
 pytest.importorskip("vastai", reason="the vastai SDK: pip install --no-deps vastai==1.9.1 runpod==1.12.0")
@@ -108,23 +102,9 @@ def test_a_preempted_rented_node_s_arms_resume_elsewhere_and_a_replacement_is_re
 
     hooks.on_create = on_create
     with ProviderSim(KEY, vast_offers=OFFERS, hooks=hooks, first_vast_id=8101) as sim:
-        rental = RentalConfig(
-            controller_id="bed",
-            ssh_key=tmp_path / "controller" / "rent_ed25519",
-            known_hosts_dir=tmp_path / "controller" / "known_hosts",
-            image="ablate/worker:test",
-            timing=Timing(reachable_s=60, poll_s=0.2, destroy_s=60, connect_s=2),
-            login_user=_login_user(bed),
-            deadman=DeadmanConfig(command='touch "$HOME/deadman-fired"', python=sys.executable),
-        )
-        runner = SweepRunner(
-            database_url,
-            storage,
-            node_config=node_config(bed, ray_head),
-            providers={"vast": VastProvider(KEY, server_url=sim.url)},
-            rental=rental,
-            checkpoint_options={"endpoint_url": s3_on_bridge},
-        )
+        rental = bed_rental(bed.tag, tmp_path / "controller")
+        runner = vast_runner(database_url, storage, bed, ray_head, KEY, sim.url, rental,
+                             checkpoint_options={"endpoint_url": s3_on_bridge})
         log = tmp_path / "scheduler.log"
         options = {
             "ABLATE_CHECKPOINT_URL": f"s3://{BUCKET}/preempted",

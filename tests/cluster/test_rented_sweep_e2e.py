@@ -10,7 +10,6 @@ Only the providers' HTTP API is simulated: SSH, bootstrap, Ray, training and cop
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -22,17 +21,12 @@ from sqlalchemy import select
 
 from orchestrator.db.models import Event, Grid, Node, RentedInstance, Run, Schedule, Sweep, utcnow
 from orchestrator.db.session import session_scope
-from orchestrator.fleet.deadman import DeadmanConfig
-from orchestrator.fleet.providers.base import Instance
-from orchestrator.fleet.providers.lifecycle import Timing
-from orchestrator.fleet.providers.vast import VastProvider
 from orchestrator.fleet.ray_cluster import RayHead
-from orchestrator.sweeps.rented import RentalConfig
-from orchestrator.sweeps.runner import SweepRunner
 from orchestrator.sweeps.schedules import ScheduleCreate, create_schedule
 from orchestrator.vocabulary import RentedState, RunState, SweepState
-from tests.cluster.conftest import node_config, scheduler_process, worker_bed
+from tests.cluster.conftest import scheduler_process, worker_bed
 from tests.cluster.provider_sim import ProviderSim, bed_hooks, vast_offer
+from tests.cluster.rental import bed_rental, vast_runner
 from tests.cluster.testbed import TestBed
 
 pytest.importorskip("vastai", reason="the vastai SDK: pip install --no-deps vastai==1.9.1 runpod==1.12.0")
@@ -57,15 +51,6 @@ def testbed() -> Iterator[TestBed]:
         yield bed
 
 
-def _login_user(bed: TestBed) -> Any:  # noqa: ANN401 - a callable
-    """A bed node logs in as its own user (root's processes are the machine's): found by its address."""
-
-    def user(instance: Instance) -> str:
-        return next(n.user for n in bed.nodes if n.ip == instance.ssh_host)
-
-    return user
-
-
 def test_a_request_schedule_rents_two_nodes_trains_copies_back_and_destroys_them(
     database_url: str, testbed: TestBed, ray_head: RayHead, tmp_path: Path
 ) -> None:
@@ -81,22 +66,8 @@ def test_a_request_schedule_rents_two_nodes_trains_copies_back_and_destroys_them
 
     # The offers are 4-GPU machines; each becomes a bed node with 2 logical GPUs (two cores here).
     with ProviderSim(KEY, vast_offers=OFFERS, hooks=bed_hooks(bed, gpus=lambda inst: 2)) as sim:
-        rental = RentalConfig(
-            controller_id="bed",
-            ssh_key=tmp_path / "controller" / "rent_ed25519",  # made on first use
-            known_hosts_dir=tmp_path / "controller" / "known_hosts",
-            image="ablate/worker:test",
-            timing=Timing(reachable_s=60, poll_s=0.2, destroy_s=60, connect_s=2),
-            login_user=_login_user(bed),
-            deadman=DeadmanConfig(command='touch "$HOME/deadman-fired"', python=sys.executable),
-        )
-        runner = SweepRunner(
-            database_url,
-            storage,
-            node_config=node_config(bed, ray_head),
-            providers={"vast": VastProvider(KEY, server_url=sim.url)},
-            rental=rental,
-        )
+        rental = bed_rental(bed.tag, tmp_path / "controller")
+        runner = vast_runner(database_url, storage, bed, ray_head, KEY, sim.url, rental)
         log = tmp_path / "scheduler.log"
         with scheduler_process(database_url, ray_head, storage, log, "ablate-rented"):
             fired = time.monotonic()
