@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -71,15 +72,20 @@ def check_image(path: Path, where: str = "") -> None:
 # ---------------------------------------------------------------- listings
 
 
-def _captions_jsonl(path: Path) -> list[tuple[Entry, Path]]:
-    out = []
+def _jsonl(path: Path) -> Iterator[tuple[int, object]]:
+    """(line number, parsed value) of each non-blank line; a line that is not JSON fails naming it."""
     for no, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if not raw.strip():
             continue
         try:
-            obj = json.loads(raw)
+            yield no, json.loads(raw)
         except json.JSONDecodeError as exc:
             raise DatasetError(f"{path} line {no}: not valid JSON ({exc.msg})") from None
+
+
+def _captions_jsonl(path: Path) -> list[tuple[Entry, Path]]:
+    out = []
+    for no, obj in _jsonl(path):
         if not isinstance(obj, dict) or not isinstance(obj.get("file"), str) or not isinstance(obj.get("caption"), str):
             raise DatasetError(f'{path} line {no}: expected {{"file": "...", "caption": "..."}}')
         unknown = set(obj) - {"file", "caption", "edit"}
@@ -98,13 +104,7 @@ def _metadata_rows(path: Path) -> list[tuple[int, dict[str, object]]]:
         with path.open(newline="", encoding="utf-8") as fh:
             return list(enumerate(csv.DictReader(fh), start=2))
     rows = []
-    for no, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not raw.strip():
-            continue
-        try:
-            obj = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise DatasetError(f"{path} line {no}: not valid JSON ({exc.msg})") from None
+    for no, obj in _jsonl(path):
         if not isinstance(obj, dict):
             raise DatasetError(f"{path} line {no}: expected a JSON object with file_name and a caption column")
         rows.append((no, obj))
