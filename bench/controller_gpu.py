@@ -15,7 +15,7 @@ second, stops B over REST once its first checkpoint is recorded, and prints what
 
 On the GPU machine: `bash bench/controller_gpu.sh` (installs the carried wheels and Ray, then runs this).
 Dry run on a CPU machine with one logical GPU:
-    ABLATE_LOGICAL_GPUS=1 python bench/controller_gpu.py --size tiny --steps 40 --every 10 --batch 8
+    PYTHONPATH=. ABLATE_LOGICAL_GPUS=1 python bench/controller_gpu.py --size tiny --steps 40 --every 10 --batch 8
 """
 
 from __future__ import annotations
@@ -23,9 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 from datetime import datetime
@@ -34,7 +31,7 @@ from typing import Any
 
 import httpx
 
-from bench.quad_node import TERMINAL, nvidia_smi_uuids, wait_healthy
+from bench.quad_node import TERMINAL, bench_overrides, nvidia_smi_uuids, serving, submit_grid
 
 ARMS = ["A", "B", "C"]
 STOP_ARM = "B"
@@ -43,19 +40,8 @@ RECORD_KEYS = ("micro_batch", "grad_accum", "micro_batch_how", "compiled", "comp
 
 
 def grid_body(args: argparse.Namespace) -> dict[str, Any]:
-    overrides = {
-        "model": {"size": args.size},
-        "data": {"dataset": "shapes", "num_images": 4096, "held_out": 16},
-        "schedule": {
-            "steps": args.steps,
-            "batch_size": args.batch,
-            "warmup_steps": max(1, args.steps // 10),
-            "checkpoint_every": args.every,
-            "ema": {"warmup_steps": max(1, args.steps // 5)},
-        },
-        # Offline machine: the labelled stand-in LPIPS backbone (recorded on every run).
-        "eval": {"num_samples": 16, "sampler_steps": 20, "lpips_backbone": "random_standin"},
-    }
+    # The trainer's defaults otherwise (compile on CUDA, micro-batch auto); A, B, C use no REPA teacher.
+    overrides = bench_overrides(args)
     return {"name": f"controller-gpu {args.size} x{args.steps}", "arms": ARMS, "overrides": overrides, "control": "A"}
 
 
@@ -191,40 +177,24 @@ def main() -> None:
     args = ap.parse_args()
 
     home = Path(tempfile.mkdtemp(prefix="ablate-ctl-gpu-"))
-    env = dict(os.environ, ABLATE_DATABASE_URL=f"sqlite:///{home / 'ablate.db'}", ABLATE_STORAGE_DIR=str(home),
-               ABLATE_API_TOKEN=TOKEN, ABLATE_PORT=str(args.port), ABLATE_CHECKPOINT_URL=f"file://{home / 'store'}",
-               PYTHONUNBUFFERED="1")
-    env.setdefault("ABLATE_LOGICAL_GPUS", "0")  # 0: Ray detects the real GPU
-    url = f"http://127.0.0.1:{args.port}"
-    log = open(home / "serve.log", "w")
+    store = f"file://{home / 'store'}"
+    gpus = os.environ.get("ABLATE_LOGICAL_GPUS", "0")  # 0: Ray detects the real GPU
     t_start = time.monotonic()
-    server = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "serve"], env=env, stdout=log,
-                              stderr=subprocess.STDOUT, start_new_session=True)
     report = ""
     try:
-        wait_healthy(url, server)
-        print(f"controller healthy after {time.monotonic() - t_start:.1f} s", flush=True)
-        resp = httpx.post(f"{url}/api/grids", json=grid_body(args), headers={"Authorization": f"Bearer {TOKEN}"},
-                          timeout=30)
-        resp.raise_for_status()
-        grid_id = resp.json()["id"]
-        seen = watch(url, grid_id, args.timeout)
-        lines, table = check(url, grid_id, seen, args.steps)
-        header = (f"`python bench/controller_gpu.py --size {args.size} --steps {args.steps} --every {args.every} "
-                  f"--batch {args.batch}`, {datetime.now():%Y-%m-%d}, wall {time.monotonic() - t_start:.0f} s, "
-                  f"ABLATE_LOGICAL_GPUS={env['ABLATE_LOGICAL_GPUS']}, checkpoint store file://{home / 'store'}")
-        report = "\n".join([header, "", *lines, "", *table, "", "timeline:", json.dumps(seen["timeline"])])
-        print(report, flush=True)
+        with serving(home, args.port, TOKEN, ABLATE_CHECKPOINT_URL=store, ABLATE_LOGICAL_GPUS=gpus) as url:
+            print(f"controller healthy after {time.monotonic() - t_start:.1f} s", flush=True)
+            grid_id = submit_grid(url, TOKEN, grid_body(args))
+            seen = watch(url, grid_id, args.timeout)
+            lines, table = check(url, grid_id, seen, args.steps)
+            header = (f"`python bench/controller_gpu.py --size {args.size} --steps {args.steps} --every {args.every} "
+                      f"--batch {args.batch}`, {datetime.now():%Y-%m-%d}, wall {time.monotonic() - t_start:.0f} s, "
+                      f"ABLATE_LOGICAL_GPUS={gpus}, checkpoint store {store}")
+            report = "\n".join([header, "", *lines, "", *table, "", "timeline:", json.dumps(seen["timeline"])])
+            print(report, flush=True)
     finally:
         if args.out and report:
             args.out.write_text(report + "\n")
-        if server.poll() is None:
-            os.killpg(server.pid, signal.SIGINT)
-            try:
-                server.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(server.pid, signal.SIGKILL)
-        log.close()
         if args.out:
             args.out.with_suffix(".serve.log").write_text((home / "serve.log").read_text()[-2_000_000:])
         elif not report:

@@ -8,12 +8,13 @@ per-arm samples/s, tokens/s and peak memory, arm I's speed over arm G, and the d
 
 On the GPU machine: `bash bench/quad_node.sh` (installs the carried wheels, then runs this).
 Dry run on a CPU machine with logical GPUs:
-    ABLATE_LOGICAL_GPUS=4 python bench/quad_node.py --size tiny --steps 40 --every 20 --batch 8
+    PYTHONPATH=. ABLATE_LOGICAL_GPUS=4 python bench/quad_node.py --size tiny --steps 40 --every 20 --batch 8
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -22,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,7 @@ import httpx
 
 ARMS = ["A", "B", "G", "H", "I"]
 TERMINAL = {"completed", "stopped", "failed"}
+TOKEN = "quad-node-token-0123"
 
 
 def nvidia_smi_uuids() -> dict[str, str]:
@@ -44,8 +47,10 @@ def nvidia_smi_uuids() -> dict[str, str]:
     return uuids
 
 
-def grid_body(args: argparse.Namespace) -> dict[str, Any]:
-    overrides = {
+def bench_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """What both controller benches override (this one and bench/controller_gpu.py): shapes data, the schedule
+    from the flags, and the labelled stand-in LPIPS backbone (no pretrained weights reach the GPU machine)."""
+    return {
         "model": {"size": args.size},
         "data": {"dataset": "shapes", "num_images": 4096, "held_out": 16},
         "schedule": {
@@ -56,6 +61,12 @@ def grid_body(args: argparse.Namespace) -> dict[str, Any]:
             "ema": {"warmup_steps": max(1, args.steps // 5)},
         },
         "eval": {"num_samples": 16, "sampler_steps": 20, "lpips_backbone": "random_standin"},
+    }
+
+
+def grid_body(args: argparse.Namespace) -> dict[str, Any]:
+    overrides = {
+        **bench_overrides(args),
         # No pretrained teacher on the node: the labelled stand-in (recorded on every run).
         "repa": {"teacher": "random_standin"},
         "precision": {"compile": args.compile},
@@ -75,6 +86,38 @@ def wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 120
             pass
         time.sleep(0.5)
     raise SystemExit(f"ablate serve not healthy after {timeout_s} s")
+
+
+@contextlib.contextmanager
+def serving(home: Path, port: int, token: str, **env: str) -> Iterator[str]:
+    """`ablate serve` as a user starts it (SQLite and storage under home; env added to this environment),
+    healthy: yields its URL. On leaving it is stopped with SIGINT (SIGKILL after 30 s), and if it ended any
+    other way the tail of its log (home/serve.log) is printed."""
+    env = dict(os.environ, ABLATE_DATABASE_URL=f"sqlite:///{home / 'ablate.db'}", ABLATE_STORAGE_DIR=str(home),
+               ABLATE_API_TOKEN=token, ABLATE_PORT=str(port), PYTHONUNBUFFERED="1", **env)
+    url = f"http://127.0.0.1:{port}"
+    with open(home / "serve.log", "w") as log:
+        server = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "serve"], env=env, stdout=log,
+                                  stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            wait_healthy(url, server)
+            yield url
+        finally:
+            if server.poll() is None:
+                os.killpg(server.pid, signal.SIGINT)
+                try:
+                    server.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(server.pid, signal.SIGKILL)
+                    server.wait()
+            if server.returncode not in (0, -signal.SIGINT):
+                print("--- ablate serve log (tail) ---\n" + (home / "serve.log").read_text()[-6000:], flush=True)
+
+
+def submit_grid(url: str, token: str, body: dict[str, Any]) -> int:
+    resp = httpx.post(f"{url}/api/grids", json=body, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+    resp.raise_for_status()
+    return resp.json()["id"]
 
 
 def watch(url: str, grid_id: int, timeout_s: float) -> tuple[list[dict[str, Any]], dict[int, dict[str, Any]]]:
@@ -196,39 +239,21 @@ def main() -> None:
     args = ap.parse_args()
 
     home = Path(tempfile.mkdtemp(prefix="ablate-quad-"))
-    env = dict(os.environ, ABLATE_DATABASE_URL=f"sqlite:///{home / 'ablate.db'}", ABLATE_STORAGE_DIR=str(home),
-               ABLATE_API_TOKEN="quad-node-token-0123", ABLATE_PORT=str(args.port), PYTHONUNBUFFERED="1")
-    url = f"http://127.0.0.1:{args.port}"
-    log = open(home / "serve.log", "w")
     t_start = time.monotonic()
-    server = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "serve"], env=env, stdout=log,
-                              stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        wait_healthy(url, server)
-        print(f"controller healthy after {time.monotonic() - t_start:.1f} s", flush=True)
-        resp = httpx.post(f"{url}/api/grids", json=grid_body(args),
-                          headers={"Authorization": "Bearer quad-node-token-0123"}, timeout=30)
-        resp.raise_for_status()
-        grid_id = resp.json()["id"]
-        timeline, live = watch(url, grid_id, args.timeout)
-        report = check(url, grid_id, timeline, live)
-        header = (f"`python bench/quad_node.py --size {args.size} --steps {args.steps} --every {args.every} "
-                  f"--batch {args.batch}{' --compile' if args.compile else ''}`, {datetime.now():%Y-%m-%d}, "
-                  f"wall {time.monotonic() - t_start:.0f} s")
-        report = header + "\n\n" + report + "\n\ntimeline:\n" + json.dumps(timeline)
-        print(report, flush=True)
-        if args.out:
-            args.out.write_text(report)
+        with serving(home, args.port, TOKEN) as url:
+            print(f"controller healthy after {time.monotonic() - t_start:.1f} s", flush=True)
+            grid_id = submit_grid(url, TOKEN, grid_body(args))
+            timeline, live = watch(url, grid_id, args.timeout)
+            report = check(url, grid_id, timeline, live)
+            header = (f"`python bench/quad_node.py --size {args.size} --steps {args.steps} --every {args.every} "
+                      f"--batch {args.batch}{' --compile' if args.compile else ''}`, {datetime.now():%Y-%m-%d}, "
+                      f"wall {time.monotonic() - t_start:.0f} s")
+            report = header + "\n\n" + report + "\n\ntimeline:\n" + json.dumps(timeline)
+            print(report, flush=True)
+            if args.out:
+                args.out.write_text(report)
     finally:
-        if server.poll() is None:
-            os.killpg(server.pid, signal.SIGINT)
-            try:
-                server.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(server.pid, signal.SIGKILL)
-        log.close()
-        if server.returncode not in (0, -signal.SIGINT, None):
-            print("--- ablate serve log (tail) ---\n" + (home / "serve.log").read_text()[-6000:], flush=True)
         if args.out:
             shutil.copy(home / "serve.log", args.out.with_suffix(".serve.log"))
 
