@@ -15,6 +15,7 @@ scheduler in its own process:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import socket
@@ -22,6 +23,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -32,7 +34,7 @@ from sqlalchemy import func, select  # noqa: E402
 
 from orchestrator.db.models import Event, Grid, Metric, Run, Schedule, Sweep  # noqa: E402
 from orchestrator.db.session import session_scope, upgrade  # noqa: E402
-from orchestrator.fleet.ray_cluster import start_head  # noqa: E402
+from orchestrator.fleet.ray_cluster import RayHead, start_head  # noqa: E402
 from orchestrator.sweeps.runner import SweepRunner  # noqa: E402
 from orchestrator.sweeps.schedules import ScheduleCreate, create_schedule  # noqa: E402
 from orchestrator.vocabulary import ACTIVE_SWEEP_STATES, SweepState  # noqa: E402
@@ -137,11 +139,11 @@ def one_sweep(bed: TestBed, head, database_url: str, storage: Path, night: int) 
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--out", type=Path)
-    args = parser.parse_args()
+@contextlib.contextmanager
+def bench_bed(nodes: int) -> Iterator[tuple[TestBed, RayHead, str, Path, Path]]:
+    """A namespace test bed of `nodes` nodes (2 logical GPUs each) with this checkout's packages, a Ray head on
+    the bed's controller address and a SQLite database: (bed, head, database_url, storage, work). The head
+    is stopped and work removed afterwards."""
     TestBed.check()
     tag = f"ab{os.getpid() % 100000}"
     storage = Path("/tmp") / tag / "controller" / "storage"
@@ -149,7 +151,7 @@ def main() -> None:
     database_url = f"sqlite:///{work / 'ablate.db'}"
     upgrade(database_url)
     readable = [Path(sys.base_prefix), Path(sys.prefix)]
-    with TestBed(nodes=2, gpus=2, tag=tag, private_paths=[storage], readable=readable) as bed:
+    with TestBed(nodes=nodes, gpus=2, tag=tag, private_paths=[storage], readable=readable) as bed:
         bed.src = bed.root / "src"  # type: ignore[attr-defined]
         for package in PACKAGES:
             shutil.copytree(ROOT / package, bed.src / package, ignore=shutil.ignore_patterns("__pycache__"))  # type: ignore[attr-defined]
@@ -163,31 +165,43 @@ def main() -> None:
             dashboard_port=free_port("127.0.0.1"),
         )
         try:
-            with scheduler_process(database_url, head, storage, work / "scheduler.log", "ablate-bench"):
-                for node in bed.nodes:
-                    register_node(database_url, node, price_per_hour=1.0)
-                results = [one_sweep(bed, head, database_url, storage, i) for i in range(args.repeats)]
+            yield bed, head, database_url, storage, work
         finally:
             head.stop()
     shutil.rmtree(work, ignore_errors=True)
+
+
+def median_table(results: list[dict[str, float]], labels: dict[str, str]) -> list[str]:
+    """One row per measurement (labels: key -> row label), one column per sweep, then the median."""
     lines = [
         "| measurement | " + " | ".join(f"sweep {i + 1}" for i in range(len(results))) + " | median |",
         "|---|" + "---|" * (len(results) + 1),
     ]
-    labels = {
+    for key, label in labels.items():
+        values = [r[key] for r in results]
+        lines.append(f"| {label} | " + " | ".join(f"{v:.2f}" for v in values) + f" | {statistics.median(values):.2f} |")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    with bench_bed(nodes=2) as (bed, head, database_url, storage, work):
+        with scheduler_process(database_url, head, storage, work / "scheduler.log", "ablate-bench"):
+            for node in bed.nodes:
+                register_node(database_url, node, price_per_hour=1.0)
+            results = [one_sweep(bed, head, database_url, storage, i) for i in range(args.repeats)]
+    text = "\n".join(median_table(results, {
         "join_s": "node provisioned -> joined (`ray start`, slowest node), s",
         "fire_to_first_step_s": "fire -> first optimizer step on a node, s",
         "teardown_commands_s": "teardown per node (leave + cleanup commands), s",
         "collecting_tick_s": "copy-back + teardown of both nodes (the sweep's last tick), s",
-    }
-    for key, label in labels.items():
-        values = [r[key] for r in results]
-        lines.append(f"| {label} | " + " | ".join(f"{v:.2f}" for v in values) + f" | {statistics.median(values):.2f} |")
-    text = "\n".join(lines)
+    }))
     print(text)
     if args.out:
         args.out.write_text(text + "\n")
-
 
 if __name__ == "__main__":
     main()

@@ -20,14 +20,9 @@ and once, after the sweeps:
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
-import socket
-import statistics
 import sys
-import tempfile
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,18 +30,17 @@ sys.path.insert(0, str(ROOT))
 
 from sqlalchemy import func, select  # noqa: E402
 
-from orchestrator.db.models import Grid, Metric, RentedInstance, Run, Schedule, Sweep, utcnow  # noqa: E402
-from orchestrator.db.session import session_scope, upgrade  # noqa: E402
+from bench.cluster_sweep import bench_bed, median_table  # noqa: E402
+from orchestrator.db.models import Grid, Metric, RentedInstance, Run, Schedule, Sweep  # noqa: E402
+from orchestrator.db.session import session_scope  # noqa: E402
 from orchestrator.fleet.providers.base import InstanceLabel, LaunchSpec  # noqa: E402
 from orchestrator.fleet.providers.request import NodeRequest  # noqa: E402
 from orchestrator.fleet.providers.vast import VastProvider  # noqa: E402
-from orchestrator.fleet.ray_cluster import start_head  # noqa: E402
 from orchestrator.sweeps.runner import SweepRunner  # noqa: E402
-from orchestrator.sweeps.schedules import ScheduleCreate, create_schedule  # noqa: E402
 from orchestrator.vocabulary import ACTIVE_SWEEP_STATES, SweepState  # noqa: E402
-from tests.cluster.conftest import PACKAGES, scheduler_process  # noqa: E402
+from tests.cluster.conftest import scheduler_process  # noqa: E402
 from tests.cluster.provider_sim import ProviderSim, bed_hooks, vast_offer  # noqa: E402
-from tests.cluster.rental import bed_rental, vast_runner  # noqa: E402
+from tests.cluster.rental import BED_REQUEST, bed_rental, due_rented_night, vast_runner  # noqa: E402
 from tests.cluster.rented_controller import controller_env  # noqa: E402
 from tests.cluster.testbed import TestBed  # noqa: E402
 
@@ -59,26 +53,13 @@ TINY = {
     "precision": {"mode": "fp32"},
 }
 ARMS = ["A", "B", "C", {"parent": "A", "name": "A2"}, {"parent": "A", "name": "A3"}]
-REQUEST = {"provider": "vast", "gpu": "RTX_4090", "gpus_per_node": 4, "nodes": 2, "max_price_per_gpu_hour": 0.45}
-
-
-def free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def one_sweep(runner: SweepRunner, database_url: str, night: int) -> dict[str, float]:
     with session_scope(database_url) as session:
         for schedule in session.scalars(select(Schedule)):  # an earlier night's schedule would fire too
             schedule.paused = True
-        body = ScheduleCreate(
-            name=f"rent-bench-{night}",
-            cron="0 22 * * *",
-            grid={"name": f"rent-bench-{night}", "arms": ARMS, "overrides": TINY},
-            request=REQUEST,
-        )
-        create_schedule(session, body).next_fire_at = utcnow() - timedelta(seconds=1)
+        due_rented_night(session, f"rent-bench-{night}", ARMS, TINY)
     fired = time.time()
     runner.tick()
     with session_scope(database_url) as session:
@@ -119,7 +100,7 @@ def _epoch(at: datetime) -> float:
 def leaked_after_restart(bed: TestBed, head, sim: ProviderSim, database_url: str, storage: Path, work: Path) -> float:  # noqa: ANN001
     """Plant an instance of a sweep that is not under way; start a controller; seconds until it is gone."""
     provider = VastProvider(KEY, server_url=sim.url)
-    request = NodeRequest.model_validate({**REQUEST, "nodes": 1})
+    request = NodeRequest.model_validate({**BED_REQUEST, "nodes": 1})
     offer = provider.search(request)[0]
     spec = LaunchSpec("ablate/worker:test", 20, "ssh-ed25519 AAAA leaked", InstanceLabel("bench", 9999))
     leaked = sim.instances[provider.create(offer, spec).instance_id]
@@ -141,52 +122,25 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    TestBed.check()
-    tag = f"ab{os.getpid() % 100000}"
-    storage = Path("/tmp") / tag / "controller" / "storage"
-    work = Path(tempfile.mkdtemp(prefix="ablate-bench-"))
-    database_url = f"sqlite:///{work / 'ablate.db'}"
-    upgrade(database_url)
-    readable = [Path(sys.base_prefix), Path(sys.prefix)]
     offers = [vast_offer(900 + i, dph_total=1.2 + 0.01 * i) for i in range(2 * args.repeats + 1)]
-    with TestBed(nodes=0, gpus=2, tag=tag, private_paths=[storage], readable=readable) as bed:
-        bed.src = bed.root / "src"  # type: ignore[attr-defined]
-        for package in PACKAGES:
-            shutil.copytree(ROOT / package, bed.src / package, ignore=shutil.ignore_patterns("__pycache__"))  # type: ignore[attr-defined]
-        token = bed.root / "controller" / "ray_token"
-        head = start_head(
-            bed.controller_ip, free_port(bed.controller_ip), token, bed.root / "head", num_cpus=1,
-            dashboard_port=free_port("127.0.0.1"),
-        )  # fmt: skip
+    with bench_bed(nodes=0) as (bed, head, database_url, storage, work):
         hooks = bed_hooks(bed, gpus=lambda inst: 2)
-        try:
-            with ProviderSim(KEY, vast_offers=offers, hooks=hooks, host=bed.controller_ip) as sim:
-                rental = bed_rental(bed.tag, work, controller_id="bench")
-                runner = vast_runner(database_url, storage, bed, head, KEY, sim.url, rental)
-                with scheduler_process(database_url, head, storage, work / "scheduler.log", "ablate-bench-rent"):
-                    results = [one_sweep(runner, database_url, i) for i in range(args.repeats)]
-                assert sim.live() == [], "instances left after the sweeps"
-                leak_s = leaked_after_restart(bed, head, sim, database_url, storage, work)
-        finally:
-            head.stop()
-    shutil.rmtree(work, ignore_errors=True)
-    lines = [
-        "| measurement | " + " | ".join(f"sweep {i + 1}" for i in range(len(results))) + " | median |",
-        "|---|" + "---|" * (len(results) + 1),
-    ]
-    labels = {
+        with ProviderSim(KEY, vast_offers=offers, hooks=hooks, host=bed.controller_ip) as sim:
+            rental = bed_rental(bed.tag, work, controller_id="bench")
+            runner = vast_runner(database_url, storage, bed, head, KEY, sim.url, rental)
+            with scheduler_process(database_url, head, storage, work / "scheduler.log", "ablate-bench-rent"):
+                results = [one_sweep(runner, database_url, i) for i in range(args.repeats)]
+            assert sim.live() == [], "instances left after the sweeps"
+            leak_s = leaked_after_restart(bed, head, sim, database_url, storage, work)
+    lines = median_table(results, {
         "fire_to_first_step_s": "fire -> first optimizer step (renting 2 nodes included), s",
         "last_result_to_destroyed_s": "sweep's last result -> last destroy confirmed, s",
-    }
-    for key, label in labels.items():
-        values = [r[key] for r in results]
-        lines.append(f"| {label} | " + " | ".join(f"{v:.2f}" for v in values) + f" | {statistics.median(values):.2f} |")
+    })
     lines.append(f"\nleaked instance destroyed, seconds after a controller process started: {leak_s:.2f}")
     text = "\n".join(lines)
     print(text)
     if args.out:
         args.out.write_text(text + "\n")
-
 
 if __name__ == "__main__":
     main()

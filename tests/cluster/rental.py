@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy.orm import Session
+
+from orchestrator.db.models import Schedule, utcnow
 from orchestrator.fleet.deadman import DeadmanConfig
 from orchestrator.fleet.providers.base import Instance
 from orchestrator.fleet.providers.lifecycle import Timing
@@ -16,10 +20,13 @@ from orchestrator.fleet.providers.vast import VastProvider
 from orchestrator.fleet.ray_cluster import RayHead
 from orchestrator.sweeps.rented import RentalConfig
 from orchestrator.sweeps.runner import SweepRunner
+from orchestrator.sweeps.schedules import ScheduleCreate, create_schedule
 from tests.cluster.conftest import node_config
 from tests.cluster.testbed import TestBed
 
 BED_TIMING = Timing(reachable_s=60, poll_s=0.2, destroy_s=60, connect_s=2)
+# Two of the simulator's 4-GPU Vast offers (each becomes a bed node with the GPUs the bed hooks give it).
+BED_REQUEST = {"provider": "vast", "gpu": "RTX_4090", "gpus_per_node": 4, "nodes": 2, "max_price_per_gpu_hour": 0.45}
 DEADMAN_MARK = "deadman-fired"  # what the bed's dead-man's switch leaves in the node user's home when it fires
 
 
@@ -61,3 +68,14 @@ def vast_runner(
         rental=rental,
         **kwargs,
     )
+
+
+def due_rented_night(
+    session: Session, name: str, arms: list[str], overrides: dict[str, Any], **request: Any  # noqa: ANN401
+) -> Schedule:
+    """A nightly schedule of a grid of `arms` that rents BED_REQUEST (request: fields to change), due now."""
+    body = ScheduleCreate(name=name, cron="0 22 * * *", grid={"name": name, "arms": arms, "overrides": overrides},
+                          request={**BED_REQUEST, **request})
+    schedule = create_schedule(session, body)
+    schedule.next_fire_at = utcnow() - timedelta(seconds=1)
+    return schedule

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +26,10 @@ from sqlalchemy import select
 from orchestrator.db.models import Event, Grid, Node, RentedInstance, Run, Sweep, utcnow
 from orchestrator.db.session import session_scope
 from orchestrator.fleet.ray_cluster import RayHead
-from orchestrator.sweeps.schedules import ScheduleCreate, create_schedule
 from orchestrator.vocabulary import RentedState, RunState, SweepState
 from tests.cluster.conftest import BUCKET, aws_profile, scheduler_process, worker_bed
 from tests.cluster.provider_sim import ProviderSim, SimInstance, bed_hooks, vast_offer
-from tests.cluster.rental import bed_rental, vast_runner
+from tests.cluster.rental import bed_rental, due_rented_night, vast_runner
 from tests.cluster.testbed import TestBed
 
 pytest.importorskip("vastai", reason="the vastai SDK: pip install --no-deps vastai==1.9.1 runpod==1.12.0")
@@ -76,21 +74,8 @@ def test_a_preempted_rented_node_s_arms_resume_elsewhere_and_a_replacement_is_re
     tmp_path: Path,
 ) -> None:
     bed, storage = testbed, testbed.storage  # type: ignore[attr-defined]
-    body = ScheduleCreate(
-        name="preempted-night",
-        cron="0 22 * * *",
-        grid={"name": "preempted-night", "arms": ["A", "B", "C"], "overrides": TINY},
-        request={
-            "provider": "vast",
-            "gpu": "RTX_4090",
-            "gpus_per_node": 4,
-            "nodes": 2,
-            "max_price_per_gpu_hour": 0.45,
-            "interruptible": True,
-        },
-    )
     with session_scope(database_url) as session:
-        create_schedule(session, body).next_fire_at = utcnow() - timedelta(seconds=1)
+        due_rented_night(session, "preempted-night", ["A", "B", "C"], TINY, interruptible=True)
 
     hooks = bed_hooks(bed, gpus=lambda inst: 2)
     made = hooks.on_create

@@ -25,22 +25,21 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import func, select
 
-from orchestrator.db.models import Event, Grid, Metric, Node, RentedInstance, Run, Sweep, utcnow
+from orchestrator.db.models import Event, Grid, Metric, Node, RentedInstance, Run, Sweep
 from orchestrator.db.session import session_scope
 from orchestrator.fleet.providers.base import InstanceLabel, LaunchSpec
 from orchestrator.fleet.providers.vast import VastProvider
 from orchestrator.fleet.ray_cluster import RayHead
-from orchestrator.sweeps.schedules import ScheduleCreate, create_schedule
 from orchestrator.vocabulary import RentedState, RunState, SweepState
 from tests.cluster.conftest import scheduler_process, worker_bed
 from tests.cluster.provider_sim import ProviderSim, SimInstance, bed_hooks, vast_offer
+from tests.cluster.rental import due_rented_night
 from tests.cluster.rented_controller import controller_env
 from tests.cluster.testbed import TestBed
 from tests.polling import wait_for
@@ -98,14 +97,8 @@ def test_a_controller_killed_mid_sweep_leaks_nothing_after_restart(
     database_url: str, testbed: TestBed, ray_head: RayHead, tmp_path: Path
 ) -> None:
     bed, storage = testbed, testbed.storage  # type: ignore[attr-defined]
-    body = ScheduleCreate(
-        name="rented-restart",
-        cron="0 22 * * *",
-        grid={"name": "rented-restart", "arms": ARMS, "overrides": TINY},
-        request={"provider": "vast", "gpu": "RTX_4090", "gpus_per_node": 4, "nodes": 2, "max_price_per_gpu_hour": 0.45},
-    )
     with session_scope(database_url) as session:
-        create_schedule(session, body).next_fire_at = utcnow() - timedelta(seconds=1)  # due now
+        due_rented_night(session, "rented-restart", ARMS, TINY)
     log = tmp_path / "controller.log"
     timings: dict[str, float] = {}
 

@@ -12,21 +12,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import select
 
-from orchestrator.db.models import Event, Grid, Node, RentedInstance, Run, Schedule, Sweep, utcnow
+from orchestrator.db.models import Event, Grid, Node, RentedInstance, Run, Schedule, Sweep
 from orchestrator.db.session import session_scope
 from orchestrator.fleet.ray_cluster import RayHead
-from orchestrator.sweeps.schedules import ScheduleCreate, create_schedule
 from orchestrator.vocabulary import RentedState, RunState, SweepState
 from tests.cluster.conftest import scheduler_process, worker_bed
 from tests.cluster.provider_sim import ProviderSim, bed_hooks, vast_offer
-from tests.cluster.rental import bed_rental, vast_runner
+from tests.cluster.rental import bed_rental, due_rented_night, vast_runner
 from tests.cluster.testbed import TestBed
 
 pytest.importorskip("vastai", reason="the vastai SDK: pip install --no-deps vastai==1.9.1 runpod==1.12.0")
@@ -55,14 +53,8 @@ def test_a_request_schedule_rents_two_nodes_trains_copies_back_and_destroys_them
     database_url: str, testbed: TestBed, ray_head: RayHead, tmp_path: Path
 ) -> None:
     bed, storage = testbed, testbed.storage  # type: ignore[attr-defined]
-    body = ScheduleCreate(
-        name="rented-night",
-        cron="0 22 * * *",
-        grid={"name": "rented-night", "arms": ARMS, "overrides": TINY},
-        request={"provider": "vast", "gpu": "RTX_4090", "gpus_per_node": 4, "nodes": 2, "max_price_per_gpu_hour": 0.45},
-    )
     with session_scope(database_url) as session:
-        create_schedule(session, body).next_fire_at = utcnow() - timedelta(seconds=1)  # due now
+        due_rented_night(session, "rented-night", ARMS, TINY)
 
     # The offers are 4-GPU machines; each becomes a bed node with 2 logical GPUs (two cores here).
     with ProviderSim(KEY, vast_offers=OFFERS, hooks=bed_hooks(bed, gpus=lambda inst: 2)) as sim:
