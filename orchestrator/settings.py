@@ -29,11 +29,17 @@ class Settings(BaseSettings):
     # generates one into storage_dir/api_token. At least 16 characters, checked where a token is used
     # (`ablate serve`, `ablate submit`: server.read_token), so commands that need none run with any.
     api_token: str | None = None
-    # Ray cluster to join ("auto", "ray://host:10001", an address); unset: start a local Ray.
+    # The controller's own machine is a node too (its agent runs as a child process). false: it trains
+    # nothing, and every arm goes to joined nodes (a controller that only drives rented machines).
+    local_node: bool = True
+    # A Ray on this machine for the local node's agent to join ("auto", an address), e.g. one shared with
+    # other tools; unset: the agent runs a Ray of its own. Nodes never join it: each runs its own Ray.
     ray_address: str | None = None
-    # The Ray cluster token (Ray's token auth) used to join ray_address; `ablate ray-head` writes
-    # storage_dir/ray_token. Unset: storage_dir/ray_token when that file exists.
+    # The token (Ray's token auth) of ray_address. Unset: storage_dir/ray_token when that file exists.
     ray_token_file: Path | None = None
+    # Seconds a node may stay unreachable (its agent link down) before its arms count as lost and are
+    # re-queued from their checkpoints; a node whose agent breaks the protocol loses them at once.
+    node_lost_s: Annotated[float, Field(gt=0)] = 60.0
     # Checkpoints, run outputs, the generated token.
     storage_dir: Path = DEFAULT_DIR
     host: str = "127.0.0.1"

@@ -1,10 +1,8 @@
-"""Placing a run on Ray: the connection to the cluster, the worker's name and directory, the claim that
-takes a run out of the queue, and the actor that trains it. Ray is imported lazily (the API must start fast)."""
+"""Placing a run on a node: the worker's name and directory, the claim that takes a run out of the queue,
+and what the node's agent builds the worker from. The controller never imports Ray: nodes run it."""
 
 from __future__ import annotations
 
-import os
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,91 +44,28 @@ def nonempty(path: Path) -> bool:
     return path.is_dir() and any(path.iterdir())
 
 
-def _refresh_ray_auth() -> None:
-    """Make an already imported Ray see the auth environment just set (what Ray's own
-    `_enable_token_auth` does); a no-op where Ray was not imported yet."""
-    import sys
-
-    if "ray" not in sys.modules:
-        return
-    from ray._raylet import AuthenticationTokenLoader, Config
-
-    Config.initialize("")
-    AuthenticationTokenLoader.instance().reset_cache()
-
-
-def connect_ray(settings: Settings, **init_kwargs: Any) -> bool:
-    """Join the configured cluster, or start a local Ray (declaring settings.logical_gpus GPUs if > 0).
-    True when this call connected (the caller then owns the connection), False when Ray already was."""
-    import signal
-
-    token = settings.cluster_token_file if settings.ray_address else None
-    if token is not None:
-        # Before `import ray`: Ray reads the auth mode and token path from the environment when it is
-        # imported (set later, a driver is refused with "Authentication token is missing or incorrect").
-        from orchestrator.fleet.ray_cluster import auth_env
-
-        os.environ.update(auth_env(token))
-        _refresh_ray_auth()  # for a process that imported Ray already
-    import ray
-
-    if ray.is_initialized():
-        return False
-    kwargs: dict[str, Any] = {"namespace": settings.ray_namespace, **init_kwargs}
-    # ray.init replaces the SIGTERM handler with sys.exit; keep the server's (uvicorn shuts down cleanly).
-    in_main = threading.current_thread() is threading.main_thread()
-    previous = signal.getsignal(signal.SIGTERM) if in_main else None
-    if settings.ray_address:
-        ray.init(address=settings.ray_address, **kwargs)
-    else:
-        if settings.logical_gpus > 0:
-            kwargs.setdefault("num_gpus", settings.logical_gpus)
-        ray.init(include_dashboard=False, **kwargs)
-    if in_main and previous is not None:
-        signal.signal(signal.SIGTERM, previous)
-    return True
-
-
-def start_worker(settings: Settings, run: Run, name: str, out_dir: Path, train_fn: str) -> Any:
-    """Create the run's worker: a named, detached actor on one GPU (Ray sets CUDA_VISIBLE_DEVICES) and no
-    CPU reservation, so four arms run at once on a node whatever its core count."""
-    import ray
-
-    from worker.actor import ArmWorker
-
-    return (
-        ray.remote(ArmWorker)
-        .options(
-            name=name,
-            namespace=settings.ray_namespace,
-            lifetime="detached",
-            num_gpus=1,
-            num_cpus=0,
-            max_concurrency=4,  # poll and request_stop run beside the training thread
-            max_restarts=0,  # a lost worker is retried by us, from its checkpoint
-        )
-        .remote(
-            run.id,
-            run.spec,
-            str(out_dir),
-            str(settings.lpips_weights.resolve()) if settings.lpips_weights else None,
-            settings.worker_threads,
-            train_fn,
-            storage=worker_storage(settings, run.checkpoint_url),
-            data_store=worker_data_store(settings),
-        )
-    )
+def worker_kwargs(settings: Settings, run: Run, out_dir: Path, train_fn: str) -> dict[str, Any]:
+    """What the node agent builds the run's worker from (worker/actor.py ArmWorker's arguments), as JSON."""
+    return {
+        "run_id": run.id,
+        "spec": run.spec,
+        "out_dir": str(out_dir),
+        "lpips_weights": str(settings.lpips_weights.resolve()) if settings.lpips_weights else None,
+        "torch_threads": settings.worker_threads,
+        "train_fn": train_fn,
+        "storage": worker_storage(settings, run.checkpoint_url),
+        "data_store": worker_data_store(settings),
+    }
 
 
 @dataclass
 class Worker:
-    """A live actor of ours and what we have taken from it."""
+    """A live worker of ours (on `node`, through its agent) and what we have taken from it."""
 
     run_id: int
     name: str
-    handle: Any
+    node: str
     after_step: int | None
-    poll_ref: Any = None
     stop_sent: bool = False
     started: bool = False  # its first poll reply is committed (the run is `running`)
     info: dict[str, Any] = field(default_factory=dict)

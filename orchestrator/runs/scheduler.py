@@ -1,21 +1,25 @@
-"""The controller loop: queued runs -> one Ray actor per run on one GPU -> metric records -> DB -> detector.
+"""The controller loop: queued runs -> one worker per run on one GPU of a node -> metric records -> DB -> detector.
 
-State machine per run (DESIGN.md): queued -> starting -> running -> completed | stopped | failed.
-- Launch: queued runs FIFO within a grid, grids in submission order, while the cluster has GPUs that
-  none of our workers hold. Each run is a named, detached actor (`ablate-run-<id>-<attempt>` in the
-  settings' namespace) with num_gpus=1 (Ray sets CUDA_VISIBLE_DEVICES) and num_cpus=0.
+State machine per run: queued -> starting -> running -> completed | stopped | failed.
+- Nodes (orchestrator/fleet/node_pool.py): the controller's own machine and every joined node, each with
+  its own Ray, reached through its agent (worker/agent.py) over its SSH connection or pipes, in JSON.
+- Launch: queued runs FIFO within a grid, grids in submission order, while a node has GPUs that none of
+  our workers hold. Each run is a named, detached actor of the node's Ray (`ablate-run-<id>-<attempt>` in
+  the settings' namespace) with num_gpus=1 (Ray sets CUDA_VISIBLE_DEVICES) and num_cpus=0.
 - Ingest (orchestrator/runs/ingest.py): every record the worker yields is stored idempotently on
   (run_id, step); the detector judges every new checkpoint, and collapse | diverged | stalled stops
   the run gracefully.
 - Worker death: the run is re-queued (retries + 1) and resumes from its last checkpoint; past
   max_retries it fails with the error. A run being stopped (user or detector) is finished as stopped.
   A worker that Ray cannot place within start_timeout_s is killed and counts as died.
-- Restart: a new controller looks its workers up by name and polls each for the records after the
-  last step in the DB; a run whose worker is gone is re-queued the same way (a retry counted).
+- Restart: a new controller asks every node's agent for its workers by name and polls each for the
+  records after the last step in the DB; a run whose worker is on no node is re-queued (a retry counted).
+- Node loss: a node unreachable for node_lost_s, or one whose agent sent what the protocol refuses, loses
+  its workers: their runs are re-queued like a dead worker's, with the reason.
 - Races with the API: queued -> starting and queued -> stopped are compare-and-set updates, so a
   user's stop and a launch never both win.
 
-Ray is imported lazily: the API process imports this module without paying for Ray.
+Nothing here imports Ray or unpickles anything a node sends: replies are validated JSON.
 """
 
 from __future__ import annotations
@@ -23,7 +27,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.exc import InterfaceError, OperationalError
@@ -33,17 +36,18 @@ from orchestrator.db.events import record_event
 from orchestrator.db.models import Grid, Run, utcnow
 from orchestrator.db.session import session_scope
 from orchestrator.db.transitions import transition
+from orchestrator.fleet.agent_link import WorkerLost, WorkerReply, refused_records
+from orchestrator.fleet.node_pool import NodePool
 from orchestrator.messages import strip_ansi
 from orchestrator.runs.ingest import ingest, last_step
 from orchestrator.runs.placement import (
     Worker,
     actor_name,
     claim_for_launch,
-    connect_ray,
     mark_running,
     nonempty,
     run_dir,
-    start_worker,
+    worker_kwargs,
 )
 from orchestrator.runs.reports.write import write_due_reports
 from orchestrator.settings import Settings
@@ -52,7 +56,6 @@ from orchestrator.vocabulary import ACTIVE_STATES, TERMINAL_STATES, GridSource, 
 
 log = logging.getLogger("ablate.scheduler")
 
-POLL_WAIT_S = 1.0  # worker-side long-poll: a record reaches the DB as soon as it exists
 # A worker whose replies fail to store this many times in a row for a reason other than the database
 # being unreachable (a record the DB refuses) has its run failed with the error, so it cannot stall
 # the loop; an unreachable database is waited out.
@@ -65,54 +68,36 @@ MAX_INGEST_FAILURES = 5
 class Scheduler:
     """Launch, poll, ingest, stop, retry. `start()` runs it in a daemon thread; `tick()` is one pass."""
 
-    def __init__(self, settings: Settings, train_fn: str = "worker.train:train_arm") -> None:
+    def __init__(
+        self, settings: Settings, train_fn: str = "worker.train:train_arm", local_agent: list[str] | None = None
+    ) -> None:
         self.settings = settings
         self.train_fn = train_fn  # what the workers run; benchmarks pass a synthetic stream
+        self.pool = NodePool(settings, local_agent)  # local_agent: tests put a hostile agent there
         self.workers: dict[int, Worker] = {}
         self._halt = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_housekeeping = 0.0
         self._warned_no_gpu = False
-        self.connecting = False  # inside connect_ray (ray.init): what stop() may have to wait out
 
     # lifecycle ---------------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Return at once: the thread joins Ray (seconds for a local one), so an API beside it serves now."""
+        """Return at once: the nodes' agents start in the background, so an API beside it serves now."""
         self._thread = threading.Thread(target=self.run_forever, name="ablate-scheduler", daemon=True)
         self._thread.start()
 
-    def stop(self, timeout: float = 10.0, connect_timeout: float = 180.0) -> bool:
-        """Stop the loop; the workers (detached actors) keep training for the next controller.
-
-        A `ray.init` in flight cannot be interrupted and the thread must outlive it to disconnect
-        (run_forever's finally): wait up to connect_timeout s for it, then up to timeout s for the
-        thread to end. False when it gave up on a ray.init still in flight (the thread is inside it)."""
+    def stop(self, timeout: float = 30.0) -> bool:
+        """Stop the loop and close the node links; detached workers keep training for the next controller
+        (a local node's Ray of its own ends with its agent). False when the thread did not end in time."""
         self._halt.set()
         if self._thread is None:
+            self.pool.close()
             return True
-        if self.connecting:
-            print("scheduler: waiting for Ray to finish starting before exiting", flush=True)
-            end = time.monotonic() + connect_timeout
-            while self.connecting and self._thread.is_alive() and time.monotonic() < end:
-                self._thread.join(0.1)
-            if self.connecting:
-                return False
         self._thread.join(timeout)
-        return True
+        return not self._thread.is_alive()
 
     def run_forever(self) -> None:
-        connected = False
-        while not self._halt.is_set():
-            self.connecting = True
-            try:
-                connected = connect_ray(self.settings)
-                break
-            except Exception:  # e.g. the cluster is not up yet: keep the API serving, try again
-                log.exception("could not connect to Ray; retrying")
-                self._halt.wait(max(self.settings.scheduler_interval_s, 5.0))
-            finally:
-                self.connecting = False
         try:
             while not self._halt.is_set():
                 try:
@@ -121,38 +106,32 @@ class Scheduler:
                     log.exception("scheduler tick failed")
                     self._halt.wait(self.settings.scheduler_interval_s)
         finally:
-            if connected:
-                # Disconnect in this thread, before it ends: a local Ray's gcs_server and raylet are
-                # started with PR_SET_PDEATHSIG, which fires when the *thread* that started them exits.
-                # Left to the atexit hook, ray.shutdown ran after they were SIGKILLed and hung 60 s in a
-                # GCS call (its error-listener thread's first internal_kv_get), so `ablate serve` did too.
-                import ray
-
-                ray.shutdown()
+            self.pool.close()
 
     def tick(self) -> None:
-        """One pass: reconcile, collect worker replies (waiting up to the interval), stop, launch.
+        """One pass: nodes, reconcile, collect worker replies (waiting up to the interval), stop, launch.
 
         Reconciling runs on every pass (not once per process): a run whose worker was dropped while
         its DB write failed (the DB restarting) is found again here, so no run stays `running` without
         a live worker of ours.
         """
-        import ray
-
+        for node in self.pool.refresh():  # nodes that left (drained, torn down, removed)
+            self._lose_node(node, f"node {node} left the pool")
+        for node, why in self.pool.lost().items():
+            self._lose_node(node, why)
         self.reconcile()
-        self._issue_polls()
-        refs = [w.poll_ref for w in self.workers.values()]
-        if refs:
-            ray.wait(refs, num_returns=1, timeout=self.settings.scheduler_interval_s)
-            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-        else:
+        groups: dict[str, dict[str, int | None]] = {}
+        for worker in self.workers.values():
+            groups.setdefault(worker.node, {})[worker.name] = worker.after_step
+        replies = self.pool.poll(groups, self.settings.scheduler_interval_s) if groups else {}
+        if not replies:  # nothing polled (no workers, or their nodes are down): the agents did not wait
             self._halt.wait(self.settings.scheduler_interval_s)
-            ready = []
         freed = False
-        ready_ids = {r.hex() for r in ready}
-        for worker in list(self.workers.values()):
-            if worker.poll_ref is not None and worker.poll_ref.hex() in ready_ids:
-                freed |= self._collect_isolated(worker)
+        by_name = {w.name: w for w in self.workers.values()}
+        for answers in replies.values():
+            for name, reply in answers.items():
+                if name in by_name:
+                    freed |= self._collect_isolated(by_name[name], reply)
         now = time.monotonic()
         if freed or now - self._last_housekeeping >= self.settings.scheduler_interval_s:
             self._last_housekeeping = now
@@ -160,6 +139,10 @@ class Scheduler:
             self._send_stops()
             self._launch_queued()
             write_due_reports(self.settings)  # grids that ended since the last pass get their report
+
+    def _lose_node(self, node: str, why: str) -> None:
+        for worker in [w for w in self.workers.values() if w.node == node]:
+            self._worker_died(worker, RuntimeError(why))
 
     # reconcile ---------------------------------------------------------------------------------------
 
@@ -182,35 +165,29 @@ class Scheduler:
                 if run.id in self.workers:
                     continue
                 name = actor_name(run.id, run.retries)
-                handle = self._lookup(name)
-                if handle is not None:
+                node = self.pool.find(name)
+                if node is not None:
                     self.workers[run.id] = Worker(
-                        run.id, name, handle, last_step(session, run.id), attempt=run.retries,
+                        run.id, name, node, last_step(session, run.id), attempt=run.retries,
                         storage_seen=seen_seq(session, run.id, run.retries),
                     )
-                    log.info("adopted worker %s of run %s", name, run.id)
+                    log.info("adopted worker %s of run %s on node %s", name, run.id, node)
                     continue
-                self._requeue(session, run, f"worker {name} not found after a controller restart")
-
-    def _lookup(self, name: str) -> Any:
-        import ray
-
-        try:
-            return ray.get_actor(name, namespace=self.settings.ray_namespace)
-        except ValueError:
-            return None
+                if self.pool.all_heard():  # else its node may still answer: wait
+                    self._requeue(session, run, f"worker {name} not found on any node after a controller restart")
 
     # launch ------------------------------------------------------------------------------------------
 
-    def free_gpus(self) -> int:
-        """GPUs in the cluster that none of our workers hold (Ray queues an actor whose GPU is still freeing)."""
-        import ray
-
-        total = int(ray.cluster_resources().get("GPU", 0))
-        if total == 0 and not self._warned_no_gpu:
+    def free_gpus(self) -> dict[str, int]:
+        """Per reachable node, the GPUs none of our workers hold (its Ray queues a worker whose GPU is
+        still freeing)."""
+        free = {}
+        for name, entry in self.pool.up().items():
+            free[name] = entry.gpus - sum(1 for w in self.workers.values() if w.node == name)
+        if self.pool.up() and not any(e.gpus for e in self.pool.up().values()) and not self._warned_no_gpu:
             self._warned_no_gpu = True
-            log.warning("the Ray cluster has no GPUs; set ABLATE_LOGICAL_GPUS=N to declare N logical ones")
-        return total - len(self.workers)
+            log.warning("no node has GPUs; set ABLATE_LOGICAL_GPUS=N to declare N logical ones on this machine")
+        return free
 
     def _launch_queued(self) -> None:
         free = self.free_gpus()
@@ -224,10 +201,11 @@ class Scheduler:
                 if run.being_stopped:  # e.g. re-queued after its worker died while stopping
                     self._finish_queued_stop(session, run)
                     continue
-                if free <= 0:
+                node = max(free, key=lambda n: free[n], default=None)
+                if node is None or free[node] <= 0:
                     continue  # later runs may still be stops to finish
-                if self._launch(session, run):
-                    free -= 1
+                if self._launch(session, run, node):
+                    free[node] -= 1
 
     def _finish_queued_stop(self, session: Session, run: Run) -> None:
         why = run.stop_reason("stopped by the user before it started")
@@ -235,8 +213,9 @@ class Scheduler:
             record_event(session, run, "stopped", why, step=run.last_checkpoint_step, decision=run.decision)
             log.info("run %s stopped: %s", run.id, why)
 
-    def _launch(self, session: Session, run: Run) -> bool:
-        """Claim the queued run and start its worker; False (nothing started) when a stop won the race."""
+    def _launch(self, session: Session, run: Run, node: str) -> bool:
+        """Claim the queued run and start its worker on `node`; False (nothing started) when a stop won the
+        race. A node that fails the start loses the run back to the queue (a retry counted)."""
         name = actor_name(run.id, run.retries)
         out_dir = run_dir(self.settings, run.id)
         # Claim first: on Postgres the row stays locked until commit, so a concurrent stop waits and
@@ -244,19 +223,23 @@ class Scheduler:
         if not claim_for_launch(session, run, str(out_dir)):
             log.info("run %s left the queue (%s) before its launch; not launched", run.id, run.state)
             return False
-        handle = self._lookup(name)  # left by a controller that died between creating it and committing
-        if handle is None and run.retries == 0 and run.last_checkpoint_step is None and nonempty(out_dir):
+        found = self.pool.find(name)  # left by a controller that died between creating it and committing
+        if found is None and run.retries == 0 and run.last_checkpoint_step is None and nonempty(out_dir):
             # Files from another database's run with the same id: resuming from them would be wrong.
             aside = out_dir.with_name(f"{out_dir.name}.stale-{int(time.time())}")
             out_dir.rename(aside)
             record_event(session, run, "stale_dir", f"moved an unrelated {out_dir} aside to {aside}", path=str(aside))
         # Durable storage: the same prefix for every attempt, so a new node resumes from it.
         run.checkpoint_url = run_storage_url(self.settings, run)
-        if handle is None:
-            handle = start_worker(self.settings, run, name, out_dir, self.train_fn)
+        node = found or node
+        if found is None:
+            kwargs = worker_kwargs(self.settings, run, out_dir, self.train_fn)
+            if not self.pool.call(node, "start", name, kwargs=kwargs):
+                self._requeue(session, run, f"node {node} could not start worker {name}: {self.pool.nodes[node].error}")
+                return False
         after = last_step(session, run.id)
         self.workers[run.id] = Worker(
-            run.id, name, handle, after, attempt=run.retries, storage_seen=seen_seq(session, run.id, run.retries)
+            run.id, name, node, after, attempt=run.retries, storage_seen=seen_seq(session, run.id, run.retries)
         )
         if run.last_checkpoint_step is not None:
             record_event(
@@ -267,22 +250,17 @@ class Scheduler:
                 step=run.last_checkpoint_step,
                 attempt=run.retries,
             )
-        log.info("launched run %s (%s) as %s", run.id, run.arm, name)
+        log.info("launched run %s (%s) as %s on node %s", run.id, run.arm, name, node)
         return True
 
     # poll and collect --------------------------------------------------------------------------------
 
-    def _issue_polls(self) -> None:
-        for worker in self.workers.values():
-            if worker.poll_ref is None:
-                worker.poll_ref = worker.handle.poll.remote(worker.after_step, POLL_WAIT_S)
-
-    def _collect_isolated(self, worker: Worker) -> bool:
+    def _collect_isolated(self, worker: Worker, reply: WorkerReply | WorkerLost) -> bool:
         """`_collect`, with a failure confined to this worker: the other workers, stops and launches of
         the pass go on. An unreachable DB is retried; any other error, MAX_INGEST_FAILURES times in a
         row, fails the run with it (its records stay in the worker's records.jsonl)."""
         try:
-            gone = self._collect(worker)
+            gone = self._collect(worker, reply)
         except (OperationalError, InterfaceError):
             log.warning("database unreachable while storing run %s's reply; retrying", worker.run_id, exc_info=True)
             return False
@@ -291,29 +269,29 @@ class Scheduler:
             log.exception("storing run %s's reply failed (%d in a row)", worker.run_id, worker.ingest_failures)
             if worker.ingest_failures < MAX_INGEST_FAILURES:
                 return False
-            self._kill(worker)
-            message = f"its records could not be stored {worker.ingest_failures} times: {type(exc).__name__}: {exc}"
-            with session_scope(self.settings.database_url) as session:
-                run = session.get(Run, worker.run_id)
-                if run is not None and run.state in ACTIVE_STATES:
-                    run.error = message[:4000]
-                    self._finish(session, run, RunState.failed, message.splitlines()[0][:500])
+            self._fail_worker(worker, f"its records could not be stored {worker.ingest_failures} times: "
+                              f"{type(exc).__name__}: {exc}")
             return True
         worker.ingest_failures = 0
         return gone
 
-    def _collect(self, worker: Worker) -> bool:
-        """Handle one poll reply; True when the worker is gone (its GPU is free)."""
-        import ray
-        from ray.exceptions import ActorUnavailableError, RayActorError
+    def _fail_worker(self, worker: Worker, message: str) -> None:
+        """End the worker and fail its run with `message` (its records so far stay stored)."""
+        self._kill(worker)
+        with session_scope(self.settings.database_url) as session:
+            run = session.get(Run, worker.run_id)
+            if run is not None and run.state in ACTIVE_STATES:
+                run.error = message[:4000]
+                self._finish(session, run, RunState.failed, message.splitlines()[0][:500])
 
-        ref, worker.poll_ref = worker.poll_ref, None
-        try:
-            reply = ray.get(ref)
-        except ActorUnavailableError:  # transient (e.g. network); poll again
-            return False
-        except RayActorError as exc:
-            self._worker_died(worker, exc)
+    def _collect(self, worker: Worker, reply: WorkerReply | WorkerLost) -> bool:
+        """Handle one validated poll reply; True when the worker is gone (its GPU is free)."""
+        if isinstance(reply, WorkerLost):
+            self._worker_died(worker, RuntimeError(reply.error))
+            return True
+        refused = refused_records(reply.records, worker.run_id, worker.after_step)
+        if refused is not None:
+            self._fail_worker(worker, f"node {worker.node} sent {refused}: refused, nothing of the reply stored")
             return True
         gone = True
         with session_scope(self.settings.database_url) as session:
@@ -321,34 +299,35 @@ class Scheduler:
             if run is None:  # grid deleted under us
                 self._kill(worker)
                 return True
-            if not worker.started and reply["state"] != "error":  # a worker that failed never started
-                mark_running(session, run, reply["info"])
-            if reply["records"]:
-                ingest(session, run, reply["records"])
-            seen = record_storage(session, run, worker.attempt, reply.get("storage"), worker.storage_seen)
+            if not worker.started and reply.state != "error":  # a worker that failed never started
+                mark_running(session, run, reply.info.model_dump())
+            if reply.records:
+                ingest(session, run, reply.records)
+            seen = record_storage(session, run, worker.attempt, reply.storage, worker.storage_seen)
             if run.being_stopped:
                 self._request_stop(worker)
-            if reply["state"] == "done":
-                if run.being_stopped or reply["stopping"]:
+            if reply.state == "done":
+                if run.being_stopped or reply.stopping:
                     self._finish(session, run, RunState.stopped, run.stop_reason())
                 else:
                     self._finish(session, run, RunState.completed, f"finished at step {run.last_checkpoint_step}")
-            elif reply["state"] == "error":
-                run.error = reply["error"]
-                self._finish(session, run, RunState.failed, (reply["error"] or "").splitlines()[0])
+            elif reply.state == "error":
+                run.error = reply.error
+                self._finish(session, run, RunState.failed, ((reply.error or "").splitlines() or [""])[0])
             else:
                 gone = False
         # Only once committed: a failed commit leaves both to the next poll (the records are re-sent).
         worker.started = True
         worker.storage_seen = seen
-        if reply["records"]:
-            worker.after_step = max(int(r["step"]) for r in reply["records"])
+        if reply.records:
+            worker.after_step = max(int(r["step"]) for r in reply.records)
         if gone:
             self._kill(worker)
         return gone
 
     def _worker_died(self, worker: Worker, exc: BaseException) -> None:
         self.workers.pop(worker.run_id, None)
+        self.pool.call(worker.node, "kill", worker.name)  # a worker given up on never trains on unseen
         text = strip_ansi(str(exc)).strip()
         message = text.splitlines()[0] if text else type(exc).__name__
         with session_scope(self.settings.database_url) as session:
@@ -392,13 +371,8 @@ class Scheduler:
         log.info("run %s %s: %s", run.id, state, message)
 
     def _kill(self, worker: Worker) -> None:
-        import ray
-
         self.workers.pop(worker.run_id, None)
-        try:
-            ray.kill(worker.handle, no_restart=True)
-        except Exception:  # already gone
-            log.debug("kill of %s failed", worker.name, exc_info=True)
+        self.pool.call(worker.node, "kill", worker.name)  # False: the node or the worker is gone already
 
     # stops -------------------------------------------------------------------------------------------
 
@@ -415,7 +389,7 @@ class Scheduler:
     def _request_stop(self, worker: Worker) -> None:
         if not worker.stop_sent:
             worker.stop_sent = True
-            worker.handle.request_stop.remote()
+            self.pool.call(worker.node, "stop", worker.name)
 
 
 def main() -> None:

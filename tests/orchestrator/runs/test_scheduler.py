@@ -30,14 +30,16 @@ TINY = tiny_overrides(steps=40)
 
 
 @pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[None]:
+def ray_cluster() -> Iterator[str]:
+    """This module's Ray with 4 logical GPUs; the local node's agent joins it (ABLATE_RAY_ADDRESS), so the
+    tests reach the workers (pids, kills) from here."""
     ray.init(num_gpus=4, num_cpus=2, namespace="ablate-test", include_dashboard=False, log_to_driver=False)
-    yield
+    yield ray.get_runtime_context().gcs_address
     ray.shutdown()
 
 
 @pytest.fixture
-def scheduler(ray_cluster: None, database_url: str, tmp_path: Path) -> Iterator[Scheduler]:
+def scheduler(ray_cluster: str, database_url: str, tmp_path: Path) -> Iterator[Scheduler]:
     from orchestrator.settings import Settings
 
     settings = Settings(
@@ -47,6 +49,7 @@ def scheduler(ray_cluster: None, database_url: str, tmp_path: Path) -> Iterator[
         max_retries=2,
         worker_threads=1,
         ray_namespace="ablate-test",
+        ray_address=ray_cluster,
     )
     s = Scheduler(settings)
     s.start()
@@ -199,7 +202,7 @@ def test_a_new_run_moves_a_stale_directory_aside_instead_of_resuming_it(
     assert not (stale / "ckpt_0000030.pt").exists() and run.checkpoint_dir == str(stale)
 
 
-def _idle_scheduler(database_url: str, tmp_path: Path, **kw: Any) -> Scheduler:
+def _idle_scheduler(database_url: str, tmp_path: Path, ray_address: str, **kw: Any) -> Scheduler:
     """A scheduler on this module's Ray; not started unless the test starts it."""
     from orchestrator.settings import Settings
 
@@ -209,13 +212,14 @@ def _idle_scheduler(database_url: str, tmp_path: Path, **kw: Any) -> Scheduler:
         scheduler_interval_s=0.2,
         worker_threads=1,
         ray_namespace="ablate-test",
+        ray_address=ray_address,
         **kw,
     )
     return Scheduler(settings)
 
 
 def test_a_worker_ray_cannot_place_times_out_as_a_retry_then_fails(
-    ray_cluster: None, database_url: str, tmp_path: Path
+    ray_cluster: str, database_url: str, tmp_path: Path
 ) -> None:
     @ray.remote(num_gpus=4, num_cpus=0)
     class GpuHog:  # all four GPUs taken by something that is not ours: our workers stay pending
@@ -224,7 +228,7 @@ def test_a_worker_ray_cannot_place_times_out_as_a_retry_then_fails(
 
     hog = GpuHog.remote()
     ray.get(hog.ping.remote())
-    s = _idle_scheduler(database_url, tmp_path, start_timeout_s=1.0, max_retries=1)
+    s = _idle_scheduler(database_url, tmp_path, ray_cluster, start_timeout_s=1.0, max_retries=1)
     try:
         (run_id,) = submit(database_url, ["A"])
         s.start()
@@ -241,7 +245,7 @@ def test_a_worker_ray_cannot_place_times_out_as_a_retry_then_fails(
 
 
 def test_reconcile_counts_a_retry_for_a_vanished_worker_and_a_stopped_run_never_relaunches(
-    ray_cluster: None, database_url: str, tmp_path: Path
+    ray_cluster: str, database_url: str, tmp_path: Path
 ) -> None:
     vanished, collapsed = submit(database_url, ["A", "B"])
     with session_scope(database_url) as session:
@@ -249,14 +253,16 @@ def test_reconcile_counts_a_retry_for_a_vanished_worker_and_a_stopped_run_never_
         lost.state, lost.retries = "running", 1  # its worker (attempt 1) does not exist
         stopped = session.get(Run, collapsed)
         stopped.decision, stopped.decision_reason = "collapse", "worse twice"  # queued, detector said stop
-    s = _idle_scheduler(database_url, tmp_path, max_retries=1)
+    s = _idle_scheduler(database_url, tmp_path, ray_cluster, max_retries=1)
     s.reconcile()
     (lost,) = runs(database_url, [vanished])
     assert (lost.state, lost.retries) == ("failed", 2), "a restart must not reset the retry budget"
     s._launch_queued()
     (stopped,) = runs(database_url, [collapsed])
     assert stopped.state == "stopped" and stopped.finished_at is not None
-    assert s.workers == {} and s._lookup(actor_name(collapsed, 0)) is None, "no worker for a stopped run"
+    assert s.workers == {}, "no worker for a stopped run"
+    with pytest.raises(ValueError):
+        ray.get_actor(actor_name(collapsed, 0), namespace="ablate-test")
 
 
 def _fail_commits_once_with(predicate: Callable[[Any], bool], error: Exception) -> tuple[Callable, list[int]]:

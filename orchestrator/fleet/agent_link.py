@@ -1,0 +1,291 @@
+"""The controller's end of a node agent (worker/agent.py): one JSON request, one JSON reply, validated.
+
+A node is a stranger: whatever its agent sends is input like a request body. A reply is one line of at
+most MAX_REPLY_BYTES, parsed as JSON (never unpickled), and checked against the models below before
+anything reads it; names and paths in it are never followed. A reply that breaks the protocol (not
+JSON, too long, the wrong id, no reply within the time) raises AgentProtocolError and closes the link:
+the stream's state is unknown after it. An op the agent answered with an error raises AgentRefused and
+the link stays usable.
+
+The byte stream is the node's pinned SSH connection (a channel running the agent, one per node, held
+open: no handshake per poll) or, for the controller's own machine, the agent's pipes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import select
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from orchestrator.fleet.errors import NodeError
+
+if TYPE_CHECKING:
+    import paramiko
+
+MAX_REPLY_BYTES = 16 << 20  # a poll's records: one line per checkpoint, a few KB each
+HELLO_TIMEOUT_S = 180.0  # the agent's Ray start on a busy node
+OP_TIMEOUT_S = 60.0
+PROTOCOL = 1
+
+Text = Annotated[str, Field(max_length=20_000)]
+Name = Annotated[str, Field(max_length=200, pattern=r"^[A-Za-z0-9._-]+$")]
+
+
+class AgentProtocolError(NodeError):
+    """The link failed and is closed; the message says why. `violation`: the agent broke the protocol
+    (what it sent was refused), as opposed to a stream that ended or went silent."""
+
+    def __init__(self, message: str, violation: bool = True) -> None:
+        super().__init__(message)
+        self.violation = violation
+
+
+class AgentRefused(NodeError):
+    """The agent answered an op with an error (the link stays usable)."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Hello(_Strict):
+    protocol: Literal[1]
+    node: Annotated[str, Field(max_length=255)]
+    gpus: Annotated[int, Field(ge=0, le=1024)]
+    workers: Annotated[list[Name], Field(max_length=10_000)]
+
+
+class WorkerInfo(BaseModel):
+    """Where a worker landed; stored on its run (other keys, such as provenance, are kept as data)."""
+
+    model_config = ConfigDict(extra="allow")
+    cuda_visible_devices: Annotated[str | None, Field(max_length=256)] = None
+    pid: int | None = None
+    node: Annotated[str | None, Field(max_length=255)] = None
+    node_ip: Annotated[str | None, Field(max_length=64)] = None
+    gpu_name: Annotated[str | None, Field(max_length=255)] = None
+    gpu_uuid: Annotated[str | None, Field(max_length=128)] = None
+    provenance: dict[str, Any] | None = None
+
+
+class WorkerReply(_Strict):
+    """One worker's poll reply (worker/actor.py ArmWorker.poll)."""
+
+    state: Literal["running", "done", "error"]
+    info: WorkerInfo
+    records: Annotated[list[dict[str, Any]], Field(max_length=100_000)]
+    error: Text | None = None
+    stopping: bool = False
+    storage: dict[str, Any] | None = None
+
+
+class WorkerLost(_Strict):
+    """The node's Ray says the worker is gone (its process died, or it never existed there)."""
+
+    state: Literal["lost"]
+    error: Text
+
+
+class PollResult(_Strict):
+    runs: dict[Name, WorkerReply | WorkerLost]
+
+
+def refused_records(records: list[dict[str, Any]], run_id: int, after: int | None) -> str | None:
+    """Why a worker's records cannot be the run's, or None: each needs an integer step past `after`,
+    and a record that names a run names this one."""
+    floor = -1 if after is None else after
+    for record in records:
+        step = record.get("step")
+        if not isinstance(step, int) or isinstance(step, bool) or step <= floor:
+            return f"a record with step {step!r} (expected an integer after {floor})"
+        claimed = record.get("run_id", run_id)
+        if claimed != run_id:
+            return f"a record of step {step} claims run {claimed!r}, not run {run_id}"
+    return None
+
+
+# -- byte streams -------------------------------------------------------------------------------------
+
+
+class ProcessStream:
+    """The agent as a child process of the controller (its own machine): stdin/stdout pipes."""
+
+    def __init__(self, command: list[str], env: dict[str, str], log: Path) -> None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("ab") as err:
+            self.proc = subprocess.Popen(
+                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, env=env, start_new_session=True
+            )
+
+    def send(self, data: bytes) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(data)
+        self.proc.stdin.flush()
+
+    def recv(self, timeout_s: float) -> bytes | None:
+        """Bytes, b"" at end of stream, None when nothing came within timeout_s."""
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        ready, _, _ = select.select([fd], [], [], max(timeout_s, 0.0))
+        return os.read(fd, 1 << 16) if ready else None
+
+    def close(self) -> None:
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            try:
+                if pipe is not None:
+                    pipe.close()
+            except OSError:
+                pass
+        try:
+            self.proc.wait(timeout=20)  # stdin closed: the agent ends (and a Ray of its own with it)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class ChannelStream:
+    """The agent on a node, on one channel of the node's SSH connection (the client is owned here)."""
+
+    def __init__(self, client: paramiko.SSHClient, command: str) -> None:
+        transport = client.get_transport()
+        if transport is None or not transport.is_active():
+            raise NodeError("SSH connection lost before the agent started")
+        self.client = client
+        self.channel = transport.open_session()
+        self.channel.exec_command(command)
+
+    def send(self, data: bytes) -> None:
+        import paramiko
+
+        try:
+            self.channel.sendall(data)
+        except paramiko.SSHException as exc:  # as OSError: the link's failure, not the caller's
+            raise OSError(str(exc)) from None
+
+    def recv(self, timeout_s: float) -> bytes | None:
+        import paramiko
+
+        self.channel.settimeout(max(timeout_s, 0.001))
+        try:
+            return self.channel.recv(1 << 16)
+        except TimeoutError:
+            return None
+        except paramiko.SSHException as exc:
+            raise OSError(str(exc)) from None
+
+    def close(self) -> None:
+        try:
+            self.channel.close()
+        finally:
+            self.client.close()
+
+
+class AgentLink:
+    """Requests to one node's agent over a byte stream; every reply validated before use."""
+
+    def __init__(self, name: str, stream: ProcessStream | ChannelStream, max_reply_bytes: int = MAX_REPLY_BYTES):
+        self.name = name
+        self.stream = stream
+        self.max_reply_bytes = max_reply_bytes
+        self.closed = False
+        self._ids = itertools.count(1)
+        self._buffer = b""
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.stream.close()
+
+    def _refuse(self, why: str, violation: bool = True) -> AgentProtocolError:
+        self.close()
+        return AgentProtocolError(f"node {self.name!r}: {why}", violation)
+
+    def _readline(self, timeout_s: float) -> bytes:
+        deadline = time.monotonic() + timeout_s
+        while b"\n" not in self._buffer:
+            if len(self._buffer) > self.max_reply_bytes:
+                raise self._refuse(f"refused a reply over {self.max_reply_bytes} bytes")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                # Silence is a lost link; a reply begun and never ended is the agent's doing.
+                partial = f" ({len(self._buffer)} bytes without an end)" if self._buffer else ""
+                raise self._refuse(f"no complete reply within {timeout_s:g} s{partial}", bool(self._buffer))
+            try:
+                chunk = self.stream.recv(min(left, 1.0))
+            except OSError as exc:
+                raise self._refuse(f"the agent's stream failed: {type(exc).__name__}: {exc}", False) from None
+            if chunk == b"":
+                raise self._refuse("the agent's stream ended (agent exited or the connection dropped)", False)
+            self._buffer += chunk or b""
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        if len(line) > self.max_reply_bytes:
+            raise self._refuse(f"refused a reply over {self.max_reply_bytes} bytes")
+        return line
+
+    def request(self, op: str, timeout_s: float = OP_TIMEOUT_S, **fields: Any) -> Any:
+        """Send one request and return its validated `result` (any JSON value: the caller's model checks it)."""
+        if self.closed:
+            raise AgentProtocolError(f"node {self.name!r}: the link is closed", violation=False)
+        request_id = next(self._ids)
+        try:
+            self.stream.send(json.dumps({"id": request_id, "op": op, **fields}).encode() + b"\n")
+        except OSError as exc:
+            raise self._refuse(f"could not send to the agent: {type(exc).__name__}: {exc}", False) from None
+        line = self._readline(timeout_s)
+        try:
+            reply = json.loads(line)
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise self._refuse(f"refused a reply that is not JSON ({len(line)} bytes from {line[:24]!r})") from None
+        if not isinstance(reply, dict) or reply.get("id") != request_id or not isinstance(reply.get("ok"), bool):
+            raise self._refuse(f"refused a reply that is not an answer to request {request_id}")
+        if not reply["ok"]:
+            raise AgentRefused(f"node {self.name!r}: {op}: {str(reply.get('error'))[:2000]}")
+        return reply.get("result")
+
+    def _checked(self, model: type[BaseModel], value: Any, op: str) -> Any:
+        try:
+            return model.model_validate(value)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "reply"
+            raise self._refuse(f"refused an invalid {op} reply: {where}: {first['msg']}") from None
+
+    # -- ops ----------------------------------------------------------------------------------------
+
+    def hello(self, timeout_s: float = HELLO_TIMEOUT_S) -> Hello:
+        return self._checked(Hello, self.request("hello", timeout_s), "hello")
+
+    def start(self, name: str, kwargs: dict[str, Any]) -> None:
+        self.request("start", name=name, kwargs=kwargs)
+
+    def poll(self, runs: dict[str, int | None], wait_s: float) -> dict[str, WorkerReply | WorkerLost]:
+        result = self.request("poll", timeout_s=wait_s + OP_TIMEOUT_S, runs=runs, wait_s=wait_s)
+        replies = self._checked(PollResult, result, "poll").runs
+        return {name: reply for name, reply in replies.items() if name in runs}  # others: not asked, ignored
+
+    def stop(self, name: str) -> None:
+        self.request("stop", name=name)
+
+    def kill(self, name: str) -> None:
+        self.request("kill", name=name)
+
+    def ping(self, name: str) -> WorkerInfo:
+        return self._checked(WorkerInfo, self.request("ping", name=name), "ping")
+
+
+def open_link(name: str, make_stream: Callable[[], ProcessStream | ChannelStream]) -> tuple[AgentLink, Hello]:
+    """A link whose agent said hello (validated), or the error that says why not."""
+    link = AgentLink(name, make_stream())
+    try:
+        return link, link.hello()
+    except BaseException:
+        link.close()
+        raise

@@ -1,0 +1,261 @@
+"""The nodes the scheduler trains on, each reached through its agent: the controller's own machine (a
+child process) and every joined node (a channel on its pinned SSH connection), one link per node.
+
+Links open in the background (an agent's Ray may take seconds to start), so a slow or dead node never
+holds up the others. A link that fails is reopened with a back-off; the scheduler treats a node's
+workers as lost once the node has been unreachable for `node_lost_s`, at once when its agent broke the
+protocol (a hostile or broken node: a joined one is then marked `bootstrap_failed` with the reason, so
+no run goes there until an operator bootstraps it again).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import sys
+import time
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import select
+
+from orchestrator.db.models import Event, Node
+from orchestrator.db.session import session_scope
+from orchestrator.fleet.agent_link import (
+    AgentLink,
+    AgentProtocolError,
+    ChannelStream,
+    ProcessStream,
+    WorkerLost,
+    WorkerReply,
+    open_link,
+)
+from orchestrator.fleet.errors import error_reason
+from orchestrator.settings import Settings
+from orchestrator.vocabulary import NodeState
+
+log = logging.getLogger("ablate.nodes")
+
+LOCAL = "local"  # the controller's own machine, as a node name
+RECONNECT_S = 5.0  # between attempts to reopen a failed link
+
+
+def local_agent_command(settings: Settings) -> tuple[list[str], dict[str, str]]:
+    """The agent of the controller's own machine: joins ABLATE_RAY_ADDRESS when set, else runs a Ray of
+    its own (with ABLATE_LOGICAL_GPUS logical GPUs when set)."""
+    command = [sys.executable, "-m", "worker.agent", "serve", "--namespace", settings.ray_namespace]
+    env = dict(os.environ)
+    if settings.ray_address:
+        command += ["--address", settings.ray_address]
+        token = settings.cluster_token_file
+        if token is not None:
+            env.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)})
+    elif settings.logical_gpus > 0:
+        command += ["--local-gpus", str(settings.logical_gpus)]
+    return command, env
+
+
+def remote_agent_command(settings: Settings, remote_dir: str) -> str:
+    """The agent of a joined node: the launcher its bootstrap wrote, with the node's own Ray."""
+    d = shlex.quote(remote_dir)
+    return f"{d}/agent serve --namespace {shlex.quote(settings.ray_namespace)} --ray-dir {d}/ray"
+
+
+@dataclass
+class NodeEntry:
+    """One node as the pool holds it: its link when up, what its agent said, and why it is down."""
+
+    name: str
+    link: AgentLink | None = None
+    gpus: int = 0
+    workers: set[str] = field(default_factory=set)  # worker names found at connect, plus those started since
+    connecting: Future[Any] | None = None
+    down_since: float | None = field(default_factory=time.monotonic)  # not (yet) connected since then
+    last_attempt: float = 0.0
+    error: str | None = None
+    refused: str | None = None  # a protocol violation: its workers are lost at once
+
+
+class NodePool:
+    """Opens, holds and reopens one agent link per node; polls them in parallel."""
+
+    def __init__(self, settings: Settings, local_command: list[str] | None = None) -> None:
+        self.settings = settings
+        self.local_command = local_command  # tests put a hostile agent here
+        self.nodes: dict[str, NodeEntry] = {}
+        self._executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="ablate-node")
+
+    # -- membership ----------------------------------------------------------------------------------
+
+    def wanted(self) -> dict[str, Node | None]:
+        """The local machine (unless ABLATE_LOCAL_NODE=false) and every joined node."""
+        out: dict[str, Node | None] = {LOCAL: None} if self.settings.local_node else {}
+        with session_scope(self.settings.database_url) as session:
+            for node in session.scalars(select(Node).where(Node.state == NodeState.joined)).all():
+                session.expunge(node)
+                out[node.name] = node
+        return out
+
+    def refresh(self) -> list[str]:
+        """Open links to new nodes, reopen failed ones, drop nodes that left; the names dropped."""
+        wanted = self.wanted()
+        dropped = [name for name in self.nodes if name not in wanted]
+        for name in dropped:
+            self._close(self.nodes.pop(name))
+        now = time.monotonic()
+        for name, row in wanted.items():
+            entry = self.nodes.setdefault(name, NodeEntry(name))
+            if entry.connecting is not None and entry.connecting.done():
+                self._connected(entry, entry.connecting)
+            if entry.link is None and entry.connecting is None and now - entry.last_attempt >= RECONNECT_S:
+                entry.last_attempt = now
+                entry.connecting = self._executor.submit(self._open, name, row)
+        return dropped
+
+    def _open(self, name: str, row: Node | None) -> tuple[AgentLink, Any]:
+        if row is None:
+            command, env = local_agent_command(self.settings)
+            command = self.local_command or command
+            log_path = self.settings.storage_dir / "agent.log"
+            return open_link(name, lambda: ProcessStream(command, env, log_path))
+        from orchestrator.fleet.bootstrap import BootstrapConfig
+        from orchestrator.fleet.shell import NodeShell
+
+        remote = remote_agent_command(self.settings, BootstrapConfig().remote_dir)
+
+        def channel() -> ChannelStream:
+            shell = NodeShell.open(row)
+            try:
+                return ChannelStream(shell.client, remote)
+            except BaseException:
+                shell.client.close()
+                raise
+
+        return open_link(name, channel)
+
+    def _connected(self, entry: NodeEntry, future: Future[Any]) -> None:
+        entry.connecting = None
+        try:
+            link, hello = future.result()
+        except Exception as exc:  # noqa: BLE001 - kept as the node's error; retried after RECONNECT_S
+            entry.error = error_reason(exc)
+            log.warning("node %s: agent not reachable: %s", entry.name, entry.error)
+            if isinstance(exc, AgentProtocolError) and exc.violation:
+                self.refuse(entry, entry.error)
+            return
+        entry.link, entry.gpus, entry.workers = link, hello.gpus, set(hello.workers)
+        entry.down_since, entry.error, entry.refused = None, None, None
+        log.info("node %s: agent up (%s, %d GPUs, %d workers)", entry.name, hello.node, hello.gpus, len(hello.workers))
+
+    def all_heard(self) -> bool:
+        """Every node is up, refused, or down past node_lost_s: a worker found on none of them is on no
+        node (a restarted controller re-queues its run only then)."""
+        now, limit = time.monotonic(), self.settings.node_lost_s
+        return all(
+            e.link is not None
+            or e.refused is not None
+            or (e.connecting is None and e.last_attempt > 0 and now - (e.down_since or now) >= limit)
+            for e in self.nodes.values()
+        )
+
+    # -- failures ------------------------------------------------------------------------------------
+
+    def fail(self, entry: NodeEntry, exc: BaseException) -> None:
+        """A link that failed: closed, reopened later; a protocol violation refuses the node."""
+        self._close(entry)
+        entry.error = error_reason(exc)
+        entry.down_since = entry.down_since or time.monotonic()
+        log.warning("node %s: %s", entry.name, entry.error)
+        if isinstance(exc, AgentProtocolError) and exc.violation:
+            self.refuse(entry, entry.error)
+
+    def refuse(self, entry: NodeEntry, why: str) -> None:
+        entry.refused = why
+        if entry.name == LOCAL:
+            return
+        with session_scope(self.settings.database_url) as session:
+            node = session.scalars(select(Node).where(Node.name == entry.name)).one_or_none()
+            if node is not None:
+                node.state, node.state_detail = NodeState.bootstrap_failed, f"agent: {why}"[:2000]
+                session.add(Event(node_id=node.id, kind="node.refused", message=why[:2000]))
+
+    def lost(self) -> dict[str, str]:
+        """Nodes whose workers count as lost now, with the reason: refused, or down past node_lost_s."""
+        now, out = time.monotonic(), {}
+        for entry in self.nodes.values():
+            if entry.refused:
+                out[entry.name] = f"node {entry.name} refused: {entry.refused}"
+            elif entry.link is None and entry.down_since is not None:
+                if now - entry.down_since >= self.settings.node_lost_s and entry.last_attempt > 0:
+                    out[entry.name] = f"node {entry.name} unreachable for {now - entry.down_since:.0f} s: {entry.error}"
+        return out
+
+    # -- talking to nodes ----------------------------------------------------------------------------
+
+    def up(self) -> dict[str, NodeEntry]:
+        return {name: e for name, e in self.nodes.items() if e.link is not None}
+
+    def find(self, worker: str) -> str | None:
+        return next((name for name, e in self.up().items() if worker in e.workers), None)
+
+    def poll(
+        self, groups: dict[str, dict[str, int | None]], wait_s: float
+    ) -> dict[str, dict[str, WorkerReply | WorkerLost]]:
+        """Poll each node's workers in parallel (each agent answers within wait_s once anything is new);
+        a node whose link fails is left out (see `fail`)."""
+        futures = {
+            name: self._executor.submit(self.nodes[name].link.poll, runs, wait_s)  # type: ignore[union-attr]
+            for name, runs in groups.items()
+            if runs and name in self.up()
+        }
+        wait(list(futures.values()))
+        out = {}
+        for name, future in futures.items():
+            try:
+                out[name] = future.result()
+            except Exception as exc:  # noqa: BLE001 - the node's problem, not the loop's
+                self.fail(self.nodes[name], exc)
+        return out
+
+    def call(self, node: str, op: str, name: str, **fields: Any) -> bool:
+        """start/stop/kill one worker; False when the node is not up or the op failed (logged)."""
+        entry = self.nodes.get(node)
+        if entry is None or entry.link is None:
+            return False
+        try:
+            getattr(entry.link, op)(name, **fields)
+        except AgentProtocolError as exc:
+            self.fail(entry, exc)
+            return False
+        except Exception:  # noqa: BLE001 - AgentRefused: the worker is gone already
+            log.info("node %s: %s %s failed", node, op, name, exc_info=True)
+            return False
+        if op == "start":
+            entry.workers.add(name)
+        elif op == "kill":
+            entry.workers.discard(name)
+        return True
+
+    # -- shutdown ------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _close(entry: NodeEntry) -> None:
+        link, entry.link = entry.link, None
+        if link is not None:
+            try:
+                link.close()
+            except Exception:  # noqa: BLE001 - closing a broken stream
+                log.debug("closing node %s's link failed", entry.name, exc_info=True)
+
+    def close(self) -> None:
+        """Close every link (the agents exit; detached workers train on for the next controller)."""
+        for entry in self.nodes.values():
+            if entry.connecting is not None:
+                try:
+                    entry.link = entry.connecting.result()[0]
+                except Exception:  # noqa: BLE001 - it never opened
+                    pass
+            self._close(entry)
+        self._executor.shutdown(wait=False)

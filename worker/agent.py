@@ -1,0 +1,241 @@
+"""The node agent: the one process through which the controller drives a node's arms, in JSON.
+
+The controller starts it over the node's SSH connection (a rented or registered node) or as its own
+child process (its own machine), and they talk one JSON object per line: the controller writes a
+request on the agent's stdin, the agent answers on its stdout. The agent is a Ray driver of the node's
+own Ray (worker/node_ray.py): it starts, polls, stops and kills the node's arm workers (named, detached
+actors, one GPU each: Ray sets CUDA_VISIBLE_DEVICES) and hands their records on as JSON. Nothing the
+controller receives is a pickle, and nothing of the controller's (its database, keys, Ray) is reachable
+from the node. When the controller goes away (its SSH channel or pipe closes) the agent exits and the
+workers train on; the next controller's agent finds them again by name.
+
+Requests: {"id": n, "op": ..., ...}; replies: {"id": n, "ok": true, "result": {...}} or
+{"id": n, "ok": false, "error": "..."}. Ops:
+    hello                      {"protocol", "node", "gpus", "workers"}
+    start  name, kwargs        create the worker (ArmWorker's arguments) unless it exists: {"adopted"}
+    poll   runs {name: after}, wait_s   {"runs": {name: ArmWorker.poll reply | {"state": "lost", "error"}}}
+           (a worker whose reply is not ready within wait_s is left out and answered on a later poll)
+    stop   name                graceful stop (a final checkpoint)
+    kill   name                end the worker at once
+    ping   name                the worker's process info
+
+    python -m worker.agent serve --namespace NS [--ray-dir DIR | --address ADDR | --local-gpus N]
+    python -m worker.agent start-head --ray-dir DIR [--num-gpus N]
+    python -m worker.agent stop-head --ray-dir DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from worker.node_ray import TOKEN_FILE, auth_env, start_head, stop_session_dir
+
+PROTOCOL = 1
+WORKER_PREFIX = "ablate-run-"
+MAX_REQUEST_BYTES = 8 << 20  # a start request carries one arm's spec: a few KB
+
+
+class Agent:
+    """The node's arm workers, driven by requests; `handle(request)` answers one."""
+
+    def __init__(self, namespace: str) -> None:
+        self.namespace = namespace
+        self.handles: dict[str, Any] = {}
+        self.pending: dict[str, Any] = {}  # name -> the poll in flight (answered on a later request)
+
+    def handle(self, request: dict[str, Any]) -> dict[str, Any]:
+        op = request.get("op")
+        method = getattr(self, f"op_{op}", None) if isinstance(op, str) else None
+        if method is None:
+            raise ValueError(f"unknown op {op!r}")
+        return method(request)
+
+    def _actor(self, name: str) -> Any:
+        import ray
+
+        if name not in self.handles:
+            try:
+                self.handles[name] = ray.get_actor(name, namespace=self.namespace)
+            except ValueError:
+                return None
+        return self.handles[name]
+
+    def op_hello(self, request: dict[str, Any]) -> dict[str, Any]:
+        import ray
+
+        names = [n for n in ray.util.list_named_actors() if n.startswith(WORKER_PREFIX)]
+        return {
+            "protocol": PROTOCOL,
+            "node": socket.gethostname(),
+            "gpus": int(ray.cluster_resources().get("GPU", 0)),
+            "workers": sorted(names),
+        }
+
+    def op_start(self, request: dict[str, Any]) -> dict[str, Any]:
+        import ray
+
+        from worker.actor import ArmWorker
+
+        name = str(request["name"])
+        if not name.startswith(WORKER_PREFIX):
+            raise ValueError(f"worker names start with {WORKER_PREFIX!r}: {name!r}")
+        if self._actor(name) is not None:
+            return {"adopted": True}
+        self.handles[name] = (
+            ray.remote(ArmWorker)
+            .options(
+                name=name,
+                namespace=self.namespace,
+                lifetime="detached",
+                num_gpus=1,
+                num_cpus=0,  # four arms run at once on a node whatever its core count
+                max_concurrency=4,  # poll and request_stop run beside the training thread
+                max_restarts=0,  # a lost worker is retried by the controller, from its checkpoint
+            )
+            .remote(**request["kwargs"])
+        )
+        return {"adopted": False}
+
+    def op_poll(self, request: dict[str, Any]) -> dict[str, Any]:
+        import ray
+        from ray.exceptions import ActorUnavailableError, RayActorError
+
+        wait_s = float(request.get("wait_s", 1.0))
+        out: dict[str, Any] = {}
+        for name, after in dict(request["runs"]).items():
+            if name in self.pending:
+                continue
+            actor = self._actor(name)
+            if actor is None:
+                out[name] = {"state": "lost", "error": f"no worker {name} on this node"}
+                continue
+            self.pending[name] = actor.poll.remote(after, wait_s)
+        asked = [n for n in request["runs"] if n in self.pending]
+        refs = [self.pending[n] for n in asked]
+        if refs:
+            ray.wait(refs, num_returns=1, timeout=wait_s + 1.0)
+            ready = {r.hex() for r in ray.wait(refs, num_returns=len(refs), timeout=0)[0]}
+            for name in asked:
+                if self.pending[name].hex() not in ready:
+                    continue
+                ref = self.pending.pop(name)
+                try:
+                    out[name] = ray.get(ref)
+                except ActorUnavailableError:  # transient: asked again on the next poll
+                    continue
+                except RayActorError as exc:
+                    self.handles.pop(name, None)
+                    text = str(exc).strip()
+                    out[name] = {"state": "lost", "error": text.splitlines()[0] if text else type(exc).__name__}
+        return {"runs": out}
+
+    def op_stop(self, request: dict[str, Any]) -> dict[str, Any]:
+        actor = self._actor(str(request["name"]))
+        if actor is not None:
+            actor.request_stop.remote()
+        return {"found": actor is not None}
+
+    def op_kill(self, request: dict[str, Any]) -> dict[str, Any]:
+        import ray
+
+        name = str(request["name"])
+        actor = self._actor(name)
+        self.handles.pop(name, None)
+        self.pending.pop(name, None)
+        if actor is not None:
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        return {"found": actor is not None}
+
+    def op_ping(self, request: dict[str, Any]) -> dict[str, Any]:
+        import ray
+
+        actor = self._actor(str(request["name"]))
+        if actor is None:
+            raise ValueError(f"no worker {request['name']} on this node")
+        return ray.get(actor.ping.remote(), timeout=60)
+
+
+def _jsonable(value: Any) -> Any:
+    from worker.actor import _jsonable as convert
+
+    return convert(value)
+
+
+def serve(agent: Agent, stdin: BinaryIO, stdout: BinaryIO) -> None:
+    """Answer requests until stdin closes (the controller went away: the workers train on)."""
+    while True:
+        line = stdin.readline(MAX_REQUEST_BYTES + 1)
+        if not line:
+            return
+        request_id = None
+        try:
+            if len(line) > MAX_REQUEST_BYTES:
+                raise ValueError(f"request over {MAX_REQUEST_BYTES} bytes")
+            request = json.loads(line)
+            if not isinstance(request, dict):
+                raise ValueError("a request is a JSON object")
+            request_id = request.get("id")
+            reply = {"id": request_id, "ok": True, "result": _jsonable(agent.handle(request))}
+        except Exception as exc:  # noqa: BLE001 - answered, the agent serves on
+            reply = {"id": request_id, "ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000]}
+        stdout.write(json.dumps(reply).encode() + b"\n")
+        stdout.flush()
+
+
+def connect(namespace: str, ray_dir: Path | None, address: str | None, local_gpus: int | None) -> None:
+    """Join the node's Ray: the head recorded in ray_dir (started if down, e.g. after a reboot), a given
+    address, or a Ray of this process's own (the controller's machine, when it names none)."""
+    if ray_dir is not None:
+        address = start_head(ray_dir, None)
+        os.environ.update(auth_env(ray_dir.resolve() / TOKEN_FILE))
+    import ray
+
+    kwargs: dict[str, Any] = {"namespace": namespace, "log_to_driver": False, "logging_level": "WARNING"}
+    if address is not None:
+        ray.init(address=address, **kwargs)
+    else:
+        ray.init(num_gpus=local_gpus or None, include_dashboard=False, **kwargs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m worker.agent", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="action", required=True)
+    run = sub.add_parser("serve", help="answer the controller's requests on stdin/stdout")
+    run.add_argument("--namespace", required=True)
+    run.add_argument("--ray-dir", type=Path, help="the node's own Ray head (started if it is down)")
+    run.add_argument("--address", help="a Ray to join instead (the controller's machine)")
+    run.add_argument("--local-gpus", type=int, help="start a Ray of this process's own with N logical GPUs")
+    head = sub.add_parser("start-head", help="start the node's Ray head (idempotent)")
+    head.add_argument("--ray-dir", type=Path, required=True)
+    head.add_argument("--num-gpus", type=int, help="logical GPUs to declare (default: Ray detects them)")
+    stop = sub.add_parser("stop-head", help="end exactly the node's Ray session")
+    stop.add_argument("--ray-dir", type=Path, required=True)
+    stop.add_argument("--grace", type=float, default=15.0, help="seconds between SIGTERM and SIGKILL")
+    args = parser.parse_args(argv)
+    if args.action == "start-head":
+        print(start_head(args.ray_dir, args.num_gpus))
+        return 0
+    if args.action == "stop-head":
+        pids = stop_session_dir(args.ray_dir.resolve(), args.grace)
+        print(f"stopped {len(pids)} processes of the node's Ray session")
+        return 0
+    # The protocol owns the real stdout; anything else printed (Ray, a library) goes to stderr.
+    protocol_out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    connect(args.namespace, args.ray_dir, args.address, args.local_gpus)
+    serve(Agent(args.namespace), sys.stdin.buffer, protocol_out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
