@@ -1,8 +1,8 @@
 """Overnight sweep latencies on the namespace test bed (tests/cluster/testbed.py), as root on Linux.
 
-Measures, on two namespace nodes joined to a token-auth Ray head over real SSH, with the real
+Measures, on two firewalled namespace nodes, each running its own Ray, reached over real SSH, with the real
 scheduler in its own process:
-  - node provisioned -> joined: the `ray start` of the join command (SSH command duration);
+  - node provisioned -> started: the node's own Ray head (`agent start-head`, SSH command duration);
   - fire -> first optimizer step on a node: the sweep's fire tick to the first metric row at step 1
     (checkpoint_every=1, so the first record follows the first optimizer step; includes the step-1
     evaluation of 2 tiny samples and the scheduler's 0.3 s poll);
@@ -34,7 +34,6 @@ from sqlalchemy import func, select  # noqa: E402
 
 from orchestrator.db.models import Event, Grid, Metric, Run, Schedule, Sweep  # noqa: E402
 from orchestrator.db.session import session_scope, upgrade  # noqa: E402
-from orchestrator.fleet.ray_cluster import RayHead, start_head  # noqa: E402
 from orchestrator.sweeps.runner import SweepRunner  # noqa: E402
 from orchestrator.sweeps.schedules import ScheduleCreate, create_schedule  # noqa: E402
 from orchestrator.vocabulary import ACTIVE_SWEEP_STATES, SweepState  # noqa: E402
@@ -67,7 +66,7 @@ def free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
-def one_sweep(bed: TestBed, head, database_url: str, storage: Path, night: int) -> dict[str, float]:  # noqa: ANN001
+def one_sweep(bed: TestBed, database_url: str, storage: Path, night: int) -> dict[str, float]:
     fire_at = datetime(2026, 4, 1 + night, 22, tzinfo=UTC)
     with session_scope(database_url) as session:
         for schedule in session.scalars(select(Schedule)):  # an earlier night's schedule would fire too
@@ -83,7 +82,7 @@ def one_sweep(bed: TestBed, head, database_url: str, storage: Path, night: int) 
             now=fire_at - timedelta(hours=1),
         )
     clock = Clock(fire_at)
-    runner = SweepRunner(database_url, storage, clock=clock, node_config=node_config(bed, head))
+    runner = SweepRunner(database_url, storage, clock=clock, node_config=node_config(bed))
     with session_scope(database_url) as session:
         before = session.scalar(select(func.max(Event.id))) or 0
     fired = time.time()
@@ -95,7 +94,7 @@ def one_sweep(bed: TestBed, head, database_url: str, storage: Path, night: int) 
         joins = [
             e.data["duration_s"]
             for e in session.scalars(select(Event).where(Event.kind == "node.command", Event.id > before))
-            if "ray start" in e.message
+            if "start-head" in e.message
         ]
     first_step = None
     collect_s = None
@@ -140,10 +139,9 @@ def one_sweep(bed: TestBed, head, database_url: str, storage: Path, night: int) 
 
 
 @contextlib.contextmanager
-def bench_bed(nodes: int) -> Iterator[tuple[TestBed, RayHead, str, Path, Path]]:
-    """A namespace test bed of `nodes` nodes (2 logical GPUs each) with this checkout's packages, a Ray head on
-    the bed's controller address and a SQLite database: (bed, head, database_url, storage, work). The head
-    is stopped and work removed afterwards."""
+def bench_bed(nodes: int) -> Iterator[tuple[TestBed, str, Path, Path]]:
+    """A namespace test bed of `nodes` firewalled nodes (2 logical GPUs each) with this checkout's packages and
+    a SQLite database: (bed, database_url, storage, work). work is removed afterwards."""
     TestBed.check()
     tag = f"ab{os.getpid() % 100000}"
     storage = Path("/tmp") / tag / "controller" / "storage"
@@ -151,23 +149,11 @@ def bench_bed(nodes: int) -> Iterator[tuple[TestBed, RayHead, str, Path, Path]]:
     database_url = f"sqlite:///{work / 'ablate.db'}"
     upgrade(database_url)
     readable = [Path(sys.base_prefix), Path(sys.prefix)]
-    with TestBed(nodes=nodes, gpus=2, tag=tag, private_paths=[storage], readable=readable) as bed:
+    with TestBed(nodes=nodes, gpus=2, tag=tag, private_paths=[storage], readable=readable, firewall=True) as bed:
         bed.src = bed.root / "src"  # type: ignore[attr-defined]
         for package in PACKAGES:
             shutil.copytree(ROOT / package, bed.src / package, ignore=shutil.ignore_patterns("__pycache__"))  # type: ignore[attr-defined]
-        token = bed.root / "controller" / "ray_token"
-        head = start_head(
-            bed.controller_ip,
-            free_port(bed.controller_ip),
-            token,
-            bed.root / "head",
-            num_cpus=1,
-            dashboard_port=free_port("127.0.0.1"),
-        )
-        try:
-            yield bed, head, database_url, storage, work
-        finally:
-            head.stop()
+        yield bed, database_url, storage, work
     shutil.rmtree(work, ignore_errors=True)
 
 
@@ -188,13 +174,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    with bench_bed(nodes=2) as (bed, head, database_url, storage, work):
-        with scheduler_process(database_url, head, storage, work / "scheduler.log", "ablate-bench"):
+    with bench_bed(nodes=2) as (bed, database_url, storage, work):
+        with scheduler_process(database_url, storage, work / "scheduler.log", "ablate-bench"):
             for node in bed.nodes:
                 register_node(database_url, node, price_per_hour=1.0)
-            results = [one_sweep(bed, head, database_url, storage, i) for i in range(args.repeats)]
+            results = [one_sweep(bed, database_url, storage, i) for i in range(args.repeats)]
     text = "\n".join(median_table(results, {
-        "join_s": "node provisioned -> joined (`ray start`, slowest node), s",
+        "join_s": "node provisioned -> its Ray started (`agent start-head`, slowest node), s",
         "fire_to_first_step_s": "fire -> first optimizer step on a node, s",
         "teardown_commands_s": "teardown per node (leave + cleanup commands), s",
         "collecting_tick_s": "copy-back + teardown of both nodes (the sweep's last tick), s",

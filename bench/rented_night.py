@@ -2,8 +2,9 @@
 
 A schedule asks for two nodes (not names); the sweep runner rents them through the real vastai SDK from
 tests/cluster/provider_sim.py, whose instances are real namespace nodes (own sshd, own address), pins
-their host keys, arms the dead-man's switch, bootstraps them into the token-auth Ray head, and the real
-scheduler (its own process) trains five tiny arms; results are copied back and the instances destroyed.
+their host keys, arms the dead-man's switch, bootstraps them (each starts its own Ray, reached through its
+agent over SSH), and the real scheduler (its own process) trains five tiny arms; results are copied back
+and the instances destroyed.
 Measured per sweep:
   - fire -> first optimizer step: the fire tick to the first metric row at step 1 (checkpoint_every=1),
     renting both nodes included;
@@ -97,17 +98,17 @@ def _epoch(at: datetime) -> float:
     return (at if at.tzinfo else at.replace(tzinfo=UTC)).timestamp()  # SQLite gives back naive UTC
 
 
-def leaked_after_restart(bed: TestBed, head, sim: ProviderSim, database_url: str, storage: Path, work: Path) -> float:  # noqa: ANN001
+def leaked_after_restart(bed: TestBed, sim: ProviderSim, database_url: str, storage: Path, work: Path) -> float:
     """Plant an instance of a sweep that is not under way; start a controller; seconds until it is gone."""
     provider = VastProvider(KEY, server_url=sim.url)
     request = NodeRequest.model_validate({**BED_REQUEST, "nodes": 1})
     offer = provider.search(request)[0]
     spec = LaunchSpec("ablate/worker:test", 20, "ssh-ed25519 AAAA leaked", InstanceLabel("bench", 9999))
     leaked = sim.instances[provider.create(offer, spec).instance_id]
-    env = controller_env(bed, head, sim, KEY, "bench", work)
+    env = controller_env(bed, sim, KEY, "bench", work)
     log = work / "controller.log"
     with scheduler_process(
-        database_url, head, storage, log, "ablate-bench-rent", module="tests.cluster.rented_controller", **env
+        database_url, storage, log, "ablate-bench-rent", module="tests.cluster.rented_controller", **env
     ):
         started = time.time()
         deadline = time.monotonic() + 120
@@ -123,15 +124,15 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     offers = [vast_offer(900 + i, dph_total=1.2 + 0.01 * i) for i in range(2 * args.repeats + 1)]
-    with bench_bed(nodes=0) as (bed, head, database_url, storage, work):
+    with bench_bed(nodes=0) as (bed, database_url, storage, work):
         hooks = bed_hooks(bed, gpus=lambda inst: 2)
         with ProviderSim(KEY, vast_offers=offers, hooks=hooks, host=bed.controller_ip) as sim:
             rental = bed_rental(bed.tag, work, controller_id="bench")
-            runner = vast_runner(database_url, storage, bed, head, KEY, sim.url, rental)
-            with scheduler_process(database_url, head, storage, work / "scheduler.log", "ablate-bench-rent"):
+            runner = vast_runner(database_url, storage, bed, KEY, sim.url, rental)
+            with scheduler_process(database_url, storage, work / "scheduler.log", "ablate-bench-rent"):
                 results = [one_sweep(runner, database_url, i) for i in range(args.repeats)]
             assert sim.live() == [], "instances left after the sweeps"
-            leak_s = leaked_after_restart(bed, head, sim, database_url, storage, work)
+            leak_s = leaked_after_restart(bed, sim, database_url, storage, work)
     lines = median_table(results, {
         "fire_to_first_step_s": "fire -> first optimizer step (renting 2 nodes included), s",
         "last_result_to_destroyed_s": "sweep's last result -> last destroy confirmed, s",

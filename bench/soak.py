@@ -60,7 +60,6 @@ def controller_main() -> None:
     """`python bench/soak.py controller`: the app `ablate serve` runs, its scheduler on the synthetic stream."""
     import uvicorn
 
-    from orchestrator.runs.placement import connect_ray
     from orchestrator.runs.scheduler import Scheduler
     from orchestrator.server import build_app
     from orchestrator.settings import load_settings
@@ -70,7 +69,7 @@ def controller_main() -> None:
         "PYTHONPATH": f"{BENCH_DIR}:{REPO}",
         "ABLATE_BENCH_RECORD_DELAY_S": os.environ["ABLATE_BENCH_RECORD_DELAY_S"],
     }
-    connect_ray(settings, runtime_env={"env_vars": worker_env})
+    os.environ.update(worker_env)  # the local node's agent, its Ray and workers inherit it
     app = build_app(settings)
     scheduler = Scheduler(settings, train_fn=SYNTHETIC)
     app.state.startup_hooks.append(lambda _app: scheduler.start())

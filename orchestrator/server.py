@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -101,11 +100,6 @@ def serve(settings: Settings, host: str | None = None, port: int | None = None) 
     uvicorn.run(app, host=host or settings.host, port=port or settings.port, log_level="info")
 
 
-# How long `ablate serve`, once asked to stop, waits for a ray.init still in flight (a local Ray's start
-# took 15-60 s on 2 busy cores) before exiting without it (see attach_scheduler).
-SERVE_CONNECT_WAIT_S = 3.0
-
-
 def attach_scheduler(app: Any) -> None:
     """Run a Scheduler for the app's lifetime (`ablate serve`), through its startup/shutdown hooks."""
 
@@ -114,23 +108,16 @@ def attach_scheduler(app: Any) -> None:
 
         app.state.scheduler = Scheduler(app.state.settings)
         app.state.scheduler.start()
-        print(f"scheduler: started (Ray namespace {app.state.settings.ray_namespace!r})")
+        print(f"scheduler: started (workers' Ray namespace {app.state.settings.ray_namespace!r})")
 
     def stop(app: Any) -> None:
         scheduler = getattr(app.state, "scheduler", None)
         if scheduler is None:
             return
-        if not scheduler.stop(connect_timeout=SERVE_CONNECT_WAIT_S):
-            # Its thread is still inside ray.init (py-spy: Node.__init__ -> GetNode, or CoreWorker ->
-            # RegisterClient), which cannot be interrupted; nothing of ours has run yet (no pass, no
-            # actor). A normal exit would run Ray's atexit hooks (node kill, then ray.shutdown) under that
-            # half-made connection: the 60 s hang again. Skip them: the Ray processes it started share
-            # the thread's fate (PR_SET_PDEATHSIG) and end with this process; the API has stopped.
-            print("scheduler: Ray is still starting; exiting without it (its processes end with this one)")
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(0)
-        print("scheduler: stopped (workers train on; a restarted controller adopts them)")
+        if not scheduler.stop():
+            print("scheduler: its last pass did not end in time; exiting without it")
+        else:
+            print("scheduler: stopped (nodes' workers train on; a restarted controller adopts them)")
 
     app.state.startup_hooks.append(start)
     app.state.shutdown_hooks.append(stop)

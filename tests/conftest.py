@@ -64,7 +64,7 @@ def published_curves() -> dict:
 
 
 # What the full run needs beyond pip (README "Tests"); the skip summary repeats it where a newcomer looks.
-SYSTEM_PACKAGES = "chromium openssh-server postgresql iproute2"
+SYSTEM_PACKAGES = "chromium openssh-server postgresql iproute2 nftables"
 INSTALL_LINE = f"apt-get install -y --no-install-recommends {SYSTEM_PACKAGES}"
 
 

@@ -221,25 +221,3 @@ def arms() -> None:
         changed = "\n".join(f"{k} = {v}" for k, v in row["changes"].items()) or "(baseline)"
         rows.append([row["arm"], row["parent"] or "-", changed, row["description"]])
     print_table("arms (arms/*.yaml)", columns, rows, console, show_lines=True)
-
-
-@app.command("ray-head")
-def ray_head(
-    node_ip_address: Annotated[str, typer.Option(help="This machine's address on the nodes' private network")],
-    port: Annotated[int, typer.Option(min=1, max=65535, help="GCS port that nodes join")] = 6379,
-    dashboard_host: Annotated[
-        str, typer.Option(help="Interface of Ray's dashboard and job API (anyone reaching it runs code here)")
-    ] = "127.0.0.1",
-) -> None:
-    """Start the controller's Ray head with token auth, in its own session; the token goes to
-    storage_dir/ray_token (0600), which `ablate serve` and node bootstrap then use."""
-    from orchestrator.fleet.ray_cluster import start_head
-
-    settings = load_settings()
-    token = settings.ray_token_file or settings.storage_dir / "ray_token"
-    try:
-        head = start_head(node_ip_address, port, token, Path("/tmp/ablate-ray"), dashboard_host=dashboard_host)
-    except RuntimeError as exc:
-        raise CLIError(str(exc)) from None
-    typer.echo(f"Ray head at {head.address} with token auth; token in {token}; dashboard on {dashboard_host}:8265")
-    typer.echo(f"stop it with: python -m orchestrator.fleet.ray_cluster stop-session {head.session_dir}")

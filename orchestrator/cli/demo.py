@@ -284,11 +284,8 @@ def demo(
 ) -> None:
     """Train arms A-D and one that breaks (tiny, shapes) on 5 logical GPUs with the full controller; the
     detector stops the broken one live; then a per-arm table."""
-    import ray
-
     from orchestrator.db.session import session_scope, upgrade
     from orchestrator.runs.grids import GridCreate, create_grid
-    from orchestrator.runs.placement import connect_ray
     from orchestrator.runs.scheduler import Scheduler
 
     settings = demo_settings(load_settings())
@@ -307,9 +304,9 @@ def demo(
     # A real DINOv2 ViT-B/14 forward per training step would take the tiny arm D from seconds to minutes on CPU.
     console.print("REPA (arm D): random stand-in teacher (real DINOv2 is too slow for a CPU demo; labelled on the run)")
     t0 = time.monotonic()
-    # The workers' logs would tear through the live table; they stay in Ray's session logs.
-    connect_ray(settings, log_to_driver=False, configure_logging=False)
-    console.print(f"Ray: {settings.logical_gpus or 'detected'} GPUs; database {settings.database_url}")
+    # This machine is a node like any other: its agent (a child process) runs its Ray and workers, whose
+    # logs stay in Ray's session logs instead of tearing through the live table.
+    console.print(f"local node: {settings.logical_gpus or 'detected'} GPUs; database {settings.database_url}")
     scheduler = Scheduler(settings)
     api = _ApiServer(settings, host, port)
     try:
@@ -341,6 +338,5 @@ def demo(
         if own_db:
             _retire_leftovers(settings)
     finally:
-        scheduler.stop()
+        scheduler.stop()  # closes the local agent: its Ray and the demo's workers end with it
         api.stop()
-        ray.shutdown()

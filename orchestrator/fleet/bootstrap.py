@@ -1,11 +1,15 @@
-"""How a node joins and leaves the Ray cluster: install, join, drain, tear down, as command templates
-the operator can change (ABLATE_NODE_* settings) run over the node's SSH shell."""
+"""How a node becomes one the scheduler trains on: install, start its own Ray, drain, tear down, as
+command templates the operator can change (ABLATE_NODE_* settings) run over the node's SSH shell.
+
+A node never joins a cluster with the controller or other nodes: it runs its own Ray head on its
+loopback, with a token generated on the node that never leaves it (worker/node_ray.py), and the
+controller drives it through its agent (worker/agent.py) over the same SSH connection. Bootstrap writes
+the agent's launcher, `{remote_dir}/agent`, with the node's Python environment and `env` in it."""
 
 from __future__ import annotations
 
 import re
 import shlex
-import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
@@ -24,21 +28,14 @@ from orchestrator.vocabulary import NodeState
 
 
 class BootstrapConfig(BaseSettings):
-    """How a node becomes a Ray worker. Environment: ABLATE_NODE_<FIELD> (lists as JSON arrays).
+    """How a node becomes one the scheduler trains on. Environment: ABLATE_NODE_<FIELD> (lists as JSON
+    arrays).
 
-    Each command is a template with {python}, {remote_dir}, {venv}, {package}, {ray_address},
-    {num_gpus}, {token_path}, {env}, {join_args}, {find_links}; commands run in order and the first
-    failure stops the sequence.
+    Each command is a template with {python}, {remote_dir}, {venv}, {package}, {num_gpus}, {env},
+    {find_links}; commands run in order and the first failure stops the sequence.
     """
 
     model_config = SettingsConfigDict(env_prefix="ABLATE_NODE_", extra="ignore", env_ignore_empty=True)
-
-    # The controller's Ray head as workers reach it (host:6379). Required for bootstrap.
-    ray_address: str | None = None
-    # The cluster token on the controller (`ablate ray-head` writes storage_dir/ray_token). Copied to
-    # the node as {remote_dir}/ray_token, mode 0600 in a 0700 directory; Ray reads it from the file
-    # RAY_AUTH_TOKEN_PATH names, so the token is never on a command line.
-    token_file: Path | None = None
     # A wheel or sdist of this project built on the controller (`pip wheel --no-deps .`), copied over SFTP.
     package: Path | None = None
     # A local wheelhouse on the controller (`pip wheel -w wheelhouse '.[gpu]'`), copied over SFTP: the
@@ -49,26 +46,20 @@ class BootstrapConfig(BaseSettings):
     # A Python environment already on the node (a worker image's); None: {remote_dir}/venv, made by install.
     venv: str | None = None
     python: str = "python3"
-    # Ray needs the same Python major.minor on every node of a cluster: checked before installing.
-    match_python: bool = True
     install: list[str] = [
         "{python} -m venv {venv}",
         "{venv}/bin/pip install {find_links} --upgrade pip",
         "{venv}/bin/pip install {find_links} {package}",
     ]
-    # The node's Ray runs in its own process session (recorded in {remote_dir}/ray/session) and temp dir.
-    join: list[str] = [
-        "{env} RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH={token_path} "
-        "{venv}/bin/python -m orchestrator.fleet.ray_cluster "
-        'start-session {remote_dir}/ray -- {venv}/bin/ray start --address={ray_address} --num-gpus={num_gpus} '
-        '--temp-dir="$HOME"/{remote_dir}/ray-tmp --disable-usage-stats {join_args}'
-    ]
-    # Extra `ray start` arguments (e.g. --num-cpus=4) and environment (NAME: value) of the join command.
-    join_args: str = ""
+    # The node's own Ray head (loopback, node-local token, its own process session and temp dir under
+    # {remote_dir}/ray), started now so the first arm does not wait for it; the agent restarts it if it
+    # is down (a rebooted node).
+    start: list[str] = ["{remote_dir}/agent start-head --ray-dir {remote_dir}/ray --num-gpus {num_gpus}"]
+    # Environment (NAME: value) of the agent and its workers, written into the launcher.
     env: dict[str, str] = {}
-    # Leaving the cluster stops exactly the node's Ray session: never `ray stop`, which ends every
-    # Ray process of the machine.
-    leave: list[str] = ["{env} {venv}/bin/python -m orchestrator.fleet.ray_cluster stop-session {remote_dir}/ray"]
+    # Stops exactly the node's Ray session (its workers end; their runs resume elsewhere): never
+    # `ray stop`, which ends every Ray process of the machine.
+    leave: list[str] = ["{remote_dir}/agent stop-head --ray-dir {remote_dir}/ray"]
     # After leave, on teardown. Checkpoints are copied back before this runs.
     cleanup: list[str] = ["rm -rf {remote_dir}"]
     # Seconds per command; pip installing torch on a fresh node takes minutes.
@@ -104,11 +95,8 @@ class BootstrapConfig(BaseSettings):
             "remote_dir": shlex.quote(self.remote_dir),
             "venv": shlex.quote(venv),
             "package": shlex.quote(package) if package else "",
-            "ray_address": shlex.quote(self.ray_address or ""),
             "num_gpus": str(num_gpus),
-            "token_path": '"$HOME"/' + shlex.quote(f"{self.remote_dir}/ray_token"),
             "env": " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items()),
-            "join_args": self.join_args,
             "find_links": f"--no-index --find-links {shlex.quote(wheels)}" if self.wheelhouse else "",
         }
 
@@ -124,51 +112,42 @@ def run_steps(shell: NodeShell, templates: Sequence[str], variables: dict[str, s
 
 
 def bootstrap(shell: NodeShell, config: BootstrapConfig, num_gpus: int) -> None:
-    """Install the worker environment on the node and join the controller's Ray cluster; what fails is
-    tagged with its step (check, upload, install, join) for the node's state."""
+    """Install the worker environment on the node and start its own Ray; what fails is tagged with its
+    step (check, upload, install, start) for the node's state."""
     with bootstrap_step("check"):
-        _check(shell, config)
+        _check(config)
     with bootstrap_step("upload"):
         remote_package = _upload(shell, config)
     variables = config.variables(num_gpus, remote_package)
     with bootstrap_step("install"):
         run_steps(shell, config.install, variables, config.command_timeout_s)
-    with bootstrap_step("join"):
-        run_steps(shell, config.join, variables, config.command_timeout_s)
+    with bootstrap_step("start"):
+        shell.put_text(f"{config.remote_dir}/agent", agent_launcher(config), mode=0o700)
+        run_steps(shell, config.start, variables, config.command_timeout_s)
 
 
-def _check(shell: NodeShell, config: BootstrapConfig) -> None:
-    """What must hold before anything is copied: the settings the templates need, the Python version."""
-    joining = "\n".join(config.join)
-    if not config.ray_address and "{ray_address}" in joining:
-        raise NodeError("ABLATE_NODE_RAY_ADDRESS is not set: the Ray head address (host:6379) nodes must join")
-    if "{token_path}" in joining and (config.token_file is None or not config.token_file.is_file()):
-        raise NodeError(
-            f"ABLATE_NODE_TOKEN_FILE {config.token_file or '(unset)'} is not a file: the Ray cluster token "
-            "(`ablate ray-head` writes it to the storage dir as ray_token)"
-        )
+def agent_launcher(config: BootstrapConfig) -> str:
+    """The node's `{remote_dir}/agent`: the node agent in the node's environment. `serve` (the controller's
+    channel) keeps stdout for the protocol and appends its stderr to {remote_dir}/agent.log."""
+    v = config.variables(0)
+    return (
+        "#!/bin/sh\n# ablate's node agent (worker/agent.py), written by bootstrap.\n"
+        f'if [ "$1" = serve ]; then exec 2>>"$HOME"/{v["remote_dir"]}/agent.log; fi\n'
+        f'exec env {v["env"]} {v["venv"]}/bin/python -m worker.agent "$@"\n'
+    )
+
+
+def _check(config: BootstrapConfig) -> None:
+    """What must hold before anything is copied: the settings the templates need."""
     needs_package = any("{package}" in t for t in config.install)
     if needs_package and config.package is None:
         raise NodeError("ABLATE_NODE_PACKAGE is not set: build one with `pip wheel --no-deps -w dist .`")
-    if config.match_python:
-        query = f"{shlex.quote(config.python)} -c 'import sys; print(*sys.version_info[:2])'"
-        version = shell.run(query, 60).stdout.split()
-        local = [str(v) for v in sys.version_info[:2]]
-        if version != local:
-            raise NodeError(
-                f"node {shell.name!r}: {config.python} is Python {'.'.join(version)} but the controller runs "
-                f"{'.'.join(local)}; Ray needs the same Python minor version on every node: set "
-                f"ABLATE_NODE_PYTHON to a python{'.'.join(local)} on the node (or ABLATE_NODE_MATCH_PYTHON=false)"
-            )
 
 
 def _upload(shell: NodeShell, config: BootstrapConfig) -> str:
-    """The token, the package and the wheelhouse onto the node; returns the package's remote path."""
-    joining = "\n".join(config.join)
-    # 0700 before anything goes in: the token must never be readable by other users of the node.
+    """The package and the wheelhouse onto the node; returns the package's remote path."""
+    # 0700 before anything goes in: the node's Ray token will live below it.
     shell.run(f"mkdir -p {shlex.quote(config.remote_dir)} && chmod 700 {shlex.quote(config.remote_dir)}", 60)
-    if config.token_file is not None and "{token_path}" in joining:
-        shell.put(config.token_file, f"{config.remote_dir}/ray_token", mode=0o600)
     remote_package = ""
     if config.package is not None:
         if not config.package.is_file():
@@ -186,12 +165,12 @@ def _upload(shell: NodeShell, config: BootstrapConfig) -> str:
 
 
 def drain(shell: NodeShell, config: BootstrapConfig) -> None:
-    """Leave the Ray cluster; the node keeps its environment (running arms are re-queued elsewhere)."""
+    """Stop the node's Ray; the node keeps its environment (running arms are re-queued elsewhere)."""
     run_steps(shell, config.leave, config.variables(0), config.command_timeout_s)
 
 
 def teardown(shell: NodeShell, config: BootstrapConfig) -> None:
-    """Leave the cluster and delete the working directory (copy checkpoints back first)."""
+    """Stop the node's Ray and delete the working directory (copy checkpoints back first)."""
     drain(shell, config)
     run_steps(shell, config.cleanup, config.variables(0), config.command_timeout_s)
 

@@ -246,6 +246,13 @@ class NodeShell:
                     fh.write(local.read_bytes())
         self.note("sftp.put", f"{local} -> {remote}" + (f" (mode {mode:o})" if mode is not None else ""))
 
+    def put_text(self, remote: str, text: str, mode: int) -> None:
+        """Write `text` to a file on the node over SFTP, with `mode` set before any byte is written."""
+        with self.sftp() as sftp, sftp.open(remote, "w") as fh:
+            fh.chmod(mode)
+            fh.write(text.encode())
+        self.note("sftp.put", f"{len(text)} characters -> {remote} (mode {mode:o})")
+
     def note(self, kind: str, message: str) -> None:
         if self.database_url is None:
             return

@@ -1,10 +1,11 @@
 """The namespace test bed as pytest fixtures.
 
-`testbed`: two nodes with two logical GPUs each, per module. Their users reach this Python and its
-virtualenv (the pre-built worker environment, as in the worker image) and a copy of the project's
-source; the controller's storage dir is node-local on each node, as on rented machines.
-`ray_head`: the controller's Ray head on the bridge address, token auth on, in its own session.
-Helpers for tests and bench/: `node_config` (the join with the pre-built environment), `register_node`
+`testbed`: two nodes with two logical GPUs each, per module, firewalled as a provider's NAT leaves a
+rented container (inbound SSH only; nothing new to the controller or the other nodes but storage). Their
+users reach this Python and its virtualenv (the pre-built worker environment, as in the worker image)
+and a copy of the project's source; the controller's storage dir is node-local on each node, as on
+rented machines. Each node runs its own Ray, started by bootstrap; nothing joins the controller.
+Helpers for tests and bench/: `node_config` (bootstrap with the pre-built environment), `register_node`
 (a bed node as the controller's node row), `scheduler_process` (the real scheduler in its own process).
 `s3_on_bridge`: moto's S3 on the controller's bridge address with a bucket, and `aws_profile` (the usual
 credentials files in a node user's home).
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -27,7 +27,6 @@ import pytest
 from orchestrator.db.session import session_scope
 from orchestrator.fleet.bootstrap import BootstrapConfig
 from orchestrator.fleet.inventory import NodeCreate, add_node
-from orchestrator.fleet.ray_cluster import RayHead, auth_env, start_head
 from tests.cluster.testbed import BedNode, TestBed, TestBedUnavailable
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,7 +50,8 @@ def worker_bed(nodes: int) -> Iterator[TestBed]:
     tag = f"ab{os.getpid() % 100000}"
     storage = Path("/tmp") / tag / "controller" / "storage"
     with TestBed(
-        nodes=nodes, gpus=2, tag=tag, private_paths=[storage], readable=[Path(sys.base_prefix), Path(sys.prefix)]
+        nodes=nodes, gpus=2, tag=tag, private_paths=[storage], readable=[Path(sys.base_prefix), Path(sys.prefix)],
+        firewall=True,
     ) as bed:
         src = bed.root / "src"
         for package in PACKAGES:
@@ -61,41 +61,13 @@ def worker_bed(nodes: int) -> Iterator[TestBed]:
         yield bed
 
 
-@pytest.fixture(scope="module")
-def ray_head(testbed: TestBed) -> Iterator[RayHead]:
-    port, dashboard_port = _free_port(testbed.controller_ip), _free_port("127.0.0.1")
-    head = start_head(
-        testbed.controller_ip,
-        port,
-        testbed.root / "controller" / "ray_token",
-        testbed.root / "head",
-        num_cpus=1,
-        dashboard_port=dashboard_port,  # loopback is shared with other Ray heads on this machine
-    )
-    try:
-        yield head
-    finally:
-        # Its GCS server and autoscaler monitor sit out the whole SIGTERM grace (15 s) before exiting;
-        # at the end of a module nothing needs a graceful stop, so the rest are SIGKILLed after 2 s.
-        head.stop(grace_s=2.0)
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def node_config(testbed: TestBed, head: RayHead, **overrides: object) -> BootstrapConfig:
-    """The default join and leave, with the pre-built environment instead of an install."""
+def node_config(testbed: TestBed, **overrides: object) -> BootstrapConfig:
+    """The default start and leave, with the pre-built environment instead of an install."""
     values: dict[str, object] = {
-        "ray_address": head.address,
-        "token_file": head.token_file,
         "venv": sys.prefix,
         "python": sys.executable,
         "install": [],
         "env": {"PYTHONPATH": str(testbed.src)},  # type: ignore[attr-defined]
-        "join_args": "--num-cpus=1",
         "command_timeout_s": 120,
     }
     return BootstrapConfig(**{**values, **overrides})
@@ -122,7 +94,6 @@ def register_node(database_url: str, node: BedNode, name: str | None = None, pri
 @contextmanager
 def scheduler_process(
     database_url: str,
-    head: RayHead,
     storage: Path,
     log_path: Path,
     namespace: str,
@@ -130,15 +101,15 @@ def scheduler_process(
     **env: str,
 ) -> Iterator[subprocess.Popen[bytes]]:
     """The real scheduler in its own process (`python -m orchestrator.runs.scheduler`, or `module`: a
-    controller that also runs sweeps), joined to the head with the token, declaring no GPUs of its own;
-    `env` adds settings (ABLATE_...). Its output goes to `log_path` (appended: a restarted controller
-    writes after the killed one), kept for a failure's post-mortem. Terminated (then killed) on exit."""
+    controller that also runs sweeps), training on the joined bed nodes only (no local node); `env` adds
+    settings (ABLATE_...). Its output goes to `log_path` (appended: a restarted controller writes after
+    the killed one), kept for a failure's post-mortem. Terminated (then killed) on exit."""
     full_env = {
         **os.environ,
         "PYTHONPATH": str(ROOT),
         "ABLATE_DATABASE_URL": database_url,
-        "ABLATE_RAY_ADDRESS": head.address,
-        "ABLATE_RAY_TOKEN_FILE": str(head.token_file),
+        "ABLATE_LOCAL_NODE": "false",
+        "ABLATE_NODE_LOST_S": "20",
         "ABLATE_STORAGE_DIR": str(storage),
         "ABLATE_SCHEDULER_INTERVAL_S": "0.3",
         "ABLATE_WORKER_THREADS": "1",
@@ -165,12 +136,14 @@ CREDENTIALS = ("ablate-bed", "ablate-bed-secret")  # moto accepts any; nothing l
 
 @pytest.fixture(scope="module")
 def s3_on_bridge(testbed: TestBed) -> Iterator[str]:
-    """moto's S3 server on the controller's bridge address (reachable from every node), a bucket in it."""
+    """moto's S3 server on the controller's bridge address, a bucket in it; the nodes' firewalls let
+    them reach this port of the controller and no other (storage is what a rented node may reach)."""
     from moto.server import ThreadedMotoServer
 
     server = ThreadedMotoServer(ip_address=testbed.controller_ip, port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
+    testbed.allow_to_controller(port)
     endpoint = f"http://{host}:{port}"
     from worker.storage import open_fs
 
@@ -205,22 +178,3 @@ def aws_profile(node: BedNode) -> None:
     for path in (aws, aws / "credentials", aws / "config"):
         os.chown(path, node.uid, node.uid)
         path.chmod(0o700 if path.is_dir() else 0o600)
-
-
-def alive_nodes(head: RayHead) -> dict[str, float]:
-    """Node IP -> GPUs of the cluster's live nodes, asked by a driver that presents the token."""
-    code = (
-        f"import ray, json; ray.init(address={head.address!r}, logging_level='ERROR');"
-        "print(json.dumps({n['NodeManagerAddress']: n['Resources'].get('GPU', 0) for n in ray.nodes() if n['Alive']}))"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        env={**os.environ, **auth_env(head.token_file)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    import json
-
-    return json.loads(out.stdout.strip().splitlines()[-1])

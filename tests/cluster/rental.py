@@ -17,7 +17,6 @@ from orchestrator.fleet.deadman import DeadmanConfig
 from orchestrator.fleet.providers.base import Instance
 from orchestrator.fleet.providers.lifecycle import Timing
 from orchestrator.fleet.providers.vast import VastProvider
-from orchestrator.fleet.ray_cluster import RayHead
 from orchestrator.sweeps.rented import RentalConfig
 from orchestrator.sweeps.runner import SweepRunner
 from orchestrator.sweeps.schedules import ScheduleCreate, create_schedule
@@ -55,15 +54,15 @@ def bed_rental(tag: str, home: Path, controller_id: str = "bed", **deadman: Any)
 
 
 def vast_runner(
-    database_url: str, storage: Path, bed: TestBed, head: RayHead, key: str, sim_url: str, rental: RentalConfig,
+    database_url: str, storage: Path, bed: TestBed, key: str, sim_url: str, rental: RentalConfig,
     **kwargs: Any,  # noqa: ANN401
 ) -> SweepRunner:
-    """The sweep runner of `ablate serve`, renting through the Vast SDK from the simulator at sim_url and joining
-    the rented bed nodes to head."""
+    """The sweep runner of `ablate serve`, renting through the Vast SDK from the simulator at sim_url and
+    bootstrapping the rented bed nodes with the bed's Python."""
     return SweepRunner(
         database_url,
         storage,
-        node_config=node_config(bed, head),
+        node_config=node_config(bed),
         providers={"vast": VastProvider(key, server_url=sim_url)},
         rental=rental,
         **kwargs,

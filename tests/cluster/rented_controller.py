@@ -2,7 +2,7 @@
 runner of `ablate serve`, without the HTTP API (`python -m tests.cluster.rented_controller`).
 
 Everything comes from the real settings (ABLATE_DATABASE_URL, ABLATE_VAST_API_KEY_FILE, ABLATE_VAST_URL,
-ABLATE_CONTROLLER_ID, ABLATE_RENT_SSH_KEY, ABLATE_NODE_* for the join) through `SweepRunner.from_settings`,
+ABLATE_CONTROLLER_ID, ABLATE_RENT_SSH_KEY, ABLATE_NODE_* for bootstrap) through `SweepRunner.from_settings`,
 as `ablate serve` builds it. Only what the simulator cannot say through the providers' APIs is added:
 the test bed's login user of each instance (found by its address, as tests/cluster/testbed.py names
 them) and short waits (ABLATE_TEST_POLL_S, ABLATE_TEST_TICK_S).
@@ -25,9 +25,9 @@ from orchestrator.sweeps.runner import SweepRunner
 from tests.cluster.rental import BED_TIMING, DEADMAN_MARK, bed_login_user
 
 
-def controller_env(bed: Any, head: Any, sim: Any, key: str, controller_id: str, home: Path) -> dict[str, str]:  # noqa: ANN401
+def controller_env(bed: Any, sim: Any, key: str, controller_id: str, home: Path) -> dict[str, str]:  # noqa: ANN401
     """The settings (environment) of a controller that rents from the simulator `sim` (tests/cluster/
-    provider_sim.py) with `key` and joins nodes of `bed` to `head` with the bed's Python."""
+    provider_sim.py) with `key` and bootstraps nodes of `bed` with the bed's Python."""
     key_file = home / "vast_api_key"
     key_file.write_text(key)
     key_file.chmod(0o600)
@@ -37,13 +37,10 @@ def controller_env(bed: Any, head: Any, sim: Any, key: str, controller_id: str, 
         "ABLATE_CONTROLLER_ID": controller_id,
         "ABLATE_RENT_SSH_KEY": str(home / "rent_ed25519"),
         "ABLATE_RENT_IMAGE": "ablate/worker:test",
-        "ABLATE_NODE_RAY_ADDRESS": head.address,
-        "ABLATE_NODE_TOKEN_FILE": str(head.token_file),
         "ABLATE_NODE_VENV": sys.prefix,
         "ABLATE_NODE_PYTHON": sys.executable,
         "ABLATE_NODE_INSTALL": "[]",
         "ABLATE_NODE_ENV": json.dumps({"PYTHONPATH": str(bed.src)}),  # type: ignore[attr-defined]
-        "ABLATE_NODE_JOIN_ARGS": "--num-cpus=1",
         "ABLATE_NODE_COMMAND_TIMEOUT_S": "120",
         "ABLATE_RENT_DEADMAN_COMMAND": f'touch "$HOME/{DEADMAN_MARK}"',  # never `poweroff` on the test bed
         "ABLATE_RENT_DEADMAN_PYTHON": sys.executable,

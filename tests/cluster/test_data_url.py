@@ -18,7 +18,6 @@ from model.data.prepare import prepare
 from orchestrator.db.models import Metric, Run
 from orchestrator.db.session import session_scope
 from orchestrator.fleet.bootstrap import bootstrap_node
-from orchestrator.fleet.ray_cluster import RayHead
 from orchestrator.runs.grids import GridCreate, create_grid
 from orchestrator.vocabulary import TERMINAL_STATES, RunState
 from tests.cluster.conftest import BUCKET, aws_profile, node_config, register_node, scheduler_process, worker_bed
@@ -45,7 +44,7 @@ def testbed() -> Iterator[TestBed]:
 
 
 def test_a_node_fetches_data_url_once_and_its_arms_train_from_it(
-    database_url: str, testbed: TestBed, ray_head: RayHead, s3_on_bridge: str, tmp_path: Path
+    database_url: str, testbed: TestBed, s3_on_bridge: str, tmp_path: Path
 ) -> None:
     prepared = tmp_path / "prepared"
     prepare(photos(tmp_path / "src"), prepared, 16, shard_bytes=3 * 16 * 16 * 4)
@@ -56,11 +55,11 @@ def test_a_node_fetches_data_url_once_and_its_arms_train_from_it(
 
     (node,) = testbed.nodes
     aws_profile(node)
-    bootstrap_node(database_url, register_node(database_url, node), node_config(testbed, ray_head))
+    bootstrap_node(database_url, register_node(database_url, node), node_config(testbed))
     log = testbed.root / "scheduler-data-url.log"
     storage: Path = testbed.storage  # type: ignore[attr-defined]
     env = {"ABLATE_DATA_OPTIONS": json.dumps(options)}  # checkpoints stay on the node's disk (file://)
-    with scheduler_process(database_url, ray_head, storage, log, "ablate-data-url", **env):
+    with scheduler_process(database_url, storage, log, "ablate-data-url", **env):
         with session_scope(database_url) as session:
             grid = create_grid(session, GridCreate(name="data-url", arms=["A", "B"], overrides=TINY))
             ids = [r.id for r in grid.runs]

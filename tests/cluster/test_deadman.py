@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 from sqlalchemy import select
@@ -109,6 +110,7 @@ def test_at_the_deadline_the_node_destroys_itself_with_its_own_scoped_key(
         hooks=hooks,
         host=testbed.controller_ip,
     ) as sim:
+        testbed.allow_to_controller(urlsplit(sim.url).port)  # the provider's API stands for the internet
         sweep_id, iid = _rent_one(database_url, testbed, sim, name, tmp_path)
         inst = sim.instances[iid]
         with session_scope(database_url) as session:
@@ -136,6 +138,7 @@ def test_without_a_scoped_key_the_node_runs_the_stop_command(
     offers = [vast_offer(802, dph_total=1.2)]
     # Instance ids apart from the first test's (7001), which are in the same database.
     with ProviderSim(KEY, vast_offers=offers, hooks=hooks, host=testbed.controller_ip, first_vast_id=7101) as sim:
+        testbed.allow_to_controller(urlsplit(sim.url).port)
         sweep_id, iid = _rent_one(database_url, testbed, sim, "vast", tmp_path)
         inst = sim.instances[iid]
         [node] = testbed.nodes

@@ -26,12 +26,12 @@ from sqlalchemy import select
 from orchestrator.db.models import Event, Metric, Run
 from orchestrator.db.session import session_scope
 from orchestrator.fleet.bootstrap import bootstrap_node
-from orchestrator.fleet.ray_cluster import RayHead, session_pids
 from orchestrator.runs.grids import GridCreate, create_grid
 from orchestrator.vocabulary import TERMINAL_STATES, RunState
 from tests.cluster.conftest import BUCKET, aws_profile, node_config, register_node, scheduler_process
 from tests.cluster.testbed import BedNode, TestBed
 from tests.polling import wait_for
+from worker.node_ray import session_pids
 
 TINY: dict[str, Any] = {
     "model": {"size": "tiny", "depth": 3, "identity_tokens": 4},
@@ -41,11 +41,11 @@ TINY: dict[str, Any] = {
     "precision": {"mode": "fp32"},
 }
 @pytest.fixture(scope="module")
-def cluster(database_url: str, testbed: TestBed, ray_head: RayHead, s3_on_bridge: str) -> Iterator[dict[str, Any]]:
+def cluster(database_url: str, testbed: TestBed, s3_on_bridge: str) -> Iterator[dict[str, Any]]:
     """Both nodes joined for real, and the scheduler in its own process storing checkpoints in S3."""
     for node in testbed.nodes:
         aws_profile(node)
-        bootstrap_node(database_url, register_node(database_url, node), node_config(testbed, ray_head))
+        bootstrap_node(database_url, register_node(database_url, node), node_config(testbed))
     log = testbed.root / "scheduler-lost.log"
     options = {
         "ABLATE_CHECKPOINT_URL": f"s3://{BUCKET}/nightly",
@@ -53,7 +53,7 @@ def cluster(database_url: str, testbed: TestBed, ray_head: RayHead, s3_on_bridge
         "ABLATE_CHECKPOINT_KEEP_LAST": "1",
     }
     storage = testbed.storage  # type: ignore[attr-defined]
-    with scheduler_process(database_url, ray_head, storage, log, "ablate-lost", **options):
+    with scheduler_process(database_url, storage, log, "ablate-lost", **options):
         yield {"endpoint": s3_on_bridge, "log": log}
 
 

@@ -25,7 +25,6 @@ from sqlalchemy import select
 
 from orchestrator.db.models import Event, Grid, Node, RentedInstance, Run, Sweep, utcnow
 from orchestrator.db.session import session_scope
-from orchestrator.fleet.ray_cluster import RayHead
 from orchestrator.vocabulary import RentedState, RunState, SweepState
 from tests.cluster.conftest import BUCKET, aws_profile, scheduler_process, worker_bed
 from tests.cluster.provider_sim import ProviderSim, SimInstance, bed_hooks, vast_offer
@@ -69,7 +68,6 @@ def _runs(database_url: str, grid_id: int) -> list[Run]:
 def test_a_preempted_rented_node_s_arms_resume_elsewhere_and_a_replacement_is_rented(
     database_url: str,
     testbed: TestBed,
-    ray_head: RayHead,
     s3_on_bridge: str,
     tmp_path: Path,
 ) -> None:
@@ -88,7 +86,7 @@ def test_a_preempted_rented_node_s_arms_resume_elsewhere_and_a_replacement_is_re
     hooks.on_create = on_create
     with ProviderSim(KEY, vast_offers=OFFERS, hooks=hooks, first_vast_id=8101) as sim:
         rental = bed_rental(bed.tag, tmp_path / "controller")
-        runner = vast_runner(database_url, storage, bed, ray_head, KEY, sim.url, rental,
+        runner = vast_runner(database_url, storage, bed, KEY, sim.url, rental,
                              checkpoint_options={"endpoint_url": s3_on_bridge})
         log = tmp_path / "scheduler.log"
         options = {
@@ -96,7 +94,7 @@ def test_a_preempted_rented_node_s_arms_resume_elsewhere_and_a_replacement_is_re
             "ABLATE_CHECKPOINT_OPTIONS": json.dumps({"endpoint_url": s3_on_bridge}),
             "ABLATE_CHECKPOINT_KEEP_LAST": "1",
         }
-        with scheduler_process(database_url, ray_head, storage, log, "ablate-preempt", **options):
+        with scheduler_process(database_url, storage, log, "ablate-preempt", **options):
             runner.tick()  # fire: rent two, bootstrap, join; submit the grid
             with session_scope(database_url) as session:
                 sweep = session.scalars(select(Sweep).where(Sweep.schedule_id.isnot(None))).all()[-1]

@@ -35,7 +35,6 @@ from orchestrator.db.models import Event, Grid, Metric, Node, RentedInstance, Ru
 from orchestrator.db.session import session_scope
 from orchestrator.fleet.providers.base import InstanceLabel, LaunchSpec
 from orchestrator.fleet.providers.vast import VastProvider
-from orchestrator.fleet.ray_cluster import RayHead
 from orchestrator.vocabulary import RentedState, RunState, SweepState
 from tests.cluster.conftest import scheduler_process, worker_bed
 from tests.cluster.provider_sim import ProviderSim, SimInstance, bed_hooks, vast_offer
@@ -94,7 +93,7 @@ def _of_sweep(sim: ProviderSim, sweep_id: int) -> list[SimInstance]:
 
 
 def test_a_controller_killed_mid_sweep_leaks_nothing_after_restart(
-    database_url: str, testbed: TestBed, ray_head: RayHead, tmp_path: Path
+    database_url: str, testbed: TestBed, tmp_path: Path
 ) -> None:
     bed, storage = testbed, testbed.storage  # type: ignore[attr-defined]
     with session_scope(database_url) as session:
@@ -104,11 +103,11 @@ def test_a_controller_killed_mid_sweep_leaks_nothing_after_restart(
 
     def controller() -> Any:  # noqa: ANN401 - a context manager
         return scheduler_process(
-            database_url, ray_head, storage, log, "ablate-rent-restart", module="tests.cluster.rented_controller", **env
+            database_url, storage, log, "ablate-rent-restart", module="tests.cluster.rented_controller", **env
         )
 
     with ProviderSim(KEY, vast_offers=OFFERS, hooks=bed_hooks(bed, gpus=lambda inst: 2)) as sim:
-        env = controller_env(bed, ray_head, sim, KEY, CONTROLLER, tmp_path)
+        env = controller_env(bed, sim, KEY, CONTROLLER, tmp_path)
         # 1. Killed while renting: the first instance is recorded, the sweep is still provisioning.
         with controller() as proc:
             wait_for(lambda: _rows(database_url) >= 1, "the first rental recorded", 120, 0.05, log)

@@ -20,7 +20,6 @@ from sqlalchemy import select
 
 from orchestrator.db.models import Event, Grid, Node, RentedInstance, Run, Schedule, Sweep
 from orchestrator.db.session import session_scope
-from orchestrator.fleet.ray_cluster import RayHead
 from orchestrator.vocabulary import RentedState, RunState, SweepState
 from tests.cluster.conftest import scheduler_process, worker_bed
 from tests.cluster.provider_sim import ProviderSim, bed_hooks, vast_offer
@@ -50,7 +49,7 @@ def testbed() -> Iterator[TestBed]:
 
 
 def test_a_request_schedule_rents_two_nodes_trains_copies_back_and_destroys_them(
-    database_url: str, testbed: TestBed, ray_head: RayHead, tmp_path: Path
+    database_url: str, testbed: TestBed, tmp_path: Path
 ) -> None:
     bed, storage = testbed, testbed.storage  # type: ignore[attr-defined]
     with session_scope(database_url) as session:
@@ -59,9 +58,9 @@ def test_a_request_schedule_rents_two_nodes_trains_copies_back_and_destroys_them
     # The offers are 4-GPU machines; each becomes a bed node with 2 logical GPUs (two cores here).
     with ProviderSim(KEY, vast_offers=OFFERS, hooks=bed_hooks(bed, gpus=lambda inst: 2)) as sim:
         rental = bed_rental(bed.tag, tmp_path / "controller")
-        runner = vast_runner(database_url, storage, bed, ray_head, KEY, sim.url, rental)
+        runner = vast_runner(database_url, storage, bed, KEY, sim.url, rental)
         log = tmp_path / "scheduler.log"
-        with scheduler_process(database_url, ray_head, storage, log, "ablate-rented"):
+        with scheduler_process(database_url, storage, log, "ablate-rented"):
             fired = time.monotonic()
             runner.tick()  # fire: rent two, pin, register, bootstrap, join; submit the grid
             with session_scope(database_url) as session:

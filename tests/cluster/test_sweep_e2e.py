@@ -1,5 +1,5 @@
 """A whole overnight sweep on the test bed: cron fire on a controllable clock, two namespace nodes
-joined to the token-auth Ray head over real SSH, five tiny arms trained on the nodes' logical GPUs by
+each running its own Ray, reached over real SSH, five tiny arms trained on the nodes' logical GPUs by
 the real scheduler (its own process; the controller declares no GPUs), metrics streamed into the
 database while arms run, detector decisions, results copied back, nodes torn down.
 
@@ -24,7 +24,6 @@ from sqlalchemy import func, select
 from orchestrator.app import create_app
 from orchestrator.db.models import Event, Grid, Metric, Node, Run, Schedule, Sweep
 from orchestrator.db.session import session_scope
-from orchestrator.fleet.ray_cluster import RayHead
 from orchestrator.settings import Settings
 from orchestrator.sweeps.runner import SweepRunner
 from orchestrator.sweeps.schedules import ScheduleCreate, create_schedule, get_schedule
@@ -65,21 +64,20 @@ class Clock:
 class Controller:
     database_url: str
     storage: Path
-    head: RayHead
     bed: TestBed
 
 
 @pytest.fixture(scope="module")
 def controller(
-    database_url: str, testbed: TestBed, ray_head: RayHead, tmp_path_factory: pytest.TempPathFactory
+    database_url: str, testbed: TestBed, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Controller]:
-    """Nodes registered, and the real scheduler in its own process, joined to the head with the token."""
+    """Nodes registered, and the real scheduler in its own process, reaching them through their agents."""
     for node in testbed.nodes:
         register_node(database_url, node, price_per_hour=1.0)
     storage = testbed.storage  # type: ignore[attr-defined]
     log = tmp_path_factory.mktemp("scheduler") / "scheduler.log"
-    with scheduler_process(database_url, ray_head, storage, log, "ablate-bed"):
-        yield Controller(database_url, storage, ray_head, testbed)
+    with scheduler_process(database_url, storage, log, "ablate-bed"):
+        yield Controller(database_url, storage, testbed)
 
 
 @pytest.fixture(autouse=True)
@@ -155,7 +153,7 @@ def test_a_sweep_fires_trains_five_arms_on_two_nodes_copies_back_and_tears_down(
     c = controller
     clock = Clock(DAY.replace(hour=12))
     _schedule(c, "bed-nightly", clock, TINY)
-    runner = SweepRunner(c.database_url, c.storage, clock=clock, node_config=node_config(c.bed, c.head))
+    runner = SweepRunner(c.database_url, c.storage, clock=clock, node_config=node_config(c.bed))
 
     clock.now = DAY.replace(hour=22, second=5)
     runner.tick()  # fires and provisions: both nodes join for real
@@ -205,7 +203,7 @@ def test_the_budget_runs_out_mid_grid_arms_stop_gracefully_and_nodes_are_torn_do
     clock = Clock(DAY.replace(day=3, hour=12))
     long = {**TINY, "schedule": {**TINY["schedule"], "steps": 2000}}
     _schedule(c, "bed-capped", clock, long, budget=1.0)  # two nodes at 1.0/h: out after 30 minutes
-    runner = SweepRunner(c.database_url, c.storage, clock=clock, node_config=node_config(c.bed, c.head))
+    runner = SweepRunner(c.database_url, c.storage, clock=clock, node_config=node_config(c.bed))
 
     clock.now = DAY.replace(day=3, hour=22)
     runner.tick()

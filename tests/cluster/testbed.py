@@ -11,6 +11,11 @@ Everything is named after the creating process id (bridge, namespaces, veths, us
 two test beds on one machine never collide, and everything is removed by `close()`: processes of
 the node users by pid, the sshds by process group, namespaces, links, users, files.
 
+With `firewall=True` each node's namespace is firewalled (nftables) as a provider's NAT leaves a rented
+container: inbound, only SSH and replies to the node's own connections; outbound, no new connection to
+the controller's address (but the ports `allow_to_controller` opens: storage, the provider's API, which
+stand for services on the internet) or to any other node.
+
 Usable from pytest (tests/cluster/conftest.py) and from bench/ scripts:
 
     with TestBed(nodes=2, gpus=2) as bed:
@@ -112,6 +117,7 @@ class TestBed:
         private_paths: list[Path] | None = None,
         readable: list[Path] | None = None,
         tag: str | None = None,
+        firewall: bool = False,
     ) -> None:
         self.tag = tag or f"ab{os.getpid() % 100000}"
         self.count = nodes
@@ -119,6 +125,8 @@ class TestBed:
         self.private_paths = [Path(p) for p in private_paths or []]
         self.readable = [Path(p).resolve() for p in readable or []]
         self.root = Path("/tmp") / self.tag  # short: Ray's unix sockets live under the nodes' homes
+        self.firewall = firewall
+        self.controller_ports: list[int] = []  # what a firewalled node may still reach on the controller
         self.bridge = f"{self.tag}br"
         self.prefix = ""
         self.controller_ip = ""
@@ -143,9 +151,11 @@ class TestBed:
         """TestBedUnavailable unless this machine can create namespaces and run sshd."""
         if os.geteuid() != 0:
             raise TestBedUnavailable("the cluster test bed needs root (network namespaces, users, sshd)")
-        for tool in ("ip", "useradd", "userdel", "ssh-keygen", "ssh-keyscan", "unshare"):
+        for tool in ("ip", "useradd", "userdel", "ssh-keygen", "ssh-keyscan", "unshare", "nft"):
             if shutil.which(tool) is None:
-                raise TestBedUnavailable(f"`{tool}` is missing (Debian: iproute2, passwd, openssh-client, util-linux)")
+                raise TestBedUnavailable(
+                    f"`{tool}` is missing (Debian: iproute2, passwd, openssh-client, util-linux, nftables)"
+                )
         if not SSHD.exists():
             raise TestBedUnavailable("/usr/sbin/sshd is missing (Debian: openssh-server)")
         probe = f"abprobe{os.getpid() % 100000}"
@@ -189,6 +199,8 @@ class TestBed:
         _run("ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", "eth0")
         _run("ip", "-n", ns, "link", "set", "eth0", "up")
         _run("ip", "-n", ns, "link", "set", "lo", "up")
+        if self.firewall:
+            self._firewall(ns)
 
         # Its own login user and home; password '*' (no password, but not "locked": sshd without PAM
         # refuses a locked account even for a key).
@@ -310,6 +322,44 @@ class TestBed:
         # Trust it the way docs/operations.md tells users to.
         scan = _run("ssh-keyscan", "-t", "ed25519", node.ip)
         node.known_hosts.write_text(scan.stdout)
+
+    # -- the provider's NAT -------------------------------------------------------------------------
+
+    def _firewall(self, netns: str) -> None:
+        """The node's rules, replaced whole (nftables, in the node's namespace only)."""
+        ports = ", ".join(str(p) for p in sorted(set(self.controller_ports)))
+        storage = f"ip daddr {self.controller_ip} tcp dport {{ {ports} }} accept\n" if ports else ""
+        rules = (
+            "flush ruleset\n"
+            "table inet rented {\n"
+            "  chain inbound {\n"
+            "    type filter hook input priority 0; policy drop;\n"
+            '    iif "lo" accept\n'
+            "    ct state established,related accept\n"
+            "    tcp dport 22 accept\n"
+            "  }\n"
+            "  chain outbound {\n"
+            "    type filter hook output priority 0; policy accept;\n"
+            '    oif "lo" accept\n'
+            "    ct state established,related accept\n"
+            f"    {storage}"
+            f"    ip daddr {self.prefix}.0/24 meta l4proto tcp reject with tcp reset\n"
+            f"    ip daddr {self.prefix}.0/24 reject\n"
+            "  }\n"
+            "}\n"
+        )
+        result = subprocess.run(
+            ["ip", "netns", "exec", netns, "nft", "-f", "-"], input=rules, capture_output=True, text=True, timeout=60
+        )
+        if result.returncode != 0:
+            raise TestBedUnavailable(f"nftables in {netns}: {result.stderr.strip()} (Debian: nftables)")
+
+    def allow_to_controller(self, port: int) -> None:
+        """Let firewalled nodes (now and later) reach this port of the controller's address."""
+        self.controller_ports.append(port)
+        if self.firewall:
+            for node in self.nodes:
+                self._firewall(node.netns)
 
     # -- helpers for tests ---------------------------------------------------------------------------
 
