@@ -98,22 +98,12 @@ def load_records(out_dir: Path) -> list[dict[str, Any]]:
     return [by_step[s] for s in sorted(by_step)]
 
 
-def _node_ip() -> str | None:
-    try:
-        import ray
-
-        return ray.util.get_node_ip_address()
-    except Exception:  # noqa: BLE001 - outside Ray (tests calling the actor class directly)
-        return None
-
-
 def gpu_info() -> dict[str, Any]:
     """What this process sees: Ray's CUDA_VISIBLE_DEVICES and, on a real GPU, its name and UUID."""
     info: dict[str, Any] = {
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "pid": os.getpid(),
         "node": socket.gethostname(),
-        "node_ip": _node_ip(),  # namespaces on one host (the test bed) share a hostname, not an IP
         "gpu_name": None,
         "gpu_uuid": None,
     }
@@ -169,7 +159,7 @@ class ArmWorker:
         self._state = "running"  # running | done | error
         self._error: str | None = None
         self._stop = threading.Event()
-        self._info: dict[str, Any] = {"pid": os.getpid(), "node": socket.gethostname(), "node_ip": _node_ip()}
+        self._info: dict[str, Any] = {"pid": os.getpid(), "node": socket.gethostname()}
         self._store = None
         try:
             self.out_dir.mkdir(parents=True, exist_ok=True)

@@ -29,12 +29,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import socket
 import sys
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from worker.node_ray import TOKEN_FILE, auth_env, start_head, stop_session_dir
+from worker.node_ray import TOKEN_FILE, auth_env, register_agent, start_head, stop_session_dir
 
 PROTOCOL = 1
 WORKER_PREFIX = "ablate-run-"
@@ -232,8 +233,14 @@ def main(argv: list[str] | None = None) -> int:
     protocol_out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    connect(args.namespace, args.ray_dir, args.address, args.local_gpus)
-    serve(Agent(args.namespace), sys.stdin.buffer, protocol_out)
+    mark = register_agent(args.ray_dir.resolve()) if args.ray_dir is not None else None
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stop-head: end as if stdin closed
+    try:
+        connect(args.namespace, args.ray_dir, args.address, args.local_gpus)
+        serve(Agent(args.namespace), sys.stdin.buffer, protocol_out)
+    finally:
+        if mark is not None:
+            mark.unlink(missing_ok=True)
     return 0
 
 

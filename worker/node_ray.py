@@ -27,6 +27,7 @@ from pathlib import Path
 SESSION_FILE = "session"
 TOKEN_FILE = "token"
 ADDRESS_FILE = "address"
+AGENTS_DIR = "agents"  # one file per live agent process (its pid): stopping the node's Ray ends them too
 
 
 def ensure_token(path: Path) -> str:
@@ -96,15 +97,41 @@ def start_session(directory: Path, command: list[str], env: dict[str, str] | Non
     return proc.wait()
 
 
+def register_agent(directory: Path) -> Path:
+    """Note this process as an agent of the node's Ray (removed by the caller on exit)."""
+    agents = directory / AGENTS_DIR
+    agents.mkdir(parents=True, exist_ok=True)
+    mark = agents / str(os.getpid())
+    mark.write_text(" ".join(sys.argv))
+    return mark
+
+
+def _stop_agents(directory: Path) -> list[int]:
+    """SIGTERM the agents noted in directory/agents that are still ours (the pid runs worker.agent)."""
+    stopped = []
+    for mark in sorted((directory / AGENTS_DIR).glob("*")) if (directory / AGENTS_DIR).is_dir() else []:
+        pid = int(mark.name) if mark.name.isdigit() else 0
+        try:
+            if pid and b"worker.agent" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                os.kill(pid, signal.SIGTERM)
+                stopped.append(pid)
+        except (OSError, ProcessLookupError):
+            pass
+        mark.unlink(missing_ok=True)
+    return stopped
+
+
 def stop_session_dir(directory: Path, grace_s: float = 15.0) -> list[int]:
-    """Stop the session recorded in directory/session (nothing if there is none); forget it."""
+    """Stop the session recorded in directory/session (nothing if there is none) and the node's agents;
+    forget them."""
+    agents = _stop_agents(directory)
     path = directory / SESSION_FILE
     if not path.is_file():
-        return []
+        return agents
     pids = stop_session(int(path.read_text().strip()), grace_s)
     path.unlink()
     (directory / ADDRESS_FILE).unlink(missing_ok=True)
-    return pids
+    return [*agents, *pids]
 
 
 def head_running(directory: Path) -> bool:

@@ -70,7 +70,6 @@ class WorkerInfo(BaseModel):
     cuda_visible_devices: Annotated[str | None, Field(max_length=256)] = None
     pid: int | None = None
     node: Annotated[str | None, Field(max_length=255)] = None
-    node_ip: Annotated[str | None, Field(max_length=64)] = None
     gpu_name: Annotated[str | None, Field(max_length=255)] = None
     gpu_uuid: Annotated[str | None, Field(max_length=128)] = None
     provenance: dict[str, Any] | None = None

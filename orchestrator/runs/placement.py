@@ -75,25 +75,29 @@ class Worker:
     ingest_failures: int = 0  # consecutive replies that could not be stored (not counting DB outages)
 
 
-def mark_running(session: Session, run: Run, info: dict[str, Any]) -> None:
-    """The worker's first reply: where the run landed (GPU, node) and what it runs (versions); starting -> running."""
+def mark_running(session: Session, run: Run, info: dict[str, Any], node_name: str) -> None:
+    """The worker's first reply: where the run landed (GPU, node) and what it runs (versions); starting -> running.
+
+    `info` is what the node says (validated, lengths bounded); `node_name` is the node the controller
+    started the worker on, the one name of it that copy-back and the dashboard rely on."""
     run.versions = info.get("provenance") or run.versions
     run.gpu_index = info.get("cuda_visible_devices")
     run.gpu_name = info.get("gpu_name") or run.gpu_name
     run.gpu_uuid = info.get("gpu_uuid")
     run.node = info.get("node")
-    # Every node it ran on (a lost node's run resumes elsewhere); hostname and Ray node IP, since
+    # Every node it ran on (a lost node's run resumes elsewhere), by the controller's name for it:
     # machines (namespaces of the test bed, cloned images) can share a hostname.
-    where = f"{run.node} ({info['node_ip']})" if info.get("node_ip") else run.node
-    if where and (run.nodes or [None])[-1] != where:
-        run.nodes = [*(run.nodes or []), where]
+    if (run.nodes or [None])[-1] != node_name:
+        run.nodes = [*(run.nodes or []), node_name]
     if run.state == RunState.starting:
         run.state = RunState.running
+        said = {k: v for k, v in info.items() if k not in ("provenance", "node_name")}
         record_event(
             session,
             run,
             "started",
-            f"on GPU {run.gpu_index} ({run.gpu_name or 'logical'}) of {run.node}",
+            f"on GPU {run.gpu_index} ({run.gpu_name or 'logical'}) of node {node_name} ({run.node})",
             attempt=run.retries,
-            **{k: v for k, v in info.items() if k != "provenance"},
+            **said,
+            node_name=node_name,
         )

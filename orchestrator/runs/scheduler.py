@@ -300,7 +300,7 @@ class Scheduler:
                 self._kill(worker)
                 return True
             if not worker.started and reply.state != "error":  # a worker that failed never started
-                mark_running(session, run, reply.info.model_dump())
+                mark_running(session, run, reply.info.model_dump(), worker.node)
             if reply.records:
                 ingest(session, run, reply.records)
             seen = record_storage(session, run, worker.attempt, reply.storage, worker.storage_seen)

@@ -38,21 +38,21 @@ def copy_back(
     with session_scope(database_url) as session:
         grid = session.get(Grid, grid_id) if grid_id is not None else None
         nodes = {n.name: n for n in session.scalars(select(Node).where(Node.name.in_(names)))}
-        # A worker records its hostname and Ray node IP; map them (and the SSH host) back to the node
-        # that ran it. The IP first: machines (the test bed's namespaces, cloned images) share hostnames.
+        # The controller records the node it started each worker on (its name); a worker's own hostname
+        # is the fallback for runs from before that (machines can share hostnames).
         aliases = {
             alias: name
             for name, n in nodes.items()
             for alias in (name, n.host, n.last_probe.get("hostname"))
             if alias
         }
-        started_ip = started_ips(session, [r.id for r in grid.runs] if grid is not None else [])
+        started_on = started_nodes(session, [r.id for r in grid.runs] if grid is not None else [])
         export = []
         for run in grid.runs if grid is not None else []:
             record = RunPublic.from_row(run, run.metrics[-1] if run.metrics else None)
             metrics = [MetricPublic.model_validate(m).model_dump(mode="json") for m in run.metrics]
             export.append({**record.model_dump(mode="json"), "metrics": metrics})
-            owner = aliases.get(started_ip.get(run.id, "")) or aliases.get(run.node or "")
+            owner = aliases.get(started_on.get(run.id, "")) or aliases.get(run.node or "")
             local = results / "runs" / f"{run.id}-{path_part(run.arm)}"
             if run.checkpoint_url:
                 stored.append((run.checkpoint_url, local, owner, run.checkpoint_dir))
@@ -89,8 +89,8 @@ def copy_back(
     return problems, failed
 
 
-def started_ips(session: Session, run_ids: list[int]) -> dict[int, str]:
-    """Run id -> the Ray node IP its latest worker reported when it started (from the "started" events)."""
+def started_nodes(session: Session, run_ids: list[int]) -> dict[int, str]:
+    """Run id -> the node its latest worker was started on (the controller's "started" events)."""
     ips: dict[int, str] = {}
     if not run_ids:
         return ips
@@ -98,8 +98,8 @@ def started_ips(session: Session, run_ids: list[int]) -> dict[int, str]:
         select(Event).where(Event.run_id.in_(run_ids), Event.kind == "started").order_by(Event.id)
     )
     for event in events:
-        if isinstance(event.data, dict) and event.data.get("node_ip"):
-            ips[event.run_id] = str(event.data["node_ip"])  # type: ignore[index]
+        if isinstance(event.data, dict) and event.data.get("node_name"):
+            ips[event.run_id] = str(event.data["node_name"])  # type: ignore[index]
     return ips
 
 

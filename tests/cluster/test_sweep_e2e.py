@@ -125,15 +125,15 @@ def _streaming(c: Controller, grid_id: int) -> bool:
         )
 
 
-def _started_ips(c: Controller, grid_id: int) -> dict[str, tuple[str, str]]:
-    """Arm -> (node IP, CUDA_VISIBLE_DEVICES) from the workers' own reports."""
+def _started_on(c: Controller, grid_id: int) -> dict[str, tuple[str, str]]:
+    """Arm -> (the node the controller started it on, CUDA_VISIBLE_DEVICES as the worker reported it)."""
     with session_scope(c.database_url) as session:
         rows = session.execute(
             select(Run.arm, Event.data)
             .join(Event, Event.run_id == Run.id)
             .where(Run.grid_id == grid_id, Event.kind == "started")
         ).all()
-    return {arm: (data["node_ip"], data["cuda_visible_devices"]) for arm, data in rows}
+    return {arm: (data["node_name"], data["cuda_visible_devices"]) for arm, data in rows}
 
 
 def _assert_torn_down(c: Controller) -> None:
@@ -180,9 +180,8 @@ def test_a_sweep_fires_trains_five_arms_on_two_nodes_copies_back_and_tears_down(
     assert exploded.state == RunState.stopped, (exploded.state, exploded.error)
     assert exploded.decision in (RunDecision.DIVERGED, RunDecision.COLLAPSE) and exploded.decision_reason
     assert exploded.best_step == 5 and exploded.best_checkpoint
-    placed = _started_ips(c, sweep.grid_id)
-    node_ips = {n.ip for n in c.bed.nodes}
-    assert {ip for ip, _ in placed.values()} == node_ips  # both nodes trained; the controller has no GPUs
+    placed = _started_on(c, sweep.grid_id)
+    assert {node for node, _ in placed.values()} == {n.name for n in c.bed.nodes}  # both trained; no local node
     assert {gpu for _, gpu in placed.values()} <= {"0", "1"}  # one logical GPU of the node each
 
     results = Path(sweep.results_dir)
