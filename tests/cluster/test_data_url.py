@@ -74,7 +74,7 @@ def test_a_node_fetches_data_url_once_and_its_arms_train_from_it(
     with session_scope(database_url) as session:
         for run in session.scalars(select(Run).where(Run.id.in_(ids))):
             assert run.state == RunState.completed, (run.arm, run.state, run.error)
-            assert run.nodes[-1].endswith(f"({node.ip})")
+            assert run.nodes == [node.name]
             extras = session.scalars(select(Metric.extra).where(Metric.run_id == run.id).order_by(Metric.step)).all()
             assert len(extras) == 2 and all(e["data_fetch"] == extras[0]["data_fetch"] for e in extras)
             fetches.append(extras[0]["data_fetch"])

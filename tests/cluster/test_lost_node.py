@@ -110,10 +110,9 @@ def test_a_lost_node_s_arms_resume_on_the_other_node_from_storage(
     wait_for(lambda: all(_stored(database_url, i) >= 20 for i in ids), "two stored checkpoints per arm", 240, 0.3, log)
     runs = _runs(database_url, ids)
     assert all(r.state == RunState.running for r in runs), [(r.arm, r.state, r.error) for r in runs]
-    victim_ip = runs[0].nodes[-1].split("(")[-1].rstrip(")")
-    victim = next(n for n in testbed.nodes if n.ip == victim_ip)
+    victim = next(n for n in testbed.nodes if n.name == runs[0].nodes[-1])  # run.nodes: the nodes' names
     survivor = next(n for n in testbed.nodes if n is not victim)
-    on_victim = [r.id for r in runs if r.nodes[-1].endswith(f"({victim.ip})")]
+    on_victim = [r.id for r in runs if r.nodes[-1] == victim.name]
     stored_at_loss = {i: _stored(database_url, i) for i in on_victim}
     _lose(testbed, victim)
 
@@ -129,11 +128,11 @@ def test_a_lost_node_s_arms_resume_on_the_other_node_from_storage(
             if run.id in on_victim:
                 # Re-queued once, resumed on the survivor from the newest checkpoint stored in S3.
                 assert run.retries == 1, run.arm
-                assert [n.split("(")[-1].rstrip(")") for n in run.nodes] == [victim.ip, survivor.ip]
+                assert run.nodes == [victim.name, survivor.name]
                 assert len(fetched) == 1 and fetched[0].data["step"] >= stored_at_loss[run.id]
                 assert fetched[0].data["url"] == run.checkpoint_url
             else:
-                assert run.retries == 0 and fetched == [] and run.nodes[-1].endswith(f"({survivor.ip})")
+                assert run.retries == 0 and fetched == [] and run.nodes[-1] == survivor.name
             # The same values as the same spec trained without interruption on CPU.
             straight = _uninterrupted(run.spec, tmp_path / run.arm)
             metrics = session.scalars(select(Metric).where(Metric.run_id == run.id).order_by(Metric.step)).all()

@@ -112,9 +112,13 @@ def test_a_preempted_rented_node_s_arms_resume_elsewhere_and_a_replacement_is_re
                 time.sleep(0.5)
             runs = _runs(database_url, sweep.grid_id)
             first = next(r for r in runs if r.state == RunState.running and _stored(database_url, r.id) >= 10)
-            victim_ip = first.nodes[-1].split("(")[-1].rstrip(")")
-            victim = next(i for i in sim.live() if i.ssh_host == victim_ip)
-            on_victim = [r.id for r in runs if r.state == RunState.running and r.nodes[-1].endswith(f"({victim_ip})")]
+            victim_node = first.nodes[-1]  # run.nodes: the names of the nodes it ran on
+            with session_scope(database_url) as session:
+                victim_id = session.scalars(
+                    select(RentedInstance.instance_id).where(RentedInstance.node_name == victim_node)
+                ).one()
+            victim = sim.instances[victim_id]
+            on_victim = [r.id for r in runs if r.state == RunState.running and r.nodes[-1] == victim_node]
             stored_at_loss = {i: _stored(database_url, i) for i in on_victim}
             preempted_at = utcnow()
             sim.preempt(victim.id)
@@ -171,7 +175,7 @@ def test_a_preempted_rented_node_s_arms_resume_elsewhere_and_a_replacement_is_re
             if run.id in on_victim:
                 assert run.retries >= 1, run.arm
                 assert fetched[run.id] and fetched[run.id][0]["step"] >= stored_at_loss[run.id], run.arm
-                assert not run.nodes[-1].endswith(f"({victim_ip})"), run.nodes
+                assert run.nodes[-1] != victim_node, run.nodes
             assert (Path(sweep.results_dir) / "runs" / f"{run.id}-{run.arm}" / "best.pt").is_file()
         # The preempted instance destroyed (confirmed), a replacement rented from the third offer.
         by_offer = {i.offer_id: i for i in instances}

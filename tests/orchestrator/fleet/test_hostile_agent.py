@@ -1,0 +1,139 @@
+"""A node whose agent is hostile: the real scheduler drives a run on it and refuses everything it sends.
+
+The "node" is a stand-in agent process speaking the agent protocol over pipes, the same byte stream
+and the same AgentLink the controller uses over a node's SSH channel. Each mode sends one kind of attack
+on the first poll: a pickle whose unpickling would create a canary file, malformed JSON, a reply over
+the size limit, a name with `..`, a reply that never ends, records claiming another run. For each, the
+run ends failed with a reason that says what was refused, the canary never appears, and the scheduler
+keeps running.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from orchestrator.db.models import Event, Run
+from orchestrator.db.session import session_scope
+from orchestrator.fleet.agent_link import AgentLink, AgentProtocolError, ProcessStream
+from orchestrator.runs.grids import GridCreate, create_grid
+from orchestrator.runs.scheduler import Scheduler
+from orchestrator.settings import Settings
+from tests.orchestrator.factories import tiny_overrides
+from tests.polling import wait_for
+
+HOSTILE = r'''
+import json, os, pickle, sys, time
+mode, canary = sys.argv[1], sys.argv[2]
+
+
+class Payload:
+    def __reduce__(self):
+        return (os.system, (f"touch {canary}",))
+
+
+def send(data):
+    sys.stdout.buffer.write(data)
+    sys.stdout.buffer.flush()
+
+
+def reply(req, result):
+    send(json.dumps({"id": req["id"], "ok": True, "result": result}).encode() + b"\n")
+
+
+good = {"state": "running", "info": {"pid": 1, "node": "hostile"}, "records": [], "stopping": False}
+for line in sys.stdin:
+    req = json.loads(line)
+    if req["op"] == "hello":
+        reply(req, {"protocol": 1, "node": "hostile", "gpus": 1, "workers": []})
+    elif req["op"] != "poll":
+        reply(req, {"adopted": False, "found": True})
+    else:
+        name = next(iter(req["runs"]))
+        run_id = int(name.split("-")[2])
+        if mode == "pickle":
+            send(pickle.dumps(Payload()) + b"\n")
+        elif mode == "malformed":
+            send(b'{"id": %d, "ok": true, "result": {"runs": {\n' % req["id"])
+        elif mode == "huge":
+            reply(req, {"runs": {name: {**good, "error": "x" * (17 << 20)}}})
+        elif mode == "traversal":
+            reply(req, {"runs": {"../../etc/passwd": good, name: good}})
+        elif mode == "endless":
+            send(b'{"id": %d, "ok": true, "result": ' % req["id"])
+            while True:
+                send(b"[" * 65536)
+        elif mode == "other-run":
+            record = {"step": 1, "run_id": run_id + 1000, "loss": 0.1}
+            reply(req, {"runs": {name: {**good, "records": [record]}}})
+'''
+
+REFUSED = {
+    "pickle": "refused a reply that is not JSON",
+    "malformed": "refused a reply that is not JSON",
+    "huge": "refused a reply over",
+    "traversal": "refused an invalid poll reply: runs.../../etc/passwd",
+    "endless": "refused a reply over",
+    "other-run": "claims run",
+}
+
+
+@pytest.fixture
+def hostile(tmp_path: Path) -> Path:
+    script = tmp_path / "hostile_agent.py"
+    script.write_text(HOSTILE)
+    return script
+
+
+@pytest.mark.parametrize("mode", list(REFUSED))
+def test_what_a_hostile_node_sends_is_refused_and_nothing_executes(
+    mode: str, hostile: Path, database_url: str, tmp_path: Path
+) -> None:
+    canary = tmp_path / "canary"
+    settings = Settings(
+        database_url=database_url, storage_dir=tmp_path / "storage", scheduler_interval_s=0.2, max_retries=0
+    )
+    scheduler = Scheduler(settings, local_agent=[sys.executable, str(hostile), mode, str(canary)])
+    with session_scope(database_url) as session:
+        grid = create_grid(session, GridCreate(name=f"hostile-{mode}", arms=["A"], overrides=tiny_overrides(steps=4)))
+        run_id = grid.runs[0].id
+    scheduler.start()
+    try:
+        wait_for(lambda: _run(database_url, run_id).state == "failed", f"the {mode} node's run to fail", 60)
+        assert scheduler._thread is not None and scheduler._thread.is_alive()  # the controller serves on
+    finally:
+        assert scheduler.stop()
+    run = _run(database_url, run_id)
+    assert REFUSED[mode] in (run.error or ""), run.error
+    assert not canary.exists(), "something the node sent was executed"
+    with session_scope(database_url) as session:
+        kinds = list(session.scalars(select(Event.kind).where(Event.run_id == run_id)))
+    assert "started" not in kinds and "checkpoint" not in kinds  # nothing of the reply was stored
+
+
+def _run(database_url: str, run_id: int) -> Run:
+    with session_scope(database_url) as session:
+        run = session.get_one(Run, run_id)
+        session.expunge(run)
+    return run
+
+
+def test_a_reply_begun_and_never_ended_is_refused_at_the_deadline(hostile: Path, tmp_path: Path) -> None:
+    """A trickle under the size limit: the link gives up at its deadline and says the reply never ended."""
+    slow = hostile.with_name("slow.py")
+    slow.write_text(hostile.read_text().replace('send(b"[" * 65536)', 'send(b"["); time.sleep(0.05)'))
+    stream = ProcessStream([sys.executable, str(slow), "endless", str(tmp_path / "canary")], {}, tmp_path / "log")
+    link = AgentLink("slow", stream)
+    try:
+        assert link.hello().gpus == 1
+        started = time.monotonic()
+        with pytest.raises(AgentProtocolError, match="without an end") as refused:
+            link.request("poll", timeout_s=2.0, runs={"ablate-run-1-0": None}, wait_s=0.1)
+        assert refused.value.violation and time.monotonic() - started < 10
+        assert link.closed
+    finally:
+        link.close()
