@@ -6,6 +6,7 @@ import base64
 import hashlib
 import json
 import re
+import stat
 import subprocess
 import sys
 import zipfile
@@ -108,11 +109,10 @@ def test_failing_step_stops_the_sequence_with_command_and_output(database_url: s
     assert "disk full" in rows[1].data["stderr"]
 
 
-def test_bootstrap_installs_venv_and_joins_then_teardown_removes(database_url: str, sshd, tmp_path: Path) -> None:  # noqa: ANN001
+def test_bootstrap_installs_venv_and_starts_then_teardown_removes(database_url: str, sshd, tmp_path: Path) -> None:  # noqa: ANN001
     _register(database_url, sshd, "quad-boot")
     remote = sshd.workdir / "boot"
     config = BootstrapConfig(
-        ray_address="10.1.2.3:6379",
         python=sys.executable,  # the interpreter of this test run: same Python minor version as the "controller"
         package=_tiny_wheel(tmp_path),
         remote_dir=sshd.relative(remote),
@@ -121,16 +121,22 @@ def test_bootstrap_installs_venv_and_joins_then_teardown_removes(database_url: s
             "{venv}/bin/pip install --no-index --no-deps {package}",
             "{venv}/bin/python -c 'import ablate_probe_pkg; print(ablate_probe_pkg.MARK)'",
         ],
-        # `ray start/stop` would stop every Ray of this user on the (shared) test machine: a recorded join instead.
-        join=["echo {ray_address} {num_gpus} > {remote_dir}/joined"],
-        leave=["rm -f {remote_dir}/joined"],
+        # A node's Ray head on the test machine itself would be one more Ray here: a recorded start instead
+        # (tests/cluster starts real ones in namespaces).
+        start=["echo {num_gpus} > {remote_dir}/started"],
+        env={"ABLATE_PROBE": "a b"},
+        leave=["rm -f {remote_dir}/started"],
         command_timeout_s=300,
     )
     found = bootstrap_node(database_url, "quad-boot", config)
     assert len(found["gpus"]) == 4
     assert (remote / "ablate_probe_pkg-0.1-py3-none-any.whl").is_file()  # copied over SFTP
     assert (remote / "venv" / "bin" / "python").exists()
-    assert (remote / "joined").read_text().split() == ["10.1.2.3:6379", "4"]
+    assert (remote / "started").read_text().split() == ["4"]
+    launcher = remote / "agent"  # what the controller runs over SSH to reach the node's agent
+    assert stat.S_IMODE(launcher.stat().st_mode) == 0o700
+    text = launcher.read_text().replace(config.remote_dir + "/", "")
+    assert "ABLATE_PROBE='a b' venv/bin/python -m worker.agent" in text
     with session_scope(database_url) as session:
         node = get_node(session, "quad-boot")
         assert node.state == "joined"
@@ -144,40 +150,43 @@ def test_bootstrap_installs_venv_and_joins_then_teardown_removes(database_url: s
 
 
 def test_failed_bootstrap_marks_the_node_until_the_next_one(database_url: str, sshd, monkeypatch) -> None:  # noqa: ANN001
-    """A join that exits 126 leaves the node `bootstrap_failed (join: exit 126)`, through the teardown that
+    """A start that exits 126 leaves the node `bootstrap_failed (start: exit 126)`, through the teardown that
     follows, in `ablate nodes list` too; the next bootstrap that succeeds clears it."""
     from orchestrator.cli import _register as register_commands
 
     _register(database_url, sshd, "quad-broken")
     remote = sshd.relative(sshd.workdir / "broken")
     failing = BootstrapConfig(
-        ray_address="10.1.2.3:6379", match_python=False, remote_dir=remote, install=["true"],
-        join=["sh -c 'exit 126'"], leave=["true"], cleanup=["true"],
+        remote_dir=remote, install=["true"], start=["sh -c 'exit 126'"], leave=["true"], cleanup=["true"],
     )
     with pytest.raises(CommandFailed, match="exited 126"):
         bootstrap_node(database_url, "quad-broken", failing)
     node = _node(database_url, "quad-broken")
-    assert (node.state, node.state_detail) == ("bootstrap_failed", "join: exit 126")
+    assert (node.state, node.state_detail) == ("bootstrap_failed", "start: exit 126")
     teardown_node(database_url, "quad-broken", failing)
     assert _node(database_url, "quad-broken").state == "bootstrap_failed", "teardown must not hide the failure"
 
     register_commands()
     monkeypatch.setenv("ABLATE_DATABASE_URL", database_url)
     listed = CliRunner().invoke(app, ["nodes", "list"])
-    assert listed.exit_code == 0 and "bootstrap_failed (join: exit 126)" in listed.output, listed.output
+    assert listed.exit_code == 0 and "bootstrap_failed (start: exit 126)" in listed.output, listed.output
 
-    fixed = failing.model_copy(update={"join": ["true"]})
+    fixed = failing.model_copy(update={"start": ["true"]})
     bootstrap_node(database_url, "quad-broken", fixed)
     node = _node(database_url, "quad-broken")
     assert (node.state, node.state_detail) == ("joined", None)
 
 
-def test_bootstrap_without_ray_address_is_refused_before_any_command(database_url: str, sshd) -> None:  # noqa: ANN001
-    _register(database_url, sshd, "quad-noaddr")
+def test_bootstrap_without_the_package_it_installs_is_refused_before_any_command(database_url: str, sshd) -> None:  # noqa: ANN001
+    _register(database_url, sshd, "quad-nopkg")
     from orchestrator.fleet.errors import NodeError
 
-    with pytest.raises(NodeError, match="ABLATE_NODE_RAY_ADDRESS"):
-        bootstrap_node(database_url, "quad-noaddr", BootstrapConfig(ray_address=None, install=["true"]))
+    with pytest.raises(NodeError, match="ABLATE_NODE_PACKAGE"):
+        bootstrap_node(database_url, "quad-nopkg", BootstrapConfig(package=None))
+    with session_scope(database_url) as session:
+        node_id = get_node(session, "quad-nopkg").id
+        ran = session.scalars(select(Event).where(Event.node_id == node_id, Event.kind == "node.command")).all()
+    assert ran and not any("mkdir" in e.message or "pip" in e.message for e in ran)  # the probe's, none of bootstrap's
 
 
 def test_changed_host_key_is_refused_with_fingerprint(database_url: str, sshd, tmp_path: Path) -> None:  # noqa: ANN001

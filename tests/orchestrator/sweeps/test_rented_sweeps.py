@@ -77,11 +77,10 @@ def _runner(database_url: str, sshd, sim: ProviderSim, tmp_path: Path, remote: P
         deadman=DeadmanConfig(enabled=False),
     )
     config = BootstrapConfig(
-        ray_address="127.0.0.1:6379",
         python=sys.executable,
         remote_dir=remote.relative_to(pwd.getpwuid(os.getuid()).pw_dir).as_posix(),
         install=["{python} -c 'import sys; print(sys.version)'"],
-        join=["echo {ray_address} {num_gpus} > {remote_dir}/joined"],
+        start=["echo {num_gpus} > {remote_dir}/joined"],
         leave=["rm -f {remote_dir}/joined"],
         command_timeout_s=60,
     )
@@ -137,7 +136,7 @@ def test_a_request_sweep_rents_pins_runs_and_destroys_with_spend_equal_to_the_bi
     assert (instance.offer_id, instance.state, instance.price_per_hour) == ("302", RentedState.running, 1.2)
     assert instance.label == f"ablate.night.s{sweep.id}" == sim.instances[instance.instance_id].label
     assert sweep.nodes == [f"vast-{instance.instance_id}"] and sweep.price_per_hour == 1.2
-    assert (remote / "joined").read_text().split() == ["127.0.0.1:6379", "4"]
+    assert (remote / "joined").read_text().split() == ["4"]
     # The host key offered at first contact, and only for this instance, is what the node row trusts.
     with session_scope(database_url) as session:
         node = session.scalars(select(Node).where(Node.name == sweep.nodes[0])).one()
@@ -249,9 +248,9 @@ def test_no_api_key_in_any_event_or_response(
     sim: ProviderSim,
     tmp_path: Path,
 ) -> None:
-    # A sweep that rents and fails (bootstrap's join exits 3 on every offer) writes events of every kind.
+    # A sweep that rents and fails (bootstrap's start exits 3 on every offer) writes events of every kind.
     runner = _runner(database_url, sshd, sim, tmp_path, sshd.workdir / "secret")
-    runner.node_config = runner.node_config.model_copy(update={"join": ["exit 3"]})  # type: ignore[union-attr]
+    runner.node_config = runner.node_config.model_copy(update={"start": ["exit 3"]})  # type: ignore[union-attr]
     _schedule(database_url, "rent-secret")
     runner.tick()
     sweep = _sweep(database_url, "rent-secret")

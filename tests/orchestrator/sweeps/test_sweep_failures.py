@@ -52,11 +52,10 @@ def _one_schedule_at_a_time(database_url: str) -> None:
 
 def _config(remote: Path, **kw: object) -> BootstrapConfig:
     values: dict[str, object] = {
-        "ray_address": "127.0.0.1:6379",
         "python": sys.executable,
         "remote_dir": remote.relative_to(pwd.getpwuid(os.getuid()).pw_dir).as_posix(),
         "install": ["{python} -c 'print(1)'"],
-        "join": ["echo joined > {remote_dir}/joined"],
+        "start": ["echo joined > {remote_dir}/joined"],
         "leave": ["rm -f {remote_dir}/joined"],
         "command_timeout_s": 60,
     }
@@ -132,7 +131,7 @@ def test_copy_back_os_error_ends_the_sweep_and_releases_the_node(
     sweep = _sweep(database_url, "copyfail")
     assert sweep.state == SweepState.failed
     assert "copying results from flaky-node: FileExistsError" in sweep.error
-    assert not (remote / "joined").exists()  # left the cluster
+    assert not (remote / "joined").exists()  # the node's Ray stopped (leave)
     assert (ckpt / "best.pt").exists()  # its files are kept on the node, since they were not copied
     spend = sweep.spend
     clock.now = DAY.replace(hour=23, minute=30)

@@ -67,14 +67,13 @@ def _quiet_schedules(database_url: str) -> Iterator[None]:
 
 
 def _config(remote: Path, install: list[str] | None = None) -> BootstrapConfig:
-    # A cheap real command sequence in place of venv + pip install; a recorded join in place of
-    # `ray start` (whose `ray stop` would stop every Ray of this user on a shared machine).
+    # A cheap real command sequence in place of venv + pip install; a recorded start in place of the node's
+    # Ray head (tests/cluster starts real ones in namespaces).
     return BootstrapConfig(
-        ray_address="127.0.0.1:6379",
-        python=sys.executable,  # same Python minor version as the "controller" (checked by bootstrap)
+        python=sys.executable,
         remote_dir=remote.relative_to(pwd.getpwuid(os.getuid()).pw_dir).as_posix(),  # login-relative
         install=install or ["{python} -c 'import sys; print(sys.version)'"],
-        join=["echo {ray_address} {num_gpus} > {remote_dir}/joined"],
+        start=["echo {num_gpus} > {remote_dir}/joined"],
         leave=["rm -f {remote_dir}/joined"],
         command_timeout_s=60,
     )
@@ -124,7 +123,7 @@ def test_nightly_sweep_provisions_runs_copies_back_and_tears_down(
     runner.tick()
     [sweep] = _sweeps(database_url, "nightly")
     assert (sweep.state, sweep.late, sweep.price_per_hour) == ("running", False, 2.0)
-    assert (remote / "joined").read_text().split() == ["127.0.0.1:6379", "4"]  # bootstrapped with its 4 GPUs
+    assert (remote / "joined").read_text().split() == ["4"]  # bootstrapped with its 4 GPUs
     runs = _runs(database_url, sweep.grid_id)
     assert sorted(runs) == ["A", "B"] and {r.state for r in runs.values()} == {RunState.queued}
     with session_scope(database_url) as session:
