@@ -10,6 +10,8 @@ Measured per sweep:
     renting both nodes included;
   - last result -> destroy confirmed: the sweep's last metric row to the last instance's
     `destroy_confirmed_at` (copy-back, leave, destroy, the provider's confirmation);
+  - record -> database: for every checkpoint, its line appearing in the worker's records.jsonl on the
+    node's disk (watched every 20 ms) to its metric row's created_at (agent poll, SSH, ingest);
 and once, after the sweeps:
   - a leaked instance found and destroyed: an instance labelled for a sweep that is not under way is
     planted, then a new controller process (tests/cluster/rented_controller.py: scheduler + sweep
@@ -21,7 +23,10 @@ and once, after the sweeps:
 from __future__ import annotations
 
 import argparse
+import json
+import statistics
 import sys
+import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -56,7 +61,36 @@ TINY = {
 ARMS = ["A", "B", "C", {"parent": "A", "name": "A2"}, {"parent": "A", "name": "A3"}]
 
 
-def one_sweep(runner: SweepRunner, database_url: str, night: int) -> dict[str, float]:
+class RecordWatch(threading.Thread):
+    """When each checkpoint record first appears on a node's disk: (run id, step) -> time.time()."""
+
+    def __init__(self, bed: TestBed, storage: Path) -> None:
+        super().__init__(daemon=True)
+        self.bed, self.storage, self.seen = bed, storage, {}
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        while not self.halt.wait(0.02):
+            for node in list(self.bed.nodes):
+                root = node.private.get(self.storage)
+                try:
+                    paths = list(root.glob("runs/*/records.jsonl")) if root is not None else []
+                except OSError:  # the node is being removed
+                    continue
+                for path in paths:
+                    now = time.time()
+                    try:
+                        lines = path.read_text().splitlines()
+                    except OSError:
+                        continue
+                    for line in lines:
+                        try:
+                            self.seen.setdefault((int(path.parent.name), int(json.loads(line)["step"])), now)
+                        except (ValueError, KeyError):
+                            continue  # a line being written
+
+
+def one_sweep(runner: SweepRunner, database_url: str, night: int, watch: RecordWatch) -> dict[str, float]:
     with session_scope(database_url) as session:
         for schedule in session.scalars(select(Schedule)):  # an earlier night's schedule would fire too
             schedule.paused = True
@@ -87,10 +121,17 @@ def one_sweep(runner: SweepRunner, database_url: str, night: int) -> dict[str, f
         destroyed = session.scalar(
             select(func.max(RentedInstance.destroy_confirmed_at)).where(RentedInstance.sweep_id == sweep_id)
         )
+        rows = session.execute(
+            select(Metric.run_id, Metric.step, Metric.created_at).join(Run).where(Run.grid_id == grid_id)
+        ).all()
     assert first is not None and last is not None and destroyed is not None
+    lags = [_epoch(at) - watch.seen[(run, step)] for run, step, at in rows if (run, step) in watch.seen]
+    assert len(lags) >= len(rows) // 2, f"records seen on the nodes: {len(lags)} of {len(rows)}"
     return {
         "fire_to_first_step_s": _epoch(first) - fired,
         "last_result_to_destroyed_s": _epoch(destroyed) - _epoch(last),
+        "record_to_db_median_s": statistics.median(lags),
+        "record_to_db_max_s": max(lags),
     }
 
 
@@ -130,12 +171,17 @@ def main() -> None:
             rental = bed_rental(bed.tag, work, controller_id="bench")
             runner = vast_runner(database_url, storage, bed, KEY, sim.url, rental)
             with scheduler_process(database_url, storage, work / "scheduler.log", "ablate-bench-rent"):
-                results = [one_sweep(runner, database_url, i) for i in range(args.repeats)]
+                watch = RecordWatch(bed, storage)
+                watch.start()
+                results = [one_sweep(runner, database_url, i, watch) for i in range(args.repeats)]
+                watch.halt.set()
             assert sim.live() == [], "instances left after the sweeps"
             leak_s = leaked_after_restart(bed, sim, database_url, storage, work)
     lines = median_table(results, {
         "fire_to_first_step_s": "fire -> first optimizer step (renting 2 nodes included), s",
         "last_result_to_destroyed_s": "sweep's last result -> last destroy confirmed, s",
+        "record_to_db_median_s": "a checkpoint's record on the node -> its metric row, median, s",
+        "record_to_db_max_s": "a checkpoint's record on the node -> its metric row, max, s",
     })
     lines.append(f"\nleaked instance destroyed, seconds after a controller process started: {leak_s:.2f}")
     text = "\n".join(lines)
