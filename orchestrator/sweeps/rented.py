@@ -42,6 +42,7 @@ from orchestrator.fleet.providers.base import (
     Provider,
     ProviderError,
 )
+from orchestrator.fleet.providers.identity import controller_id
 from orchestrator.fleet.providers.lifecycle import Timing, destroy_confirmed, wait_reachable
 from orchestrator.fleet.providers.reaper import to_reap
 from orchestrator.fleet.providers.request import NodeRequest, choose_offers
@@ -434,7 +435,7 @@ def rental_config(settings: Any) -> RentalConfig:  # noqa: ANN401 - orchestrator
     """How this controller rents, from its settings (orchestrator/settings.py, "rented nodes")."""
     ssh_dir = settings.storage_dir / "ssh"
     return RentalConfig(
-        controller_id=settings.controller_id,
+        controller_id=controller_id(settings),
         ssh_key=settings.rent_ssh_key or ssh_dir / "rent_ed25519",
         known_hosts_dir=ssh_dir / "rented_known_hosts",
         image=settings.rent_image,
