@@ -16,6 +16,8 @@ Instances bill per second from create until destroy at their hourly price (`bill
 pluggable (`Hooks`): by default it only records it, at an address that answers nothing (TEST-NET-1);
 `ssh_banner_hooks` points instances at a loopback port that greets like sshd; in the namespace test
 bed (`bed_hooks`) each instance is a real namespace node with its own sshd, removed on destroy.
+`create_faults` makes a create the provider accepted answer 500, or nothing until the client times out:
+the instance exists and bills, but its reply is lost.
 Everything behind this HTTP API (SSH, bootstrap, Ray) is real in the tests that use it.
 """
 
@@ -34,6 +36,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 UNREACHABLE = ("192.0.2.1", 22)  # TEST-NET-1: routed nowhere, so SSH never answers
+HOLD = 0  # a route's "status" for a reply held back until the simulator closes (a create that times out)
 
 
 @dataclass
@@ -153,6 +156,10 @@ class ProviderSim:
         self._lock = threading.Lock()
         self._by = "account"  # whose key the request being routed carries (set under the lock)
         self._next_vast_id = first_vast_id  # a test with several simulators against one DB keeps ids apart
+        # What the next successful creates answer once the instance exists (it bills either way): "500" an
+        # internal error, "timeout" nothing until the simulator closes. An accepted create whose reply is lost.
+        self.create_faults: list[str] = []
+        self._released = threading.Event()  # ends held replies
         handler = type("Handler", (_Handler,), {"sim": self})
         # `host`: the test bed's bridge address where rented nodes call the API themselves (the dead-man's switch)
         self._server = ThreadingHTTPServer((host, 0), handler)
@@ -168,6 +175,7 @@ class ProviderSim:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._released.set()
         self._server.shutdown()
         self._server.server_close()
         for inst in list(self.instances.values()):  # a test that failed midway leaves no namespace behind
@@ -207,6 +215,15 @@ class ProviderSim:
         inst.ended, inst.ended_by = time.time(), by
         self.hooks.on_destroy(inst)
 
+    def _faulted(self, code: int, payload: Any) -> tuple[int, Any]:  # noqa: ANN401
+        """A successful create's answer: its own, or the next of `create_faults`."""
+        fault = self.create_faults.pop(0) if self.create_faults else None
+        if fault == "500":
+            return 500, {"success": False, "error": "server_error", "msg": "internal server error"}
+        if fault == "timeout":
+            return HOLD, None
+        return code, payload
+
     def _status(self, inst: SimInstance) -> str:
         if inst.preempted is not None:
             return "exited"
@@ -242,7 +259,7 @@ class ProviderSim:
         )
         self._next_vast_id += 1
         self._create(inst)
-        return 200, {"success": True, "new_contract": int(inst.id)}
+        return self._faulted(200, {"success": True, "new_contract": int(inst.id)})
 
     def vast_row(self, inst: SimInstance) -> dict:
         return {
@@ -383,12 +400,17 @@ class _Handler(BaseHTTPRequestHandler):
         with sim._lock:
             sim._by = "account" if scoped is None else "scoped"
             code, payload = self._route(method, parts.path, parse_qs(parts.query), body)
+        if code == HOLD:
+            sim._released.wait()  # the client times out first; the connection closes unanswered
+            return
         self._send(code, payload)
 
     def _route(self, method: str, path: str, query: dict[str, list[str]], body: Any) -> tuple[int, Any]:
         sim = self.sim
         if method == "POST" and path == "/graphql":
-            return 200, sim.graphql(body.get("query", ""))
+            answer = sim.graphql(query := body.get("query", ""))
+            deployed = "podFindAndDeployOnDemand" in query and "data" in answer
+            return sim._faulted(200, answer) if deployed else (200, answer)
         if method == "POST" and path == "/api/v0/bundles/":
             return 200, sim.vast_search(body)
         if method == "GET" and path == "/api/v1/instances/":

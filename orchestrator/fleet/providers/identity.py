@@ -1,4 +1,5 @@
-"""This controller's id, the controller part of every rented instance's label (`ablate.<id>.s<sweep>`).
+"""Who this controller is to what it rents: its id in every instance's label (`ablate.<id>.s<sweep>`)
+and its SSH key, the only key let into an instance.
 
 The reaper destroys the instances labelled with this id whose sweep is not live in this controller's
 database, so an id must belong to one database alone: two installations with one id on one account
@@ -10,6 +11,7 @@ has its own and every process on one database (`ablate serve`, `ablate schedules
 from __future__ import annotations
 
 import secrets
+from pathlib import Path
 
 from sqlalchemy.exc import IntegrityError
 
@@ -42,3 +44,23 @@ def stored_controller_id(database_url: str) -> str:
         pass  # another process stored its id first: that one is the installation's
     with session_scope(database_url) as session:
         return session.get_one(Installation, _ROW).controller_id
+
+
+def controller_public_key(ssh_key: Path) -> str:
+    """The controller's public key for rented nodes; an ed25519 key pair is made (0600) if none exists."""
+    pub = ssh_key.with_name(ssh_key.name + ".pub")
+    if not ssh_key.exists():
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+        key = Ed25519PrivateKey.generate()
+        ssh_key.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        ssh_key.touch(mode=0o600)
+        ssh_key.write_bytes(
+            key.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+            )
+        )
+        public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+        pub.write_text(public.decode() + " ablate-controller\n")
+    return pub.read_text().strip()

@@ -50,6 +50,8 @@ class VastProvider:
     api_key: str = field(repr=False)
     server_url: str | None = None
     name: str = NAME
+    # Seconds one request may take (the SDK's own default); the SDK retries a timed-out one, a create too.
+    timeout_s: float = 120.0
     _client: VastAI | None = field(default=None, repr=False)
 
     @property
@@ -64,6 +66,7 @@ class VastProvider:
                 ) from None
             # An explicit key: the SDK then never looks at VAST_API_KEY or ~/.config/vastai.
             self._client = VastAI(api_key=self.api_key, server_url=self.server_url, retry=3, quiet=True)
+            self._client.client.timeout = self.timeout_s  # VastAI takes no timeout; its VastClient does
         return self._client
 
     def _errors(self, operation: str):  # noqa: ANN202 - a context manager
