@@ -44,6 +44,7 @@ from orchestrator.fleet.providers.base import (
 )
 from orchestrator.fleet.providers.identity import controller_id, controller_public_key
 from orchestrator.fleet.providers.lifecycle import Timing, create_or_find, destroy_confirmed, wait_reachable
+from orchestrator.fleet.providers.liveness import Downtime
 from orchestrator.fleet.providers.reaper import to_reap
 from orchestrator.fleet.providers.request import NodeRequest, choose_offers
 from orchestrator.sweeps.budget import budget_end
@@ -395,6 +396,9 @@ class Rentals:
     providers: dict[str, Provider]
     config: RentalConfig | None
     clock: Clock
+    # Rented instance row id -> its readings other than running so far (preemption.py); a restart
+    # forgets them, which only keeps a node longer.
+    downtime: dict[int, Downtime] = field(default_factory=dict)
 
     def reap(self) -> list[str]:
         if not self.providers or self.config is None:

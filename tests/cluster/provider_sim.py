@@ -61,6 +61,8 @@ class SimInstance:
     scoped_key: str = field(default_factory=lambda: "scoped-" + secrets.token_hex(12))
     ended_by: str | None = None  # "account" | "scoped": whose key destroyed it
     preempted: float | None = None  # when the provider took it back (interruptible): stopped, still billing disk
+    bid: bool = False  # rented at a bid price (Vast interruptible)
+    offline: bool = False  # the host lost contact with the provider (`set_offline`)
 
     def scoped_env(self) -> dict[str, str]:
         """What the provider puts into the instance's environment: its id and its own scoped key."""
@@ -192,14 +194,21 @@ class ProviderSim:
         return [i for i in self.instances.values() if i.live]
 
     def preempt(self, instance_id: str) -> SimInstance:
-        """The provider takes an interruptible instance back: Vast reports it `exited` while it was meant to
-        run, RunPod `EXITED`; it keeps billing (disk) until destroyed; the machine behind it goes down."""
+        """The provider takes an interruptible instance back: Vast reports it `stopped` while it was meant to
+        run (what Vast documents for an outbid bid), RunPod `EXITED`; it keeps billing (disk) until
+        destroyed; the machine behind it goes down."""
         with self._lock:
             inst = self.instances[instance_id]
             assert inst.live and inst.preempted is None, f"instance {instance_id} is not running"
             inst.preempted = time.time()
             self.hooks.on_preempt(inst)
             return inst
+
+    def set_offline(self, instance_id: str, offline: bool) -> None:
+        """The host loses (True) or regains (False) contact with the provider: Vast reports `offline`, which
+        it computes from missed heartbeats; the machine itself runs on."""
+        with self._lock:
+            self.instances[instance_id].offline = offline
 
     # -- state changes (called by the handler under the lock) --------------------------------------------
 
@@ -226,7 +235,9 @@ class ProviderSim:
 
     def _status(self, inst: SimInstance) -> str:
         if inst.preempted is not None:
-            return "exited"
+            return "stopped"
+        if inst.offline:
+            return "offline"
         return "running" if time.time() >= inst.ready_at else "loading"
 
     # -- Vast ------------------------------------------------------------------------------------------
@@ -256,6 +267,7 @@ class ProviderSim:
             image=body.get("image") or "",
             disk_gb=float(body.get("disk") or 10),
             env={k: str(v) for k, v in (body.get("env") or {}).items()},
+            bid=body.get("price") is not None,
         )
         self._next_vast_id += 1
         self._create(inst)
@@ -268,7 +280,8 @@ class ProviderSim:
             "label": inst.label or None,
             "actual_status": self._status(inst),
             "intended_status": "running",
-            "cur_state": "running",
+            "cur_state": "stopped" if inst.preempted is not None else "running",
+            "is_bid": inst.bid,
             "dph_total": inst.price_per_hour,
             "num_gpus": inst.gpus,
             "gpu_name": inst.gpu_name,

@@ -55,7 +55,7 @@ def wait_reachable(provider: Provider, instance_id: str, timing: Timing) -> Inst
     last: Instance | None = None
     while True:
         last = provider.describe(instance_id)
-        if last.state in (InstanceState.gone, InstanceState.stopped):
+        if last.state in (InstanceState.gone, InstanceState.stopped, InstanceState.interrupted):
             raise ProviderError(f"{provider.name}: instance {instance_id} is {last.status} before it was reachable")
         endpoint = last.reachable_endpoint
         if endpoint is not None and ssh_answers(*endpoint, timeout_s=timing.connect_s):

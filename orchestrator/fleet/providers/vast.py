@@ -37,9 +37,11 @@ _STATES = {
     "loading": InstanceState.pending,
     "scheduling": InstanceState.pending,
     "running": InstanceState.running,
-    "exited": InstanceState.stopped,
-    "stopped": InstanceState.stopped,
-    "offline": InstanceState.stopped,
+    "rebooting": InstanceState.pending,
+    "exited": InstanceState.stopped,  # the container's process exited
+    "stopped": InstanceState.stopped,  # interrupted instead when an outbid bid (`_state`)
+    "offline": InstanceState.unreachable,  # no heartbeat from the host: computed by Vast, often brief
+    "unknown": InstanceState.unreachable,
 }
 
 
@@ -170,7 +172,7 @@ def _instance(row: dict[str, Any]) -> Instance:
     return Instance(
         provider=NAME,
         instance_id=str(row["id"]),
-        state=_STATES.get(status, InstanceState.unknown),
+        state=_state(row),
         status=str(status or "creating"),
         label=InstanceLabel.decode(row.get("label")),
         price_per_hour=float(row.get("dph_total") or 0.0),
@@ -182,6 +184,15 @@ def _instance(row: dict[str, Any]) -> Instance:
         offer_id=str(row["ask_contract_id"]) if row.get("ask_contract_id") is not None else None,
         started_at=float(row["start_date"]) if row.get("start_date") else None,
     )
+
+
+def _state(row: dict[str, Any]) -> InstanceState:
+    """Vast documents that an outbid interruptible instance "moves to stopped (not destroyed)": a bid
+    stopped while its renter still wants it running was taken back; anything else stopped was not."""
+    state = _STATES.get(row.get("actual_status"), InstanceState.unknown)
+    if state is InstanceState.stopped and row.get("is_bid") and row.get("intended_status") == "running":
+        return InstanceState.interrupted
+    return state
 
 
 def _ssh_endpoint(row: dict[str, Any]) -> tuple[str | None, int | None]:
