@@ -100,8 +100,10 @@ class Settings(BaseSettings):
     offline: bool = False
     # -- rented nodes (orchestrator/fleet/providers/) --
     # This controller's name in the label of every instance it rents (`ablate.<id>.s<sweep>`): the reaper
-    # destroys only instances with its own id, so two controllers can share one provider account.
-    controller_id: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]{0,31}$")] = "ablate"
+    # destroys only instances with its own id, so two controllers can share one provider account. Unset: an
+    # id generated once per installation and stored in its database (orchestrator/fleet/providers/identity.py);
+    # a fixed default would make a second installation reap the first one's instances.
+    controller_id: Annotated[str | None, Field(pattern=r"^[a-z0-9][a-z0-9-]{0,31}$")] = None
     # Provider API keys: the variable, or a file readable by the controller's user only (mode 0600).
     # SecretStr: never shown by repr, a log line or a response. Never stored in the database.
     vast_api_key: SecretStr | None = None

@@ -10,13 +10,16 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from orchestrator.cli import CLIError, app, service_errors
+from orchestrator.cli import CLIError, app, migrated_database_url, service_errors
+
+if TYPE_CHECKING:
+    from orchestrator.settings import Settings
 
 instances_app = typer.Typer(
     invoke_without_command=True, help="Instances this controller rented (Vast.ai, RunPod), with their cost so far."
@@ -91,7 +94,8 @@ def instances(ctx: typer.Context) -> None:
     from orchestrator.settings import load_settings
 
     settings = load_settings()
-    table = Table(title=f"instances rented by controller {settings.controller_id!r}")
+    ours = _controller_id(settings)
+    table = Table(title=f"instances rented by controller {ours!r}")
     for col in ("provider", "id", "sweep", "state", "gpus", "$/h", "cost so far", "ssh"):
         table.add_column(col)
     now, total, asked = time.time(), 0.0, 0
@@ -102,7 +106,7 @@ def instances(ctx: typer.Context) -> None:
             except MissingApiKey:
                 continue  # not configured: nothing can have been rented there
             asked += 1
-            owned = provider.list_owned(settings.controller_id)
+            owned = provider.list_owned(ours)
         for i in owned:
             cost = i.cost_so_far(now)
             total += cost or 0.0
@@ -126,19 +130,48 @@ def instances(ctx: typer.Context) -> None:
 def destroy(
     instance_id: Annotated[str, typer.Argument(help="The provider's instance id (`ablate instances`)")],
     provider: Annotated[str, typer.Option(help="vast or runpod")],
+    force: Annotated[
+        bool, typer.Option("--force", help="Destroy it even if it is not labelled by this controller")
+    ] = False,
 ) -> None:
-    """Destroy one rented instance and wait until the provider confirms it is gone."""
+    """Destroy one instance this controller rented and wait until the provider confirms it is gone. An
+    instance labelled by another controller, or not by ablate, is refused unless --force: the account may
+    be shared, and an id mistyped by one digit is someone else's machine."""
     from orchestrator.fleet.providers import provider_for
+    from orchestrator.fleet.providers.base import InstanceState
     from orchestrator.fleet.providers.lifecycle import Timing, destroy_confirmed
     from orchestrator.settings import load_settings
 
     if provider not in RENTING:
         raise CLIError(f"--provider must be one of {', '.join(RENTING)}")
+    settings = load_settings()
     with _provider_errors():
-        confirmed = destroy_confirmed(provider_for(provider, load_settings()), instance_id, Timing(poll_s=2.0))
+        rented = provider_for(provider, settings)
+        found = rented.describe(instance_id)
+        if found.state is InstanceState.gone:
+            typer.echo(f"{provider} instance {instance_id} is already gone")
+            return
+        ours = _controller_id(settings)
+        if not force and (found.label is None or found.label.controller_id != ours):
+            whose = "no ablate label" if found.label is None else f"label {found.label.encode()}"
+            raise CLIError(
+                f"{provider} instance {instance_id} has {whose}: not rented by this controller ({ours}); "
+                "not destroyed (--force destroys it anyway)"
+            )
+        confirmed = destroy_confirmed(rented, instance_id, Timing(poll_s=2.0))
     if not confirmed:
         raise CLIError(f"{provider} instance {instance_id}: destroy NOT confirmed; check the provider's console")
     typer.echo(f"{provider} instance {instance_id} destroyed")
+
+
+def _controller_id(settings: Settings) -> str:
+    """ABLATE_CONTROLLER_ID, or the id this installation's database holds (migrated first, as serve does)."""
+    from orchestrator.fleet.providers.identity import controller_id
+
+    if settings.controller_id is None:
+        migrated_database_url()
+    with service_errors():
+        return controller_id(settings)
 
 
 @contextmanager

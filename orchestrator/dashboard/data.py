@@ -121,6 +121,27 @@ def sweep_rows(session: Session, limit: int = 20) -> list[dict[str, Any]]:
     return rows
 
 
+def for_anonymous(sweeps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Sweep rows as a request without the API token sees them: no money and no remote output.
+
+    Spend, budget, prices and costs say what the account pays and how much is left of it (an open page
+    would tell anyone who reaches the controller what the lab spends each night, and when a budget runs
+    out); /api/schedules, which carries them too, always needs the token. Errors carry the failing
+    remote command and its output (hosts, paths). The page says where the details are."""
+    for row in sweeps:
+        where = f"with the API token: GET /api/schedules/{row['schedule']}"
+        row.update(spend=None, budget=None, price_per_hour=None, money_hidden=where)
+        if row["error"]:
+            row["error"] = f"failed; details {where}"
+        if row["stop_reason"]:  # a budget stop names the spend, the budget and the price per hour
+            row["stop_reason"] = f"stopped early; the reason {where}"
+        for instance in row["instances"]:
+            instance.update(price_per_hour=None, cost_so_far=None)
+            if instance["last_error"]:  # a failed bootstrap's reason carries command output too
+                instance["last_error"] = "details with the API token"
+    return sweeps
+
+
 def failed_bootstraps(session: Session) -> list[dict[str, str | None]]:
     """Nodes whose last bootstrap failed, with the step and how (`join: exit 126`)."""
     rows = session.execute(

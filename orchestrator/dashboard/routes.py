@@ -14,6 +14,7 @@ from orchestrator.api.guard import token_matches
 from orchestrator.dashboard.data import (
     PAGE_SIZE,
     failed_bootstraps,
+    for_anonymous,
     grid_count,
     grid_detail,
     grid_rows,
@@ -53,14 +54,7 @@ def index_page(request: Request, session: SessionDep, limit: Limit = PAGE_SIZE, 
     total = grid_count(session)
     sweeps = sweep_rows(session)
     if not token_matches(request.headers.get("authorization"), request.app.state.api_token):
-        # A sweep's error carries the failing remote command and its output (hosts, paths): like
-        # /api/schedules, only for token holders. The open page says where the details are.
-        for row in sweeps:
-            if row["error"]:
-                row["error"] = f"failed; details with the API token: GET /api/schedules/{row['schedule']}"
-            for instance in row["instances"]:  # a failed bootstrap's reason carries command output too
-                if instance["last_error"]:
-                    instance["last_error"] = "details with the API token"
+        sweeps = for_anonymous(sweeps)  # no money, no remote command output: as /api/schedules, token only
     pages = {
         "newer": max(0, offset - limit) if offset > 0 else None,
         "older": offset + limit if offset + limit < total else None,

@@ -303,3 +303,15 @@ class RentedInstance(Base):
     def destroy_unconfirmed(self) -> bool:
         """Red on the dashboard: its destroy was not confirmed, so it may still bill."""
         return self.state == RentedState.destroy_failed
+
+
+class Installation(Base):
+    """This installation's identity: one row (id 1). `controller_id` is the controller part of every rented
+    instance's label, generated at first use (orchestrator/fleet/providers/identity.py), so two
+    installations on one provider account never take each other's instances for their own."""
+
+    __tablename__ = "installation"
+
+    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=False)
+    controller_id: Mapped[str] = mapped_column(String(32))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -1,11 +1,14 @@
-"""Preempted rented nodes: found every tick, destroyed, and replaced while the budget allows.
+"""Preempted or lost rented nodes: found every tick, destroyed, and replaced while the budget allows.
 
-An interruptible instance (a Vast bid, a RunPod spot pod) can be taken back by the provider at any
-moment: Vast then reports it `exited` while it was meant to run, RunPod `EXITED` (or the instance is
-gone outright). Every tick of a running sweep describes each of its rented instances; one that is
-stopped or gone is marked `preempted` (event `rented.preempted`), destroyed until the provider
-confirms it (a stopped Vast instance still bills for its disk), and its node row and its place in
-the sweep's nodes are dropped. Its runs need nothing from here: their Ray worker died with the
+An interruptible instance (a Vast bid) can be taken back by the provider at any moment: Vast then
+reports it `stopped` while it was meant to run. Any instance's host can also drop off (Vast `offline`)
+and come back. Every tick of a running sweep describes each of its rented instances and judges the
+reading (orchestrator/fleet/providers/liveness.py): taken back or gone at once, otherwise only after
+enough readings other than running over enough time, stricter for interruptible nodes than for
+on-demand ones; the first such reading is an event (`rented.down`), a recovery too (`rented.up`). A
+node judged preempted or lost is marked `preempted` (event `rented.preempted`), destroyed until the
+provider confirms it (a stopped Vast instance still bills for its disk), and its node row and its place
+in the sweep's nodes are dropped. Its runs need nothing from here: their Ray worker died with the
 machine, so the scheduler's lost-worker path re-queues them and they resume from checkpoint storage
 on whatever node has room.
 
@@ -25,8 +28,9 @@ from sqlalchemy import func, select
 from orchestrator.db.models import Event, Node, RentedInstance, Schedule, Sweep
 from orchestrator.db.session import session_scope
 from orchestrator.fleet.errors import error_reason
-from orchestrator.fleet.providers.base import InstanceState, Provider, ProviderError
+from orchestrator.fleet.providers.base import Provider, ProviderError
 from orchestrator.fleet.providers.lifecycle import destroy_confirmed
+from orchestrator.fleet.providers.liveness import Verdict, judge
 from orchestrator.fleet.providers.request import NodeRequest
 from orchestrator.sweeps.budget import spend
 from orchestrator.sweeps.rented import Rentals, rent_nodes
@@ -36,7 +40,6 @@ log = logging.getLogger(__name__)
 
 # A replacement is worth renting only if the budget left pays for this long on the sweep's nodes.
 REPLACEMENT_MIN_S = 600.0
-_PREEMPTED = (InstanceState.stopped, InstanceState.gone)
 
 
 def _event(sweep_id: int, kind: str, message: str, database_url: str, **data: object) -> None:
@@ -59,6 +62,8 @@ def watch_preemption(rentals: Rentals, sweep_id: int, bootstrap: Callable[[str],
                 )
             )
         ]
+        raw = session.get_one(Schedule, session.get_one(Sweep, sweep_id).schedule_id).request
+    interruptible = bool(raw and NodeRequest.model_validate(raw).interruptible)
     lost: list[str] = []
     for row_id, name, instance_id, state in rows:
         provider = rentals.providers.get(name)
@@ -73,16 +78,24 @@ def watch_preemption(rentals: Rentals, sweep_id: int, bootstrap: Callable[[str],
         except ProviderError as exc:
             log.warning("sweep %s: cannot describe %s instance %s: %s", sweep_id, name, instance_id, exc)
             continue
-        if instance.state not in _PREEMPTED:
+        before = rentals.downtime.pop(row_id, None)
+        judged = judge(instance, interruptible, before, rentals.clock())
+        if judged.verdict in (Verdict.up, Verdict.down):
+            if judged.downtime is not None:
+                rentals.downtime[row_id] = judged.downtime
+            if (judged.verdict is Verdict.down) != (before is not None):  # went down, or came back
+                kind = "rented.down" if before is None else "rented.up"
+                what = f"{name} instance {instance_id}: {judged.reason}"
+                _event(sweep_id, kind, what, rentals.database_url, instance_id=instance_id, status=instance.status)
             continue
-        node = _preempted(rentals, sweep_id, provider, row_id, instance.status)
+        node = _preempted(rentals, sweep_id, provider, row_id, f"{judged.verdict}: {judged.reason}")
         if node is not None:
             lost.append(node)
         _replace(rentals, sweep_id, provider, bootstrap)
     return lost
 
 
-def _preempted(rentals: Rentals, sweep_id: int, provider: Provider, row_id: int, status: str) -> str | None:
+def _preempted(rentals: Rentals, sweep_id: int, provider: Provider, row_id: int, why: str) -> str | None:
     """Record the preemption, destroy until confirmed, drop the node; its node name."""
     assert rentals.config is not None
     db = rentals.database_url
@@ -99,18 +112,17 @@ def _preempted(rentals: Rentals, sweep_id: int, provider: Provider, row_id: int,
     _event(
         sweep_id,
         "rented.preempted",
-        f"{provider.name} instance {iid} (node {node_name}) preempted by the provider (status {status}); "
+        f"{provider.name} instance {iid} (node {node_name}) {why}; "
         "its runs re-queue and resume from checkpoint storage; destroying it (a stopped instance may bill disk)",
         db,
         instance_id=iid,
         node=node_name,
-        status=status,
     )
-    _destroy(rentals, sweep_id, provider, row_id, status)
+    _destroy(rentals, sweep_id, provider, row_id, why)
     return node_name
 
 
-def _destroy(rentals: Rentals, sweep_id: int, provider: Provider, row_id: int, status: str) -> None:
+def _destroy(rentals: Rentals, sweep_id: int, provider: Provider, row_id: int, why: str) -> None:
     """Destroy a preempted instance until confirmed (`destroy_failed` when not: red, the reaper retries)."""
     assert rentals.config is not None
     db = rentals.database_url
@@ -123,7 +135,7 @@ def _destroy(rentals: Rentals, sweep_id: int, provider: Provider, row_id: int, s
             row.destroy_confirmed_at = rentals.clock()
         else:
             row.state = RentedState.destroy_failed  # red; the reaper retries by its label
-            row.last_error = f"preempted (status {status}); destroy NOT confirmed -- IT MAY STILL BE BILLING"
+            row.last_error = f"preempted ({why}); destroy NOT confirmed -- IT MAY STILL BE BILLING"
         sweep = session.get_one(Sweep, sweep_id)
         sweep.price_per_hour = sum(
             r.price_per_hour for r in sweep.instances if r.state in (RentedState.running, RentedState.renting)

@@ -42,7 +42,9 @@ from orchestrator.fleet.providers.base import (
     Provider,
     ProviderError,
 )
-from orchestrator.fleet.providers.lifecycle import Timing, destroy_confirmed, wait_reachable
+from orchestrator.fleet.providers.identity import controller_id, controller_public_key
+from orchestrator.fleet.providers.lifecycle import Timing, create_or_find, destroy_confirmed, wait_reachable
+from orchestrator.fleet.providers.liveness import Downtime
 from orchestrator.fleet.providers.reaper import to_reap
 from orchestrator.fleet.providers.request import NodeRequest, choose_offers
 from orchestrator.sweeps.budget import budget_end
@@ -75,26 +77,6 @@ class RentalConfig:
     # own users, which the simulator cannot say through the providers' APIs.
     login_user: Callable[[Instance], str] | None = None
     deadman: DeadmanConfig = field(default_factory=DeadmanConfig)  # each node ends itself after the budget
-
-
-def controller_public_key(ssh_key: Path) -> str:
-    """The controller's public key for rented nodes; an ed25519 key pair is made (0600) if none exists."""
-    pub = ssh_key.with_name(ssh_key.name + ".pub")
-    if not ssh_key.exists():
-        from cryptography.hazmat.primitives import serialization
-        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-        key = Ed25519PrivateKey.generate()
-        ssh_key.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        ssh_key.touch(mode=0o600)
-        ssh_key.write_bytes(
-            key.private_bytes(
-                serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
-            )
-        )
-        public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
-        pub.write_text(public.decode() + " ablate-controller\n")
-    return pub.read_text().strip()
 
 
 def _event(session: Session, sweep_id: int | None, kind: str, message: str, **data: Any) -> None:
@@ -187,12 +169,24 @@ def _rent_one(
     """One offer to a bootstrapped node with its dead-man's switch armed, or an exception after the
     instance (if any) was destroyed."""
     created_at = clock()
-    instance = provider.create(offer, spec)  # ProviderError: nothing (left) to destroy
-    try:
-        row_id = _record(database_url, sweep_id, provider, offer, spec, instance, created_at)
+    with session_scope(database_url) as session:
+        recorded = {r.instance_id for r in session.get_one(Sweep, sweep_id).instances if r.provider == provider.name}
+    # ProviderError: nothing was made (none labelled for the sweep either), so nothing to destroy.
+    made, failed = create_or_find(provider, offer, spec, recorded, config.timing)
+    try:  # a row for each, so the spend counts them from before the create
+        row_id, *extra = [_record(database_url, sweep_id, provider, offer, spec, i, created_at) for i in made]
     except Exception:
-        destroy_confirmed(provider, instance.instance_id, config.timing)  # unrecorded: the reaper's otherwise
+        for unrecorded in made:  # the reaper's otherwise
+            destroy_confirmed(provider, unrecorded.instance_id, config.timing)
         raise
+    instance = made[0]
+    if failed is not None:
+        with session_scope(database_url) as session:
+            what = f"{provider.name}: create from offer {offer.offer_id} failed ({failed}), but made instance"
+            found = f"{what} {instance.instance_id} (found by its label {spec.label.encode()}): adopted"
+            _event(session, sweep_id, "rented.adopted", found, instance_id=instance.instance_id)
+    for row in extra:
+        _give_back(database_url, sweep_id, provider, row, config.timing, clock, failed="made twice by one create")
     name = f"{provider.name}-{instance.instance_id}"
     try:
         ready = wait_reachable(provider, instance.instance_id, config.timing)
@@ -402,6 +396,9 @@ class Rentals:
     providers: dict[str, Provider]
     config: RentalConfig | None
     clock: Clock
+    # Rented instance row id -> its readings other than running so far (preemption.py); a restart
+    # forgets them, which only keeps a node longer.
+    downtime: dict[int, Downtime] = field(default_factory=dict)
 
     def reap(self) -> list[str]:
         if not self.providers or self.config is None:
@@ -434,7 +431,7 @@ def rental_config(settings: Any) -> RentalConfig:  # noqa: ANN401 - orchestrator
     """How this controller rents, from its settings (orchestrator/settings.py, "rented nodes")."""
     ssh_dir = settings.storage_dir / "ssh"
     return RentalConfig(
-        controller_id=settings.controller_id,
+        controller_id=controller_id(settings),
         ssh_key=settings.rent_ssh_key or ssh_dir / "rent_ed25519",
         known_hosts_dir=ssh_dir / "rented_known_hosts",
         image=settings.rent_image,

@@ -16,6 +16,8 @@ Instances bill per second from create until destroy at their hourly price (`bill
 pluggable (`Hooks`): by default it only records it, at an address that answers nothing (TEST-NET-1);
 `ssh_banner_hooks` points instances at a loopback port that greets like sshd; in the namespace test
 bed (`bed_hooks`) each instance is a real namespace node with its own sshd, removed on destroy.
+`create_faults` makes a create the provider accepted answer 500, or nothing until the client times out:
+the instance exists and bills, but its reply is lost.
 Everything behind this HTTP API (SSH, bootstrap, Ray) is real in the tests that use it.
 """
 
@@ -34,6 +36,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 UNREACHABLE = ("192.0.2.1", 22)  # TEST-NET-1: routed nowhere, so SSH never answers
+HOLD = 0  # a route's "status" for a reply held back until the simulator closes (a create that times out)
 
 
 @dataclass
@@ -58,6 +61,8 @@ class SimInstance:
     scoped_key: str = field(default_factory=lambda: "scoped-" + secrets.token_hex(12))
     ended_by: str | None = None  # "account" | "scoped": whose key destroyed it
     preempted: float | None = None  # when the provider took it back (interruptible): stopped, still billing disk
+    bid: bool = False  # rented at a bid price (Vast interruptible)
+    offline: bool = False  # the host lost contact with the provider (`set_offline`)
 
     def scoped_env(self) -> dict[str, str]:
         """What the provider puts into the instance's environment: its id and its own scoped key."""
@@ -153,6 +158,10 @@ class ProviderSim:
         self._lock = threading.Lock()
         self._by = "account"  # whose key the request being routed carries (set under the lock)
         self._next_vast_id = first_vast_id  # a test with several simulators against one DB keeps ids apart
+        # What the next successful creates answer once the instance exists (it bills either way): "500" an
+        # internal error, "timeout" nothing until the simulator closes. An accepted create whose reply is lost.
+        self.create_faults: list[str] = []
+        self._released = threading.Event()  # ends held replies
         handler = type("Handler", (_Handler,), {"sim": self})
         # `host`: the test bed's bridge address where rented nodes call the API themselves (the dead-man's switch)
         self._server = ThreadingHTTPServer((host, 0), handler)
@@ -168,6 +177,7 @@ class ProviderSim:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._released.set()
         self._server.shutdown()
         self._server.server_close()
         for inst in list(self.instances.values()):  # a test that failed midway leaves no namespace behind
@@ -184,14 +194,21 @@ class ProviderSim:
         return [i for i in self.instances.values() if i.live]
 
     def preempt(self, instance_id: str) -> SimInstance:
-        """The provider takes an interruptible instance back: Vast reports it `exited` while it was meant to
-        run, RunPod `EXITED`; it keeps billing (disk) until destroyed; the machine behind it goes down."""
+        """The provider takes an interruptible instance back: Vast reports it `stopped` while it was meant to
+        run (what Vast documents for an outbid bid), RunPod `EXITED`; it keeps billing (disk) until
+        destroyed; the machine behind it goes down."""
         with self._lock:
             inst = self.instances[instance_id]
             assert inst.live and inst.preempted is None, f"instance {instance_id} is not running"
             inst.preempted = time.time()
             self.hooks.on_preempt(inst)
             return inst
+
+    def set_offline(self, instance_id: str, offline: bool) -> None:
+        """The host loses (True) or regains (False) contact with the provider: Vast reports `offline`, which
+        it computes from missed heartbeats; the machine itself runs on."""
+        with self._lock:
+            self.instances[instance_id].offline = offline
 
     # -- state changes (called by the handler under the lock) --------------------------------------------
 
@@ -207,9 +224,20 @@ class ProviderSim:
         inst.ended, inst.ended_by = time.time(), by
         self.hooks.on_destroy(inst)
 
+    def _faulted(self, code: int, payload: Any) -> tuple[int, Any]:  # noqa: ANN401
+        """A successful create's answer: its own, or the next of `create_faults`."""
+        fault = self.create_faults.pop(0) if self.create_faults else None
+        if fault == "500":
+            return 500, {"success": False, "error": "server_error", "msg": "internal server error"}
+        if fault == "timeout":
+            return HOLD, None
+        return code, payload
+
     def _status(self, inst: SimInstance) -> str:
         if inst.preempted is not None:
-            return "exited"
+            return "stopped"
+        if inst.offline:
+            return "offline"
         return "running" if time.time() >= inst.ready_at else "loading"
 
     # -- Vast ------------------------------------------------------------------------------------------
@@ -239,10 +267,11 @@ class ProviderSim:
             image=body.get("image") or "",
             disk_gb=float(body.get("disk") or 10),
             env={k: str(v) for k, v in (body.get("env") or {}).items()},
+            bid=body.get("price") is not None,
         )
         self._next_vast_id += 1
         self._create(inst)
-        return 200, {"success": True, "new_contract": int(inst.id)}
+        return self._faulted(200, {"success": True, "new_contract": int(inst.id)})
 
     def vast_row(self, inst: SimInstance) -> dict:
         return {
@@ -251,7 +280,8 @@ class ProviderSim:
             "label": inst.label or None,
             "actual_status": self._status(inst),
             "intended_status": "running",
-            "cur_state": "running",
+            "cur_state": "stopped" if inst.preempted is not None else "running",
+            "is_bid": inst.bid,
             "dph_total": inst.price_per_hour,
             "num_gpus": inst.gpus,
             "gpu_name": inst.gpu_name,
@@ -383,12 +413,17 @@ class _Handler(BaseHTTPRequestHandler):
         with sim._lock:
             sim._by = "account" if scoped is None else "scoped"
             code, payload = self._route(method, parts.path, parse_qs(parts.query), body)
+        if code == HOLD:
+            sim._released.wait()  # the client times out first; the connection closes unanswered
+            return
         self._send(code, payload)
 
     def _route(self, method: str, path: str, query: dict[str, list[str]], body: Any) -> tuple[int, Any]:
         sim = self.sim
         if method == "POST" and path == "/graphql":
-            return 200, sim.graphql(body.get("query", ""))
+            answer = sim.graphql(query := body.get("query", ""))
+            deployed = "podFindAndDeployOnDemand" in query and "data" in answer
+            return sim._faulted(200, answer) if deployed else (200, answer)
         if method == "POST" and path == "/api/v0/bundles/":
             return 200, sim.vast_search(body)
         if method == "GET" and path == "/api/v1/instances/":

@@ -368,3 +368,36 @@ def test_open_dashboard_hides_sweep_errors(client: TestClient, database_url: str
                           nodes=[], error=secret))
     assert secret not in client.get("/").text and "GET /api/schedules/leaky" in client.get("/").text
     assert secret in client.get("/", headers=AUTH).text
+
+
+# -- 12. what the account pays is shown only to requests with the token ----------------------------------
+
+
+def test_cost_spend_and_budget_are_shown_only_with_the_token(client: TestClient, database_url: str) -> None:
+    from orchestrator.db.models import RentedInstance, Sweep, utcnow
+
+    with session_scope(database_url) as session:
+        schedule = Schedule(name="money-night", cron="0 22 * * *", grid={"name": "m", "arms": ["A"]}, budget=73.5)
+        session.add(schedule)
+        session.flush()
+        sweep = Sweep(
+            schedule_id=schedule.id, scheduled_for=utcnow(), fired_at=utcnow(), state="stopped", budget=73.5,
+            spend=41.29, price_per_hour=3.917, stop_reason="budget 73.5 reached: spent 41.29 (10.54 h x 3.917/h)",
+        )
+        session.add(sweep)
+        session.flush()
+        session.add(RentedInstance(
+            sweep_id=sweep.id, provider="vast", instance_id="88001", gpu_name="RTX 4090", gpus=4,
+            price_per_hour=3.917, label=f"ablate.night.s{sweep.id}", state="destroy_failed", created_at=utcnow(),
+        ))
+    figures = ("73.5", "41.29", "3.917")
+    open_page = client.get("/")
+    assert open_page.status_code == 200 and 'data-instance="vast-88001"' in open_page.text  # the sweep is listed
+    assert "DESTROY NOT CONFIRMED" in open_page.text  # and what may still bill is still red
+    assert [f for f in figures if f in open_page.text] == []
+    assert "spend and budget with the API token: GET /api/schedules/money-night" in open_page.text
+    assert client.get("/api/schedules/money-night").status_code == 401
+    with_token = client.get("/", headers=AUTH).text
+    assert all(f in with_token for f in figures) and "/h" in with_token
+    public = client.get("/api/schedules/money-night", headers=AUTH).json()["sweeps"][0]
+    assert (public["spend"], public["budget"], public["instances"][0]["price_per_hour"]) == (41.29, 73.5, 3.917)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import create_engine, inspect
+from sqlalchemy import create_engine, inspect, text
 
 from orchestrator.db.models import Base
 from orchestrator.db.session import alembic_config, upgrade
@@ -65,3 +67,24 @@ def test_every_revision_steps_down_and_up(empty_database_url: str) -> None:
     for _ in revisions:
         command.upgrade(cfg, "+1")
     assert drift(url) == []
+
+
+def test_an_installation_that_rented_under_the_old_default_id_keeps_it(tmp_path: Path) -> None:
+    from orchestrator.fleet.providers.identity import stored_controller_id
+
+    old, fresh = f"sqlite:///{tmp_path / 'old.db'}", f"sqlite:///{tmp_path / 'fresh.db'}"
+    upgrade(old, "0005")  # rented before the id was generated: every label said ablate.ablate.s<sweep>
+    engine = create_engine(old)
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO rented_instances (provider, instance_id, gpu_name, gpus, price_per_hour, label, state,"
+                " created_at) VALUES ('vast', '7001', 'RTX 4090', 4, 1.2, 'ablate.ablate.s3', 'running', '2026-01-01')"
+            )
+        )
+    engine.dispose()
+    upgrade(old)
+    upgrade(fresh)
+    assert stored_controller_id(old) == "ablate"  # its reaper still knows what it labelled before
+    generated = stored_controller_id(fresh)
+    assert generated.startswith("ablate-") and generated != "ablate" and stored_controller_id(fresh) == generated

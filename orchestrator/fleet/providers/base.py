@@ -41,6 +41,9 @@ class InstanceState(StrEnum):
     pending = "pending"  # created, image loading / booting: not reachable yet
     running = "running"  # the provider says it runs (SSH may still be starting)
     stopped = "stopped"  # exited / stopped: may still bill for disk (docs/operations.md per provider)
+    # Taken back by the provider, as it documents it (a Vast bid outbid: stopped while meant to run).
+    interrupted = "interrupted"
+    unreachable = "unreachable"  # the provider lost contact with the host (Vast offline): it may come back
     gone = "gone"  # destroyed, or never existed: bills nothing
     unknown = "unknown"  # a status this code does not know; shown raw in `Instance.status`
 

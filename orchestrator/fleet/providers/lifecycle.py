@@ -35,6 +35,8 @@ class Timing:
     poll_s: float = 5.0  # between describe calls
     destroy_s: float = 120.0  # destroy -> provider reports it gone
     connect_s: float = 5.0  # one SSH connection attempt
+    # A create that failed -> the instance it may have made anyway shows in the provider's listing.
+    find_s: float = 10.0
 
 
 def ssh_answers(host: str, port: int, timeout_s: float = 5.0) -> bool:
@@ -53,7 +55,7 @@ def wait_reachable(provider: Provider, instance_id: str, timing: Timing) -> Inst
     last: Instance | None = None
     while True:
         last = provider.describe(instance_id)
-        if last.state in (InstanceState.gone, InstanceState.stopped):
+        if last.state in (InstanceState.gone, InstanceState.stopped, InstanceState.interrupted):
             raise ProviderError(f"{provider.name}: instance {instance_id} is {last.status} before it was reachable")
         endpoint = last.reachable_endpoint
         if endpoint is not None and ssh_answers(*endpoint, timeout_s=timing.connect_s):
@@ -63,6 +65,40 @@ def wait_reachable(provider: Provider, instance_id: str, timing: Timing) -> Inst
             raise ProviderError(
                 f"{provider.name}: instance {instance_id} not reachable after {timing.reachable_s:g} s ({where})"
             )
+        time.sleep(timing.poll_s)
+
+
+def create_or_find(
+    provider: Provider, offer: Offer, spec: LaunchSpec, recorded: set[str], timing: Timing
+) -> tuple[list[Instance], ProviderError | None]:
+    """`provider.create`, or, when it fails, what it may have made anyway; (instances, the create's error).
+
+    A create the provider accepted can still fail here: its reply lost to a timeout or a 5xx, or the SDK
+    retrying it and the retry refused (the offer is taken: by our own first attempt). The instance then
+    bills with the sweep's label and no record. So a failed create is followed by a look at the
+    provider's listing for live instances with `spec.label` whose id is not in `recorded`, for up to
+    `timing.find_s`; the first found is the one to use, any others (an SDK's retry that also succeeded)
+    are to destroy. None found: the create's ProviderError is raised (nothing was rented)."""
+    try:
+        return [provider.create(offer, spec)], None
+    except ProviderError as exc:
+        failed = exc
+    deadline = time.monotonic() + timing.find_s
+    while True:
+        try:
+            owned = provider.list_owned(spec.label.controller_id)
+        except ProviderError as exc:
+            log.warning("%s: cannot list instances after a failed create: %s", provider.name, exc)
+            owned = []
+        found = [
+            i
+            for i in owned
+            if i.label == spec.label and i.instance_id not in recorded and i.state is not InstanceState.gone
+        ]
+        if found:
+            return found, failed
+        if time.monotonic() >= deadline:
+            raise failed
         time.sleep(timing.poll_s)
 
 

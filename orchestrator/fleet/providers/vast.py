@@ -37,9 +37,11 @@ _STATES = {
     "loading": InstanceState.pending,
     "scheduling": InstanceState.pending,
     "running": InstanceState.running,
-    "exited": InstanceState.stopped,
-    "stopped": InstanceState.stopped,
-    "offline": InstanceState.stopped,
+    "rebooting": InstanceState.pending,
+    "exited": InstanceState.stopped,  # the container's process exited
+    "stopped": InstanceState.stopped,  # interrupted instead when an outbid bid (`_state`)
+    "offline": InstanceState.unreachable,  # no heartbeat from the host: computed by Vast, often brief
+    "unknown": InstanceState.unreachable,
 }
 
 
@@ -50,6 +52,8 @@ class VastProvider:
     api_key: str = field(repr=False)
     server_url: str | None = None
     name: str = NAME
+    # Seconds one request may take (the SDK's own default); the SDK retries a timed-out one, a create too.
+    timeout_s: float = 120.0
     _client: VastAI | None = field(default=None, repr=False)
 
     @property
@@ -64,6 +68,7 @@ class VastProvider:
                 ) from None
             # An explicit key: the SDK then never looks at VAST_API_KEY or ~/.config/vastai.
             self._client = VastAI(api_key=self.api_key, server_url=self.server_url, retry=3, quiet=True)
+            self._client.client.timeout = self.timeout_s  # VastAI takes no timeout; its VastClient does
         return self._client
 
     def _errors(self, operation: str):  # noqa: ANN202 - a context manager
@@ -167,7 +172,7 @@ def _instance(row: dict[str, Any]) -> Instance:
     return Instance(
         provider=NAME,
         instance_id=str(row["id"]),
-        state=_STATES.get(status, InstanceState.unknown),
+        state=_state(row),
         status=str(status or "creating"),
         label=InstanceLabel.decode(row.get("label")),
         price_per_hour=float(row.get("dph_total") or 0.0),
@@ -179,6 +184,15 @@ def _instance(row: dict[str, Any]) -> Instance:
         offer_id=str(row["ask_contract_id"]) if row.get("ask_contract_id") is not None else None,
         started_at=float(row["start_date"]) if row.get("start_date") else None,
     )
+
+
+def _state(row: dict[str, Any]) -> InstanceState:
+    """Vast documents that an outbid interruptible instance "moves to stopped (not destroyed)": a bid
+    stopped while its renter still wants it running was taken back; anything else stopped was not."""
+    state = _STATES.get(row.get("actual_status"), InstanceState.unknown)
+    if state is InstanceState.stopped and row.get("is_bid") and row.get("intended_status") == "running":
+        return InstanceState.interrupted
+    return state
 
 
 def _ssh_endpoint(row: dict[str, Any]) -> tuple[str | None, int | None]:

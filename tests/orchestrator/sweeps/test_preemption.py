@@ -1,5 +1,6 @@
 """A rented interruptible node preempted mid-sweep, at the unit level: the provider simulator (through the
-real vastai SDK) reports the instance `exited`; the next tick marks it `preempted`, destroys it until
+real vastai SDK) reports the interruptible instance `stopped` (outbid, as Vast documents it); the next tick
+marks it `preempted`, destroys it until
 confirmed, drops its node from the sweep, and rents a replacement through the fire path when the budget
 allows, and not when it does not. Every "instance" answers at the loopback sshd (tests/conftest.py);
 the runs' state changes are made in the DB as in test_rented_sweeps.py. Arms resuming from checkpoint
@@ -8,15 +9,17 @@ storage on the test bed: tests/cluster/test_rented_preemption.py.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from sqlalchemy import select
 
-from orchestrator.db.models import Event, Node
+from orchestrator.db.models import Event, Node, utcnow
 from orchestrator.db.session import session_scope
 from orchestrator.vocabulary import RentedState, SweepState
 from tests.cluster.provider_sim import ProviderSim
+from tests.orchestrator.factories import FakeClock
 from tests.orchestrator.sweeps.test_rented_sweeps import (  # noqa: F401 - `sim` and `_quiet_schedules` are fixtures
     _finish_runs,
     _instances,
@@ -48,7 +51,7 @@ def test_a_preempted_instance_is_destroyed_and_replaced_while_the_budget_allows(
     sweep = _sweep(database_url, "preempt-replace")
     assert sweep.state == SweepState.running, sweep.error
     [first] = _instances(database_url, sweep.id)
-    sim.preempt(first.instance_id)  # Vast: actual_status exited, intended running
+    sim.preempt(first.instance_id)  # Vast: actual_status stopped, intended running, a bid
     runner.tick()  # found preempted, destroyed, replaced by the next cheapest offer (303)
     sweep = _sweep(database_url, "preempt-replace")
     assert sweep.state == SweepState.running, sweep.error
@@ -142,3 +145,51 @@ def test_a_preemption_recorded_before_a_crash_is_destroyed_and_replaced_at_the_n
     restarted.tick()
     assert _sweep(database_url, "preempt-crash").state == SweepState.completed
     assert sim.live() == []
+
+
+def test_a_60_second_offline_blip_keeps_an_on_demand_node_and_a_long_outage_loses_it(
+    database_url: str,
+    sshd,  # noqa: ANN001
+    sim: ProviderSim,  # noqa: F811 - the fixture imported above
+    tmp_path: Path,
+) -> None:
+    _schedule(database_url, "offline-blip")  # on-demand: Vast never takes it back
+    runner = _runner(database_url, sshd, sim, tmp_path, sshd.workdir / "offline-blip")
+    clock = FakeClock(utcnow())
+    runner.clock = clock  # the runner's (and its rentals') clock: readings are 30 s apart without waiting
+    runner.tick()
+    sweep = _sweep(database_url, "offline-blip")
+    assert sweep.state == SweepState.running, sweep.error
+    [rented] = _instances(database_url, sweep.id)
+    node = f"vast-{rented.instance_id}"
+
+    sim.set_offline(rented.instance_id, True)  # the host drops off: Vast reports `offline`
+    for _ in range(3):  # readings at 0, 30 and 60 s
+        runner.tick()
+        clock.now += timedelta(seconds=30)
+    sim.set_offline(rented.instance_id, False)
+    runner.tick()  # 90 s: running again
+    [rented] = _instances(database_url, sweep.id)
+    assert rented.state == RentedState.running and sim.instances[rented.instance_id].live
+    assert _sweep(database_url, "offline-blip").nodes == [node]
+    assert _kinds(database_url, sweep.id)[-2:] == ["rented.down", "rented.up"]
+    assert "rented.preempted" not in _kinds(database_url, sweep.id)
+
+    sim.set_offline(rented.instance_id, True)  # this time it stays away
+    for _ in range(10):  # readings at 0, 60, ..., 540 s: kept
+        runner.tick()
+        clock.now += timedelta(seconds=60)
+        assert _instances(database_url, sweep.id)[0].state == RentedState.running
+    runner.tick()  # 600 s: an on-demand node's limit
+    first, second = _instances(database_url, sweep.id)
+    assert first.state == RentedState.preempted and not sim.instances[first.instance_id].live
+    assert second.state == RentedState.running and _sweep(database_url, "offline-blip").nodes == [
+        f"vast-{second.instance_id}"
+    ]
+    with session_scope(database_url) as session:
+        [why] = [e.message for e in session.scalars(select(Event).where(Event.kind == "rented.preempted"))
+                 if e.data["sweep_id"] == sweep.id]
+    assert "lost: status offline for 11 readings over 600 s: the limit for an on-demand node" in why
+    _finish_runs(database_url, sweep.grid_id)
+    runner.tick()
+    assert _sweep(database_url, "offline-blip").state == SweepState.completed and sim.live() == []

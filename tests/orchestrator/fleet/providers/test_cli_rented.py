@@ -69,3 +69,25 @@ def _request():  # noqa: ANN202
     from orchestrator.fleet.providers.request import NodeRequest
 
     return NodeRequest(provider="vast", gpu="RTX_4090", gpus_per_node=4, max_price_per_gpu_hour=0.45)
+
+
+def test_destroy_refuses_an_instance_not_labelled_by_this_controller_unless_forced(sim: ProviderSim) -> None:
+    provider = VastProvider(KEY, server_url=sim.url)
+    offers = {o.offer_id: o for o in provider.search(_request())}
+
+    def spec(controller: str) -> LaunchSpec:
+        key = "ssh-ed25519 AAAA test"
+        return LaunchSpec(image="img", disk_gb=50, ssh_public_key=key, label=InstanceLabel(controller, 5))
+
+    theirs = provider.create(offers["302"], spec("day")).instance_id  # another controller on the shared account
+    persons = provider.create(offers["301"], spec("night")).instance_id
+    sim.instances[persons].label = "my-notebook"  # someone's own instance, relabelled in the provider's console
+    runner = CliRunner()
+    for iid, why in ((theirs, "has label ablate.day.s5"), (persons, "has no ablate label")):
+        refused = runner.invoke(app, ["instances", "destroy", iid, "--provider", "vast"])
+        said = str(refused.exception)  # a CLIError: `ablate` prints it as one line, exit code 2
+        assert refused.exit_code != 0 and why in said and "not rented by this controller (night)" in said
+        assert "--force destroys it anyway" in said and sim.instances[iid].live
+    forced = runner.invoke(app, ["instances", "destroy", theirs, "--provider", "vast", "--force"])
+    assert forced.exit_code == 0, forced.output
+    assert not sim.instances[theirs].live and sim.instances[persons].live

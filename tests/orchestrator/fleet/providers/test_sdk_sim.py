@@ -228,18 +228,37 @@ def test_provider_errors_name_the_provider(sim: ProviderSim) -> None:
         provider.destroy(instance.instance_id)
 
 
-@pytest.mark.parametrize("name", ["vast", "runpod"])
-def test_a_preempted_instance_reads_stopped_through_the_sdk_and_bills_until_destroyed(
-    sim: ProviderSim, name: str
+@pytest.mark.parametrize(
+    ("name", "interruptible", "reads"),
+    [
+        ("vast", True, (InstanceState.interrupted, "stopped")),  # a bid stopped while meant to run: outbid
+        ("vast", False, (InstanceState.stopped, "stopped")),  # on-demand: Vast never takes it back
+        ("runpod", False, (InstanceState.stopped, "EXITED")),
+    ],
+)
+def test_a_preempted_instance_reads_as_the_provider_documents_and_bills_until_destroyed(
+    sim: ProviderSim, name: str, interruptible: bool, reads: tuple[InstanceState, str]
 ) -> None:
     provider = provider_for(name, _settings(sim))
-    offer = choose_offers(provider.search(REQUESTS[name]), REQUESTS[name])[0]
-    made = provider.create(offer, _spec())
-    sim.preempt(made.instance_id)  # Vast: actual_status exited (intended running); RunPod: desiredStatus EXITED
+    request = REQUESTS[name].model_copy(update={"interruptible": interruptible})
+    offer = choose_offers(provider.search(request), request)[0]
+    made = provider.create(offer, replace(_spec(), bid_per_hour=offer.price_per_hour if interruptible else None))
+    sim.preempt(made.instance_id)  # Vast: actual_status stopped (intended running); RunPod: desiredStatus EXITED
     seen = provider.describe(made.instance_id)
-    assert (seen.state, seen.status) == (InstanceState.stopped, "exited" if name == "vast" else "EXITED")
+    assert (seen.state, seen.status) == reads
     assert seen.reachable_endpoint is None
     assert [i.instance_id for i in provider.list_owned("night")] == [made.instance_id]  # still billing
     assert sim.instances[made.instance_id].live
     assert destroy_confirmed(provider, made.instance_id, FAST)
     assert provider.describe(made.instance_id).state is InstanceState.gone and sim.live() == []
+
+
+def test_a_host_offline_reads_unreachable_and_running_again_once_back(sim: ProviderSim) -> None:
+    provider = provider_for("vast", _settings(sim))
+    made = provider.create(choose_offers(provider.search(REQUESTS["vast"]), REQUESTS["vast"])[0], _spec())
+    sim.set_offline(made.instance_id, True)  # Vast computes `offline` from missed heartbeats
+    seen = provider.describe(made.instance_id)
+    assert (seen.state, seen.status) == (InstanceState.unreachable, "offline")
+    sim.set_offline(made.instance_id, False)
+    assert provider.describe(made.instance_id).state is InstanceState.running
+    provider.destroy(made.instance_id)
