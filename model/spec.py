@@ -30,6 +30,7 @@ class Strict(BaseModel):
 
 
 MAX_HIDDEN, MAX_DEPTH, MAX_HEADS, MAX_PATCH, MAX_RESOLUTION = 16384, 512, 256, 128, 8192
+MAX_UNREADABLE = 0.01  # data.max_unreadable and `ablate data prepare --max-unreadable` default
 
 
 class SizePreset(Strict):
@@ -101,6 +102,9 @@ class DataSpec(Strict):
     text_encoder: Literal["learned", "minilm", "precomputed"] = "learned"
     num_images: PositiveInt = 4096  # procedural datasets: how many training images to draw
     held_out: PositiveInt = 64  # images kept out of training for evaluation
+    # Share of the images that may be unreadable (left out and named on the run): a few damaged photos
+    # should not end a night, but past 1% it is more likely the wrong folder or a half-finished copy.
+    max_unreadable: Fraction = MAX_UNREADABLE
     seed: Seed = 0
 
     @model_validator(mode="after")

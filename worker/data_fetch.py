@@ -8,7 +8,8 @@ The arms then read the one cached copy memory-mapped, sharing it through the pag
 Cache layout: <cache_dir>/<name>-<sha of the URL>/ holds the prepared directory as `prepare` wrote it;
 <name>-<sha>.lock beside it is the lock (flock: released by the kernel if the holder dies, so a killed
 fetch never blocks the node). Shards land under a temporary name and are renamed when complete; the
-manifest is written last, so a copy with a manifest is one whose shards were all verified.
+manifest is written last, so a copy with a manifest is one whose files were all verified. Every fetch
+hashes every file, cached or not, so a file changed on the node's disk since its fetch never trains.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from model.data.base import DatasetError
-from model.data.prepared import CAPTIONS, MANIFEST, first_bad_shard, parse_manifest
+from model.data.prepared import MANIFEST, bad_files, checked_files, parse_manifest, pinned
 from worker.storage import open_fs
 
 # The default cache of a node; the controller passes <storage_dir>/data-cache (the same disk as out_dir).
@@ -74,21 +75,21 @@ def _download(fs: Any, remote: str, local: Path) -> int:
 
 
 def _names(manifest: dict[str, Any], where: str) -> list[str]:
-    names = [s["file"] for s in manifest["shards"]] + [CAPTIONS]
-    if manifest.get("embeddings"):
-        names.append(manifest["embeddings"])
-    bad = [n for n in names if not isinstance(n, str) or not SAFE_NAME.match(n)]
+    names = [f["file"] for f in checked_files(manifest)]
+    bad = [n for n in names if not SAFE_NAME.match(n)]
     if bad:
         raise DatasetError(f"data.url: {where} names {bad[0]!r}, not a plain file name; re-run ablate data prepare")
     return names
 
 
-def fetch_prepared(url: str, store: DataStore) -> Fetched:
+def fetch_prepared(url: str, store: DataStore, pin: str | None = None) -> Fetched:
     """The local copy of the prepared directory at `url`, complete and verified; downloads what is missing.
 
-    Raises DatasetError naming the file when the store lacks one, and naming the shard when a downloaded
-    shard does not match the manifest's checksum (the store holds a corrupt or partly uploaded copy).
-    A cached shard that no longer matches (a damaged disk) is downloaded again.
+    Every file the manifest lists (shards, captions, embeddings) is hashed, cached or not. Raises
+    DatasetError naming the file when the store lacks one, and naming it when a downloaded file does not
+    match the manifest's checksum (the store holds a corrupt or partly uploaded copy). A cached file that
+    no longer matches (changed on the node's disk) is downloaded again. pin: the manifest's sha256 the
+    run started on; a store whose manifest differs is refused before anything is downloaded.
     """
     cache = Path(store.cache_dir).expanduser()
     cache.mkdir(parents=True, exist_ok=True)
@@ -102,33 +103,31 @@ def fetch_prepared(url: str, store: DataStore) -> Fetched:
         root = root.rstrip("/")
         where = f"{url.rstrip('/')}/{MANIFEST}"
         try:
-            text = fs.cat_file(f"{root}/{MANIFEST}").decode()
+            raw = fs.cat_file(f"{root}/{MANIFEST}")
         except FileNotFoundError:
             raise DatasetError(
                 f"data.url: {where} does not exist; upload a directory made by `ablate data prepare` there"
             ) from None
+        pinned(hashlib.sha256(raw).hexdigest(), pin, where)
+        text = raw.decode()
         manifest = parse_manifest(text, where)
-        names = _names(manifest, where)
+        _names(manifest, where)
         dest.mkdir(exist_ok=True)
         local_manifest = dest / MANIFEST
         same = local_manifest.is_file() and local_manifest.read_text() == text
         if not same:
-            local_manifest.unlink(missing_ok=True)  # incomplete until every shard is verified again
-        downloaded: list[str] = []
-        size = 0
-        for name in names[len(manifest["shards"]) :]:  # captions and embeddings: no checksum, fetched with
-            if not same or not (dest / name).is_file():  # a new manifest or when missing
-                size += _fetch_one(fs, root, name, dest, url)
-                downloaded.append(name)
-        while (bad := first_bad_shard(dest, manifest)) is not None:
-            if bad in downloaded:
-                (dest / bad).unlink(missing_ok=True)
-                raise DatasetError(
-                    f"data.url: shard {bad} fetched from {url.rstrip('/')}/{bad} does not match its checksum in "
-                    f"{where} (corrupt or partly uploaded); run ablate data prepare again and upload the directory"
-                )
-            size += _fetch_one(fs, root, bad, dest, url)
-            downloaded.append(bad)
+            local_manifest.unlink(missing_ok=True)  # incomplete until every file is verified again
+        # Files already here that match the new manifest's checksums are kept, whatever manifest they came with.
+        downloaded = bad_files(dest, manifest)
+        size = sum(_fetch_one(fs, root, name, dest, url) for name in downloaded)
+        corrupt = bad_files(dest, manifest, names=set(downloaded)) if downloaded else []
+        if corrupt:
+            for name in corrupt:
+                (dest / name).unlink(missing_ok=True)
+            raise DatasetError(
+                f"data.url: {corrupt[0]} fetched from {url.rstrip('/')}/{corrupt[0]} does not match its checksum "
+                f"in {where} (corrupt or partly uploaded); run ablate data prepare again and upload the directory"
+            )
         if not same:
             tmp = dest / (MANIFEST + ".fetching")
             tmp.write_text(text)

@@ -24,7 +24,9 @@ import torch
 from torch import Tensor, nn
 
 from model.data import ImageCaptionDataset, as_unit_float, build_dataset
-from model.data.loader import MicroBatch, SkipCounter, StepBatches, auto_workers, make_loader
+from model.data.captioned import CaptionedDataset
+from model.data.loader import MicroBatch, StepBatches, auto_workers, make_loader
+from model.data.unreadable import LISTED_NAME, Unreadable, fallback_note
 from model.evaluate import NO_EDITS_NOTE, evaluate
 from model.flow import FlowMatching, estimate_pca_basis, interpolate, sample_t
 from model.nanodit import NanoDiT
@@ -117,17 +119,19 @@ def build(
     fp8_linears: list[str] | None = None,
     micro_batch: int | None = None,
     data_root: Path | None = None,
+    data_pin: str | None = None,
 ) -> Parts:
     """Construct a run's parts; model init uses the global RNG seeded from data.seed.
 
     fp8_linears: the FP8 set saved in the checkpoint being resumed (None on a fresh start): converted as
     is, without re-timing, so the resumed run keeps the numerics it started with. micro_batch: likewise
     the micro-batch the resumed run trained with (not searched again). data_root: the local copy of
-    data.url (fetched by train_arm), else None.
+    data.url (fetched by train_arm), else None. data_pin: the sha256 of the prepared manifest the resumed
+    run started on (its checkpoint record's data_manifest_sha256): a different one is refused.
     """
     torch.manual_seed(spec.data.seed)
     fallbacks: list[str] = []
-    dataset = build_dataset(spec, data_root)
+    dataset = build_dataset(spec, data_root, data_pin)
     if not dataset.supports_edits:  # known now, so the first record already says so
         fallbacks.append(NO_EDITS_NOTE)
     # LPIPS and the teacher first: a missing weights file should fail before any work is done.
@@ -400,7 +404,7 @@ class Checkpoints:
     best: dict[str, Any] = field(default_factory=lambda: {"step": None, "recon_lpips": None})
     t_start: float = field(default_factory=time.perf_counter)
     info: dict[str, Any] = field(default_factory=dict)  # device name and UUID, loader workers: on every record
-    skips: SkipCounter | None = None  # training files that failed to decode
+    skips: Unreadable | None = None  # images left out as unreadable, at start and mid-run, over every segment
     compile_s: float | None = None  # this process's first step, compile included (compiled runs only)
     provenance: dict[str, Any] = field(default_factory=ckpt.provenance)  # code and library versions, in every file
 
@@ -409,6 +413,8 @@ class Checkpoints:
         _restore(self.parts, state, self.gens)
         self.resumed_from, self.wall_before = state["step"], state["wall_time_s"]
         self.last_record, self.best = state["record"], state["best"]
+        if self.skips is not None:  # the count goes on from where the run left it, not from 0
+            self.skips.add(state.get("unreadable") or [])
         ckpt.truncate_metrics(self.out_dir, self.resumed_from)
         return self.resumed_from
 
@@ -439,6 +445,7 @@ class Checkpoints:
         note = metrics.get("text_manip_note")
         if note is not None and note not in parts.fallbacks:
             parts.fallbacks.append(note)  # build checks too; this keeps any skipped metric on the record
+        self.list_unreadable()
         path = ckpt.checkpoint_path(self.out_dir, step)
         recon = metrics["recon_lpips"]
         is_best = (
@@ -482,19 +489,33 @@ class Checkpoints:
             "compiled": parts.compiled,
             "compile_s": self.compile_s,
             "skipped_images": self.skips.count if self.skips is not None else 0,
-            "skipped_files": list(self.skips.files)[:10] if self.skips is not None else [],
+            "skipped_files": self.skips.first() if self.skips is not None else [],
             "final": final,
         }
         # metrics.jsonl before the checkpoint: a kill in between re-does this step on resume
         # (truncate_metrics drops the line), never leaves a checkpoint without its record.
         ckpt.append_metrics(self.out_dir, record)
         extra = {"wall_time_s": elapsed, "record": record, "best": self.best, **self.provenance}
+        if self.skips is not None and self.skips.count:
+            extra["unreadable"] = list(self.skips.names)  # every one, so the count survives a resume
         ckpt.save_atomic(_state(parts, step, self.gens, extra), path)
         if is_best:
             ckpt.mark_best(path, self.out_dir)
         ckpt.prune(self.out_dir)
         self.last_record = record
         return record
+
+    def list_unreadable(self) -> None:
+        """The first unreadable images as fallbacks (one stable line each) and all of them in
+        unreadable.txt beside metrics.jsonl."""
+        if self.skips is None or not self.skips.count:
+            return
+        for name in self.skips.first():
+            if (note := fallback_note(name)) not in self.parts.fallbacks:
+                self.parts.fallbacks.append(note)
+        tmp = self.out_dir / f"{LISTED_NAME}.part"
+        tmp.write_text("".join(f"{name}\n" for name in self.skips.names))
+        tmp.replace(self.out_dir / LISTED_NAME)
 
     def final(self, step: int, window: Window) -> dict[str, Any]:
         """The record to end on when asked to stop at `step`: the checkpoint just written, else a new one."""
@@ -556,10 +577,12 @@ def _train(
         state = ckpt.load(latest, map_location="cpu")
         check_resumable(state["spec"], spec, latest)
     saved = state or {}
+    # The prepared manifest this run started on: a resume (here or on another node) trains on it or not at all.
+    pin = (saved.get("record") or {}).get("data_manifest_sha256")
     fetched = None
     if spec.data.url is not None:
         store = data_store if isinstance(data_store, DataStore) else DataStore.from_dict(data_store)
-        fetched = fetch_prepared(spec.data.url, store)
+        fetched = fetch_prepared(spec.data.url, store, pin=pin)
     try:
         parts = build(
             spec,
@@ -568,6 +591,7 @@ def _train(
             fp8_linears=saved.get("fp8_linears"),
             micro_batch=saved.get("micro_batch"),
             data_root=Path(fetched.path) if fetched is not None else None,
+            data_pin=pin,
         )
     except torch.OutOfMemoryError:
         raise TrainError(
@@ -579,8 +603,16 @@ def _train(
     info = {**device_info(dev), "loader_workers": workers, "deterministic": spec.precision.deterministic}
     if fetched is not None:
         info["data_fetch"] = fetched.as_record()
+    if (manifest_sha := getattr(parts.dataset, "manifest_sha256", None)) is not None:
+        info["data_manifest_sha256"] = manifest_sha
     checkpoints = Checkpoints(parts, out_dir, gens, t_start=t_start, info=info)
-    checkpoints.skips = SkipCounter(parts.dataset.num_train)
+    # Images found unreadable at start are already left out; mid-run failures join them (one limit).
+    ds = parts.dataset
+    checkpoints.skips = (
+        ds.unreadable
+        if isinstance(ds, CaptionedDataset)
+        else Unreadable(len(ds), spec.data.max_unreadable, ds.name)
+    )
     step = checkpoints.restore(state) if state is not None else 0
     if checkpoints.last_record is not None and step >= sched.steps:
         yield {**checkpoints.last_record, "final": True}

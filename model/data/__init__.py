@@ -78,11 +78,12 @@ __all__ = [
 ]
 
 
-def build_dataset(spec: ArmSpec, root: Path | None = None) -> ImageCaptionDataset:
+def build_dataset(spec: ArmSpec, root: Path | None = None, pin: str | None = None) -> ImageCaptionDataset:
     """The dataset an arm trains on, at spec.resolution() (data.resolution or the size preset's).
 
     root: where data.path's directory is on this machine; given when the worker fetched data.url
-    into its node's cache (worker/data_fetch.py), else data.path.
+    into its node's cache (worker/data_fetch.py), else data.path. pin: the sha256 of the prepared
+    manifest the run started on (a resume); a prepared directory whose manifest differs is refused.
     """
     d = spec.data
     res = spec.resolution()
@@ -96,10 +97,20 @@ def build_dataset(spec: ArmSpec, root: Path | None = None) -> ImageCaptionDatase
     precomputed = d.text_encoder == "precomputed"
     if d.dataset == "imagefolder":
         return ImageFolderDataset(
-            root, res, d.pixel_range, d.seed, d.held_out, precomputed, caption_column=d.caption_column
+            root,
+            res,
+            d.pixel_range,
+            d.seed,
+            d.held_out,
+            precomputed,
+            caption_column=d.caption_column,
+            max_unreadable=d.max_unreadable,
         )
     if d.dataset == "webdataset":
-        return TarShardsDataset(root, res, d.pixel_range, d.seed, d.held_out, precomputed)
+        return TarShardsDataset(
+            root, res, d.pixel_range, d.seed, d.held_out, precomputed, max_unreadable=d.max_unreadable
+        )
     if d.dataset == "prepared":
-        return PreparedDataset(root, res, d.pixel_range, d.seed, d.held_out, precomputed)
+        # data.url's copy was verified by its fetch moments ago, under the node's lock; data.path's is here
+        return PreparedDataset(root, res, d.pixel_range, d.seed, d.held_out, precomputed, pin=pin, verify=d.url is None)
     raise DatasetError(f"unknown data.dataset {d.dataset!r}")

@@ -11,6 +11,7 @@ Nothing is downloaded: shapes are rendered, digits ship with scikit-learn, folde
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -26,6 +27,22 @@ class DatasetError(ValueError):
 
 class NoEditsError(DatasetError):
     """No caption of the dataset admits a single-attribute edit, so text_manip_delta cannot be computed."""
+
+
+def resolve_inside(root: Path, name: str, where: str) -> Path:
+    """root/name with symlinks followed, refused unless it stays inside root: a listing or a manifest
+    must not make the run read (and serve as held-out targets) files from elsewhere on the node.
+
+    where: the listing and line, or the manifest, for the message.
+    """
+    base = root.resolve()
+    path = (base / name).resolve()  # an absolute name replaces base, and is refused below like '..'
+    if not path.is_relative_to(base):
+        raise DatasetError(
+            f"{where}: {name!r} resolves to {path}, outside the dataset directory {base}; name files inside it "
+            "(no '..', absolute paths or links that lead out)"
+        )
+    return path
 
 
 _WORD = re.compile(r"[^\W_]+")  # runs of letters or digits, any script

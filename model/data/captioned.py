@@ -18,10 +18,12 @@ from torch import Tensor
 
 from model.data.base import DatasetError, ImageCaptionDataset, NoEditsError, tokenize
 from model.data.shapes import COLOURS
+from model.data.unreadable import Unreadable
+from model.spec import MAX_UNREADABLE
 
 # resized images are kept in memory (uint8) up to this many bytes; above it they are decoded per batch
 CACHE_BYTES = 1 << 30
-# a training item that fails to decode is replaced by the next one; after this many in a row, give up
+# a training item that fails to decode mid-run is replaced by the next one; after this many in a row, give up
 MAX_CONSECUTIVE_BAD = 64
 
 
@@ -57,32 +59,54 @@ class CaptionedDataset(ImageCaptionDataset):
         entries: list[Entry],
         held_out: int,
         needs_embeddings: bool,
-        cache_bytes: int,
+        cache_bytes: int | None,
         embeddings_dir: Path | None = None,
+        max_unreadable: float = MAX_UNREADABLE,
     ) -> None:
-        """Split, cache or check, and load embeddings; called by subclasses once `entries` are known."""
+        """Cache or check, split, and load embeddings; called by subclasses once `entries` are known.
+
+        An entry that cannot be read now is left out of both splits and named in `self.unreadable`; past
+        `max_unreadable` of the entries this fails naming the first ten (model/data/unreadable.py).
+        """
         self.root = root
         self.entries = entries
         # data.text_encoder == "precomputed": embeddings are required, and edits must have one too
         self._needs_embeddings = needs_embeddings
         n = len(entries)
-        if held_out >= n:
-            raise DatasetError(
-                f"data.held_out ({held_out}) must be smaller than the number of images ({n}) in {root}; "
-                "lower data.held_out or add images"
-            )
-        perm = np.random.default_rng(self.seed).permutation(n).tolist()
-        self._held, self._train = perm[:held_out], perm[held_out:]
-        self.num_train, self.num_held = len(self._train), held_out
+        self.unreadable = Unreadable(n, max_unreadable, f"{self.name} {root}")
 
         # Within the cap every image is decoded now (and kept); above it each item is checked now (a
         # header) and the pixels are decoded per batch, so memory stays bounded whatever the dataset size.
         self._cache: Tensor | None = None
-        if n * 3 * self.resolution * self.resolution <= cache_bytes:
-            self._cache = torch.stack([self._decode(r) for r in range(n)])
-        else:
-            for r in range(n):
-                self._check(r)
+        bad: set[int] = set()
+        cap = CACHE_BYTES if cache_bytes is None else cache_bytes  # read now, so a test can lower it
+        cached = n * 3 * self.resolution * self.resolution <= cap
+        images: list[Tensor] = []
+        for r in range(n):
+            try:
+                if cached:
+                    images.append(self._decode(r))
+                else:
+                    self._check(r)
+            except DatasetError as exc:
+                bad.add(r)
+                self.unreadable.add([self.item_name(r)], reason=str(exc))
+                if cached:  # a placeholder keeps cache rows aligned with entries; no split draws it
+                    images.append(torch.zeros(3, self.resolution, self.resolution, dtype=torch.uint8))
+        if cached:
+            self._cache = torch.stack(images)
+        readable = n - len(bad)
+        if held_out >= readable:
+            unread = f" ({len(bad)} unreadable)" if bad else ""
+            raise DatasetError(
+                f"data.held_out ({held_out}) must be smaller than the number of images ({readable}{unread}) in "
+                f"{root}; lower data.held_out or add images"
+            )
+        # The permutation is of all entries, then the unreadable dropped: a folder without any keeps the
+        # split it always had.
+        perm = [r for r in np.random.default_rng(self.seed).permutation(n).tolist() if r not in bad]
+        self._held, self._train = perm[:held_out], perm[held_out:]
+        self.num_train, self.num_held = len(self._train), held_out
         self.text_embeddings = self._load_embeddings(embeddings_dir or root)
         if needs_embeddings and self.text_embeddings is None:
             raise DatasetError(
@@ -97,6 +121,10 @@ class CaptionedDataset(ImageCaptionDataset):
     def _check(self, row: int) -> None:
         """A cheap check that entry `row` is readable (no pixels decoded); DatasetError if not."""
         raise NotImplementedError
+
+    def item_name(self, row: int) -> str:
+        """How the run names entry `row` when it is unreadable: the same at start, mid-run and after a resume."""
+        return self.entries[row].where
 
     # -- pixels
 
@@ -123,7 +151,7 @@ class CaptionedDataset(ImageCaptionDataset):
                 try:
                     out.append(self._decode(row))
                 except DatasetError:
-                    skipped.append(self.entries[row].where)
+                    skipped.append(self.item_name(row))
                     continue
                 captions.append(self.entries[row].caption)
                 break

@@ -19,8 +19,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from model.data.base import DatasetError, PixelRange
-from model.data.captioned import CACHE_BYTES, CaptionedDataset, Entry
+from model.data.base import DatasetError, PixelRange, resolve_inside
+from model.data.captioned import CaptionedDataset, Entry
+from model.spec import MAX_UNREADABLE
 
 LISTINGS = ("captions.jsonl", "metadata.jsonl", "metadata.csv")
 CAPTION_COLUMNS = ("caption", "text")  # tried in this order when data.caption_column is not set
@@ -94,7 +95,8 @@ def _captions_jsonl(path: Path) -> list[tuple[Entry, Path]]:
         edit = obj.get("edit")
         if edit is not None and not isinstance(edit, str):
             raise DatasetError(f'{path} line {no}: "edit" must be a string (the edited caption)')
-        out.append((Entry(f"captions.jsonl line {no}", obj["caption"], edit), path.parent / obj["file"]))
+        where = f"captions.jsonl line {no}"
+        out.append((Entry(where, obj["caption"], edit), resolve_inside(path.parent, obj["file"], f"{path} line {no}")))
     return out
 
 
@@ -138,7 +140,7 @@ def _metadata(path: Path, caption_column: str | None) -> list[tuple[Entry, Path]
             raise DatasetError(f"{path} {what}: column {column!r} missing or not a string (data.caption_column)")
         if edit is not None and not isinstance(edit, str):
             raise DatasetError(f'{path} {what}: "edit" must be a string (the edited caption)')
-        out.append((Entry(f"{path.name} {what}", caption, edit), path.parent / file))
+        out.append((Entry(f"{path.name} {what}", caption, edit), resolve_inside(path.parent, file, f"{path} {what}")))
     return out
 
 
@@ -171,8 +173,9 @@ class ImageFolderDataset(CaptionedDataset):
     """A directory of images plus captions.jsonl, metadata.jsonl or metadata.csv.
 
     Optional embeddings.pt / embeddings.npy hold precomputed text embeddings (aligned with the listing).
-    A missing file or one whose header is not an image fails at construction, before training; a file
-    that passes the header check but fails to decode mid-run is skipped and counted (CaptionedDataset).
+    A missing file, or one that cannot be decoded (within the cache cap) or whose header is not an image
+    (above it), is left out at construction; a file that passes the header check but fails to decode
+    mid-run is replaced and counted. Both count against data.max_unreadable (model/data/unreadable.py).
     Images are decoded once and kept while the resized set fits `cache_bytes` (1 GiB), else per batch.
     """
 
@@ -186,16 +189,21 @@ class ImageFolderDataset(CaptionedDataset):
         seed: int,
         held_out: int,
         needs_embeddings: bool = False,
-        cache_bytes: int = CACHE_BYTES,
+        cache_bytes: int | None = None,  # None: CACHE_BYTES
         caption_column: str | None = None,
+        max_unreadable: float = MAX_UNREADABLE,
     ) -> None:
         super().__init__(resolution, pixel_range, seed)
         self.listing, pairs = read_listing(root, caption_column)
         self.files = [p for _, p in pairs]
-        self._setup(root, [e for e, _ in pairs], held_out, needs_embeddings, cache_bytes)
+        self._setup(root, [e for e, _ in pairs], held_out, needs_embeddings, cache_bytes, max_unreadable=max_unreadable)
 
     def _decode(self, row: int) -> Tensor:
         return load_image(self.files[row], self.resolution, f" ({self.entries[row].where})")
 
     def _check(self, row: int) -> None:
         check_image(self.files[row], f" ({self.entries[row].where})")
+
+    def item_name(self, row: int) -> str:
+        """The file as the listing names it, and where: "photos/x.jpg (metadata.jsonl line 602)"."""
+        return f"{self.files[row].relative_to(self.root.resolve())} ({self.entries[row].where})"

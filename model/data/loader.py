@@ -18,11 +18,10 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from model.data.base import DatasetError, ImageCaptionDataset, identity_draw, step_indices
+from model.data.base import ImageCaptionDataset, identity_draw, step_indices
 
 MAX_AUTO_WORKERS = 8  # past this a folder of 1024 px JPEGs already outruns one GPU (docs/benchmarks.md)
 PREFETCH_FACTOR = 4  # items queued per worker: absorbs a slow file without the GPU waiting
-SKIP_LIMIT = 0.01  # a run may skip at most this share of its training images
 
 
 @dataclass
@@ -105,26 +104,3 @@ def make_loader(batches: StepBatches, start_step: int, steps: int, workers: int,
         # global RNG that would shift TREAD's permutations between a fresh and a resumed run.
         generator=torch.Generator(),
     )
-
-
-@dataclass
-class SkipCounter:
-    """Training files that failed to decode, counted once each; above SKIP_LIMIT of the training
-    images the run fails naming the first ten."""
-
-    num_train: int
-    files: dict[str, None] = field(default_factory=dict)  # insertion-ordered set
-
-    def add(self, skipped: list[str]) -> None:
-        for f in skipped:
-            self.files.setdefault(f, None)
-        if len(self.files) > SKIP_LIMIT * self.num_train:
-            first = list(self.files)[:10]
-            raise DatasetError(
-                f"{len(self.files)} of {self.num_train} training images failed to decode (more than "
-                f"{SKIP_LIMIT:.0%}): {', '.join(first)}; fix or remove them (ablate data prepare lists every one)"
-            )
-
-    @property
-    def count(self) -> int:
-        return len(self.files)

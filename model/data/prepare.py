@@ -4,7 +4,8 @@ shards once into uint8 shards at the training resolution, with a manifest of cou
 Resumable: shard k always holds source items [k * per_shard, (k + 1) * per_shard) and is written as
 shard-k.npy plus a small shard-k.json sidecar (its captions, count, checksum, unreadable inputs), each
 renamed into place when complete; a re-run keeps every shard whose sidecar exists and does the rest.
-Unreadable inputs are listed (in the sidecars and the manifest) and left out; the rest are prepared.
+Unreadable inputs are listed (in the sidecars and the manifest) and left out; the rest are prepared,
+unless more than max_unreadable of the source is unreadable (the rule a run applies, unreadable.py).
 """
 
 from __future__ import annotations
@@ -25,7 +26,10 @@ from model.data.captioned import Entry
 from model.data.folder import LISTINGS, decode_image, load_image, read_listing
 from model.data.prepared import CAPTIONS, FORMAT, MANIFEST, sha256_file
 from model.data.tar import TarReader, index_shards
+from model.data.unreadable import Unreadable
+from model.spec import MAX_UNREADABLE
 
+EMBEDDINGS = "embeddings.pt"
 SHARD_BYTES = 1 << 30  # ~1 GiB per shard: few files, and a corrupt one costs little to redo
 
 
@@ -106,6 +110,10 @@ def _aligned_embeddings(path: Path, entries: list[Entry]) -> dict[str, Tensor]:
     return {e.caption: data[i] for i, e in enumerate(entries)}
 
 
+def _checksum(out: Path, name: str) -> dict[str, object]:
+    return {"file": name, "bytes": (out / name).stat().st_size, "sha256": sha256_file(out / name)}
+
+
 def prepare(
     src: Path,
     out: Path,
@@ -115,14 +123,18 @@ def prepare(
     shard_bytes: int = SHARD_BYTES,
     on_item: Callable[[int, int], None] | None = None,
     workers: int | None = None,
+    max_unreadable: float = MAX_UNREADABLE,
 ) -> PrepareResult:
     """Prepare `src` into `out` at `resolution`. on_item(done, total) after every source item (progress bar).
-    workers: decode processes (default: the CPUs this process may use)."""
+    workers: decode processes (default: the CPUs this process may use). Past `max_unreadable` of the
+    source unreadable, fails naming the first ten and writes no manifest (finished shards are kept, so a
+    re-run with a higher limit redoes nothing)."""
     from model.data.loader import cpus_available
 
     workers = cpus_available() if workers is None else workers
     source = open_source(src, caption_column)
     n = len(source.entries)
+    unreadable = Unreadable(n, max_unreadable, f"prepare {src}", knob="--max-unreadable")
     per_shard = max(1, shard_bytes // (3 * resolution * resolution))
     out.mkdir(parents=True, exist_ok=True)
     old = out / MANIFEST
@@ -179,13 +191,14 @@ def prepare(
             os.replace(tmp_side, side)
         shards.append(meta)
         skipped += meta["skipped"]
+        unreadable.add(meta["skipped"], reason=None)  # fails as soon as the share is past the limit
 
     captions = [line for m in shards for line in m["captions"]]
     (out / CAPTIONS).write_text("".join(json.dumps(x) + "\n" for x in captions), encoding="utf-8")
-    emb_name = None
+    embeddings = None
     if source.embeddings is not None:
-        torch.save(_aligned_embeddings(source.embeddings, source.entries), out / "embeddings.pt")
-        emb_name = "embeddings.pt"
+        torch.save(_aligned_embeddings(source.embeddings, source.entries), out / EMBEDDINGS)
+        embeddings = _checksum(out, EMBEDDINGS)
     manifest = {
         "format": FORMAT,
         "resolution": resolution,
@@ -193,8 +206,9 @@ def prepare(
         "source": str(src),
         "source_kind": source.kind,
         "shards": [{k: m[k] for k in ("file", "count", "bytes", "sha256")} for m in shards],
+        "captions": _checksum(out, CAPTIONS),
+        "embeddings": embeddings,
         "skipped": skipped,
-        "embeddings": emb_name,
     }
     tmp = out / f"{MANIFEST}.part"
     tmp.write_text(json.dumps(manifest, indent=1))

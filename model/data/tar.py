@@ -18,8 +18,9 @@ from pathlib import Path
 from torch import Tensor
 
 from model.data.base import DatasetError, PixelRange
-from model.data.captioned import CACHE_BYTES, CaptionedDataset, Entry
+from model.data.captioned import CaptionedDataset, Entry
 from model.data.folder import decode_image
+from model.spec import MAX_UNREADABLE
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
 
@@ -127,12 +128,13 @@ class TarShardsDataset(CaptionedDataset):
         seed: int,
         held_out: int,
         needs_embeddings: bool = False,
-        cache_bytes: int = CACHE_BYTES,
+        cache_bytes: int | None = None,  # None: CACHE_BYTES
+        max_unreadable: float = MAX_UNREADABLE,
     ) -> None:
         super().__init__(resolution, pixel_range, seed)
         shards, entries, self.members = index_shards(root)
         self.reader = TarReader(shards)
-        self._setup(root, entries, held_out, needs_embeddings, cache_bytes)
+        self._setup(root, entries, held_out, needs_embeddings, cache_bytes, max_unreadable=max_unreadable)
 
     def _decode(self, row: int) -> Tensor:
         return decode_image(self.reader.read(self.members[row]), self.resolution, self.entries[row].where)

@@ -3,7 +3,9 @@ training resolution (model/data/prepare.py), so training reads them memory-mappe
 
 SRC: a folder with captions.jsonl, a Hugging Face imagefolder (metadata.jsonl / metadata.csv), or a
 directory of WebDataset *.tar shards. Interrupted, the same command resumes; unreadable inputs are
-listed and the rest prepared. Train from DIR with `data: {dataset: prepared, path: DIR}`.
+listed and the rest prepared, unless more than --max-unreadable of them are unreadable (the share a run
+allows, data.max_unreadable): then it exits 2 naming the first ten. Train from DIR with
+`data: {dataset: prepared, path: DIR}`.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from model.spec import MAX_UNREADABLE
 from orchestrator.cli import CLIError, app
 
 data_app = typer.Typer(no_args_is_help=True, help="Datasets: prepare shards at the training resolution.")
@@ -31,6 +34,10 @@ def prepare_cmd(
     caption_column: Annotated[
         str | None, typer.Option(help="metadata.jsonl / .csv: the caption column (default: caption, else text)")
     ] = None,
+    max_unreadable: Annotated[
+        float,
+        typer.Option(help="Share of SRC's images that may be unreadable (left out, listed); past it, exit 2"),
+    ] = MAX_UNREADABLE,
 ) -> None:
     """Prepare SRC into OUT: uint8 shards, captions, a manifest with counts and sha256 checksums."""
     from model.data import DatasetError
@@ -39,6 +46,8 @@ def prepare_cmd(
 
     if not 0 < resolution <= MAX_RESOLUTION:
         raise CLIError(f"--resolution must be in 1..{MAX_RESOLUTION}, not {resolution}")
+    if not 0 <= max_unreadable <= 1:
+        raise CLIError(f"--max-unreadable is a share of the images, 0..1 (0.01 = 1%), not {max_unreadable}")
     console = Console(stderr=True)
     columns = (TextColumn("[bold]prepare"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
     with Progress(*columns, console=console, transient=False) as bar:
@@ -49,6 +58,7 @@ def prepare_cmd(
                 out,
                 resolution,
                 caption_column=caption_column,
+                max_unreadable=max_unreadable,
                 on_item=lambda done, total: bar.update(task, completed=done, total=total),
             )
         except DatasetError as exc:

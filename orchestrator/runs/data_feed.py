@@ -42,10 +42,10 @@ def _int(value: Any) -> int | None:
 def data_feed(records: list[tuple[int, dict[str, Any] | None]]) -> DataFeed:
     """The DataFeed of a run from its (step, Metric.extra) records, in step order.
 
-    Skipped images: a worker counts distinct files (model/data/loader.py SkipCounter) from zero again
-    when it resumes, and a bad file is drawn again in the next segment, so segments' counts do not add
-    up. The run's count is the union of the files its segments name (each record names its first ten),
-    and at least the largest segment's count: exact whenever no segment skipped more than ten.
+    Skipped images: a worker counts distinct unreadable files over the whole run, its resumes included
+    (model/data/unreadable.py; the checkpoint carries the list), so the newest record's count is the
+    run's. Records written before that restarted the count at each resume: the union of the files the
+    records name (each names its first ten) and the largest count keep those right too.
     """
     if not records:
         return DataFeed()

@@ -129,26 +129,26 @@ def test_prepare_lists_unreadable_files_and_resumes(tmp_path: Path) -> None:
     (src / "img2.png").write_bytes(b"not an image")
     (src / "img5.png").unlink()
     out = tmp_path / "out"
-    res = prepare(src, out, 16, shard_bytes=3 * 16 * 16 * 2)
+    res = prepare(src, out, 16, shard_bytes=3 * 16 * 16 * 2, max_unreadable=0.5)
     assert res.count == 4 and res.shards == 3 and len(res.skipped) == 2
     assert "img2.png is corrupt" in res.skipped[0] and "img5.png does not exist" in res.skipped[1]
     # interrupted after shard 0: the re-run keeps shards 0 and 2, redoes shard 1
     (out / "shard-00001.json").unlink()
-    again = prepare(src, out, 16, shard_bytes=3 * 16 * 16 * 2)
+    again = prepare(src, out, 16, shard_bytes=3 * 16 * 16 * 2, max_unreadable=0.5)
     assert (again.count, again.reused_shards) == (4, 2)
     with pytest.raises(DatasetError, match="another source, resolution or shard size"):
-        prepare(src, out, 16, shard_bytes=3 * 16 * 16 * 3)
+        prepare(src, out, 16, shard_bytes=3 * 16 * 16 * 3, max_unreadable=0.5)
 
 
 def test_a_shard_checksum_mismatch_fails_at_start_naming_it(tmp_path: Path) -> None:
     prepare(folder(tmp_path / "src", "captions.jsonl"), tmp_path / "out", 16, shard_bytes=3 * 16 * 16 * 4)
     s = spec(dataset="prepared", path=str(tmp_path / "out"), resolution=16)
-    build_dataset(s)  # verified, and stamped
+    build_dataset(s)  # verified
     shard = tmp_path / "out/shard-00001.npy"
     data = bytearray(shard.read_bytes())
     data[-1] ^= 0xFF
-    shard.write_bytes(bytes(data))  # a new mtime: the stamp no longer vouches for it
-    with pytest.raises(DatasetError, match=r"shard .*shard-00001.npy does not match its checksum"):
+    shard.write_bytes(bytes(data))
+    with pytest.raises(DatasetError, match=r"shard-00001.npy does not match its checksum"):
         build_dataset(s)
 
 

@@ -12,7 +12,8 @@ import torch
 from PIL import Image
 
 from model.data import DatasetError, ImageFolderDataset, ShapesDataset, step_indices
-from model.data.loader import SkipCounter, StepBatches, auto_workers, make_loader
+from model.data.loader import StepBatches, auto_workers, make_loader
+from model.data.unreadable import Unreadable
 
 
 def stream(batches: StepBatches, start: int, steps: int, workers: int) -> list:
@@ -63,13 +64,13 @@ def test_a_file_that_fails_to_decode_is_replaced_and_counted(tmp_path: Path) -> 
     for mb in make_loader(batches, 0, 20, workers=2, pin=False):
         assert mb.images.shape == (9, 3, 16, 16) and mb.images.dtype == torch.uint8
         seen += mb.skipped
-    assert seen and set(seen) == {"captions.jsonl line 8"}
-    counter = SkipCounter(num_train=1000)
+    assert seen and set(seen) == {"i7.jpg (captions.jsonl line 8)"}
+    counter = Unreadable(total=1000, limit=0.01, what="imagefolder")
     counter.add(seen)
     assert counter.count == 1  # once per file, however often drawn
-    many = SkipCounter(num_train=100)
+    many = Unreadable(total=100, limit=0.01, what="imagefolder x")
     many.add(["a"])  # 1% is allowed
-    with pytest.raises(DatasetError, match=r"2 of 100 training images failed to decode .*: a, b; fix or remove"):
+    with pytest.raises(DatasetError, match=r"x: 2 of 100 images are unreadable, more than .*: a, b\."):
         many.add(["b"])
 
 

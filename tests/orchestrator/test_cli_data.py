@@ -28,7 +28,11 @@ def test_data_prepare_lists_unreadable_files_and_prepares_the_rest(tmp_path: Pat
     )
     out = tmp_path / "out"
     cmd = [*ABLATE, "data", "prepare", str(src), "--resolution", "16", "--out", str(out)]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    # 1 of 6 is past the default 1%: exit 2 naming it, and no manifest to train from
+    over = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert over.returncode == 2 and "1 of 6 images are unreadable, more than --max-unreadable" in over.stderr
+    assert "3.png" in over.stderr and not (out / "manifest.json").exists()
+    res = subprocess.run([*cmd, "--max-unreadable", "0.2"], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert "prepared 5 images in 1 shards at 16 px" in res.stdout and "1 unreadable skipped" in res.stdout
     assert "3.png" in res.stderr and "metadata.jsonl line 4" in res.stderr

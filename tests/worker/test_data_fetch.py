@@ -6,6 +6,7 @@ fetched again, and a tiny arm trains from the URL through the real worker."""
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import importlib
 import io
 import json
@@ -128,7 +129,7 @@ def test_a_corrupt_shard_in_the_store_is_refused_naming_it(stored: tuple[str, Da
     fs, _ = open_fs(url, store.options)
     key = f"{url.removeprefix('s3://')}/shard-00001.npy"
     fs.pipe_file(key, _flip_last_byte(fs.cat_file(key)))  # same size: only the checksum can tell
-    msg = rf"shard shard-00001.npy fetched from {re.escape(url)}/shard-00001.npy does not match its checksum"
+    msg = rf"shard-00001.npy fetched from {re.escape(url)}/shard-00001.npy does not match its checksum"
     with pytest.raises(DatasetError, match=msg):
         fetch_prepared(url, store)
     local = cache_path(Path(store.cache_dir), url)
@@ -143,7 +144,7 @@ def test_a_damaged_cached_shard_is_fetched_again(stored: tuple[str, DataStore]) 
     shard.write_bytes(_flip_last_byte(shard.read_bytes()))
     again = fetch_prepared(url, store)
     assert again.downloaded == ["shard-00000.npy"]
-    assert fetch_prepared(url, store).downloaded == []  # complete and stamped: nothing to do
+    assert fetch_prepared(url, store).downloaded == []  # complete and verified: nothing to do
 
 
 def test_a_url_without_a_manifest_says_what_to_upload(stored: tuple[str, DataStore]) -> None:
@@ -175,3 +176,33 @@ def test_a_file_url_is_fetched_the_same_way(tmp_path: Path) -> None:
     assert sorted(fetched.downloaded) == sorted([*SHARDS, "captions.jsonl"])
     assert all((Path(fetched.path) / n).read_bytes() == (out / n).read_bytes() for n in SHARDS)
     assert fetch_prepared(f"file://{out}", store).downloaded == []
+
+
+def test_a_cached_file_changed_on_the_node_is_fetched_again_however_it_looks(tmp_path: Path) -> None:
+    """A bit flipped on the node's disk keeps the file's size and mtime: only its hash can tell."""
+    out = tmp_path / "shared" / "photos"
+    prepare(photos(tmp_path / "src"), out, 16, shard_bytes=3 * 16 * 16 * 4)
+    store = DataStore(cache_dir=str(tmp_path / "cache"))
+    local = Path(fetch_prepared(f"file://{out}", store).path)
+    for name in ("shard-00001.npy", "captions.jsonl"):
+        path = local / name
+        st = path.stat()
+        path.write_bytes(_flip_last_byte(path.read_bytes()))
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    again = fetch_prepared(f"file://{out}", store)
+    assert sorted(again.downloaded) == ["captions.jsonl", "shard-00001.npy"]
+    assert all((local / n).read_bytes() == (out / n).read_bytes() for n in [*SHARDS, "captions.jsonl"])
+
+
+def test_a_pinned_run_refuses_a_store_whose_manifest_changed(tmp_path: Path) -> None:
+    out = tmp_path / "shared" / "photos"
+    prepare(photos(tmp_path / "src"), out, 16, shard_bytes=3 * 16 * 16 * 4)
+    url, store = f"file://{out}", DataStore(cache_dir=str(tmp_path / "cache"))
+    pin = hashlib.sha256((out / "manifest.json").read_bytes()).hexdigest()
+    assert fetch_prepared(url, store, pin=pin).downloaded  # the manifest the run started on
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["source"] = "elsewhere"  # any change to the manifest, however small
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(DatasetError, match=rf"{re.escape(url)}/manifest.json has changed since this run started"):
+        fetch_prepared(url, store, pin=pin)
+    assert fetch_prepared(url, store).downloaded == []  # a new run takes it: the same shards, nothing to fetch
