@@ -38,9 +38,9 @@ STREAM_EDITS = 1
 # val_flow_loss noise: cell (sample i, time k) uses index i * VAL_TIMESTEPS + k of this stream, so every
 # arm sees the same (image, noise, time) triples and a sample's cells are independent draws.
 STREAM_FLOW = 2
-# Timesteps of the val_flow_loss grid. Every image at all 8 (not MLPerf's one time per image): at n = 64
-# the grid's per-sample SE measured several times smaller for 8x the forwards, still fewer than
-# the LPIPS sampler's (docs/benchmarks.md, issue 33).
+# Timesteps of the val_flow_loss grid. Every image at all 8 (not MLPerf's one time per image): on the same
+# cells at n = 64 the grid's SE measured 2.2x smaller (0.64 against 1.43, tiny arm A on CPU) for 8x the
+# forwards, still fewer than the LPIPS sampler's (docs/benchmarks.md, issue 33).
 VAL_TIMESTEPS = 8
 # What val_flow_loss is, on every record: the same for every arm.
 VAL_FLOW_DEFINITION = (
