@@ -148,6 +148,22 @@ class FlowMatching:
         assert self.basis is not None
         return asymflow_velocity(pred, x_t, t, self.basis, self.patch)
 
+    def velocity_loss(self, pred: Tensor, x_t: Tensor, t: Tensor, x0: Tensor, eps: Tensor) -> Tensor:
+        """(B,) per-sample velocity-space flow loss: mean over pixels of (v_hat - (eps - x0))^2, float32.
+
+        v_hat is the prediction converted by this arm's own parameterisation (x0, v or u_A), so arms with
+        different targets are judged on the same quantity: for a v-prediction arm it is its training
+        loss, for an x-prediction arm its x0 error weighted by 1/t^2, for AsymFlow the recovered velocity's.
+        """
+        v = self.velocity(pred, x_t, t)
+        return ((v - (eps.float() - x0.float())) ** 2).flatten(1).mean(dim=1)
+
+
+def val_timesteps(k: int = 8) -> Tensor:
+    """(k,) evenly spaced evaluation times, the midpoints (i + 0.5)/k: never t = 0 (x-prediction is exact
+    there and its velocity undefined) nor t = 1 (pure noise)."""
+    return (torch.arange(k, dtype=torch.float32) + 0.5) / k
+
 
 def euler_sample(model_fn: Callable[[Tensor, Tensor], Tensor], noise: Tensor, steps: int) -> Tensor:
     """Integrate dx/dt = v from t = 1 (noise) to t = 0 with `steps` uniform Euler steps; returns x0.

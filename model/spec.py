@@ -288,8 +288,11 @@ class DetectorPolicy(Strict):
 
     # stop: a flagged arm is stopped; warn: flagged and recorded, the arm runs on; off: never judged.
     mode: Literal["stop", "warn", "off"] = "stop"
-    metric: str = "recon_lpips"  # primary metric: the only one that can stop an arm
-    metric_mode: Literal["min", "max"] = "min"  # LPIPS: lower is better
+    # Primary metric, the only one that can stop an arm. "auto": recon_lpips where LPIPS is real,
+    # val_flow_loss where a checkpoint's LPIPS came from the random stand-in backbone (it cannot tell
+    # two arms apart there); orchestrator/runs/detector.py resolve_policy says how the loss is judged.
+    metric: str = "auto"
+    metric_mode: Literal["min", "max"] = "min"  # LPIPS and the flow loss: lower is better
     # Secondary metrics and their better direction: they only add warnings, never stop an arm (C's
     # text LPIPS rose 0.038 at the end of a healthy run). text_manip_delta: a larger edit response is better.
     secondary: dict[str, Literal["min", "max"]] = Field(
@@ -316,8 +319,10 @@ class DetectorPolicy(Strict):
 
     @model_validator(mode="after")
     def _primary_not_secondary(self) -> DetectorPolicy:
-        if self.metric in self.secondary:
-            raise ValueError(f"detector.secondary must not repeat the primary metric {self.metric!r}")
+        # "auto" may judge either of the two
+        primary = {"recon_lpips", "val_flow_loss"} if self.metric == "auto" else {self.metric}
+        for name in sorted(primary & set(self.secondary)):
+            raise ValueError(f"detector.secondary must not repeat the primary metric {name!r} (metric {self.metric!r})")
         return self
 
 

@@ -463,6 +463,8 @@ class Checkpoints:
             "grad_norm": grad_norm,
             "lr": lr_at(max(step - 1, 0), sched),
             **metrics,
+            # which weights every metric above (val_flow_loss included) was measured on
+            "eval_weights": "ema" if use_ema else "live",
             "iter_per_sec": ips,
             "data_wait_fraction": window.data_wait_fraction(),
             "samples_per_sec": ips * sched.batch_size if ips else None,

@@ -26,6 +26,7 @@ from orchestrator.db.models import METRIC_FIELDS, Event, Grid, Metric, Node, Ren
 from orchestrator.numbers import finite_or_none, is_finite
 from orchestrator.runs.arms import LINEAGE_KEYS, ArmError, changes, flatten, resolve
 from orchestrator.runs.data_feed import data_feed
+from orchestrator.runs.detector import resolve_policy
 from orchestrator.runs.reports.stats import QUALITY, paired_difference
 from orchestrator.runs.samples import sample_index
 from orchestrator.storage import STORAGE_EVENTS, storage_alarms
@@ -300,6 +301,28 @@ def _best(run: Run, metrics: list[Metric]) -> tuple[int | None, float | None]:
     return step, value
 
 
+def judge_metric(run: Run, standin: bool) -> str | None:
+    """The metric the detector judges the run on: its spec's, with "auto" resolved (val_flow_loss where
+    LPIPS is the random stand-in). None for a spec that no longer validates."""
+    spec = _as_spec(run.spec or {})
+    return resolve_policy(spec.detector, standin).metric if spec is not None else None
+
+
+def flow_by_t(metrics: list[Metric]) -> dict[str, Any]:
+    """val_flow_loss's per-timestep means per checkpoint (drawn on demand): the times and, per step, the
+    means in that order; checkpoints without them are left out."""
+    t: list[float] = []
+    steps, rows = [], []
+    for m in metrics:
+        extra = m.extra or {}
+        by_t = extra.get("val_flow_loss_by_t")
+        if isinstance(by_t, list) and by_t:
+            t = [float(x) for x in extra.get("val_flow_loss_t") or [(i + 0.5) / len(by_t) for i in range(len(by_t))]]
+            steps.append(m.step)
+            rows.append([finite_or_none(float(x)) if isinstance(x, int | float) else None for x in by_t])
+    return {"t": t, "step": steps, "by_t": rows}
+
+
 def grid_detail(session: Session, grid: Grid, alarm_minutes: float = 15.0) -> dict[str, Any]:
     """Everything the grid page draws, as JSON-ready data. alarm_minutes: a run whose newest checkpoint
     has not reached checkpoint storage for that long is flagged (settings.checkpoint_alarm_minutes)."""
@@ -325,6 +348,8 @@ def grid_detail(session: Session, grid: Grid, alarm_minutes: float = 15.0) -> di
             warnings=warnings.get(r.id, []),
             lpips_backbones=backbones,
             standin_steps=standin,
+            judge_metric=judge_metric(r, bool(standin)),
+            flow_by_t=flow_by_t(ms),
             nodes=r.nodes or [],
             storage=storage.get(r.id),
             error=r.error,

@@ -146,6 +146,11 @@ class Metric(Base):
     text_manip_delta: Mapped[float | None] = mapped_column(Float)
     text_manip_delta_se: Mapped[float | None] = mapped_column(Float)
     text_manip_delta_n: Mapped[int | None] = mapped_column(Integer)
+    # velocity-space flow loss on the held-out images at 8 fixed times (model/evaluate.py): needs no
+    # downloaded weights; its per-image values and per-time means are in extra
+    val_flow_loss: Mapped[float | None] = mapped_column(Float)
+    val_flow_loss_se: Mapped[float | None] = mapped_column(Float)
+    val_flow_loss_n: Mapped[int | None] = mapped_column(Integer)
     iter_per_sec: Mapped[float | None] = mapped_column(Float)
     samples_per_sec: Mapped[float | None] = mapped_column(Float)
     tokens_per_sec: Mapped[float | None] = mapped_column(Float)

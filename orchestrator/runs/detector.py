@@ -19,9 +19,16 @@ from model.spec import DetectorPolicy
 from orchestrator.numbers import is_finite, json_safe
 from orchestrator.vocabulary import DecisionKind
 
-__all__ = ["Checkpoint", "Decision", "DecisionKind", "ReplayResult", "decide", "replay", "replay_arm"]
+__all__ = [
+    "Checkpoint", "Decision", "DecisionKind", "ReplayResult", "decide", "replay", "replay_arm", "resolve_policy",
+]  # fmt: skip
 
 Direction = Literal["min", "max"]
+AUTO = "auto"
+LPIPS_METRIC = "recon_lpips"
+FLOW_METRIC = "val_flow_loss"
+# The lpips_backbone label of a metric measured with an untrained AlexNet.
+STANDIN_BACKBONE = "random_standin"
 
 
 @dataclass(frozen=True)
@@ -35,6 +42,7 @@ class Checkpoint:
     step: int
     values: Mapping[str, float | None] = field(default_factory=dict)
     hours: float | None = None
+    lpips_standin: bool = False  # its LPIPS came from the random stand-in backbone
 
     @classmethod
     def from_mapping(cls, row: Mapping[str, Any]) -> Checkpoint:
@@ -59,7 +67,8 @@ class Checkpoint:
             hours = values.get("gpu_hours")
         if hours is None and values.get("wall_time_s") is not None:
             hours = values["wall_time_s"] / 3600.0  # type: ignore[operator]
-        return cls(step=int(step), values=values, hours=hours)
+        standin = row.get("lpips_backbone") == STANDIN_BACKBONE
+        return cls(step=int(step), values=values, hours=hours, lpips_standin=standin)
 
     def get(self, name: str) -> float | None:
         """The field's value, None when missing (NaN/Inf are returned as they are)."""
@@ -187,6 +196,18 @@ def _secondary_warnings(series: Sequence[Checkpoint], policy: DetectorPolicy) ->
     return tuple(out)
 
 
+def resolve_policy(policy: DetectorPolicy, lpips_standin: bool) -> DetectorPolicy:
+    """The policy with metric "auto" made concrete: recon_lpips, or val_flow_loss where LPIPS is the
+    random stand-in. On the flow loss there is no ceiling (no trivial baseline sits at a fixed value)
+    and no stall rule (its margin is not calibrated on any study yet): an arm stops when it diverges or
+    collapses past its own best by max(margin_abs, margin_se x SE). A named metric is used as given."""
+    if policy.metric != AUTO:
+        return policy
+    if not lpips_standin:
+        return policy.model_copy(update={"metric": LPIPS_METRIC})
+    return policy.model_copy(update={"metric": FLOW_METRIC, "ceiling": None, "stall_margin": math.inf})
+
+
 def decide(
     series: Sequence[Checkpoint],
     policy: DetectorPolicy,
@@ -195,7 +216,8 @@ def decide(
 ) -> Decision:
     """Judge the newest checkpoint of `series` (any order; judged in step order).
 
-    Guards in order, the first that fires decides: policy off; diverged (NaN/Inf in the primary,
+    Metric "auto" is resolved on the series (resolve_policy). Guards in order, the first that fires
+    decides: policy off; diverged (NaN/Inf in the primary,
     a secondary or a divergence field at this checkpoint); primary missing here (continue, with a
     warning); ceiling crossed; monotone collapse over k checkpoints past the margin; stalled behind
     the control's best up to this step (only past stall_grace_fraction of total_steps). Else continue.
@@ -209,6 +231,7 @@ def decide(
     if not series:
         raise ValueError("decide needs at least one checkpoint")
     series = sorted(series, key=lambda cp: cp.step)
+    policy = resolve_policy(policy, any(cp.lpips_standin for cp in series))
     now, name, direction = series[-1], policy.metric, policy.metric_mode
     value = now.get(name)
     best = _best(series, name, direction)

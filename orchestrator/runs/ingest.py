@@ -233,14 +233,13 @@ def ingest(session: Session, run: Run, records: list[dict[str, Any]], detect: bo
     Each new checkpoint, in step order, gets a `checkpoint` event, advances the run's best (the
     policy's metric and direction) and is judged by the detector unless the run is already stopping.
     """
-    from orchestrator.runs.detector import Checkpoint
+    from orchestrator.runs.detector import STANDIN_BACKBONE, Checkpoint, resolve_policy
 
     by_step = {int(r["step"]): r for r in records}
     new = insert_metrics(session, run.id, list(by_step.values()))
     if not new:
         return []
     policy = _policy(run)
-    metric = policy.metric
     judge = detect and policy.mode != "off"
     # The series as stored (NaN restored), read once per batch; the detector sees it up to each new step.
     series = [Checkpoint.from_mapping(p) for p in metric_series(session, run.id)] if judge else []
@@ -248,6 +247,8 @@ def ingest(session: Session, run: Run, records: list[dict[str, Any]], detect: bo
     for step in sorted(new):
         record = by_step[step]
         run.last_checkpoint_step = max(step, run.last_checkpoint_step or step)
+        # the metric the detector judges this checkpoint on ("auto": the flow loss under stand-in LPIPS)
+        metric = resolve_policy(policy, record.get("lpips_backbone") == STANDIN_BACKBONE).metric
         if run.decision not in STOP_DECISIONS:
             _update_best(run, record, metric, policy.metric_mode)
         for note in record.get("fallbacks") or []:

@@ -150,3 +150,54 @@ def test_kept_images_are_the_generations_the_metrics_scored(setup) -> None:
     assert not torch.equal(images["caption"][0][1], images["edit"][0][1])  # the edit steers the stub
     assert all(0 <= img.min() and img.max() <= 1 for kind in images.values() for _, img in kind)
     assert "images" not in plain
+
+
+def test_val_flow_loss_is_stored_with_se_samples_and_per_time_means(setup) -> None:
+    """val_flow_loss: one value per held-out image (its mean over the 8 times), their mean and SE, and
+    the 8 per-time means, whose mean is the same number; a function of the weights alone."""
+    from model.evaluate import VAL_TIMESTEPS
+
+    dataset, text, lpips, flow = setup
+    torch.manual_seed(0)
+    model = NanoDiT(SPEC, text.dim)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    model.train()
+    a = evaluate(model, text, flow, dataset, SPEC.eval, lpips, "cpu", batch_size=4)
+    assert a["val_flow_loss_n"] == 6 and len(a["val_flow_loss_samples"]) == 6
+    assert len(a["val_flow_loss_by_t"]) == VAL_TIMESTEPS == len(a["val_flow_loss_t"])
+    assert sum(a["val_flow_loss_samples"]) / 6 == pytest.approx(a["val_flow_loss"])
+    assert sum(a["val_flow_loss_by_t"]) / VAL_TIMESTEPS == pytest.approx(a["val_flow_loss"])
+    assert a["val_flow_loss_se"] > 0 and "fp32" in a["val_flow_definition"]
+    torch.manual_seed(99)
+    b = evaluate(model, text, flow, dataset, SPEC.eval, lpips, "cpu", batch_size=6)
+    assert b["val_flow_loss_samples"] == pytest.approx(a["val_flow_loss_samples"], rel=1e-5)
+    assert model.training  # eval mode only for the call (no TREAD routing inside it)
+    with torch.no_grad():  # other weights, same triples: another value
+        model.final.linear.weight.add_(0.1)
+    c = evaluate(model, text, flow, dataset, SPEC.eval, lpips, "cpu", batch_size=4)
+    assert c["val_flow_loss"] != pytest.approx(a["val_flow_loss"], rel=1e-3)
+
+
+def test_val_flow_loss_of_the_exact_velocity_is_zero(setup) -> None:
+    """An oracle that knows each cell's (x0, noise) predicts the target exactly: the loss is 0, so the
+    grid feeds the model exactly the seeded triples it claims."""
+    from model.evaluate import STREAM_FLOW, VAL_TIMESTEPS, flow_loss_grid
+    from model.flow import val_timesteps
+
+    dataset, text, _, flow = setup
+    images, captions = dataset.held_out(3)
+
+    class Oracle(nn.Module):
+        def forward(self, x_t, t, text, text_mask=None, identity=None, repa_block=None) -> DiTOutput:
+            k = int(torch.searchsorted(val_timesteps(VAL_TIMESTEPS), t[:1]).item())
+            keys = [i * VAL_TIMESTEPS + k for i in range(len(x_t))]
+            eps = sample_noise(5, STREAM_FLOW, keys, tuple(x_t.shape[1:]))
+            x0 = (x_t - t.view(-1, 1, 1, 1) * eps) / (1 - t.view(-1, 1, 1, 1))
+            return DiTOutput(out=x0)
+
+    grid = flow_loss_grid(Oracle(), text, flow, images, captions, seed=5, device="cpu", batch_size=3)
+    assert grid.shape == (3, VAL_TIMESTEPS) and grid.max().item() < 1e-8
+    grid = flow_loss_grid(Oracle(), text, flow, images, captions, seed=6, device="cpu", batch_size=3)
+    assert grid.min().item() > 1e-3  # other noise than the oracle assumed

@@ -113,3 +113,29 @@ def test_euler_sampler_with_oracle_reaches_data(kind: str, prediction: str) -> N
     assert torch.allclose(out, x0, atol=1e-4)
     with pytest.raises(ValueError):
         euler_sample(oracle, noise, steps=0)
+
+
+@pytest.mark.parametrize("kind,prediction", [("standard", "x"), ("standard", "v"), ("asymflow", "x")])
+def test_velocity_loss_is_one_quantity_for_every_parameterisation(kind: str, prediction: str) -> None:
+    """Each arm's exact target scores 0 and the same wrong velocity scores the same, whatever the arm
+    predicts: the loss lives in velocity space, so x-prediction and AsymFlow arms compare."""
+    x0 = _data(4)
+    eps = torch.randn_like(x0, generator=torch.Generator().manual_seed(1))
+    t = torch.tensor([0.1, 0.3, 0.6, 0.9], dtype=x0.dtype)
+    x_t = interpolate(x0, eps, t)
+    basis = estimate_pca_basis(x0, PATCH, 8) if kind == "asymflow" else None
+    flow = FlowMatching(FlowSpec(kind=kind, prediction=prediction, rank=8), PATCH, basis)
+    exact = flow.velocity_loss(flow.target(x0, eps), x_t, t, x0, eps)
+    assert exact.shape == (4,) and exact.max().item() < 1e-6
+    # x0 off by delta: the velocity is off by delta / t for every parameterisation
+    delta = 0.05
+    wrong_x0 = x0 + delta
+    wrong = flow.target(wrong_x0, (x_t - (1 - t.view(-1, 1, 1, 1)) * wrong_x0) / t.view(-1, 1, 1, 1))
+    loss = flow.velocity_loss(wrong, x_t, t, x0, eps)
+    assert torch.allclose(loss.double(), (delta / t) ** 2, rtol=1e-3)
+
+
+def test_val_timesteps_are_midpoints() -> None:
+    from model.flow import val_timesteps
+
+    assert val_timesteps(8).tolist() == [(i + 0.5) / 8 for i in range(8)]

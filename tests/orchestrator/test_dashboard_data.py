@@ -120,3 +120,36 @@ def test_grid_detail_carries_each_arms_data_feed(database_url: str) -> None:
     assert rows["A"]["skipped_images"] == 0
     assert rows["B"]["waiting"] is True and rows["B"]["fix"] == DATA_WAIT_FIX
     assert (rows["B"]["micro_batch"], rows["B"]["grad_accum"], rows["B"]["skipped_images"]) == (8, 32, 2)
+
+
+def _flow(step: int, loss: list[float], backbone: str) -> dict:
+    """A checkpoint as the trainer writes it: val_flow_loss with per-image values and per-time means."""
+    mean = sum(loss) / len(loss)
+    return {"step": step, "recon_lpips": 0.5, "lpips_backbone": backbone, "val_flow_loss": mean,
+            "val_flow_loss_se": 0.01, "val_flow_loss_n": len(loss), "val_flow_loss_samples": loss,
+            "val_flow_loss_by_t": [mean + 0.1 * k for k in range(8)],
+            "val_flow_loss_t": [(k + 0.5) / 8 for k in range(8)]}  # fmt: skip
+
+
+def test_grid_detail_pairs_the_flow_loss_names_the_judge_and_keeps_the_per_time_means(database_url: str) -> None:
+    """Stand-in LPIPS: the dashboard says val_flow_loss judges; the loss's paired difference against the
+    control uses the per-image values; the per-time means of every checkpoint are there to draw."""
+    with session_scope(database_url) as s:
+        grid = create_grid(s, GridCreate(name="flow", arms=["A", "B"], overrides={"model": {"size": "tiny"}}))
+        a, b = grid.runs
+        ingest(s, a, [_flow(10, [0.50, 0.60, 0.70, 0.80], "random_standin"), _flow(20, [0.4] * 4, "random_standin")],
+               detect=False)  # fmt: skip
+        ingest(s, b, [_flow(10, [0.52, 0.63, 0.71, 0.83], "alexnet")], detect=False)
+        s.flush()
+        rows = {r["arm"]: r for r in grid_detail(s, grid)["runs"]}
+    assert rows["A"]["judge_metric"] == "val_flow_loss" and rows["B"]["judge_metric"] == "recon_lpips"
+    paired = rows["B"]["paired"]["val_flow_loss"]
+    d = [0.02, 0.03, 0.01, 0.03]
+    mean = sum(d) / 4
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / 3)
+    assert paired["se_method"] == "paired" and paired["step"] == [10]
+    assert paired["diff"] == [pytest.approx(mean)] and paired["se"] == [pytest.approx(sd / 2)]
+    by_t = rows["A"]["flow_by_t"]
+    assert by_t["step"] == [10, 20] and by_t["t"] == [(k + 0.5) / 8 for k in range(8)]
+    assert by_t["by_t"][1] == pytest.approx([0.4 + 0.1 * k for k in range(8)])
+    assert rows["A"]["series"]["val_flow_loss_se"] == [0.01, 0.01]

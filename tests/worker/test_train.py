@@ -69,6 +69,11 @@ def test_tiny_run_learns(tmp_path: Path) -> None:
     assert last["train_loss"] < 0.7 * first["train_loss"]
     assert min(r["recon_lpips"] for r in records[1:]) < first["recon_lpips"]
     assert last["recon_lpips"] < first["recon_lpips"]
+    # the held-out flow loss falls too, and every record carries it whole (EMA weights, stated)
+    assert last["val_flow_loss"] < first["val_flow_loss"]
+    for r in records:
+        assert r["val_flow_loss_n"] == 8 and len(r["val_flow_loss_samples"]) == 8 and r["val_flow_loss_se"] > 0
+        assert len(r["val_flow_loss_by_t"]) == 8 and r["eval_weights"] == "ema"
     # metrics.jsonl mirrors the records; only the last two periodic checkpoints plus best.pt remain.
     lines = [json.loads(x) for x in (tmp_path / ckpt.METRICS_NAME).read_text().splitlines()]
     assert [x["step"] for x in lines] == [25, 50, 75, 100, 125, 150]

@@ -11,7 +11,10 @@
     { key: "recon_lpips", title: "Reconstruction LPIPS", primary: true },
     { key: "text_lpips", title: "Text-only LPIPS" },
     { key: "text_manip_delta", title: "Text-manipulation delta" },
+    // Needs no downloaded weights: judges where LPIPS is the random stand-in (the detector's "auto").
+    { key: "val_flow_loss", title: "Held-out flow loss", yLabel: "velocity MSE" },
   ];
+  const FLOW = "val_flow_loss";
   const SPEED = [
     { key: "iter_per_sec", title: "Iterations / s" },
     { key: "samples_per_sec", title: "Samples / s" },
@@ -270,7 +273,7 @@
         draw: [(u) => {
           refs.forEach((r) => refLine(u, r.y, r.label));
           placeMarkers(u, markers.filter((m) => !hidden.has(m.run.arm)));
-          placeSelected(u, axis !== "hours");
+          placeSelected(u, axis !== "hours" && axis !== "t");
           // Which arms have a drawn line: read by the browser test next to the canvas pixels.
           card.dataset.bands = String(bands.length);
           card.dataset.drawn = Array.from(new Set(u.series.filter((s, i) => i > 0 && s._main && s.show && u.data[i].some((v) => v !== null)).map((s) => s._arm))).join(",");
@@ -285,7 +288,7 @@
       },
     };
     const chart = new uPlot(opts, cols, plot);
-    chart._xIsStep = axis !== "hours";
+    chart._xIsStep = axis !== "hours" && axis !== "t";
     let down = null;
     chart.over.addEventListener("mousedown", (e) => { down = [e.clientX, e.clientY]; });
     chart.over.addEventListener("click", (e) => {
@@ -337,12 +340,13 @@
         box.append(el("div", { class: "banner stop", "data-arm": r.arm, style: `--c:${colour(r)}` },
           el("strong", {}, `${r.arm} stopped at step ${r.decision_step} (${r.decision}). `),
           r.decision_reason || "",
-          r.best_step !== null ? ` Best checkpoint kept: step ${r.best_step}, recon LPIPS ${fmt(r.best_value, 4)}.` : ""));
+          r.best_step !== null ? ` Best checkpoint kept: step ${r.best_step}, ${judgeTitle(r)} ${fmt(r.best_value, 4)}.` : ""));
       }
       if (r.standin_steps.length) {
         box.append(el("div", { class: "banner standin", "data-arm": r.arm },
           el("strong", {}, `${r.arm}: stand-in LPIPS. `),
-          `${r.standin_steps.length} checkpoint(s) were scored with a random (untrained) LPIPS backbone: these values are not comparable with real LPIPS.`));
+          `${r.standin_steps.length} checkpoint(s) were scored with a random (untrained) LPIPS backbone: these values are not comparable with real LPIPS.`,
+          r.judge_metric === FLOW ? " The detector judges this arm on the held-out flow loss (val_flow_loss) instead: it needs no downloaded weights." : ""));
       }
       if (r.fallbacks.length) {
         box.append(el("div", { class: "banner fallback", "data-arm": r.arm },
@@ -366,6 +370,11 @@
         box.append(el("div", { class: "banner failed", "data-arm": r.arm }, el("strong", {}, `${r.arm} failed: `), r.error));
       }
     }
+  }
+
+  function judgeTitle(r) {
+    const q = QUALITY.find((x) => x.key === r.judge_metric);
+    return q ? q.title : "recon LPIPS";
   }
 
   function renderArms(d) {
@@ -428,12 +437,14 @@
     const out = [];
     for (const r of d.runs) {
       const xAt = (step) => (xKey === "step" ? step : valueAt(r, xKey, step));
-      if (q.primary && r.best_step !== null) {
+      // ★ and ✕ on the metric the detector judges this arm on; a line on the others
+      const judged = r.judge_metric ? r.judge_metric === q.key : q.primary;
+      if (judged && r.best_step !== null) {
         const y = r.best_value ?? valueAt(r, q.key, r.best_step);
-        out.push({ kind: "best", run: r, step: r.best_step, x: xAt(r.best_step), y, title: `${r.arm} best checkpoint: step ${r.best_step}, recon LPIPS ${fmt(y, 4)}` });
+        out.push({ kind: "best", run: r, step: r.best_step, x: xAt(r.best_step), y, title: `${r.arm} best checkpoint: step ${r.best_step}, ${q.title} ${fmt(y, 4)}` });
       }
       if (stopped(r)) {
-        out.push({ kind: q.primary ? "stop" : "stop-line", run: r, step: r.decision_step, x: xAt(r.decision_step), y: valueAt(r, q.key, r.decision_step),
+        out.push({ kind: judged ? "stop" : "stop-line", run: r, step: r.decision_step, x: xAt(r.decision_step), y: valueAt(r, q.key, r.decision_step),
           title: `${r.arm} stopped at step ${r.decision_step} (${r.decision}): ${r.decision_reason || ""}` });
       }
     }
@@ -445,6 +456,31 @@
     return arms.length ? `⚠ stand-in LPIPS backbone: ${arms.join(", ")}` : null;
   }
 
+  function judgeNote(d) {
+    const arms = d.runs.filter((r) => r.judge_metric === FLOW).map((r) => r.arm);
+    return arms.length ? `the detector's judge for ${arms.join(", ")} (their LPIPS is the stand-in)` : null;
+  }
+
+  // val_flow_loss per timestep, one line per arm at the gallery's step (else its newest checkpoint with them),
+  // drawn when the reader opens it.
+  function renderByT(d) {
+    const box = document.getElementById("flow-by-t");
+    const row = document.getElementById("row-by-t");
+    row.replaceChildren();
+    const runs = d.runs.filter((r) => r.flow_by_t && r.flow_by_t.step.length);
+    box.hidden = runs.length === 0;
+    if (!box.open || runs.length === 0) return;
+    const tables = runs.map((r) => {
+      const f = r.flow_by_t;
+      let i = f.step.length - 1;
+      while (selectedStep !== null && i > 0 && f.step[i] > selectedStep) i--;
+      return { run: r, after: false, xs: f.t, ys: f.by_t[i], steps: f.t.map(() => f.step[i]), hi: null, lo: null };
+    });
+    const at = tables.map((t) => `${t.run.arm} @${t.steps[0]}`).join(", ");
+    charts.push(chartCard(row, { key: "val_flow_loss_by_t", axis: "t", title: "Held-out flow loss by timestep",
+      note: at, xLabel: "t (0 data, 1 noise)", yLabel: "velocity MSE", tables }));
+  }
+
   function renderCharts(d) {
     charts.forEach((c) => c && c.destroy());
     charts = [];
@@ -454,14 +490,16 @@
     for (const [axis, xKey, xLabel] of [["step", "step", "step"], ["hours", "gpu_hours", "GPU-hours"]]) {
       for (const q of QUALITY) {
         charts.push(chartCard(document.getElementById(rows[axis]), {
-          key: q.key, axis, title: `${q.title}${axis === "hours" ? " vs GPU-hours" : ""}`, note: q.key !== "text_manip_delta" ? note : null,
-          xLabel, yLabel: q.key === "text_manip_delta" ? "LPIPS delta" : "LPIPS",
+          key: q.key, axis, title: `${q.title}${axis === "hours" ? " vs GPU-hours" : ""}`,
+          note: q.key === FLOW ? judgeNote(d) : q.key !== "text_manip_delta" ? note : null,
+          xLabel, yLabel: q.yLabel || (q.key === "text_manip_delta" ? "LPIPS delta" : "LPIPS"),
           tables: d.runs.flatMap((r) => lineTables(r, xKey, q.key, `${q.key}_se`, 1)),
           markers: qualityMarkers(d, q, xKey),
-          refs: q.key !== "text_manip_delta" ? [{ y: 1.0, label: "LPIPS 1.0 (trivial baseline)" }] : [],
+          refs: q.key !== "text_manip_delta" && q.key !== FLOW ? [{ y: 1.0, label: "LPIPS 1.0 (trivial baseline)" }] : [],
         }));
       }
     }
+    renderByT(d);
     const others = d.runs.filter((r) => r.paired);
     for (const q of QUALITY) {
       const tables = others.flatMap((r) => pairedTables(r, q.key));
@@ -526,8 +564,11 @@
     onStep: (step) => {
       selectedStep = step;
       charts.forEach((c) => c && placeSelected(c, c._xIsStep));
+      if (data && document.getElementById("flow-by-t").open) renderCharts(data);  // its lines are at this step
     },
   });
+
+  document.getElementById("flow-by-t").addEventListener("toggle", () => data && renderCharts(data));
 
   let resizeTimer = null;
   window.addEventListener("resize", () => {

@@ -20,6 +20,7 @@ from model.spec import ArmSpec
 from orchestrator.db.models import Grid, Metric, Node, Run, Sweep
 from orchestrator.numbers import finite_or_none, is_finite
 from orchestrator.runs.arms import changes
+from orchestrator.runs.reports.effects import METRIC_WORDS
 from orchestrator.runs.reports.model import (
     ArmReport,
     Comparison,
@@ -36,7 +37,6 @@ from orchestrator.runs.samples import StepSamples, run_samples, sample_png
 from orchestrator.vocabulary import DETECTOR_STOPS, TERMINAL_STATES
 
 PRIMARY = "recon_lpips"
-METRIC_WORDS = {"recon_lpips": "recon LPIPS", "text_lpips": "text LPIPS", "text_manip_delta": "text-manipulation delta"}
 STANDIN = "random_standin"
 # Sample kinds shown in the report's rows (the manipulation pairs stay in the gallery).
 REPORT_KINDS = ("target", "recon", "text")
@@ -259,6 +259,11 @@ def summarize(arms: list[ArmReport]) -> Summary:
     if ranking and ranking[0].best_value is not None:
         top = ranking[0]
         words.append(f"Best on {METRIC_WORDS[PRIMARY]}: {top.arm} ({_fmt(top.best_value)} at step {top.best_step}).")
+    standin = [a.arm for a in arms if a.standin_steps]
+    if standin:
+        words.append(f"LPIPS of {', '.join(standin)} is the random stand-in backbone, which cannot tell arms apart: "
+                     "judge them on the held-out flow loss (val_flow_loss), which needs no downloaded weights "
+                     "and is what the detector judged them on unless their spec named a metric.")  # fmt: skip
     words.append(f"Stopped by the detector: {', '.join(s.split(':')[0] for s in stopped)}." if stopped
                  else "No arm was stopped by the detector.")  # fmt: skip
     words.append(

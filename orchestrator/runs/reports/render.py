@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from html import escape
 
+from orchestrator.runs.reports.effects import METRIC_WORDS, effects_html, effects_markdown, forest_svg
 from orchestrator.runs.reports.model import ArmReport, GridReport, SampleRow
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#7f7f7f", "#17becf")
@@ -23,6 +24,8 @@ def to_markdown(report: GridReport) -> str:
     s = report.summary
     out = [f"# Report: grid {report.grid_id} {report.name!r} ({report.state})", "",
            f"Control arm: {report.control}. Generated {report.generated_at:%Y-%m-%d %H:%M} UTC.", ""]  # fmt: skip
+    out += ["## Effects", "", *effects_markdown(report.arms), "",
+            "Distinguishable: the 95% interval of the difference excludes zero. Forest plots in report.html.", ""]
     out += ["## Summary", "", *[f"- {w}" for w in s.words], ""]
     out += [f"| rank | arm | best {s.primary_metric} | at step | final | state | decision |", "|---" * 7 + "|"]
     out += [f"| {r.rank} | {r.arm} | {_num(r.best_value)} | {r.best_step} | {_num(r.final_value)} | {r.state} | "
@@ -49,8 +52,6 @@ def to_markdown(report: GridReport) -> str:
                    + (f" on {t.gpu_name}" if t.gpu_name else "") + ".")  # fmt: skip
         for f in a.fallbacks:
             out.append(f"- fallback: {f}")
-        if a.comparisons:
-            out += ["", *[f"- {c.words}" for c in a.comparisons]]
         if a.samples is not None:
             links = ", ".join(f"[{i.kind} {i.index}]({i.url})" for i in a.samples.images)
             out += ["", f"Samples at step {a.samples.step} (pictures in report.html): {links}"]
@@ -65,21 +66,26 @@ def curves_svg(arms: list[ArmReport], metric: str, width: int = 720, height: int
     x0, x1 = min(p[0] for p in points), max(p[0] for p in points)
     y0, y1 = min(p[1] for p in points), max(p[1] for p in points)
     x1, y1 = (x1 if x1 > x0 else x0 + 1), (y1 if y1 > y0 else y0 + 1e-3)
-    pad = 48
+    # Room for the labels: y values on the left, arm names on the right, steps below (centred on their
+    # tick, so the first and last stay inside the picture).
+    pad, left, right = 48, 56, 64
 
     def xy(s: float, v: float) -> tuple[float, float]:
-        x = pad + (s - x0) / (x1 - x0) * (width - 2 * pad)
+        x = left + (s - x0) / (x1 - x0) * (width - left - right)
         return x, height - pad - (v - y0) / (y1 - y0) * (height - 2 * pad)
 
+    ticks = "".join(
+        f'<text x="{xy(s, y0)[0]:.1f}" y="{height - pad + 16}" font-size="10" text-anchor="middle">{s:g}</text>'
+        for s in sorted({x0 + (x1 - x0) * i / 4 for i in range(5)})
+    )
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
              f'aria-label="{escape(metric)} per arm">',
              f'<rect width="{width}" height="{height}" fill="white"/>',
              f'<text x="{pad}" y="16" font-size="12">{escape(metric)} (lower is better) by step</text>',
              f'<text x="4" y="{pad}" font-size="10">{y1:.3f}</text>',
              f'<text x="4" y="{height - pad}" font-size="10">{y0:.3f}</text>',
-             f'<text x="{pad}" y="{height - pad + 14}" font-size="10">{x0:g}</text>',
-             f'<text x="{width - pad}" y="{height - pad + 14}" font-size="10" '
-             f'text-anchor="end">{x1:g}</text>']  # fmt: skip
+             ticks,
+             f'<text x="{width / 2:.0f}" y="{height - 8}" font-size="10" text-anchor="middle">step</text>']  # fmt: skip
     for i, a in enumerate(arms):
         colour = PALETTE[i % len(PALETTE)]
         pts = [xy(s, v) for s, v in zip(a.series["step"], a.series[metric], strict=True) if v is not None]
@@ -87,7 +93,7 @@ def curves_svg(arms: list[ArmReport], metric: str, width: int = 720, height: int
             continue
         path = " ".join(f"{x:.1f},{y:.1f}" for x, y in pts)
         parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="{path}"/>')
-        end = f'x="{width - pad + 4}" y="{pts[-1][1]:.1f}"'
+        end = f'x="{width - right + 4}" y="{pts[-1][1]:.1f}"'
         parts.append(f'<text {end} font-size="11" fill="{colour}">{escape(a.arm)}</text>')
         if a.best_step is not None and a.best_value is not None:
             bx, by = xy(a.best_step, a.best_value)
@@ -117,6 +123,7 @@ CSS = """body{font:14px system-ui,sans-serif;max-width:1100px;margin:2em auto;co
 table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}
 .row{display:flex;gap:6px;align-items:flex-end;flex-wrap:wrap;margin:4px 0}figure{margin:0;text-align:center}
 img{width:96px;height:96px;image-rendering:pixelated;border:1px solid #ccc}figcaption{font-size:10px}
+.effects td{text-align:left}.distinguishable{color:#1a7f37;font-weight:bold}.forest{display:block;margin:6px 0}
 .better{color:#1a7f37}.worse{color:#b91c1c}.muted{color:#777}.stop{color:#b91c1c;font-weight:bold}"""
 
 
@@ -126,6 +133,9 @@ def to_html(report: GridReport) -> str:
          f"<style>{CSS}</style></head><body>",
          f"<h1>Grid {report.grid_id}: {escape(report.name)} <small class=muted>({escape(report.state)})</small></h1>",
          f"<p>Control arm {escape(str(report.control))}; generated {report.generated_at:%Y-%m-%d %H:%M} UTC.</p>",
+         "<h2>Effects</h2>", effects_html(report.arms),
+         "<p class=muted>Distinguishable: the 95% interval of the difference excludes zero.</p>",
+         *(forest_svg(report.arms, m) for m in METRIC_WORDS),
          "<h2>Summary</h2><ul>", *[f"<li>{escape(w)}</li>" for w in s.words], "</ul>",
          f"<table><tr><th>rank</th><th>arm</th><th>best {escape(s.primary_metric)}</th><th>at step</th><th>final</th>"
          "<th>state</th><th>decision</th></tr>"]  # fmt: skip
@@ -155,9 +165,6 @@ def to_html(report: GridReport) -> str:
                  + (f" on {escape(t.gpu_name)}" if t.gpu_name else "") + "</p>")  # fmt: skip
         if a.fallbacks:
             h.append("<ul>" + "".join(f"<li class=worse>fallback: {escape(f)}</li>" for f in a.fallbacks) + "</ul>")
-        if a.comparisons:
-            items = (f'<li class="{(c.verdict or "").replace(" ", "-")}">{escape(c.words)}</li>' for c in a.comparisons)
-            h.append("<ul>" + "".join(items) + "</ul>")
         h.append(_images(a.samples, f"{a.arm} best"))
         if control is not None and control.arm != a.arm:
             h.append(_images(a.control_samples, f"{control.arm} (control)"))

@@ -19,8 +19,9 @@ from orchestrator.numbers import finite_or_none, is_finite
 
 # Quality metrics with stored standard errors, and which way is better (text_manip_delta: a larger
 # response to an edited caption is better; the detector's secondary policy says the same).
-QUALITY = ("recon_lpips", "text_lpips", "text_manip_delta")
-LOWER_IS_BETTER = {"recon_lpips": True, "text_lpips": True, "text_manip_delta": False}
+# val_flow_loss: velocity space for every arm, so x-prediction and AsymFlow arms compare on it.
+QUALITY = ("recon_lpips", "text_lpips", "text_manip_delta", "val_flow_loss")
+LOWER_IS_BETTER = {"recon_lpips": True, "text_lpips": True, "text_manip_delta": False, "val_flow_loss": True}
 Pairing = Literal["paired", "independent", "none"]
 
 

@@ -188,6 +188,8 @@ def test_checkpoint_from_mapping() -> None:
 def test_policy_validation() -> None:
     with pytest.raises(ValidationError, match="must not repeat the primary metric"):
         DetectorPolicy(secondary={"recon_lpips": "min"})
+    with pytest.raises(ValidationError, match="must not repeat the primary metric 'val_flow_loss'"):
+        DetectorPolicy(secondary={"val_flow_loss": "min"})  # "auto" may judge it
     with pytest.raises(ValidationError, match="margin_abs"):
         DetectorPolicy(margin_abs=-0.1)
     with pytest.raises(ValidationError, match="marign"):
@@ -235,3 +237,35 @@ def test_projected_hours_saved_is_the_untrained_steps_at_the_arms_own_pace() -> 
     assert projected_hours_saved(5000, 4000, 80.0) == pytest.approx(20.0)
     assert projected_hours_saved(400, 400, 0.02) == 0.0
     assert projected_hours_saved(None, 200, 0.01) is None and projected_hours_saved(400, 0, 0.0) is None
+
+
+def _flow_stream(lpips: list[float], loss: list[float], backbone: str) -> list[Checkpoint]:
+    return [
+        Checkpoint.from_mapping({"step": 100 * (i + 1), "recon_lpips": a, "val_flow_loss": b, "val_flow_loss_se": 0.01,
+                                 "lpips_backbone": backbone})
+        for i, (a, b) in enumerate(zip(lpips, loss, strict=True))
+    ]  # fmt: skip
+
+
+def test_auto_judges_the_flow_loss_where_lpips_is_the_standin() -> None:
+    """Stand-in LPIPS drifts down while the flow loss collapses: "auto" stops on the loss (no ceiling:
+    1.2 crossed 1.0 without a stop); with real LPIPS the same stream is judged on LPIPS and runs on."""
+    lpips = [0.80, 0.79, 0.78, 0.77, 0.76, 0.75]
+    loss = [1.50, 0.90, 1.20, 0.60, 0.65, 0.75]
+    standin = _flow_stream(lpips, loss, "random_standin")
+    assert kinds(standin, POLICY) == [C, C, C, C, C, X]
+    verdict = decide(standin, POLICY, total_steps=600)
+    assert (verdict.metric, verdict.best_step, verdict.best_value) == ("val_flow_loss", 400, 0.60)
+    assert kinds(_flow_stream(lpips, loss, "alexnet"), POLICY) == [C] * 6
+    assert decide(_flow_stream(lpips, loss, "alexnet"), POLICY, total_steps=600).metric == "recon_lpips"
+    # a metric named in the spec is used whatever the backbone
+    named = DetectorPolicy(metric="recon_lpips")
+    assert kinds(standin, named) == [C] * 6
+
+
+def test_auto_has_no_stall_rule_on_the_flow_loss() -> None:
+    """The stall margin is in LPIPS units: on the loss there is none, an arm far behind the control runs on."""
+    control = _flow_stream([0.8] * 6, [0.30] * 6, "random_standin")
+    behind = _flow_stream([0.8] * 6, [1.0, 0.95, 0.9, 0.85, 0.8, 0.78], "random_standin")
+    assert kinds(behind, POLICY, control) == [C] * 6
+    assert kinds(behind, DetectorPolicy(metric="val_flow_loss"), control) == [C, C, S, S, S, S]

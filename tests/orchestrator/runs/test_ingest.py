@@ -22,8 +22,9 @@ def _grid(database_url: str, arms: list, **kw) -> list[int]:
 
 
 def _record(step: int, lpips: float, **extra) -> dict:
+    """A checkpoint with real LPIPS (the detector judges recon_lpips on it)."""
     return {"step": step, "recon_lpips": lpips, "recon_lpips_se": 0.005, "recon_lpips_n": 8,
-            "train_loss": 0.5, "checkpoint": f"/ckpt/{step}.pt", "lpips_backbone": "random_standin", **extra}
+            "train_loss": 0.5, "checkpoint": f"/ckpt/{step}.pt", "lpips_backbone": "alexnet", **extra}
 
 
 def test_resent_records_are_stored_once_with_one_event_each(database_url: str) -> None:
@@ -112,3 +113,27 @@ def test_a_batch_past_the_bind_parameter_limit_is_stored_whole(database_url: str
     with session_scope(database_url) as session:
         assert session.scalar(select(func.count()).select_from(Metric).where(Metric.run_id == run_id)) == 12000
         assert session.get(Run, run_id).last_checkpoint_step == 12000
+
+
+def test_under_standin_lpips_the_flow_loss_judges_and_picks_the_best(database_url: str) -> None:
+    """Stand-in LPIPS improves throughout while the flow loss collapses: the default policy ("auto")
+    stops the run on val_flow_loss and keeps its best; the same stream with real LPIPS runs on."""
+    standin_id, real_id = _grid(database_url, ["A", {"parent": "A", "name": "A-real"}])
+    loss = [0.90, 0.60, 0.50, 0.58, 0.70]
+    for run_id, backbone in ((standin_id, "random_standin"), (real_id, "alexnet")):
+        records = [
+            _record(50 * (i + 1), 0.80 - 0.01 * i, lpips_backbone=backbone, val_flow_loss=v, val_flow_loss_se=0.01,
+                    val_flow_loss_n=64, val_flow_loss_samples=[v] * 64, val_flow_loss_by_t=[v] * 8)
+            for i, v in enumerate(loss)
+        ]  # fmt: skip
+        with session_scope(database_url) as session:
+            ingest(session, session.get(Run, run_id), records)
+    with session_scope(database_url) as session:
+        standin, real = session.get(Run, standin_id), session.get(Run, real_id)
+        assert (standin.decision, standin.decision_step) == ("collapse", 250)
+        assert (standin.best_step, standin.best_value) == (150, 0.5)
+        assert "val_flow_loss worsened 2 checkpoints" in standin.decision_reason
+        assert real.decision is None and (real.best_step, real.best_value) == (250, 0.76)
+        row = session.scalar(select(Metric).where(Metric.run_id == standin_id, Metric.step == 150))
+        assert (row.val_flow_loss, row.val_flow_loss_se, row.val_flow_loss_n) == (0.5, 0.01, 64)
+        assert row.extra["val_flow_loss_by_t"] == [0.5] * 8 and len(row.extra["val_flow_loss_samples"]) == 64

@@ -40,7 +40,7 @@ def test_the_report_reproduces_the_published_numbers(report_dir: Path) -> None:
     assert summary["stopped"][0].startswith("B: collapse at step 4000")
     # parent and control per arm, 3 metrics, best and final: B (parent A = control) 6, C and D 12 each
     assert summary["comparisons"] == 30 and summary["with_interval"] == 0
-    comparisons = [c for a in report["arms"] for c in a["comparisons"]]
+    comparisons = [c for a in report["arms"] for c in a["comparisons"] if c["diff"] is not None]
     assert comparisons and all(c["pairing"] == "independent" and c["low"] is None for c in comparisons)
     assert all(c["verdict"] == "no interval" for c in comparisons)
     c_vs_b = next(c for c in arms["C"]["comparisons"]
@@ -48,13 +48,18 @@ def test_the_report_reproduces_the_published_numbers(report_dir: Path) -> None:
     assert c_vs_b["step"] == 5000 and round(c_vs_b["diff"], 3) == -0.070
 
 
-def test_markdown_and_html_say_it_in_words(report_dir: Path) -> None:
+def test_markdown_and_html_lead_with_the_effects_table(report_dir: Path) -> None:
+    """One row per arm and metric with both differences, no sentence per comparison; then the stops."""
     md = (report_dir / "report.md").read_text()
-    assert "C vs B (parent, final step 5000): recon LPIPS 0.070 lower (independent; no interval" in md
+    assert md.index("## Effects") < md.index("## Summary") < md.index("## B")
+    assert "| C | recon LPIPS | 5000 | B: -0.0698 | no interval | A: +0.0111 | no interval | 25 |" in md
+    assert "no interval: no" not in md and "(independent;" not in md  # the per-comparison prose is gone
+    assert md.count("| recon LPIPS |") == 3 and md.count("| text LPIPS |") == 3  # B, C, D
     assert "Detector: **collapse at step 4000**" in md and "kept step 3000" in md
     html = (report_dir / "report.html").read_text()
-    assert "C vs B (parent, final step 5000): recon LPIPS 0.070 lower" in html
+    assert html.index("<table class=effects>") < html.index("<h2>Summary</h2>") < html.index("<h2>B")
     assert "<svg" in html and "<polyline" in html  # the curves, inline
+    assert 'class=forest data-metric="recon_lpips"' in html  # a forest plot per metric measured
     # Self-contained: nothing to fetch (the only URL is the SVG namespace, which is a name, not a request).
     assert "<script" not in html and "<link" not in html
     assert re.findall(r"""(?:src|href)=["']?https?:""", html) == []

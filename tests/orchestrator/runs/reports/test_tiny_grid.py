@@ -66,7 +66,10 @@ def test_report_has_paired_intervals_and_embedded_samples(client: TestClient, gr
     assert {("target", 0), ("recon", 0), ("text", 0)} <= kinds
     assert all(i["data_uri"].startswith("data:image/png;base64,") for i in b["samples"]["images"])
     assert b["fallbacks"] and any("random_standin" in f for f in b["fallbacks"])  # the stand-in LPIPS, labelled
-    assert report["summary"]["comparisons"] == 6 and report["summary"]["with_interval"] == 6
+    # recon, text LPIPS and val_flow_loss at best and final (no caption edits here), each paired
+    assert report["summary"]["comparisons"] == 8 and report["summary"]["with_interval"] == 8
+    flow = [c for c in b["comparisons"] if c["metric"] == "val_flow_loss"]
+    assert all(c["pairing"] == "paired" and c["n"] == 4 and c["low"] < c["diff"] < c["high"] for c in flow)
 
 
 def test_html_and_markdown_over_the_api(client: TestClient, grid_id: int) -> None:
