@@ -62,7 +62,14 @@ class TrainError(ValueError):
 
 
 def check_resumable(saved: dict[str, Any], spec: ArmSpec, path: Path) -> None:
-    """Refuse to resume a checkpoint written by a different spec: the run would silently mix two arms."""
+    """Refuse to resume a checkpoint written by a different spec: the run would silently mix two arms.
+
+    The saved spec is read with today's defaults first: a field added since (data.max_unreadable, say)
+    is not a difference, so an arm running across an upgrade resumes."""
+    try:
+        saved = ArmSpec.model_validate(saved).model_dump(mode="json")
+    except ValueError:  # a spec today's model refuses: compared as written, and the sections named
+        pass
     now = spec.model_dump(mode="json")
     diff = sorted(k for k in set(saved) | set(now) if k not in RESUMABLE_CHANGES and saved.get(k) != now.get(k))
     if diff:

@@ -259,3 +259,15 @@ def test_deterministic_mode_holds_for_the_run_and_is_restored_after(tmp_path: Pa
     assert not torch.are_deterministic_algorithms_enabled()
     (plain,) = list(train_arm(spec_for("B", schedule={"steps": 2, "checkpoint_every": 2}), tmp_path / "plain"))
     assert plain["deterministic"] is False
+
+
+def test_a_checkpoint_from_before_a_new_spec_field_resumes_and_a_real_change_is_still_refused(tmp_path: Path) -> None:
+    from worker.train import check_resumable
+
+    spec = resolve("A", {"model": {"size": "tiny"}})
+    older = spec.model_dump(mode="json")
+    del older["data"]["max_unreadable"]  # written before the field existed
+    check_resumable(older, spec, tmp_path / "ckpt.pt")  # its default fills in: no difference
+    older["optimizer"]["weight_decay"] = 0.1
+    with pytest.raises(TrainError, match="sections differ: optimizer"):
+        check_resumable(older, spec, tmp_path / "ckpt.pt")
