@@ -171,6 +171,7 @@ def test_a_lost_worker_whose_disk_is_gone_resumes_from_s3(
         checkpoint_url="s3://ablate-ckpts/nightly",
         checkpoint_options=options,
         checkpoint_keep_last=1,
+        ray_address=ray.get_runtime_context().gcs_address,  # the local node's agent joins this module's Ray
     )
     overrides = {**TINY, "schedule": {**TINY["schedule"], "steps": 60}}
     with session_scope(database_url) as session:
