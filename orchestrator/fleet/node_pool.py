@@ -98,12 +98,14 @@ class NodePool:
                 out[node.name] = node
         return out
 
-    def refresh(self) -> list[str]:
-        """Open links to new nodes, reopen failed ones, drop nodes that left; the names dropped."""
+    def refresh(self) -> dict[str, str]:
+        """Open links to new nodes, reopen failed ones, drop nodes that left; the dropped, with why."""
         wanted = self.wanted()
-        dropped = [name for name in self.nodes if name not in wanted]
-        for name in dropped:
-            self._close(self.nodes.pop(name))
+        dropped = {}
+        for name in [name for name in self.nodes if name not in wanted]:
+            entry = self.nodes.pop(name)
+            self._close(entry)
+            dropped[name] = f"node {name} refused: {entry.refused}" if entry.refused else f"node {name} left"
         now = time.monotonic()
         for name, row in wanted.items():
             entry = self.nodes.setdefault(name, NodeEntry(name))

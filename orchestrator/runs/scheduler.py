@@ -115,9 +115,8 @@ class Scheduler:
         its DB write failed (the DB restarting) is found again here, so no run stays `running` without
         a live worker of ours.
         """
-        for node in self.pool.refresh():  # nodes that left (drained, torn down, removed)
-            self._lose_node(node, f"node {node} left the pool")
-        for node, why in self.pool.lost().items():
+        # Nodes that left (drained, torn down, removed, refused), then those down past node_lost_s.
+        for node, why in [*self.pool.refresh().items(), *self.pool.lost().items()]:
             self._lose_node(node, why)
         self.reconcile()
         groups: dict[str, dict[str, int | None]] = {}

@@ -137,3 +137,42 @@ def test_a_reply_begun_and_never_ended_is_refused_at_the_deadline(hostile: Path,
         assert link.closed
     finally:
         link.close()
+
+
+def test_a_joined_node_whose_agent_sends_a_pickle_over_ssh_is_refused_and_marked(
+    hostile: Path, database_url: str, sshd, tmp_path: Path, monkeypatch: pytest.MonkeyPatch  # noqa: ANN001
+) -> None:
+    """The same over a real SSH channel (the loopback OpenSSH server): the node's `agent` launcher is the
+    hostile agent. The node is marked bootstrap_failed with what was refused, and its run fails."""
+    from orchestrator.db.models import Node
+    from tests.orchestrator.factories import add_ssh_node
+
+    remote = sshd.workdir / "hostile"
+    remote.mkdir()
+    canary = tmp_path / "canary"
+    launcher = remote / "agent"  # what bootstrap would have written: here, a hostile stand-in
+    launcher.write_text(f"#!/bin/sh\nexec {sys.executable} {hostile} pickle {canary}\n")
+    launcher.chmod(0o700)
+    monkeypatch.setenv("ABLATE_NODE_REMOTE_DIR", sshd.relative(remote))
+    name = add_ssh_node(database_url, sshd, "hostile-node")
+    with session_scope(database_url) as session:
+        session.scalars(select(Node).where(Node.name == name)).one().state = "joined"
+        grid = create_grid(session, GridCreate(name="hostile-ssh", arms=["A"], overrides=tiny_overrides(steps=4)))
+        run_id = grid.runs[0].id
+    settings = Settings(
+        database_url=database_url, storage_dir=tmp_path / "storage", scheduler_interval_s=0.2, max_retries=0,
+        local_node=False,
+    )
+    scheduler = Scheduler(settings)
+    scheduler.start()
+    try:
+        wait_for(lambda: _run(database_url, run_id).state == "failed", "the hostile node's run to fail", 60)
+    finally:
+        assert scheduler.stop()
+    run = _run(database_url, run_id)
+    assert "node hostile-node refused" in run.error and "not JSON" in run.error, run.error
+    with session_scope(database_url) as session:
+        node = session.scalars(select(Node).where(Node.name == name)).one()
+        assert node.state == "bootstrap_failed" and node.state_detail.startswith("agent: "), node.state_detail
+        assert "refused a reply that is not JSON" in node.state_detail
+    assert not canary.exists()
