@@ -95,7 +95,7 @@ def test_a_request_schedule_rents_two_nodes_trains_copies_back_and_destroys_them
         assert {i.state for i in instances} == {RentedState.destroyed}
         assert all(i.destroy_confirmed_at is not None and i.host_key for i in instances)
         # Trained on the rented nodes, and each node's host key was pinned to its instance.
-        assert {d["node_name"] for d in started} == {i.node_name for i in instances}
+        assert {d["node_name"] for d in started} == {f"vast-{i.instance_id}" for i in instances}
         assert sorted(e.data["fingerprint"] for e in pinned) == sorted(i.host_key for i in instances)
         for run in runs:
             assert (Path(sweep.results_dir) / "runs" / f"{run.id}-{run.arm}" / "best.pt").is_file()
