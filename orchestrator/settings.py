@@ -89,6 +89,11 @@ class Settings(BaseSettings):
     # specs may name none. A worker fetches data.url with ABLATE_DATA_OPTIONS (unset: the checkpoint options)
     # into ABLATE_DATA_CACHE_DIR on its node (unset: <storage_dir>/data-cache, the disk of its runs).
     data_urls: list[str] = []
+    # True: a grid may hold command arms (a researcher's own training command, run on the nodes as the
+    # arm's process). Off by default: a spec that names code is code execution on the nodes.
+    allow_commands: bool = False
+    # Directories on the nodes under which a command arm's `code` may lie; empty: none may.
+    command_dirs: list[Path] = []
     data_options: dict[str, Any] | None = None
     data_cache_dir: Path | None = None
     # Per-GPU memory an arm's estimated peak may use, in GiB. 0: the largest GPU among the probed nodes;

@@ -21,6 +21,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from worker.command import CommandFailed
+
 RECORDS_FILE = "records.jsonl"
 # Terminal colour codes (Ray wraps its messages in them): never stored in an error the operator reads.
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -55,7 +57,10 @@ def _short_path(path: str) -> str:
 
 def describe_error(exc: BaseException) -> str:
     """What the run stores when its worker fails: `Type: message (at file:line in function)` on the first
-    line, the last frames of the traceback below it, without terminal escape codes."""
+    line, the last frames of the traceback below it, without terminal escape codes. A command arm's
+    failure (worker/command.py CommandFailed) is its own message: its stderr, not our frames."""
+    if isinstance(exc, CommandFailed):
+        return ANSI_ESCAPE.sub("", str(exc))
     head = traceback.format_exception_only(exc)[-1].strip()
     frames = traceback.extract_tb(exc.__traceback__)
     stdlib = sysconfig.get_paths()["stdlib"]
@@ -158,6 +163,7 @@ class ArmWorker:
         self._records: list[dict[str, Any]] = []
         self._state = "running"  # running | done | error
         self._error: str | None = None
+        self._ended_by: str | None = None  # a command arm: what ended its process (model.spec CommandEnd)
         self._stop = threading.Event()
         self._info: dict[str, Any] = {"pid": os.getpid(), "node": socket.gethostname()}
         self._store = None
@@ -198,14 +204,21 @@ class ArmWorker:
             device = "cuda" if torch.cuda.is_available() else "cpu"
             # Only with data.url: a benchmark's synthetic train_fn keeps train_arm's older signature.
             data = {"data_store": self._data_store} if spec.data.url is not None else {}
-            stream = train_arm(
-                spec,
-                self.out_dir,
-                device=device,
-                should_stop=self._stop.is_set,
-                lpips_weights=self._lpips_weights,
-                **data,
-            )
+            command = None
+            if spec.command is not None:  # the researcher's own trainer, with train_arm's record contract
+                from worker.command import CommandArm
+
+                command = CommandArm(spec, self.out_dir, self._stop.is_set, list(self._records))
+                stream = command.records()
+            else:
+                stream = train_arm(
+                    spec,
+                    self.out_dir,
+                    device=device,
+                    should_stop=self._stop.is_set,
+                    lpips_weights=self._lpips_weights,
+                    **data,
+                )
             with (self.out_dir / RECORDS_FILE).open("a+") as fh:
                 # A line cut short by a kill -9 is ended first, so our first record is not glued onto it.
                 if fh.tell() > 0:
@@ -225,6 +238,7 @@ class ArmWorker:
                 self._store.flush()  # "done" lets the controller end this actor: the last upload first
             with self._cond:
                 self._state = "done"
+                self._ended_by = command.ended_by if command is not None else None
                 self._cond.notify_all()
         except BaseException as exc:  # the controller reports it; the actor itself stays up to be polled
             if self._store is not None:
@@ -277,7 +291,8 @@ class ArmWorker:
         """Records with step > after_step (all when None), waiting up to wait_s seconds for something new.
 
         Returns {"info": gpu_info(), "records": [...], "state": running|done|error, "error": str|None,
-        "stopping": bool, "storage": CheckpointStore.status() or None}.
+        "stopping": bool, "ended_by": a command arm's CommandEnd or None, "storage": CheckpointStore.status()
+        or None}.
         """
         floor = -1 if after_step is None else after_step
 
@@ -293,6 +308,7 @@ class ArmWorker:
                 "state": self._state,
                 "error": self._error,
                 "stopping": self._stop.is_set(),
+                "ended_by": self._ended_by,
                 "storage": self._store.status() if self._store is not None else None,
             }
 

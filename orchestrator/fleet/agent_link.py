@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from model.spec import CommandEnd
 from orchestrator.fleet.errors import NodeError
 
 if TYPE_CHECKING:
@@ -83,6 +84,7 @@ class WorkerReply(_Strict):
     records: Annotated[list[dict[str, Any]], Field(max_length=100_000)]
     error: Text | None = None
     stopping: bool = False
+    ended_by: CommandEnd | None = None  # a command arm that finished: what ended its process
     storage: dict[str, Any] | None = None
 
 

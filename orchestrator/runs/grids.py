@@ -23,6 +23,8 @@ from orchestrator.db.models import Event, Grid, Metric, Run, utcnow
 from orchestrator.db.transitions import transition
 from orchestrator.errors import Conflict, InvalidBody
 from orchestrator.runs.arms import LINEAGE_KEYS, ArmError, arm_files, resolve
+from orchestrator.runs.command_arms import command_errors, is_command_arm, resolve_command_arm
+from orchestrator.settings import Settings
 from orchestrator.vocabulary import TERMINAL_STATES, GridSource, RunDecision, RunState
 
 ARM_LABEL_MAX = 64  # runs.arm is VARCHAR(64)
@@ -53,9 +55,11 @@ class GridCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(min_length=1, max_length=GRID_NAME_MAX, examples=["tread-vs-muon"])
-    # Arm letters from arms/ (A..I) or inline specs: {"parent": "G", "name": "G-r16", "flow": {"rank": 16}}.
+    # Arm letters from arms/ (A..I), inline specs: {"parent": "G", "name": "G-r16", "flow": {"rank": 16}}, or
+    # command arms: {"name": "mine", "code": "/abs/dir", "command": ["python", "train.py"]} (command_arms.py).
     arms: list[ArmLetter | dict[str, Any]] = Field(min_length=1, max_length=64, examples=[["A", "B"]])
-    # Deep-merged into every arm, e.g. {"model": {"size": "tiny"}, "schedule": {"steps": 300}}.
+    # Deep-merged into every built-in arm, e.g. {"model": {"size": "tiny"}, "schedule": {"steps": 300}};
+    # a command arm takes only `detector` from them.
     overrides: dict[str, Any] = Field(default_factory=dict)
     # The arm the stall rule compares against; default: the first arm.
     control: str | None = Field(default=None, examples=["A"])
@@ -125,6 +129,9 @@ def resolve_grid(body: GridCreate) -> list[tuple[str, ArmSpec]]:
         raise GridError(errors)
     for key in sorted(set(body.overrides) & set(LINEAGE_KEYS)):
         errors.append(_error(("overrides", key), f"'{key}' belongs to each arm, not to the grid's overrides"))
+    if "command" in body.overrides:
+        errors.append(_error(("overrides", "command"), "a command belongs to a command arm of its own, "
+                             "not to the grid's overrides"))
     resolved: list[tuple[str, ArmSpec]] = []
     labels: list[str] = []
     for i, arm in enumerate(body.arms):
@@ -143,6 +150,12 @@ def resolve_grid(body: GridCreate) -> list[tuple[str, ArmSpec]]:
                 )
         except ValueError as exc:
             errors.append(_error(("arms", i) if isinstance(arm, str) else ("arms", i, "name"), str(exc)))
+            continue
+        if is_command_arm(arm):
+            spec, problems = resolve_command_arm(arm, i, body.overrides)  # type: ignore[arg-type]
+            errors.extend(problems)
+            if spec is not None:
+                resolved.append((label, spec))
             continue
         try:
             resolve(arm)  # the arm alone, so its own mistakes are reported under its own path
@@ -179,6 +192,8 @@ def memory_errors(body: GridCreate, resolved: list[tuple[str, ArmSpec]], cap_gib
     state is checked, against LARGEST_GPU_GIB), naming the estimate and the fields that lower it."""
     errors = []
     for i, (label, spec) in enumerate(resolved):
+        if spec.command is not None:  # its model is the researcher's: nothing to estimate
+            continue
         loc = ("arms", i) if isinstance(body.arms[i], dict) or not body.overrides else ("overrides",)
         state, state_cap = estimate_state_bytes(spec) / 2**30, cap_gib or LARGEST_GPU_GIB
         if state > state_cap:
@@ -278,11 +293,23 @@ def gpu_memory_cap_gib(session: Session, configured: float) -> float | None:
 
 @dataclass(frozen=True)
 class PathPolicy:
-    """Worker directories from the settings under which spec paths may lie (see `path_errors`)."""
+    """What the operator lets a spec name on the workers (see `path_errors` and `command_errors`)."""
 
     weights_dirs: Sequence[Path] = ()
     data_dirs: Sequence[Path] = ()
     data_urls: Sequence[str] = ()  # URL prefixes for data.url
+    allow_commands: bool = False  # command arms at all (ABLATE_ALLOW_COMMANDS)
+    command_dirs: Sequence[Path] = ()  # where their code may lie (ABLATE_COMMAND_DIRS)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> PathPolicy:
+        return cls(settings.weights_dirs, settings.data_dirs, settings.data_urls, settings.allow_commands,
+                   settings.command_dirs)
+
+    def errors(self, body: GridCreate, resolved: list[tuple[str, ArmSpec]]) -> list[dict[str, Any]]:
+        """Every spec path and command this policy refuses."""
+        found = path_errors(body, resolved, self.weights_dirs, self.data_dirs, self.data_urls)
+        return found + command_errors(resolved, self.allow_commands, self.command_dirs)
 
 
 def create_grid(
@@ -295,12 +322,15 @@ def create_grid(
     """Store the grid and one queued run per arm (in order) with its fully resolved spec; flushes, no commit.
 
     An arm that cannot fit a GPU is a GridError: see `memory_errors` (cap `max_gpu_memory_gib`). With
-    `paths` (every grid a client submits), spec paths outside the operator's directories are too.
+    `paths` (every grid a client submits), spec paths outside the operator's directories are too; a
+    command arm is refused unless `paths` allows commands (without it, none is allowed).
     """
     resolved = resolve_grid(body)
     errors = memory_errors(body, resolved, max_gpu_memory_gib)
     if paths is not None:
-        errors += path_errors(body, resolved, paths.weights_dirs, paths.data_dirs, paths.data_urls)
+        errors += paths.errors(body, resolved)
+    else:
+        errors += command_errors(resolved, allowed=False, command_dirs=())
     if errors:
         raise GridError(errors)
     grid = Grid(

@@ -21,6 +21,7 @@ from orchestrator.vocabulary import STOP_DECISIONS, RunDecision
 
 # Bind parameters per INSERT: below SQLite's default limit (32766 since 3.32) and Postgres' (65535).
 MAX_BIND_PARAMS = 30_000
+NONFINITE_TEXT = ("nan", "inf", "-inf")  # how the worker writes non-finite floats
 FLOAT_FIELDS = frozenset(
     c.name for c in Metric.__table__.columns if c.name in METRIC_FIELDS and c.type.python_type is float
 )
@@ -65,6 +66,8 @@ def metric_values(record: dict[str, Any]) -> dict[str, Any]:
             values[key] = None if value is None else str(value)
         else:
             extra[key] = json_safe(value)
+            if value in NONFINITE_TEXT or (isinstance(value, float) and not is_finite(value)):
+                nonfinite[key] = json_safe(float(value))  # a command arm's own metric gone NaN
     if nonfinite:
         extra["nonfinite"] = nonfinite
     values["extra"] = extra
@@ -106,11 +109,15 @@ def insert_metrics(session: Session, run_id: int, records: list[dict[str, Any]])
 
 
 def metric_series(session: Session, run_id: int) -> list[dict[str, Any]]:
-    """A run's checkpoints in step order as plain dicts (the detector's input), NaN restored."""
+    """A run's checkpoints in step order as plain dicts (the detector's input), NaN restored. Numbers kept
+    in `extra` come along: a command arm's metrics have no columns of their own."""
     rows = session.scalars(select(Metric).where(Metric.run_id == run_id).order_by(Metric.step)).all()
     series = []
     for m in rows:
         point: dict[str, Any] = {"step": m.step, **{name: getattr(m, name) for name in METRIC_FIELDS}}
+        for key, value in (m.extra or {}).items():
+            if key not in point and isinstance(value, int | float) and not isinstance(value, bool):
+                point[key] = value
         for key, text in (m.extra or {}).get("nonfinite", {}).items():
             point[key] = float(text)
         series.append(point)

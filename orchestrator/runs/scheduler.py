@@ -32,6 +32,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session
 
+from model.spec import COMMAND_ENDS
 from orchestrator.db.events import record_event
 from orchestrator.db.models import Grid, Run, utcnow
 from orchestrator.db.session import session_scope
@@ -305,11 +306,15 @@ class Scheduler:
             seen = record_storage(session, run, worker.attempt, reply.storage, worker.storage_seen)
             if run.being_stopped:
                 self._request_stop(worker)
+            # A command arm's end (stop file, SIGTERM, SIGKILL) is said in the final event and kept in its data.
+            ended = {"ended_by": reply.ended_by} if reply.ended_by else {}
+            how = f"; {COMMAND_ENDS[reply.ended_by]}" if reply.ended_by else ""
             if reply.state == "done":
                 if run.being_stopped or reply.stopping:
-                    self._finish(session, run, RunState.stopped, run.stop_reason())
+                    self._finish(session, run, RunState.stopped, run.stop_reason() + how, **ended)
                 else:
-                    self._finish(session, run, RunState.completed, f"finished at step {run.last_checkpoint_step}")
+                    message = f"finished at step {run.last_checkpoint_step}{how}"
+                    self._finish(session, run, RunState.completed, message, **ended)
             elif reply.state == "error":
                 run.error = reply.error
                 self._finish(session, run, RunState.failed, ((reply.error or "").splitlines() or [""])[0])
@@ -363,10 +368,10 @@ class Scheduler:
                 self._kill(worker)
                 self._worker_died(worker, TimeoutError(f"not started within start_timeout_s={limit:g} s"))
 
-    def _finish(self, session: Session, run: Run, state: RunState, message: str) -> None:
+    def _finish(self, session: Session, run: Run, state: RunState, message: str, **data: object) -> None:
         run.state = state
         run.finished_at = utcnow()
-        record_event(session, run, state.value, message, step=run.last_checkpoint_step, decision=run.decision)
+        record_event(session, run, state.value, message, step=run.last_checkpoint_step, decision=run.decision, **data)
         log.info("run %s %s: %s", run.id, state, message)
 
     def _kill(self, worker: Worker) -> None:

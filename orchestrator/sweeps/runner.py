@@ -33,7 +33,7 @@ from orchestrator.fleet.inventory import set_state
 from orchestrator.fleet.providers.base import Provider
 from orchestrator.fleet.providers.request import NodeRequest
 from orchestrator.fleet.shell import NodeShell
-from orchestrator.runs.grids import GridCreate, GridError, create_grid, stop_run
+from orchestrator.runs.grids import GridCreate, GridError, PathPolicy, create_grid, stop_run
 from orchestrator.sweeps.budget import spend
 from orchestrator.sweeps.copy_back import copy_back
 from orchestrator.sweeps.lock import runner_lock
@@ -82,7 +82,9 @@ class SweepRunner:
         checkpoint_options: dict[str, Any] | None = None,
         providers: Mapping[str, Provider] | None = None,
         rental: RentalConfig | None = None,
+        paths: PathPolicy | None = None,  # the operator's policy a fired grid is held to (commands too)
     ) -> None:
+        self.paths = paths
         self.rentals = Rentals(database_url, dict(providers or {}), rental, self.now)
         self.database_url = database_url
         self.teardown_attempts = teardown_attempts
@@ -105,6 +107,7 @@ class SweepRunner:
             checkpoint_options=settings.checkpoint_options,
             providers=configured_providers(settings),
             rental=rental_config(settings),
+            paths=PathPolicy.from_settings(settings),
         )
 
     def now(self) -> datetime:
@@ -272,7 +275,9 @@ class SweepRunner:
             sweep = session.get_one(Sweep, sweep_id)
             grid_body["name"] = label[:200]
             try:
-                grid = create_grid(session, GridCreate.model_validate(grid_body), source=GridSource.schedule)
+                grid = create_grid(
+                    session, GridCreate.model_validate(grid_body), source=GridSource.schedule, paths=self.paths
+                )
             except (ValidationError, GridError) as exc:
                 # Arms changed since the schedule was created: nothing can run, so give the nodes back.
                 sweep.state, sweep.error = SweepState.collecting, f"grid no longer valid: {exc}"

@@ -16,7 +16,7 @@ from orchestrator.errors import Conflict, InvalidBody, NotFound
 from orchestrator.fleet.inventory import NAME_PATTERN, find_named, find_node
 from orchestrator.fleet.providers.request import NodeRequest
 from orchestrator.messages import validation_text
-from orchestrator.runs.grids import GridCreate, GridError, PathPolicy, memory_errors, path_errors, resolve_grid
+from orchestrator.runs.grids import GridCreate, GridError, PathPolicy, memory_errors, resolve_grid
 
 
 class ScheduleError(ValueError):
@@ -120,7 +120,7 @@ def create_schedule(
     resolved = resolve_grid(grid)  # valid: ScheduleCreate checked it
     problems = memory_errors(grid, resolved, max_gpu_memory_gib)
     if paths is not None:
-        problems = path_errors(grid, resolved, paths.weights_dirs, paths.data_dirs, paths.data_urls) + problems
+        problems = paths.errors(grid, resolved) + problems
     if problems:
         raise ScheduleInvalid([{**p, "loc": ["grid", *p["loc"]]} for p in problems])
     if find_schedule(session, body.name) is not None:

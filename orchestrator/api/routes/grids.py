@@ -26,7 +26,7 @@ def submit_grid(body: GridCreate, session: SessionDep, settings: SettingsDep, _:
     """Store the grid and queue one run per arm. Invalid arms, and arms whose estimated peak GPU memory
     exceeds ABLATE_MAX_GPU_MEMORY_GIB, answer 422 naming the field path (and the estimate)."""
     cap = gpu_memory_cap_gib(session, settings.max_gpu_memory_gib)
-    paths = PathPolicy(settings.weights_dirs, settings.data_dirs, settings.data_urls)
+    paths = PathPolicy.from_settings(settings)
     grid = create_grid(session, body, max_gpu_memory_gib=cap, paths=paths)
     session.commit()  # committed before the 201 goes out, so the id is durable when the client sees it
     return GridCreated(id=grid.id)

@@ -42,7 +42,7 @@ def post_schedule(body: ScheduleCreate, session: SessionDep, settings: SettingsD
         session,
         body,
         max_gpu_memory_gib=gpu_memory_cap_gib(session, settings.max_gpu_memory_gib),
-        paths=PathPolicy(settings.weights_dirs, settings.data_dirs, settings.data_urls),
+        paths=PathPolicy.from_settings(settings),
     )
     return SchedulePublic.model_validate(schedule)
 

@@ -1,0 +1,86 @@
+"""Command arms in a grid: stored as the run's spec when the operator allows them, 422s naming the field or
+the setting otherwise, through the real API and a real database."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from orchestrator.app import create_app
+from orchestrator.settings import Settings
+
+TOKEN = "test-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+CODE_DIRS = Path("/srv/ablate/code")
+
+
+def mine(**over: object) -> dict:
+    return {"name": "mine", "code": str(CODE_DIRS / "t"), "command": ["python", "train.py", "--lr", "3e-4"],
+            "env": {"SEED": "1"}, "detector": {"metric": "val_loss"}, **over}
+
+
+def client_for(database_url: str, storage: Path, **settings: object) -> TestClient:
+    return TestClient(create_app(Settings(database_url=database_url, storage_dir=storage, **settings), TOKEN))
+
+
+@pytest.fixture
+def allowed(database_url: str, tmp_path: Path) -> Iterator[TestClient]:
+    with client_for(database_url, tmp_path, allow_commands=True, command_dirs=[CODE_DIRS]) as c:
+        yield c
+
+
+def errors_of(resp: object) -> list[dict]:
+    assert resp.status_code == 422, resp.text  # type: ignore[attr-defined]
+    return resp.json()["detail"]  # type: ignore[attr-defined]
+
+
+def test_commands_are_refused_where_the_operator_did_not_allow_them(database_url: str, tmp_path: Path) -> None:
+    with client_for(database_url, tmp_path) as off:  # the default: ABLATE_ALLOW_COMMANDS unset
+        resp = off.post("/api/grids", json={"name": "g", "arms": ["A", mine()]}, headers=AUTH)
+        (error,) = errors_of(resp)
+        assert error["loc"][-3:] == ["arms", 1, "command"] and "ABLATE_ALLOW_COMMANDS" in error["msg"]
+        # Writes need the token whatever the setting: a command is never run for a stranger.
+        assert off.post("/api/grids", json={"name": "g", "arms": [mine()]}).status_code == 401
+
+
+def test_an_allowed_command_arm_is_stored_on_its_run_beside_a_built_in_arm(allowed: TestClient) -> None:
+    body = {"name": "g", "arms": ["A", mine()], "overrides": {"model": {"size": "tiny"}}}
+    resp = allowed.post("/api/grids", json=body, headers=AUTH)
+    assert resp.status_code == 201, resp.text
+    runs = allowed.get(f"/api/grids/{resp.json()['id']}").json()["runs"]
+    a, command = (allowed.get(f"/api/runs/{r['id']}").json()["spec"] for r in runs)
+    assert a["command"] is None and a["model"]["size"] == "tiny"
+    assert command["command"] == {"code": "/srv/ablate/code/t", "argv": ["python", "train.py", "--lr", "3e-4"],
+                                  "env": {"SEED": "1"}, "gpus": 1, "stop_grace_s": 60.0, "term_grace_s": 30.0}
+    # The overrides configure the built-in trainer; the command arm takes only its detector from them.
+    assert command["model"]["size"] == "seed" and command["detector"]["metric"] == "val_loss"
+    assert command["detector"]["ceiling"] is None  # LPIPS's ceiling means nothing for the script's metric
+
+
+@pytest.mark.parametrize(
+    ("arm", "loc", "words"),
+    [
+        (mine(code="/etc/ablate"), ["arms", 0, "code"], "ABLATE_COMMAND_DIRS"),
+        (mine(code="/srv/ablate/code/../../etc"), ["arms", 0, "code"], "'..'"),
+        (mine(command="python train.py"), ["arms", 0, "command"], "list"),
+        (mine(command=[]), ["arms", 0, "command"], "at least 1"),
+        (mine(gpus=2), ["arms", 0, "gpus"], "1"),
+        (mine(stop_grace_s=-1), ["arms", 0, "stop_grace_s"], "greater than or equal"),
+        (mine(env={"1BAD": "x"}), ["arms", 0, "env", "1BAD", "[key]"], "pattern"),
+        (mine(shell=True), ["arms", 0, "shell"], "fields are"),
+        (mine(detector={}), ["arms", 0, "detector", "metric"], "detector.metric"),
+        ({"name": "mine", "command": ["python"]}, ["arms", 0, "code"], "both code"),
+    ],
+)
+def test_a_bad_command_arm_answers_422_naming_the_field(allowed: TestClient, arm: dict, loc: list, words: str) -> None:
+    errors = errors_of(allowed.post("/api/grids", json={"name": "g", "arms": [arm]}, headers=AUTH))
+    assert any(e["loc"][-len(loc):] == loc and words in e["msg"] for e in errors), errors
+
+
+def test_overrides_cannot_turn_built_in_arms_into_commands(allowed: TestClient) -> None:
+    body = {"name": "g", "arms": ["A"], "overrides": {"command": {"code": "/srv/ablate/code/t", "argv": ["sh"]}}}
+    errors = errors_of(allowed.post("/api/grids", json=body, headers=AUTH))
+    assert any(e["loc"][-2:] == ["overrides", "command"] for e in errors), errors
