@@ -83,8 +83,8 @@ def main() -> None:
 
     for step in range(start + 1, args.steps + 1):
         # diverging: the rate doubles every 10 steps from --diverge-at on, so the held-out loss climbs
-        grow = 2 ** ((step - args.diverge_at) / 10 + 1) if args.diverge_at is not None and step >= args.diverge_at else 1
-        lr = args.lr * grow
+        diverging = args.diverge_at is not None and step >= args.diverge_at
+        lr = args.lr * (2 ** ((step - args.diverge_at) / 10 + 1) if diverging else 1)
         for group in opt.param_groups:
             group["lr"] = lr
         x, y = batch(step, args.batch, teacher)
