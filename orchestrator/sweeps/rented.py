@@ -45,8 +45,9 @@ from orchestrator.fleet.providers.base import (
 from orchestrator.fleet.providers.identity import controller_id, controller_public_key
 from orchestrator.fleet.providers.lifecycle import Timing, create_or_find, destroy_confirmed, wait_reachable
 from orchestrator.fleet.providers.liveness import Downtime
+from orchestrator.fleet.providers.offers import choose_offers
 from orchestrator.fleet.providers.reaper import to_reap
-from orchestrator.fleet.providers.request import NodeRequest, choose_offers
+from orchestrator.fleet.providers.request import NodeRequest
 from orchestrator.sweeps.budget import budget_end
 from orchestrator.sweeps.schedules import aware
 from orchestrator.vocabulary import BILLING_RENTED_STATES, RentedState
