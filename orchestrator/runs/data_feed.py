@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import BaseModel
 
 # Above this share of its wall time waiting for batches an arm is flagged: the study's folder of JPEGs
-# decoded on the training thread waited ~70% (0.31x of the procedural set's speed, DESIGN.md "Data"),
+# decoded on the training thread waited ~70% (0.31x of the procedural set's speed, docs/benchmarks.md),
 # the loader with worker processes or prepared shards stays under 5% (docs/benchmarks.md).
 DATA_WAIT_LIMIT = 0.10
 DATA_WAIT_FIX = (

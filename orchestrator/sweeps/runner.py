@@ -1,11 +1,12 @@
 """The sweep runner: the state machine that takes a fired schedule through its nodes to its results.
 
-A sweep: provision its nodes (probe + bootstrap into the Ray cluster), submit its grid through the
-grid service, wait for the runs (whatever scheduler runs them moves them through queued -> ... ->
-completed | stopped | failed in the DB), copy checkpoints and metrics back over SFTP into
-storage_dir/sweeps/<id>/, tear the nodes down. A budget (sum of node price per hour x hours since
-the fire) stops the sweep gracefully: its runs are stopped via the grid service, then results are
-collected and the nodes torn down.
+A sweep: provision its nodes (rent them when its schedule asks for nodes: rented.py; probe and
+bootstrap each, which starts its own Ray and agent), submit its grid through the grid service, wait for
+the runs (the run scheduler moves them through queued -> ... -> completed | stopped | failed in the DB),
+copy checkpoints and metrics back into storage_dir/sweeps/<id>/ (copy_back.py: from checkpoint storage,
+over SFTP from the node only when storage holds none), tear the nodes down. A budget (sum of node
+price per hour x hours since the fire) stops the sweep gracefully: its runs are stopped via the grid
+service, then results are collected and the nodes torn down.
 
 Everything is driven by `SweepRunner.tick()` with an injectable clock, so a test (or a controller
 that was down) replays time exactly. Cron times are UTC.
@@ -407,7 +408,7 @@ class SweepRunner:
             stop.wait(interval_s)
 
 
-def attach_to_app(app: Any, interval_s: float = 30.0) -> None:
+def attach_sweep_runner(app: Any, interval_s: float = 30.0) -> None:
     """Run a SweepRunner in a background thread for the app's lifetime (startup/shutdown hooks)."""
     stop = threading.Event()
 

@@ -16,7 +16,7 @@ MAX_LINES = 450
 DOMAINS = ("runs", "fleet", "sweeps")
 SURFACES = ("api", "cli", "dashboard")
 SHARED = ("db", "settings", "vocabulary", "messages", "storage", "errors", "numbers")
-# What each part of orchestrator/ must never import (DESIGN.md, "Layout").
+# What each part of orchestrator/ must never import (docs/architecture.md, "Layers").
 FORBIDDEN = {
     "runs": ("sweeps", *SURFACES),
     "fleet": ("runs", "sweeps", *SURFACES),
