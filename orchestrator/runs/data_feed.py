@@ -1,4 +1,4 @@
-"""How well a run's data kept its GPU fed, from its checkpoint records (worker/train.py writes them):
+"""How well a run's data kept its GPU fed, from its checkpoint records (worker/train_record.py writes them):
 the share of time the loop waited for a batch, the micro-batch and gradient accumulation it trains
 with, the loader's worker count, and the training images that failed to decode.
 
