@@ -1,6 +1,6 @@
 """Checkpoint size per arm at a model size, from parameter counts, and what uploading it takes.
 
-A checkpoint (worker/train.py `_state`) holds the model, its EMA copy (float32), every optimizer's
+A checkpoint (worker/train_record.py `_state`) holds the model, its EMA copy (float32), every optimizer's
 state and small things (RNG states, the record, the spec, AsymFlow's basis). Counted here on the meta
 device (no memory), with the optimizer state by rule: AdamW keeps exp_avg and exp_avg_sq (2 x float32
 per parameter), torch.optim.Muon one momentum buffer (1 x float32) for the 2-D block weights it owns.

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 import worker.train as wt
+import worker.train_record as wr
 from model.evaluate import evaluate as _evaluate
 from orchestrator.cli.train import build_spec
 
@@ -82,7 +83,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None, help="run dirs go under here (default: a temp dir)")
     args = ap.parse_args()
     torch.set_num_threads(1)  # 2 shared cores: more threads spin-wait (docs/benchmarks.md, trainer)
-    wt.evaluate = _evaluate_recording  # bench-only capture of per-sample recon LPIPS
+    wr.evaluate = _evaluate_recording  # bench-only capture of per-sample recon LPIPS (Checkpoints calls it)
     root = args.out or Path(tempfile.mkdtemp(prefix="fp8_parity_"))
     runs = {arm: run_arm(arm, args.steps, args.checkpoint_every, root / arm) for arm in ("G", "I")}
     g_recs, i_recs = runs["G"], runs["I"]

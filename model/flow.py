@@ -6,7 +6,7 @@ Sampling integrates from t = 1 down to t = 0.
 
 AsymFlow: the network predicts u_A = P·eps - x0, where P projects each image patch onto the top-r
 PCA subspace of data patches (estimated once from the data). Inside the subspace the target is a
-velocity, outside it is -x0; the full velocity is recovered analytically (DESIGN.md), so neither
+velocity, outside it is -x0; the full velocity is recovered analytically (`asymflow_velocity`), so neither
 the network nor the sampler changes. The maths are pure functions testable with tiny tensors.
 """
 
@@ -87,9 +87,10 @@ def project(x: Tensor, basis: Tensor, patch: int) -> Tensor:
 
 
 def asymflow_velocity(u_a: Tensor, x_t: Tensor, t: Tensor, basis: Tensor, patch: int) -> Tensor:
-    """Full velocity from an AsymFlow prediction u_A ≈ P·eps - x0 (DESIGN.md):
+    """Full velocity from an AsymFlow prediction u_A ≈ P·eps - x0, for x_t = (1-t)·x0 + t·eps:
 
-    (I-P)·x0 = -(I-P)·u_A;  P·x0 = P·x_t - t·P·u_A;  eps = (x_t - (1-t)·x0) / t;  v = eps - x0.
+    (I-P)·x0 = -(I-P)·u_A (outside the subspace u_A is -x0); P·x0 = P·x_t - t·P·u_A (inside, P·x_t =
+    P·x0 + t·(P·eps - P·x0) and P·u_A = P·eps - P·x0); eps = (x_t - (1-t)·x0) / t;  v = eps - x0.
     t is clamped to >= T_MIN where it divides.
     """
     tb = _bcast(t, x_t)

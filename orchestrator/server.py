@@ -92,15 +92,15 @@ def serve(settings: Settings, host: str | None = None, port: int | None = None) 
     """Run the controller in the foreground until interrupted."""
     import uvicorn
 
-    from orchestrator.sweeps.runner import attach_to_app as attach_sweeps
+    from orchestrator.sweeps.runner import attach_sweep_runner
 
     app = build_app(settings)
-    attach_scheduler(app)  # starts with the app (joins or starts Ray), stops with it
-    attach_sweeps(app)  # fires due schedules (cron) and drives their sweeps
+    attach_run_scheduler(app)  # starts with the app (opens each node's agent link), stops with it
+    attach_sweep_runner(app)  # fires due schedules (cron) and drives their sweeps
     uvicorn.run(app, host=host or settings.host, port=port or settings.port, log_level="info")
 
 
-def attach_scheduler(app: Any) -> None:
+def attach_run_scheduler(app: Any) -> None:
     """Run a Scheduler for the app's lifetime (`ablate serve`), through its startup/shutdown hooks."""
 
     def start(app: Any) -> None:

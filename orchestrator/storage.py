@@ -8,12 +8,11 @@
 - Alarm: a run whose newest ingested checkpoint has not reached storage for checkpoint_alarm_minutes
   is flagged on the dashboard, with the last error.
 - Copy-back: a sweep downloads each run's prefix (its sample images too) instead of pulling from the node.
-Imports no torch: worker.storage needs only fsspec and paramiko.
+Imports no torch: worker.storage needs only fsspec and paramiko, worker.run_files (the file names) nothing.
 """
 
 from __future__ import annotations
 
-import re
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from sqlalchemy.orm import Session
 from orchestrator.db.events import record_event
 from orchestrator.db.models import Event, Run
 from orchestrator.settings import Settings
+from worker.run_files import SAMPLE_FILE_RE, SAMPLE_STEP_RE, SAMPLES_DIR
 
 STORAGE_EVENTS = (
     "checkpoint.stored",
@@ -32,10 +32,6 @@ STORAGE_EVENTS = (
     "checkpoint.fetched",
     "checkpoint.fetch_failed",
 )
-# A run's sample images under its prefix and its out_dir (worker/samples.py, worker/storage.py).
-SAMPLES_DIR = "samples"
-SAMPLE_STEP_RE = re.compile(r"^step_(\d{7})$")
-SAMPLE_FILE_RE = re.compile(r"^(target|recon|text|caption|edit)_\d{1,3}\.png$")
 # Events after which storage holds a step (data["step"]).
 HELD_EVENTS = ("checkpoint.stored", "checkpoint.fetched")
 

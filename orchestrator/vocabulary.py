@@ -12,7 +12,7 @@ from typing import Any
 
 
 class RunState(StrEnum):
-    """queued -> starting -> running -> completed | stopped | failed (DESIGN.md, scheduling)."""
+    """queued -> starting -> running -> completed | stopped | failed (who moves each: docs/architecture.md)."""
 
     queued = "queued"
     starting = "starting"
@@ -100,7 +100,7 @@ ACTIVE_SWEEP_STATES = frozenset(
 
 
 class NodeState(StrEnum):
-    """registered -> ready (probed, environment installed) -> joined (in the Ray cluster) -> drained."""
+    """registered -> ready (probed, environment installed) -> joined (its own Ray and agent running) -> drained."""
 
     registered = "registered"
     ready = "ready"

@@ -126,7 +126,7 @@ def gpu_info() -> dict[str, Any]:
 
 
 class ArmWorker:
-    """One run on one GPU. Wrapped with `ray.remote(num_gpus=1, max_concurrency=...)` by the controller.
+    """One run on one GPU. Wrapped with `ray.remote(num_gpus=1, ...)` by the node agent (worker/agent.py).
 
     Args:
         run_id: the DB id of the run (for logs only).

@@ -1,8 +1,8 @@
 """Checkpoint files of one run: atomic writes, the latest, pruning, best.pt, and provenance.
 
-Layout of out_dir: `ckpt_{step:07d}.pt` (the last KEEP_PERIODIC of them), `best.pt` (the checkpoint
-with the best recon LPIPS so far: a hard link to, or copy of, a periodic file, so pruning never loses
-it) and `metrics.jsonl` (one record per checkpoint).
+In out_dir (names: worker/run_files.py): the last KEEP_PERIODIC periodic checkpoints, `best.pt` (the
+checkpoint with the best recon LPIPS so far: a hard link to, or copy of, a periodic file, so pruning
+never loses it) and `metrics.jsonl` (one record per checkpoint).
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import re
 import shutil
 import subprocess
 from importlib import metadata
@@ -19,22 +18,21 @@ from typing import Any
 
 import torch
 
+from worker.run_files import BEST_NAME, CKPT_GLOB, CKPT_RE, METRICS_NAME, ckpt_name
+
 KEEP_PERIODIC = 2
-BEST_NAME = "best.pt"
-METRICS_NAME = "metrics.jsonl"
-_CKPT_RE = re.compile(r"^ckpt_(\d+)\.pt$")
 _REPO = Path(__file__).resolve().parents[1]
 
 
 def checkpoint_path(out_dir: Path, step: int) -> Path:
-    return out_dir / f"ckpt_{step:07d}.pt"
+    return out_dir / ckpt_name(step)
 
 
 def periodic_checkpoints(out_dir: Path) -> list[tuple[int, Path]]:
     """(step, path) of the periodic checkpoints in out_dir, oldest first."""
     found = []
-    for p in out_dir.glob("ckpt_*.pt"):
-        m = _CKPT_RE.match(p.name)
+    for p in out_dir.glob(CKPT_GLOB):
+        m = CKPT_RE.match(p.name)
         if m:
             found.append((int(m.group(1)), p))
     return sorted(found)

@@ -23,16 +23,11 @@ import numpy as np
 from PIL import Image
 from torch import Tensor
 
-SAMPLES_DIR = "samples"
+from worker.run_files import SAMPLE_KINDS, sample_dir
+
 MAX_SIDE = 128
 BUDGET_BYTES = 400_000  # per checkpoint: a 5000-step run with 20 evaluations stays under 8 MB
 MIN_SIDE = 16
-KINDS = ("target", "recon", "text", "caption", "edit")
-
-
-def step_dir(step: int) -> str:
-    """The checkpoint's folder, relative to out_dir (and to the run's storage prefix)."""
-    return f"{SAMPLES_DIR}/step_{step:07d}"
 
 
 def png_bytes(image: Tensor, max_side: int) -> bytes:
@@ -53,7 +48,7 @@ def encode(images: dict[str, list[tuple[str, Tensor]]]) -> tuple[dict[str, bytes
     while True:
         files: dict[str, bytes] = {}
         entries: list[dict[str, Any]] = []
-        for kind in KINDS:
+        for kind in SAMPLE_KINDS:
             for i, (caption, image) in enumerate(images.get(kind, [])):
                 name = f"{kind}_{i}.png"
                 files[name] = png_bytes(image, side)
@@ -65,11 +60,11 @@ def encode(images: dict[str, list[tuple[str, Tensor]]]) -> tuple[dict[str, bytes
 
 def write_samples(out_dir: Path, step: int, images: dict[str, list[tuple[str, Tensor]]]) -> dict[str, Any]:
     """Write the PNGs of checkpoint `step` (replacing a previous attempt's) and return the manifest."""
-    folder = Path(out_dir) / step_dir(step)
+    folder = Path(out_dir) / sample_dir(step)
     folder.mkdir(parents=True, exist_ok=True)
     files, entries, side = encode(images)
     for name, data in files.items():
         tmp = folder / (name + ".tmp")
         tmp.write_bytes(data)
         os.replace(tmp, folder / name)  # a kill mid-write never leaves half a PNG under the real name
-    return {"dir": step_dir(step), "max_side": side, "files": entries}
+    return {"dir": sample_dir(step), "max_side": side, "files": entries}

@@ -2,7 +2,7 @@
 
 The store is an fsspec URL (`file:///path`, `s3://bucket/prefix`, `sftp://user@host[:port]/path`), one
 prefix per run. Under it the files keep their local names, so a new node resumes by downloading them
-into an empty out_dir and a sweep's copy-back is a download of the prefix:
+into an empty out_dir and a sweep's copy-back is a download of the prefix (names: worker/run_files.py):
 
     ckpt_{step:07d}.pt   the newest `keep_last` periodic checkpoints (older ones are pruned)
     best.pt              the checkpoint with the best recon LPIPS so far
@@ -20,7 +20,6 @@ controller. Imports no torch and nothing from orchestrator/.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import threading
 import time
@@ -31,11 +30,8 @@ from typing import Any
 
 import fsspec
 
-CKPT_RE = re.compile(r"^ckpt_(\d+)\.pt$")
-SAMPLES_DIR = "samples"  # worker/samples.py writes there (kept equal: that module imports torch)
-SAMPLE_STEP_RE = re.compile(r"^step_(\d+)$")
-BEST_NAME = "best.pt"
-RECORD_FILES = ("metrics.jsonl", "records.jsonl")
+from worker.run_files import BEST_NAME, CKPT_GLOB, CKPT_RE, RECORD_FILES, SAMPLE_STEP_RE, SAMPLES_DIR, ckpt_name
+
 STAGING = ".upload"
 # A put is atomic on object stores; elsewhere a file is written under a temp name and renamed.
 OBJECT_STORES = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs"})
@@ -43,10 +39,6 @@ OBJECT_STORES = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs"})
 # costs one attempt and one event per 2 min, not a tight loop).
 BACKOFF_FIRST_S, BACKOFF_MAX_S = 1.0, 120.0
 LOG_KEEP = 50  # storage log entries kept for the controller's poll (it asks about once a second)
-
-
-def _ckpt_name(step: int) -> str:
-    return f"ckpt_{step:07d}.pt"
 
 
 def _now() -> str:
@@ -109,7 +101,7 @@ def stored_checkpoints(fs: Any, root: str) -> list[tuple[int, str]]:
 
 
 def _local_steps(out_dir: Path) -> list[int]:
-    return sorted(int(m.group(1)) for p in out_dir.glob("ckpt_*.pt") if (m := CKPT_RE.match(p.name)))
+    return sorted(int(m.group(1)) for p in out_dir.glob(CKPT_GLOB) if (m := CKPT_RE.match(p.name)))
 
 
 @dataclass(frozen=True)
@@ -172,7 +164,7 @@ class CheckpointStore:
 
     def offer(self, step: int, is_best: bool) -> None:
         """The trainer just wrote checkpoint `step` (and best.pt if is_best): store it, in the background."""
-        src = self.out_dir / _ckpt_name(step)
+        src = self.out_dir / ckpt_name(step)
         if not src.exists():  # a synthetic stream (benchmarks) writes no files
             return
         with self._cond:
@@ -259,7 +251,7 @@ class CheckpointStore:
         step, path = stored[-1]
         t0 = time.perf_counter()
         size = 0
-        names = [(path, _ckpt_name(step))]
+        names = [(path, ckpt_name(step))]
         names += [(f"{root}/{n}", n) for n in (BEST_NAME, *RECORD_FILES) if fs.exists(f"{root}/{n}")]
         # The checkpoint last: an interrupted fetch leaves no checkpoint without its records.
         for remote, name in reversed(names):
@@ -376,7 +368,7 @@ class CheckpointStore:
             self._put_bytes(fs, f"{root}/{name}", data, atomic)
             size += len(data)
         size += self._upload_samples(fs, root, latest.step, atomic)
-        ckpt_remote = f"{root}/{_ckpt_name(latest.step)}"
+        ckpt_remote = f"{root}/{ckpt_name(latest.step)}"
         self._put_file(fs, latest.staged, ckpt_remote, atomic)
         size += latest.staged.stat().st_size
         if best is not None:

@@ -1,233 +1,53 @@
 """The training loop: one arm on one device, one metric record per checkpoint.
 
-`train_arm` builds the arm's dataset, text encoder, NanoDiT (+ precision, REPA, AsymFlow basis),
-optimizers and EMA, resumes from the latest checkpoint in out_dir if there is one, and trains,
-yielding a record at every checkpoint. A resumed run continues exactly (bit-identical on CPU): the
-checkpoint holds the model, EMA, optimizers, the global torch RNG (TREAD's permutations), the flow-noise
-generator and the micro-batch; the data stream is a pure function of (data seed, step), served by loader
-worker processes (model/data/loader.py). Imports model/ only.
+`train_arm` builds the arm's parts (worker/train_parts.py: dataset, text encoder, NanoDiT with
+precision, REPA and the AsymFlow basis, optimizers and EMA), resumes from the latest checkpoint in
+out_dir if there is one, and trains, yielding a record at every checkpoint (worker/train_record.py).
+A resumed run continues exactly (bit-identical on CPU): the checkpoint holds the model, EMA,
+optimizers, the global torch RNG (TREAD's permutations), the flow-noise generator and the micro-batch;
+the data stream is a pure function of (data seed, step), served by loader worker processes
+(model/data/loader.py). Imports model/ and worker/ only.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
-import resource
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from model.data import ImageCaptionDataset, as_unit_float, build_dataset
+from model.data import as_unit_float
 from model.data.captioned import CaptionedDataset
 from model.data.loader import MicroBatch, StepBatches, auto_workers, make_loader
-from model.data.unreadable import LISTED_NAME, Unreadable, fallback_note
-from model.evaluate import NO_EDITS_NOTE, evaluate
-from model.flow import FlowMatching, estimate_pca_basis, interpolate, sample_t
-from model.nanodit import NanoDiT
-from model.optim import EMA, OptimizerStep, build_optimizers, lr_at, set_lr
-from model.perceptual import LPIPSMetric, load_lpips
-from model.precision import apply_precision, autocast_ctx, deterministic_algorithms
-from model.repa import RepaProjector, Teacher, build_teacher, repa_loss, repa_weight
+from model.data.unreadable import Unreadable
+from model.flow import interpolate, sample_t
+from model.optim import lr_at, set_lr
+from model.precision import deterministic_algorithms
+from model.repa import repa_loss, repa_weight
 from model.spec import ArmSpec
-from model.text import TextEncoder, build_text_encoder
 from worker import checkpoint as ckpt
 from worker.data_fetch import DataStore, fetch_prepared
-from worker.micro_batch import MicroBatchChoice, choose_micro_batch, oom_message
-from worker.samples import write_samples
+from worker.micro_batch import oom_message
+from worker.train_parts import (  # noqa: F401 - LPIPS_STANDIN_FALLBACK and REPA_STANDIN_FALLBACK: read through here
+    LPIPS_STANDIN_FALLBACK,
+    REPA_STANDIN_FALLBACK,
+    Parts,
+    TrainError,
+    build,
+    check_resumable,
+)
+from worker.train_record import Checkpoints, Window, device_info, sync_device
 
 # Steps after each (re)start excluded from iter/s: compile, cudnn autotune, allocator warm-up.
 WARMUP_STEPS = 3
 # Probability that a training step conditions on the target's identity tokens. The metrics need both
 # modes: recon LPIPS generates with identity tokens, text-only LPIPS without them.
 IDENTITY_PROB = 0.5
-# Images used once to estimate AsymFlow's patch PCA basis (fixed seed: the basis is a function of the data).
-PCA_IMAGES = 256
-PCA_SEED = 0
-EVAL_BATCH = 32
-CPU_BF16_FALLBACK = "bf16 autocast not used on CPU (about 2x slower than fp32 there): fp32"
-REPA_STANDIN_FALLBACK = "repa teacher: random_standin (no pretrained teacher; REPA aligns to a frozen random network)"
-LPIPS_STANDIN_FALLBACK = "lpips backbone: random_standin (metrics are not comparable with real LPIPS)"
-# Spec sections that may change between a checkpoint and its resume (they do not touch training).
-RESUMABLE_CHANGES = {"name", "description", "detector"}
 
-
-class TrainError(ValueError):
-    """A run that cannot start or resume as asked (one clear line)."""
-
-
-def check_resumable(saved: dict[str, Any], spec: ArmSpec, path: Path) -> None:
-    """Refuse to resume a checkpoint written by a different spec: the run would silently mix two arms.
-
-    The saved spec is read with today's defaults first: a field added since (data.max_unreadable, say)
-    is not a difference, so an arm running across an upgrade resumes."""
-    try:
-        saved = ArmSpec.model_validate(saved).model_dump(mode="json")
-    except ValueError:  # a spec today's model refuses: compared as written, and the sections named
-        pass
-    now = spec.model_dump(mode="json")
-    diff = sorted(k for k in set(saved) | set(now) if k not in RESUMABLE_CHANGES and saved.get(k) != now.get(k))
-    if diff:
-        raise TrainError(
-            f"{path} was written by a different spec (sections differ: {', '.join(diff)}); "
-            "use a new output directory or the original spec"
-        )
-
-
-@dataclass
-class Parts:
-    """Everything a run builds before its first step."""
-
-    spec: ArmSpec
-    device: torch.device
-    dataset: ImageCaptionDataset
-    text_encoder: TextEncoder
-    model: nn.Module  # NanoDiT, possibly FP8-converted and compiled
-    flow: FlowMatching
-    optimizers: list[torch.optim.Optimizer]
-    opt_step: OptimizerStep  # every optimizer's step(), compiled where it can be
-    trainable: list[nn.Parameter]  # what gradient clipping sees
-    emas: dict[str, EMA]  # "model", and "text_encoder" when it trains
-    lpips: LPIPSMetric
-    teacher: Teacher | None  # REPA only
-    projector: RepaProjector | None
-    repa_block: int | None
-    autocast: Callable[[], contextlib.AbstractContextManager]
-    fallbacks: list[str] = field(default_factory=list)
-    fp8_linears: list[str] = field(default_factory=list)
-    fp8_autotune: str | None = None  # what chose the FP8 set ("skipped: not CUDA", "reused from checkpoint: ...")
-    precision_mode: str = "bf16"  # what actually ran (fp32 where CPU_BF16_FALLBACK applied)
-    micro: MicroBatchChoice | None = None  # images per forward/backward and how they were chosen
-    compiled: bool = False  # precision.compile as resolved for the device
-
-    @property
-    def micro_batch(self) -> int:
-        assert self.micro is not None
-        return self.micro.size
-
-    @property
-    def grad_accum(self) -> int:
-        return self.spec.schedule.batch_size // self.micro_batch
-
-
-def _has_trainable(module: nn.Module) -> bool:
-    return any(p.requires_grad for p in module.parameters())
-
-
-def build(
-    spec: ArmSpec,
-    device: torch.device,
-    lpips_weights: Path | None,
-    fp8_linears: list[str] | None = None,
-    micro_batch: int | None = None,
-    data_root: Path | None = None,
-    data_pin: str | None = None,
-) -> Parts:
-    """Construct a run's parts; model init uses the global RNG seeded from data.seed.
-
-    fp8_linears: the FP8 set saved in the checkpoint being resumed (None on a fresh start): converted as
-    is, without re-timing, so the resumed run keeps the numerics it started with. micro_batch: likewise
-    the micro-batch the resumed run trained with (not searched again). data_root: the local copy of
-    data.url (fetched by train_arm), else None. data_pin: the sha256 of the prepared manifest the resumed
-    run started on (its checkpoint record's data_manifest_sha256): a different one is refused.
-    """
-    torch.manual_seed(spec.data.seed)
-    fallbacks: list[str] = []
-    dataset = build_dataset(spec, data_root, data_pin)
-    if not dataset.supports_edits:  # known now, so the first record already says so
-        fallbacks.append(NO_EDITS_NOTE)
-    # LPIPS and the teacher first: a missing weights file should fail before any work is done.
-    lpips = load_lpips(spec.eval, weights=lpips_weights, device=str(device))
-    if lpips.label == "random_standin":
-        fallbacks.append(LPIPS_STANDIN_FALLBACK)
-    text_encoder = build_text_encoder(spec, dataset).to(device)
-    dims = spec.model.dims()
-    model = NanoDiT(spec, text_dim=text_encoder.dim).to(device)
-
-    teacher = projector = None
-    repa_block = None
-    if spec.repa.enabled:
-        teacher = build_teacher(spec.repa, device)
-        if teacher.label == "random_standin":
-            fallbacks.append(REPA_STANDIN_FALLBACK)
-        projector = RepaProjector(dims.hidden, teacher.dim).to(device)
-        repa_block = spec.repa.block if spec.repa.block is not None else dims.depth // 2
-
-    basis = None
-    if spec.flow.kind == "asymflow":
-        basis = estimate_pca_basis(dataset.sample_images(PCA_IMAGES, PCA_SEED), dims.patch, spec.flow.rank).to(device)
-    flow = FlowMatching(spec.flow, dims.patch, basis)
-
-    # The EMA copies are taken before FP8 conversion and compile: plain modules with the same parameter
-    # names, evaluated under bf16 autocast (the study's weights stay high precision either way).
-    emas: dict[str, EMA] = {}
-    if spec.schedule.ema.enabled:
-        emas["model"] = EMA(model, spec.schedule.ema)
-        if _has_trainable(text_encoder):
-            emas["text_encoder"] = EMA(text_encoder, spec.schedule.ema)
-
-    precision = spec.precision
-    if precision.compile is None:  # the default: compiled where the device is CUDA
-        precision = precision.model_copy(update={"compile": device.type == "cuda"})
-    if device.type == "cpu" and precision.mode == "bf16":
-        fallbacks.append(CPU_BF16_FALLBACK)
-        precision = precision.model_copy(update={"mode": "fp32"})
-    autocast = partial(autocast_ctx, precision, device)
-    # The micro-batch is found eager, before FP8 conversion and compile: both use less memory than eager
-    # bf16, so what fits here fits there (the margin covers compile's own buffers).
-    micro = choose_micro_batch(
-        spec, device, model, text_encoder, dataset, autocast, teacher, repa_block, fixed=micro_batch
-    )
-    if micro.note:
-        fallbacks.append(micro.note)
-    if precision.compile_mode == "reduce-overhead" and micro.size != spec.schedule.batch_size:
-        fallbacks.append(
-            f"compile_mode reduce-overhead needs one micro-batch per step; micro-batch {micro.size} of "
-            f"{spec.schedule.batch_size}: compile_mode default"
-        )
-        precision = precision.model_copy(update={"compile_mode": "default"})
-    micro_tokens = micro.size * (spec.resolution() // dims.patch) ** 2
-    # FP8 autotune times at this size (unless the set comes from the checkpoint)
-    report = apply_precision(model, precision, device, tokens=micro_tokens, fp8_linears=fp8_linears)
-    fallbacks.extend(report.fallbacks)
-
-    extra: list[tuple[str, nn.Parameter]] = []
-    if _has_trainable(text_encoder):
-        extra += [(f"text_encoder.{n}", p) for n, p in text_encoder.named_parameters() if p.requires_grad]
-    if projector is not None:
-        extra += [(f"repa_projector.{n}", p) for n, p in projector.named_parameters()]
-    optimizers = build_optimizers(model, spec, extra=extra)
-    # Compiled on CUDA with precision.compile; a compile failure lands in fallbacks at the 2nd step.
-    opt_step = OptimizerStep(optimizers, precision.compile, device, on_fallback=fallbacks.append)
-    trainable = [p for p in model.parameters() if p.requires_grad] + [p for _, p in extra]
-    return Parts(
-        spec=spec,
-        device=device,
-        dataset=dataset,
-        text_encoder=text_encoder,
-        model=model,
-        flow=flow,
-        optimizers=optimizers,
-        opt_step=opt_step,
-        trainable=trainable,
-        emas=emas,
-        lpips=lpips,
-        teacher=teacher,
-        projector=projector,
-        repa_block=repa_block,
-        autocast=autocast,
-        fallbacks=fallbacks,
-        fp8_linears=list(report.fp8_linears),
-        fp8_autotune=report.autotune,
-        precision_mode=precision.mode,
-        micro=micro,
-        compiled=bool(precision.compile),
-    )
 
 
 # --- one optimizer step ----------------------------------------------------------------------------
@@ -276,261 +96,6 @@ def train_step(parts: Parts, step: int, batches: list[MicroBatch], noise_gen: to
         parts.emas["text_encoder"].update(parts.text_encoder, step)
     return total, grad_norm.detach()
 
-
-# --- checkpoints -----------------------------------------------------------------------------------
-
-
-def _state(parts: Parts, step: int, gens: dict[str, torch.Generator], extra: dict[str, Any]) -> dict[str, Any]:
-    rng: dict[str, Any] = {"torch": torch.get_rng_state(), **{k: g.get_state() for k, g in gens.items()}}
-    if parts.device.type == "cuda":
-        rng["cuda"] = torch.cuda.get_rng_state(parts.device)
-    return {
-        "step": step,
-        "model": parts.model.state_dict(),
-        "ema": {k: e.state_dict() for k, e in parts.emas.items()},
-        "optimizers": [o.state_dict() for o in parts.optimizers],
-        "text_encoder": parts.text_encoder.state_dict() if _has_trainable(parts.text_encoder) else None,
-        "projector": parts.projector.state_dict() if parts.projector is not None else None,
-        "basis": parts.flow.basis,
-        "rng": rng,
-        "spec": parts.spec.model_dump(mode="json"),
-        "fp8_linears": list(parts.fp8_linears),  # reused on resume (see build)
-        "micro_batch": parts.micro_batch,  # likewise
-        **extra,
-    }
-
-
-def _restore(parts: Parts, state: dict[str, Any], gens: dict[str, torch.Generator]) -> None:
-    parts.model.load_state_dict(state["model"])
-    for k, e in parts.emas.items():
-        e.load_state_dict(state["ema"][k])
-    for o, s in zip(parts.optimizers, state["optimizers"], strict=True):
-        o.load_state_dict(s)
-    if state["text_encoder"] is not None:
-        parts.text_encoder.load_state_dict(state["text_encoder"])
-    if parts.projector is not None:
-        parts.projector.load_state_dict(state["projector"])
-    if state["basis"] is not None:
-        parts.flow.basis = state["basis"].to(parts.device)
-    rng = state["rng"]
-    torch.set_rng_state(rng["torch"])
-    for k, g in gens.items():
-        g.set_state(rng[k])
-    if "cuda" in rng and parts.device.type == "cuda":
-        torch.cuda.set_rng_state(rng["cuda"], parts.device)
-
-
-# --- measurements ----------------------------------------------------------------------------------
-
-
-def peak_memory_gb(device: torch.device) -> float:
-    """CUDA: max allocated by torch on the device; CPU: the process's peak resident set size."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 1e9
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # ru_maxrss is KiB on Linux
-
-
-def device_info(device: torch.device) -> dict[str, Any]:
-    if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        uuid = getattr(props, "uuid", None)
-        return {"device_name": props.name, "gpu_uuid": f"GPU-{uuid}" if uuid is not None else None}
-    import platform
-
-    return {
-        "device_name": f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
-        "gpu_uuid": None,
-    }
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-# --- checkpoint bookkeeping ------------------------------------------------------------------------
-
-
-@dataclass
-class Window:
-    """What the loop measures between two checkpoints: loss and grad norm summed on the device (no
-    per-step sync), and the steady-state time of the steps after WARMUP_STEPS."""
-
-    device: torch.device
-    loss_sum: Tensor
-    gnorm_sum: Tensor
-    steps: int = 0
-    timed_steps: int = 0
-    timed_s: float = 0.0
-    t_timing: float | None = None  # perf_counter() when timing (re)started; None before warm-up ends
-    wait_s: float = 0.0  # of timed_s: the loop blocked on the loader for its next micro-batch
-
-    @classmethod
-    def empty(cls, device: torch.device, timing: bool = False) -> Window:
-        zero = torch.zeros((), device=device)
-        return cls(device, zero, zero.clone(), t_timing=time.perf_counter() if timing else None)
-
-    def start_timing(self) -> None:
-        _sync(self.device)
-        self.t_timing = time.perf_counter()
-
-    def add(self, loss: Tensor, gnorm: Tensor, wait_s: float) -> None:
-        self.loss_sum += loss
-        self.gnorm_sum += gnorm
-        self.steps += 1
-        if self.t_timing is not None:
-            self.timed_steps += 1
-            self.wait_s += wait_s
-
-    def data_wait_fraction(self) -> float | None:
-        """Share of the steady-state wall time the loop waited for data (after close())."""
-        return min(1.0, self.wait_s / self.timed_s) if self.timed_steps and self.timed_s > 0 else None
-
-    def close(self) -> tuple[float | None, float | None, float | None]:
-        """(mean train loss, mean grad norm, steady-state iter/s); syncs the device once."""
-        _sync(self.device)
-        if self.t_timing is not None:
-            self.timed_s += time.perf_counter() - self.t_timing
-        ips = self.timed_steps / self.timed_s if self.timed_steps and self.timed_s > 0 else None
-        if not self.steps:
-            return None, None, ips
-        return (self.loss_sum / self.steps).item(), (self.gnorm_sum / self.steps).item(), ips
-
-
-@dataclass
-class Checkpoints:
-    """Evaluates, records and saves a checkpoint; keeps what a resume needs (wall time so far, the last
-    record, the best recon LPIPS and its step)."""
-
-    parts: Parts
-    out_dir: Path
-    gens: dict[str, torch.Generator]
-    resumed_from: int = 0
-    wall_before: float = 0.0  # seconds trained by earlier processes of this run
-    last_record: dict[str, Any] | None = None
-    best: dict[str, Any] = field(default_factory=lambda: {"step": None, "recon_lpips": None})
-    t_start: float = field(default_factory=time.perf_counter)
-    info: dict[str, Any] = field(default_factory=dict)  # device name and UUID, loader workers: on every record
-    skips: Unreadable | None = None  # images left out as unreadable, at start and mid-run, over every segment
-    compile_s: float | None = None  # this process's first step, compile included (compiled runs only)
-    provenance: dict[str, Any] = field(default_factory=ckpt.provenance)  # code and library versions, in every file
-
-    def restore(self, state: dict[str, Any]) -> int:
-        """Load a checkpoint into the parts and this bookkeeping; returns its step."""
-        _restore(self.parts, state, self.gens)
-        self.resumed_from, self.wall_before = state["step"], state["wall_time_s"]
-        self.last_record, self.best = state["record"], state["best"]
-        if self.skips is not None:  # the count goes on from where the run left it, not from 0
-            self.skips.add(state.get("unreadable") or [])
-        ckpt.truncate_metrics(self.out_dir, self.resumed_from)
-        return self.resumed_from
-
-    def wall(self) -> float:
-        return self.wall_before + time.perf_counter() - self.t_start
-
-    def save(self, step: int, window: Window, final: bool) -> dict[str, Any]:
-        """Evaluate at `step`, append the record to metrics.jsonl, write the checkpoint (and best.pt)."""
-        parts, spec, sched = self.parts, self.parts.spec, self.parts.spec.schedule
-        train_loss, grad_norm, ips = window.close()
-        t_eval = time.perf_counter()
-        use_ema = spec.eval.use_ema and "model" in parts.emas
-        metrics = evaluate(
-            parts.emas["model"].module if use_ema else parts.model,
-            parts.emas["text_encoder"].module if use_ema and "text_encoder" in parts.emas else parts.text_encoder,
-            parts.flow,
-            parts.dataset,
-            spec.eval,
-            parts.lpips,
-            parts.device,
-            batch_size=EVAL_BATCH,
-            autocast=parts.autocast,
-            keep_images=True,
-        )
-        # The PNGs before the record that names them (metrics.jsonl is what a resume trusts).
-        samples = write_samples(self.out_dir, step, metrics.pop("images"))
-        eval_s = time.perf_counter() - t_eval
-        note = metrics.get("text_manip_note")
-        if note is not None and note not in parts.fallbacks:
-            parts.fallbacks.append(note)  # build checks too; this keeps any skipped metric on the record
-        self.list_unreadable()
-        path = ckpt.checkpoint_path(self.out_dir, step)
-        recon = metrics["recon_lpips"]
-        is_best = (
-            recon is not None
-            and math.isfinite(recon)
-            and (self.best["recon_lpips"] is None or recon < self.best["recon_lpips"])
-        )
-        if is_best:
-            self.best = {"step": step, "recon_lpips": recon}
-        elapsed = self.wall()
-        tokens_per_image = (spec.resolution() // parts.flow.patch) ** 2
-        record: dict[str, Any] = {
-            "step": step,
-            "train_loss": train_loss,
-            "grad_norm": grad_norm,
-            "lr": lr_at(max(step - 1, 0), sched),
-            **metrics,
-            # which weights every metric above (val_flow_loss included) was measured on
-            "eval_weights": "ema" if use_ema else "live",
-            "iter_per_sec": ips,
-            "data_wait_fraction": window.data_wait_fraction(),
-            "samples_per_sec": ips * sched.batch_size if ips else None,
-            "tokens_per_sec": ips * sched.batch_size * tokens_per_image if ips else None,
-            "peak_memory_gb": peak_memory_gb(parts.device),
-            "wall_time_s": elapsed,
-            "gpu_hours": elapsed / 3600 if parts.device.type == "cuda" else 0.0,
-            "eval_time_s": eval_s,
-            "samples": samples,
-            "checkpoint": str(path),
-            "best_checkpoint": str(self.out_dir / ckpt.BEST_NAME) if self.best["step"] is not None else None,
-            "best_step": self.best["step"],
-            "is_best": is_best,
-            **self.info,
-            "precision": parts.precision_mode,
-            "fallbacks": list(parts.fallbacks),
-            "fp8_linears": parts.fp8_linears,
-            "fp8_autotune": parts.fp8_autotune,
-            "repa_teacher": parts.teacher.label if parts.teacher is not None else None,
-            "resumed_from_step": self.resumed_from or None,
-            "micro_batch": parts.micro_batch,
-            "grad_accum": parts.grad_accum,
-            "micro_batch_how": parts.micro.how if parts.micro is not None else None,
-            "compiled": parts.compiled,
-            "compile_s": self.compile_s,
-            "skipped_images": self.skips.count if self.skips is not None else 0,
-            "skipped_files": self.skips.first() if self.skips is not None else [],
-            "final": final,
-        }
-        # metrics.jsonl before the checkpoint: a kill in between re-does this step on resume
-        # (truncate_metrics drops the line), never leaves a checkpoint without its record.
-        ckpt.append_metrics(self.out_dir, record)
-        extra = {"wall_time_s": elapsed, "record": record, "best": self.best, **self.provenance}
-        if self.skips is not None and self.skips.count:
-            extra["unreadable"] = list(self.skips.names)  # every one, so the count survives a resume
-        ckpt.save_atomic(_state(parts, step, self.gens, extra), path)
-        if is_best:
-            ckpt.mark_best(path, self.out_dir)
-        ckpt.prune(self.out_dir)
-        self.last_record = record
-        return record
-
-    def list_unreadable(self) -> None:
-        """The first unreadable images as fallbacks (one stable line each) and all of them in
-        unreadable.txt beside metrics.jsonl."""
-        if self.skips is None or not self.skips.count:
-            return
-        for name in self.skips.first():
-            if (note := fallback_note(name)) not in self.parts.fallbacks:
-                self.parts.fallbacks.append(note)
-        tmp = self.out_dir / f"{LISTED_NAME}.part"
-        tmp.write_text("".join(f"{name}\n" for name in self.skips.names))
-        tmp.replace(self.out_dir / LISTED_NAME)
-
-    def final(self, step: int, window: Window) -> dict[str, Any]:
-        """The record to end on when asked to stop at `step`: the checkpoint just written, else a new one."""
-        if self.last_record is not None and self.last_record["step"] == step:
-            return {**self.last_record, "final": True}
-        return self.save(step, window, final=True)
 
 
 # --- the loop --------------------------------------------------------------------------------------
@@ -646,7 +211,7 @@ def _train(
             t_step = time.perf_counter()
             loss, gnorm = train_step(parts, step, micro_batches, gens["noise"])
             if steps_this_process == 0 and parts.compiled:
-                _sync(dev)
+                sync_device(dev)
                 checkpoints.compile_s = time.perf_counter() - t_step
             step += 1
             steps_this_process += 1

@@ -99,10 +99,11 @@ def identity_draw(seed: int, step: int, micro: int, prob: float) -> bool:
 
 
 class ImageCaptionDataset:
-    """Base of the three datasets: subclasses render items of the train / held-out split in [0, 1]."""
+    """Base of the datasets (shapes, digits and the captioned folder, tar and prepared sources): subclasses
+    render items of the train / held-out split in [0, 1]."""
 
     name = "base"
-    # caption -> (tokens, dim) float32 embeddings stored with the dataset (imagefolder only).
+    # caption -> (tokens, dim) float32 embeddings stored with a captioned dataset (folder, tar, prepared).
     text_embeddings: dict[str, Tensor] | None = None
 
     def __init__(self, resolution: int, pixel_range: PixelRange, seed: int) -> None:
@@ -147,10 +148,11 @@ class ImageCaptionDataset:
     def supports_edits(self) -> bool:
         return True
 
-    # -- public API used by the trainer and the evaluator
+    # -- public API
 
     def train_batch(self, batch_size: int, generator: torch.Generator) -> tuple[Tensor, list[str]]:
-        """A random training batch drawn (with replacement) with `generator` (a CPU generator).
+        """A random training batch drawn (with replacement) with `generator` (a CPU generator), for tests and
+        tools: the trainer draws through model/data/loader.py, where a batch is a function of (seed, step).
 
         Returns (B, 3, R, R) float32 in the spec's pixel range and B captions.
         """

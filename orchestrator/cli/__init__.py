@@ -5,6 +5,7 @@ Commands import heavy libraries (torch, ray) inside their bodies, so `ablate --h
 
 from __future__ import annotations
 
+import socket
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -37,6 +38,18 @@ def service_errors() -> Iterator[None]:
         raise CLIError(validation_text(exc)) from None
     except SQLAlchemyError as exc:
         raise CLIError(f"database error: {database_error_text(exc)}") from None
+
+
+def free_port(host: str, preferred: int, or_any: bool = False) -> int | None:
+    """`preferred` when it can be bound on `host`; else, with `or_any`, a port the OS picks; else None."""
+    for port in (preferred, 0) if or_any else (preferred,):
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return sock.getsockname()[1]
+    return None
 
 
 def migrated_database_url() -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -11,8 +10,8 @@ import yaml
 from pydantic import ValidationError
 from rich.console import Console
 
-from orchestrator.cli import CLIError, app
-from orchestrator.cli.tables import Column, print_table
+from orchestrator.cli import CLIError, app, free_port
+from orchestrator.cli.tables import Column, number, print_table
 from orchestrator.messages import database_error_text, errors_text, masked_url, validation_text
 from orchestrator.settings import Settings, load_settings
 from orchestrator.vocabulary import RunState
@@ -25,23 +24,6 @@ db_app = typer.Typer(no_args_is_help=True, help="The database schema (Alembic mi
 app.add_typer(db_app, name="db")
 
 
-def _fmt(value: Any, digits: int = 4) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.{digits}g}"
-    return str(value)
-
-
-def _port_free(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
 @app.command()
 def serve(
     host: Annotated[str | None, typer.Option(help="Interface to bind (default: ABLATE_HOST)")] = None,
@@ -52,7 +34,7 @@ def serve(
 
     settings = load_settings()
     host, port = host or settings.host, port or settings.port
-    if not _port_free(host, port):
+    if free_port(host, port, or_any=False) is None:
         raise CLIError(f"{host}:{port} is already in use: pass --port or set ABLATE_PORT")
     run_server(settings, host, port)
 
@@ -175,7 +157,7 @@ def _print_grids(grids: list[GridPublic]) -> None:
     rows = []
     for g in grids:
         states = ", ".join(f"{n} {s}" for s, n in sorted(g.states.items()))
-        rows.append([str(g.id), g.name, _fmt(g.control), g.source, f"{g.created_at:%Y-%m-%d %H:%M}", states])
+        rows.append([str(g.id), g.name, number(g.control), g.source, f"{g.created_at:%Y-%m-%d %H:%M}", states])
     print_table("grids", columns, rows, console)
 
 
@@ -194,18 +176,19 @@ RUN_COLUMNS = [
 def _print_runs(grid: GridDetail) -> None:
     rows = []
     for r in grid.runs:
-        recon = _fmt(r.recon_lpips)
+        recon = number(r.recon_lpips)
         if r.recon_lpips_se is not None:
             recon += f" ± {r.recon_lpips_se:.3f}"
         decision = "-"
         if r.decision is not None:
-            decision = f"{r.decision} @ {_fmt(r.decision_step)}: {r.decision_reason}"
+            decision = f"{r.decision} @ {number(r.decision_step)}: {r.decision_reason}"
         state = r.state + (" (stop requested)" if r.stop_requested and r.state == RunState.running else "")
         if r.error and r.state == RunState.failed:  # its first line: type, message and where
             error = r.error.splitlines()[0]
             decision = f"error: {error}" if decision == "-" else f"{decision}; error: {error}"
         rows.append(
-            [str(r.id), r.arm, state, _fmt(r.latest_step), recon, _fmt(r.text_lpips), _fmt(r.iter_per_sec, 3), decision]
+            [str(r.id), r.arm, state, number(r.latest_step), recon, number(r.text_lpips), number(r.iter_per_sec, ".3g"),
+             decision]
         )
     print_table(f"grid {grid.id}: {grid.name} (control {grid.control})", RUN_COLUMNS, rows, console)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import threading
 import time
 from pathlib import Path
@@ -23,8 +22,8 @@ from rich.live import Live
 from rich.table import Table
 
 from arms import ARMS_DIR
-from orchestrator.cli import CLIError, app
-from orchestrator.cli.tables import Column, print_table
+from orchestrator.cli import CLIError, app, free_port
+from orchestrator.cli.tables import Column, number, print_table
 from orchestrator.cli.tables import build as build_table
 from orchestrator.settings import Settings, load_settings
 from orchestrator.vocabulary import DETECTOR_STOPS, TERMINAL_STATES, RunDecision, RunState
@@ -32,18 +31,6 @@ from orchestrator.vocabulary import DETECTOR_STOPS, TERMINAL_STATES, RunDecision
 console = Console(soft_wrap=True)  # long lines are not hard-wrapped (into a file they stay one line)
 DEMO_GRID = ARMS_DIR / "demo.yaml"
 DEMO_GPUS = 5  # one per arm of arms/demo.yaml, so the broken arm trains beside the others
-
-
-def _free_port(host: str, preferred: int) -> int:
-    """`preferred` when free, else any free port (the demo must not fail because 8000 is taken)."""
-    for port in (preferred, 0):
-        with socket.socket() as sock:
-            try:
-                sock.bind((host, port))
-            except OSError:
-                continue
-            return sock.getsockname()[1]
-    raise CLIError(f"no free port on {host}")
 
 
 def demo_settings(base: Settings) -> Settings:
@@ -145,10 +132,6 @@ def _rows(settings: Settings, grid_id: int) -> list[dict[str, Any]]:
     return out
 
 
-def _f(value: float | None, digits: int = 3) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
-
-
 def _saved(hours: float | None) -> str:
     """Device-hours saved, with the seconds (a tiny demo arm saves seconds, a seed-size arm hours)."""
     return "-" if hours is None else f"{hours:.4f} ({hours * 3600:.0f} s)"
@@ -187,9 +170,9 @@ def _progress_table(
                 state,
                 r["gpu"] or "-",
                 f"{r['step'] or 0}/{r['steps']}",
-                _f(r["final"]),
-                f"{_f(r['best'])} @{r['best_step']}" if r["best"] is not None else "-",
-                _f(r["iter_s"], 1),
+                number(r["final"], ".3f"),
+                f"{number(r['best'], '.3f')} @{r['best_step']}" if r["best"] is not None else "-",
+                number(r["iter_s"], ".1f"),
                 _saved(r["hours_saved"]),
             ]
         )
@@ -217,12 +200,12 @@ def summary_rows(rows: list[dict[str, Any]]) -> list[list[str]]:
         state = r["state"] if not r["decision"] else f"{r['state']} / {r['decision']}"
         if r["detector_stop"]:
             state += f" @{r['decision_step']}"
-        best = f"{_f(r['best'])} ± {_f(r['best_se'])}" if r["best"] is not None else "-"
-        first = f"{_f(r['first'])} @{r['first_step']}" if r["first"] is not None else "-"
+        best = f"{number(r['best'], '.3f')} ± {number(r['best_se'], '.3f')}" if r["best"] is not None else "-"
+        first = f"{number(r['first'], '.3f')} @{r['first_step']}" if r["first"] is not None else "-"
         best_at = str(r["best_step"] or "-")
         out.append(
-            [r["arm"], r["gpu"] or "-", state, first, best, best_at, _f(r["final"]), _f(r["iter_s"], 1),
-             _saved(r["hours_saved"])]
+            [r["arm"], r["gpu"] or "-", state, first, best, best_at, number(r["final"], ".3f"),
+             number(r["iter_s"], ".1f"), _saved(r["hours_saved"])]
         )
     return out
 
@@ -297,7 +280,9 @@ def demo(
     if own_db:
         _retire_leftovers(settings)
     host = settings.host
-    port = _free_port(host, port or settings.port)
+    port = free_port(host, port or settings.port, or_any=True)  # the demo must not fail because 8000 is taken
+    if port is None:
+        raise CLIError(f"no free port on {host}")
     url = f"http://{host}:{port}/"
     # Logical GPUs are CPU processes here: the hours a stop saves are CPU-hours.
     device = "CPU" if settings.logical_gpus else "GPU"

@@ -99,7 +99,7 @@ def probe(name: Annotated[str, typer.Argument(help="Node name")]) -> None:
 
 @nodes_app.command("bootstrap")
 def bootstrap(name: Annotated[str, typer.Argument(help="Node name")]) -> None:
-    """Install the worker environment and join the Ray cluster (ABLATE_NODE_* settings)."""
+    """Install the worker environment and start the node's own Ray (ABLATE_NODE_* settings)."""
     from orchestrator.fleet.bootstrap import BootstrapConfig, bootstrap_node
 
     with service_errors():
@@ -109,7 +109,7 @@ def bootstrap(name: Annotated[str, typer.Argument(help="Node name")]) -> None:
 
 @nodes_app.command("drain")
 def drain(name: Annotated[str, typer.Argument(help="Node name")]) -> None:
-    """Leave the Ray cluster (stops the node's own Ray session); the environment stays for the next bootstrap."""
+    """Stop the node's own Ray (its arms are re-queued elsewhere); the environment stays for the next bootstrap."""
     from orchestrator.fleet.bootstrap import BootstrapConfig, drain_node
 
     with service_errors():
@@ -119,7 +119,7 @@ def drain(name: Annotated[str, typer.Argument(help="Node name")]) -> None:
 
 @nodes_app.command("teardown")
 def teardown(name: Annotated[str, typer.Argument(help="Node name")]) -> None:
-    """Leave the Ray cluster and delete the node's working directory."""
+    """Stop the node's own Ray and delete the node's working directory."""
     from orchestrator.fleet.bootstrap import BootstrapConfig, teardown_node
 
     with service_errors():

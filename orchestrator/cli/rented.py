@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from orchestrator.cli import CLIError, app, migrated_database_url, service_errors
+from orchestrator.fleet.providers.request import PROVIDERS, RENTING
 
 if TYPE_CHECKING:
     from orchestrator.settings import Settings
@@ -25,12 +26,11 @@ instances_app = typer.Typer(
     invoke_without_command=True, help="Instances this controller rented (Vast.ai, RunPod), with their cost so far."
 )
 app.add_typer(instances_app, name="instances")
-RENTING = ("vast", "runpod")
 
 
 @app.command("offers")
 def offers(
-    provider: Annotated[str, typer.Argument(help="vast, runpod or static")],
+    provider: Annotated[str, typer.Argument(help=" or ".join(PROVIDERS))],
     gpu: Annotated[str, typer.Option(help="GPU model as the provider names it, e.g. RTX_4090")],
     gpus: Annotated[int, typer.Option(help="GPUs per node")] = 4,
     max_price: Annotated[float, typer.Option(help="Most per GPU-hour")] = 1.0,
@@ -43,7 +43,8 @@ def offers(
     """Offers that fit, cheapest per GPU-hour first; the first NODES are what a sweep would rent."""
     from orchestrator.fleet.providers import provider_for
     from orchestrator.fleet.providers.base import NoFittingOffer
-    from orchestrator.fleet.providers.request import NodeRequest, choose_offers, misfit
+    from orchestrator.fleet.providers.offers import choose_offers, misfit
+    from orchestrator.fleet.providers.request import NodeRequest
     from orchestrator.settings import load_settings
 
     with service_errors(), _provider_errors():

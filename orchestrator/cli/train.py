@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from orchestrator.cli import CLIError, app
+from orchestrator.cli.tables import number
 
 SIZES = ["tiny", "small", "seed"]
 
@@ -30,25 +31,16 @@ TINY_OVERRIDES: dict[str, Any] = {
 }
 
 TABLE_COLUMNS = [
-    ("step", "step", "{:d}"),
-    ("train_loss", "loss", "{:.4f}"),
-    ("lr", "lr", "{:.1e}"),
-    ("recon_lpips", "recon", "{:.4f}"),
-    ("recon_lpips_se", "±se", "{:.4f}"),
-    ("text_lpips", "text", "{:.4f}"),
-    ("text_manip_delta", "manip", "{:.4f}"),
-    ("iter_per_sec", "it/s", "{:.1f}"),
-    ("wall_time_s", "wall s", "{:.0f}"),
+    ("step", "step", "d"),
+    ("train_loss", "loss", ".4f"),
+    ("lr", "lr", ".1e"),
+    ("recon_lpips", "recon", ".4f"),
+    ("recon_lpips_se", "±se", ".4f"),
+    ("text_lpips", "text", ".4f"),
+    ("text_manip_delta", "manip", ".4f"),
+    ("iter_per_sec", "it/s", ".1f"),
+    ("wall_time_s", "wall s", ".0f"),
 ]
-
-
-def _fmt(value: Any, pattern: str) -> str:
-    if value is None:
-        return "-"
-    try:
-        return pattern.format(value)
-    except (ValueError, TypeError):
-        return str(value)
 
 
 def build_spec(
@@ -120,7 +112,8 @@ def train(
     from model.precision import PrecisionError
     from model.repa import TeacherError
     from model.text import TextEncoderError
-    from worker.checkpoint import METRICS_NAME, latest_checkpoint
+    from worker.checkpoint import latest_checkpoint
+    from worker.run_files import METRICS_NAME
     from worker.train import TrainError, train_arm
 
     if device.startswith("cuda") and not torch.cuda.is_available():
@@ -162,7 +155,7 @@ def train(
                 records.append(rec)
                 progress.update(task, completed=rec["step"])
                 progress.console.print(
-                    "  ".join(f"{title} {_fmt(rec.get(key), pat)}" for key, title, pat in TABLE_COLUMNS)
+                    "  ".join(f"{title} {number(rec.get(key), pat)}" for key, title, pat in TABLE_COLUMNS)
                 )
     except LPIPSWeightsError as exc:
         raise CLIError(f"{exc} (here: --lpips-weights FILE or --lpips-standin)") from None
@@ -171,7 +164,7 @@ def train(
     except (PrecisionError, DatasetError, TextEncoderError, TrainError) as exc:
         raise CLIError(str(exc)) from None
     for rec in records:
-        table.add_row(*(_fmt(rec.get(key), pat) for key, _, pat in TABLE_COLUMNS))
+        table.add_row(*(number(rec.get(key), pat) for key, _, pat in TABLE_COLUMNS))
     console.print(table)
     if records:
         last = records[-1]

@@ -1,7 +1,7 @@
 """The fleet: the machines arms run on.
 
 Here: the node inventory in the database (`inventory`), the SSH shell with its host-key policy and
-command records (`shell`), safe copy-back of a node's files (`copy_back`), what a node has (`probe`),
+command records (`shell`), a safe fetch of a node's files (`safe_fetch`), what a node has (`probe`),
 how it is installed and its own Ray started and stopped (`bootstrap`), the controller's end of each node's
 agent (`agent_link`) and the pool of nodes the scheduler trains on (`node_pool`),
 and the providers that rent and destroy machines (`providers/`).

@@ -7,6 +7,7 @@ the run records every reader builds from the rows (`records`), the sample images
 (`samples`) and each grid's report (`reports/`).
 
 May import: `orchestrator.db`, the shared top-level modules (settings, vocabulary, messages, storage,
-errors, numbers), `fleet` for the nodes it trains on (their agents), and `model`/`worker` lazily.
+errors, numbers), `fleet` for the nodes it trains on (their agents), the torch-free `model.spec` and
+`worker.run_files` at import, and the rest of `model`/`worker` only inside functions (no torch at import).
 Never `sweeps`, `api`, `cli` or `dashboard`.
 """

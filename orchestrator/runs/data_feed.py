@@ -1,4 +1,4 @@
-"""How well a run's data kept its GPU fed, from its checkpoint records (worker/train.py writes them):
+"""How well a run's data kept its GPU fed, from its checkpoint records (worker/train_record.py writes them):
 the share of time the loop waited for a batch, the micro-batch and gradient accumulation it trains
 with, the loader's worker count, and the training images that failed to decode.
 
@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import BaseModel
 
 # Above this share of its wall time waiting for batches an arm is flagged: the study's folder of JPEGs
-# decoded on the training thread waited ~70% (0.31x of the procedural set's speed, DESIGN.md "Data"),
+# decoded on the training thread waited ~70% (0.31x of the procedural set's speed, docs/benchmarks.md),
 # the loader with worker processes or prepared shards stays under 5% (docs/benchmarks.md).
 DATA_WAIT_LIMIT = 0.10
 DATA_WAIT_FIX = (

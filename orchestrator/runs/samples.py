@@ -17,7 +17,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from orchestrator.db.models import Metric, Run
-from orchestrator.storage import SAMPLE_FILE_RE, SAMPLES_DIR
+from worker.run_files import SAMPLE_FILE_RE, sample_dir
 
 # What each kind of image is, for captions in the gallery and the report.
 KIND_LABELS = {
@@ -132,7 +132,7 @@ def sample_png(run: Run, step: int, name: str, options: dict[str, Any]) -> bytes
     from its checkpoint storage (options: fsspec storage options); None when neither holds it."""
     if not SAMPLE_FILE_RE.match(name) or step < 0:
         return None
-    rel = Path(SAMPLES_DIR) / f"step_{step:07d}" / name
+    rel = Path(sample_dir(step)) / name
     if run.checkpoint_dir and (Path(run.checkpoint_dir) / rel).is_file():
         return (Path(run.checkpoint_dir) / rel).read_bytes()
     if run.checkpoint_url:

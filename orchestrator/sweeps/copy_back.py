@@ -13,8 +13,8 @@ from sqlalchemy.orm import Session
 
 from orchestrator.db.models import Event, Grid, Node
 from orchestrator.db.session import session_scope
-from orchestrator.fleet.copy_back import fetch_tree
 from orchestrator.fleet.errors import error_reason
+from orchestrator.fleet.safe_fetch import fetch_tree
 from orchestrator.fleet.shell import NodeShell
 from orchestrator.runs.records import MetricPublic, RunPublic
 from orchestrator.runs.reports.write import write_report

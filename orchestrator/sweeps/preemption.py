@@ -25,6 +25,7 @@ from collections.abc import Callable
 
 from sqlalchemy import func, select
 
+from orchestrator.db.events import record_sweep_event
 from orchestrator.db.models import Event, Node, RentedInstance, Schedule, Sweep
 from orchestrator.db.session import session_scope
 from orchestrator.fleet.errors import error_reason
@@ -43,9 +44,9 @@ REPLACEMENT_MIN_S = 600.0
 
 
 def _event(sweep_id: int, kind: str, message: str, database_url: str, **data: object) -> None:
+    """The sweep's event, in a session of its own (this module calls providers between database writes)."""
     with session_scope(database_url) as session:
-        grid_id = session.get_one(Sweep, sweep_id).grid_id
-        session.add(Event(grid_id=grid_id, kind=kind, message=message, data={"sweep_id": sweep_id, **data}))
+        record_sweep_event(session, session.get_one(Sweep, sweep_id), kind, message, **data)
 
 
 def watch_preemption(rentals: Rentals, sweep_id: int, bootstrap: Callable[[str], object]) -> list[str]:

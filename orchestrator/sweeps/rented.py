@@ -27,7 +27,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from orchestrator.db.models import Event, Node, RentedInstance, Schedule, Sweep
+from orchestrator.db.events import record_sweep_event
+from orchestrator.db.models import Node, RentedInstance, Schedule, Sweep
 from orchestrator.db.session import session_scope
 from orchestrator.fleet.deadman import DeadmanConfig, arm_node
 from orchestrator.fleet.errors import error_reason
@@ -45,8 +46,9 @@ from orchestrator.fleet.providers.base import (
 from orchestrator.fleet.providers.identity import controller_id, controller_public_key
 from orchestrator.fleet.providers.lifecycle import Timing, create_or_find, destroy_confirmed, wait_reachable
 from orchestrator.fleet.providers.liveness import Downtime
+from orchestrator.fleet.providers.offers import choose_offers
 from orchestrator.fleet.providers.reaper import to_reap
-from orchestrator.fleet.providers.request import NodeRequest, choose_offers
+from orchestrator.fleet.providers.request import NodeRequest
 from orchestrator.sweeps.budget import budget_end
 from orchestrator.sweeps.schedules import aware
 from orchestrator.vocabulary import BILLING_RENTED_STATES, RentedState
@@ -77,11 +79,6 @@ class RentalConfig:
     # own users, which the simulator cannot say through the providers' APIs.
     login_user: Callable[[Instance], str] | None = None
     deadman: DeadmanConfig = field(default_factory=DeadmanConfig)  # each node ends itself after the budget
-
-
-def _event(session: Session, sweep_id: int | None, kind: str, message: str, **data: Any) -> None:
-    grid_id = session.get_one(Sweep, sweep_id).grid_id if sweep_id is not None else None
-    session.add(Event(grid_id=grid_id, kind=kind, message=message, data={"sweep_id": sweep_id, **data}))
 
 
 @dataclass
@@ -184,7 +181,8 @@ def _rent_one(
         with session_scope(database_url) as session:
             what = f"{provider.name}: create from offer {offer.offer_id} failed ({failed}), but made instance"
             found = f"{what} {instance.instance_id} (found by its label {spec.label.encode()}): adopted"
-            _event(session, sweep_id, "rented.adopted", found, instance_id=instance.instance_id)
+            sweep = session.get_one(Sweep, sweep_id)
+            record_sweep_event(session, sweep, "rented.adopted", found, instance_id=instance.instance_id)
     for row in extra:
         _give_back(database_url, sweep_id, provider, row, config.timing, clock, failed="made twice by one create")
     name = f"{provider.name}-{instance.instance_id}"
@@ -207,9 +205,9 @@ def _rent_one(
             )
             row = session.get_one(RentedInstance, row_id)
             row.node_name, row.host_key, row.price_per_hour = name, pinned.fingerprint, ready.price_per_hour
-            _event(
+            record_sweep_event(
                 session,
-                sweep_id,
+                session.get_one(Sweep, sweep_id),
                 "rented.host_key_pinned",
                 f"{provider.name} instance {instance.instance_id} ({host}:{port}): host key {pinned.key_type} "
                 f"{pinned.fingerprint} pinned at first contact, trusted for this instance only",
@@ -220,7 +218,8 @@ def _rent_one(
         with session_scope(database_url) as session:
             when, iid = f"{armed.deadline:%Y-%m-%d %H:%M:%S} UTC", instance.instance_id
             what = f"{provider.name} instance {iid}: dead-man's switch armed: at {when} it {armed.how}"
-            _event(session, sweep_id, "rented.deadman", what, instance_id=iid, deadline=armed.deadline.isoformat())
+            sweep, deadline = session.get_one(Sweep, sweep_id), armed.deadline.isoformat()
+            record_sweep_event(session, sweep, "rented.deadman", what, instance_id=iid, deadline=deadline)
         bootstrap(name)
     except Exception as exc:
         _give_back(database_url, sweep_id, provider, row_id, config.timing, clock, failed=error_reason(exc))
@@ -228,9 +227,9 @@ def _rent_one(
     with session_scope(database_url) as session:
         row = session.get_one(RentedInstance, row_id)
         row.state = RentedState.running
-        _event(
+        record_sweep_event(
             session,
-            sweep_id,
+            session.get_one(Sweep, sweep_id),
             "rented.running",
             f"{provider.name} instance {instance.instance_id} (offer {offer.offer_id}, {row.gpus}x {row.gpu_name}, "
             f"{row.price_per_hour:.3f}/h) is node {name}",
@@ -271,7 +270,7 @@ def _record(
 
 def _give_back(
     database_url: str,
-    sweep_id: int | None,
+    sweep_id: int,
     provider: Provider,
     row_id: int,
     timing: Timing,
@@ -285,7 +284,7 @@ def _give_back(
         instance_id, node_name = row.instance_id, row.node_name
     confirmed = destroy_confirmed(provider, instance_id, timing)
     with session_scope(database_url) as session:
-        row = session.get_one(RentedInstance, row_id)
+        sweep, row = session.get_one(Sweep, sweep_id), session.get_one(RentedInstance, row_id)
         row.last_error = failed
         if confirmed:
             row.state = RentedState.failed if failed else RentedState.destroyed
@@ -296,7 +295,7 @@ def _give_back(
                     session.delete(node)  # the machine is gone; its events keep the history
                 row.node_name = None
             what = f"failed ({failed}); destroyed" if failed else "destroyed"
-            _event(session, sweep_id, "rented.destroyed", f"{provider.name} instance {instance_id} {what}")
+            record_sweep_event(session, sweep, "rented.destroyed", f"{provider.name} instance {instance_id} {what}")
             return None
         row.state = RentedState.destroy_failed
         problem = (
@@ -304,7 +303,7 @@ def _give_back(
             "the reaper retries every tick (`ablate instances` shows it)"
         )
         row.last_error = "; ".join(filter(None, [failed, problem]))
-        _event(session, sweep_id, "rented.destroy_failed", problem, instance_id=instance_id)
+        record_sweep_event(session, sweep, "rented.destroy_failed", problem, instance_id=instance_id)
         return problem
 
 
@@ -381,9 +380,8 @@ def reap(
                         session.delete(node)
                 verdict = "destroyed" if confirmed else "destroy NOT confirmed -- IT MAY STILL BE BILLING"
                 message = f"reaper: {name} instance {iid}: {reap_.reason}; {verdict}"
-                sweep_id = label.sweep_id if label is not None else None
-                known = sweep_id is not None and session.get(Sweep, sweep_id) is not None
-                _event(session, sweep_id if known else None, "rented.reaped", message, instance_id=iid)
+                sweep = session.get(Sweep, label.sweep_id) if label is not None else None
+                record_sweep_event(session, sweep, "rented.reaped", message, instance_id=iid)
             done.append(message)
     return done
 

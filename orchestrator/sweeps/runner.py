@@ -1,11 +1,12 @@
 """The sweep runner: the state machine that takes a fired schedule through its nodes to its results.
 
-A sweep: provision its nodes (probe + bootstrap into the Ray cluster), submit its grid through the
-grid service, wait for the runs (whatever scheduler runs them moves them through queued -> ... ->
-completed | stopped | failed in the DB), copy checkpoints and metrics back over SFTP into
-storage_dir/sweeps/<id>/, tear the nodes down. A budget (sum of node price per hour x hours since
-the fire) stops the sweep gracefully: its runs are stopped via the grid service, then results are
-collected and the nodes torn down.
+A sweep: provision its nodes (rent them when its schedule asks for nodes: rented.py; probe and
+bootstrap each, which starts its own Ray and agent), submit its grid through the grid service, wait for
+the runs (the run scheduler moves them through queued -> ... -> completed | stopped | failed in the DB),
+copy checkpoints and metrics back into storage_dir/sweeps/<id>/ (copy_back.py: from checkpoint storage,
+over SFTP from the node only when storage holds none), tear the nodes down. A budget (sum of node
+price per hour x hours since the fire) stops the sweep gracefully: its runs are stopped via the grid
+service, then results are collected and the nodes torn down.
 
 Everything is driven by `SweepRunner.tick()` with an injectable clock, so a test (or a controller
 that was down) replays time exactly. Cron times are UTC.
@@ -25,6 +26,7 @@ from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from orchestrator.db.events import record_sweep_event
 from orchestrator.db.models import Event, Grid, Node, Schedule, Sweep, utcnow
 from orchestrator.db.session import session_scope
 from orchestrator.fleet.bootstrap import BootstrapConfig, bootstrap_node, drain, teardown
@@ -45,12 +47,6 @@ from orchestrator.vocabulary import TERMINAL_STATES, GridSource, NodeState, Swee
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], datetime]
-
-
-def _event(session: Session, kind: str, message: str, sweep: Sweep | None = None, **data: Any) -> None:
-    if sweep is not None:
-        data = {"sweep_id": sweep.id, **data}
-    session.add(Event(grid_id=sweep.grid_id if sweep else None, kind=kind, message=message, data=data))
 
 
 class SweepRunner:
@@ -155,8 +151,9 @@ class SweepRunner:
         schedule.next_fire_at = next_fire(schedule.cron, now)
         info = {"schedule": schedule.name, "scheduled_for": scheduled_for.isoformat(), "fire_times": len(missed)}
         if late and schedule.misfire == "skip":
-            _event(
+            record_sweep_event(
                 session,
+                None,
                 "schedule.missed",
                 f"{schedule.name}: fire of {scheduled_for:%Y-%m-%d %H:%M} UTC "
                 f"missed while the controller was down; skipped (misfire=skip)",
@@ -165,9 +162,8 @@ class SweepRunner:
             return None
         busy = session.scalar(select(Sweep.id).where(Sweep.schedule_id == schedule.id, Sweep.under_way))
         if busy is not None:
-            _event(
-                session, "schedule.overlap", f"{schedule.name}: sweep {busy} is still under way; fire skipped", **info
-            )
+            message = f"{schedule.name}: sweep {busy} is still under way; fire skipped"
+            record_sweep_event(session, None, "schedule.overlap", message, **info)
             return None
         # Another schedule's sweep on the same node would join it twice and tear it down under the other.
         in_use = {
@@ -178,7 +174,8 @@ class SweepRunner:
         }
         if in_use:
             taken = ", ".join(f"{name} (sweep {sid})" for name, sid in sorted(in_use))
-            _event(session, "schedule.nodes_busy", f"{schedule.name}: nodes in use by {taken}; fire skipped", **info)
+            message = f"{schedule.name}: nodes in use by {taken}; fire skipped"
+            record_sweep_event(session, None, "schedule.nodes_busy", message, **info)
             return None
         nodes = session.scalars(select(Node).where(Node.name.in_(schedule.nodes))).all()
         sweep = Sweep(
@@ -195,7 +192,7 @@ class SweepRunner:
         schedule.last_fire_at = now
         session.flush()
         when = "late (misfire=run_once)" if late else "on time"
-        _event(session, "schedule.fired", f"{schedule.name}: sweep {sweep.id} fired {when}", sweep, **info)
+        record_sweep_event(session, sweep, "schedule.fired", f"{schedule.name}: sweep {sweep.id} fired {when}", **info)
         return sweep
 
     # advancing
@@ -243,7 +240,7 @@ class SweepRunner:
             sweep.state, sweep.finished_at = SweepState.failed, self.now()
             sweep.error = f"{step}: {reason}" + "".join(f"; {p}" for p in problems)
             sweep.spend = spend(sweep, sweep.finished_at)
-            _event(session, "sweep.failed", sweep.error, sweep, step=step)
+            record_sweep_event(session, sweep, "sweep.failed", sweep.error, step=step)
 
     def _config(self) -> BootstrapConfig:
         return self.node_config or BootstrapConfig()
@@ -281,15 +278,15 @@ class SweepRunner:
             except (ValidationError, GridError) as exc:
                 # Arms changed since the schedule was created: nothing can run, so give the nodes back.
                 sweep.state, sweep.error = SweepState.collecting, f"grid no longer valid: {exc}"
-                _event(session, "sweep.failed", sweep.error, sweep)
+                record_sweep_event(session, sweep, "sweep.failed", sweep.error)
                 return
             sweep.grid_id, sweep.state = grid.id, SweepState.running
-            _event(
+            record_sweep_event(
                 session,
+                sweep,
                 "sweep.running",
                 f"sweep {sweep.id}: nodes {', '.join(names)} joined; grid {grid.id} "
                 f"submitted with {len(grid.runs)} runs",
-                sweep,
             )
 
     def _watch(self, session: Session, sweep: Sweep, now: datetime) -> None:
@@ -305,11 +302,11 @@ class SweepRunner:
             sweep.state, sweep.stop_requested_at = SweepState.stopping, now
             for run in pending:
                 stop_run(session, run, now)
-            _event(
+            record_sweep_event(
                 session,
+                sweep,
                 "sweep.budget",
                 f"sweep {sweep.id}: {sweep.stop_reason}; stopping {len(pending)} runs",
-                sweep,
                 spend=sweep.spend,
             )
             pending = [r for r in runs if r.state not in TERMINAL_STATES]
@@ -317,12 +314,12 @@ class SweepRunner:
             sweep.state = SweepState.collecting
         elif sweep.state == SweepState.stopping and now - aware(sweep.stop_requested_at or now) >= self.stop_grace:
             sweep.state = SweepState.collecting
-            _event(
+            record_sweep_event(
                 session,
+                sweep,
                 "sweep.stop_timeout",
                 f"sweep {sweep.id}: {len(pending)} runs still not stopped after "
                 f"{self.stop_grace}; collecting and tearing down anyway",
-                sweep,
             )
 
     def _collect_and_teardown(self, sweep_id: int, now: datetime) -> None:
@@ -345,12 +342,12 @@ class SweepRunner:
             sweep.state = (
                 SweepState.failed if sweep.error else SweepState.stopped if sweep.stop_reason else SweepState.completed
             )
-            _event(
+            record_sweep_event(
                 session,
+                sweep,
                 f"sweep.{sweep.state}",
                 f"sweep {sweep.id} {sweep.state}: spent {sweep.spend:.2f}; "
                 f"results in {results}" + (f"; {sweep.error}" if sweep.error else ""),
-                sweep,
             )
 
     def _teardown(self, names: list[str], keep_files: set[str]) -> list[str]:
@@ -410,13 +407,13 @@ class SweepRunner:
                 log.exception("sweep tick failed")
                 try:
                     with session_scope(self.database_url) as session:
-                        _event(session, "sweep.tick_failed", f"{type(exc).__name__}: {exc}")
+                        record_sweep_event(session, None, "sweep.tick_failed", f"{type(exc).__name__}: {exc}")
                 except Exception:
                     log.exception("cannot record the failed tick")
             stop.wait(interval_s)
 
 
-def attach_to_app(app: Any, interval_s: float = 30.0) -> None:
+def attach_sweep_runner(app: Any, interval_s: float = 30.0) -> None:
     """Run a SweepRunner in a background thread for the app's lifetime (startup/shutdown hooks)."""
     stop = threading.Event()
 

@@ -14,8 +14,9 @@ import pytest
 
 from orchestrator.fleet.probe import probe
 from orchestrator.fleet.providers.base import InstanceLabel, LaunchSpec
-from orchestrator.fleet.providers.lifecycle import Timing, destroy_confirmed, rent
-from orchestrator.fleet.providers.request import NodeRequest, choose_offers
+from orchestrator.fleet.providers.lifecycle import Timing, create_or_find, destroy_confirmed, wait_reachable
+from orchestrator.fleet.providers.offers import choose_offers
+from orchestrator.fleet.providers.request import NodeRequest
 from orchestrator.fleet.providers.vast import VastProvider
 from orchestrator.fleet.shell import NodeShell
 from tests.cluster import testbed
@@ -55,7 +56,9 @@ def test_a_rented_vast_instance_is_a_real_node_reached_over_ssh(bed: TestBed, tm
             ssh_public_key=key.with_suffix(".pub").read_text(),
             label=InstanceLabel("night", 3),
         )
-        instance = rent(provider, offer, spec, Timing(reachable_s=30, poll_s=0.2))
+        timing = Timing(reachable_s=30, poll_s=0.2)
+        [made], _ = create_or_find(provider, offer, spec, set(), timing)  # the sweep runner's steps
+        instance = wait_reachable(provider, made.instance_id, timing)
 
         node = sim.instances[instance.instance_id].handle
         assert (instance.ssh_host, instance.ssh_port) == (node.ip, 22)

@@ -121,7 +121,7 @@ def test_seed_param_count_and_shared_adaln_saving():
             counts[arm] = count_params(NanoDiT(resolve(arm), STUDY_TEXT_DIM))["params"]
     assert abs(counts["A"] - 239e6) / 239e6 <= 0.02
     assert counts["G"] == counts["A"]  # G changes the target, not the network
-    assert 55e6 < counts["A"] - counts["H"] < 63e6  # DESIGN: shared adaLN + LoRA saves ~59M
+    assert 55e6 < counts["A"] - counts["H"] < 63e6  # arm H's shared adaLN + LoRA saves ~59M
 
 
 def test_tiny_is_a_few_hundred_thousand_params():

@@ -52,12 +52,6 @@ class SshServer:
         return Path(pwd.getpwuid(os.getuid()).pw_dir)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _keygen(path: Path) -> None:
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
 
@@ -84,7 +78,9 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshServer]:
     path = f"{bindir}:{os.environ.get('PATH', '/usr/local/bin:/usr/bin:/bin')}"
     pub = (d / "client_ed25519.pub").read_text().strip()
     (d / "authorized_keys").write_text(f'environment="PATH={path}" {pub}\n')
-    port = _free_port()
+    from tests.orchestrator.factories import free_port  # project modules only once a fixture runs
+
+    port = free_port()
     user = getpass.getuser()
     cfg = d / "sshd_config"
     cfg.write_text(

@@ -8,6 +8,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from orchestrator.cli import free_port as port_if_free
 from orchestrator.db.session import session_scope
 from orchestrator.fleet.inventory import NodeCreate, add_node
 
@@ -60,3 +61,10 @@ class FakeClock:
 
     def __call__(self) -> datetime:
         return self.now
+
+
+def free_port() -> int:
+    """A port free on loopback now, as the OS picks it (the CLI's own check)."""
+    port = port_if_free("127.0.0.1", 0)
+    assert port is not None, "binding port 0 on loopback failed"
+    return port

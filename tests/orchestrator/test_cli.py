@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 
 from orchestrator.app import create_app
 from orchestrator.settings import Settings
+from tests.orchestrator.factories import free_port
 
 
 def ablate(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -92,14 +93,6 @@ def test_submit_without_server_says_so(env: dict[str, str], tmp_path: Path) -> N
 def test_missing_grid_file(env: dict[str, str], tmp_path: Path) -> None:
     proc = ablate("submit", "nope.yaml", env=env, cwd=tmp_path)
     assert proc.returncode == 2 and "nope.yaml" in proc.stderr and "Traceback" not in proc.stderr
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_server(env: dict[str, str], cwd: Path) -> subprocess.Popen[str]:

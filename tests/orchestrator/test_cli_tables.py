@@ -1,18 +1,20 @@
 """The CLI's tables at any width: whole columns give way on a narrow terminal, and a file or pipe gets
-every column with every cell whole."""
+every column with every cell whole; the one number formatter of their cells; the one free-port check."""
 
 from __future__ import annotations
 
 import io
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 from rich.console import Console
 
-from orchestrator.cli.tables import Column, print_table
+from orchestrator.cli import free_port
+from orchestrator.cli.tables import Column, number, print_table
 
 COLUMNS = [
     Column("arm"),
@@ -74,3 +76,24 @@ def test_nodes_list_into_a_pipe_on_a_fresh_database(tmp_path: Path) -> None:
     listed = subprocess.run([exe, "nodes", "list"], env=env, capture_output=True, text=True, timeout=120)
     assert listed.returncode == 0, listed.stderr
     assert f"ceon1@{host}:22" in listed.stdout and "registered" in listed.stdout and "…" not in listed.stdout
+
+
+def test_a_number_cell_formats_floats_only() -> None:
+    assert [number(None), number(0.123456), number(0.123456, ".3f"), number(3e-4, ".1e")] == [
+        "-",
+        "0.1235",
+        "0.123",
+        "3.0e-04",
+    ]
+    # A step stays a whole number, a name and a non-finite metric stored as text stay as they are.
+    assert [number(12345), number("A"), number("nan", ".4f")] == ["12345", "A", "nan"]
+
+
+def test_free_port_is_the_preferred_one_or_with_or_any_another() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        assert free_port("127.0.0.1", busy) is None  # `ablate serve` refuses it
+        other = free_port("127.0.0.1", busy, or_any=True)  # `ablate demo` takes another
+        assert other is not None and other != busy

@@ -68,7 +68,7 @@ def test_the_gallery_index_lists_steps_with_images_and_the_newest_set() -> None:
 
 
 def _fed(step: int, wait: float | None, skipped: Sequence[int] = (), resumed: int | None = None) -> dict:
-    """A checkpoint record's data fields as worker/train.py writes them (skipped: which bad files)."""
+    """A checkpoint record's data fields as worker/train_record.py writes them (skipped: which bad files)."""
     return {
         "step": step, "recon_lpips": 0.5, "data_wait_fraction": wait, "micro_batch": 8, "grad_accum": 32,
         "loader_workers": 3, "skipped_images": len(skipped), "skipped_files": [f"bad{i}.jpg" for i in skipped][:10],

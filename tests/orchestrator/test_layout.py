@@ -1,4 +1,5 @@
-"""The layout shows the architecture: dependencies point one way, no import circle, no file past 450 lines.
+"""The layout shows the architecture: dependencies point one way, no import circle, no file past 450 lines,
+in orchestrator/, worker/ and model/.
 
 Read from the source with `ast` (lazy imports inside functions count too): a rule broken here is an
 import someone added, and the test names it.
@@ -11,12 +12,16 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2] / "orchestrator"
+REPO = Path(__file__).resolve().parents[2]
+ROOT = REPO / "orchestrator"
+PACKAGES = ("orchestrator", "worker", "model")
+# What each package must never import: data flows orchestrator -> worker -> model, never back.
+PACKAGE_FORBIDDEN = {"model": ("worker", "orchestrator"), "worker": ("orchestrator",), "orchestrator": ()}
 MAX_LINES = 450
 DOMAINS = ("runs", "fleet", "sweeps")
 SURFACES = ("api", "cli", "dashboard")
 SHARED = ("db", "settings", "vocabulary", "messages", "storage", "errors", "numbers")
-# What each part of orchestrator/ must never import (DESIGN.md, "Layout").
+# What each part of orchestrator/ must never import (docs/architecture.md, "Layers").
 FORBIDDEN = {
     "runs": ("sweeps", *SURFACES),
     "fleet": ("runs", "sweeps", *SURFACES),
@@ -26,7 +31,7 @@ FORBIDDEN = {
 
 
 def module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    parts = path.relative_to(REPO).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -39,8 +44,8 @@ def _type_only(tree: ast.AST) -> set[int]:
     return skip
 
 
-def imports_of(path: Path) -> set[str]:
-    """Every orchestrator module `path` imports at run time, at any depth of the file (lazy imports
+def imports_of(path: Path, packages: tuple[str, ...] = ("orchestrator",)) -> set[str]:
+    """Every module of `packages` that `path` imports at run time, at any depth of the file (lazy imports
     included, `if TYPE_CHECKING:` blocks not)."""
     found: set[str] = set()
     tree = ast.parse(path.read_text())
@@ -48,10 +53,10 @@ def imports_of(path: Path) -> set[str]:
     for node in ast.walk(tree):
         if id(node) in type_only:
             continue
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("orchestrator"):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in packages:
             found.add(node.module)
         elif isinstance(node, ast.Import):
-            found.update(a.name for a in node.names if a.name.startswith("orchestrator"))
+            found.update(a.name for a in node.names if a.name.split(".")[0] in packages)
     return found
 
 
@@ -63,11 +68,25 @@ def part_of(module: str) -> str:
 
 SOURCES = sorted(ROOT.rglob("*.py"))
 GRAPH = {module_name(p): imports_of(p) for p in SOURCES}
+ALL_SOURCES = sorted(p for package in PACKAGES for p in (REPO / package).rglob("*.py"))
+ALL_GRAPH = {module_name(p): imports_of(p, PACKAGES) for p in ALL_SOURCES}
 
 
 def test_no_file_is_over_the_limit() -> None:
-    long = {str(p.relative_to(ROOT.parent)): n for p in SOURCES if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    long = {str(p.relative_to(REPO)): n for p in ALL_SOURCES if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert long == {}, f"split these by purpose (at most {MAX_LINES} lines): {long}"
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_packages_import_downwards_only(package: str) -> None:
+    wrong = sorted(
+        f"{module} imports {target}"
+        for module, targets in ALL_GRAPH.items()
+        if module.split(".")[0] == package
+        for target in targets
+        if target.split(".")[0] in PACKAGE_FORBIDDEN[package]
+    )
+    assert wrong == [], f"{package} must not import {PACKAGE_FORBIDDEN[package]}"
 
 
 @pytest.mark.parametrize("part", sorted(FORBIDDEN))
@@ -101,7 +120,8 @@ def test_no_import_circle_between_parts() -> None:
 
 
 def test_no_import_circle_between_modules() -> None:
-    edges = {m: {t for t in ts if t in GRAPH and t != m} for m, ts in GRAPH.items()}
+    """Across orchestrator/, worker/ and model/ (a package's `__init__` counts as a module)."""
+    edges = {m: {t for t in ts if t in ALL_GRAPH and t != m} for m, ts in ALL_GRAPH.items()}
     cycle = find_cycle(edges)
     assert cycle is None, " -> ".join(cycle or [])
 

@@ -80,17 +80,17 @@ def _lifecycle(
 
 @router.post("/{name}/bootstrap", response_model=NodePublic, responses={**AUTH_RESPONSES, **_404, **_424})
 def post_bootstrap(name: str, session: SessionDep, settings: SettingsDep, _: AuthDep) -> NodePublic:
-    """Install the worker environment and join the Ray cluster (ABLATE_NODE_* settings)."""
+    """Install the worker environment and start the node's own Ray (ABLATE_NODE_* settings)."""
     return _lifecycle(name, session, settings, bootstrap_node)
 
 
 @router.post("/{name}/drain", response_model=NodePublic, responses={**AUTH_RESPONSES, **_404, **_424})
 def post_drain(name: str, session: SessionDep, settings: SettingsDep, _: AuthDep) -> NodePublic:
-    """Leave the Ray cluster; the environment stays."""
+    """Stop the node's own Ray (its arms are re-queued elsewhere); the environment stays."""
     return _lifecycle(name, session, settings, drain_node)
 
 
 @router.post("/{name}/teardown", response_model=NodePublic, responses={**AUTH_RESPONSES, **_404, **_424})
 def post_teardown(name: str, session: SessionDep, settings: SettingsDep, _: AuthDep) -> NodePublic:
-    """Leave the Ray cluster and delete the node's working directory."""
+    """Stop the node's own Ray and delete the node's working directory."""
     return _lifecycle(name, session, settings, teardown_node)

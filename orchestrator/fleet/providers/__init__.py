@@ -2,13 +2,14 @@
 
 `provider_for(name, settings)` builds one from settings (its API key included); the rest of the
 controller talks to it only through `base.Provider`. See base.py for the records, request.py for what
-a schedule asks, lifecycle.py for rent-or-destroy, reaper.py for what no live sweep owns.
+a schedule asks (and the provider names), offers.py for the offer choice, lifecycle.py for the steps of
+a rental (create, wait until reachable, destroy until confirmed), reaper.py for what no live sweep owns.
 """
 
 from __future__ import annotations
 
 from orchestrator.fleet.providers.base import Provider, ProviderError
-from orchestrator.fleet.providers.request import PROVIDERS
+from orchestrator.fleet.providers.request import PROVIDERS, REGISTERED, RENTING
 from orchestrator.settings import Settings
 
 
@@ -16,7 +17,7 @@ def provider_for(name: str, settings: Settings) -> Provider:
     """The provider `name` configured from `settings`; ProviderError naming the fix when it cannot be."""
     from orchestrator.fleet.providers.credentials import api_key
 
-    if name == "static":
+    if name == REGISTERED:
         from orchestrator.fleet.providers.static import StaticProvider
 
         return StaticProvider(settings.database_url)
@@ -32,12 +33,12 @@ def provider_for(name: str, settings: Settings) -> Provider:
 
 
 def configured_providers(settings: Settings) -> dict[str, Provider]:
-    """The renting providers (vast, runpod) that have an API key configured: what sweeps may rent from
-    and what the reaper lists every tick."""
+    """The renting providers that have an API key configured: what sweeps may rent from and what the
+    reaper lists every tick."""
     from orchestrator.fleet.providers.credentials import MissingApiKey
 
     found: dict[str, Provider] = {}
-    for name in ("vast", "runpod"):
+    for name in RENTING:
         try:
             found[name] = provider_for(name, settings)
         except MissingApiKey:

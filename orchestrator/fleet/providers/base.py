@@ -17,10 +17,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-if TYPE_CHECKING:  # request.py imports Offer from here
-    from orchestrator.fleet.providers.request import NodeRequest
+from orchestrator.fleet.providers.request import NodeRequest
 
 LABEL_PREFIX = "ablate"
 CONTROLLER_ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,31}$"
@@ -149,7 +148,7 @@ class Provider(Protocol):
     name: str
 
     def search(self, request: NodeRequest) -> list[Offer]:
-        """Offers that may fit `request` (the provider's own filter; `choose_offers` decides)."""
+        """Offers that may fit `request` (the provider's own filter; offers.choose_offers decides)."""
         ...
 
     def create(self, offer: Offer, spec: LaunchSpec) -> Instance:

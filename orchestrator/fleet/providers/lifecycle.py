@@ -1,9 +1,11 @@
-"""Provider-independent steps around a rental: rent until reachable or destroy, destroy until confirmed.
+"""Provider-independent steps of a rental: create (or find what a failed create made), wait until
+reachable, destroy until confirmed.
 
-`rent` is what the sweep runner calls per node: create, wait until SSH answers, and on any failure
-on the way destroy what was created (confirmed gone, or said that it is not), so that a half-made
-rental never bills on unseen. The SSH check here is only "the port speaks SSH": the host key is
-checked by the SSH layer (orchestrator/nodes.py), never accepted here.
+The sweep runner composes them per node (orchestrator/sweeps/rented.py, `_rent_one`): it records each
+instance in the database between the create and the wait, and on any failure on the way destroys what
+was created, so that a half-made rental never bills on unseen. The SSH check here is only "the port
+speaks SSH": the host key is pinned at first contact (orchestrator/fleet/pinning.py) and checked by the
+SSH layer (orchestrator/fleet/shell.py), never accepted here.
 """
 
 from __future__ import annotations
@@ -16,15 +18,6 @@ from dataclasses import dataclass
 from orchestrator.fleet.providers.base import Instance, InstanceState, LaunchSpec, Offer, Provider, ProviderError
 
 log = logging.getLogger(__name__)
-
-
-class RentFailed(ProviderError):
-    """A rental that did not become a usable node; `instance_id` None when nothing was created."""
-
-    def __init__(self, message: str, instance_id: str | None, destroyed: bool) -> None:
-        super().__init__(message)
-        self.instance_id = instance_id
-        self.destroyed = destroyed
 
 
 @dataclass(frozen=True)
@@ -118,19 +111,3 @@ def destroy_confirmed(provider: Provider, instance_id: str, timing: Timing) -> b
         log.error("%s: destroy of instance %s not confirmed: %s", provider.name, instance_id, exc)
         return False
     return True
-
-
-def rent(provider: Provider, offer: Offer, spec: LaunchSpec, timing: Timing | None = None) -> Instance:
-    """Create an instance from `offer` and wait until SSH answers. RentFailed on any failure, after the
-    instance (if one was created) has been destroyed; `RentFailed.destroyed` says whether that was confirmed."""
-    timing = timing or Timing()
-    try:
-        created = provider.create(offer, spec)
-    except ProviderError as exc:
-        raise RentFailed(str(exc), None, destroyed=True) from None
-    try:
-        return wait_reachable(provider, created.instance_id, timing)
-    except ProviderError as exc:
-        destroyed = destroy_confirmed(provider, created.instance_id, timing)
-        outcome = "destroyed" if destroyed else "DESTROY NOT CONFIRMED: the reaper retries by its label"
-        raise RentFailed(f"{exc}; instance {created.instance_id} {outcome}", created.instance_id, destroyed) from None

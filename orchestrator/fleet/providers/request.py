@@ -1,22 +1,21 @@
-"""A schedule's request for rented nodes, and the pure choice of offers that fit it.
+"""A schedule's request for rented nodes, and the provider names (the one list of them).
 
 `NodeRequest` is what a schedule says instead of naming nodes ("two 4x RTX 4090 nodes from Vast, at
 most 0.45 per GPU-hour"); every field is validated and a field that the chosen provider cannot honour
-is refused naming that field, never ignored. `choose_offers` is a pure function: the cheapest fitting
-offers first, or NoFittingOffer saying why the rest did not fit.
+is refused naming that field, never ignored. Which offers fit it is offers.py's choice.
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from orchestrator.fleet.providers.base import NoFittingOffer, Offer
-
+# Every provider, here only: the request's field, provider_for, the CLI and the reaper read this.
 ProviderName = Literal["static", "vast", "runpod"]
-PROVIDERS: tuple[str, ...] = ("static", "vast", "runpod")
+PROVIDERS: tuple[str, ...] = get_args(ProviderName)
+REGISTERED = "static"  # nodes the operator registered: listed, never rented or destroyed
+RENTING: tuple[str, ...] = tuple(p for p in PROVIDERS if p != REGISTERED)  # rented through an API key
 
 
 class NodeRequest(BaseModel):
@@ -64,58 +63,3 @@ class NodeRequest(BaseModel):
     @property
     def max_price_per_node_hour(self) -> float:
         return self.max_price_per_gpu_hour * self.gpus_per_node
-
-
-def gpu_key(name: str) -> str:
-    """A GPU name compared loosely: "RTX_4090", "rtx 4090" and "RTX 4090" are one model."""
-    return " ".join(name.replace("_", " ").lower().split())
-
-
-def misfit(offer: Offer, request: NodeRequest) -> str | None:
-    """Why `offer` does not fit `request` (a short reason, the key of the summary), or None if it fits."""
-    if offer.provider != request.provider:
-        return "another provider"
-    # nvidia-smi's "NVIDIA GeForce RTX 4090" (static nodes) is the request's "RTX_4090" too.
-    offered, wanted = gpu_key(offer.gpu_name), gpu_key(request.gpu)
-    if offered != wanted and not offered.endswith(" " + wanted):
-        return "another GPU model"
-    if offer.gpus != request.gpus_per_node:
-        return f"not {request.gpus_per_node} GPUs"
-    if offer.price_per_gpu_hour > request.max_price_per_gpu_hour:
-        return "over the price cap"
-    if request.min_reliability is not None and (offer.reliability or 0.0) < request.min_reliability:
-        return "below the reliability floor"
-    if request.cuda is not None and (offer.cuda is None or offer.cuda < float(request.cuda)):
-        return "CUDA too old"
-    if offer.disk_gb is not None and offer.disk_gb < request.disk_gb:
-        return "too little disk"
-    if offer.interruptible != request.interruptible:
-        return "interruptible" if offer.interruptible else "not interruptible"
-    return None
-
-
-def choose_offers(offers: list[Offer], request: NodeRequest) -> list[Offer]:
-    """The fitting offers, cheapest per GPU-hour first (then more reliable, then by id, so the choice is
-    reproducible), each repeated as many times as it can become nodes (a RunPod GPU type: `request.nodes`
-    times). The runner rents the first `request.nodes` and falls back on the rest when a rental fails.
-    NoFittingOffer when fewer than `request.nodes` fit."""
-    fitting: list[Offer] = []
-    reasons: Counter[str] = Counter()
-    for offer in offers:
-        reason = misfit(offer, request)
-        if reason is None:
-            fitting.append(offer)
-        else:
-            reasons[reason] += 1
-    fitting.sort(key=lambda o: (o.price_per_gpu_hour, -(o.reliability or 0.0), o.offer_id))
-    ranked = [o for o in fitting for _ in range(o.capacity if o.capacity is not None else request.nodes)]
-    if len(ranked) < request.nodes:
-        why = ", ".join(f"{n} {reason}" for reason, n in reasons.most_common()) or "none offered"
-        cheapest = min((o.price_per_gpu_hour for o in offers), default=None)
-        seen = f"; cheapest seen {cheapest:.3f}/GPU-h" if cheapest is not None else ""
-        raise NoFittingOffer(
-            f"{request.provider}: {len(ranked)} of {request.nodes} {request.gpus_per_node}x {request.gpu} nodes "
-            f"at <= {request.max_price_per_gpu_hour}/GPU-h found among {len(offers)} offers ({why}{seen}); "
-            "raise max_price_per_gpu_hour, lower min_reliability or ask fewer nodes"
-        )
-    return ranked

@@ -31,7 +31,8 @@ from orchestrator.fleet.providers.base import (
     ProviderError,
     sdk_errors,
 )
-from orchestrator.fleet.providers.request import NodeRequest, gpu_key
+from orchestrator.fleet.providers.offers import gpu_key
+from orchestrator.fleet.providers.request import NodeRequest
 
 NAME = "runpod"
 CLOUDS = ("SECURE", "COMMUNITY")

@@ -20,10 +20,10 @@ from orchestrator.cli import app
 from orchestrator.db.models import Event, Node
 from orchestrator.db.session import session_scope
 from orchestrator.fleet.bootstrap import BootstrapConfig, bootstrap_node, run_steps, teardown_node
-from orchestrator.fleet.copy_back import fetch_tree
 from orchestrator.fleet.errors import HostKeyError
 from orchestrator.fleet.inventory import get_node
 from orchestrator.fleet.probe import probe_node
+from orchestrator.fleet.safe_fetch import fetch_tree
 from orchestrator.fleet.shell import CommandFailed, NodeShell
 from tests.orchestrator.factories import add_ssh_node
 

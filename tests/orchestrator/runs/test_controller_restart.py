@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,7 +22,7 @@ from sqlalchemy import func, select
 from orchestrator.db.models import Event, Metric, Run
 from orchestrator.db.session import session_scope
 from orchestrator.vocabulary import TERMINAL_STATES
-from tests.orchestrator.factories import tiny_overrides
+from tests.orchestrator.factories import free_port, tiny_overrides
 
 NAMESPACE = "ablate-restart-test"
 TOKEN = "restart-test-token"
@@ -36,12 +35,6 @@ def ray_address() -> Iterator[str]:
     ray.init(num_gpus=4, num_cpus=2, namespace=NAMESPACE, include_dashboard=False, log_to_driver=False)
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start_controller(database_url: str, ray_address: str, storage: Path, log: Path, port: int) -> subprocess.Popen:

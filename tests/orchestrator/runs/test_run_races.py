@@ -121,13 +121,13 @@ def test_the_api_serves_while_ray_is_still_unreachable(database_url: str, tmp_pa
         import os, sys
         from fastapi.testclient import TestClient
         from orchestrator.app import create_app
-        from orchestrator.server import attach_scheduler
+        from orchestrator.server import attach_run_scheduler
         from orchestrator.settings import Settings
 
         # Port 9 (discard): nothing listens, so joining this "cluster" fails or hangs.
         settings = Settings(database_url=sys.argv[1], storage_dir=sys.argv[2], ray_address="127.0.0.1:9")
         app = create_app(settings, "token")
-        attach_scheduler(app)
+        attach_run_scheduler(app)
         with TestClient(app) as client:
             print("healthz", client.get("/healthz").status_code, flush=True)
             os._exit(0)  # skip the shutdown hook's join of a thread still trying to reach Ray

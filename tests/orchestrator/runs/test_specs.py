@@ -1,4 +1,4 @@
-"""Arm specs: strict validation, the A..I lineage exactly as DESIGN.md's table, deep-merge resolution."""
+"""Arm specs: strict validation, the A..I lineage exactly as the README's table, deep-merge resolution."""
 
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ def test_arm_a_is_the_baseline() -> None:
     assert (a.tread.enabled, a.repa.enabled, a.adaln.kind, a.data.pixel_range) == (False, False, "per_block", "unit")
 
 
-# DESIGN.md's table: each arm's parent and the one thing it changes (all else inherited).
+# The README's table of arms: each arm's parent and the one thing it changes (all else inherited).
 LINEAGE = {
     "B": ("A", {"tread.enabled": True}),
     "C": ("B", {"optimizer.name": "muon"}),
@@ -91,7 +91,7 @@ LINEAGE = {
 
 
 @pytest.mark.parametrize("letter", sorted(LINEAGE))
-def test_each_arm_changes_exactly_what_design_says(letter: str) -> None:
+def test_each_arm_changes_exactly_what_its_row_says(letter: str) -> None:
     arms = all_arms()
     parent, expected = LINEAGE[letter]
     assert arms[letter].parent == parent

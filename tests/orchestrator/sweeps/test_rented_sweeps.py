@@ -28,7 +28,8 @@ from orchestrator.fleet.bootstrap import BootstrapConfig
 from orchestrator.fleet.deadman import DeadmanConfig
 from orchestrator.fleet.providers.base import InstanceLabel, LaunchSpec
 from orchestrator.fleet.providers.lifecycle import Timing
-from orchestrator.fleet.providers.request import NodeRequest, choose_offers
+from orchestrator.fleet.providers.offers import choose_offers
+from orchestrator.fleet.providers.request import NodeRequest
 from orchestrator.fleet.providers.vast import VastProvider
 from orchestrator.settings import Settings
 from orchestrator.sweeps.rented import RentalConfig

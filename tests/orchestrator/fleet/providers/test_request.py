@@ -1,4 +1,4 @@
-"""NodeRequest validation (each refusal names its field) and the pure choice of the cheapest fitting offers."""
+"""NodeRequest validation (each refusal names its field; request.py) and the offer choice (offers.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import pytest
 from pydantic import ValidationError
 
 from orchestrator.fleet.providers.base import InstanceLabel, NoFittingOffer, Offer
-from orchestrator.fleet.providers.request import NodeRequest, choose_offers, misfit
+from orchestrator.fleet.providers.offers import choose_offers, misfit
+from orchestrator.fleet.providers.request import NodeRequest
 
 
 def _request(**overrides: object) -> NodeRequest:

@@ -1,6 +1,7 @@
 """Each provider through its real SDK (vastai, runpod) against the provider simulator on loopback:
-search, create, describe, list what this controller owns, destroy; the bill; rent-or-destroy; and the
-API key kept out of every error, log record, printed line and repr."""
+search, create, describe, list what this controller owns, destroy; the bill; the steps the sweep runner
+takes per rental (create, wait until SSH answers, destroy until confirmed); and the API key kept out of
+every error, log record, printed line and repr."""
 
 from __future__ import annotations
 
@@ -12,10 +13,19 @@ from pathlib import Path
 import pytest
 
 from orchestrator.fleet.providers import provider_for
-from orchestrator.fleet.providers.base import InstanceLabel, InstanceState, LaunchSpec, Provider, ProviderError
+from orchestrator.fleet.providers.base import (
+    Instance,
+    InstanceLabel,
+    InstanceState,
+    LaunchSpec,
+    Offer,
+    Provider,
+    ProviderError,
+)
 from orchestrator.fleet.providers.credentials import MissingApiKey, api_key
-from orchestrator.fleet.providers.lifecycle import RentFailed, Timing, destroy_confirmed, rent
-from orchestrator.fleet.providers.request import NodeRequest, choose_offers
+from orchestrator.fleet.providers.lifecycle import Timing, create_or_find, destroy_confirmed, wait_reachable
+from orchestrator.fleet.providers.offers import choose_offers
+from orchestrator.fleet.providers.request import NodeRequest
 from orchestrator.settings import Settings
 from tests.cluster.provider_sim import ProviderSim, SshBanner, runpod_gpu, ssh_banner_hooks, vast_offer
 
@@ -135,26 +145,36 @@ def test_the_bill_is_per_second_at_the_offer_price(sim: ProviderSim, name: str) 
     assert sim.bill() == pytest.approx(offer.price_per_hour * (record.ended - record.created) / 3600)
 
 
+def _create(provider: Provider, offer: Offer) -> Instance:
+    """The runner's create (orchestrator/sweeps/rented.py): the instance it made, the create having succeeded."""
+    made, failed = create_or_find(provider, offer, _spec(), set(), FAST)
+    assert failed is None and len(made) == 1
+    return made[0]
+
+
 @pytest.mark.parametrize("name", ["vast", "runpod"])
-def test_an_instance_that_never_becomes_reachable_is_destroyed(sim: ProviderSim, name: str) -> None:
+def test_an_instance_that_never_answers_ssh_is_refused_then_destroyed_until_confirmed(
+    sim: ProviderSim, name: str
+) -> None:
     provider = provider_for(name, _settings(sim))
     offer = choose_offers(provider.search(REQUESTS[name]), REQUESTS[name])[0]
-    with pytest.raises(RentFailed) as caught:
-        rent(provider, offer, _spec(), FAST)
-    assert caught.value.destroyed and caught.value.instance_id in sim.instances
-    assert "not reachable after 3 s" in str(caught.value) and "destroyed" in str(caught.value)
+    instance = _create(provider, offer)
+    with pytest.raises(ProviderError, match="not reachable after 3 s"):
+        wait_reachable(provider, instance.instance_id, FAST)
+    assert sim.live() != []  # refusing it destroys nothing: the runner gives it back (test_rented_sweeps.py)
+    assert destroy_confirmed(provider, instance.instance_id, FAST)
     assert sim.live() == [] and provider.list_owned("night") == []
 
 
 @pytest.mark.parametrize("name", ["vast", "runpod"])
-def test_rent_returns_once_ssh_answers(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+def test_wait_reachable_returns_once_ssh_answers(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
     monkeypatch.setenv("RUNPOD_API_BASE_URL", "http://127.0.0.1:9")
     banner = SshBanner()
     try:
         with ProviderSim(KEY, VAST_OFFERS, RUNPOD_GPUS, hooks=ssh_banner_hooks(banner), boot_s=0.5) as sim:
             provider = provider_for(name, _settings(sim))
             offer = choose_offers(provider.search(REQUESTS[name]), REQUESTS[name])[0]
-            instance = rent(provider, offer, _spec(), FAST)
+            instance = wait_reachable(provider, _create(provider, offer).instance_id, FAST)
             assert instance.state is InstanceState.running
             assert instance.reachable_endpoint == ("127.0.0.1", banner.port)
             assert destroy_confirmed(provider, instance.instance_id, FAST)
@@ -180,7 +200,7 @@ def test_the_api_key_appears_in_no_error_log_output_or_repr(
             failures.append(exc)
 
     attempt(lambda: provider.describe("99999999"))  # unknown: gone, or an error
-    attempt(lambda: rent(provider, offer, _spec(), FAST))  # unreachable: destroyed, logged
+    attempt(lambda: wait_reachable(provider, _create(provider, offer).instance_id, FAST))  # unreachable
     gone_id = "999" if name == "vast" else "SECURE:NVIDIA H100 80GB HBM3"
     attempt(lambda: provider.create(replace(offer, offer_id=gone_id), _spec()))  # 404 / no such GPU type
     wrong = provider_for(name, _settings(sim, vast_api_key=KEY + "x", runpod_api_key=KEY + "x"))

@@ -17,7 +17,7 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from orchestrator.fleet.copy_back import fetch_tree
+from orchestrator.fleet.safe_fetch import fetch_tree
 from orchestrator.fleet.shell import NodeShell
 
 FILES = {"ok.txt": b"fine", "sub/inner.txt": b"also fine"}

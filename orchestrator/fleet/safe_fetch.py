@@ -1,4 +1,4 @@
-"""Safe copy-back: a node's files onto the controller over SFTP, trusting nothing the node says.
+"""Safe fetch: a node's files onto the controller over SFTP, trusting nothing the node says.
 
 The node is someone else's computer: names that are not one plain path part are refused, symbolic links
 are not followed, and nothing is written outside the target directory.

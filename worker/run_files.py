@@ -1,0 +1,42 @@
+"""The names of a run directory's files, defined here only.
+
+The trainer writes them (worker/train_record.py, checkpoint.py, samples.py), the worker stores and fetches
+them (worker/storage.py), the controller copies them back and serves the samples (orchestrator/storage.py,
+orchestrator/runs/samples.py). The standard library only, no torch: the controller imports it at no cost.
+A run's storage prefix holds the same names as its out_dir.
+
+    ckpt_{step:07d}.pt                     periodic checkpoints (the newest few are kept)
+    best.pt                                the checkpoint with the best recon LPIPS so far
+    metrics.jsonl                          the trainer's records, one per checkpoint
+    records.jsonl                          the actor's records (worker/actor.py's RECORDS_FILE)
+    samples/step_{step:07d}/{kind}_{i}.png each evaluation's sample images
+"""
+
+from __future__ import annotations
+
+import re
+
+# A step as written: zero-padded to 7 digits, so names sort by step; a step past 9,999,999 takes more.
+STEP_PATTERN = r"\d{7,}"
+
+CKPT_GLOB = "ckpt_*.pt"
+CKPT_RE = re.compile(rf"^ckpt_({STEP_PATTERN})\.pt$")
+BEST_NAME = "best.pt"
+METRICS_NAME = "metrics.jsonl"
+RECORDS_NAME = "records.jsonl"
+RECORD_FILES = (METRICS_NAME, RECORDS_NAME)
+SAMPLES_DIR = "samples"
+SAMPLE_STEP_RE = re.compile(rf"^step_({STEP_PATTERN})$")
+# What each evaluation draws (model.evaluate): held-out targets, reconstructions, text-only samples and
+# the caption/edit pairs of the manipulation metric.
+SAMPLE_KINDS = ("target", "recon", "text", "caption", "edit")
+SAMPLE_FILE_RE = re.compile(rf"^({'|'.join(SAMPLE_KINDS)})_\d{{1,3}}\.png$")
+
+
+def ckpt_name(step: int) -> str:
+    return f"ckpt_{step:07d}.pt"
+
+
+def sample_dir(step: int) -> str:
+    """A checkpoint's sample folder, relative to out_dir (and to the run's storage prefix)."""
+    return f"{SAMPLES_DIR}/step_{step:07d}"
