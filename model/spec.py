@@ -325,6 +325,13 @@ class DetectorPolicy(Strict):
             raise ValueError(f"detector.secondary must not repeat the primary metric {name!r} (metric {self.metric!r})")
         return self
 
+    def judged_metric(self, lpips_standin: bool) -> str:
+        """The metric "auto" stands for (recon_lpips, or val_flow_loss where LPIPS is the random
+        stand-in), else the metric named: what the detector judges and what the trainer keeps best.pt by."""
+        if self.metric != "auto":
+            return self.metric
+        return "val_flow_loss" if lpips_standin else "recon_lpips"
+
 
 # Seconds a command arm has to exit after its stop file appears (then SIGTERM; SIGKILL KILL_AFTER_TERM_S later).
 STOP_GRACE_S = 60.0

@@ -152,7 +152,7 @@ class Window:
 @dataclass
 class Checkpoints:
     """Evaluates, records and saves a checkpoint; keeps what a resume needs (wall time so far, the last
-    record, the best recon LPIPS and its step)."""
+    record, the best value of the judged metric and its step)."""
 
     parts: Parts
     out_dir: Path
@@ -160,7 +160,7 @@ class Checkpoints:
     resumed_from: int = 0
     wall_before: float = 0.0  # seconds trained by earlier processes of this run
     last_record: dict[str, Any] | None = None
-    best: dict[str, Any] = field(default_factory=lambda: {"step": None, "recon_lpips": None})
+    best: dict[str, Any] = field(default_factory=lambda: {"step": None})  # and the judged metric's value
     t_start: float = field(default_factory=time.perf_counter)
     info: dict[str, Any] = field(default_factory=dict)  # device name and UUID, loader workers: on every record
     skips: Unreadable | None = None  # images left out as unreadable, at start and mid-run, over every segment
@@ -206,14 +206,17 @@ class Checkpoints:
             parts.fallbacks.append(note)  # build checks too; this keeps any skipped metric on the record
         self.list_unreadable()
         path = ckpt.checkpoint_path(self.out_dir, step)
-        recon = metrics["recon_lpips"]
+        # best.pt follows the metric the detector judges, so the checkpoint it keeps is the one it names.
+        judged = spec.detector.judged_metric(metrics.get("lpips_backbone") == "random_standin")
+        value, held = metrics.get(judged), self.best.get(judged)
+        lower = spec.detector.metric_mode == "min"
         is_best = (
-            recon is not None
-            and math.isfinite(recon)
-            and (self.best["recon_lpips"] is None or recon < self.best["recon_lpips"])
+            isinstance(value, int | float)
+            and math.isfinite(value)
+            and (held is None or (value < held if lower else value > held))
         )
         if is_best:
-            self.best = {"step": step, "recon_lpips": recon}
+            self.best = {"step": step, judged: value}
         elapsed = self.wall()
         tokens_per_image = (spec.resolution() // parts.flow.patch) ** 2
         record: dict[str, Any] = {

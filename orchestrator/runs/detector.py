@@ -203,9 +203,10 @@ def resolve_policy(policy: DetectorPolicy, lpips_standin: bool) -> DetectorPolic
     collapses past its own best by max(margin_abs, margin_se x SE). A named metric is used as given."""
     if policy.metric != AUTO:
         return policy
-    if not lpips_standin:
-        return policy.model_copy(update={"metric": LPIPS_METRIC})
-    return policy.model_copy(update={"metric": FLOW_METRIC, "ceiling": None, "stall_margin": math.inf})
+    metric = policy.judged_metric(lpips_standin)
+    if metric == LPIPS_METRIC:
+        return policy.model_copy(update={"metric": metric})
+    return policy.model_copy(update={"metric": metric, "ceiling": None, "stall_margin": math.inf})
 
 
 def decide(
