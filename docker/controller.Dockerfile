@@ -39,13 +39,11 @@ RUN pip install --no-deps vastai==1.9.1 runpod==1.12.0
 ENV ABLATE_STORAGE_DIR=/var/lib/ablate ABLATE_HOST=0.0.0.0 ABLATE_PORT=8000
 VOLUME /var/lib/ablate
 WORKDIR /var/lib/ablate
-EXPOSE 8000 6379 8265 10001
+EXPOSE 8000
 
-# Start the Ray head (no GPUs here: workers bring them) with token auth, its token in
-# /var/lib/ablate/ray_token, its dashboard and job API on loopback only (whoever reaches them runs code
-# here); then serve the API in the foreground. ABLATE_RAY_ADDRESS=auto makes the scheduler connect to
-# this head (presenting the token) instead of starting its own. ABLATE_RAY_HEAD_IP: this host's address
-# on the private network the nodes share (WireGuard/Tailscale), see docs/operations.md.
-ENV ABLATE_RAY_ADDRESS=auto ABLATE_RAY_HEAD_IP=127.0.0.1
+# No Ray here: every node runs its own, and the controller reaches each over SSH alone (docs/security.md).
+# This image has no GPUs, so its own machine trains nothing (ABLATE_LOCAL_NODE=false): arms go to the
+# registered and rented nodes.
+ENV ABLATE_LOCAL_NODE=false
 ENTRYPOINT ["tini", "--"]
-CMD ["sh", "-c", "ablate ray-head --node-ip-address \"$ABLATE_RAY_HEAD_IP\" --port 6379 && exec ablate serve"]
+CMD ["ablate", "serve"]

@@ -1,11 +1,8 @@
-# An ablate GPU worker: CUDA runtime + cuDNN, CUDA torch, this project; joins the controller's Ray
-# cluster and trains arms on its GPUs (one arm per GPU).
+# An ablate GPU node's environment: CUDA runtime + cuDNN, CUDA torch, this project (its node agent and Ray).
+# The controller reaches a node over SSH and bootstraps it (docs/operations.md); this image gives that
+# bootstrap a ready environment (ABLATE_NODE_VENV=/opt/venv, ABLATE_NODE_INSTALL='[]').
 #
 # Build from the repository root:  docker build -f docker/worker.Dockerfile -t ablate-worker .
-# Run on a GPU host (NVIDIA Container Toolkit installed):
-#   docker run --gpus all --network host --shm-size 16g -v /var/lib/ablate:/var/lib/ablate \
-#     ablate-worker ray start --address=CONTROLLER:6379 --block
-# Ubuntu 24.04's Python is 3.12, the controller image's too: Ray needs one Python minor version per cluster.
 FROM nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
 
 ARG TORCH_VERSION=2.13.0
@@ -35,6 +32,7 @@ RUN pip install "torch==${TORCH_VERSION}" "torchvision==${TORCHVISION_VERSION}" 
 ENV ABLATE_STORAGE_DIR=/var/lib/ablate
 WORKDIR /var/lib/ablate
 ENTRYPOINT ["tini", "--"]
-# Override the address: `... ablate-worker ray start --address=CONTROLLER:6379 --block`. The head has
-# token auth on: pass RAY_AUTH_MODE=token and RAY_AUTH_TOKEN_PATH (a mounted 0600 copy of ray_token).
-CMD ["sh", "-c", "ray start --address=${RAY_HEAD:?set RAY_HEAD=controller-host:6379} --disable-usage-stats --block"]
+# A node's environment: the controller bootstraps a host running this image over SSH with
+# ABLATE_NODE_VENV=/opt/venv and ABLATE_NODE_INSTALL='[]' (nothing to install), which writes the node
+# agent's launcher and starts the node's own Ray (docs/operations.md). The image does not run sshd yet.
+CMD ["python", "-m", "worker.agent", "--help"]
