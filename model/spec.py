@@ -11,7 +11,10 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from model.command_spec import COMMAND_ENDS, CommandEnd, CommandSpec  # noqa: F401 - part of the arm spec
+from model.strict import Strict
 
 # Upper bounds are far above any real run and keep absurd values (hidden 4e21, steps 1e18) from
 # being stored and then failing only on the worker after using up its retries.
@@ -22,11 +25,6 @@ PositiveFloat = Annotated[float, Field(gt=0)]
 Fraction = Annotated[float, Field(ge=0, le=1)]
 
 
-class Strict(BaseModel):
-    """Base for every spec section: unknown keys and wrong types fail loudly."""
-
-    # No inf/nan either: a spec is stored as strict JSON (Postgres rejects Infinity) and none needs them.
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 MAX_HIDDEN, MAX_DEPTH, MAX_HEADS, MAX_PATCH, MAX_RESOLUTION = 16384, 512, 256, 128, 8192
@@ -76,7 +74,7 @@ class ModelSpec(Strict):
 
 
 PATH_DATASETS = ("imagefolder", "webdataset", "prepared")  # the kinds that read data.path
-DATA_URL_SCHEMES = ("file", "s3", "sftp")  # the stores checkpoints use (worker/storage.py)
+DATA_URL_SCHEMES = ("file", "s3", "sftp")  # the stores checkpoints use (worker/checkpoint_store.py)
 
 
 class DataSpec(Strict):
@@ -331,44 +329,6 @@ class DetectorPolicy(Strict):
         if self.metric != "auto":
             return self.metric
         return "val_flow_loss" if lpips_standin else "recon_lpips"
-
-
-# Seconds a command arm has to exit after its stop file appears (then SIGTERM; SIGKILL KILL_AFTER_TERM_S later).
-STOP_GRACE_S = 60.0
-ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
-ArgText = Annotated[str, Field(min_length=1, max_length=4096)]
-
-
-# What ended a command arm's process, as its run records it (worker/command.py decides, the scheduler words it).
-CommandEnd = Literal["exit", "stop_file", "sigterm", "sigkill"]
-COMMAND_ENDS: dict[str, str] = {
-    "exit": "the command exited by itself",
-    "stop_file": "the command exited after its stop file",
-    "sigterm": "the command outlived its stop file's grace period and ended on SIGTERM",
-    "sigkill": "the command outlived SIGTERM and was killed (SIGKILL)",
-}
-# After SIGTERM, how long a command arm has before SIGKILL (its default term_grace_s).
-KILL_AFTER_TERM_S = 30.0
-
-
-class CommandSpec(Strict):
-    """A researcher's own trainer run as the arm instead of ablate's (worker/command.py runs it).
-
-    The grid names it as {"name", "code", "command": [...], "env", "gpus", "stop_grace_s"}; the run stores
-    it here, so a node starts it exactly as it was accepted. docs/your-trainer.md is the contract.
-    """
-
-    code: Annotated[str, Field(min_length=1, max_length=4096)]  # absolute directory, copied as the working dir
-    argv: Annotated[list[ArgText], Field(min_length=1, max_length=256)]  # no shell: argv[0] is the program
-    env: dict[Annotated[str, Field(pattern=ENV_NAME, max_length=256)], Annotated[str, Field(max_length=65536)]] = (
-        Field(default_factory=dict)
-    )
-    # One GPU per arm, as every arm has: Ray pins it through CUDA_VISIBLE_DEVICES.
-    gpus: Literal[1] = 1
-    # Long enough to write a final checkpoint of a seed-size model; a day at most (a hung trainer is killed).
-    stop_grace_s: Annotated[float, Field(ge=0, le=86400)] = STOP_GRACE_S
-    # SIGTERM to SIGKILL: time for a SIGTERM handler to save (W&B's agent has WANDB_AGENT_KILL_DELAY for it).
-    term_grace_s: Annotated[float, Field(ge=0, le=3600)] = KILL_AFTER_TERM_S
 
 
 class ArmSpec(Strict):

@@ -1,4 +1,4 @@
-"""The controller's side of durable checkpoint storage (workers upload: worker/storage.py).
+"""The controller's side of durable checkpoint storage (workers upload: worker/checkpoint_store.py).
 
 - Where: each run has its own prefix under settings.checkpoint_root, named by its id and creation time
   (`run-17-20261122T142301`), so two databases that share a bucket never resume each other's files.
@@ -8,7 +8,7 @@
 - Alarm: a run whose newest ingested checkpoint has not reached storage for checkpoint_alarm_minutes
   is flagged on the dashboard, with the last error.
 - Copy-back: a sweep downloads each run's prefix (its sample images too) instead of pulling from the node.
-Imports no torch: worker.storage needs only fsspec and paramiko, worker.run_files (the file names) nothing.
+Imports no torch: worker.checkpoint_store needs only fsspec and paramiko, worker.run_files (the file names) nothing.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def run_storage_url(settings: Settings, run: Run) -> str:
 
 
 def worker_storage(settings: Settings, url: str) -> dict[str, Any]:
-    """worker.storage.StoreConfig as the dict the worker actor takes."""
+    """worker.checkpoint_store.StoreConfig as the dict the worker actor takes."""
     return {
         "url": url,
         "options": dict(settings.checkpoint_options),
@@ -132,7 +132,7 @@ def storage_alarms(
 def download_run(url: str, options: dict[str, Any], local: Path) -> int:
     """Copy a run's stored files (checkpoints, best.pt, records) into `local`; returns the file count.
     Raises FileNotFoundError when storage holds nothing for the run."""
-    from worker.storage import open_fs
+    from worker.checkpoint_store import open_fs
 
     fs, root = open_fs(url, options)
     fs.invalidate_cache()

@@ -135,7 +135,7 @@ class ArmWorker:
         lpips_weights: local AlexNet weights for LPIPS, or None (the spec decides stand-in or error).
         torch_threads: intra-op threads for this worker (0 = torch's default).
         train_fn: "module:function" with train_arm's signature; benchmarks swap in a synthetic stream.
-        storage: worker.storage.StoreConfig as a dict: checkpoints are also stored there (in the
+        storage: worker.checkpoint_store.StoreConfig as a dict: checkpoints are also stored there (in the
             background), and a worker whose out_dir lacks the newest stored checkpoint fetches it first.
         data_store: worker.data_fetch.DataStore as a dict: how this node reaches a spec's data.url
             (storage options, its data cache); handed to train_fn only for a spec with data.url.
@@ -172,7 +172,7 @@ class ArmWorker:
             self._records = load_records(self.out_dir)
             self._info = gpu_info()
             if storage is not None:
-                from worker.storage import CheckpointStore, StoreConfig
+                from worker.checkpoint_store import CheckpointStore, StoreConfig
 
                 self._store = CheckpointStore(StoreConfig.from_dict(storage), self.out_dir)
         except Exception as exc:

@@ -25,7 +25,7 @@ from typing import Any
 
 from model.data.base import DatasetError
 from model.data.prepared import MANIFEST, bad_files, checked_files, parse_manifest, pinned
-from worker.storage import open_fs
+from worker.checkpoint_store import open_fs
 
 # The default cache of a node; the controller passes <storage_dir>/data-cache (the same disk as out_dir).
 DEFAULT_CACHE = Path("~/.cache/ablate/data")

@@ -1,7 +1,7 @@
 """The names of a run directory's files, defined here only.
 
 The trainer writes them (worker/train_record.py, checkpoint.py, samples.py), the worker stores and fetches
-them (worker/storage.py), the controller copies them back and serves the samples (orchestrator/storage.py,
+them (worker/checkpoint_store.py), the controller copies them back and serves the samples (orchestrator/storage.py,
 orchestrator/runs/samples.py). The standard library only, no torch: the controller imports it at no cost.
 A run's storage prefix holds the same names as its out_dir.
 

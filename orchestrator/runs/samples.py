@@ -136,7 +136,7 @@ def sample_png(run: Run, step: int, name: str, options: dict[str, Any]) -> bytes
     if run.checkpoint_dir and (Path(run.checkpoint_dir) / rel).is_file():
         return (Path(run.checkpoint_dir) / rel).read_bytes()
     if run.checkpoint_url:
-        from worker.storage import open_fs  # fsspec and paramiko: only when storage is asked
+        from worker.checkpoint_store import open_fs  # fsspec and paramiko: only when storage is asked
 
         try:
             fs, root = open_fs(run.checkpoint_url, options)

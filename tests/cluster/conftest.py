@@ -145,7 +145,7 @@ def s3_on_bridge(testbed: TestBed) -> Iterator[str]:
     host, port = server.get_host_and_port()
     testbed.allow_to_controller(port)
     endpoint = f"http://{host}:{port}"
-    from worker.storage import open_fs
+    from worker.checkpoint_store import open_fs
 
     names = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")
     saved = {k: os.environ.get(k) for k in names}

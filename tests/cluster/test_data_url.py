@@ -24,7 +24,7 @@ from tests.cluster.conftest import BUCKET, aws_profile, node_config, register_no
 from tests.cluster.testbed import TestBed
 from tests.polling import wait_for
 from tests.worker.test_data_fetch import SHARDS, photos
-from worker.storage import open_fs
+from worker.checkpoint_store import open_fs
 
 URL = f"s3://{BUCKET}/datasets/photos-16"
 TINY: dict[str, Any] = {

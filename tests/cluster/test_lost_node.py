@@ -142,12 +142,12 @@ def test_a_lost_node_s_arms_resume_on_the_other_node_from_storage(
                 ), run.arm
             url = run.checkpoint_url
             assert url.startswith(f"s3://{BUCKET}/nightly/run-{run.id}-")
-            from worker.storage import open_fs
+            from worker.checkpoint_store import open_fs
 
             fs, root = open_fs(url, {"endpoint_url": cluster["endpoint"]})
             assert sorted(n.rsplit("/", 1)[-1] for n in fs.ls(root, detail=False)) == [
                 "best.pt", "ckpt_0000080.pt", "metrics.jsonl", "records.jsonl", "samples"
-            ]  # samples/: every evaluation's images (worker/storage.py)
+            ]  # samples/: every evaluation's images (worker/checkpoint_store.py)
             stored = torch.load(fs.open(f"{root}/ckpt_0000080.pt"), weights_only=False)
             local = torch.load(tmp_path / run.arm / "ckpt_0000080.pt", weights_only=False)
             assert all(torch.equal(stored["model"][k], local["model"][k]) for k in local["model"])

@@ -29,7 +29,7 @@ from orchestrator.vocabulary import TERMINAL_STATES
 from tests.orchestrator.factories import tiny_overrides
 from tests.polling import wait_for
 from worker.actor import ArmWorker
-from worker.storage import CheckpointStore, StoreConfig, open_fs
+from worker.checkpoint_store import CheckpointStore, StoreConfig, open_fs
 
 TINY = tiny_overrides(steps=30)
 AWS_ENV = {"AWS_ACCESS_KEY_ID": "ablate-test", "AWS_SECRET_ACCESS_KEY": "ablate-test-secret",
@@ -55,7 +55,7 @@ def test_a_node_without_paramiko_trains_and_stores_to_a_file_store(tmp_path: Pat
     code = f"""
 import sys
 sys.modules["paramiko"] = None  # import paramiko now raises ImportError
-from worker.storage import CheckpointStore, StoreConfig, open_fs
+from worker.checkpoint_store import CheckpointStore, StoreConfig, open_fs
 import worker.train, worker.actor
 fs, root = open_fs("file://{tmp_path}/store/run-1")
 fs.makedirs(root, exist_ok=True)

@@ -72,7 +72,7 @@ def test_samples_are_listed_by_step_and_served_from_the_run_folder(client, datab
 def test_a_gone_node_serves_samples_from_checkpoint_storage(client, database_url, trained, tmp_path) -> None:
     out, records = trained
     store = tmp_path / "store" / "run-x"
-    shutil.copytree(out / "samples", store / "samples")  # what worker/storage.py uploads
+    shutil.copytree(out / "samples", store / "samples")  # what worker/checkpoint_store.py uploads
     run_id = _run_with(client, database_url, records, checkpoint_dir=str(tmp_path / "gone"),
                        checkpoint_url=f"file://{store}")  # fmt: skip
     png = client.get(f"/api/runs/{run_id}/samples/10/text_1.png")

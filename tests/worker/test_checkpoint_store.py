@@ -15,7 +15,7 @@ from model.spec import ArmSpec
 from orchestrator.runs.arms import deep_merge, resolve
 from tests.polling import wait_for
 from worker.actor import ArmWorker
-from worker.storage import CheckpointStore, StoreConfig, open_fs, stored_checkpoints
+from worker.checkpoint_store import CheckpointStore, StoreConfig, open_fs, stored_checkpoints
 
 TINY: dict[str, Any] = {
     "model": {"size": "tiny", "depth": 3, "identity_tokens": 4},
