@@ -3,7 +3,7 @@
     python bench/orchestration.py [--database-url postgresql+psycopg://postgres@127.0.0.1:55432/postgres]
                                   [--gpus 4] [--ingest-arms 32] [--ingest-records 200] [--latency-runs 5]
 
-Three measurements, each through the real Scheduler, Ray actors (worker/actor.py) and the DB:
+Three measurements, each through the real Launcher, Ray actors (worker/actor.py) and the DB:
 
 1. submission -> first step: one arm submitted to an idle controller. Timestamps: the run's row
    (submission), its `started` event (worker up on its GPU), its first metric row. With the synthetic
@@ -249,7 +249,7 @@ def main() -> None:
 
     import ray
 
-    from orchestrator.runs.scheduler import Scheduler
+    from orchestrator.runs.launcher import Launcher
     from orchestrator.settings import Settings
 
     db, cleanup = _fresh_database(args.database_url)
@@ -275,11 +275,11 @@ def main() -> None:
 
     try:
         start_ray(args.gpus, 0.0)
-        lat = latency(db, Scheduler, settings, args.latency_runs)
+        lat = latency(db, Launcher, settings, args.latency_runs)
         start_ray(args.gpus, 0.5)
-        reaction, gaps = idle_gaps(db, Scheduler, settings, args.gpus, per_gpu=3)
+        reaction, gaps = idle_gaps(db, Launcher, settings, args.gpus, per_gpu=3)
         start_ray(args.ingest_arms, 0.0)
-        n, rate = ingest_rate(db, Scheduler, settings, args.ingest_arms, args.ingest_records)
+        n, rate = ingest_rate(db, Launcher, settings, args.ingest_arms, args.ingest_records)
     finally:
         ray.shutdown()
         cleanup()

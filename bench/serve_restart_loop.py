@@ -162,7 +162,7 @@ def cycle(i: int, args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
         log.close()
         text = (tmp / "serve.log").read_text()
         result["traceback"] = "Traceback" in text
-        # Scheduler.stop found its thread still inside ray.init (see orchestrator/scheduler.py).
+        # Launcher.stop found its thread still inside ray.init (see orchestrator/scheduler.py).
         result["waited_for_ray_init"] = "waiting for Ray to finish starting" in text
         result["exited_under_ray_init"] = "exiting without it" in text
         if result.get("hung") or result["traceback"] or args.keep:

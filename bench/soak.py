@@ -60,7 +60,7 @@ def controller_main() -> None:
     """`python bench/soak.py controller`: the app `ablate serve` runs, its scheduler on the synthetic stream."""
     import uvicorn
 
-    from orchestrator.runs.scheduler import Scheduler
+    from orchestrator.runs.launcher import Launcher
     from orchestrator.server import build_app
     from orchestrator.settings import load_settings
 
@@ -71,7 +71,7 @@ def controller_main() -> None:
     }
     os.environ.update(worker_env)  # the local node's agent, its Ray and workers inherit it
     app = build_app(settings)
-    scheduler = Scheduler(settings, train_fn=SYNTHETIC)
+    scheduler = Launcher(settings, train_fn=SYNTHETIC)
     app.state.startup_hooks.append(lambda _app: scheduler.start())
     app.state.shutdown_hooks.append(lambda _app: scheduler.stop())
     uvicorn.run(app, host="127.0.0.1", port=settings.port, log_level="warning")

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import Tensor, nn
 
-from model.spec import ArmSpec, EMASpec, ScheduleSpec
+from model.spec import ArmSpec, EMASpec, TrainingSchedule
 
 # Module-name prefix under which the transformer blocks live (NanoDiT.blocks).
 BLOCKS_PREFIX = "blocks."
@@ -168,7 +168,7 @@ def build_optimizers(
     return optimizers
 
 
-def lr_at(step: int, schedule: ScheduleSpec) -> float:
+def lr_at(step: int, schedule: TrainingSchedule) -> float:
     """Learning rate for optimizer step `step` (0-based).
 
     Linear warm-up from lr/warmup to lr over `warmup_steps`, then cosine from lr to min_lr at the

@@ -155,7 +155,7 @@ class EMASpec(Strict):
     warmup_steps: NonNegInt = 500  # decay ramps as min(decay, (1+s)/(10+s)) until here
 
 
-class ScheduleSpec(Strict):
+class TrainingSchedule(Strict):
     steps: Annotated[int, Field(gt=0, le=10**8)] = 5000
     # global batch per optimizer step, whatever the micro-batch: the arms of a grid compare at equal batch
     batch_size: Annotated[int, Field(gt=0, le=65536)] = 256
@@ -177,7 +177,7 @@ class ScheduleSpec(Strict):
     lr_explode_factor: PositiveFloat = 1.0
 
     @model_validator(mode="after")
-    def _consistent(self) -> ScheduleSpec:
+    def _consistent(self) -> TrainingSchedule:
         if self.grad_accum is not None:
             if self.batch_size % self.grad_accum:
                 raise ValueError(f"batch_size ({self.batch_size}) must be divisible by grad_accum ({self.grad_accum})")
@@ -338,7 +338,7 @@ class ArmSpec(Strict):
     model: ModelSpec = ModelSpec()
     data: DataSpec = DataSpec()
     optimizer: OptimizerSpec = OptimizerSpec()
-    schedule: ScheduleSpec = ScheduleSpec()
+    schedule: TrainingSchedule = TrainingSchedule()
     tread: TreadSpec = TreadSpec()
     repa: RepaSpec = RepaSpec()
     flow: FlowSpec = FlowSpec()

@@ -84,7 +84,7 @@ def prepare(settings: Settings) -> str:
 
 
 def build_app(settings: Settings) -> FastAPI:
-    """The app the server runs: migrated DB, token settled. Startup hooks (the scheduler) attach here."""
+    """The app the server runs: migrated DB, token settled. Startup hooks (the launcher) attach here."""
     return create_app(settings, prepare(settings))
 
 
@@ -95,29 +95,29 @@ def serve(settings: Settings, host: str | None = None, port: int | None = None) 
     from orchestrator.sweeps.runner import attach_sweep_runner
 
     app = build_app(settings)
-    attach_run_scheduler(app)  # starts with the app (opens each node's agent link), stops with it
+    attach_launcher(app)  # starts with the app (opens each node's agent link), stops with it
     attach_sweep_runner(app)  # fires due schedules (cron) and drives their sweeps
     uvicorn.run(app, host=host or settings.host, port=port or settings.port, log_level="info")
 
 
-def attach_run_scheduler(app: Any) -> None:
-    """Run a Scheduler for the app's lifetime (`ablate serve`), through its startup/shutdown hooks."""
+def attach_launcher(app: Any) -> None:
+    """Run a Launcher for the app's lifetime (`ablate serve`), through its startup/shutdown hooks."""
 
     def start(app: Any) -> None:
-        from orchestrator.runs.scheduler import Scheduler
+        from orchestrator.runs.launcher import Launcher
 
-        app.state.scheduler = Scheduler(app.state.settings)
-        app.state.scheduler.start()
-        print(f"scheduler: started (workers' Ray namespace {app.state.settings.ray_namespace!r})")
+        app.state.launcher = Launcher(app.state.settings)
+        app.state.launcher.start()
+        print(f"launcher: started (workers' Ray namespace {app.state.settings.ray_namespace!r})")
 
     def stop(app: Any) -> None:
-        scheduler = getattr(app.state, "scheduler", None)
-        if scheduler is None:
+        launcher = getattr(app.state, "launcher", None)
+        if launcher is None:
             return
-        if not scheduler.stop():
-            print("scheduler: its last pass did not end in time; exiting without it")
+        if not launcher.stop():
+            print("launcher: its last pass did not end in time; exiting without it")
         else:
-            print("scheduler: stopped (nodes' workers train on; a restarted controller adopts them)")
+            print("launcher: stopped (nodes' workers train on; a restarted controller adopts them)")
 
     app.state.startup_hooks.append(start)
     app.state.shutdown_hooks.append(stop)

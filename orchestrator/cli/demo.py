@@ -272,7 +272,7 @@ def demo(
     detector stops the broken one live; then a per-arm table."""
     from orchestrator.db.session import session_scope, upgrade
     from orchestrator.runs.grids import GridCreate, create_grid
-    from orchestrator.runs.scheduler import Scheduler
+    from orchestrator.runs.launcher import Launcher
 
     settings = demo_settings(load_settings())
     upgrade(settings.database_url)
@@ -295,7 +295,7 @@ def demo(
     # This machine is a node like any other: its agent (a child process) runs its Ray and workers, whose
     # logs stay in Ray's session logs instead of tearing through the live table.
     console.print(f"local node: {settings.logical_gpus or 'detected'} GPUs; database {settings.database_url}")
-    scheduler = Scheduler(settings)
+    scheduler = Launcher(settings)
     api = _ApiServer(settings, host, port)
     try:
         api.start()

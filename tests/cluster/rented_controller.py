@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.db.session import upgrade
-from orchestrator.runs.scheduler import Scheduler
+from orchestrator.runs.launcher import Launcher
 from orchestrator.settings import load_settings
 from orchestrator.sweeps.runner import SweepRunner
 from tests.cluster.rental import BED_TIMING, DEADMAN_MARK, bed_login_user
@@ -53,7 +53,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     settings = load_settings()
     upgrade(settings.database_url)
-    scheduler = Scheduler(settings)
+    scheduler = Launcher(settings)
     scheduler.start()
     runner = SweepRunner.from_settings(settings)
     poll = float(os.environ.get("ABLATE_TEST_POLL_S", "0.2"))

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from model.optim import EMA, BatchedMuon, build_optimizers, ema_decay, hidden_weight_names, lr_at, set_lr
-from model.spec import ArmSpec, EMASpec, ScheduleSpec
+from model.spec import ArmSpec, EMASpec, TrainingSchedule
 
 
 class Block(nn.Module):
@@ -83,7 +83,7 @@ def test_both_optimizers_step() -> None:
 
 
 def test_lr_schedule_values() -> None:
-    s = ScheduleSpec(steps=110, lr=1e-3, min_lr=1e-5, warmup_steps=10)
+    s = TrainingSchedule(steps=110, lr=1e-3, min_lr=1e-5, warmup_steps=10)
     assert lr_at(0, s) == pytest.approx(1e-4)
     assert lr_at(4, s) == pytest.approx(5e-4)
     assert lr_at(9, s) == pytest.approx(1e-3)
@@ -93,12 +93,12 @@ def test_lr_schedule_values() -> None:
     assert lr_at(109, s) == pytest.approx(1e-5)  # min_lr at the last step
     lrs = [lr_at(i, s) for i in range(10, 110)]
     assert all(a >= b for a, b in zip(lrs, lrs[1:], strict=False))
-    const = ScheduleSpec(steps=100, lr=1e-3, min_lr=0, warmup_steps=0, lr_schedule="constant")
+    const = TrainingSchedule(steps=100, lr=1e-3, min_lr=0, warmup_steps=0, lr_schedule="constant")
     assert lr_at(0, const) == lr_at(99, const) == 1e-3
 
 
 def test_lr_explode_hook() -> None:
-    s = ScheduleSpec(steps=100, lr=1e-3, min_lr=1e-3, warmup_steps=0, lr_explode_after=50, lr_explode_factor=30.0)
+    s = TrainingSchedule(steps=100, lr=1e-3, min_lr=1e-3, warmup_steps=0, lr_explode_after=50, lr_explode_factor=30.0)
     assert lr_at(49, s) == pytest.approx(1e-3)
     assert lr_at(50, s) == pytest.approx(3e-2)
 

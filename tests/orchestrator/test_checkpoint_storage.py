@@ -154,8 +154,8 @@ def test_a_lost_worker_whose_disk_is_gone_resumes_from_s3(
     """Kill a worker mid-run and take its local checkpoint directory away (a lost node): the re-queued
     run resumes from the newest checkpoint in S3, its metrics are contiguous with none duplicated, and
     every value equals its twin's, trained uninterrupted from the same seed in the same grid."""
+    from orchestrator.runs.launcher import Launcher
     from orchestrator.runs.placement import actor_name, run_dir
-    from orchestrator.runs.scheduler import Scheduler
     from orchestrator.settings import Settings
 
     ray = ray_with_aws_env
@@ -178,7 +178,7 @@ def test_a_lost_worker_whose_disk_is_gone_resumes_from_s3(
         grid = create_grid(session, GridCreate(name="lost", arms=["A", {"parent": "A", "name": "A-twin"}],
                                                overrides=overrides))
         lost_id, twin_id = (r.id for r in grid.runs)
-    scheduler = Scheduler(settings)
+    scheduler = Launcher(settings)
     scheduler.start()
     try:
         def stored_step() -> int | None:

@@ -21,7 +21,7 @@ from orchestrator.db.models import Event, Run
 from orchestrator.db.session import session_scope
 from orchestrator.fleet.agent_link import AgentLink, AgentProtocolError, ProcessStream
 from orchestrator.runs.grids import GridCreate, create_grid
-from orchestrator.runs.scheduler import Scheduler
+from orchestrator.runs.launcher import Launcher
 from orchestrator.settings import Settings
 from tests.orchestrator.factories import tiny_overrides
 from tests.polling import wait_for
@@ -97,7 +97,7 @@ def test_what_a_hostile_node_sends_is_refused_and_nothing_executes(
     settings = Settings(
         database_url=database_url, storage_dir=tmp_path / "storage", scheduler_interval_s=0.2, max_retries=0
     )
-    scheduler = Scheduler(settings, local_agent=[sys.executable, str(hostile), mode, str(canary)])
+    scheduler = Launcher(settings, local_agent=[sys.executable, str(hostile), mode, str(canary)])
     with session_scope(database_url) as session:
         grid = create_grid(session, GridCreate(name=f"hostile-{mode}", arms=["A"], overrides=tiny_overrides(steps=4)))
         run_id = grid.runs[0].id
@@ -163,7 +163,7 @@ def test_a_joined_node_whose_agent_sends_a_pickle_over_ssh_is_refused_and_marked
         database_url=database_url, storage_dir=tmp_path / "storage", scheduler_interval_s=0.2, max_retries=0,
         local_node=False,
     )
-    scheduler = Scheduler(settings)
+    scheduler = Launcher(settings)
     scheduler.start()
     try:
         wait_for(lambda: _run(database_url, run_id).state == "failed", "the hostile node's run to fail", 60)

@@ -17,8 +17,8 @@ from sqlalchemy import select
 from orchestrator.db.models import Event, Metric, Run
 from orchestrator.db.session import session_scope
 from orchestrator.runs.grids import GridCreate, PathPolicy, create_grid, stop_run
+from orchestrator.runs.launcher import Launcher
 from orchestrator.runs.placement import actor_name, run_dir
-from orchestrator.runs.scheduler import Scheduler
 from orchestrator.settings import Settings
 from orchestrator.vocabulary import TERMINAL_STATES
 from tests.orchestrator.factories import tiny_overrides
@@ -46,8 +46,8 @@ def settings(ray_cluster: str, database_url: str, tmp_path: Path) -> Settings:
 
 
 @pytest.fixture
-def scheduler(settings: Settings) -> Iterator[Scheduler]:
-    s = Scheduler(settings)
+def scheduler(settings: Settings) -> Iterator[Launcher]:
+    s = Launcher(settings)
     s.start()
     yield s
     s.stop()
@@ -92,7 +92,7 @@ def alive(pid: int) -> bool:
 
 
 def test_a_diverging_command_arm_is_stopped_through_its_stop_file_beside_arm_a(
-    scheduler: Scheduler, settings: Settings, database_url: str
+    scheduler: Launcher, settings: Settings, database_url: str
 ) -> None:
     example = {"code": str(EXAMPLE), "detector": {"metric": "val_loss"}, "stop_grace_s": 60}
     healthy = {**example, "name": "mine", "command": [sys.executable, "train.py", "--steps", "300"]}
@@ -116,7 +116,7 @@ def test_a_diverging_command_arm_is_stopped_through_its_stop_file_beside_arm_a(
 
 
 def test_a_command_that_ignores_its_stop_file_gets_sigterm_then_sigkill(
-    scheduler: Scheduler, settings: Settings, database_url: str
+    scheduler: Launcher, settings: Settings, database_url: str
 ) -> None:
     arm = stand_in("stubborn", "--steps", "10000000", "--ignore-stop", stop_grace_s=0.5, term_grace_s=1.0)
     (run_id,) = submit(database_url, [arm])
@@ -134,7 +134,7 @@ def test_a_command_that_ignores_its_stop_file_gets_sigterm_then_sigkill(
 
 
 def test_a_command_arm_whose_worker_is_killed_resumes_from_its_stored_checkpoints(
-    scheduler: Scheduler, settings: Settings, database_url: str, tmp_path: Path
+    scheduler: Launcher, settings: Settings, database_url: str, tmp_path: Path
 ) -> None:
     (run_id,) = submit(database_url, [stand_in("mine", "--steps", "80", "--step-s", "0.05")])
 
@@ -163,7 +163,7 @@ def test_a_command_arm_whose_worker_is_killed_resumes_from_its_stored_checkpoint
 
 
 def test_a_crashing_command_arm_shows_its_stderr_tail_on_the_run(
-    scheduler: Scheduler, database_url: str
+    scheduler: Launcher, database_url: str
 ) -> None:
     (run_id,) = submit(database_url, [stand_in("crash", "--crash-at", "15")])
     wait_for(lambda: done(database_url, [run_id]), "the crash")

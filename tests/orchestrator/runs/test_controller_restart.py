@@ -115,7 +115,7 @@ def test_controller_killed_mid_grid_and_restarted_loses_nothing(
         second.send_signal(signal.SIGTERM)
         second.wait(timeout=30)
     # A graceful shutdown on SIGTERM (uvicorn re-raises the signal once it has shut down).
-    assert second.returncode in (0, -signal.SIGTERM) and "scheduler: stopped" in log.read_text(), log.read_text()
+    assert second.returncode in (0, -signal.SIGTERM) and "launcher: stopped" in log.read_text(), log.read_text()
     assert states() == ["completed"] * 5
     assert metric_count() > killed_at
     with session_scope(database_url) as session:

@@ -13,8 +13,8 @@ from sqlalchemy import select
 from orchestrator.db.models import Event, Run
 from orchestrator.db.session import session_factory, session_scope
 from orchestrator.runs.grids import GridCreate, create_grid, stop_run
+from orchestrator.runs.launcher import Launcher
 from orchestrator.runs.placement import Worker, claim_for_launch
-from orchestrator.runs.scheduler import Scheduler
 from orchestrator.settings import Settings
 from orchestrator.vocabulary import RunState
 
@@ -34,8 +34,8 @@ def _kinds(database_url: str, run_id: int) -> list[str]:
         return list(session.scalars(select(Event.kind).where(Event.run_id == run_id).order_by(Event.id)))
 
 
-def _scheduler(database_url: str, tmp_path: Path, max_retries: int = 2) -> Scheduler:
-    return Scheduler(Settings(database_url=database_url, storage_dir=tmp_path, max_retries=max_retries))
+def _scheduler(database_url: str, tmp_path: Path, max_retries: int = 2) -> Launcher:
+    return Launcher(Settings(database_url=database_url, storage_dir=tmp_path, max_retries=max_retries))
 
 
 def test_a_stop_that_commits_first_keeps_the_launch_from_claiming_the_run(database_url: str) -> None:
@@ -121,13 +121,13 @@ def test_the_api_serves_while_ray_is_still_unreachable(database_url: str, tmp_pa
         import os, sys
         from fastapi.testclient import TestClient
         from orchestrator.app import create_app
-        from orchestrator.server import attach_run_scheduler
+        from orchestrator.server import attach_launcher
         from orchestrator.settings import Settings
 
         # Port 9 (discard): nothing listens, so joining this "cluster" fails or hangs.
         settings = Settings(database_url=sys.argv[1], storage_dir=sys.argv[2], ray_address="127.0.0.1:9")
         app = create_app(settings, "token")
-        attach_run_scheduler(app)
+        attach_launcher(app)
         with TestClient(app) as client:
             print("healthz", client.get("/healthz").status_code, flush=True)
             os._exit(0)  # skip the shutdown hook's join of a thread still trying to reach Ray

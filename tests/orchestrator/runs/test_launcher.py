@@ -20,8 +20,8 @@ from sqlalchemy import select
 from orchestrator.db.models import Event, Metric, Run
 from orchestrator.db.session import session_scope
 from orchestrator.runs.grids import GridCreate, create_grid, stop_run
+from orchestrator.runs.launcher import Launcher
 from orchestrator.runs.placement import actor_name, run_dir
-from orchestrator.runs.scheduler import Scheduler
 from orchestrator.vocabulary import TERMINAL_STATES
 from tests.orchestrator.factories import tiny_overrides
 from tests.polling import wait_for
@@ -39,7 +39,7 @@ def ray_cluster() -> Iterator[str]:
 
 
 @pytest.fixture
-def scheduler(ray_cluster: str, database_url: str, tmp_path: Path) -> Iterator[Scheduler]:
+def scheduler(ray_cluster: str, database_url: str, tmp_path: Path) -> Iterator[Launcher]:
     from orchestrator.settings import Settings
 
     settings = Settings(
@@ -51,7 +51,7 @@ def scheduler(ray_cluster: str, database_url: str, tmp_path: Path) -> Iterator[S
         ray_namespace="ablate-test",
         ray_address=ray_cluster,
     )
-    s = Scheduler(settings)
+    s = Launcher(settings)
     s.start()
     yield s
     s.stop()
@@ -82,7 +82,7 @@ def all_done(database_url: str, ids: list[int]) -> bool:
     return all(r.state in TERMINAL_STATES for r in runs(database_url, ids))
 
 
-def test_four_arms_on_four_gpus_a_fifth_waits_for_a_free_one(scheduler: Scheduler, database_url: str) -> None:
+def test_four_arms_on_four_gpus_a_fifth_waits_for_a_free_one(scheduler: Launcher, database_url: str) -> None:
     arms = ["A", "B", "C", {"parent": "A", "name": "A2"}, {"parent": "A", "name": "A3"}]
     # The fifth arm is short so that it is the one still queued while the first four all run.
     ids = submit(database_url, arms)
@@ -122,7 +122,7 @@ def _metrics(database_url: str, run_id: int) -> list[Metric]:
         return list(session.scalars(select(Metric).where(Metric.run_id == run_id).order_by(Metric.step)))
 
 
-def test_kill_9_of_a_worker_resumes_from_its_checkpoint(scheduler: Scheduler, database_url: str) -> None:
+def test_kill_9_of_a_worker_resumes_from_its_checkpoint(scheduler: Launcher, database_url: str) -> None:
     overrides = {**TINY, "schedule": {**TINY["schedule"], "steps": 80}}
     (run_id,) = submit(database_url, ["A"], overrides)
     wait_for(lambda: len(steps_of(database_url, run_id)) >= 2, "two checkpoints")
@@ -140,7 +140,7 @@ def test_kill_9_of_a_worker_resumes_from_its_checkpoint(scheduler: Scheduler, da
     assert resumed.data["step"] >= 20
 
 
-def test_user_stop_is_graceful_with_a_final_checkpoint(scheduler: Scheduler, database_url: str) -> None:
+def test_user_stop_is_graceful_with_a_final_checkpoint(scheduler: Launcher, database_url: str) -> None:
     overrides = {**TINY, "schedule": {**TINY["schedule"], "steps": 400}}
     (run_id,) = submit(database_url, ["A"], overrides)
     wait_for(lambda: steps_of(database_url, run_id), "a first checkpoint")
@@ -156,7 +156,7 @@ def test_user_stop_is_graceful_with_a_final_checkpoint(scheduler: Scheduler, dat
     assert [e.kind for e in events_of(database_url, run_id)][-1] == "stopped"
 
 
-def test_an_exploding_lr_is_stopped_with_its_best_checkpoint_kept(scheduler: Scheduler, database_url: str) -> None:
+def test_an_exploding_lr_is_stopped_with_its_best_checkpoint_kept(scheduler: Launcher, database_url: str) -> None:
     overrides = {
         **TINY,
         "schedule": {**TINY["schedule"], "steps": 200, "lr": 1e-3, "lr_explode_after": 30, "lr_explode_factor": 1e4},
@@ -173,7 +173,7 @@ def test_an_exploding_lr_is_stopped_with_its_best_checkpoint_kept(scheduler: Sch
 
 
 def test_a_new_run_moves_a_stale_directory_aside_instead_of_resuming_it(
-    scheduler: Scheduler, database_url: str
+    scheduler: Launcher, database_url: str
 ) -> None:
     """Files under a brand-new run's directory (left by a deleted database whose run had the same id)
     are moved aside with a `stale_dir` event: the run starts from step 0, not from their records."""
@@ -202,7 +202,7 @@ def test_a_new_run_moves_a_stale_directory_aside_instead_of_resuming_it(
     assert not (stale / "ckpt_0000030.pt").exists() and run.checkpoint_dir == str(stale)
 
 
-def _idle_scheduler(database_url: str, tmp_path: Path, ray_address: str, **kw: Any) -> Scheduler:
+def _idle_scheduler(database_url: str, tmp_path: Path, ray_address: str, **kw: Any) -> Launcher:
     """A scheduler on this module's Ray; not started unless the test starts it."""
     from orchestrator.settings import Settings
 
@@ -215,7 +215,7 @@ def _idle_scheduler(database_url: str, tmp_path: Path, ray_address: str, **kw: A
         ray_address=ray_address,
         **kw,
     )
-    return Scheduler(settings)
+    return Launcher(settings)
 
 
 def test_a_worker_ray_cannot_place_times_out_as_a_retry_then_fails(
@@ -279,7 +279,7 @@ def _fail_commits_once_with(predicate: Callable[[Any], bool], error: Exception) 
 
 
 def test_a_failed_db_write_after_a_worker_death_does_not_strand_the_run(
-    scheduler: Scheduler, database_url: str
+    scheduler: Launcher, database_url: str
 ) -> None:
     from sqlalchemy import event
     from sqlalchemy.exc import OperationalError
@@ -308,7 +308,7 @@ def test_a_failed_db_write_after_a_worker_death_does_not_strand_the_run(
 
 
 def test_records_that_cannot_be_stored_fail_their_run_and_stall_nothing(
-    scheduler: Scheduler, database_url: str
+    scheduler: Launcher, database_url: str
 ) -> None:
     from sqlalchemy import event
     from sqlalchemy.orm import Session
@@ -349,7 +349,7 @@ def unwritable_runs_dir(tmp_path: Path) -> Iterator[Path]:
 
 
 def test_a_worker_that_cannot_write_its_directory_fails_its_run_at_once(
-    scheduler: Scheduler, database_url: str, unwritable_runs_dir: Path, ablate_cli  # type: ignore[no-untyped-def]
+    scheduler: Launcher, database_url: str, unwritable_runs_dir: Path, ablate_cli  # type: ignore[no-untyped-def]
 ) -> None:
     """The real Ray actor's constructor meets a PermissionError: the run fails at once (no retry, no
     "worker lost") with the exception's type, message, path and innermost frame, free of terminal codes,

@@ -55,7 +55,7 @@ from orchestrator.settings import Settings
 from orchestrator.storage import record_storage, run_storage_url, seen_seq
 from orchestrator.vocabulary import ACTIVE_STATES, TERMINAL_STATES, GridSource, RunState
 
-log = logging.getLogger("ablate.scheduler")
+log = logging.getLogger("ablate.launcher")
 
 # A worker whose replies fail to store this many times in a row for a reason other than the database
 # being unreachable (a record the DB refuses) has its run failed with the error, so it cannot stall
@@ -66,7 +66,7 @@ MAX_INGEST_FAILURES = 5
 # -- the loop -----------------------------------------------------------------------------------------
 
 
-class Scheduler:
+class Launcher:
     """Launch, poll, ingest, stop, retry. `start()` runs it in a daemon thread; `tick()` is one pass."""
 
     def __init__(
@@ -85,7 +85,7 @@ class Scheduler:
 
     def start(self) -> None:
         """Return at once: the nodes' agents start in the background, so an API beside it serves now."""
-        self._thread = threading.Thread(target=self.run_forever, name="ablate-scheduler", daemon=True)
+        self._thread = threading.Thread(target=self.run_forever, name="ablate-launcher", daemon=True)
         self._thread.start()
 
     def stop(self, timeout: float = 30.0) -> bool:
@@ -104,7 +104,7 @@ class Scheduler:
                 try:
                     self.tick()
                 except Exception:  # a DB hiccup must not kill the controller; the next tick retries
-                    log.exception("scheduler tick failed")
+                    log.exception("launcher tick failed")
                     self._halt.wait(self.settings.scheduler_interval_s)
         finally:
             self.pool.close()
@@ -397,14 +397,14 @@ class Scheduler:
 
 
 def main() -> None:
-    """`python -m orchestrator.runs.scheduler`: the scheduler alone in the foreground (tests kill -9 it)."""
+    """`python -m orchestrator.runs.launcher`: the launcher alone in the foreground (tests kill -9 it)."""
     from orchestrator.db.session import upgrade
     from orchestrator.settings import load_settings
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     settings = load_settings()
     upgrade(settings.database_url)
-    scheduler = Scheduler(settings)
+    scheduler = Launcher(settings)
     try:
         scheduler.run_forever()
     except KeyboardInterrupt:
