@@ -65,9 +65,7 @@ def metric_values(record: dict[str, Any]) -> dict[str, Any]:
         elif key in METRIC_FIELDS:
             values[key] = None if value is None else str(value)
         else:
-            extra[key] = json_safe(value)
-            if value in NONFINITE_TEXT or (isinstance(value, float) and not is_finite(value)):
-                nonfinite[key] = json_safe(float(value))  # a command arm's own metric gone NaN
+            extra[key] = json_safe(value)  # a non-finite float as "nan"/"inf": metric_series reads it back
     if nonfinite:
         extra["nonfinite"] = nonfinite
     values["extra"] = extra
@@ -116,8 +114,12 @@ def metric_series(session: Session, run_id: int) -> list[dict[str, Any]]:
     for m in rows:
         point: dict[str, Any] = {"step": m.step, **{name: getattr(m, name) for name in METRIC_FIELDS}}
         for key, value in (m.extra or {}).items():
-            if key not in point and isinstance(value, int | float) and not isinstance(value, bool):
+            if key in point:
+                continue
+            if isinstance(value, int | float) and not isinstance(value, bool):
                 point[key] = value
+            elif value in NONFINITE_TEXT:  # a command arm's own metric gone NaN
+                point[key] = float(value)
         for key, text in (m.extra or {}).get("nonfinite", {}).items():
             point[key] = float(text)
         series.append(point)
