@@ -21,13 +21,13 @@ from typing import Any
 import numpy as np
 import pytest
 from PIL import Image
-from tests.worker.test_storage import TINY, finish
 
 from model.data import DatasetError, build_dataset
 from model.data.prepare import prepare
 from model.spec import ArmSpec
 from orchestrator.runs.arms import deep_merge, resolve
 from tests.polling import wait_for
+from tests.worker.test_checkpoint_store import TINY, finish
 from worker.actor import ArmWorker
 from worker.checkpoint_store import open_fs
 from worker.data_fetch import DataStore, Fetched, cache_path, fetch_prepared
