@@ -26,3 +26,11 @@ def json_safe(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     return value
+
+
+def number(value: object, spec: str = ".4g") -> str:
+    """A number as text: "-" for None, a float by `spec` (".3f", ".1e"), anything else as it is (a step,
+    a name, a non-finite metric stored as "nan"). The tables and the reports write numbers with it."""
+    if value is None:
+        return "-"
+    return format(value, spec) if isinstance(value, float) else str(value)

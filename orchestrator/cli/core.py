@@ -11,8 +11,9 @@ from pydantic import ValidationError
 from rich.console import Console
 
 from orchestrator.cli import CLIError, app, free_port
-from orchestrator.cli.tables import Column, number, print_table
+from orchestrator.cli.tables import Column, print_table
 from orchestrator.messages import database_error_text, errors_text, masked_url, validation_text
+from orchestrator.numbers import number
 from orchestrator.settings import Settings, load_settings
 from orchestrator.vocabulary import RunState
 

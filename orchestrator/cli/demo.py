@@ -23,8 +23,9 @@ from rich.table import Table
 
 from arms import ARMS_DIR
 from orchestrator.cli import CLIError, app, free_port
-from orchestrator.cli.tables import Column, number, print_table
+from orchestrator.cli.tables import Column, print_table
 from orchestrator.cli.tables import build as build_table
+from orchestrator.numbers import number
 from orchestrator.settings import Settings, load_settings
 from orchestrator.vocabulary import DETECTOR_STOPS, TERMINAL_STATES, RunDecision, RunState
 

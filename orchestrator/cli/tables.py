@@ -33,14 +33,6 @@ class Column:
 Cell = str | Text
 
 
-def number(value: object, spec: str = ".4g") -> str:
-    """A number as a cell: "-" for None, a float by `spec` (".3f", ".1e"), anything else as it is (a step,
-    a name, a non-finite metric stored as "nan")."""
-    if value is None:
-        return "-"
-    return format(value, spec) if isinstance(value, float) else str(value)
-
-
 def _width(cell: Cell) -> int:
     text = cell.plain if isinstance(cell, Text) else cell
     return max((cell_len(line) for line in text.splitlines()), default=0)

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from orchestrator.cli import CLIError, app
-from orchestrator.cli.tables import number
+from orchestrator.numbers import number
 
 SIZES = ["tiny", "small", "seed"]
 

@@ -14,7 +14,8 @@ from pathlib import Path
 from rich.console import Console
 
 from orchestrator.cli import free_port
-from orchestrator.cli.tables import Column, number, print_table
+from orchestrator.cli.tables import Column, print_table
+from orchestrator.numbers import number
 
 COLUMNS = [
     Column("arm"),

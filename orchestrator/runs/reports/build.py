@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from model.spec import ArmSpec
 from orchestrator.db.models import Grid, Metric, Node, Run, Sweep
-from orchestrator.numbers import finite_or_none, is_finite
+from orchestrator.numbers import finite_or_none, is_finite, number
 from orchestrator.runs.arms import changes
 from orchestrator.runs.reports.effects import METRIC_WORDS
 from orchestrator.runs.reports.model import (
@@ -41,9 +41,7 @@ STANDIN = "random_standin"
 # Sample kinds shown in the report's rows (the manipulation pairs stay in the gallery).
 REPORT_KINDS = ("target", "recon", "text")
 
-
-def _fmt(x: float) -> str:
-    return f"{x:.3f}"
+DIGITS = ".3f"  # how a report writes a metric value or difference
 
 
 def compare(arm: str, m: Metric, other_arm: str, o: Metric | None, metric: str, against: str, at: str) -> Comparison:
@@ -57,14 +55,15 @@ def compare(arm: str, m: Metric, other_arm: str, o: Metric | None, metric: str, 
     if d is None:
         return Comparison(**base, **values, words=f"{label}: {METRIC_WORDS[metric]} not measured on both")
     direction = "lower" if d.diff < 0 else "higher" if d.diff > 0 else "equal"
-    text = f"{label}: {METRIC_WORDS[metric]} {_fmt(abs(d.diff))} {direction}"
+    text = f"{label}: {METRIC_WORDS[metric]} {number(abs(d.diff), DIGITS)} {direction}"
     if d.low is None or d.high is None:
         verdict = "no interval"
         why = "per-sample values" if d.pairing == "paired" else "per-sample values or standard errors"
         text += f" (independent; no interval: no {why} stored)"
     else:
         lo, hi = sorted((abs(d.low), abs(d.high))) if d.low * d.high > 0 else (d.low, d.high)
-        text += f" ({_fmt(lo)} to {_fmt(hi)}, 95%, {d.pairing}" + (f", n={d.n}" if d.n else "") + ")"
+        n = f", n={d.n}" if d.n else ""
+        text += f" ({number(lo, DIGITS)} to {number(hi, DIGITS)}, 95%, {d.pairing}{n})"
         if d.low <= 0 <= d.high:
             verdict = "no clear difference"
         else:
@@ -258,7 +257,8 @@ def summarize(arms: list[ArmReport]) -> Summary:
     words = []
     if ranking and ranking[0].best_value is not None:
         top = ranking[0]
-        words.append(f"Best on {METRIC_WORDS[PRIMARY]}: {top.arm} ({_fmt(top.best_value)} at step {top.best_step}).")
+        best = number(top.best_value, DIGITS)
+        words.append(f"Best on {METRIC_WORDS[PRIMARY]}: {top.arm} ({best} at step {top.best_step}).")
     standin = [a.arm for a in arms if a.standin_steps]
     if standin:
         words.append(f"LPIPS of {', '.join(standin)} is the random stand-in backbone, which cannot tell arms apart: "
