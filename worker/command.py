@@ -18,7 +18,6 @@ checkpoint store uploads and prunes it as it does the built-in trainer's. Import
 
 from __future__ import annotations
 
-import ctypes
 import json
 import math
 import os
@@ -35,6 +34,7 @@ from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
 from model.spec import ArmSpec, CommandEnd
+from worker.node_ray import end_with_parent
 
 WORK_DIR = "work"  # the copy of `code`, the process's working directory
 RUN_DIR = "run"  # ABLATE_RUN_DIR
@@ -54,11 +54,6 @@ _CKPT_RE = re.compile(r"^ckpt_(\d+)\.pt$")
 
 class CommandFailed(Exception):
     """The command failed: the message (exit code and stderr tail, or a broken contract) is the run's error."""
-
-
-def _die_with_parent() -> None:
-    """In the child: SIGKILL when the actor's thread that started it ends (a killed worker leaves no trainer)."""
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def _link(src: Path, dst: Path) -> None:
@@ -154,7 +149,7 @@ class CommandArm:
         with (self.out_dir / STDOUT_LOG).open("ab") as out:
             proc = subprocess.Popen(
                 self.command.argv, cwd=work, env=env, stdout=out, stderr=subprocess.PIPE,
-                start_new_session=True, preexec_fn=_die_with_parent,
+                start_new_session=True, preexec_fn=end_with_parent(signal.SIGKILL),  # a killed worker leaves no trainer
             )  # fmt: skip
         reader = threading.Thread(target=self._read_stderr, args=(proc.stderr,), daemon=True)
         reader.start()

@@ -15,6 +15,7 @@ Files in the node's Ray directory (`ablate/ray` under the login directory by def
 
 from __future__ import annotations
 
+import ctypes
 import os
 import secrets
 import signal
@@ -22,6 +23,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 SESSION_FILE = "session"
@@ -147,6 +149,16 @@ def head_running(directory: Path) -> bool:
     except OSError:
         return False
     return True
+
+
+def end_with_parent(sig: int) -> Callable[[], None]:
+    """A `preexec_fn`: the child gets `sig` when the thread that started it ends (Linux prctl
+    PR_SET_PDEATHSIG), so a killed parent leaves no child behind, even one too busy to see its pipes close."""
+
+    def arm() -> None:
+        ctypes.CDLL(None, use_errno=True).prctl(1, sig)
+
+    return arm
 
 
 def _free_port() -> int:

@@ -116,24 +116,19 @@ def refused_records(records: list[dict[str, Any]], run_id: int, after: int | Non
 # -- byte streams -------------------------------------------------------------------------------------
 
 
-def _end_with_parent() -> None:
-    """In the child before exec: SIGTERM when the thread that started it ends (the controller killed),
-    even while the agent is busy and not reading its closed stdin (Linux prctl PR_SET_PDEATHSIG)."""
-    import ctypes
-    import signal
-
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
-
-
 class ProcessStream:
     """The agent as a child process of the controller (its own machine): stdin/stdout pipes."""
 
     def __init__(self, command: list[str], env: dict[str, str], log: Path) -> None:
+        import signal
+
+        from worker.node_ray import end_with_parent
+
         log.parent.mkdir(parents=True, exist_ok=True)
         with log.open("ab") as err:
             self.proc = subprocess.Popen(
                 command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, env=env,
-                start_new_session=True, preexec_fn=_end_with_parent,
+                start_new_session=True, preexec_fn=end_with_parent(signal.SIGTERM),  # ends with the controller
             )  # fmt: skip
 
     def send(self, data: bytes) -> None:

@@ -364,8 +364,7 @@ class Launcher:
         """Kill workers that Ray has not placed (no poll reply) within start_timeout_s; each counts as died."""
         limit = self.settings.start_timeout_s
         for worker in list(self.workers.values()):
-            if not worker.started and now - worker.launched_at > limit:
-                self._kill(worker)
+            if not worker.started and now - worker.launched_at > limit:  # _worker_died kills it
                 self._worker_died(worker, TimeoutError(f"not started within start_timeout_s={limit:g} s"))
 
     def _finish(self, session: Session, run: Run, state: RunState, message: str, **data: object) -> None:
