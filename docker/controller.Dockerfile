@@ -1,49 +1,58 @@
-# The ablate controller: REST API + dashboard, the Ray head, and (as a second service) the sweep runner.
-# CPU-only torch: the controller never trains; GPU work runs in Ray workers (worker.Dockerfile or
-# rented nodes that join over SSH).
+# The ablate controller: REST API, dashboard, launcher and the sweep runner (`ablate serve`). No Ray and
+# no GPUs here: every node runs its own Ray and is reached over SSH alone (docs/security.md).
 #
-# Build from the repository root:  docker build -f docker/controller.Dockerfile -t ablate-controller .
-# (docker/controller.Dockerfile.dockerignore keeps .venv, .git and local state out of the context.)
-# Python 3.12 to match the worker image and Ubuntu 24.04 rented nodes: Ray needs the same Python
-# minor version on every node of a cluster (bootstrap checks it).
-ARG PYTHON_VERSION=3.12
-FROM python:${PYTHON_VERSION}-slim-bookworm
+# Build from the repository root (docs/operations.md, "Images", has the commands as tested):
+#   docker build -f docker/controller.Dockerfile -t ablate-controller .
+#   podman build -f docker/controller.Dockerfile -t ablate-controller .
+#
+# BASE: any Debian or Ubuntu image whose `python3` has the venv module. The default is the real one; the
+# image test (tests/images/) passes a base it makes with debootstrap, since no registry is reachable there.
+ARG BASE=python:3.12-slim-bookworm
+FROM ${BASE}
 
-ARG TORCH_VERSION=2.13.0
-ARG TORCHVISION_VERSION=0.28.0
+# The controller never trains: CPU torch, from PyTorch's CPU index (an unpinned torch from PyPI is a
+# multi-GB CUDA build). TORCH_PIP_ARGS replaces the index (e.g. `--find-links /wheels` for a local wheel).
+ARG TORCH=torch==2.13.0
+ARG TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"
+# Options for every pip install: a mirror (`--index-url`), a proxy's CA bundle (`--cert`).
+ARG PIP_ARGS=""
 
 # openssh-client: ssh-keyscan / ssh-keygen for trusting node host keys (docs/operations.md).
 RUN apt-get update \
     && apt-get install -y --no-install-recommends openssh-client tini \
     && rm -rf /var/lib/apt/lists/*
 
-ENV VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH PIP_NO_CACHE_DIR=1 PYTHONUNBUFFERED=1
-RUN python -m venv $VIRTUAL_ENV
-# torch first, from the CPU index: an unpinned torch from PyPI pulls a multi-GB CUDA build.
-RUN pip install "torch==${TORCH_VERSION}" "torchvision==${TORCHVISION_VERSION}" \
-        --index-url https://download.pytorch.org/whl/cpu
+ENV VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN python3 -m venv $VIRTUAL_ENV
+# A cache mount keeps pip's downloads out of the image and shared between builds.
+RUN --mount=type=cache,target=/root/.cache/pip pip install $PIP_ARGS $TORCH_PIP_ARGS "$TORCH"
 
+# Dependencies before the source, so an edit to the code rebuilds only the last layers: with only
+# pyproject.toml present, `pip install .` installs the requirements and an empty package. No build
+# isolation: setuptools came with torch, and an isolated build would not see PIP_ARGS.
 WORKDIR /src
 COPY pyproject.toml README.md ./
+RUN --mount=type=cache,target=/root/.cache/pip pip install $PIP_ARGS --no-build-isolation "$TORCH" .
 COPY orchestrator ./orchestrator
 COPY worker ./worker
 COPY model ./model
 COPY arms ./arms
 COPY migrations ./migrations
-RUN pip install "torch==${TORCH_VERSION}" . && pip check
+RUN pip install --no-deps --no-build-isolation --force-reinstall . && pip check
 # The provider SDKs after the check: installed without their declared requirements, which conflict with ours
 # (pyproject.toml lists what they import); `pip check` would flag exactly those pins.
-RUN pip install --no-deps vastai==1.9.1 runpod==1.12.0
+RUN --mount=type=cache,target=/root/.cache/pip pip install $PIP_ARGS --no-deps vastai==1.9.1 runpod==1.12.0
 
 # State (SQLite if no Postgres is configured, checkpoints, the generated API token, sweep results).
 ENV ABLATE_STORAGE_DIR=/var/lib/ablate ABLATE_HOST=0.0.0.0 ABLATE_PORT=8000
+# Nodes' keys and known-hosts files are mounted read-only at /ssh (docker/compose.yaml); POST /api/nodes
+# may name files there and nowhere else.
+ENV ABLATE_SSH_KEY_DIRS='["/ssh"]'
 VOLUME /var/lib/ablate
 WORKDIR /var/lib/ablate
 EXPOSE 8000
 
-# No Ray here: every node runs its own, and the controller reaches each over SSH alone (docs/security.md).
-# This image has no GPUs, so its own machine trains nothing (ABLATE_LOCAL_NODE=false): arms go to the
-# registered and rented nodes.
+# This image has no GPUs, so its own machine trains nothing: arms go to the registered and rented nodes.
 ENV ABLATE_LOCAL_NODE=false
 ENTRYPOINT ["tini", "--"]
 CMD ["ablate", "serve"]

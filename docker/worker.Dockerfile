@@ -1,38 +1,51 @@
-# An ablate GPU node's environment: CUDA runtime + cuDNN, CUDA torch, this project (its node agent and Ray).
-# The controller reaches a node over SSH and bootstraps it (docs/operations.md); this image gives that
-# bootstrap a ready environment (ABLATE_NODE_VENV=/opt/venv, ABLATE_NODE_INSTALL='[]').
+# An ablate GPU node: sshd, CUDA torch and this project (its node agent and Ray) in /opt/venv. The
+# controller reaches a container of this image as it reaches any node, over SSH with a pinned host key;
+# bootstrap finds /etc/ablate-node, checks the installed version and skips the install
+# (docs/operations.md, "Images").
 #
-# Build from the repository root:  docker build -f docker/worker.Dockerfile -t ablate-worker .
-FROM nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
+# Build from the repository root:
+#   docker build -f docker/worker.Dockerfile -t ablate-worker .
+#   podman build -f docker/worker.Dockerfile -t ablate-worker .
+# Run (the controller's public key; GPUs through the NVIDIA container toolkit):
+#   docker run -d --gpus all -p 2222:22 -e ABLATE_SSH_AUTHORIZED_KEY="$(cat id_ed25519.pub)" ablate-worker
+#
+# BASE: any Debian or Ubuntu image whose `python3` has the venv module. No CUDA base is needed: torch's
+# Linux wheels on PyPI carry their CUDA libraries, and the driver comes from the host.
+ARG BASE=python:3.12-slim-bookworm
+FROM ${BASE}
 
-ARG TORCH_VERSION=2.13.0
-ARG TORCHVISION_VERSION=0.28.0
-ARG CUDA_INDEX=cu128
+# torch from the package index, as everywhere else. TORCH_PIP_ARGS adds sources (the image test passes
+# `--find-links /wheels` with a CPU wheel, to keep CI small).
+ARG TORCH=torch==2.13.0
+ARG TORCH_PIP_ARGS=""
+# Options for every pip install: a mirror (`--index-url`), a proxy's CA bundle (`--cert`).
+ARG PIP_ARGS=""
 
+# openssh-server: the controller's only way in. The package's host keys are deleted: each container makes
+# its own at start (docker/node-entrypoint.sh), or every instance of the image would share one.
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends python3 python3-venv python3-dev build-essential tini \
-    && rm -rf /var/lib/apt/lists/*
+    && apt-get install -y --no-install-recommends openssh-server tini procps \
+    && rm -rf /var/lib/apt/lists/* /etc/ssh/ssh_host_*
 
-ENV VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH PIP_NO_CACHE_DIR=1 PYTHONUNBUFFERED=1
+ENV VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python3 -m venv $VIRTUAL_ENV
-# CUDA torch from the matching PyTorch index first; the project install below keeps it pinned.
-RUN pip install "torch==${TORCH_VERSION}" "torchvision==${TORCHVISION_VERSION}" \
-        --index-url https://download.pytorch.org/whl/${CUDA_INDEX}
+RUN --mount=type=cache,target=/root/.cache/pip pip install $PIP_ARGS $TORCH_PIP_ARGS "$TORCH"
 
+# Dependencies before the source (see controller.Dockerfile).
 WORKDIR /src
 COPY pyproject.toml README.md ./
+RUN --mount=type=cache,target=/root/.cache/pip pip install $PIP_ARGS --no-build-isolation "$TORCH" .
 COPY orchestrator ./orchestrator
 COPY worker ./worker
 COPY model ./model
 COPY arms ./arms
 COPY migrations ./migrations
-RUN pip install "torch==${TORCH_VERSION}" "torchvision==${TORCHVISION_VERSION}" . && pip check
+RUN pip install --no-deps --no-build-isolation --force-reinstall . && pip check \
+    && echo "$VIRTUAL_ENV" > /etc/ablate-node
 
+COPY docker/node-entrypoint.sh /usr/local/bin/ablate-node-entrypoint
 # Checkpoints land under the same absolute path as on the controller, so sweeps can copy them back.
 ENV ABLATE_STORAGE_DIR=/var/lib/ablate
-WORKDIR /var/lib/ablate
-ENTRYPOINT ["tini", "--"]
-# A node's environment: the controller bootstraps a host running this image over SSH with
-# ABLATE_NODE_VENV=/opt/venv and ABLATE_NODE_INSTALL='[]' (nothing to install), which writes the node
-# agent's launcher and starts the node's own Ray (docs/operations.md). The image does not run sshd yet.
-CMD ["python", "-m", "worker.agent", "--help"]
+WORKDIR /root
+EXPOSE 22
+ENTRYPOINT ["tini", "--", "ablate-node-entrypoint"]

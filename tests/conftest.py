@@ -65,7 +65,8 @@ def published_curves() -> dict:
 
 # What the full run needs beyond pip (README "Tests"); the skip summary repeats it where a newcomer looks.
 SYSTEM_PACKAGES = "chromium openssh-server postgresql iproute2 nftables"
-INSTALL_LINE = f"apt-get install -y --no-install-recommends {SYSTEM_PACKAGES}"
+IMAGE_TOOLS = "buildah podman runc debootstrap"  # with their recommended packages: Podman's network stack
+INSTALL_LINE = f"apt-get install -y --no-install-recommends {SYSTEM_PACKAGES} && apt-get install -y {IMAGE_TOOLS}"
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

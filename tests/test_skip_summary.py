@@ -24,7 +24,8 @@ def test_a_run_with_skips_ends_with_their_count_and_the_install_line(tmp_path: P
                               "def test_b():\n    pytest.skip('needs sshd')\n\ndef test_c():\n    pass\n")
     assert "1 passed, 2 skipped" in lines[-2]
     assert lines[-1] == ("2 tests skipped (reasons: pytest -rs); to run every test: apt-get install -y "
-                         "--no-install-recommends chromium openssh-server postgresql iproute2 nftables")
+                         "--no-install-recommends chromium openssh-server postgresql iproute2 nftables "
+                         "&& apt-get install -y buildah podman runc debootstrap")
 
 
 def test_a_run_without_skips_says_nothing_more(tmp_path: Path) -> None:

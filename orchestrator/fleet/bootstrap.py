@@ -4,7 +4,10 @@ command templates the operator can change (ABLATE_NODE_* settings) run over the 
 A node never joins a cluster with the controller or other nodes: it runs its own Ray head on its
 loopback, with a token generated on the node that never leaves it (worker/node_ray.py), and the
 controller drives it through its agent (worker/agent.py) over the same SSH connection. Bootstrap writes
-the agent's launcher, `{remote_dir}/agent`, with the node's Python environment and `env` in it."""
+the agent's launcher, `{remote_dir}/agent`, with the node's Python environment and `env` in it.
+
+A node started from the worker image (docker/worker.Dockerfile) names its environment in /etc/ablate-node;
+when that environment already holds this controller's version of ablate, the install is skipped."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import re
 import shlex
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from importlib.metadata import version
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -25,6 +29,10 @@ from orchestrator.fleet.inventory import get_node, set_state
 from orchestrator.fleet.probe import probe
 from orchestrator.fleet.shell import CommandFailed, NodeShell
 from orchestrator.vocabulary import NodeState
+
+NODE_MARKER = "/etc/ablate-node"  # written by the worker image: the path of its Python environment
+_ENV_PATH = re.compile(r"/[A-Za-z0-9._/-]+")  # what a marker may name (the node is not trusted)
+_VERSION = "from importlib.metadata import version; print(version('ablate'))"
 
 
 class BootstrapConfig(BaseSettings):
@@ -111,10 +119,16 @@ def run_steps(shell: NodeShell, templates: Sequence[str], variables: dict[str, s
         shell.run(command, timeout_s)
 
 
-def bootstrap(shell: NodeShell, config: BootstrapConfig, num_gpus: int) -> None:
+def bootstrap(shell: NodeShell, config: BootstrapConfig, num_gpus: int) -> str | None:
     """Install the worker environment on the node and start its own Ray; what fails is tagged with its
-    step (check, upload, install, start) for the node's state."""
+    step (check, upload, install, start) for the node's state. Returns the environment it found already
+    installed (the install was skipped), or None."""
     with bootstrap_step("check"):
+        ready = installed_environment(shell, config)
+        if ready is not None:
+            config = config.model_copy(update={"venv": ready, "install": [], "package": None, "wheelhouse": None})
+        else:
+            config = config.model_copy(update={"venv": config.venv or image_environment(shell)})
         _check(config)
     with bootstrap_step("upload"):
         remote_package = _upload(shell, config)
@@ -124,6 +138,24 @@ def bootstrap(shell: NodeShell, config: BootstrapConfig, num_gpus: int) -> None:
     with bootstrap_step("start"):
         shell.put_text(f"{config.remote_dir}/agent", agent_launcher(config), mode=0o700)
         run_steps(shell, config.start, variables, config.command_timeout_s)
+    return ready
+
+
+def image_environment(shell: NodeShell) -> str | None:
+    """The Python environment the worker image names in NODE_MARKER, or None (not that image)."""
+    named = shell.run(f"cat {NODE_MARKER} 2>/dev/null || true", 60).stdout.strip()
+    return named if _ENV_PATH.fullmatch(named) and ".." not in named.split("/") else None
+
+
+def installed_environment(shell: NodeShell, config: BootstrapConfig) -> str | None:
+    """The node's environment (ABLATE_NODE_VENV, else the worker image's) when it already holds this
+    controller's version of ablate, else None. The environment's own Python says the version; the marker
+    only says where to look."""
+    venv = config.venv or image_environment(shell)
+    if venv is None:
+        return None
+    found = shell.run(f"{shlex.quote(venv)}/bin/python -c {shlex.quote(_VERSION)}", 60, check=False)
+    return venv if found.exit_code == 0 and found.stdout.strip() == version("ablate") else None
 
 
 def agent_launcher(config: BootstrapConfig) -> str:
@@ -216,7 +248,7 @@ def bootstrap_node(database_url: str, name: str, config: BootstrapConfig | None 
             found = probe(shell)
             if not found["gpus"]:
                 raise NodeError(f"node {name!r}: nvidia-smi lists no GPUs")
-            bootstrap(shell, config, num_gpus=len(found["gpus"]))
+            ready = bootstrap(shell, config, num_gpus=len(found["gpus"]))
     except Exception as exc:
         # Marked on the node (the dashboard and `ablate nodes list` say so), then raised as before.
         detail = failure_detail(exc)
@@ -229,6 +261,9 @@ def bootstrap_node(database_url: str, name: str, config: BootstrapConfig | None 
         row = get_node(session, name)
         row.gpus, row.last_probe = found["gpus"], found
         row.state, row.state_detail = NodeState.joined, None
+        if ready is not None:
+            what = f"ablate {version('ablate')} is already installed in {ready} on the node: install skipped"
+            session.add(Event(node_id=row.id, kind="node.install_skipped", message=what, data={"venv": ready}))
     return found
 
 

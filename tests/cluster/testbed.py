@@ -38,6 +38,22 @@ SSHD = Path("/usr/sbin/sshd")
 GPU_QUERY_ARGS = "--query-gpu=index,name,memory.total,driver_version,uuid --format=csv,noheader,nounits"
 
 
+def stand_in_nvidia_smi(path: Path, gpus: int, node_index: int = 0) -> Path:
+    """The test bed's only stand-in: an `nvidia-smi` that answers the probe's query with `gpus` logical GPUs."""
+    rows = "\n".join(
+        f"{g}, NVIDIA GeForce RTX 4090, 24564, 550.54.14, GPU-{node_index:08x}-0000-4000-8000-{g:012x}"
+        for g in range(gpus)
+    )
+    path.write_text(
+        "#!/bin/sh\n"
+        f'if [ "$*" != "{GPU_QUERY_ARGS}" ]; then\n'
+        '  echo "stand-in nvidia-smi: unexpected arguments: $*" >&2; exit 2\nfi\n'
+        f"cat <<'EOF'\n{rows}\nEOF\n"
+    )
+    path.chmod(0o755)
+    return path
+
+
 class TestBedUnavailable(RuntimeError):
     """This machine cannot host the test bed (not root, no `ip netns`, no sshd); the reason says which."""
 
@@ -216,18 +232,7 @@ class TestBed:
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / "client_key")], check=True)
         bindir = d / "bin"
         bindir.mkdir(mode=0o755)
-        smi = bindir / "nvidia-smi"
-        rows = "\n".join(
-            f"{g}, NVIDIA GeForce RTX 4090, 24564, 550.54.14, GPU-{i:08x}-0000-4000-8000-{g:012x}"
-            for g in range(self.gpus[i])
-        )
-        smi.write_text(
-            "#!/bin/sh\n"
-            f'if [ "$*" != "{GPU_QUERY_ARGS}" ]; then\n'
-            '  echo "stand-in nvidia-smi: unexpected arguments: $*" >&2; exit 2\nfi\n'
-            f"cat <<'EOF'\n{rows}\nEOF\n"
-        )
-        smi.chmod(0o755)
+        stand_in_nvidia_smi(bindir / "nvidia-smi", self.gpus[i], node_index=i)
         path = f"{bindir}:/usr/local/bin:/usr/bin:/bin"
         pub = (d / "client_key.pub").read_text().strip()
         (d / "authorized_keys").write_text(f'environment="PATH={path}" {pub}\n')
