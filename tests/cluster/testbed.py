@@ -31,6 +31,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -71,6 +72,9 @@ class BedNode:
     port: int = 22
     sshd: subprocess.Popen[bytes] | None = None
     private: dict[Path, Path] = field(default_factory=dict)  # controller path -> this node's own copy
+    # A container node's (add_container_node): what ends it. Its user is the container's root, whose
+    # processes are never looked up by uid here (that would be this machine's root).
+    stop: Callable[[], None] | None = None
 
     @property
     def uid(self) -> int:
@@ -202,9 +206,9 @@ class TestBed:
         for node in self.nodes:
             self._wait_ssh(node)
 
-    def _add_node(self, i: int) -> BedNode:
-        name, ns, veth, user = f"node{i}", f"{self.tag}n{i}", f"{self.tag}v{i}", f"{self.tag}u{i}"
-        ip = f"{self.prefix}.{11 + i}"
+    def _namespace(self, i: int) -> tuple[str, str, Path]:
+        """Node i's network namespace with its veth on the bridge, address and firewall; (netns, ip, dir)."""
+        ns, veth, ip = f"{self.tag}n{i}", f"{self.tag}v{i}", f"{self.prefix}.{11 + i}"
         d = self.root / f"n{i}"
         d.mkdir(mode=0o755)
         _run("ip", "netns", "add", ns)
@@ -217,6 +221,11 @@ class TestBed:
         _run("ip", "-n", ns, "link", "set", "lo", "up")
         if self.firewall:
             self._firewall(ns)
+        return ns, ip, d
+
+    def _add_node(self, i: int) -> BedNode:
+        name, user = f"node{i}", f"{self.tag}u{i}"
+        ns, ip, d = self._namespace(i)
 
         # Its own login user and home; password '*' (no password, but not "locked": sshd without PAM
         # refuses a locked account even for a key).
@@ -314,8 +323,7 @@ class TestBed:
         deadline = time.monotonic() + 20
         log = node.client_key.parent / "sshd.log"
         while True:
-            assert node.sshd is not None
-            if node.sshd.poll() is not None:
+            if node.sshd is not None and node.sshd.poll() is not None:
                 raise RuntimeError(f"sshd of {node.name} exited {node.sshd.returncode}: {log.read_text()}")
             try:
                 socket.create_connection((node.ip, node.port), timeout=1).close()
@@ -399,6 +407,20 @@ class TestBed:
         self._wait_ssh(node)
         return node
 
+    def add_container_node(self, gpus: int, run: Callable[[BedNode, Path], Callable[[], None]]) -> BedNode:
+        """A node whose sshd and all else run in a container in the node's namespace, logging in as root:
+        `run(node, nvidia_smi)` starts it (the stand-in to mount) and returns what ends it."""
+        i = self.count
+        self.count += 1
+        self.gpus.append(gpus)
+        ns, ip, d = self._namespace(i)
+        smi = stand_in_nvidia_smi(d / "nvidia-smi", gpus, node_index=i)
+        node = BedNode(f"node{i}", ip, ns, "root", Path("/root"), d / "client_key", d / "known_hosts", gpus)
+        self.nodes.append(node)
+        node.stop = run(node, smi)
+        self._wait_ssh(node)
+        return node
+
     def authorize(self, node: BedNode, public_key: str, env: dict[str, str] | None = None) -> None:
         """Let `public_key` log in as the node's user too (with the same PATH as the bed's own key, and
         `env`: what a rented container's environment holds, such as its instance-scoped API key)."""
@@ -433,6 +455,9 @@ class TestBed:
 
     @staticmethod
     def _stop(node: BedNode) -> None:
+        if node.stop is not None:
+            node.stop()
+            return
         try:
             kill_uid(node.uid)
         except KeyError:

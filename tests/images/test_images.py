@@ -10,7 +10,6 @@ test bed's, two logical GPUs): the arms train on the CPU torch the test builds i
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import time
@@ -19,31 +18,16 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
-import pytest
 from sqlalchemy import select
 
 from orchestrator.db.models import Event
 from orchestrator.db.session import session_scope
 from orchestrator.vocabulary import TERMINAL_STATES, RunState
 from tests.cluster.testbed import stand_in_nvidia_smi
-from tests.images.podman import CONTROLLER, WORKER, Built, ImagesUnavailable, Podman, build_images
+from tests.images.podman import CONTROLLER, WORKER, Built, Podman
 from tests.orchestrator.factories import tiny_overrides
 
 TOKEN = "image-test-token-0123456789abcdef"
-
-
-@pytest.fixture(scope="module")
-def images(tmp_path_factory: pytest.TempPathFactory) -> tuple[Podman, dict[str, Built]]:
-    if os.geteuid() != 0:
-        pytest.skip("building images needs root (podman's store, debootstrap)")
-    try:
-        podman = Podman(tmp_path_factory.mktemp("podman"))
-    except ImagesUnavailable as exc:
-        pytest.skip(str(exc))
-    built = build_images(podman)
-    for b in built.values():
-        print(f"built {b.image} in {b.seconds:.0f} s: {b.size_bytes / 1e9:.2f} GB")
-    return podman, built
 
 
 @contextmanager
