@@ -12,20 +12,27 @@
 # BASE: any Debian or Ubuntu image whose `python3` has the venv module. No CUDA base is needed: torch's
 # Linux wheels on PyPI carry their CUDA libraries, and the driver comes from the host.
 ARG BASE=python:3.12-slim-bookworm
-FROM ${BASE}
 
+# The node without ablate: sshd and Python, what a provider's stock image gives (`--target node`; the
+# rented-night benchmark installs onto it at fire time to measure what this image saves).
+FROM ${BASE} AS node
+# openssh-server: the controller's only way in. The package's host keys are deleted: each container makes
+# its own at start (docker/node-entrypoint.sh), or every instance of the image would share one.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends openssh-server tini procps \
+    && rm -rf /var/lib/apt/lists/* /etc/ssh/ssh_host_*
+COPY docker/node-entrypoint.sh /usr/local/bin/ablate-node-entrypoint
+WORKDIR /root
+EXPOSE 22
+ENTRYPOINT ["tini", "--", "ablate-node-entrypoint"]
+
+FROM node AS worker
 # torch from the package index, as everywhere else. TORCH_PIP_ARGS adds sources (the image test passes
 # `--find-links /wheels` with a CPU wheel, to keep CI small).
 ARG TORCH=torch==2.13.0
 ARG TORCH_PIP_ARGS=""
 # Options for every pip install: a mirror (`--index-url`), a proxy's CA bundle (`--cert`).
 ARG PIP_ARGS=""
-
-# openssh-server: the controller's only way in. The package's host keys are deleted: each container makes
-# its own at start (docker/node-entrypoint.sh), or every instance of the image would share one.
-RUN apt-get update \
-    && apt-get install -y --no-install-recommends openssh-server tini procps \
-    && rm -rf /var/lib/apt/lists/* /etc/ssh/ssh_host_*
 
 ENV VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python3 -m venv $VIRTUAL_ENV
@@ -43,9 +50,6 @@ COPY migrations ./migrations
 RUN pip install --no-deps --no-build-isolation --force-reinstall . && pip check \
     && echo "$VIRTUAL_ENV" > /etc/ablate-node
 
-COPY docker/node-entrypoint.sh /usr/local/bin/ablate-node-entrypoint
 # Checkpoints land under the same absolute path as on the controller, so sweeps can copy them back.
 ENV ABLATE_STORAGE_DIR=/var/lib/ablate
 WORKDIR /root
-EXPOSE 22
-ENTRYPOINT ["tini", "--", "ablate-node-entrypoint"]

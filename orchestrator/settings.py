@@ -121,8 +121,9 @@ class Settings(BaseSettings):
     # The controller's SSH key for the nodes it rents (its .pub is handed to each instance, the only key
     # let in). Unset: storage_dir/ssh/rent_ed25519, made on first use.
     rent_ssh_key: Path | None = None
-    # The image rented instances run: CUDA, sshd, and Python of the controller's minor version (bootstrap
-    # checks it; Ray needs it); the worker environment is installed by bootstrap as on registered nodes.
+    # The image rented instances run: CUDA, sshd and Python. Best: the worker image (docker/worker.Dockerfile)
+    # pushed to a registry the provider pulls from, whose environment bootstrap finds with this version in it
+    # and so installs nothing at fire; any other image gets the install, as registered nodes do.
     rent_image: str = "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"
     # The dead-man's switch on every rented node (orchestrator/fleet/deadman.py): at the sweep's budget end
     # plus the grace (or `without_budget_s` after the fire) the node destroys itself through the provider's

@@ -124,11 +124,10 @@ def bootstrap(shell: NodeShell, config: BootstrapConfig, num_gpus: int) -> str |
     step (check, upload, install, start) for the node's state. Returns the environment it found already
     installed (the install was skipped), or None."""
     with bootstrap_step("check"):
-        ready = installed_environment(shell, config)
-        if ready is not None:
-            config = config.model_copy(update={"venv": ready, "install": [], "package": None, "wheelhouse": None})
-        else:
-            config = config.model_copy(update={"venv": config.venv or image_environment(shell)})
+        venv = config.venv or image_environment(shell)
+        ready = venv if venv is not None and holds_this_version(shell, venv) else None
+        skip = {"install": [], "package": None, "wheelhouse": None} if ready else {}
+        config = config.model_copy(update={"venv": venv, **skip})
         _check(config)
     with bootstrap_step("upload"):
         remote_package = _upload(shell, config)
@@ -147,15 +146,11 @@ def image_environment(shell: NodeShell) -> str | None:
     return named if _ENV_PATH.fullmatch(named) and ".." not in named.split("/") else None
 
 
-def installed_environment(shell: NodeShell, config: BootstrapConfig) -> str | None:
-    """The node's environment (ABLATE_NODE_VENV, else the worker image's) when it already holds this
-    controller's version of ablate, else None. The environment's own Python says the version; the marker
-    only says where to look."""
-    venv = config.venv or image_environment(shell)
-    if venv is None:
-        return None
+def holds_this_version(shell: NodeShell, venv: str) -> bool:
+    """Whether the node's environment `venv` (ABLATE_NODE_VENV, or the one the image names) holds this
+    controller's version of ablate: its own Python says, the marker only says where to look."""
     found = shell.run(f"{shlex.quote(venv)}/bin/python -c {shlex.quote(_VERSION)}", 60, check=False)
-    return venv if found.exit_code == 0 and found.stdout.strip() == version("ablate") else None
+    return found.exit_code == 0 and found.stdout.strip() == version("ablate")
 
 
 def agent_launcher(config: BootstrapConfig) -> str:

@@ -72,8 +72,11 @@ class Podman:
     def size(self, image: str) -> int:
         return int(self("image", "inspect", "--format", "{{.Size}}", image).stdout.strip())
 
-    def build(self, dockerfile: str, tag: str, build_args: dict[str, str], volumes: list[str]) -> Built:
+    def build(
+        self, dockerfile: str, tag: str, build_args: dict[str, str], volumes: list[str], target: str | None = None
+    ) -> Built:
         args = ["build", "--isolation", "chroot", "-f", f"docker/{dockerfile}", "-t", tag]
+        args += ["--target", target] if target else []
         for key, value in build_args.items():
             args += ["--build-arg", f"{key}={value}"]
         for volume in volumes:

@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shlex
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,9 +28,10 @@ from orchestrator.sweeps.runner import SweepRunner
 from orchestrator.vocabulary import RentedState, RunState, SweepState
 from tests.cluster import testbed
 from tests.cluster.conftest import scheduler_process
-from tests.cluster.provider_sim import Hooks, ProviderSim, SimInstance, vast_offer
+from tests.cluster.provider_sim import ProviderSim, vast_offer
 from tests.cluster.rental import bed_rental, due_rented_night
-from tests.cluster.testbed import BedNode, TestBed
+from tests.cluster.testbed import TestBed
+from tests.images.image_nodes import image_hooks
 from tests.images.podman import WORKER, Built, Podman
 from tests.orchestrator.factories import tiny_overrides
 
@@ -51,29 +51,6 @@ def bed() -> Iterator[TestBed]:
         pytest.skip(f"cluster test bed unavailable: {exc}")
     with TestBed(nodes=0, gpus=[], tag=f"abi{os.getpid() % 100000}", firewall=True) as b:
         yield b
-
-
-def image_hooks(bed: TestBed, podman: Podman, image: str, gpus: int) -> Hooks:
-    """Each created instance is a container of `image` in a new namespace node of `bed`."""
-    containers: dict[str, str] = {}  # node's namespace -> its container
-
-    def run(node: BedNode, nvidia_smi: Path) -> Callable[[], None]:
-        cid = podman(
-            "run", "-d", "--network", f"ns:/run/netns/{node.netns}", "--shm-size", "1g",
-            "-v", f"{nvidia_smi}:/usr/local/bin/nvidia-smi:ro", image,
-        ).stdout.strip()
-        containers[node.netns] = cid
-        return lambda: podman("rm", "-f", "-t", "2", cid, check=False) and None
-
-    def on_create(inst: SimInstance) -> tuple[str, int]:
-        inst.handle = bed.add_container_node(gpus, run)
-        return inst.handle.ip, 22
-
-    def on_ssh_key(inst: SimInstance, key: str) -> None:  # what Vast does with an attached key
-        append = f"printf '%s\\n' {shlex.quote(key.strip())} >> /root/.ssh/authorized_keys"
-        podman("exec", containers[inst.handle.netns], "sh", "-c", append)
-
-    return Hooks(on_create=on_create, on_ssh_key=on_ssh_key, on_destroy=lambda inst: bed.remove_node(inst.handle))
 
 
 def test_a_night_rented_from_the_worker_image_skips_the_install_and_trains(
