@@ -18,6 +18,8 @@ checkpoint store uploads and prunes it as it does the built-in trainer's. Import
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import math
 import os
@@ -26,6 +28,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tarfile
 import threading
 import time
 from collections import deque
@@ -80,13 +83,14 @@ class CommandArm:
     """One attempt of a command arm in `out_dir`. `prior`: the run's records from earlier attempts."""
 
     def __init__(self, spec: ArmSpec, out_dir: Path, should_stop: Callable[[], bool],
-                 prior: list[dict[str, Any]]) -> None:  # fmt: skip
+                 prior: list[dict[str, Any]], archive: Path | None = None) -> None:  # fmt: skip
         if spec.command is None:
             raise ValueError("not a command arm")
         self.command = spec.command
         self.out_dir = Path(out_dir)
         self.run_dir = self.out_dir / RUN_DIR
         self.should_stop = should_stop
+        self.archive = archive  # the code as shipped to this node (a tar named by its SHA-256), else None
         self.metric, self.mode = spec.detector.metric, spec.detector.metric_mode
         self.prior = {int(r["step"]): r for r in prior}
         self.last_step = max(self.prior, default=-1)
@@ -119,14 +123,27 @@ class CommandArm:
                 _link(path, target)
         return any(p.is_file() for p in ckpts.rglob("*"))
 
-    def _prepare(self) -> tuple[Path, dict[str, str]]:
+    def _copy_code(self, work: Path) -> None:
+        """`code` (or the archive of it the controller shipped) as a fresh working directory."""
+        shutil.rmtree(work, ignore_errors=True)  # each attempt starts from the code as it is, not as left
+        if self.archive is not None:
+            data = self.archive.read_bytes()
+            if hashlib.sha256(data).hexdigest() != self.archive.name.removesuffix(".tar"):
+                raise CommandFailed(f"the code archive {self.archive} on node {socket.gethostname()} does not "
+                                    "match its SHA-256 name (changed on the node)")
+            work.mkdir(parents=True)
+            with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+                tar.extractall(work, filter="tar")  # the controller's own tar: links kept, nothing outside work
+            return
         code = Path(self.command.code)
         if not code.is_dir():
             raise CommandFailed(f"command.code {self.command.code!r} is not a directory on node "
                                 f"{socket.gethostname()}: the code must be there before the arm starts")
-        work = self.out_dir / WORK_DIR
-        shutil.rmtree(work, ignore_errors=True)  # each attempt starts from the code as it is, not as left
         shutil.copytree(code, work, symlinks=True, ignore=shutil.ignore_patterns(".git", "__pycache__"))
+
+    def _prepare(self) -> tuple[Path, dict[str, str]]:
+        work = self.out_dir / WORK_DIR
+        self._copy_code(work)
         resumed = self.restore()
         (self.run_dir / STOP_FILE).unlink(missing_ok=True)
         env = {
