@@ -372,7 +372,8 @@ class CheckpointStore:
         size += self._upload_samples(fs, root, latest.step, atomic)
         if self.mirror is not None:  # this cycle's checkpoint files go below under ablate's names
             skip = {i.staged.stat().st_ino for i in (latest, best) if i is not None}
-            size += self.mirror.sync(fs, root, lambda local, remote: self._copy_file(fs, local, remote, atomic), skip)
+            copy = lambda local, remote: self._copy_file(fs, local, remote, atomic)  # noqa: E731
+            size += self.mirror.sync(fs, root, copy, skip, latest.staged.stat().st_mtime_ns)
         ckpt_remote = f"{root}/{ckpt_name(latest.step)}"
         self._put_file(fs, latest.staged, ckpt_remote, atomic)
         size += latest.staged.stat().st_size

@@ -3,9 +3,10 @@
 
 The checkpoint store (worker/checkpoint_store.py) syncs it in each upload cycle, before the checkpoint
 it stores: files new or changed since the last sync (size, mtime, inode) are uploaded, files the script
-deleted are deleted in storage too. A file that the same cycle stores under ablate's own name (the
-checkpoint a metrics line named, hard-linked as ckpt_*.pt / best.pt) is skipped in that cycle: its
-bytes are on their way already. A resume fetches the folder back before anything else.
+deleted are deleted in storage too; files written after that checkpoint wait for the next cycle. A file
+that the same cycle stores under ablate's own name (the checkpoint a metrics line named, hard-linked as
+ckpt_*.pt / best.pt) is skipped in that cycle: its bytes are on their way already. A resume fetches the
+folder back before anything else.
 """
 
 from __future__ import annotations
@@ -34,14 +35,17 @@ class FolderMirror:
                     out[path.relative_to(self.local).as_posix()] = path.stat()
         return out
 
-    def sync(self, fs: Any, root: str, put_file: Callable[[Path, str], None], skip_inodes: set[int]) -> int:
-        """Upload what changed, delete what the script deleted; returns the bytes sent."""
+    def sync(self, fs: Any, root: str, put_file: Callable[[Path, str], None], skip_inodes: set[int],
+             up_to_ns: int) -> int:  # fmt: skip
+        """Upload what changed, delete what the script deleted; returns the bytes sent. Files written after
+        `up_to_ns` (the stored checkpoint's time) wait for a later cycle: a restored folder is never newer
+        than the records stored with its checkpoint, so a resumed script repeats no step unrecorded."""
         remote = f"{root}/{self.rel}"
         size = 0
         files = self._files()
         for name, st in sorted(files.items()):
             signature = (st.st_size, st.st_mtime_ns, st.st_ino)
-            if st.st_ino in skip_inodes or self._sent.get(name) == signature:
+            if st.st_ino in skip_inodes or st.st_mtime_ns > up_to_ns or self._sent.get(name) == signature:
                 continue
             put_file(self.local / name, f"{remote}/{name}")  # a copy: the script may rewrite its file
             self._sent[name] = signature
