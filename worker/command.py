@@ -38,6 +38,7 @@ from typing import IO, Any
 
 from model.spec import ArmSpec, CommandEnd
 from worker.node_ray import end_with_parent
+from worker.run_files import SAMPLES_DIR, sample_dir
 
 WORK_DIR = "work"  # the copy of `code`, the process's working directory
 RUN_DIR = "run"  # ABLATE_RUN_DIR
@@ -48,6 +49,7 @@ STDERR_LOG, STDOUT_LOG = "stderr.log", "stdout.log"
 STDERR_TAIL = 50  # lines of stderr a failed run shows
 MAX_LINE_BYTES = 1 << 20  # a metrics line is a few hundred bytes; a megabyte is a script gone wrong
 POLL_S = 0.2  # how often the metrics file is read and the stop flag checked
+MAX_SAMPLES = 64  # PNGs shown per step: a gallery, not an archive
 KEEP_PERIODIC = 2  # ckpt_*.pt links kept in out_dir (the script keeps its own files as it likes)
 # Keys ablate sets on a record; a script's line must not forge them.
 OURS = ("run_id", "checkpoint_file", "is_best", "best_step", "best_checkpoint")
@@ -257,10 +259,31 @@ class CommandArm:
         record = {k: v for k, v in line_data.items() if k not in OURS}
         record.setdefault("wall_time_s", self._wall_before + time.monotonic() - self._t0)
         name = record.pop("checkpoint", None)
+        record.pop("samples", None)  # ablate's manifest of the PNGs below, never the script's
         if name is not None:
             record.update(self._keep_checkpoint(step, name, record))
+        samples = self._keep_samples(step)
+        if samples is not None:
+            record["samples"] = samples
         self.last_step = step
         return record
+
+    def _keep_samples(self, step: int) -> dict[str, Any] | None:
+        """PNGs the script wrote to samples/step_<step>/ before the line of that step, linked into ablate's
+        sample layout (own_<i>.png, stored and shown as the built-in arm's are); their manifest."""
+        folders = [p for p in (self.run_dir / SAMPLES_DIR).glob("step_*")
+                   if p.name.removeprefix("step_").isdigit() and int(p.name.removeprefix("step_")) == step]
+        pngs = sorted(p for f in folders for p in f.glob("*.png") if p.is_file() and not p.is_symlink())
+        if not pngs:
+            return None
+        dest = self.out_dir / sample_dir(step)
+        dest.mkdir(parents=True, exist_ok=True)
+        files = []
+        for i, png in enumerate(pngs[:MAX_SAMPLES]):
+            _link(png, dest / f"own_{i}.png")
+            files.append({"file": f"own_{i}.png", "kind": "own", "index": i, "caption": png.name,
+                          "bytes": png.stat().st_size})  # fmt: skip
+        return {"dir": sample_dir(step), "files": files, "max_side": None}
 
     def _keep_checkpoint(self, step: int, name: Any, record: dict[str, Any]) -> dict[str, Any]:
         """Link the named file into ablate's layout (ckpt_*.pt, best.pt by the detector's metric) and

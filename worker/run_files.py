@@ -29,7 +29,8 @@ SAMPLES_DIR = "samples"
 SAMPLE_STEP_RE = re.compile(rf"^step_({STEP_PATTERN})$")
 # What each evaluation draws (model.evaluate): held-out targets, reconstructions, text-only samples and
 # the caption/edit pairs of the manipulation metric.
-SAMPLE_KINDS = ("target", "recon", "text", "caption", "edit")
+# "own": a command arm's PNGs from ABLATE_RUN_DIR/samples/step_N/ (worker/command.py), its own pictures.
+SAMPLE_KINDS = ("target", "recon", "text", "caption", "edit", "own")
 SAMPLE_FILE_RE = re.compile(rf"^({'|'.join(SAMPLE_KINDS)})_\d{{1,3}}\.png$")
 
 
