@@ -5,9 +5,11 @@
 built-in trainer writes), so the actor, the checkpoint store, ingest and the detector treat it alike.
 The contract the script sees (docs/your-trainer.md):
 
-    cwd                   a fresh copy of `code` (out_dir/work), so an edit mid-grid changes no run
+    cwd                   a fresh copy of `code`, or of the archive of it the controller shipped to this
+                          node (out_dir/work), so an edit mid-grid changes no running attempt
     CUDA_VISIBLE_DEVICES  the GPU Ray gave the actor (inherited)
-    ABLATE_RUN_DIR        out_dir/run: checkpoints/ lives there and is restored before the start
+    ABLATE_RUN_DIR        out_dir/run: checkpoints/ lives there (stored whole, worker/folder_mirror.py) and
+                          is restored before the start; PNGs in samples/step_N/ become the step's samples
     ABLATE_METRICS_FILE   JSON lines {"step": int, "<metric>": float, ..., "checkpoint": "checkpoints/x.pt"}
     ABLATE_STOP_FILE      created on a stop; then stop_grace_s, SIGTERM, term_grace_s, SIGKILL
     ABLATE_RESUMED        "1" when checkpoints/ held a checkpoint at the start, else "0"
