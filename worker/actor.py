@@ -180,10 +180,10 @@ class ArmWorker:
 
                 self._store = CheckpointStore(StoreConfig.from_dict(storage), self.out_dir)
                 if spec.get("command"):  # the script's whole checkpoints/ folder is stored and restored
-                    from worker.command import CHECKPOINTS, RUN_DIR
                     from worker.folder_mirror import FolderMirror
+                    from worker.run_files import COMMAND_CHECKPOINTS
 
-                    self._store.mirror = FolderMirror(self.out_dir, f"{RUN_DIR}/{CHECKPOINTS}")
+                    self._store.mirror = FolderMirror(self.out_dir, COMMAND_CHECKPOINTS)
         except Exception as exc:
             # A directory it cannot write, a bad storage setting: any retry would fail the same way, so
             # the actor stays up and `poll` reports the error (the run fails at once, with the reason)

@@ -40,10 +40,10 @@ from typing import IO, Any
 
 from model.spec import ArmSpec, CommandEnd
 from worker.node_ray import end_with_parent
-from worker.run_files import SAMPLES_DIR, sample_dir
+from worker.run_files import COMMAND_RUN_DIR, SAMPLES_DIR, sample_dir
 
 WORK_DIR = "work"  # the copy of `code`, the process's working directory
-RUN_DIR = "run"  # ABLATE_RUN_DIR
+RUN_DIR = COMMAND_RUN_DIR  # ABLATE_RUN_DIR
 CHECKPOINTS = "checkpoints"
 METRICS_FILE = "trainer_metrics.jsonl"  # not metrics.jsonl: that name is the built-in trainer's
 STOP_FILE = "STOP"

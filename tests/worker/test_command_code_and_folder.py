@@ -11,6 +11,7 @@ from typing import Any
 
 from orchestrator.runs.command_arms import resolve_command_arm
 from orchestrator.runs.command_code import pack_code
+from orchestrator.storage import download_run
 from tests.polling import wait_for
 from worker.actor import ArmWorker
 
@@ -64,6 +65,8 @@ def test_code_from_its_archive_and_the_whole_checkpoint_folder_through_storage(t
     stored = tmp_path / "store" / "run" / "checkpoints"
     assert (stored / "notes" / "tokenizer.json").read_text() == "{}"
     assert not (stored / "scratch.txt").exists(), "deleted by the script, deleted in storage"
+    download_run(storage["url"], {}, tmp_path / "copied-back")  # a sweep's copy-back takes the folder too
+    assert (tmp_path / "copied-back" / "run" / "checkpoints" / "notes" / "tokenizer.json").read_text() == "{}"
 
     # Another node, an empty disk: the folder comes back, named checkpoints under their own names.
     second = finish(ArmWorker(1, command_spec(code), str(tmp_path / "node-b" / "run"), storage=storage,
