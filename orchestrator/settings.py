@@ -94,6 +94,9 @@ class Settings(BaseSettings):
     allow_commands: bool = False
     # Directories on the nodes under which a command arm's `code` may lie; empty: none may.
     command_dirs: list[Path] = []
+    # The most bytes of files a command arm's `code` may hold: it is packed and copied to each joined
+    # node that runs the arm (orchestrator/runs/command_code.py). Code, not data or checkpoints.
+    command_max_bytes: int = Field(default=64 << 20, gt=0)
     data_options: dict[str, Any] | None = None
     data_cache_dir: Path | None = None
     # Per-GPU memory an arm's estimated peak may use, in GiB. 0: the largest GPU among the probed nodes;

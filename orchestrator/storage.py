@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 from orchestrator.db.events import record_event
 from orchestrator.db.models import Event, Run
 from orchestrator.settings import Settings
-from worker.run_files import SAMPLE_FILE_RE, SAMPLE_STEP_RE, SAMPLES_DIR
+from worker.run_files import COMMAND_CHECKPOINTS, COMMAND_RUN_DIR, SAMPLE_FILE_RE, SAMPLE_STEP_RE, SAMPLES_DIR
 
 STORAGE_EVENTS = (
     "checkpoint.stored",
@@ -145,6 +145,13 @@ def download_run(url: str, options: dict[str, Any], local: Path) -> int:
         name = remote.rstrip("/").rsplit("/", 1)[-1]
         if name == SAMPLES_DIR and fs.isdir(remote):
             count += _download_samples(fs, remote, local / SAMPLES_DIR)
+            continue
+        if name == COMMAND_RUN_DIR and fs.isdir(remote):  # a command arm's checkpoints/ folder, as stored
+            from worker.folder_mirror import FolderMirror
+
+            mirror = FolderMirror(local, COMMAND_CHECKPOINTS)
+            mirror.fetch(fs, root)
+            count += sum(1 for p in mirror.local.rglob("*") if p.is_file())
             continue
         if name in ("", ".", "..") or fs.isdir(remote):
             continue  # only the run's own flat files; never a path outside `local`

@@ -139,6 +139,8 @@ class ArmWorker:
             background), and a worker whose out_dir lacks the newest stored checkpoint fetches it first.
         data_store: worker.data_fetch.DataStore as a dict: how this node reaches a spec's data.url
             (storage options, its data cache); handed to train_fn only for a spec with data.url.
+        code_archive: a command arm's code as the controller shipped it to this node (a tar named by its
+            SHA-256); None: the spec's `code` directory is read where it is.
     """
 
     def __init__(
@@ -151,6 +153,7 @@ class ArmWorker:
         train_fn: str = "worker.train:train_arm",
         storage: dict[str, Any] | None = None,
         data_store: dict[str, Any] | None = None,
+        code_archive: str | None = None,
     ) -> None:
         self.run_id = run_id
         self.out_dir = Path(out_dir)
@@ -159,6 +162,7 @@ class ArmWorker:
         self._torch_threads = torch_threads
         self._train_fn = train_fn
         self._data_store = data_store
+        self._code_archive = Path(code_archive) if code_archive else None
         self._cond = threading.Condition()
         self._records: list[dict[str, Any]] = []
         self._state = "running"  # running | done | error
@@ -175,6 +179,11 @@ class ArmWorker:
                 from worker.checkpoint_store import CheckpointStore, StoreConfig
 
                 self._store = CheckpointStore(StoreConfig.from_dict(storage), self.out_dir)
+                if spec.get("command"):  # the script's whole checkpoints/ folder is stored and restored
+                    from worker.folder_mirror import FolderMirror
+                    from worker.run_files import COMMAND_CHECKPOINTS
+
+                    self._store.mirror = FolderMirror(self.out_dir, COMMAND_CHECKPOINTS)
         except Exception as exc:
             # A directory it cannot write, a bad storage setting: any retry would fail the same way, so
             # the actor stays up and `poll` reports the error (the run fails at once, with the reason)
@@ -208,7 +217,7 @@ class ArmWorker:
             if spec.command is not None:  # the researcher's own trainer, with train_arm's record contract
                 from worker.command import CommandArm
 
-                command = CommandArm(spec, self.out_dir, self._stop.is_set, list(self._records))
+                command = CommandArm(spec, self.out_dir, self._stop.is_set, list(self._records), self._code_archive)
                 stream = command.records()
             else:
                 stream = train_arm(

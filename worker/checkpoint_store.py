@@ -30,6 +30,7 @@ from typing import Any
 
 import fsspec
 
+from worker.folder_mirror import FolderMirror
 from worker.run_files import BEST_NAME, CKPT_GLOB, CKPT_RE, RECORD_FILES, SAMPLE_STEP_RE, SAMPLES_DIR, ckpt_name
 
 STAGING = ".upload"
@@ -157,6 +158,7 @@ class CheckpointStore:
         self._thread: threading.Thread | None = None
         self._offers = 0
         self._samples_stored: set[str] = set()  # sample folders uploaded by this process (upload thread only)
+        self.mirror: FolderMirror | None = None  # a command arm's checkpoints/ folder, stored as it is
         # Links staged by a worker that died mid-upload: they would pin pruned checkpoints' disk space.
         shutil.rmtree(self.out_dir / STAGING, ignore_errors=True)
 
@@ -250,7 +252,7 @@ class CheckpointStore:
             return None
         step, path = stored[-1]
         t0 = time.perf_counter()
-        size = 0
+        size = self.mirror.fetch(fs, root) if self.mirror is not None else 0
         names = [(path, ckpt_name(step))]
         names += [(f"{root}/{n}", n) for n in (BEST_NAME, *RECORD_FILES) if fs.exists(f"{root}/{n}")]
         # The checkpoint last: an interrupted fetch leaves no checkpoint without its records.
@@ -368,6 +370,10 @@ class CheckpointStore:
             self._put_bytes(fs, f"{root}/{name}", data, atomic)
             size += len(data)
         size += self._upload_samples(fs, root, latest.step, atomic)
+        if self.mirror is not None:  # this cycle's checkpoint files go below under ablate's names
+            skip = {i.staged.stat().st_ino for i in (latest, best) if i is not None}
+            copy = lambda local, remote: self._copy_file(fs, local, remote, atomic)  # noqa: E731
+            size += self.mirror.sync(fs, root, copy, skip, latest.staged.stat().st_mtime_ns)
         ckpt_remote = f"{root}/{ckpt_name(latest.step)}"
         self._put_file(fs, latest.staged, ckpt_remote, atomic)
         size += latest.staged.stat().st_size
@@ -414,6 +420,15 @@ class CheckpointStore:
         else:
             fs.put_file(str(local), tmp)
         _replace(fs, tmp, remote)
+
+    @staticmethod
+    def _copy_file(fs: Any, local: Path, remote: str, atomic: bool) -> None:
+        """A copy, never a hard link (a file the script may rewrite in place); parent folders made."""
+        if not atomic:
+            fs.makedirs(remote.rsplit("/", 1)[0], exist_ok=True)
+        fs.put_file(str(local), remote if atomic else remote + ".partial")
+        if not atomic:
+            _replace(fs, remote + ".partial", remote)
 
     @staticmethod
     def _put_bytes(fs: Any, remote: str, data: bytes, atomic: bool) -> None:

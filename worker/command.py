@@ -5,9 +5,11 @@
 built-in trainer writes), so the actor, the checkpoint store, ingest and the detector treat it alike.
 The contract the script sees (docs/your-trainer.md):
 
-    cwd                   a fresh copy of `code` (out_dir/work), so an edit mid-grid changes no run
+    cwd                   a fresh copy of `code`, or of the archive of it the controller shipped to this
+                          node (out_dir/work), so an edit mid-grid changes no running attempt
     CUDA_VISIBLE_DEVICES  the GPU Ray gave the actor (inherited)
-    ABLATE_RUN_DIR        out_dir/run: checkpoints/ lives there and is restored before the start
+    ABLATE_RUN_DIR        out_dir/run: checkpoints/ lives there (stored whole, worker/folder_mirror.py) and
+                          is restored before the start; PNGs in samples/step_N/ become the step's samples
     ABLATE_METRICS_FILE   JSON lines {"step": int, "<metric>": float, ..., "checkpoint": "checkpoints/x.pt"}
     ABLATE_STOP_FILE      created on a stop; then stop_grace_s, SIGTERM, term_grace_s, SIGKILL
     ABLATE_RESUMED        "1" when checkpoints/ held a checkpoint at the start, else "0"
@@ -18,6 +20,8 @@ checkpoint store uploads and prunes it as it does the built-in trainer's. Import
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import math
 import os
@@ -26,6 +30,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tarfile
 import threading
 import time
 from collections import deque
@@ -35,9 +40,10 @@ from typing import IO, Any
 
 from model.spec import ArmSpec, CommandEnd
 from worker.node_ray import end_with_parent
+from worker.run_files import COMMAND_RUN_DIR, SAMPLES_DIR, sample_dir
 
 WORK_DIR = "work"  # the copy of `code`, the process's working directory
-RUN_DIR = "run"  # ABLATE_RUN_DIR
+RUN_DIR = COMMAND_RUN_DIR  # ABLATE_RUN_DIR
 CHECKPOINTS = "checkpoints"
 METRICS_FILE = "trainer_metrics.jsonl"  # not metrics.jsonl: that name is the built-in trainer's
 STOP_FILE = "STOP"
@@ -45,6 +51,7 @@ STDERR_LOG, STDOUT_LOG = "stderr.log", "stdout.log"
 STDERR_TAIL = 50  # lines of stderr a failed run shows
 MAX_LINE_BYTES = 1 << 20  # a metrics line is a few hundred bytes; a megabyte is a script gone wrong
 POLL_S = 0.2  # how often the metrics file is read and the stop flag checked
+MAX_SAMPLES = 64  # PNGs shown per step: a gallery, not an archive
 KEEP_PERIODIC = 2  # ckpt_*.pt links kept in out_dir (the script keeps its own files as it likes)
 # Keys ablate sets on a record; a script's line must not forge them.
 OURS = ("run_id", "checkpoint_file", "is_best", "best_step", "best_checkpoint")
@@ -80,13 +87,14 @@ class CommandArm:
     """One attempt of a command arm in `out_dir`. `prior`: the run's records from earlier attempts."""
 
     def __init__(self, spec: ArmSpec, out_dir: Path, should_stop: Callable[[], bool],
-                 prior: list[dict[str, Any]]) -> None:  # fmt: skip
+                 prior: list[dict[str, Any]], archive: Path | None = None) -> None:  # fmt: skip
         if spec.command is None:
             raise ValueError("not a command arm")
         self.command = spec.command
         self.out_dir = Path(out_dir)
         self.run_dir = self.out_dir / RUN_DIR
         self.should_stop = should_stop
+        self.archive = archive  # the code as shipped to this node (a tar named by its SHA-256), else None
         self.metric, self.mode = spec.detector.metric, spec.detector.metric_mode
         self.prior = {int(r["step"]): r for r in prior}
         self.last_step = max(self.prior, default=-1)
@@ -119,14 +127,27 @@ class CommandArm:
                 _link(path, target)
         return any(p.is_file() for p in ckpts.rglob("*"))
 
-    def _prepare(self) -> tuple[Path, dict[str, str]]:
+    def _copy_code(self, work: Path) -> None:
+        """`code` (or the archive of it the controller shipped) as a fresh working directory."""
+        shutil.rmtree(work, ignore_errors=True)  # each attempt starts from the code as it is, not as left
+        if self.archive is not None:
+            data = self.archive.read_bytes()
+            if hashlib.sha256(data).hexdigest() != self.archive.name.removesuffix(".tar"):
+                raise CommandFailed(f"the code archive {self.archive} on node {socket.gethostname()} does not "
+                                    "match its SHA-256 name (changed on the node)")
+            work.mkdir(parents=True)
+            with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+                tar.extractall(work, filter="tar")  # the controller's own tar: links kept, nothing outside work
+            return
         code = Path(self.command.code)
         if not code.is_dir():
             raise CommandFailed(f"command.code {self.command.code!r} is not a directory on node "
                                 f"{socket.gethostname()}: the code must be there before the arm starts")
-        work = self.out_dir / WORK_DIR
-        shutil.rmtree(work, ignore_errors=True)  # each attempt starts from the code as it is, not as left
         shutil.copytree(code, work, symlinks=True, ignore=shutil.ignore_patterns(".git", "__pycache__"))
+
+    def _prepare(self) -> tuple[Path, dict[str, str]]:
+        work = self.out_dir / WORK_DIR
+        self._copy_code(work)
         resumed = self.restore()
         (self.run_dir / STOP_FILE).unlink(missing_ok=True)
         env = {
@@ -240,10 +261,31 @@ class CommandArm:
         record = {k: v for k, v in line_data.items() if k not in OURS}
         record.setdefault("wall_time_s", self._wall_before + time.monotonic() - self._t0)
         name = record.pop("checkpoint", None)
+        record.pop("samples", None)  # ablate's manifest of the PNGs below, never the script's
         if name is not None:
             record.update(self._keep_checkpoint(step, name, record))
+        samples = self._keep_samples(step)
+        if samples is not None:
+            record["samples"] = samples
         self.last_step = step
         return record
+
+    def _keep_samples(self, step: int) -> dict[str, Any] | None:
+        """PNGs the script wrote to samples/step_<step>/ before the line of that step, linked into ablate's
+        sample layout (own_<i>.png, stored and shown as the built-in arm's are); their manifest."""
+        folders = [p for p in (self.run_dir / SAMPLES_DIR).glob("step_*")
+                   if p.name.removeprefix("step_").isdigit() and int(p.name.removeprefix("step_")) == step]
+        pngs = sorted(p for f in folders for p in f.glob("*.png") if p.is_file() and not p.is_symlink())
+        if not pngs:
+            return None
+        dest = self.out_dir / sample_dir(step)
+        dest.mkdir(parents=True, exist_ok=True)
+        files = []
+        for i, png in enumerate(pngs[:MAX_SAMPLES]):
+            _link(png, dest / f"own_{i}.png")
+            files.append({"file": f"own_{i}.png", "kind": "own", "index": i, "caption": png.name,
+                          "bytes": png.stat().st_size})  # fmt: skip
+        return {"dir": sample_dir(step), "files": files, "max_side": None}
 
     def _keep_checkpoint(self, step: int, name: Any, record: dict[str, Any]) -> dict[str, Any]:
         """Link the named file into ablate's layout (ckpt_*.pt, best.pt by the detector's metric) and

@@ -10,6 +10,7 @@ A run's storage prefix holds the same names as its out_dir.
     metrics.jsonl                          the trainer's records, one per checkpoint
     records.jsonl                          the actor's records (worker/actor.py's RECORDS_FILE)
     samples/step_{step:07d}/{kind}_{i}.png each evaluation's sample images
+    run/checkpoints/...                    a command arm's own checkpoints/ folder (worker/folder_mirror.py)
 """
 
 from __future__ import annotations
@@ -29,8 +30,14 @@ SAMPLES_DIR = "samples"
 SAMPLE_STEP_RE = re.compile(rf"^step_({STEP_PATTERN})$")
 # What each evaluation draws (model.evaluate): held-out targets, reconstructions, text-only samples and
 # the caption/edit pairs of the manipulation metric.
-SAMPLE_KINDS = ("target", "recon", "text", "caption", "edit")
+# "own": a command arm's PNGs from ABLATE_RUN_DIR/samples/step_N/ (worker/command.py), its own pictures.
+SAMPLE_KINDS = ("target", "recon", "text", "caption", "edit", "own")
 SAMPLE_FILE_RE = re.compile(rf"^({'|'.join(SAMPLE_KINDS)})_\d{{1,3}}\.png$")
+
+
+# A command arm (worker/command.py): its ABLATE_RUN_DIR, and the checkpoints/ folder in it, stored whole.
+COMMAND_RUN_DIR = "run"
+COMMAND_CHECKPOINTS = f"{COMMAND_RUN_DIR}/checkpoints"
 
 
 def ckpt_name(step: int) -> str:

@@ -27,6 +27,7 @@ from orchestrator.numbers import finite_or_none, is_finite
 from orchestrator.runs.arms import LINEAGE_KEYS, ArmError, changes, flatten, resolve
 from orchestrator.runs.data_feed import data_feed
 from orchestrator.runs.detector import resolve_policy
+from orchestrator.runs.own_metrics import is_command_run, own_series
 from orchestrator.runs.reports.stats import QUALITY, paired_difference
 from orchestrator.runs.samples import sample_index
 from orchestrator.storage import STORAGE_EVENTS, storage_alarms
@@ -338,6 +339,7 @@ def grid_detail(session: Session, grid: Grid, alarm_minutes: float = 15.0) -> di
         standin = sorted({m.step for m in ms if m.lpips_backbone == STANDIN})
         backbones = sorted({m.lpips_backbone for m in ms if m.lpips_backbone})
         row = RunSummary.from_row(r, ms[-1] if ms else None).model_dump(mode="json")  # NaN/Inf -> null
+        own = own_series(ms) if is_command_run(r) else {}  # a command arm's metrics, plotted by their names
         row.update(
             description=(r.spec or {}).get("description"),
             stopped=r.decision in STOP_DECISIONS and r.decision_step is not None,
@@ -353,7 +355,8 @@ def grid_detail(session: Session, grid: Grid, alarm_minutes: float = 15.0) -> di
             nodes=r.nodes or [],
             storage=storage.get(r.id),
             error=r.error,
-            series=_series(ms),
+            series=_series(ms) | own,
+            own_metrics=list(own),
             samples=sample_index([(m.step, m.extra) for m in ms]).model_dump(),
             data=data_feed([(m.step, m.extra) for m in ms]).model_dump(),
             paired=(

@@ -32,7 +32,7 @@ from orchestrator.fleet.agent_link import (
     WorkerReply,
     open_link,
 )
-from orchestrator.fleet.errors import error_reason
+from orchestrator.fleet.errors import NodeError, error_reason
 from orchestrator.settings import Settings
 from orchestrator.vocabulary import NodeState
 
@@ -239,6 +239,19 @@ class NodePool:
         elif op == "kill":
             entry.workers.discard(name)
         return True
+
+    def upload_code(self, node: str, name: str, data: bytes) -> str | None:
+        """A command arm's code archive onto `node` over its agent's SSH connection (fleet/code_upload.py):
+        its path there; None for the controller's own machine, which reads the code in place."""
+        entry = self.nodes.get(node)
+        if entry is None or entry.link is None:
+            raise NodeError(f"node {node} is not up")
+        if not isinstance(entry.link.stream, ChannelStream):
+            return None
+        from orchestrator.fleet.bootstrap import BootstrapConfig
+        from orchestrator.fleet.code_upload import upload_archive
+
+        return upload_archive(entry.link.stream.client, BootstrapConfig().remote_dir, name, data)
 
     # -- shutdown ------------------------------------------------------------------------------------
 

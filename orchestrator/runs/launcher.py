@@ -40,6 +40,7 @@ from orchestrator.db.transitions import transition
 from orchestrator.fleet.agent_link import WorkerLost, WorkerReply, refused_records
 from orchestrator.fleet.node_pool import NodePool
 from orchestrator.messages import strip_ansi
+from orchestrator.runs.command_code import CodeRefused, ship_code
 from orchestrator.runs.ingest import ingest, last_step
 from orchestrator.runs.placement import (
     Worker,
@@ -234,6 +235,15 @@ class Launcher:
         node = found or node
         if found is None:
             kwargs = worker_kwargs(self.settings, run, out_dir, self.train_fn)
+            try:  # a command arm's code goes to a joined node first
+                kwargs["code_archive"] = ship_code(self.settings, self.pool, node, run.spec)
+            except CodeRefused as exc:  # no retry can fix it: too large, or outside the allowed directories
+                run.error = str(exc)
+                self._finish(session, run, RunState.failed, run.error)
+                return False
+            except Exception as exc:  # noqa: BLE001 - the node's link: retried like a failed start
+                self._requeue(session, run, f"node {node}: copying the code failed: {type(exc).__name__}: {exc}")
+                return False
             if not self.pool.call(node, "start", name, kwargs=kwargs):
                 self._requeue(session, run, f"node {node} could not start worker {name}: {self.pool.nodes[node].error}")
                 return False

@@ -26,6 +26,7 @@ KIND_LABELS = {
     "text": "text only (caption)",
     "caption": "manipulation: caption",
     "edit": "manipulation: edited caption",
+    "own": "the trainer's own image (its file name)",
 }
 
 

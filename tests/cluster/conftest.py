@@ -6,7 +6,8 @@ users reach this Python and its virtualenv (the pre-built worker environment, as
 and a copy of the project's source; the controller's storage dir is node-local on each node, as on
 rented machines. Each node runs its own Ray, started by bootstrap; nothing joins the controller.
 Helpers for tests and bench/: `node_config` (bootstrap with the pre-built environment), `register_node`
-(a bed node as the controller's node row), `scheduler_process` (the real scheduler in its own process).
+(a bed node as the controller's node row), `scheduler_process` (the real scheduler in its own process),
+`lose_node` (a node dies: its processes killed, its link down).
 `s3_on_bridge`: moto's S3 on the controller's bridge address with a bucket, and `aws_profile` (the usual
 credentials files in a node user's home).
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -28,6 +30,7 @@ from orchestrator.db.session import session_scope
 from orchestrator.fleet.bootstrap import BootstrapConfig
 from orchestrator.fleet.inventory import NodeCreate, add_node
 from tests.cluster.testbed import BedNode, TestBed, TestBedUnavailable
+from worker.node_ray import session_pids
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("orchestrator", "worker", "model", "arms", "migrations")
@@ -178,3 +181,16 @@ def aws_profile(node: BedNode) -> None:
     for path in (aws, aws / "credentials", aws / "config"):
         os.chown(path, node.uid, node.uid)
         path.chmod(0o700 if path.is_dir() else 0o600)
+
+
+def lose_node(testbed: TestBed, node: BedNode) -> None:
+    """The node dies: every process of its Ray session and of its user SIGKILLed, then its link down."""
+    sid = int((node.home / "ablate" / "ray" / "session").read_text())
+    for pid in session_pids(sid) + testbed.node_processes(node):
+        if Path(f"/proc/{pid}/comm").exists() and Path(f"/proc/{pid}/comm").read_text().strip() != "sshd":
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    veth = f"{testbed.tag}v{testbed.nodes.index(node)}"
+    subprocess.run(["ip", "link", "set", "dev", veth, "down"], check=True, capture_output=True, timeout=30)

@@ -12,9 +12,6 @@ once; each arm's results equal an uninterrupted run of the same spec on CPU, val
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,10 +25,9 @@ from orchestrator.db.session import session_scope
 from orchestrator.fleet.bootstrap import bootstrap_node
 from orchestrator.runs.grids import GridCreate, create_grid
 from orchestrator.vocabulary import TERMINAL_STATES, RunState
-from tests.cluster.conftest import BUCKET, aws_profile, node_config, register_node, scheduler_process
-from tests.cluster.testbed import BedNode, TestBed
+from tests.cluster.conftest import BUCKET, aws_profile, lose_node, node_config, register_node, scheduler_process
+from tests.cluster.testbed import TestBed
 from tests.polling import wait_for
-from worker.node_ray import session_pids
 
 TINY: dict[str, Any] = {
     "model": {"size": "tiny", "depth": 3, "identity_tokens": 4},
@@ -73,19 +69,6 @@ def _stored(database_url: str, run_id: int) -> int:
     return max(steps, default=0)
 
 
-def _lose(testbed: TestBed, node: BedNode) -> None:
-    """The node dies: every process of its Ray session and of its user SIGKILLed, then its link down."""
-    sid = int((node.home / "ablate" / "ray" / "session").read_text())
-    for pid in session_pids(sid) + testbed.node_processes(node):
-        if Path(f"/proc/{pid}/comm").exists() and Path(f"/proc/{pid}/comm").read_text().strip() != "sshd":
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    veth = f"{testbed.tag}v{testbed.nodes.index(node)}"
-    subprocess.run(["ip", "link", "set", "dev", veth, "down"], check=True, capture_output=True, timeout=30)
-
-
 def _uninterrupted(spec: dict[str, Any], out: Path) -> list[dict[str, Any]]:
     """The same spec trained straight through on CPU, one thread, as the node workers do."""
     from model.spec import ArmSpec
@@ -114,7 +97,7 @@ def test_a_lost_node_s_arms_resume_on_the_other_node_from_storage(
     survivor = next(n for n in testbed.nodes if n is not victim)
     on_victim = [r.id for r in runs if r.nodes[-1] == victim.name]
     stored_at_loss = {i: _stored(database_url, i) for i in on_victim}
-    _lose(testbed, victim)
+    lose_node(testbed, victim)
 
     finished = lambda: all(r.state in TERMINAL_STATES for r in _runs(database_url, ids))  # noqa: E731
     wait_for(finished, "both arms to finish", 420, 0.3, log)

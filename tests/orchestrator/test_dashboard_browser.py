@@ -364,6 +364,41 @@ def test_an_arm_waiting_for_data_is_flagged_with_the_fix(base_url: str, database
     page.close()
 
 
+def test_a_command_arm_s_own_metrics_are_charted_by_name(base_url: str, database_url: str, browser_context) -> None:  # type: ignore[no-untyped-def]
+    """A command arm's metrics (its script's names, kept in Metric.extra) each get a chart by step; its
+    PNGs are in the gallery."""
+    from orchestrator.db.session import session_scope
+    from orchestrator.runs.grids import GridCreate, PathPolicy, create_grid
+    from orchestrator.runs.ingest import ingest
+
+    mine = {"name": "mine", "code": "/srv/code/t", "command": ["python", "t.py"], "detector": {"metric": "val_loss"}}
+    with session_scope(database_url) as s:
+        grid = create_grid(s, GridCreate(name="own metrics", arms=["A", mine], overrides={"model": {"size": "tiny"}}),
+                           paths=PathPolicy(allow_commands=True, command_dirs=[Path("/srv/code")]))  # fmt: skip
+        a, command = grid.runs
+        ingest(s, a, [{"step": 10, "recon_lpips": 0.6}], detect=False)
+        own = {"dir": "samples/step_0000030", "files": [{"file": "own_0.png", "kind": "own", "index": 0,
+                                                         "caption": "grid.png", "bytes": 70}]}  # fmt: skip
+        ingest(s, command, [{"step": s_, "val_loss": 1 / s_, "train_loss": 2 / s_} for s_ in (10, 20)]
+               + [{"step": 30, "val_loss": 1 / 30, "train_loss": 2 / 30, "samples": own}], detect=False)  # fmt: skip
+        gid, command_id = grid.id, command.id
+
+    page = browser_context.new_page()
+    page.goto(f"{base_url}/grids/{gid}")
+    page.wait_for_selector("main#grid[data-ready='true']")
+    own = "figure.chart[data-key='own_val_loss'][data-axis='step']"
+    page.wait_for_selector(f"{own}[data-drawn]")
+    assert page.get_attribute(own, "data-drawn") == "mine"
+    assert page.get_attribute("figure.chart[data-key='own_train_loss']", "data-drawn") == "mine"
+    assert "val_loss" in page.inner_text(f"{own} figcaption")
+    assert page.get_attribute("figure.chart[data-key='recon_lpips'][data-axis='step']", "data-drawn") == "A"
+    # Its PNGs in the gallery, as a built-in arm's samples are, captioned with the file's name.
+    img = page.wait_for_selector("#gallery img[data-kind='own']", state="attached")  # no file: not shown
+    assert img.get_attribute("src").endswith(f"/api/runs/{command_id}/samples/30/own_0.png")
+    assert "grid.png" in img.get_attribute("title")
+    page.close()
+
+
 # -- the gallery -------------------------------------------------------------------------------------------
 
 GALLERY_STEPS = {"A": [10, 20, 30, 40], "B": [10, 20, 30], "C": [10, 20, 30, 40], "D": [10, 20, 30, 40]}

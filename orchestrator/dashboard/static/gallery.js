@@ -93,6 +93,11 @@ window.AblateGallery = function (opts) {
             image(run, step, f, f.caption), e ? image(run, step, e, e.caption) : null);
         }))));
     }
+    const own = byKind("own");  // a command arm's PNGs from its samples/step_N/, captioned with their file names
+    if (own.length) {
+      out.push(el("div", { class: "group", "data-group": "own" }, el("h3", {}, "the trainer's own images"),
+        el("div", { class: "singles" }, own.map((f) => image(run, step, f, f.caption)))));
+    }
     return out;
   }
 

@@ -499,6 +499,16 @@
         }));
       }
     }
+    // A command arm's own metrics (its script's names), one chart each, by step.
+    const own = Array.from(new Set(d.runs.flatMap((r) => r.own_metrics || [])));
+    for (const name of own) {
+      charts.push(chartCard(document.getElementById(rows.step), {
+        key: `own_${name}`, axis: "step", title: name, note: "reported by the arm's own trainer", xLabel: "step", yLabel: name,
+        tables: d.runs.filter((r) => (r.own_metrics || []).includes(name)).flatMap((r) => lineTables(r, "step", name, null, 1)),
+        markers: d.runs.filter(stopped).map((r) => ({ kind: "stop-line", run: r, step: r.decision_step, x: r.decision_step, y: null,
+          title: `${r.arm} stopped at step ${r.decision_step}` })),
+      }));
+    }
     renderByT(d);
     const others = d.runs.filter((r) => r.paired);
     for (const q of QUALITY) {

@@ -20,6 +20,7 @@ from model.spec import ArmSpec
 from orchestrator.db.models import Grid, Metric, Node, Run, Sweep
 from orchestrator.numbers import finite_or_none, is_finite, number
 from orchestrator.runs.arms import changes
+from orchestrator.runs.own_metrics import is_command_run, own_series
 from orchestrator.runs.reports.effects import METRIC_WORDS
 from orchestrator.runs.reports.model import (
     ArmReport,
@@ -39,7 +40,7 @@ from orchestrator.vocabulary import DETECTOR_STOPS, TERMINAL_STATES
 PRIMARY = "recon_lpips"
 STANDIN = "random_standin"
 # Sample kinds shown in the report's rows (the manipulation pairs stay in the gallery).
-REPORT_KINDS = ("target", "recon", "text")
+REPORT_KINDS = ("target", "recon", "text", "own")  # own: a command arm's PNGs
 
 DIGITS = ".3f"  # how a report writes a metric value or difference
 
@@ -199,6 +200,7 @@ def build_report(session: Session, grid: Grid, storage_options: dict[str, Any] |
         if standin and not any("random_standin" in f for f in fallbacks):
             fallbacks.append(f"lpips backbone: random_standin at steps {standin} (not comparable with real LPIPS)")
         best_step = best.step if best is not None else None
+        own = own_series(ms) if is_command_run(r) else {}
         ctrl_samples = None
         if control is not None and control.id != r.id:
             ctrl_samples = _sample_row(control, samples[control.id], best_step, options)
@@ -214,7 +216,9 @@ def build_report(session: Session, grid: Grid, storage_options: dict[str, Any] |
                 best_value=finite_or_none(best.recon_lpips) if best is not None else None,
                 final_step=final.step if final is not None else None,
                 final_value=finite_or_none(final.recon_lpips) if final is not None else None,
-                series={"step": [float(m.step) for m in ms], PRIMARY: [finite_or_none(m.recon_lpips) for m in ms]},
+                series={"step": [float(m.step) for m in ms], PRIMARY: [finite_or_none(m.recon_lpips) for m in ms],
+                        **own},
+                own_metrics=list(own),
                 comparisons=comparisons,
                 detector=_detector(r, ms, best, price),
                 throughput=_throughput(r, ms, price),

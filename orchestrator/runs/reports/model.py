@@ -80,7 +80,8 @@ class ArmReport(BaseModel):
     best_value: float | None
     final_step: int | None
     final_value: float | None
-    series: dict[str, list[float | None]]  # step and the primary metric, for the plot
+    series: dict[str, list[float | None]]  # step and the primary metric, for the plot (and own_metrics)
+    own_metrics: list[str] = []  # a command arm's own metrics, by its script's names, in `series`
     comparisons: list[Comparison]
     detector: DetectorOutcome
     throughput: Throughput

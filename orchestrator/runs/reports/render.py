@@ -46,6 +46,9 @@ def to_markdown(report: GridReport) -> str:
             out.append(f"Detector: **{d.decision} at step {d.step}**: {d.reason}; {kept}.")
         else:
             out.append(f"Detector: {d.decision or 'no decision'}" + (f" at step {d.step}" if d.step else "") + ".")
+        if a.own_metrics:
+            out.append(f"Its own metrics at step {a.final_step}: " + ", ".join(f"{n} {_num(a.series[n][-1], 4)}"
+                                                                              for n in a.own_metrics) + ".")
         t = a.throughput
         out.append(f"Throughput: {_num(t.samples_per_sec, 2)} samples/s, {_num(t.tokens_per_sec, 0)} tokens/s; "
                    f"{_num(t.gpu_hours, 2)} GPU-hours" + (f", cost {_num(t.money, 2)}" if t.money is not None else "")
@@ -143,6 +146,8 @@ def to_html(report: GridReport) -> str:
           f"<td>{_num(r.final_value)}</td><td>{escape(r.state)}</td><td>{escape(r.decision or '-')}</td></tr>"
           for r in s.ranking]  # fmt: skip
     h += ["</table>", curves_svg(report.arms, s.primary_metric)]
+    for name in dict.fromkeys(n for a in report.arms for n in a.own_metrics):  # command arms' own, by name
+        h.append(curves_svg([a for a in report.arms if name in a.own_metrics], name))
     control = next((a for a in report.arms if a.arm == report.control), None)
     for a in report.arms:
         h.append(f"<h2>{escape(a.arm)}" + (f": {escape(a.description)}" if a.description else "") + "</h2>")
