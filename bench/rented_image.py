@@ -19,7 +19,6 @@ install step's own seconds (its commands' durations).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import statistics
 import subprocess
 import sys
@@ -40,9 +39,9 @@ from orchestrator.sweeps.runner import SweepRunner  # noqa: E402
 from orchestrator.vocabulary import ACTIVE_SWEEP_STATES  # noqa: E402
 from tests.cluster.conftest import scheduler_process  # noqa: E402
 from tests.cluster.provider_sim import ProviderSim, vast_offer  # noqa: E402
-from tests.cluster.rental import bed_rental, due_rented_night  # noqa: E402
+from tests.cluster.rental import due_rented_night  # noqa: E402
 from tests.cluster.testbed import TestBed  # noqa: E402
-from tests.images.image_nodes import image_hooks  # noqa: E402
+from tests.images.image_nodes import container_rental, image_hooks  # noqa: E402
 from tests.images.podman import WORKER, Podman, build_images, local_base  # noqa: E402
 from tests.orchestrator.factories import tiny_overrides  # noqa: E402
 
@@ -69,11 +68,7 @@ def night(podman: Podman, image: str, config: BootstrapConfig, tmp: Path, tag: s
     with TestBed(nodes=0, gpus=[], tag=tag, firewall=True) as bed, ProviderSim(
         KEY, vast_offers=[vast_offer(701, dph_total=1.2)], hooks=image_hooks(bed, podman, image, gpus=1)
     ) as sim:
-        rental = bed_rental(bed.tag, tmp / "controller")
-        rental = dataclasses.replace(
-            rental, image=image, login_user=lambda instance: "root",
-            deadman=dataclasses.replace(rental.deadman, python="python3"),
-        )
+        rental = container_rental(bed, tmp / "controller", image)
         runner = SweepRunner(database_url, storage, node_config=config,
                              providers={"vast": VastProvider(KEY, server_url=sim.url)}, rental=rental)
         with scheduler_process(database_url, storage, tmp / "launcher.log", f"bench-{tag}"):

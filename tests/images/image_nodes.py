@@ -1,15 +1,18 @@
 """Rented instances that are containers: the provider simulator's hooks (tests/cluster/provider_sim.py) that
 start each created instance as a container of an image in a new namespace node of the test bed, and
-attach the controller's key the way Vast does. Used by tests/images/test_rented_image.py and
-bench/rented_image.py."""
+attach the controller's key the way Vast does; and the rental settings that log in to such a container.
+Used by tests/images/test_rented_image.py and bench/rented_image.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 from collections.abc import Callable
 from pathlib import Path
 
+from orchestrator.sweeps.rented import RentalConfig
 from tests.cluster.provider_sim import Hooks, SimInstance
+from tests.cluster.rental import bed_rental
 from tests.cluster.testbed import BedNode, TestBed
 from tests.images.podman import Podman
 
@@ -35,3 +38,15 @@ def image_hooks(bed: TestBed, podman: Podman, image: str, gpus: int) -> Hooks:
         podman("exec", containers[inst.handle.netns], "sh", "-c", append)
 
     return Hooks(on_create=on_create, on_ssh_key=on_ssh_key, on_destroy=lambda inst: bed.remove_node(inst.handle))
+
+
+def container_rental(bed: TestBed, home: Path, image: str) -> RentalConfig:
+    """The bed's rental settings for instances of `image`: root logs in, the image's Python runs the
+    dead-man's switch."""
+    rental = bed_rental(bed.tag, home)
+    return dataclasses.replace(
+        rental,
+        image=image,
+        login_user=lambda instance: "root",
+        deadman=dataclasses.replace(rental.deadman, python="python3"),
+    )

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,7 +24,8 @@ from orchestrator.db.session import session_scope
 from orchestrator.vocabulary import TERMINAL_STATES, RunState
 from tests.cluster.testbed import stand_in_nvidia_smi
 from tests.images.podman import CONTROLLER, WORKER, Built, Podman
-from tests.orchestrator.factories import tiny_overrides
+from tests.orchestrator.factories import free_port, tiny_overrides
+from tests.polling import wait_for
 
 TOKEN = "image-test-token-0123456789abcdef"
 
@@ -39,20 +39,6 @@ def container(podman: Podman, image: str, *args: str) -> Iterator[str]:
     finally:
         print(podman("logs", "--tail", "40", cid, check=False).stdout[-4000:])
         podman("rm", "-f", "-t", "2", cid, check=False)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _wait(what: str, ready: object, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not ready():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout_s:.0f} s")
-        time.sleep(0.5)
 
 
 def _listens(port: int) -> bool:
@@ -76,7 +62,7 @@ def test_a_grid_runs_through_the_controller_image_on_a_worker_image(
     ssh.mkdir()
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(ssh / "key")], check=True)
     smi = stand_in_nvidia_smi(tmp_path / "nvidia-smi", gpus=2)
-    ssh_port, api_port = _free_port(), _free_port()
+    ssh_port, api_port = free_port(), free_port()
     worker_args = [
         "--shm-size", "1g",  # Ray's object store
         "-p", f"127.0.0.1:{ssh_port}:22",  # SSH is all a provider's NAT lets in
@@ -84,8 +70,7 @@ def test_a_grid_runs_through_the_controller_image_on_a_worker_image(
         "-v", f"{smi}:/usr/local/bin/nvidia-smi:ro",
     ]
     with container(podman, WORKER, *worker_args):
-        _wait("the worker's sshd", lambda: bool(_host_key(ssh_port)), 60)
-        (ssh / "known_hosts").write_text(_host_key(ssh_port))
+        (ssh / "known_hosts").write_text(wait_for(lambda: _host_key(ssh_port), "the worker's sshd", timeout=60))
 
         state = tmp_path / "state"
         state.mkdir()
@@ -105,7 +90,7 @@ def test_a_grid_runs_through_the_controller_image_on_a_worker_image(
         ]
         with container(podman, CONTROLLER, *controller_args):
             api = httpx.Client(base_url=f"http://127.0.0.1:{api_port}", headers={"Authorization": f"Bearer {TOKEN}"})
-            _wait("the controller's API", lambda: _listens(api_port), 120)
+            wait_for(lambda: _listens(api_port), "the controller's API", timeout=120)
             node = {
                 "name": "worker-image", "host": "127.0.0.1", "port": ssh_port, "user": "root",
                 "key_path": "/ssh/key", "known_hosts_path": "/ssh/known_hosts",
@@ -126,7 +111,7 @@ def test_a_grid_runs_through_the_controller_image_on_a_worker_image(
                 runs = api.get(f"/api/grids/{grid_id}").json()["runs"]
                 return all(r["state"] in TERMINAL_STATES for r in runs)
 
-            _wait("the grid", finished, 600)
+            wait_for(finished, "the grid", timeout=600, interval=0.5)
             runs = [api.get(f"/api/runs/{r['id']}").json() for r in api.get(f"/api/grids/{grid_id}").json()["runs"]]
 
     assert [(r["arm"], r["state"], r["nodes"]) for r in runs] == [

@@ -11,7 +11,6 @@ containers. Only the providers' HTTP API and `nvidia-smi` are stand-ins.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 from collections.abc import Iterator
@@ -29,9 +28,9 @@ from orchestrator.vocabulary import RentedState, RunState, SweepState
 from tests.cluster import testbed
 from tests.cluster.conftest import scheduler_process
 from tests.cluster.provider_sim import ProviderSim, vast_offer
-from tests.cluster.rental import bed_rental, due_rented_night
+from tests.cluster.rental import due_rented_night
 from tests.cluster.testbed import TestBed
-from tests.images.image_nodes import image_hooks
+from tests.images.image_nodes import container_rental, image_hooks
 from tests.images.podman import WORKER, Built, Podman
 from tests.orchestrator.factories import tiny_overrides
 
@@ -62,13 +61,7 @@ def test_a_night_rented_from_the_worker_image_skips_the_install_and_trains(
         due_rented_night(session, "image-night", ["A", "B"], tiny_overrides(20), nodes=1)
 
     with ProviderSim(KEY, vast_offers=OFFERS, hooks=image_hooks(bed, podman, WORKER, gpus=2)) as sim:
-        rental = bed_rental(bed.tag, tmp_path / "controller")
-        rental = dataclasses.replace(
-            rental,
-            image=WORKER,
-            login_user=lambda instance: "root",
-            deadman=dataclasses.replace(rental.deadman, python="python3"),  # the image's Python runs the switch
-        )
+        rental = container_rental(bed, tmp_path / "controller", WORKER)
         # The defaults, as `ablate serve` has them: an install into {remote_dir}/venv that needs a package
         # (none is set: it would fail), unless bootstrap finds this version already in the image.
         config = BootstrapConfig(env={"ABLATE_OFFLINE": "1"}, command_timeout_s=120)
