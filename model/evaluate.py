@@ -135,7 +135,8 @@ def flow_loss_grid(
 
 def flow_loss_metrics(grid: Tensor) -> dict[str, Any]:
     """The stored fields of a (n, K) loss grid: the mean, its SE over images (each image's mean over the
-    K times is one sample, which the paired difference between arms uses) and the K per-time means."""
+    K times is one sample, which the paired difference between arms uses), the K per-time means and the
+    grid itself."""
     per_image = grid.mean(dim=1)
     mean, se, n = mean_se(per_image) if grid.numel() else (None, None, 0)
     return {
@@ -145,6 +146,9 @@ def flow_loss_metrics(grid: Tensor) -> dict[str, Any]:
         "val_flow_loss_samples": per_image.tolist(),
         "val_flow_loss_by_t": grid.mean(dim=0).tolist() if grid.numel() else [],
         "val_flow_loss_t": val_timesteps(grid.shape[1]).tolist(),
+        # every (image, time) cell, so any headline (the report's relative loss, a reweighting) can be
+        # recomputed from the records: 64 x 8 numbers per checkpoint
+        "val_flow_loss_grid": grid.tolist(),
         "val_flow_definition": VAL_FLOW_DEFINITION,
     }
 

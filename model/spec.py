@@ -103,7 +103,16 @@ class DataSpec(Strict):
     # Share of the images that may be unreadable (left out and named on the run): a few damaged photos
     # should not end a night, but past 1% it is more likely the wrong folder or a half-finished copy.
     max_unreadable: Fraction = MAX_UNREADABLE
+    # The training seed: initialisation, data order, flow noise and timesteps, TREAD routing. A grid's
+    # replicates (`seeds: N`) differ only here.
     seed: Seed = 0
+    # The dataset's identity: which images are held out (and a procedural set's items). None: data.seed,
+    # which meant both before replicates existed, so a saved spec resumes exactly as it trained.
+    split_seed: Seed | None = None
+
+    def dataset_seed(self) -> int:
+        """The seed of the held-out split (split_seed, else the training seed)."""
+        return self.seed if self.split_seed is None else self.split_seed
 
     @model_validator(mode="after")
     def _path_datasets_need_path(self) -> DataSpec:

@@ -87,10 +87,11 @@ def build_dataset(spec: ArmSpec, root: Path | None = None, pin: str | None = Non
     """
     d = spec.data
     res = spec.resolution()
+    split = d.dataset_seed()  # never the training seed: replicates must share the held-out images
     if d.dataset == "shapes":
-        return ShapesDataset(res, d.pixel_range, d.seed, d.num_images, d.held_out)
+        return ShapesDataset(res, d.pixel_range, split, d.num_images, d.held_out)
     if d.dataset == "digits":
-        return DigitsDataset(res, d.pixel_range, d.seed, d.held_out)
+        return DigitsDataset(res, d.pixel_range, split, d.held_out)
     if d.url is not None and root is None:
         raise DatasetError(f"data.url {d.url!r}: fetch it first (worker.data_fetch.fetch_prepared) and pass its root")
     root = root if root is not None else Path(d.path or "").expanduser()
@@ -100,7 +101,7 @@ def build_dataset(spec: ArmSpec, root: Path | None = None, pin: str | None = Non
             root,
             res,
             d.pixel_range,
-            d.seed,
+            split,
             d.held_out,
             precomputed,
             caption_column=d.caption_column,
@@ -108,9 +109,9 @@ def build_dataset(spec: ArmSpec, root: Path | None = None, pin: str | None = Non
         )
     if d.dataset == "webdataset":
         return TarShardsDataset(
-            root, res, d.pixel_range, d.seed, d.held_out, precomputed, max_unreadable=d.max_unreadable
+            root, res, d.pixel_range, split, d.held_out, precomputed, max_unreadable=d.max_unreadable
         )
     if d.dataset == "prepared":
         # data.url's copy was verified by its fetch moments ago, under the node's lock; data.path's is here
-        return PreparedDataset(root, res, d.pixel_range, d.seed, d.held_out, precomputed, pin=pin, verify=d.url is None)
+        return PreparedDataset(root, res, d.pixel_range, split, d.held_out, precomputed, pin=pin, verify=d.url is None)
     raise DatasetError(f"unknown data.dataset {d.dataset!r}")

@@ -53,6 +53,11 @@ RECENT_SWEEPS = 20  # how many of a schedule's sweeps its record shows, newest f
 
 class GridCreated(BaseModel):
     id: int
+    runs: int  # arms x seeds
+    seeds: int
+    # A rough projection (orchestrator/runs/replicates.py); None when a command arm cannot be projected.
+    projected_gpu_hours: float | None
+    cost: str  # the same in words, e.g. "2 arms x 3 seeds = 6 runs, about 1.2 GPU-hours (...)"
 
 
 class ArmPublic(BaseModel):

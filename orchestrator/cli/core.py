@@ -81,21 +81,32 @@ def load_grid_file(path: Path) -> dict[str, Any]:
 def submit(
     grid_file: Annotated[Path, typer.Argument(help="YAML grid: name, arms, overrides, control (see arms/demo.yaml)")],
     url: Annotated[str | None, typer.Option(help="Server URL (default: http://ABLATE_HOST:ABLATE_PORT)")] = None,
+    seeds: Annotated[
+        int | None,
+        typer.Option(help="Training seeds per arm (1-16): each arm runs N times on one held-out split; "
+                     "overrides the file's `seeds`"),
+    ] = None,
 ) -> None:
-    """Submit a grid to the running server; prints the new grid's id."""
+    """Submit a grid to the running server; prints the new grid's id (and, with several seeds, its cost first)."""
     import httpx
 
     from orchestrator.runs.grids import GridCreate, GridError, resolve_grid
+    from orchestrator.runs.replicates import grid_cost
     from orchestrator.server import read_token
 
     data = load_grid_file(grid_file)
+    if seeds is not None:
+        data = {**data, "seeds": seeds}
     try:
         # Checked here first so a bad spec fails at once, with its path, even without a server.
-        resolve_grid(GridCreate.model_validate(data))
+        body = GridCreate.model_validate(data)
+        resolved = resolve_grid(body)
     except ValidationError as exc:
         raise CLIError(f"{grid_file}: {validation_text(exc, root='(grid)')}") from None
     except GridError as exc:
         raise CLIError(f"{grid_file}: {exc.message()}") from None
+    if body.seeds > 1:  # what replicates cost, said before anything is queued
+        typer.echo(f"submitting {grid_cost([spec for _, spec in resolved], body.seeds).text()}", err=True)
 
     settings = load_settings()
     host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host

@@ -50,6 +50,8 @@ class Grid(Base):
     control_arm: Mapped[str | None] = mapped_column(String(64))
     overrides: Mapped[dict[str, Any]] = mapped_column(default=dict)
     source: Mapped[str] = mapped_column(String(32), default=GridSource.submitted)  # a GridSource
+    # Training seeds per arm (replicates): each arm runs this many times on one fixed held-out split.
+    seeds: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     runs: Mapped[list[Run]] = relationship(back_populates="grid", order_by="Run.position")
@@ -66,7 +68,7 @@ class Grid(Base):
 
 
 class Run(Base):
-    """One arm of one grid."""
+    """One arm of one grid, at one training seed (a grid with seeds N has N runs per arm)."""
 
     __tablename__ = "runs"
 
@@ -74,6 +76,9 @@ class Run(Base):
     grid_id: Mapped[int] = mapped_column(ForeignKey("grids.id", ondelete="CASCADE"), index=True)
     position: Mapped[int] = mapped_column(Integer, default=0)  # order within the grid (FIFO)
     arm: Mapped[str] = mapped_column(String(64))
+    # The replicate: which of the grid's training seeds (0..seeds-1); its spec's data.seed is the arm's
+    # data.seed plus this, its data.split_seed the grid's one held-out split.
+    seed: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     spec: Mapped[dict[str, Any]] = mapped_column()  # the resolved ArmSpec, exactly as trained
     state: Mapped[str] = mapped_column(String(16), default=RunState.queued, index=True)  # a RunState
     gpu_index: Mapped[str | None] = mapped_column(String(64))  # CUDA_VISIBLE_DEVICES the worker saw

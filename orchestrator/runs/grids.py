@@ -24,6 +24,7 @@ from orchestrator.db.transitions import transition
 from orchestrator.errors import Conflict, InvalidBody
 from orchestrator.runs.arms import LINEAGE_KEYS, ArmError, arm_files, resolve
 from orchestrator.runs.command_arms import command_errors, is_command_arm, resolve_command_arm
+from orchestrator.runs.replicates import MAX_SEEDS, replicate_spec
 from orchestrator.settings import Settings
 from orchestrator.vocabulary import TERMINAL_STATES, GridSource, RunDecision, RunState
 
@@ -63,6 +64,9 @@ class GridCreate(BaseModel):
     overrides: dict[str, Any] = Field(default_factory=dict)
     # The arm the stall rule compares against; default: the first arm.
     control: str | None = Field(default=None, examples=["A"])
+    # Training seeds per arm (replicates): each arm runs this many times, seeds 0..N-1 on one held-out
+    # split, so the report's effects include training noise (orchestrator/runs/replicates.py).
+    seeds: int = Field(default=1, ge=1, le=MAX_SEEDS, examples=[3])
 
     @field_validator("name")
     @classmethod
@@ -319,7 +323,9 @@ def create_grid(
     max_gpu_memory_gib: float | None = None,
     paths: PathPolicy | None = None,
 ) -> Grid:
-    """Store the grid and one queued run per arm (in order) with its fully resolved spec; flushes, no commit.
+    """Store the grid and one queued run per arm and training seed with its fully resolved spec; flushes,
+    no commit. Seed-major order: every arm's seed 0 is queued before any seed 1, so a night cut short
+    still holds complete comparisons.
 
     An arm that cannot fit a GPU is a GridError: see `memory_errors` (cap `max_gpu_memory_gib`). With
     `paths` (every grid a client submits), spec paths outside the operator's directories are too; a
@@ -338,14 +344,19 @@ def create_grid(
         control_arm=body.control if body.control is not None else resolved[0][0],
         overrides=body.overrides,
         source=source,
+        seeds=body.seeds,
     )
     grid.runs = [
-        Run(position=i, arm=label, spec=spec.model_dump(mode="json"), state=RunState.queued)
+        Run(position=seed * len(resolved) + i, arm=label, seed=seed,
+            spec=(replicate_spec(spec, seed) if body.seeds > 1 else spec).model_dump(mode="json"),
+            state=RunState.queued)
+        for seed in range(body.seeds)
         for i, (label, spec) in enumerate(resolved)
-    ]
+    ]  # fmt: skip
     session.add(grid)
     session.flush()
-    session.add(Event(grid_id=grid.id, kind="grid.created", message=f"{len(resolved)} arms ({source})"))
+    seeds = f" x {body.seeds} seeds" if body.seeds > 1 else ""
+    session.add(Event(grid_id=grid.id, kind="grid.created", message=f"{len(resolved)} arms{seeds} ({source})"))
     return grid
 
 

@@ -149,7 +149,10 @@ def _control_series(session: Session, run: Run) -> list[dict[str, Any]] | None:
     grid = session.get(Grid, run.grid_id)
     if grid is None or not grid.control_arm or grid.control_arm == run.arm:
         return None
-    control_id = session.scalar(select(Run.id).where(Run.grid_id == run.grid_id, Run.arm == grid.control_arm))
+    # The control's replicate of the same training seed: seeds pair, as in the report's effects.
+    control_id = session.scalar(
+        select(Run.id).where(Run.grid_id == run.grid_id, Run.arm == grid.control_arm, Run.seed == run.seed)
+    )
     return metric_series(session, control_id) if control_id is not None else None
 
 

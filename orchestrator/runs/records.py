@@ -37,6 +37,7 @@ class GridPublic(Public):
     name: str
     control: str | None  # Grid.control_arm
     source: str  # a GridSource
+    seeds: int  # training seeds per arm (each arm has this many runs)
     created_at: datetime
     states: dict[str, int]  # number of runs per RunState
 
@@ -52,6 +53,7 @@ class RunSummary(MetricValues):  # type: ignore[misc, valid-type]
     grid_id: int
     position: int
     arm: str
+    seed: int  # which replicate of its arm (0..grid.seeds-1)
     state: str  # a RunState
     stop_requested: bool
     decision: str | None  # a RunDecision

@@ -80,6 +80,23 @@ def test_malformed_grid_files(env: dict[str, str], tmp_path: Path, text: str, ne
     assert proc.returncode == 2 and needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("seeds", ["0", "17"])
+def test_submit_seeds_out_of_range_names_the_field(env: dict[str, str], tmp_path: Path, seeds: str) -> None:
+    grid = tmp_path / "grid.yaml"
+    grid.write_text("name: ok\narms: [A, B]\n")
+    proc = ablate("submit", str(grid), "--seeds", seeds, env=env, cwd=tmp_path)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "seeds" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_submit_with_seeds_says_what_it_costs_before_anything_is_queued(env: dict[str, str], tmp_path: Path) -> None:
+    grid = tmp_path / "grid.yaml"
+    grid.write_text("name: ok\narms: [A, B]\n")
+    proc = ablate("submit", str(grid), "--seeds", "3", env={**env, "ABLATE_API_TOKEN": "t" * 16}, cwd=tmp_path)
+    assert proc.returncode == 2  # no server here: the cost line comes first all the same
+    assert proc.stderr.startswith("submitting 2 arms x 3 seeds = 6 runs, about ") and "GPU-hours" in proc.stderr
+
+
 def test_submit_without_server_says_so(env: dict[str, str], tmp_path: Path) -> None:
     grid = tmp_path / "grid.yaml"
     grid.write_text("name: ok\narms: [A, B]\n")

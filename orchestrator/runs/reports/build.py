@@ -2,7 +2,8 @@
 detector's outcome, throughput and cost, fallbacks and samples; a summary that ranks the arms.
 
 Comparisons are made at the same step (the evaluation's samples pair up only within a step): at the
-arm's best checkpoint and at its final one, against the other arm's checkpoint of that step.
+arm's best checkpoint and at its final one, against the other arm's checkpoint of that step, seed s of
+an arm against seed s of its parent and of the control (effects.py aggregates them across seeds).
 """
 
 from __future__ import annotations
@@ -20,25 +21,38 @@ from model.spec import ArmSpec
 from orchestrator.db.models import Grid, Metric, Node, Run, Sweep
 from orchestrator.numbers import finite_or_none, is_finite, number
 from orchestrator.runs.arms import changes
+from orchestrator.runs.detector import resolve_policy
 from orchestrator.runs.own_metrics import is_command_run, own_series
-from orchestrator.runs.reports.effects import METRIC_WORDS
+from orchestrator.runs.reports.effects import METRIC_WORDS, grid_effects
 from orchestrator.runs.reports.model import (
     ArmReport,
     Comparison,
     DetectorOutcome,
+    Effect,
     GridReport,
     RankEntry,
     SampleImage,
     SampleRow,
     Summary,
     Throughput,
+    TimestepEffect,
 )
-from orchestrator.runs.reports.stats import LOWER_IS_BETTER, QUALITY, difference
+from orchestrator.runs.reports.stats import (
+    LOWER_IS_BETTER,
+    QUALITY,
+    RELATIVE_FLOW,
+    Difference,
+    across_seeds,
+    difference,
+    relative_flow_difference,
+    timestep_differences,
+)
 from orchestrator.runs.samples import StepSamples, run_samples, sample_png
 from orchestrator.vocabulary import DETECTOR_STOPS, TERMINAL_STATES
 
-PRIMARY = "recon_lpips"
+PRIMARY = "recon_lpips"  # the judge where the detector judges LPIPS (a real backbone)
 STANDIN = "random_standin"
+COMPARED = (*QUALITY, RELATIVE_FLOW)
 # Sample kinds shown in the report's rows (the manipulation pairs stay in the gallery).
 REPORT_KINDS = ("target", "recon", "text", "own")  # own: a command arm's PNGs
 
@@ -51,8 +65,12 @@ def compare(arm: str, m: Metric, other_arm: str, o: Metric | None, metric: str, 
     base: dict[str, Any] = {"metric": metric, "against": against, "other_arm": other_arm, "at": at, "step": m.step}
     if o is None:
         return Comparison(**base, words=f"{label}: {other_arm} has no checkpoint at step {m.step}")
-    d = difference(m, o, metric)
-    values = {"value": finite_or_none(getattr(m, metric)), "other_value": finite_or_none(getattr(o, metric))}
+    if metric == RELATIVE_FLOW:  # a difference of two runs, no value of its own
+        d = relative_flow_difference(m, o)
+        values: dict[str, Any] = {}
+    else:
+        d = difference(m, o, metric)
+        values = {"value": finite_or_none(getattr(m, metric)), "other_value": finite_or_none(getattr(o, metric))}
     if d is None:
         return Comparison(**base, **values, words=f"{label}: {METRIC_WORDS[metric]} not measured on both")
     direction = "lower" if d.diff < 0 else "higher" if d.diff > 0 else "equal"
@@ -68,7 +86,7 @@ def compare(arm: str, m: Metric, other_arm: str, o: Metric | None, metric: str, 
         if d.low <= 0 <= d.high:
             verdict = "no clear difference"
         else:
-            verdict = "better" if (d.diff < 0) == LOWER_IS_BETTER[metric] else "worse"
+            verdict = "better" if (d.diff < 0) == LOWER_IS_BETTER.get(metric, True) else "worse"
         text += f", {verdict}"
     return Comparison(
         **base, **values, diff=d.diff, se=d.se, low=d.low, high=d.high, pairing=d.pairing, n=d.n,
@@ -88,13 +106,27 @@ def _median(values: list[float | None]) -> float | None:
     return statistics.median(finite) if finite else None
 
 
-def _best(run: Run, ms: list[Metric]) -> Metric | None:
-    """The detector's kept checkpoint; without one (a live run), the lowest primary metric so far."""
+def _best(run: Run, ms: list[Metric], judge: str) -> Metric | None:
+    """The detector's kept checkpoint; without one (a live run), the best judged value so far."""
     by_step = {m.step: m for m in ms}
     if run.best_step is not None and run.best_step in by_step:
         return by_step[run.best_step]
-    scored = [m for m in ms if is_finite(m.recon_lpips)]
-    return min(scored, key=lambda m: m.recon_lpips) if scored else None
+    scored = [m for m in ms if is_finite(getattr(m, judge))]
+    sign = 1 if LOWER_IS_BETTER.get(judge, True) else -1
+    return min(scored, key=lambda m: sign * getattr(m, judge)) if scored else None
+
+
+def judge_of(runs: list[Run], metrics: dict[int, list[Metric]]) -> str:
+    """The metric the table leads with: the one the detector judged most of the runs on (val_flow_loss
+    where LPIPS is the random stand-in, unless a spec names one)."""
+    judged = []
+    for r in runs:
+        spec = _spec(r.spec)
+        if spec is not None and spec.command is None:
+            standin = any(m.lpips_backbone == STANDIN for m in metrics[r.id])
+            judged.append(resolve_policy(spec.detector, standin).metric)
+    known = [m for m in judged if m in QUALITY]
+    return max(dict.fromkeys(known), key=known.count) if known else PRIMARY
 
 
 def price_per_gpu_hour(session: Session, grid: Grid) -> float | None:
@@ -123,7 +155,7 @@ def _sample_row(run: Run, samples: list[StepSamples], step: int | None, options:
     return SampleRow(arm=run.arm, step=chosen.step, images=images)
 
 
-def _detector(run: Run, ms: list[Metric], best: Metric | None, price: float | None) -> DetectorOutcome:
+def _detector(run: Run, ms: list[Metric], best: Metric | None, price: float | None, judge: str) -> DetectorOutcome:
     spec = _spec(run.spec)
     planned = spec.schedule.steps if spec is not None else None
     stopped = run.decision in DETECTOR_STOPS and run.decision_step is not None
@@ -138,7 +170,7 @@ def _detector(run: Run, ms: list[Metric], best: Metric | None, price: float | No
         reason=run.decision_reason,
         stopped=stopped,
         kept_step=best.step if best is not None else None,
-        kept_value=finite_or_none(best.recon_lpips) if best is not None else None,
+        kept_value=finite_or_none(getattr(best, judge)) if best is not None else None,
         kept_checkpoint=run.best_checkpoint,
         planned_steps=planned,
         gpu_hours_saved=saved,
@@ -172,27 +204,36 @@ def build_report(session: Session, grid: Grid, storage_options: dict[str, Any] |
         for m in rows:
             metrics[m.run_id].append(m)
     samples = {r.id: run_samples(session, r) for r in runs}
-    by_arm = {r.arm: r for r in runs}
-    control = by_arm.get(grid.control_arm or "") or (runs[0] if runs else None)
+    judge = judge_of(runs, metrics)
+    by_seed = {(r.arm, r.seed): r for r in runs}  # seed s of an arm pairs with seed s of another
+    first = runs[0] if runs else None
+
+    def control_of(seed: int) -> Run | None:
+        found = by_seed.get((grid.control_arm or "", seed))
+        return found if found is not None or grid.seeds > 1 else first
+
     price = price_per_gpu_hour(session, grid)
     arms = []
+    pairs: list[tuple[Run, str, Run]] = []  # (run, against, comparator run) for the timestep appendix
     for r in runs:
         ms = metrics[r.id]
-        best = _best(r, ms)
+        best = _best(r, ms, judge)
         final = ms[-1] if ms else None
+        control = control_of(r.seed)
         parent_name = (r.spec or {}).get("parent")
-        parent = by_arm.get(parent_name) if isinstance(parent_name, str) else None
+        parent = by_seed.get((parent_name, r.seed)) if isinstance(parent_name, str) else None
         comparisons: list[Comparison] = []
         for against, other in (("parent", parent), ("control", control)):
             if other is None or other.id == r.id:
                 continue
             if against == "control" and parent is not None and other.id == parent.id:
                 continue  # the control is the parent: one comparison, named parent
+            pairs.append((r, against, other))
             steps = {m.step: m for m in metrics[other.id]}
             for at, point in (("best", best), ("final", final)):
                 if point is None:
                     continue
-                for q in QUALITY:
+                for q in COMPARED:
                     comparisons.append(compare(r.arm, point, other.arm, steps.get(point.step), q, against, at))
         mine, theirs = _spec(r.spec), _spec(parent.spec) if parent is not None else None
         standin = sorted({m.step for m in ms if m.lpips_backbone == STANDIN})
@@ -207,20 +248,21 @@ def build_report(session: Session, grid: Grid, storage_options: dict[str, Any] |
         arms.append(
             ArmReport(
                 arm=r.arm,
+                seed=r.seed,
                 run_id=r.id,
                 description=(r.spec or {}).get("description"),
                 parent=parent_name if isinstance(parent_name, str) else None,
                 changes=changes(mine, theirs) if mine is not None and theirs is not None else {},
                 state=r.state,
                 best_step=best_step,
-                best_value=finite_or_none(best.recon_lpips) if best is not None else None,
+                best_value=finite_or_none(getattr(best, judge)) if best is not None else None,
                 final_step=final.step if final is not None else None,
-                final_value=finite_or_none(final.recon_lpips) if final is not None else None,
-                series={"step": [float(m.step) for m in ms], PRIMARY: [finite_or_none(m.recon_lpips) for m in ms],
+                final_value=finite_or_none(getattr(final, judge)) if final is not None else None,
+                series={"step": [float(m.step) for m in ms], judge: [finite_or_none(getattr(m, judge)) for m in ms],
                         **own},
                 own_metrics=list(own),
                 comparisons=comparisons,
-                detector=_detector(r, ms, best, price),
+                detector=_detector(r, ms, best, price, judge),
                 throughput=_throughput(r, ms, price),
                 fallbacks=fallbacks,
                 standin_steps=standin,
@@ -229,6 +271,8 @@ def build_report(session: Session, grid: Grid, storage_options: dict[str, Any] |
             )
         )
     done = all(r.state in TERMINAL_STATES for r in runs) and bool(runs)
+    control = control_of(0)
+    effects = grid_effects(arms, judge)
     return GridReport(
         grid_id=grid.id,
         name=grid.name,
@@ -236,49 +280,91 @@ def build_report(session: Session, grid: Grid, storage_options: dict[str, Any] |
         control=control.arm if control is not None else None,
         state="finished" if done else "in progress",
         generated_at=datetime.now(UTC),
-        summary=summarize(arms),
+        seeds=grid.seeds,
+        judge=judge,
+        summary=summarize(arms, effects, judge, grid.seeds),
+        effects=effects,
+        timestep_effects=timestep_effects(pairs, metrics),
         arms=arms,
     )
 
 
-def summarize(arms: list[ArmReport]) -> Summary:
-    """Rank on the primary metric's best value (lower is better), name the stopped arms, count comparisons."""
-    scored = sorted(arms, key=lambda a: (a.best_value is None, a.best_value if a.best_value is not None else 0.0))
+def timestep_effects(pairs: list[tuple[Run, str, Run]], metrics: dict[int, list[Metric]]) -> list[TimestepEffect]:
+    """val_flow_loss at each timestep, each arm against its parent and the control at their final
+    checkpoint, across seeds (the per-seed paired difference at t, aggregated like the table's effects)."""
+    groups: dict[tuple[str, str, str], list[tuple[list[Difference], list[float], list[float]]]] = {}
+    t: list[float] = []
+    for run, against, other in pairs:
+        mine, theirs = metrics[run.id], {m.step: m for m in metrics[other.id]}
+        if not mine or mine[-1].step not in theirs:
+            continue
+        a, b = mine[-1], theirs[mine[-1].step]
+        diffs = timestep_differences(a, b)
+        if diffs is None:
+            continue
+        t = [float(x) for x in (a.extra or {}).get("val_flow_loss_t") or []] or t
+        means_a = [sum(col) / len(col) for col in zip(*(a.extra or {})["val_flow_loss_grid"], strict=True)]
+        means_b = [sum(col) / len(col) for col in zip(*(b.extra or {})["val_flow_loss_grid"], strict=True)]
+        groups.setdefault((run.arm, against, other.arm), []).append((diffs, means_a, means_b))
+    out = []
+    for (arm, against, other_arm), seeds in groups.items():
+        width = min(len(d) for d, _, _ in seeds)
+        per_t = [e for i in range(width) if (e := across_seeds([d[i] for d, _, _ in seeds])) is not None]
+        ratio = [sum(ma[i] / mb[i] for _, ma, mb in seeds if mb[i] > 0) / len(seeds) for i in range(width)]
+        out.append(TimestepEffect(
+            arm=arm, against=against, other_arm=other_arm, t=t[:width] or [(i + 0.5) / width for i in range(width)],
+            ratio=[finite_or_none(x) for x in ratio], diff=[e.diff for e in per_t], low=[e.low for e in per_t],
+            high=[e.high for e in per_t],
+            k=len(seeds),
+        ))  # fmt: skip
+    return out
+
+
+def summarize(arms: list[ArmReport], effects: list[Effect], judge: str = PRIMARY, seeds: int = 1) -> Summary:
+    """Rank runs on the judged metric's best value, name the stopped ones, and say what the effects table's
+    intervals can tell (effects.py): across seeds with several, evaluation noise only with one."""
+    sign = 1 if LOWER_IS_BETTER.get(judge, True) else -1
+    scored = sorted(arms, key=lambda a: (a.best_value is None, sign * (a.best_value or 0.0)))
+    label = (lambda a: f"{a.arm} s{a.seed}") if seeds > 1 else (lambda a: a.arm)
     ranking = [
-        RankEntry(rank=i + 1, arm=a.arm, best_value=a.best_value, best_step=a.best_step, final_value=a.final_value,
+        RankEntry(rank=i + 1, arm=label(a), best_value=a.best_value, best_step=a.best_step, final_value=a.final_value,
                   state=a.state, decision=a.detector.decision)
         for i, a in enumerate(scored)
     ]  # fmt: skip
     stopped = [
-        f"{a.arm}: {a.detector.decision} at step {a.detector.step} ({a.detector.reason}); "
+        f"{label(a)}: {a.detector.decision} at step {a.detector.step} ({a.detector.reason}); "
         f"kept step {a.detector.kept_step}"
         for a in arms
         if a.detector.stopped
     ]
-    made = [c for a in arms for c in a.comparisons if c.diff is not None]
-    with_interval = [c for c in made if c.low is not None]
-    excluding = [c for c in with_interval if c.verdict in ("better", "worse")]
+    made = [e for e in effects if not e.standin]
+    with_interval = [e for e in made if e.low is not None]
+    excluding = [e for e in with_interval if e.reading == "distinguishable across seeds"]
     words = []
     if ranking and ranking[0].best_value is not None:
         top = ranking[0]
         best = number(top.best_value, DIGITS)
-        words.append(f"Best on {METRIC_WORDS[PRIMARY]}: {top.arm} ({best} at step {top.best_step}).")
-    standin = [a.arm for a in arms if a.standin_steps]
+        words.append(f"Best on {METRIC_WORDS[judge]}: {top.arm} ({best} at step {top.best_step}).")
+    standin = list(dict.fromkeys(a.arm for a in arms if a.standin_steps))
     if standin:
         words.append(f"LPIPS of {', '.join(standin)} is the random stand-in backbone, which cannot tell arms apart: "
                      "judge them on the held-out flow loss (val_flow_loss), which needs no downloaded weights "
                      "and is what the detector judged them on unless their spec named a metric.")  # fmt: skip
     words.append(f"Stopped by the detector: {', '.join(s.split(':')[0] for s in stopped)}." if stopped
                  else "No arm was stopped by the detector.")  # fmt: skip
-    words.append(
-        f"{len(made)} comparisons, {len(with_interval)} with a 95% interval"
-        + (f", {len(excluding)} excluding zero" if with_interval else "")
-        + (f": about {0.05 * len(with_interval):.1f} would exclude zero by chance alone, so read one interval among "
-           "many with care." if with_interval else ": no standard errors or per-sample values are stored, so none "
-           "can be told apart from noise here (the study's per-sample std was 0.022-0.030 at n=25).")
-    )  # fmt: skip
+    if seeds < 2:
+        words.append(f"{len(made)} effects from one training seed per arm: their intervals cover evaluation noise "
+                     "only, so none is read as distinguishable (retraining moves an effect by more than that); "
+                     "run the grid with seeds >= 3 to measure training noise.")  # fmt: skip
+    else:
+        words.append(
+            f"{len(made)} effects across {seeds} training seeds, {len(with_interval)} with a 95% interval"
+            + (f", {len(excluding)} distinguishable across seeds: about {0.05 * len(with_interval):.1f} would be by "
+               "chance alone, so read one interval among many with care." if with_interval else
+               ": no per-sample values or standard errors are stored.")
+        )  # fmt: skip
     return Summary(
-        primary_metric=PRIMARY,
+        primary_metric=judge,
         ranking=ranking,
         stopped=stopped,
         comparisons=len(made),

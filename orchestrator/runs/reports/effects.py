@@ -1,115 +1,213 @@
 """The report's lead: the effects table (one row per arm and metric: the difference against the parent
-and against the control at the arm's final checkpoint, its 95% interval, n, and whether the interval
-excludes zero) and a forest plot per metric (inline SVG, no script)."""
+and against the control at the final checkpoint, across the grid's training seeds, its 95% interval,
+the seeds it covers and what that interval can tell) and one forest plot per comparator (inline SVG, no
+script); its appendix: each seed's own interval and val_flow_loss's effect at each timestep.
+
+An effect over k seeds is the mean of the per-seed paired differences (seed s of the arm against seed s
+of the comparator, same held-out images and noise) with a t-interval on k - 1 degrees of freedom, which
+covers training noise (initialisation, data order, flow noise, routing) and evaluation noise alike. One
+seed measures one draw of the effect: its interval covers evaluation noise only, so it is never read
+"distinguishable" (Bouthillier et al. 2021, "Accounting for variance in machine learning benchmarks").
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable
 from html import escape
 
-from orchestrator.runs.reports.model import ArmReport, Comparison
+from orchestrator.runs.reports.model import ArmReport, Effect, EffectReading, GridReport, SeedDiff, TimestepEffect
+from orchestrator.runs.reports.stats import RELATIVE_FLOW, Difference, across_seeds
 
-METRIC_WORDS = {"recon_lpips": "recon LPIPS", "text_lpips": "text LPIPS", "text_manip_delta": "text-manipulation delta",
-                "val_flow_loss": "held-out flow loss"}  # fmt: skip
+METRIC_WORDS = {"val_flow_loss": "held-out flow loss", RELATIVE_FLOW: "flow loss, relative per timestep",
+                "recon_lpips": "recon LPIPS", "text_lpips": "text LPIPS",
+                "text_manip_delta": "text-manipulation delta"}  # fmt: skip
+LPIPS_METRICS = ("recon_lpips", "text_lpips", "text_manip_delta")
 AT = "final"  # the arm's final checkpoint, the other arm at the same step
+COMPARATORS = ("parent", "control")
+ONE_SEED: EffectReading = "one seed: training noise not measured"
 
 
-@dataclass(frozen=True)
-class EffectRow:
-    arm: str
-    metric: str
-    parent: Comparison | None
-    control: Comparison | None
-
-
-def effect_rows(arms: list[ArmReport]) -> list[EffectRow]:
-    """Rows for the metrics measured on an arm and at least one of the arms it is compared with."""
-    rows = []
-    for a in arms:
-        for metric in METRIC_WORDS:
-            found = {c.against: c for c in a.comparisons if c.metric == metric and c.at == AT and c.diff is not None}
-            if found:
-                rows.append(EffectRow(a.arm, metric, found.get("parent"), found.get("control")))
-    return rows
-
-
-def reading(c: Comparison | None) -> str:
-    """distinguishable (the 95% interval excludes zero) | within noise | no interval (nothing stored to
-    build one from) | "" (no such comparison)."""
-    if c is None:
-        return ""
-    if c.low is None or c.high is None:
+def effect_reading(k: int, low: float | None, high: float | None) -> EffectReading:
+    """What an effect's interval can say: with one seed nothing beyond "training noise not measured"."""
+    if low is None or high is None:
         return "no interval"
-    return "within noise" if c.low <= 0 <= c.high else "distinguishable"
+    if k < 2:
+        return ONE_SEED
+    return "within noise" if low <= 0 <= high else "distinguishable across seeds"
 
 
-def cell(c: Comparison | None) -> str:
-    if c is None:
-        return "-"
-    interval = f" [{c.low:+.4f}, {c.high:+.4f}]" if c.low is not None and c.high is not None else ""
-    return f"{c.other_arm}: {c.diff:+.4f}{interval}"  # type: ignore[operator]
+def noise_words(k: int) -> str:
+    if k < 2:
+        return "evaluation images and noise only (one training seed)"
+    return f"training seeds (k={k}, t on {k - 1} df) and evaluation images"
 
 
-def n_of(row: EffectRow) -> str:
-    ns = {c.n for c in (row.parent, row.control) if c is not None and c.n}
-    return "/".join(str(n) for n in sorted(ns)) or "-"
+def metric_order(judge: str) -> list[str]:
+    """The judged metric first; the relative flow loss beside val_flow_loss; LPIPS last."""
+    order = [judge] + [m for m in METRIC_WORDS if m != judge]
+    if judge == "val_flow_loss":
+        order.remove(RELATIVE_FLOW)
+        order.insert(1, RELATIVE_FLOW)
+    return order
 
 
-HEADER = ("arm", "metric", "step", "vs parent [95% CI]", "reading", "vs control [95% CI]", "reading", "n")
+def grid_effects(arms: list[ArmReport], judge: str) -> list[Effect]:
+    """The effects across seeds, from each run's per-seed comparisons at its final checkpoint."""
+    order = metric_order(judge)
+    groups: dict[tuple[str, str, str], list[tuple[ArmReport, int]]] = {}
+    for a in arms:
+        for i, c in enumerate(a.comparisons):
+            if c.at == AT and c.diff is not None:
+                groups.setdefault((a.arm, c.metric, c.against), []).append((a, i))
+    effects = []
+    arm_order = list(dict.fromkeys(a.arm for a in arms))
+    for arm in arm_order:
+        for metric in order:
+            for against in COMPARATORS:
+                found = sorted(groups.get((arm, metric, against), []), key=lambda x: x[0].seed)
+                if not found:
+                    continue
+                comps = [(a.seed, a.comparisons[i], a) for a, i in found]
+                diffs = [Difference(c.diff, c.se, c.low, c.high, c.pairing or "independent", c.n)  # type: ignore[arg-type]
+                         for _, c, _ in comps]  # fmt: skip
+                seff = across_seeds(diffs)
+                if seff is None:
+                    continue
+                first = comps[0][1]
+                standin = metric in LPIPS_METRICS and any(c.step in a.standin_steps for _, c, a in comps)
+                effects.append(Effect(
+                    arm=arm, metric=metric, against=against, other_arm=first.other_arm, step=first.step,
+                    diff=seff.diff, low=seff.low, high=seff.high, k=seff.k, seed_sd=seff.seed_sd,
+                    eval_se=seff.eval_se, noise=noise_words(seff.k),
+                    reading=effect_reading(seff.k, seff.low, seff.high), standin=standin,
+                    per_seed=[SeedDiff(seed=s, diff=c.diff, low=c.low, high=c.high, n=c.n)  # type: ignore[arg-type]
+                              for s, c, _ in comps],
+                ))  # fmt: skip
+    return effects
 
 
-def effects_markdown(arms: list[ArmReport]) -> list[str]:
-    rows = effect_rows(arms)
-    if not rows:
-        return ["No arm has a metric measured on it and on its parent or the control yet."]
+def _signed(v: float | None, digits: int = 4) -> str:
+    return "-" if v is None else f"{v:+.{digits}f}"
+
+
+def effect_cell(e: Effect) -> str:
+    interval = f" [{_signed(e.low)}, {_signed(e.high)}]" if e.low is not None and e.high is not None else ""
+    pct = " (fraction of the comparator's loss)" if e.metric == RELATIVE_FLOW else ""
+    return f"{e.other_arm}: {_signed(e.diff)}{interval}{pct}"
+
+
+def _metric_label(e: Effect) -> str:
+    return METRIC_WORDS[e.metric] + (" (random stand-in: no verdict)" if e.standin else "")
+
+
+def _spread(e: Effect) -> str:
+    if e.seed_sd is None:
+        return f"eval SE {e.eval_se:.4f}" if e.eval_se is not None else "-"
+    ev = f" vs eval SE {e.eval_se:.4f}" if e.eval_se is not None else ""
+    return f"seed SD {e.seed_sd:.4f}{ev}"
+
+
+HEADER = ("arm", "metric", "vs", "step", "difference [95% CI]", "reading", "seeds", "n", "spread", "interval covers")
+
+
+def _n(e: Effect) -> str:
+    return "/".join(str(n) for n in sorted({s.n for s in e.per_seed if s.n})) or "-"
+
+
+def _rows(effects: Iterable[Effect]) -> list[list[str]]:
+    return [[e.arm, _metric_label(e), e.against, str(e.step), effect_cell(e),
+             "stand-in" if e.standin else e.reading, str(e.k), _n(e), _spread(e), e.noise]
+            for e in effects]  # fmt: skip
+
+
+NO_EFFECTS = "No arm has a metric measured on it and on its parent or the control yet."
+
+
+def effects_markdown(report: GridReport) -> list[str]:
+    if not report.effects:
+        return [NO_EFFECTS]
     out = ["| " + " | ".join(HEADER) + " |", "|---" * len(HEADER) + "|"]
-    for r in rows:
-        step = (r.parent or r.control).step  # type: ignore[union-attr]
-        out.append(f"| {r.arm} | {METRIC_WORDS[r.metric]} | {step} | {cell(r.parent)} | {reading(r.parent)} | "
-                   f"{cell(r.control)} | {reading(r.control)} | {n_of(r)} |")  # fmt: skip
+    out += ["| " + " | ".join(r) + " |" for r in _rows(report.effects)]
     return out
 
 
-def effects_html(arms: list[ArmReport]) -> str:
-    rows = effect_rows(arms)
-    if not rows:
-        return "<p class=muted>No arm has a metric measured on it and on its parent or the control yet.</p>"
+def effects_html(report: GridReport) -> str:
+    if not report.effects:
+        return f"<p class=muted>{NO_EFFECTS}</p>"
     head = "".join(f"<th>{escape(h)}</th>" for h in HEADER)
     body = []
-    for r in rows:
-        step = (r.parent or r.control).step  # type: ignore[union-attr]
-        cells = [escape(r.arm), escape(METRIC_WORDS[r.metric]), str(step)]
-        for c in (r.parent, r.control):
-            cells += [escape(cell(c)), f'<span class="{reading(c).replace(" ", "-")}">{escape(reading(c))}</span>']
-        cells.append(escape(n_of(r)))
-        body.append("<tr>" + "".join(f"<td>{x}</td>" for x in cells) + "</tr>")
+    for e, cells in zip(report.effects, _rows(report.effects), strict=True):
+        reading = cells[5]
+        cells = [escape(x) for x in cells]
+        cells[5] = f'<span class="{escape(reading.split(":")[0].replace(" ", "-"))}">{escape(reading)}</span>'
+        body.append(f'<tr data-metric="{escape(e.metric)}" data-k="{e.k}">' + "".join(f"<td>{x}</td>" for x in cells)
+                    + "</tr>")  # fmt: skip
     return f'<table class=effects><tr>{head}</tr>{"".join(body)}</table>'
 
 
-def forest_svg(arms: list[ArmReport], metric: str, width: int = 720, row_h: int = 22) -> str:
-    """Each arm against the control on `metric` at its final checkpoint: the difference as a dot, its 95%
-    interval as a bar, zero as a line (the arm is its parent's comparison where the parent is the control)."""
-    items = []
-    for a in arms:
-        c = next((c for c in a.comparisons if c.metric == metric and c.at == AT and c.diff is not None
-                  and (c.against == "control" or c.other_arm == a.parent)), None)  # fmt: skip
-        if c is not None:
-            items.append((a.arm, c))
+def seeds_words(report: GridReport) -> str:
+    """The sentence under the table: what its intervals cover."""
+    if report.seeds < 2:
+        return ("One training seed per arm: each interval covers evaluation noise only, and retraining with "
+                "another seed can move an effect by more than that interval, so no difference here is read "
+                "as distinguishable. Submit the grid with `seeds: 3` (or more) to measure training noise.")  # fmt: skip
+    return (f"{report.seeds} training seeds per arm on one held-out split: each difference is the mean of the "
+            "per-seed paired differences, its 95% interval a t-interval on k - 1 degrees of freedom over the "
+            "seeds (training and evaluation noise). Distinguishable across seeds: that interval excludes zero.")
+
+
+def per_seed_markdown(report: GridReport) -> list[str]:
+    """The appendix: each seed's own paired interval (evaluation noise only)."""
+    rows = [e for e in report.effects if e.k > 1]
+    if not rows:
+        return []
+    out = ["| arm | metric | vs | seed | difference [95% CI, evaluation only] | n |", "|---" * 6 + "|"]
+    for e in rows:
+        for s in e.per_seed:
+            interval = f" [{_signed(s.low)}, {_signed(s.high)}]" if s.low is not None else ""
+            out.append(f"| {e.arm} | {METRIC_WORDS[e.metric]} | {e.other_arm} | {s.seed} | {_signed(s.diff)}{interval} "
+                       f"| {s.n or '-'} |")  # fmt: skip
+    return out
+
+
+def timestep_markdown(effects: list[TimestepEffect]) -> list[str]:
+    """The appendix: val_flow_loss's effect at each timestep (ratio of means; * where its interval excludes 0)."""
+    if not effects:
+        return []
+    ts = effects[0].t
+    out = ["| arm | vs | seeds | " + " | ".join(f"t={t:.3f}" for t in ts) + " |", "|---" * (3 + len(ts)) + "|"]
+    for e in effects:
+        cells = []
+        for r, lo, hi in zip(e.ratio, e.low, e.high, strict=True):
+            mark = "*" if lo is not None and hi is not None and not lo <= 0 <= hi else ""
+            cells.append("-" if r is None else f"{r:.3f}{mark}")
+        out.append(f"| {e.arm} | {e.other_arm} | {e.k} | " + " | ".join(cells) + " |")
+    return out
+
+
+def forest_svg(report: GridReport, metric: str, against: str, width: int = 720, row_h: int = 22) -> str:
+    """Each arm against its `against` (parent or control) on `metric` at the final checkpoint, across seeds:
+    the difference as a dot, its 95% interval as a bar (hollow dot: one seed, evaluation noise only), zero
+    as a line. One plot per comparator, titled by what its rows are."""
+    items = [e for e in report.effects if e.metric == metric and e.against == against]
     if not items:
         return ""
-    values = [0.0] + [v for _, c in items for v in (c.diff, c.low, c.high) if v is not None]
+    values = [0.0] + [v for e in items for v in (e.diff, e.low, e.high) if v is not None]
     lo, hi = min(values), max(values)
     span = (hi - lo) or 1.0
     lo, hi = lo - 0.05 * span, hi + 0.05 * span
-    left, right, top = 140, 24, 30
+    left, right, top = 160, 24, 30
     height = top + row_h * len(items) + 34
 
     def x(v: float) -> float:
         return left + (v - lo) / (hi - lo) * (width - left - right)
 
-    title = f"{METRIC_WORDS[metric]}: arm − control at the final checkpoint, 95% interval"
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class=forest data-metric="{escape(metric)}" width="{width}" '
-             f'height="{height}" viewBox="0 0 {width} {height}" role="img" aria-label="{escape(title)}">',
+    who = "arm − its parent" if against == "parent" else f"arm − control ({report.control})"
+    seeds = f"{report.seeds} seeds" if report.seeds > 1 else "one seed (evaluation noise only)"
+    title = f"{METRIC_WORDS[metric]}: {who} at the final checkpoint, 95% interval, {seeds}"
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class=forest data-metric="{escape(metric)}" '
+             f'data-against="{against}" width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
+             f'aria-label="{escape(title)}">',
              f'<rect width="{width}" height="{height}" fill="white"/>',
              f'<text x="8" y="16" font-size="12">{escape(title)}</text>',
              f'<line x1="{x(0):.1f}" x2="{x(0):.1f}" y1="{top - 6}" y2="{height - 28}" stroke="#888"/>',
@@ -117,15 +215,22 @@ def forest_svg(arms: list[ArmReport], metric: str, width: int = 720, row_h: int 
              f'<text x="{left}" y="{height - 2}" font-size="10">{lo:+.4f}</text>',
              f'<text x="{width - right}" y="{height - 2}" font-size="10" '
              f'text-anchor="end">{hi:+.4f}</text>']  # fmt: skip
-    for i, (arm, c) in enumerate(items):
+    for i, e in enumerate(items):
         y = top + row_h * i + row_h / 2
-        label = f"{arm} vs {c.other_arm}"
+        label = f"{e.arm} vs {e.other_arm} (k={e.k})"
         parts.append(f'<text x="8" y="{y + 4:.1f}" font-size="11">{escape(label)}</text>')
-        if c.low is not None and c.high is not None:
-            parts.append(f'<line x1="{x(c.low):.1f}" x2="{x(c.high):.1f}" y1="{y:.1f}" y2="{y:.1f}" '
+        if e.low is not None and e.high is not None:
+            parts.append(f'<line x1="{x(e.low):.1f}" x2="{x(e.high):.1f}" y1="{y:.1f}" y2="{y:.1f}" '
                          f'stroke="#1f77b4" stroke-width="2"/>')  # fmt: skip
-        tip = f"{label}: {c.diff:+.4f}" + (f" [{c.low:+.4f}, {c.high:+.4f}]" if c.low is not None else " (no interval)")
-        parts.append(f'<circle cx="{x(c.diff):.1f}" cy="{y:.1f}" r="4" fill="#1f77b4"><title>{escape(tip)}</title>'  # type: ignore[arg-type]
-                     "</circle>")  # fmt: skip
+        tip = f"{label}: {effect_cell(e)}, {e.reading}"
+        fill = "#1f77b4" if e.k > 1 else "white"
+        parts.append(f'<circle cx="{x(e.diff):.1f}" cy="{y:.1f}" r="4" fill="{fill}" stroke="#1f77b4">'
+                     f"<title>{escape(tip)}</title></circle>")  # fmt: skip
     parts.append("</svg>")
     return "".join(parts)
+
+
+def forest_plots(report: GridReport) -> list[str]:
+    """Every forest plot of the report: per metric in the table's order, one per comparator."""
+    return [svg for m in metric_order(report.judge) for against in COMPARATORS
+            if (svg := forest_svg(report, m, against))]  # fmt: skip

@@ -70,7 +70,10 @@ class SampleRow(BaseModel):
 
 
 class ArmReport(BaseModel):
+    """One run: an arm at one training seed (a grid with seeds N has N per arm)."""
+
     arm: str
+    seed: int = 0
     run_id: int
     description: str | None
     parent: str | None
@@ -82,13 +85,64 @@ class ArmReport(BaseModel):
     final_value: float | None
     series: dict[str, list[float | None]]  # step and the primary metric, for the plot (and own_metrics)
     own_metrics: list[str] = []  # a command arm's own metrics, by its script's names, in `series`
-    comparisons: list[Comparison]
+    comparisons: list[Comparison]  # against the parent's and the control's run of the same seed
     detector: DetectorOutcome
     throughput: Throughput
     fallbacks: list[str]  # what the run did instead of what was asked, stand-in metrics included
     standin_steps: list[int]  # checkpoints whose LPIPS came from a random (stand-in) backbone
     samples: SampleRow | None  # at its best checkpoint
     control_samples: SampleRow | None  # the control's at the same step (else its best)
+
+
+class SeedDiff(BaseModel):
+    """One seed's paired difference (evaluation noise only): the effect's per-seed view."""
+
+    seed: int
+    diff: float
+    low: float | None
+    high: float | None
+    n: int | None
+
+
+EffectReading = Literal[
+    "distinguishable across seeds", "within noise", "one seed: training noise not measured", "no interval"
+]
+
+
+class Effect(BaseModel):
+    """An arm against its parent or the control on one metric at the final checkpoint, across the grid's
+    training seeds: the mean of the per-seed paired differences with a t-interval on k - 1 degrees of
+    freedom (covering training and evaluation noise); with one seed, that seed's evaluation interval."""
+
+    arm: str
+    metric: str
+    against: Literal["parent", "control"]
+    other_arm: str
+    step: int  # the final step (seed 0's; the seeds' final steps where they differ are in per_seed)
+    diff: float
+    low: float | None
+    high: float | None
+    k: int  # training seeds compared
+    seed_sd: float | None  # SD of the per-seed differences: the training noise (k >= 2)
+    eval_se: float | None  # mean per-seed evaluation SE: what a single seed's interval covers
+    noise: str  # what the interval covers, in words
+    reading: EffectReading
+    standin: bool = False  # a random stand-in LPIPS backbone: not a judgement of quality
+    per_seed: list[SeedDiff]
+
+
+class TimestepEffect(BaseModel):
+    """val_flow_loss's paired difference at each timestep, across seeds (the report's appendix)."""
+
+    arm: str
+    against: Literal["parent", "control"]
+    other_arm: str
+    t: list[float]
+    ratio: list[float | None]  # arm / comparator mean loss at t, averaged over seeds
+    diff: list[float]
+    low: list[float | None]
+    high: list[float | None]
+    k: int
 
 
 class RankEntry(BaseModel):
@@ -118,5 +172,9 @@ class GridReport(BaseModel):
     control: str | None
     state: str
     generated_at: datetime
+    seeds: int = 1  # training seeds per arm
+    judge: str = "recon_lpips"  # the metric the table leads with: what the detector judged
     summary: Summary
+    effects: list[Effect] = []
+    timestep_effects: list[TimestepEffect] = []
     arms: list[ArmReport]

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from html import escape
 
-from orchestrator.runs.reports.effects import METRIC_WORDS, effects_html, effects_markdown, forest_svg
+from orchestrator.runs.reports.effects import (
+    effects_html,
+    effects_markdown,
+    forest_plots,
+    per_seed_markdown,
+    seeds_words,
+    timestep_markdown,
+)
 from orchestrator.runs.reports.model import ArmReport, GridReport, SampleRow
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#7f7f7f", "#17becf")
@@ -24,14 +31,13 @@ def to_markdown(report: GridReport) -> str:
     s = report.summary
     out = [f"# Report: grid {report.grid_id} {report.name!r} ({report.state})", "",
            f"Control arm: {report.control}. Generated {report.generated_at:%Y-%m-%d %H:%M} UTC.", ""]  # fmt: skip
-    out += ["## Effects", "", *effects_markdown(report.arms), "",
-            "Distinguishable: the 95% interval of the difference excludes zero. Forest plots in report.html.", ""]
+    out += ["## Effects", "", *effects_markdown(report), "", seeds_words(report) + " Forest plots in report.html.", ""]
     out += ["## Summary", "", *[f"- {w}" for w in s.words], ""]
     out += [f"| rank | arm | best {s.primary_metric} | at step | final | state | decision |", "|---" * 7 + "|"]
     out += [f"| {r.rank} | {r.arm} | {_num(r.best_value)} | {r.best_step} | {_num(r.final_value)} | {r.state} | "
             f"{r.decision or '-'} |" for r in s.ranking]  # fmt: skip
     for a in report.arms:
-        out += ["", f"## {a.arm}" + (f": {a.description}" if a.description else ""), ""]
+        out += ["", f"## {_run_label(report, a)}" + (f": {a.description}" if a.description else ""), ""]
         if a.parent:
             changed = ", ".join(f"{k}={v}" for k, v in a.changes.items()) or "nothing (same spec)"
             out.append(f"Parent {a.parent}; changes: {changed}.")
@@ -58,7 +64,26 @@ def to_markdown(report: GridReport) -> str:
         if a.samples is not None:
             links = ", ".join(f"[{i.kind} {i.index}]({i.url})" for i in a.samples.images)
             out += ["", f"Samples at step {a.samples.step} (pictures in report.html): {links}"]
+    out += _appendix_markdown(report)
     return "\n".join(out) + "\n"
+
+
+def _run_label(report: GridReport, a: ArmReport) -> str:
+    return f"{a.arm}, seed {a.seed}" if report.seeds > 1 else a.arm
+
+
+def _appendix_markdown(report: GridReport) -> list[str]:
+    """Each seed's own interval, and val_flow_loss's effect at each timestep."""
+    out = []
+    seeds = per_seed_markdown(report)
+    if seeds:
+        out += ["", "## Appendix: each seed's interval (evaluation noise only)", "", *seeds]
+    steps = timestep_markdown(report.timestep_effects)
+    if steps:
+        out += ["", "## Appendix: held-out flow loss at each timestep", "",
+                "Arm / comparator mean loss at each t, averaged over seeds; * where the across-seed interval of "
+                "the paired difference at that t excludes zero.", "", *steps]  # fmt: skip
+    return out
 
 
 def curves_svg(arms: list[ArmReport], metric: str, width: int = 720, height: int = 300) -> str:
@@ -126,7 +151,7 @@ CSS = """body{font:14px system-ui,sans-serif;max-width:1100px;margin:2em auto;co
 table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}
 .row{display:flex;gap:6px;align-items:flex-end;flex-wrap:wrap;margin:4px 0}figure{margin:0;text-align:center}
 img{width:96px;height:96px;image-rendering:pixelated;border:1px solid #ccc}figcaption{font-size:10px}
-.effects td{text-align:left}.distinguishable{color:#1a7f37;font-weight:bold}.forest{display:block;margin:6px 0}
+.effects td{text-align:left}.distinguishable-across-seeds{color:#1a7f37;font-weight:bold}.one-seed{color:#777}.forest{display:block;margin:6px 0}
 .better{color:#1a7f37}.worse{color:#b91c1c}.muted{color:#777}.stop{color:#b91c1c;font-weight:bold}"""
 
 
@@ -136,9 +161,9 @@ def to_html(report: GridReport) -> str:
          f"<style>{CSS}</style></head><body>",
          f"<h1>Grid {report.grid_id}: {escape(report.name)} <small class=muted>({escape(report.state)})</small></h1>",
          f"<p>Control arm {escape(str(report.control))}; generated {report.generated_at:%Y-%m-%d %H:%M} UTC.</p>",
-         "<h2>Effects</h2>", effects_html(report.arms),
-         "<p class=muted>Distinguishable: the 95% interval of the difference excludes zero.</p>",
-         *(forest_svg(report.arms, m) for m in METRIC_WORDS),
+         "<h2>Effects</h2>", effects_html(report),
+         f"<p class=muted>{escape(seeds_words(report))}</p>",
+         *forest_plots(report),
          "<h2>Summary</h2><ul>", *[f"<li>{escape(w)}</li>" for w in s.words], "</ul>",
          f"<table><tr><th>rank</th><th>arm</th><th>best {escape(s.primary_metric)}</th><th>at step</th><th>final</th>"
          "<th>state</th><th>decision</th></tr>"]  # fmt: skip
@@ -148,9 +173,9 @@ def to_html(report: GridReport) -> str:
     h += ["</table>", curves_svg(report.arms, s.primary_metric)]
     for name in dict.fromkeys(n for a in report.arms for n in a.own_metrics):  # command arms' own, by name
         h.append(curves_svg([a for a in report.arms if name in a.own_metrics], name))
-    control = next((a for a in report.arms if a.arm == report.control), None)
     for a in report.arms:
-        h.append(f"<h2>{escape(a.arm)}" + (f": {escape(a.description)}" if a.description else "") + "</h2>")
+        h.append(f"<h2>{escape(_run_label(report, a))}" + (f": {escape(a.description)}" if a.description else "")
+                 + "</h2>")
         if a.parent:
             changed = ", ".join(f"{k}={v}" for k, v in a.changes.items()) or "nothing (same spec)"
             h.append(f"<p>Parent {escape(a.parent)}; changes: <code>{escape(changed)}</code></p>")
@@ -171,8 +196,11 @@ def to_html(report: GridReport) -> str:
         if a.fallbacks:
             h.append("<ul>" + "".join(f"<li class=worse>fallback: {escape(f)}</li>" for f in a.fallbacks) + "</ul>")
         h.append(_images(a.samples, f"{a.arm} best"))
-        if control is not None and control.arm != a.arm:
-            h.append(_images(a.control_samples, f"{control.arm} (control)"))
+        if report.control is not None and report.control != a.arm:
+            h.append(_images(a.control_samples, f"{report.control} (control)"))
+    appendix = _appendix_markdown(report)
+    if appendix:
+        h.append("<h2>Appendix</h2><pre>" + escape("\n".join(appendix)) + "</pre>")
     h.append("</body></html>")
     return "\n".join(h)
 

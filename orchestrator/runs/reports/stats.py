@@ -59,11 +59,7 @@ def difference(a: Metric, b: Metric, metric: str) -> Difference | None:
     diff = a_val - b_val
     sa, sb = per_sample(a, metric), per_sample(b, metric)
     if sa and sb and len(sa) == len(sb) > 1:
-        d = [x - y for x, y in zip(sa, sb, strict=True)]
-        mean = sum(d) / len(d)
-        se = math.sqrt(sum((x - mean) ** 2 for x in d) / (len(d) - 1)) / math.sqrt(len(d))
-        half = t_quantile(len(d) - 1) * se
-        return Difference(diff, se, diff - half, diff + half, "paired", len(d))
+        return _paired([x - y for x, y in zip(sa, sb, strict=True)], diff)
     se_a, se_b = getattr(a, f"{metric}_se"), getattr(b, f"{metric}_se")
     n_a, n_b = getattr(a, f"{metric}_n", None), getattr(b, f"{metric}_n", None)
     n = min(n_a, n_b) if n_a and n_b else None
@@ -93,3 +89,84 @@ def paired_difference(arm: list[Metric], control: list[Metric], metric: str) -> 
         methods.append(d.pairing if d.se is not None else "none")
     method = Counter(methods).most_common(1)[0][0] if methods else "none"
     return {"step": steps, "diff": diffs, "se": [finite_or_none(s) for s in ses], "se_method": method}
+
+
+# The headline no single timestep owns (docs/benchmarks.md, issue 40): each timestep's loss divided by the
+# comparator's mean loss at that timestep, averaged over the timesteps; an arm - comparator difference of
+# +0.05 reads "5% higher loss, timesteps weighted alike". Computed from the stored (image x time) grid.
+RELATIVE_FLOW = "val_flow_rel"
+
+
+def flow_grid(m: Metric) -> list[list[float]] | None:
+    """The stored (image x timestep) val_flow_loss grid (`extra["val_flow_loss_grid"]`), if any and rectangular."""
+    grid = (m.extra or {}).get("val_flow_loss_grid")
+    if not isinstance(grid, list) or not grid or not all(isinstance(row, list) for row in grid):
+        return None
+    width = len(grid[0])
+    if width == 0 or any(len(row) != width or not all(is_finite(x) for x in row) for row in grid):
+        return None
+    return grid
+
+
+def _paired(d: list[float], value: float) -> Difference:
+    """`value` with the t-interval of the mean of the per-sample differences `d` (len >= 2)."""
+    mean = sum(d) / len(d)
+    se = math.sqrt(sum((x - mean) ** 2 for x in d) / (len(d) - 1)) / math.sqrt(len(d))
+    half = t_quantile(len(d) - 1) * se
+    return Difference(value, se, value - half, value + half, "paired", len(d))
+
+
+def relative_flow_difference(a: Metric, b: Metric) -> Difference | None:
+    """a - b on the relative flow loss: per image, mean over t of (a[i,t] - b[i,t]) / mean_i b[., t];
+    paired over the images. None without both grids of one shape (or a comparator mean of 0)."""
+    ga, gb = flow_grid(a), flow_grid(b)
+    if ga is None or gb is None or len(ga) != len(gb) or len(ga[0]) != len(gb[0]) or len(ga) < 2:
+        return None
+    ref = [sum(row[t] for row in gb) / len(gb) for t in range(len(gb[0]))]
+    if any(r <= 0 for r in ref):
+        return None
+    d = [sum((ra[t] - rb[t]) / ref[t] for t in range(len(ref))) / len(ref) for ra, rb in zip(ga, gb, strict=True)]
+    return _paired(d, sum(d) / len(d))
+
+
+def timestep_differences(a: Metric, b: Metric) -> list[Difference] | None:
+    """a - b at each timestep of the stored grids, paired over the images (the report's appendix)."""
+    ga, gb = flow_grid(a), flow_grid(b)
+    if ga is None or gb is None or len(ga) != len(gb) or len(ga[0]) != len(gb[0]) or len(ga) < 2:
+        return None
+    out = []
+    for t in range(len(ga[0])):
+        d = [ra[t] - rb[t] for ra, rb in zip(ga, gb, strict=True)]
+        out.append(_paired(d, sum(d) / len(d)))
+    return out
+
+
+@dataclass(frozen=True)
+class SeedEffect:
+    """One comparison across training seeds: the mean of the per-seed paired differences (seed s of the arm
+    against seed s of the comparator) with a t-interval on k - 1 degrees of freedom. That interval is built
+    from the seed-to-seed spread, which already holds each seed's evaluation noise. With k = 1 the interval
+    is that one seed's evaluation interval: training noise is not measured."""
+
+    diff: float
+    low: float | None
+    high: float | None
+    k: int  # seeds with a difference on both sides
+    seed_sd: float | None  # SD of the per-seed differences (k >= 2): the training noise
+    eval_se: float | None  # the per-seed evaluation SEs' mean: what one seed's interval covers
+
+
+def across_seeds(per_seed: list[Difference]) -> SeedEffect | None:
+    if not per_seed:
+        return None
+    ses = [d.se for d in per_seed if d.se is not None]
+    eval_se = sum(ses) / len(ses) if ses else None
+    k = len(per_seed)
+    if k == 1:
+        d = per_seed[0]
+        return SeedEffect(d.diff, d.low, d.high, 1, None, eval_se)
+    diffs = [d.diff for d in per_seed]
+    mean = sum(diffs) / k
+    sd = math.sqrt(sum((x - mean) ** 2 for x in diffs) / (k - 1))
+    half = t_quantile(k - 1) * sd / math.sqrt(k)
+    return SeedEffect(mean, mean - half, mean + half, k, sd, eval_se)

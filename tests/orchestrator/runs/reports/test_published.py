@@ -38,8 +38,9 @@ def test_the_report_reproduces_the_published_numbers(report_dir: Path) -> None:
     summary = report["summary"]
     assert [r["arm"] for r in summary["ranking"]] == ["B", "D", "C", "A"]  # by best recon LPIPS
     assert summary["stopped"][0].startswith("B: collapse at step 4000")
-    # parent and control per arm, 3 metrics, best and final: B (parent A = control) 6, C and D 12 each
-    assert summary["comparisons"] == 30 and summary["with_interval"] == 0
+    # effects at the final checkpoint, 3 metrics: B (parent A = control) 3, C and D (parent and control) 6 each
+    assert summary["comparisons"] == 15 and summary["with_interval"] == 0
+    assert report["seeds"] == 1 and all(e["k"] == 1 and e["reading"] == "no interval" for e in report["effects"])
     comparisons = [c for a in report["arms"] for c in a["comparisons"] if c["diff"] is not None]
     assert comparisons and all(c["pairing"] == "independent" and c["low"] is None for c in comparisons)
     assert all(c["verdict"] == "no interval" for c in comparisons)
@@ -49,17 +50,24 @@ def test_the_report_reproduces_the_published_numbers(report_dir: Path) -> None:
 
 
 def test_markdown_and_html_lead_with_the_effects_table(report_dir: Path) -> None:
-    """One row per arm and metric with both differences, no sentence per comparison; then the stops."""
+    """One row per arm, metric and comparator, no sentence per comparison; then the stops. The study ran one
+    seed per arm, and the report says so plainly."""
     md = (report_dir / "report.md").read_text()
     assert md.index("## Effects") < md.index("## Summary") < md.index("## B")
-    assert "| C | recon LPIPS | 5000 | B: -0.0698 | no interval | A: +0.0111 | no interval | 25 |" in md
+    one_seed = "| 1 | 25 | - | evaluation images and noise only (one training seed) |"
+    assert f"| C | recon LPIPS | parent | 5000 | B: -0.0698 | no interval {one_seed}" in md
+    assert f"| C | recon LPIPS | control | 5000 | A: +0.0111 | no interval {one_seed}" in md
+    assert "One training seed per arm: each interval covers evaluation noise only" in md
     assert "no interval: no" not in md and "(independent;" not in md  # the per-comparison prose is gone
-    assert md.count("| recon LPIPS |") == 3 and md.count("| text LPIPS |") == 3  # B, C, D
+    assert md.count("| recon LPIPS |") == 5 and md.count("| text LPIPS |") == 5  # B (parent = control), C, D
     assert "Detector: **collapse at step 4000**" in md and "kept step 3000" in md
     html = (report_dir / "report.html").read_text()
     assert html.index("<table class=effects>") < html.index("<h2>Summary</h2>") < html.index("<h2>B")
     assert "<svg" in html and "<polyline" in html  # the curves, inline
-    assert 'class=forest data-metric="recon_lpips"' in html  # a forest plot per metric measured
+    # a forest plot per metric measured and comparator, titled by what its rows are
+    assert 'class=forest data-metric="recon_lpips" data-against="parent"' in html
+    assert 'class=forest data-metric="recon_lpips" data-against="control"' in html
+    assert "recon LPIPS: arm − its parent at the final checkpoint" in html
     # Self-contained: nothing to fetch (the only URL is the SVG namespace, which is a name, not a request).
     assert "<script" not in html and "<link" not in html
     assert re.findall(r"""(?:src|href)=["']?https?:""", html) == []

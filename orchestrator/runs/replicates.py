@@ -1,0 +1,65 @@
+"""Replicates: an arm trained at several training seeds on one fixed held-out split, and what they cost.
+
+A grid's `seeds: N` runs every arm N times. Replicate s trains with data.seed = the arm's data.seed + s
+(initialisation, data order, flow noise and timesteps, TREAD routing) and evaluates on the split of the
+arm's own data.seed (data.split_seed), so every arm and seed of a grid is scored on the same images with
+the same evaluation noise, and seed s of one arm pairs with seed s of another.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from model.spec import ArmSpec, estimate_params
+
+MAX_SEEDS = 16
+SEED_ENV = "ABLATE_SEED"  # a command arm's replicate index; using it is the researcher's script's job
+
+# The projection's rate: arm A at seed size trained 218.8k image tokens/s on one H100 (docs/benchmarks.md,
+# the quad night); other sizes are scaled by parameters (6 x params FLOPs per token). Small models run
+# below that efficiency, so a small arm's projection is optimistic: a planning number, not a promise.
+REFERENCE_TOKENS_PER_S = 218.8e3
+
+
+def replicate_spec(spec: ArmSpec, seed: int) -> ArmSpec:
+    """The spec of replicate `seed` (0-based) of an arm: only the training seed moves; the held-out split
+    stays the one the arm named (its split_seed, else its data.seed)."""
+    if spec.command is not None:
+        env = {**spec.command.env, SEED_ENV: str(seed)}
+        return spec.model_copy(update={"command": spec.command.model_copy(update={"env": env})})
+    data = spec.data.model_copy(update={"seed": spec.data.seed + seed, "split_seed": spec.data.dataset_seed()})
+    return spec.model_copy(update={"data": data})
+
+
+def projected_gpu_hours(spec: ArmSpec) -> float | None:
+    """A rough GPU-hour projection of one run of a built-in arm (None for a command arm: its model is
+    the researcher's)."""
+    if spec.command is not None:
+        return None
+    reference = estimate_params(ArmSpec())  # the defaults: arm A at seed size
+    d = spec.model.dims()
+    tokens_per_step = spec.schedule.batch_size * (spec.resolution() // d.patch) ** 2
+    rate = REFERENCE_TOKENS_PER_S * reference / max(estimate_params(spec), 1)
+    return spec.schedule.steps * tokens_per_step / rate / 3600
+
+
+@dataclass(frozen=True)
+class GridCost:
+    arms: int
+    seeds: int
+    runs: int
+    gpu_hours: float | None  # None when some arm cannot be projected (a command arm)
+    projected: float  # the GPU-hours of the arms that can be projected
+
+    def text(self) -> str:
+        """E.g. "5 arms x 3 seeds = 15 runs, about 41.2 GPU-hours (H100, projected)"."""
+        hours = f"about {self.projected:,.1f} GPU-hours (projected at an H100's measured rate"
+        hours += ", command arms not included)" if self.gpu_hours is None else ")"
+        return f"{self.arms} arms x {self.seeds} seeds = {self.runs} runs, {hours}"
+
+
+def grid_cost(specs: list[ArmSpec], seeds: int) -> GridCost:
+    hours = [projected_gpu_hours(s) for s in specs]
+    known = sum(h for h in hours if h is not None) * seeds
+    total = None if any(h is None for h in hours) else known
+    return GridCost(arms=len(specs), seeds=seeds, runs=len(specs) * seeds, gpu_hours=total, projected=known)

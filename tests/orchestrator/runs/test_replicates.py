@@ -1,0 +1,145 @@
+"""Replicates (`seeds: N`): each arm runs N times, seeds differing only in training, on one held-out split;
+the report's effects are the mean of the per-seed paired differences with a t-interval over the seeds.
+Real tiny arms trained on the CPU, records ingested into a migrated database, the report over the API."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from fastapi.testclient import TestClient
+from scipy import stats
+
+from model.data import build_dataset
+from model.spec import ArmSpec
+from orchestrator.app import create_app
+from orchestrator.db.models import Metric, Run
+from orchestrator.db.session import session_scope
+from orchestrator.runs.ingest import insert_metrics
+from orchestrator.runs.reports.effects import effect_reading
+from orchestrator.runs.reports.stats import Difference, across_seeds
+from orchestrator.settings import Settings
+from tests.orchestrator.factories import tiny_overrides
+from worker.train import train_arm
+
+TOKEN = "test-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def test_the_across_seed_interval_is_the_t_interval_of_the_per_seed_differences() -> None:
+    """By hand: three per-seed differences, mean and t(0.975, 2) x sd / sqrt(3); the seed-to-seed SD beside
+    the mean per-seed evaluation SE."""
+    per_seed = [Difference(-0.0356, 0.0085, -0.0523, -0.0190, "paired", 64),
+                Difference(-0.0103, 0.0070, -0.0241, 0.0035, "paired", 64),
+                Difference(-0.0067, 0.0061, -0.0187, 0.0054, "paired", 64)]  # fmt: skip
+    effect = across_seeds(per_seed)
+    assert effect is not None and effect.k == 3
+    mean = (-0.0356 - 0.0103 - 0.0067) / 3
+    sd = math.sqrt(sum((d - mean) ** 2 for d in (-0.0356, -0.0103, -0.0067)) / 2)
+    half = 4.302652729911275 * sd / math.sqrt(3)  # scipy.stats.t.ppf(0.975, 2)
+    assert effect.diff == pytest.approx(mean)
+    assert (effect.low, effect.high) == (pytest.approx(mean - half), pytest.approx(mean + half))
+    assert effect.seed_sd == pytest.approx(sd) and effect.eval_se == pytest.approx((0.0085 + 0.0070 + 0.0061) / 3)
+    # The seed-0 interval alone excludes zero; across the three seeds it does not.
+    assert effect_reading(1, -0.0523, -0.0190) == "one seed: training noise not measured"
+    assert effect_reading(3, effect.low, effect.high) == "within noise"
+    assert effect_reading(3, -0.05, -0.01) == "distinguishable across seeds"
+
+
+def test_two_training_seeds_share_the_held_out_images_and_differ_in_training() -> None:
+    base = ArmSpec.model_validate({"name": "A", **tiny_overrides(10)})
+    seeds = [base.model_copy(update={"data": base.data.model_copy(update={"seed": s, "split_seed": 0})})
+             for s in (0, 1)]  # fmt: skip
+    held = [build_dataset(s).held_out(2)[0] for s in seeds]
+    assert torch.equal(held[0], held[1])
+    # A spec saved before the split existed (data.seed meant both) keeps its own split: seed 1's differs.
+    old = ArmSpec.model_validate({"name": "A", **tiny_overrides(10), "data": {**tiny_overrides(10)["data"], "seed": 1}})
+    assert old.data.split_seed is None and old.data.dataset_seed() == 1
+    assert not torch.equal(build_dataset(old).held_out(2)[0], held[0])
+
+
+@pytest.fixture(scope="module")
+def settings(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Settings:
+    return Settings(database_url=database_url, storage_dir=tmp_path_factory.mktemp("storage"))
+
+
+@pytest.fixture(scope="module")
+def client(settings: Settings) -> Iterator[TestClient]:
+    with TestClient(create_app(settings, TOKEN)) as c:
+        yield c
+
+
+@pytest.mark.parametrize("seeds", [0, 17, "three"])
+def test_seeds_out_of_range_is_a_422_naming_the_field(client: TestClient, seeds: object) -> None:
+    resp = client.post("/api/grids", json={"name": "bad", "arms": ["A"], "seeds": seeds}, headers=AUTH)
+    assert resp.status_code == 422
+    assert [e["loc"] for e in resp.json()["detail"]] == [["body", "seeds"]]
+
+
+@pytest.fixture(scope="module")
+def grid(client: TestClient, settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    overrides = tiny_overrides(20)
+    overrides["eval"]["num_samples"] = overrides["data"]["held_out"] = 4
+    body = {"name": "replicated", "arms": ["A", "B"], "overrides": overrides, "seeds": 2}
+    resp = client.post("/api/grids", json=body, headers=AUTH)
+    assert resp.status_code == 201, resp.text
+    created = resp.json()
+    detail = client.get(f"/api/grids/{created['id']}").json()
+    with session_scope(settings.database_url) as session:
+        for row in detail["runs"]:
+            run = session.get(Run, row["id"])
+            out = tmp_path_factory.mktemp(f"run-{run.arm}-{run.seed}")
+            insert_metrics(session, run.id, list(train_arm(ArmSpec.model_validate(run.spec), out)))
+            run.checkpoint_dir, run.state = str(out), "completed"
+    return {"created": created, "detail": detail}
+
+
+def test_a_grid_with_two_seeds_queues_every_arm_twice_and_says_what_it_costs(grid: dict) -> None:
+    created, runs = grid["created"], grid["detail"]["runs"]
+    assert (created["runs"], created["seeds"]) == (4, 2) and grid["detail"]["seeds"] == 2
+    assert created["cost"].startswith("2 arms x 2 seeds = 4 runs, about ") and created["projected_gpu_hours"] > 0
+    # Seed-major: both arms' seed 0 first, so a night cut short still holds a complete comparison.
+    assert [(r["arm"], r["seed"]) for r in runs] == [("A", 0), ("B", 0), ("A", 1), ("B", 1)]
+
+
+def test_seeds_differ_in_training_only(grid: dict, settings: Settings) -> None:
+    with session_scope(settings.database_url) as session:
+        runs = {(r.arm, r.seed): r for r in session.query(Run).filter(Run.grid_id == grid["created"]["id"])}
+        data = {k: (r.spec["data"]["seed"], r.spec["data"]["split_seed"]) for k, r in runs.items()}
+        assert data == {("A", 0): (0, 0), ("B", 0): (0, 0), ("A", 1): (1, 0), ("B", 1): (1, 0)}
+        last = {k: session.query(Metric).filter(Metric.run_id == r.id).order_by(Metric.step.desc()).first()
+                for k, r in runs.items()}  # fmt: skip
+        assert last[("A", 0)].train_loss != last[("A", 1)].train_loss  # other init, data order and noise
+    # The same held-out targets: the first sample image of each seed of A is the same file, byte for byte.
+    targets = [Path(runs[("A", s)].checkpoint_dir) for s in (0, 1)]
+    pngs = [sorted(t.rglob("*target*0*.png")) for t in targets]
+    assert pngs[0] and pngs[0][0].read_bytes() == pngs[1][0].read_bytes()
+
+
+def test_the_report_gives_each_effect_across_seeds(client: TestClient, grid: dict, settings: Settings) -> None:
+    report = client.get(f"/api/grids/{grid['created']['id']}/report.json").json()
+    assert report["seeds"] == 2 and report["judge"] == "val_flow_loss"
+    effect = next(e for e in report["effects"] if (e["arm"], e["metric"]) == ("B", "val_flow_loss"))
+    assert effect["k"] == 2 and effect["against"] == "parent" and [s["seed"] for s in effect["per_seed"]] == [0, 1]
+    # By hand from the stored per-sample values: each seed's paired difference, then t on 1 df.
+    with session_scope(settings.database_url) as session:
+        runs = {(r.arm, r.seed): r.id for r in session.query(Run).filter(Run.grid_id == grid["created"]["id"])}
+
+        def final(arm: str, seed: int) -> list[float]:
+            m = session.query(Metric).filter(Metric.run_id == runs[(arm, seed)]).order_by(Metric.step.desc()).first()
+            return m.extra["val_flow_loss_samples"]
+
+        diffs = [sum(b - a for a, b in zip(final("A", s), final("B", s), strict=True)) / 4 for s in (0, 1)]
+    mean, sd = sum(diffs) / 2, abs(diffs[0] - diffs[1]) / math.sqrt(2)
+    half = stats.t.ppf(0.975, 1) * sd / math.sqrt(2)
+    assert effect["diff"] == pytest.approx(mean) and effect["seed_sd"] == pytest.approx(sd)
+    assert (effect["low"], effect["high"]) == (pytest.approx(mean - half), pytest.approx(mean + half))
+    assert effect["reading"] in ("within noise", "distinguishable across seeds")
+    md = client.get(f"/api/grids/{grid['created']['id']}/report.md").text
+    assert "| B | held-out flow loss | parent | 20 | A: " in md and "training seeds (k=2, t on 1 df)" in md
+    assert "## Appendix: each seed's interval (evaluation noise only)" in md
+    assert "## Appendix: held-out flow loss at each timestep" in md
+    assert "## B, seed 1" in md
