@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import statistics
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -23,7 +24,7 @@ from orchestrator.numbers import finite_or_none, is_finite, number
 from orchestrator.runs.arms import changes
 from orchestrator.runs.detector import resolve_policy
 from orchestrator.runs.own_metrics import is_command_run, own_series
-from orchestrator.runs.reports.effects import METRIC_WORDS, grid_effects
+from orchestrator.runs.reports.effects import METRIC_WORDS, RunComparisons, grid_effects
 from orchestrator.runs.reports.model import (
     ArmReport,
     Comparison,
@@ -40,19 +41,19 @@ from orchestrator.runs.reports.model import (
 from orchestrator.runs.reports.stats import (
     LOWER_IS_BETTER,
     QUALITY,
-    RELATIVE_FLOW,
+    WEIGHTED_FLOW,
     Difference,
     across_seeds,
     difference,
-    relative_flow_difference,
     timestep_differences,
+    weighted_flow_difference,
 )
 from orchestrator.runs.samples import StepSamples, run_samples, sample_png
 from orchestrator.vocabulary import DETECTOR_STOPS, TERMINAL_STATES
 
 PRIMARY = "recon_lpips"  # the judge where the detector judges LPIPS (a real backbone)
 STANDIN = "random_standin"
-COMPARED = (*QUALITY, RELATIVE_FLOW)
+COMPARED = (*QUALITY, WEIGHTED_FLOW)
 # Sample kinds shown in the report's rows (the manipulation pairs stay in the gallery).
 REPORT_KINDS = ("target", "recon", "text", "own")  # own: a command arm's PNGs
 
@@ -65,8 +66,8 @@ def compare(arm: str, m: Metric, other_arm: str, o: Metric | None, metric: str, 
     base: dict[str, Any] = {"metric": metric, "against": against, "other_arm": other_arm, "at": at, "step": m.step}
     if o is None:
         return Comparison(**base, words=f"{label}: {other_arm} has no checkpoint at step {m.step}")
-    if metric == RELATIVE_FLOW:  # a difference of two runs, no value of its own
-        d = relative_flow_difference(m, o)
+    if metric == WEIGHTED_FLOW:  # a difference of two runs, no value of its own
+        d = weighted_flow_difference(m, o)
         values: dict[str, Any] = {}
     else:
         d = difference(m, o, metric)
@@ -191,6 +192,60 @@ def _throughput(run: Run, ms: list[Metric], price: float | None) -> Throughput:
     )
 
 
+class Pairing:
+    """Who a run is compared with: seed s of its parent and of the control (one seed: the control, else
+    the grid's first run, as before replicates)."""
+
+    def __init__(self, grid: Grid) -> None:
+        self.grid = grid
+        self.runs = list(grid.runs)
+        self.by_seed = {(r.arm, r.seed): r for r in self.runs}
+
+    def control(self, seed: int) -> Run | None:
+        found = self.by_seed.get((self.grid.control_arm or "", seed))
+        if found is None and self.grid.seeds <= 1 and self.runs:
+            return self.runs[0]
+        return found
+
+    def parent(self, run: Run) -> Run | None:
+        name = (run.spec or {}).get("parent")
+        return self.by_seed.get((name, run.seed)) if isinstance(name, str) else None
+
+    def comparators(self, run: Run) -> list[tuple[str, Run]]:
+        """(against, other run): the parent, then the control unless it is the parent or the run itself."""
+        parent, control = self.parent(run), self.control(run.seed)
+        out = [("parent", parent)] if parent is not None and parent.id != run.id else []
+        if control is not None and control.id != run.id and (parent is None or control.id != parent.id):
+            out.append(("control", control))
+        return out  # type: ignore[return-value]
+
+
+def run_comparisons(
+    run: Run, other: Run, against: str, metrics: dict[int, list[Metric]], points: Iterable[tuple[str, Metric | None]]
+) -> list[Comparison]:
+    """`run` against `other` on every compared metric at each (at, checkpoint) of `points`."""
+    steps = {m.step: m for m in metrics[other.id]}
+    return [compare(run.arm, point, other.arm, steps.get(point.step), q, against, at)
+            for at, point in points if point is not None for q in COMPARED]  # fmt: skip
+
+
+def grid_effects_now(grid: Grid, metrics: dict[int, list[Metric]]) -> tuple[str, list[Effect]]:
+    """The judged metric and the effects table of `grid` at each run's final checkpoint, without the
+    report's samples (the dashboard polls this)."""
+    runs = list(grid.runs)
+    judge = judge_of(runs, metrics)
+    pairing = Pairing(grid)
+    rows = []
+    for r in runs:
+        ms = metrics.get(r.id, [])
+        final = ms[-1] if ms else None
+        comparisons = [c for against, other in pairing.comparators(r)
+                       for c in run_comparisons(r, other, against, metrics, (("final", final),))]  # fmt: skip
+        standin = sorted({m.step for m in ms if m.lpips_backbone == STANDIN})
+        rows.append(RunComparisons(arm=r.arm, seed=r.seed, comparisons=comparisons, standin_steps=standin))
+    return judge, grid_effects(rows, judge)
+
+
 def build_report(session: Session, grid: Grid, storage_options: dict[str, Any] | None = None) -> GridReport:
     """The report of `grid` as it stands now (a live grid gives a partial one). storage_options: fsspec
     options for reading sample images from checkpoint storage (settings.checkpoint_options)."""
@@ -205,13 +260,7 @@ def build_report(session: Session, grid: Grid, storage_options: dict[str, Any] |
             metrics[m.run_id].append(m)
     samples = {r.id: run_samples(session, r) for r in runs}
     judge = judge_of(runs, metrics)
-    by_seed = {(r.arm, r.seed): r for r in runs}  # seed s of an arm pairs with seed s of another
-    first = runs[0] if runs else None
-
-    def control_of(seed: int) -> Run | None:
-        found = by_seed.get((grid.control_arm or "", seed))
-        return found if found is not None or grid.seeds > 1 else first
-
+    pairing = Pairing(grid)
     price = price_per_gpu_hour(session, grid)
     arms = []
     pairs: list[tuple[Run, str, Run]] = []  # (run, against, comparator run) for the timestep appendix
@@ -219,22 +268,12 @@ def build_report(session: Session, grid: Grid, storage_options: dict[str, Any] |
         ms = metrics[r.id]
         best = _best(r, ms, judge)
         final = ms[-1] if ms else None
-        control = control_of(r.seed)
+        control, parent = pairing.control(r.seed), pairing.parent(r)
         parent_name = (r.spec or {}).get("parent")
-        parent = by_seed.get((parent_name, r.seed)) if isinstance(parent_name, str) else None
         comparisons: list[Comparison] = []
-        for against, other in (("parent", parent), ("control", control)):
-            if other is None or other.id == r.id:
-                continue
-            if against == "control" and parent is not None and other.id == parent.id:
-                continue  # the control is the parent: one comparison, named parent
+        for against, other in pairing.comparators(r):
             pairs.append((r, against, other))
-            steps = {m.step: m for m in metrics[other.id]}
-            for at, point in (("best", best), ("final", final)):
-                if point is None:
-                    continue
-                for q in COMPARED:
-                    comparisons.append(compare(r.arm, point, other.arm, steps.get(point.step), q, against, at))
+            comparisons += run_comparisons(r, other, against, metrics, (("best", best), ("final", final)))
         mine, theirs = _spec(r.spec), _spec(parent.spec) if parent is not None else None
         standin = sorted({m.step for m in ms if m.lpips_backbone == STANDIN})
         fallbacks = [str(f) for f in (r.fallbacks or [])]
@@ -271,7 +310,7 @@ def build_report(session: Session, grid: Grid, storage_options: dict[str, Any] |
             )
         )
     done = all(r.state in TERMINAL_STATES for r in runs) and bool(runs)
-    control = control_of(0)
+    control = pairing.control(0)
     effects = grid_effects(arms, judge)
     return GridReport(
         grid_id=grid.id,

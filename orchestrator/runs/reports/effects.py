@@ -12,13 +12,15 @@ seed measures one draw of the effect: its interval covers evaluation noise only,
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from html import escape
 
-from orchestrator.runs.reports.model import ArmReport, Effect, EffectReading, GridReport, SeedDiff, TimestepEffect
-from orchestrator.runs.reports.stats import RELATIVE_FLOW, Difference, across_seeds
+from orchestrator.runs.reports.model import Comparison, Effect, EffectReading, GridReport, SeedDiff, TimestepEffect
+from orchestrator.runs.reports.stats import WEIGHTED_FLOW, Difference, across_seeds
 
-METRIC_WORDS = {"val_flow_loss": "held-out flow loss", RELATIVE_FLOW: "flow loss, relative per timestep",
+METRIC_WORDS = {WEIGHTED_FLOW: "held-out flow loss, timesteps weighted by inverse variance",
+                "val_flow_loss": "held-out flow loss (plain mean)",
                 "recon_lpips": "recon LPIPS", "text_lpips": "text LPIPS",
                 "text_manip_delta": "text-manipulation delta"}  # fmt: skip
 LPIPS_METRICS = ("recon_lpips", "text_lpips", "text_manip_delta")
@@ -43,18 +45,29 @@ def noise_words(k: int) -> str:
 
 
 def metric_order(judge: str) -> list[str]:
-    """The judged metric first; the relative flow loss beside val_flow_loss; LPIPS last."""
+    """The judged metric first; where it is the flow loss, its weighted headline leads and the plain mean
+    (the detector's per-run value) follows; LPIPS last."""
     order = [judge] + [m for m in METRIC_WORDS if m != judge]
     if judge == "val_flow_loss":
-        order.remove(RELATIVE_FLOW)
-        order.insert(1, RELATIVE_FLOW)
+        order.remove(WEIGHTED_FLOW)
+        order.insert(0, WEIGHTED_FLOW)
     return order
 
 
-def grid_effects(arms: list[ArmReport], judge: str) -> list[Effect]:
+@dataclass(frozen=True)
+class RunComparisons:
+    """What grid_effects reads of a run (an ArmReport has the same fields)."""
+
+    arm: str
+    seed: int
+    comparisons: list[Comparison]
+    standin_steps: list[int]
+
+
+def grid_effects(arms: Sequence[RunComparisons], judge: str) -> list[Effect]:
     """The effects across seeds, from each run's per-seed comparisons at its final checkpoint."""
     order = metric_order(judge)
-    groups: dict[tuple[str, str, str], list[tuple[ArmReport, int]]] = {}
+    groups: dict[tuple[str, str, str], list[tuple[RunComparisons, int]]] = {}
     for a in arms:
         for i, c in enumerate(a.comparisons):
             if c.at == AT and c.diff is not None:
@@ -92,8 +105,7 @@ def _signed(v: float | None, digits: int = 4) -> str:
 
 def effect_cell(e: Effect) -> str:
     interval = f" [{_signed(e.low)}, {_signed(e.high)}]" if e.low is not None and e.high is not None else ""
-    pct = " (fraction of the comparator's loss)" if e.metric == RELATIVE_FLOW else ""
-    return f"{e.other_arm}: {_signed(e.diff)}{interval}{pct}"
+    return f"{e.other_arm}: {_signed(e.diff)}{interval}"
 
 
 def _metric_label(e: Effect) -> str:

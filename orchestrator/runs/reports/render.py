@@ -151,7 +151,8 @@ CSS = """body{font:14px system-ui,sans-serif;max-width:1100px;margin:2em auto;co
 table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}
 .row{display:flex;gap:6px;align-items:flex-end;flex-wrap:wrap;margin:4px 0}figure{margin:0;text-align:center}
 img{width:96px;height:96px;image-rendering:pixelated;border:1px solid #ccc}figcaption{font-size:10px}
-.effects td{text-align:left}.distinguishable-across-seeds{color:#1a7f37;font-weight:bold}.one-seed{color:#777}.forest{display:block;margin:6px 0}
+.effects td{text-align:left}.distinguishable-across-seeds{color:#1a7f37;font-weight:bold}.one-seed{color:#777}
+.forest{display:block;margin:6px 0}
 .better{color:#1a7f37}.worse{color:#b91c1c}.muted{color:#777}.stop{color:#b91c1c;font-weight:bold}"""
 
 

@@ -139,7 +139,7 @@ def test_the_report_gives_each_effect_across_seeds(client: TestClient, grid: dic
     assert (effect["low"], effect["high"]) == (pytest.approx(mean - half), pytest.approx(mean + half))
     assert effect["reading"] in ("within noise", "distinguishable across seeds")
     md = client.get(f"/api/grids/{grid['created']['id']}/report.md").text
-    assert "| B | held-out flow loss | parent | 20 | A: " in md and "training seeds (k=2, t on 1 df)" in md
+    assert "| B | held-out flow loss (plain mean) | parent | 20 | A: " in md and "training seeds (k=2, t on 1 df)" in md
     assert "## Appendix: each seed's interval (evaluation noise only)" in md
     assert "## Appendix: held-out flow loss at each timestep" in md
     assert "## B, seed 1" in md
