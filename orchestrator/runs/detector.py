@@ -30,6 +30,31 @@ FLOW_METRIC = "val_flow_loss"
 # The lpips_backbone label of a metric measured with an untrained AlexNet.
 STANDIN_BACKBONE = "random_standin"
 
+# What each metric can be, whoever reports it: a finite value outside its range is a lie or a bug, refused
+# at ingest (runs/ingest.py `refused_metrics`) and never compared against. LPIPS is a distance of unit-
+# normalized features, in [0, 2]; an LPIPS delta in [-2, 2]; losses, norms, rates, sizes, times and counts
+# are >= 0. A number no range names (a command arm's own metric) must stay within +-ANY_METRIC_BOUND.
+ANY_METRIC_BOUND = 1e30
+_LPIPS, _DELTA, _NONNEGATIVE = (0.0, 2.0), (-2.0, 2.0), (0.0, ANY_METRIC_BOUND)
+METRIC_RANGES: dict[str, tuple[float, float]] = {
+    "recon_lpips": _LPIPS, "recon_lpips_se": _LPIPS, "text_lpips": _LPIPS, "text_lpips_se": _LPIPS,
+    "text_manip_delta": _DELTA, "text_manip_delta_se": _LPIPS,
+    **dict.fromkeys(
+        ("train_loss", "val_flow_loss", "val_flow_loss_se", "grad_norm", "lr", "iter_per_sec", "samples_per_sec",
+         "tokens_per_sec", "peak_memory_gb", "wall_time_s", "gpu_hours", "elapsed_hours",
+         "recon_lpips_n", "text_lpips_n", "text_manip_delta_n", "val_flow_loss_n"),
+        _NONNEGATIVE,
+    ),
+}  # fmt: skip
+
+
+def out_of_range(name: str, value: float) -> str | None:
+    """Why a finite `value` cannot be metric `name` (NaN/Inf pass: they mean diverged), or None."""
+    low, high = METRIC_RANGES.get(name, (-ANY_METRIC_BOUND, ANY_METRIC_BOUND))
+    if math.isfinite(value) and not low <= value <= high:
+        return f"{name} {value:g} is outside its range [{low:g}, {high:g}]"
+    return None
+
 
 @dataclass(frozen=True)
 class Checkpoint:
@@ -132,6 +157,11 @@ def _best(series: Sequence[Checkpoint], name: str, direction: Direction) -> tupl
         if is_finite(v) and (best is None or _worse(v, best[1], direction) < 0):  # type: ignore[arg-type]
             best = (cp.step, v)  # type: ignore[assignment]
     return best
+
+
+def _in_range(cp: Checkpoint, name: str) -> bool:
+    value = cp.get(name)
+    return value is None or out_of_range(name, value) is None
 
 
 def _worsening_run(series: Sequence[Checkpoint], name: str, direction: Direction) -> int:
@@ -284,7 +314,8 @@ def decide(
         if total_steps is None:
             warnings.append("stall check skipped: total_steps unknown")
         elif now.step >= policy.stall_grace_fraction * total_steps:
-            ctrl = _best([cp for cp in control if cp.step <= now.step], name, direction)
+            # Only values the controller would accept: a control's lie never stops another arm.
+            ctrl = _best([cp for cp in control if cp.step <= now.step and _in_range(cp, name)], name, direction)
             if ctrl is None:
                 warnings.append(f"stall check skipped: control has no {name} up to step {now.step}")
             elif (gap := _worse(best_value, ctrl[1], direction)) > policy.stall_margin:  # type: ignore[arg-type]

@@ -22,6 +22,9 @@ from orchestrator.vocabulary import STOP_DECISIONS, RunDecision
 # Bind parameters per INSERT: below SQLite's default limit (32766 since 3.32) and Postgres' (65535).
 MAX_BIND_PARAMS = 30_000
 NONFINITE_TEXT = ("nan", "inf", "-inf")  # how the worker writes non-finite floats
+# A record's fallback notes (what the trainer did instead of what was asked: a few per run).
+MAX_FALLBACKS = 64
+MAX_FALLBACK_CHARS = 500
 FLOAT_FIELDS = frozenset(
     c.name for c in Metric.__table__.columns if c.name in METRIC_FIELDS and c.type.python_type is float
 )
@@ -42,6 +45,43 @@ def _number(value: Any, kind: type) -> Any:
     if kind is int:
         return int(value) if isinstance(value, int | float) and is_finite(value) else None
     return float(value)
+
+
+def _refused_number(name: str, value: Any) -> str | None:
+    """Why `value` cannot be metric `name`, or None: a number (a non-finite one, or its text, means
+    diverged) within the metric's range."""
+    from orchestrator.runs.detector import ANY_METRIC_BOUND, out_of_range
+
+    if value is None or (isinstance(value, str) and value in NONFINITE_TEXT):
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return f"{name} {str(value)[:40]!r} is not a number"
+    if name in INT_FIELDS and not isinstance(value, int):
+        return f"{name} {value!r} is not an integer"
+    if isinstance(value, int) and abs(value) > ANY_METRIC_BOUND:  # also past what a float holds
+        return f"{name} is an integer of {len(str(abs(value)))} digits"
+    return out_of_range(name, float(value))
+
+
+def refused_metrics(records: list[dict[str, Any]]) -> str | None:
+    """Why a worker's records cannot be stored, or None. Every metric column and every other number is
+    checked against its range (detector.METRIC_RANGES), and fallback notes are a short list of short
+    strings. Linear in the records' size."""
+    for record in records:
+        step = record.get("step")
+        for key, value in record.items():
+            numeric = isinstance(value, int | float) and not isinstance(value, bool)
+            if (key in FLOAT_FIELDS or key in INT_FIELDS or numeric) and (why := _refused_number(key, value)):
+                return f"a record of step {step} with {why}"
+        notes = record.get("fallbacks")
+        if notes is not None and (
+            not isinstance(notes, list)
+            or len(notes) > MAX_FALLBACKS
+            or not all(isinstance(n, str) and len(n) <= MAX_FALLBACK_CHARS for n in notes)
+        ):
+            return (f"a record of step {step} whose fallbacks are not a list of at most {MAX_FALLBACKS} "
+                    f"strings of {MAX_FALLBACK_CHARS} characters")
+    return None
 
 
 def metric_values(record: dict[str, Any]) -> dict[str, Any]:
@@ -260,9 +300,9 @@ def ingest(session: Session, run: Run, records: list[dict[str, Any]], detect: bo
         metric = resolve_policy(policy, record.get("lpips_backbone") == STANDIN_BACKBONE).metric
         if run.decision not in STOP_DECISIONS:
             _update_best(run, record, metric, policy.metric_mode)
-        for note in record.get("fallbacks") or []:
-            if note not in (run.fallbacks or []):
-                run.fallbacks = [*(run.fallbacks or []), note]
+        notes = [n for n in dict.fromkeys(record.get("fallbacks") or []) if n not in (run.fallbacks or [])]
+        if notes and len(run.fallbacks or []) < MAX_FALLBACKS:  # a few per run: the first MAX_FALLBACKS kept
+            run.fallbacks = [*(run.fallbacks or []), *notes][:MAX_FALLBACKS]
         if record.get("device_name") and not run.gpu_name:
             run.gpu_name = str(record["device_name"])[:128]
         record_event(session, run, "checkpoint", f"step {step}", step=step, **{metric: record.get(metric)})
