@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from worker.command import CommandFailed
+from worker.run_files import RECORDS_PER_POLL
 
 RECORDS_FILE = "records.jsonl"
 # Terminal colour codes (Ray wraps its messages in them): never stored in an error the operator reads.
@@ -297,7 +298,8 @@ class ArmWorker:
     # -- called by the controller ----------------------------------------------------------------
 
     def poll(self, after_step: int | None, wait_s: float = 1.0) -> dict[str, Any]:
-        """Records with step > after_step (all when None), waiting up to wait_s seconds for something new.
+        """Records with step > after_step (all when None; the first RECORDS_PER_POLL, the state `running`
+        while more are left), waiting up to wait_s seconds for something new.
 
         Returns {"info": gpu_info(), "records": [...], "state": running|done|error, "error": str|None,
         "stopping": bool, "ended_by": a command arm's CommandEnd or None, "storage": CheckpointStore.status()
@@ -311,10 +313,12 @@ class ArmWorker:
         with self._cond:
             if self._state == "running" and not news():
                 self._cond.wait(timeout=wait_s)
+            records = news()
+            more = len(records) > RECORDS_PER_POLL  # the rest on the next polls; done only once all are sent
             return {
                 "info": self._info,
-                "records": news(),
-                "state": self._state,
+                "records": records[:RECORDS_PER_POLL],
+                "state": "running" if more else self._state,
                 "error": self._error,
                 "stopping": self._stop.is_set(),
                 "ended_by": self._ended_by,

@@ -26,6 +26,9 @@ BEST_NAME = "best.pt"
 METRICS_NAME = "metrics.jsonl"
 RECORDS_NAME = "records.jsonl"
 RECORD_FILES = (METRICS_NAME, RECORDS_NAME)
+# The records one poll hands on at most (worker/actor.py); the controller refuses a longer list, so one
+# reply stays quick to check and store. The rest come with the next polls.
+RECORDS_PER_POLL = 500
 SAMPLES_DIR = "samples"
 SAMPLE_STEP_RE = re.compile(rf"^step_({STEP_PATTERN})$")
 # What each evaluation draws (model.evaluate): held-out targets, reconstructions, text-only samples and

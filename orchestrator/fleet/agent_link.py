@@ -27,6 +27,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from model.spec import CommandEnd
 from orchestrator.fleet.errors import NodeError
+from orchestrator.storage import StorageStatus
+from worker.run_files import RECORDS_PER_POLL
 
 if TYPE_CHECKING:
     import paramiko
@@ -35,6 +37,8 @@ MAX_REPLY_BYTES = 16 << 20  # a poll's records: one line per checkpoint, a few K
 HELLO_TIMEOUT_S = 180.0  # the agent's Ray start on a busy node
 OP_TIMEOUT_S = 60.0
 PROTOCOL = 1
+MAX_STEP = 2**31 - 1  # a step the metrics table holds (a 32-bit column): far past any schedule
+MAX_DEPTH = 32  # nesting of a reply: a record's values sit 5 levels down, its provenance a few more
 
 Text = Annotated[str, Field(max_length=20_000)]
 Name = Annotated[str, Field(max_length=200, pattern=r"^[A-Za-z0-9._-]+$")]
@@ -42,11 +46,13 @@ Name = Annotated[str, Field(max_length=200, pattern=r"^[A-Za-z0-9._-]+$")]
 
 class AgentProtocolError(NodeError):
     """The link failed and is closed; the message says why. `violation`: the agent broke the protocol
-    (what it sent was refused), as opposed to a stream that ended or went silent."""
+    (what it sent was refused), as opposed to a stream that ended or went silent; `silent`: nothing at
+    all came within the deadline."""
 
-    def __init__(self, message: str, violation: bool = True) -> None:
+    def __init__(self, message: str, violation: bool = True, silent: bool = False) -> None:
         super().__init__(message)
         self.violation = violation
+        self.silent = silent
 
 
 class AgentRefused(NodeError):
@@ -81,11 +87,11 @@ class WorkerReply(_Strict):
 
     state: Literal["running", "done", "error"]
     info: WorkerInfo
-    records: Annotated[list[dict[str, Any]], Field(max_length=100_000)]
+    records: Annotated[list[dict[str, Any]], Field(max_length=RECORDS_PER_POLL)]  # the worker sends no more
     error: Text | None = None
     stopping: bool = False
     ended_by: CommandEnd | None = None  # a command arm that finished: what ended its process
-    storage: dict[str, Any] | None = None
+    storage: StorageStatus | None = None  # its upload log: storage events only, bounded
 
 
 class WorkerLost(_Strict):
@@ -100,17 +106,40 @@ class PollResult(_Strict):
 
 
 def refused_records(records: list[dict[str, Any]], run_id: int, after: int | None) -> str | None:
-    """Why a worker's records cannot be the run's, or None: each needs an integer step past `after`,
-    and a record that names a run names this one."""
+    """Why a worker's records cannot be the run's, or None: each needs an integer step past `after` and
+    up to MAX_STEP, and a record that names a run names this one."""
     floor = -1 if after is None else after
     for record in records:
         step = record.get("step")
-        if not isinstance(step, int) or isinstance(step, bool) or step <= floor:
-            return f"a record with step {step!r} (expected an integer after {floor})"
+        if not isinstance(step, int) or isinstance(step, bool) or not floor < step <= MAX_STEP:
+            shown = repr(step) if len(repr(step)) <= 40 else f"{repr(step)[:20]}... ({len(repr(step))} characters)"
+            return f"a record with step {shown} (expected an integer after {floor}, at most {MAX_STEP})"
         claimed = record.get("run_id", run_id)
         if claimed != run_id:
             return f"a record of step {step} claims run {claimed!r}, not run {run_id}"
     return None
+
+
+def parse_reply(line: bytes) -> Any:
+    """One reply line as JSON, nested at most MAX_DEPTH deep; ValueError says why not. Python's parser
+    itself raises RecursionError on deep nesting and ValueError on an integer past 4,300 digits: both
+    are a reply that is not JSON here, never an error that escapes the link."""
+    try:
+        value = json.loads(line)
+    except RecursionError:
+        raise ValueError(f"nested deeper than {MAX_DEPTH}") from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"not UTF-8 at byte {exc.start}") from None
+    except ValueError as exc:  # JSONDecodeError, or an integer too long to convert
+        raise ValueError(str(exc).split(";")[0][:120]) from None
+    stack = [(value, 1)]
+    while stack:  # iterative: a deep reply must not recurse here either
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        if children and depth >= MAX_DEPTH:
+            raise ValueError(f"nested deeper than {MAX_DEPTH}")
+        stack.extend((child, depth + 1) for child in children)
+    return value
 
 
 # -- byte streams -------------------------------------------------------------------------------------
@@ -210,15 +239,20 @@ class AgentLink:
             self.closed = True
             self.stream.close()
 
-    def _refuse(self, why: str, violation: bool = True) -> AgentProtocolError:
+    def _refuse(self, why: str, violation: bool = True, silent: bool = False) -> AgentProtocolError:
         self.close()
-        return AgentProtocolError(f"node {self.name!r}: {why}", violation)
+        return AgentProtocolError(f"node {self.name!r}: {why}", violation, silent)
 
-    def _readline(self, timeout_s: float) -> bytes:
-        deadline = time.monotonic() + timeout_s
+    def _readline(self, timeout_s: float, silence_s: float | None = None) -> bytes:
+        """One line within timeout_s; with silence_s, its first byte within silence_s (a node that says
+        nothing is given up on sooner than one whose long reply is still arriving)."""
+        start = time.monotonic()
+        deadline = start + timeout_s
         while b"\n" not in self._buffer:
             if len(self._buffer) > self.max_reply_bytes:
                 raise self._refuse(f"refused a reply over {self.max_reply_bytes} bytes")
+            if silence_s is not None and not self._buffer and time.monotonic() - start >= silence_s:
+                raise self._refuse(f"no reply within {silence_s:g} s", violation=False, silent=True)
             left = deadline - time.monotonic()
             if left <= 0:
                 # Silence is a lost link; a reply begun and never ended is the agent's doing.
@@ -236,8 +270,9 @@ class AgentLink:
             raise self._refuse(f"refused a reply over {self.max_reply_bytes} bytes")
         return line
 
-    def request(self, op: str, timeout_s: float = OP_TIMEOUT_S, **fields: Any) -> Any:
-        """Send one request and return its validated `result` (any JSON value: the caller's model checks it)."""
+    def request(self, op: str, timeout_s: float = OP_TIMEOUT_S, silence_s: float | None = None, **fields: Any) -> Any:
+        """Send one request and return its validated `result` (any JSON value: the caller's model checks it);
+        the reply must begin within silence_s when given and end within timeout_s."""
         if self.closed:
             raise AgentProtocolError(f"node {self.name!r}: the link is closed", violation=False)
         request_id = next(self._ids)
@@ -245,11 +280,12 @@ class AgentLink:
             self.stream.send(json.dumps({"id": request_id, "op": op, **fields}).encode() + b"\n")
         except OSError as exc:
             raise self._refuse(f"could not send to the agent: {type(exc).__name__}: {exc}", False) from None
-        line = self._readline(timeout_s)
+        line = self._readline(timeout_s, silence_s)
         try:
-            reply = json.loads(line)
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            raise self._refuse(f"refused a reply that is not JSON ({len(line)} bytes from {line[:24]!r})") from None
+            reply = parse_reply(line)
+        except ValueError as exc:
+            why = f"{exc}; {len(line)} bytes from {line[:24]!r}"
+            raise self._refuse(f"refused a reply that is not JSON ({why})") from None
         if not isinstance(reply, dict) or reply.get("id") != request_id or not isinstance(reply.get("ok"), bool):
             raise self._refuse(f"refused a reply that is not an answer to request {request_id}")
         if not reply["ok"]:
@@ -272,8 +308,14 @@ class AgentLink:
     def start(self, name: str, kwargs: dict[str, Any]) -> None:
         self.request("start", name=name, kwargs=kwargs)
 
-    def poll(self, runs: dict[str, int | None], wait_s: float) -> dict[str, WorkerReply | WorkerLost]:
-        result = self.request("poll", timeout_s=wait_s + OP_TIMEOUT_S, runs=runs, wait_s=wait_s)
+    def poll(
+        self, runs: dict[str, int | None], wait_s: float, grace_s: float = OP_TIMEOUT_S
+    ) -> dict[str, WorkerReply | WorkerLost]:
+        """The workers' news. The agent answers within wait_s: silence past wait_s + grace_s fails the
+        link as silent; a reply begun has until wait_s + OP_TIMEOUT_S to end."""
+        result = self.request(
+            "poll", timeout_s=wait_s + OP_TIMEOUT_S, silence_s=wait_s + grace_s, runs=runs, wait_s=wait_s
+        )
         replies = self._checked(PollResult, result, "poll").runs
         return {name: reply for name, reply in replies.items() if name in runs}  # others: not asked, ignored
 

@@ -6,6 +6,11 @@ holds up the others. A link that fails is reopened with a back-off; the schedule
 workers as lost once the node has been unreachable for `node_lost_s`, at once when its agent broke the
 protocol (a hostile or broken node: a joined one is then marked `bootstrap_failed` with the reason, so
 no run goes there until an operator bootstraps it again).
+
+What an agent's hello claims is checked, not believed: a joined node that names a worker the controller
+never placed there breaks the protocol (the launcher says which names were placed where), and a node's
+usable GPUs are the lower of its claim and what the controller found itself: the rental's count for a
+rented node, else the last probe's.
 """
 
 from __future__ import annotations
@@ -15,13 +20,14 @@ import os
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import select
 
-from orchestrator.db.models import Event, Node
+from orchestrator.db.models import Event, Node, RentedInstance
 from orchestrator.db.session import session_scope
 from orchestrator.fleet.agent_link import (
     AgentLink,
@@ -40,6 +46,10 @@ log = logging.getLogger("ablate.nodes")
 
 LOCAL = "local"  # the controller's own machine, as a node name
 RECONNECT_S = 5.0  # between attempts to reopen a failed link
+# How long past its wait a poll may go without the first byte of its reply (an agent answers within the
+# wait plus a second): a silent node holds up a pass no longer than this, and is refused once its polls
+# have gone unanswered for node_lost_s.
+POLL_GRACE_S = 5.0
 
 
 def local_agent_command(settings: Settings) -> tuple[list[str], dict[str, str]]:
@@ -76,14 +86,22 @@ class NodeEntry:
     last_attempt: float = 0.0
     error: str | None = None
     refused: str | None = None  # a protocol violation: its workers are lost at once
+    gpu_cap: int | None = None  # the GPUs the controller found there (rental or probe); None: its own machine
+    silent_since: float | None = None  # its first poll left unanswered since its last answered one
 
 
 class NodePool:
     """Opens, holds and reopens one agent link per node; polls them in parallel."""
 
-    def __init__(self, settings: Settings, local_command: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        local_command: list[str] | None = None,
+        not_placed: Callable[[str, list[str]], list[str]] = lambda node, names: [],
+    ) -> None:
         self.settings = settings
         self.local_command = local_command  # tests put a hostile agent here
+        self.not_placed = not_placed  # (node, worker names) -> those the controller never placed on it
         self.nodes: dict[str, NodeEntry] = {}
         self._executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="ablate-node")
 
@@ -97,6 +115,17 @@ class NodePool:
                 session.expunge(node)
                 out[node.name] = node
         return out
+
+    def found_gpus(self, row: Node) -> int:
+        """The GPUs the controller itself found on a joined node: the rental's count when it is rented,
+        else its last probe's."""
+        with session_scope(self.settings.database_url) as session:
+            rented = session.scalar(
+                select(RentedInstance.gpus)
+                .where(RentedInstance.node_name == row.name)
+                .order_by(RentedInstance.id.desc())
+            )
+        return rented if rented is not None else len(row.gpus or [])
 
     def refresh(self) -> dict[str, str]:
         """Open links to new nodes, reopen failed ones, drop nodes that left; the dropped, with why."""
@@ -113,6 +142,7 @@ class NodePool:
                 self._connected(entry, entry.connecting)
             if entry.link is None and entry.connecting is None and now - entry.last_attempt >= RECONNECT_S:
                 entry.last_attempt = now
+                entry.gpu_cap = None if row is None else self.found_gpus(row)  # at each connect: a new probe counts
                 entry.connecting = self._executor.submit(self._open, name, row)
         return dropped
 
@@ -147,9 +177,22 @@ class NodePool:
             if isinstance(exc, AgentProtocolError) and exc.violation:
                 self.refuse(entry, entry.error)
             return
-        entry.link, entry.gpus, entry.workers = link, hello.gpus, set(hello.workers)
+        foreign = self.not_placed(entry.name, hello.workers)
+        if foreign and entry.name != LOCAL:  # the controller's own machine may hold another database's workers
+            shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+            link.close()
+            entry.error = f"node {entry.name!r}: refused a hello naming workers it was never given: {shown}"
+            log.warning("%s", entry.error)
+            self.refuse(entry, entry.error)
+            return
+        gpus = hello.gpus if entry.gpu_cap is None else min(hello.gpus, entry.gpu_cap)
+        if gpus < hello.gpus:
+            log.warning("node %s claims %d GPUs; the controller found %d: using %d",
+                        entry.name, hello.gpus, entry.gpu_cap, gpus)
+        entry.link, entry.gpus = link, gpus
+        entry.workers = set(hello.workers) - set(foreign)  # adopted only where they were placed
         entry.down_since, entry.error, entry.refused = None, None, None
-        log.info("node %s: agent up (%s, %d GPUs, %d workers)", entry.name, hello.node, hello.gpus, len(hello.workers))
+        log.info("node %s: agent up (%s, %d GPUs, %d workers)", entry.name, hello.node, gpus, len(entry.workers))
 
     def all_heard(self) -> bool:
         """Every node is up, refused, or down past node_lost_s: a worker found on none of them is on no
@@ -169,6 +212,8 @@ class NodePool:
         self._close(entry)
         entry.error = error_reason(exc)
         entry.down_since = entry.down_since or time.monotonic()
+        if isinstance(exc, AgentProtocolError) and exc.silent:  # kept across reconnects: only a reply clears it
+            entry.silent_since = entry.silent_since or time.monotonic()
         log.warning("node %s: %s", entry.name, entry.error)
         if isinstance(exc, AgentProtocolError) and exc.violation:
             self.refuse(entry, entry.error)
@@ -184,13 +229,17 @@ class NodePool:
                 session.add(Event(node_id=node.id, kind="node.refused", message=why[:2000]))
 
     def lost(self) -> dict[str, str]:
-        """Nodes whose workers count as lost now, with the reason: refused, or down past node_lost_s."""
-        now, out = time.monotonic(), {}
+        """Nodes whose workers count as lost now, with the reason: refused, down past node_lost_s, or
+        silent (polls unanswered) that long, which refuses it."""
+        now, out, limit = time.monotonic(), {}, self.settings.node_lost_s
         for entry in self.nodes.values():
+            if not entry.refused and entry.silent_since is not None and now - entry.silent_since >= limit:
+                self.refuse(entry, f"no poll reply for {now - entry.silent_since:.0f} s (node_lost_s={limit:g})")
+                entry.silent_since = None  # refused: it starts again only as a node that answers
             if entry.refused:
                 out[entry.name] = f"node {entry.name} refused: {entry.refused}"
             elif entry.link is None and entry.down_since is not None:
-                if now - entry.down_since >= self.settings.node_lost_s and entry.last_attempt > 0:
+                if now - entry.down_since >= limit and entry.last_attempt > 0:
                     out[entry.name] = f"node {entry.name} unreachable for {now - entry.down_since:.0f} s: {entry.error}"
         return out
 
@@ -198,6 +247,10 @@ class NodePool:
 
     def up(self) -> dict[str, NodeEntry]:
         return {name: e for name, e in self.nodes.items() if e.link is not None}
+
+    def placeable(self) -> dict[str, NodeEntry]:
+        """Nodes up whose last poll was answered: a silent one gets no new runs."""
+        return {name: e for name, e in self.up().items() if e.silent_since is None}
 
     def find(self, worker: str) -> str | None:
         return next((name for name, e in self.up().items() if worker in e.workers), None)
@@ -208,7 +261,7 @@ class NodePool:
         """Poll each node's workers in parallel (each agent answers within wait_s once anything is new);
         a node whose link fails is left out (see `fail`)."""
         futures = {
-            name: self._executor.submit(self.nodes[name].link.poll, runs, wait_s)  # type: ignore[union-attr]
+            name: self._executor.submit(self.nodes[name].link.poll, runs, wait_s, POLL_GRACE_S)  # type: ignore[union-attr]
             for name, runs in groups.items()
             if runs and name in self.up()
         }
@@ -219,6 +272,8 @@ class NodePool:
                 out[name] = future.result()
             except Exception as exc:  # noqa: BLE001 - the node's problem, not the loop's
                 self.fail(self.nodes[name], exc)
+            else:
+                self.nodes[name].silent_since = None
         return out
 
     def call(self, node: str, op: str, name: str, **fields: Any) -> bool:

@@ -5,7 +5,8 @@ An ablation must let a slower or weaker arm finish: that is its result. So unlik
 Optuna's stopping rules, which rank trials against each other and judge best-so-far, this stops
 only an arm that breaks: it diverges (NaN/Inf), collapses (improves, then degrades past its own
 best by more than noise), or stalls far behind the control arm. Pure functions, no torch, no DB:
-the controller calls `decide` on every checkpoint, `ablate replay` calls `replay` on whole curves.
+the controller feeds every checkpoint to a `Series` and calls `judge` on it (`decide` does both for a
+series at once), `ablate replay` calls `replay` on whole curves.
 """
 
 from __future__ import annotations
@@ -13,17 +14,18 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from model.spec import DetectorPolicy
 from orchestrator.numbers import is_finite, json_safe
+from orchestrator.runs.series_track import ControlBests, Direction, Series, worse
 from orchestrator.vocabulary import DecisionKind
 
 __all__ = [
-    "Checkpoint", "Decision", "DecisionKind", "ReplayResult", "decide", "replay", "replay_arm", "resolve_policy",
+    "Checkpoint", "ControlBests", "Decision", "DecisionKind", "ReplayResult", "Series", "decide", "judge", "replay",
+    "replay_arm", "resolve_policy",
 ]  # fmt: skip
 
-Direction = Literal["min", "max"]
 AUTO = "auto"
 LPIPS_METRIC = "recon_lpips"
 FLOW_METRIC = "val_flow_loss"
@@ -119,39 +121,9 @@ class Decision:
         }
 
 
-def _worse(a: float, b: float, direction: Direction) -> float:
-    """How much worse a is than b (positive = worse), in metric units."""
-    return a - b if direction == "min" else b - a
-
-
-def _best(series: Sequence[Checkpoint], name: str, direction: Direction) -> tuple[int, float] | None:
-    """(step, value) of the best finite value of `name`; the earliest on ties."""
-    best: tuple[int, float] | None = None
-    for cp in series:
-        v = cp.get(name)
-        if is_finite(v) and (best is None or _worse(v, best[1], direction) < 0):  # type: ignore[arg-type]
-            best = (cp.step, v)  # type: ignore[assignment]
-    return best
-
-
-def _worsening_run(series: Sequence[Checkpoint], name: str, direction: Direction) -> int:
-    """How many of the latest finite values each got worse than the one before (missing values skipped)."""
-    vals = [v for v in (cp.get(name) for cp in series) if is_finite(v)]
-    run = 0
-    for prev, cur in zip(reversed(vals[:-1]), reversed(vals[1:]), strict=True):
-        if _worse(cur, prev, direction) <= 0:  # type: ignore[arg-type]
-            break
-        run += 1
-    return run
-
-
-def _margin(
-    series: Sequence[Checkpoint], name: str, best_step: int, policy: DetectorPolicy
-) -> tuple[float, str]:
+def _margin(now: Checkpoint, best_cp: Checkpoint, name: str, policy: DetectorPolicy) -> tuple[float, str]:
     """The excess over the best that counts as collapse: max(margin_abs, margin_se x SE of the
     difference), and a note on where the SE came from."""
-    now = series[-1]
-    best_cp = next(cp for cp in series if cp.step == best_step)
     se_now, se_best = now.se(name), best_cp.se(name)
     if se_now is not None and se_best is not None:
         src = f"{name}_se"
@@ -166,28 +138,25 @@ def _margin(
     return margin, f"max({policy.margin_abs:g} abs, {policy.margin_se:g} x SE {se_diff:.4f}; {src})"
 
 
-def _collapse_check(
-    series: Sequence[Checkpoint], name: str, direction: Direction, policy: DetectorPolicy
-) -> str | None:
+def _collapse_check(series: Series, name: str, direction: Direction, policy: DetectorPolicy) -> str | None:
     """A description of a monotone collapse of `name` at the newest checkpoint, or None."""
-    value = series[-1].get(name)
-    best = _best(series, name, direction)
-    if not is_finite(value) or best is None:
+    now, track = series.now, series.track(name, direction)
+    value, best = now.get(name), track.best
+    if not is_finite(value) or best is None or track.best_cp is None:
         return None
-    run = _worsening_run(series, name, direction)
-    if run < policy.worsening_checkpoints:
+    if track.run < policy.worsening_checkpoints:
         return None
-    excess = _worse(value, best[1], direction)  # type: ignore[arg-type]
-    margin, how = _margin(series, name, best[0], policy)
+    excess = worse(value, best[1], direction)  # type: ignore[arg-type]
+    margin, how = _margin(now, track.best_cp, name, policy)
     if excess <= margin:
         return None
     return (
-        f"{name} worsened {run} checkpoints in a row to {value:.4f} at step {series[-1].step}, "
+        f"{name} worsened {track.run} checkpoints in a row to {value:.4f} at step {now.step}, "
         f"{excess:.4f} worse than its best {best[1]:.4f} @{best[0]} (> margin {margin:.4f} = {how})"
     )
 
 
-def _secondary_warnings(series: Sequence[Checkpoint], policy: DetectorPolicy) -> tuple[str, ...]:
+def _secondary_warnings(series: Series, policy: DetectorPolicy) -> tuple[str, ...]:
     out = []
     for name, direction in policy.secondary.items():
         msg = _collapse_check(series, name, direction, policy)
@@ -215,13 +184,8 @@ def decide(
     control: Sequence[Checkpoint] | None = None,
     total_steps: int | None = None,
 ) -> Decision:
-    """Judge the newest checkpoint of `series` (any order; judged in step order).
-
-    Metric "auto" is resolved on the series (resolve_policy). Guards in order, the first that fires
-    decides: policy off; diverged (NaN/Inf in the primary,
-    a secondary or a divergence field at this checkpoint); primary missing here (continue, with a
-    warning); ceiling crossed; monotone collapse over k checkpoints past the margin; stalled behind
-    the control's best up to this step (only past stall_grace_fraction of total_steps). Else continue.
+    """Judge the newest checkpoint of `series` (any order; judged in step order): `judge` on the series
+    fed in step order. See `judge` for the rules.
 
     Args:
         series: the arm's checkpoints so far (at least one).
@@ -231,12 +195,28 @@ def decide(
     """
     if not series:
         raise ValueError("decide needs at least one checkpoint")
-    series = sorted(series, key=lambda cp: cp.step)
-    policy = resolve_policy(policy, any(cp.lpips_standin for cp in series))
-    now, name, direction = series[-1], policy.metric, policy.metric_mode
+    fed = Series()
+    for cp in sorted(series, key=lambda cp: cp.step):
+        fed.add(cp)
+    return judge(fed, policy, ControlBests(control) if control else None, total_steps)
+
+
+def judge(
+    series: Series, policy: DetectorPolicy, control: ControlBests | None = None, total_steps: int | None = None
+) -> Decision:
+    """Judge the newest checkpoint of a fed series (the controller feeds each new one and judges it).
+
+    Metric "auto" is resolved on the series (resolve_policy). Guards in order, the first that fires
+    decides: policy off; diverged (NaN/Inf in the primary,
+    a secondary or a divergence field at this checkpoint); primary missing here (continue, with a
+    warning); ceiling crossed; monotone collapse over k checkpoints past the margin; stalled behind
+    the control's best up to this step (only past stall_grace_fraction of total_steps). Else continue.
+    """
+    policy = resolve_policy(policy, series.standin)
+    now, name, direction = series.now, policy.metric, policy.metric_mode
     value = now.get(name)
-    best = _best(series, name, direction)
-    best_step, best_value = best if best else (None, None)
+    track = series.track(name, direction)
+    best_step, best_value = track.best if track.best else (None, None)
     warnings = list(_secondary_warnings(series, policy))
 
     def result(kind: DecisionKind, reason: str) -> Decision:
@@ -265,9 +245,9 @@ def decide(
         return result(DecisionKind.CONTINUE, f"{name} missing at step {now.step}")
 
     if policy.ceiling is not None:
-        earlier = _best(series[:-1], name, direction)
+        earlier = track.before
         # "Crossed": it was better than the ceiling before; an arm that never got below it is a stall case.
-        if earlier is not None and _worse(earlier[1], policy.ceiling, direction) < 0 <= _worse(
+        if earlier is not None and worse(earlier[1], policy.ceiling, direction) < 0 <= worse(
             value, policy.ceiling, direction
         ):
             return result(
@@ -284,21 +264,20 @@ def decide(
         if total_steps is None:
             warnings.append("stall check skipped: total_steps unknown")
         elif now.step >= policy.stall_grace_fraction * total_steps:
-            ctrl = _best([cp for cp in control if cp.step <= now.step], name, direction)
+            ctrl = control.best(name, direction, now.step)
             if ctrl is None:
                 warnings.append(f"stall check skipped: control has no {name} up to step {now.step}")
-            elif (gap := _worse(best_value, ctrl[1], direction)) > policy.stall_margin:  # type: ignore[arg-type]
+            elif (gap := worse(best_value, ctrl[1], direction)) > policy.stall_margin:  # type: ignore[arg-type]
                 return result(
                     DecisionKind.STALLED,
                     f"best {name} {best_value:.4f} @{best_step} is {gap:.4f} worse than the control's best "
                     f"{ctrl[1]:.4f} @{ctrl[0]} at step {now.step} (> stall_margin {policy.stall_margin:g})",
                 )
 
-    run = _worsening_run(series, name, direction)
     return result(
         DecisionKind.CONTINUE,
         f"{name} {value:.4f} at step {now.step}, best {best_value:.4f} @{best_step} "
-        f"({_worse(value, best_value, direction):+.4f}; worse {run} in a row, k={policy.worsening_checkpoints})",
+        f"({worse(value, best_value, direction):+.4f}; worse {track.run} in a row, k={policy.worsening_checkpoints})",
     )
 
 
@@ -348,7 +327,7 @@ def replay_arm(
     policy: DetectorPolicy,
     control: Sequence[Checkpoint] | None = None,
 ) -> ReplayResult:
-    """Feed an arm's checkpoints one by one (step order) to `decide`, stopping where it says stop.
+    """Feed an arm's checkpoints one by one (step order) to `judge`, stopping where it says stop.
 
     total_steps is the arm's last step; the control series is used as given.
     """
@@ -356,8 +335,10 @@ def replay_arm(
         raise ValueError(f"arm {arm!r} has no checkpoints")
     ordered = sorted(series, key=lambda cp: cp.step)
     decisions: list[Decision] = []
-    for i in range(len(ordered)):
-        decisions.append(decide(ordered[: i + 1], policy, control, ordered[-1].step))
+    fed, bests = Series(), ControlBests(control) if control else None
+    for cp in ordered:
+        fed.add(cp)
+        decisions.append(judge(fed, policy, bests, ordered[-1].step))
         if decisions[-1].stop:
             break
     first_flag = next((d for d in decisions if d.flagged), None)

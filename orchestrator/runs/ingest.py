@@ -8,6 +8,7 @@ benchmarks and the tests call it alike.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import func, select
@@ -17,11 +18,24 @@ from model.spec import DetectorPolicy
 from orchestrator.db.events import record_event
 from orchestrator.db.models import METRIC_FIELDS, Event, Grid, Metric, Run, utcnow
 from orchestrator.numbers import is_finite, json_safe
+from orchestrator.runs.detector import (
+    STANDIN_BACKBONE,
+    Checkpoint,
+    ControlBests,
+    Decision,
+    Series,
+    judge,
+    resolve_policy,
+)
+from orchestrator.runs.metric_ranges import ANY_METRIC_BOUND, out_of_range
 from orchestrator.vocabulary import STOP_DECISIONS, RunDecision
 
 # Bind parameters per INSERT: below SQLite's default limit (32766 since 3.32) and Postgres' (65535).
 MAX_BIND_PARAMS = 30_000
 NONFINITE_TEXT = ("nan", "inf", "-inf")  # how the worker writes non-finite floats
+# A record's fallback notes (what the trainer did instead of what was asked: a few per run).
+MAX_FALLBACKS = 64
+MAX_FALLBACK_CHARS = 500
 FLOAT_FIELDS = frozenset(
     c.name for c in Metric.__table__.columns if c.name in METRIC_FIELDS and c.type.python_type is float
 )
@@ -42,6 +56,41 @@ def _number(value: Any, kind: type) -> Any:
     if kind is int:
         return int(value) if isinstance(value, int | float) and is_finite(value) else None
     return float(value)
+
+
+def _refused_number(name: str, value: Any) -> str | None:
+    """Why `value` cannot be metric `name`, or None: a number (a non-finite one, or its text, means
+    diverged) within the metric's range."""
+    if value is None or (isinstance(value, str) and value in NONFINITE_TEXT):
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return f"{name} {str(value)[:40]!r} is not a number"
+    if name in INT_FIELDS and not isinstance(value, int):
+        return f"{name} {value!r} is not an integer"
+    if isinstance(value, int) and abs(value) > ANY_METRIC_BOUND:  # also past what a float holds
+        return f"{name} is an integer of {len(str(abs(value)))} digits"
+    return out_of_range(name, float(value))
+
+
+def refused_metrics(records: list[dict[str, Any]]) -> str | None:
+    """Why a worker's records cannot be stored, or None. Every metric column and every other number is
+    checked against its range (runs/metric_ranges.py), and fallback notes are a short list of short
+    strings. Linear in the records' size."""
+    for record in records:
+        step = record.get("step")
+        for key, value in record.items():
+            numeric = isinstance(value, int | float) and not isinstance(value, bool)
+            if (key in FLOAT_FIELDS or key in INT_FIELDS or numeric) and (why := _refused_number(key, value)):
+                return f"a record of step {step} with {why}"
+        notes = record.get("fallbacks")
+        if notes is not None and (
+            not isinstance(notes, list)
+            or len(notes) > MAX_FALLBACKS
+            or not all(isinstance(n, str) and len(n) <= MAX_FALLBACK_CHARS for n in notes)
+        ):
+            return (f"a record of step {step} whose fallbacks are not a list of at most {MAX_FALLBACKS} "
+                    f"strings of {MAX_FALLBACK_CHARS} characters")
+    return None
 
 
 def metric_values(record: dict[str, Any]) -> dict[str, Any]:
@@ -130,19 +179,36 @@ def last_step(session: Session, run_id: int) -> int | None:
     return session.scalar(select(func.max(Metric.step)).where(Metric.run_id == run_id))
 
 
-def _record_warnings(session: Session, run: Run, verdict: Any) -> None:
+@dataclass
+class Judging:
+    """The detector's bookkeeping across one batch of a run's checkpoints: the series fed so far, the
+    control arm's bests, and the warnings last recorded (read from the DB once, then kept here)."""
+
+    series: Series
+    control: ControlBests | None
+    total_steps: int | None
+    warnings: list[str] | None = None  # None: not read yet
+
+    def recorded(self, verdict: Decision) -> None:
+        """A `warning` or `decision` event carrying the verdict's warnings was recorded."""
+        self.warnings = list(verdict.warnings)
+
+
+def _record_warnings(session: Session, run: Run, verdict: Decision, judging: Judging) -> None:
     """Secondary-metric warnings (they never stop a run) as a `warning` event whenever they change,
     so the dashboard shows them while the run goes on."""
-    last = session.scalar(
-        select(Event)
-        .where(Event.run_id == run.id, Event.kind.in_(("warning", "decision")))
-        .order_by(Event.id.desc())
-        .limit(1)
-    )
-    previous = list((last.data or {}).get("warnings") or []) if last else []
-    if list(verdict.warnings) != previous:
+    if judging.warnings is None:
+        last = session.scalar(
+            select(Event)
+            .where(Event.run_id == run.id, Event.kind.in_(("warning", "decision")))
+            .order_by(Event.id.desc())
+            .limit(1)
+        )
+        judging.warnings = list((last.data or {}).get("warnings") or []) if last else []
+    if list(verdict.warnings) != judging.warnings:
         message = "; ".join(verdict.warnings) if verdict.warnings else "warnings cleared"
         record_event(session, run, "warning", message, **verdict.to_dict())
+        judging.recorded(verdict)
 
 
 def _control_series(session: Session, run: Run) -> list[dict[str, Any]] | None:
@@ -185,37 +251,31 @@ def _policy(run: Run) -> DetectorPolicy:
     return DetectorPolicy.model_validate((run.spec or {}).get("detector") or {})
 
 
-def apply_detector(
-    session: Session,
-    run: Run,
-    checkpoints: list[Any] | None = None,
-    control: list[Any] | None = None,
-) -> str | None:
+def judging_for(session: Session, run: Run) -> Judging:
+    """The detector's bookkeeping for the run, nothing fed yet: its control's series read from the DB."""
+    control = [Checkpoint.from_mapping(p) for p in _control_series(session, run) or []]
+    total_steps = ((run.spec or {}).get("schedule") or {}).get("steps")
+    return Judging(Series(), ControlBests(control) if control else None, total_steps)
+
+
+def apply_detector(session: Session, run: Run, judging: Judging | None = None) -> str | None:
     """Judge the run's newest checkpoint; returns the decision when it stops the run.
 
-    `checkpoints` / `control`: the run's checkpoints up to the one judged and the control arm's
-    (detector.Checkpoint lists), read from the DB when not given. A stop verdict is stored on the run
-    (decision, step, reason; best step, value and checkpoint) and as a `decision` event; the caller
-    then asks the worker for a graceful stop. In `warn` mode the first flag is recorded as a `warning`
-    event and the run goes on.
+    `judging`: the run's series fed up to the checkpoint judged, and the control's bests; read from the
+    DB when not given. A stop verdict is stored on the run (decision, step, reason; best step, value and
+    checkpoint) and as a `decision` event; the caller then asks the worker for a graceful stop. In `warn`
+    mode the first flag is recorded as a `warning` event and the run goes on.
     """
-    from orchestrator.runs.detector import Checkpoint, decide
-
     policy = _policy(run)
     if policy.mode == "off":
         return None
-    if checkpoints is None:
-        checkpoints = [Checkpoint.from_mapping(p) for p in metric_series(session, run.id)]
-    if control is None:
-        control = [Checkpoint.from_mapping(p) for p in _control_series(session, run) or []]
-    verdict = decide(
-        checkpoints,
-        policy,
-        control=control or None,
-        total_steps=((run.spec or {}).get("schedule") or {}).get("steps"),
-    )
+    if judging is None:
+        judging = judging_for(session, run)
+        for point in metric_series(session, run.id):
+            judging.series.add(Checkpoint.from_mapping(point))
+    verdict = judge(judging.series, policy, judging.control, judging.total_steps)
     if not verdict.flagged:
-        _record_warnings(session, run, verdict)
+        _record_warnings(session, run, verdict, judging)
         return None
     decision = verdict.kind.value
     if not verdict.stop:
@@ -223,6 +283,7 @@ def apply_detector(
             run.decision, run.decision_step = RunDecision.warning(verdict.kind), verdict.step
             run.decision_reason = verdict.reason
             record_event(session, run, "warning", verdict.reason, **verdict.to_dict())
+            judging.recorded(verdict)
         return None
     run.decision, run.decision_step, run.decision_reason = decision, verdict.step, verdict.reason
     if verdict.best_step is not None:
@@ -236,6 +297,7 @@ def apply_detector(
         **verdict.to_dict(),
         best_checkpoint=run.best_checkpoint,
     )
+    judging.recorded(verdict)
     return decision
 
 
@@ -245,17 +307,16 @@ def ingest(session: Session, run: Run, records: list[dict[str, Any]], detect: bo
     Each new checkpoint, in step order, gets a `checkpoint` event, advances the run's best (the
     policy's metric and direction) and is judged by the detector unless the run is already stopping.
     """
-    from orchestrator.runs.detector import STANDIN_BACKBONE, Checkpoint, resolve_policy
-
     by_step = {int(r["step"]): r for r in records}
     new = insert_metrics(session, run.id, list(by_step.values()))
     if not new:
         return []
     policy = _policy(run)
-    judge = detect and policy.mode != "off"
-    # The series as stored (NaN restored), read once per batch; the detector sees it up to each new step.
-    series = [Checkpoint.from_mapping(p) for p in metric_series(session, run.id)] if judge else []
-    control = [Checkpoint.from_mapping(p) for p in _control_series(session, run) or []] if judge else []
+    judged = detect and policy.mode != "off"
+    # The series as stored (NaN restored), read once per batch and fed to the detector up to each new step.
+    stored = [Checkpoint.from_mapping(p) for p in metric_series(session, run.id)] if judged else []
+    judging = judging_for(session, run) if judged else None
+    fed = 0
     for step in sorted(new):
         record = by_step[step]
         run.last_checkpoint_step = max(step, run.last_checkpoint_step or step)
@@ -263,13 +324,16 @@ def ingest(session: Session, run: Run, records: list[dict[str, Any]], detect: bo
         metric = resolve_policy(policy, record.get("lpips_backbone") == STANDIN_BACKBONE).metric
         if run.decision not in STOP_DECISIONS:
             _update_best(run, record, metric, policy.metric_mode)
-        for note in record.get("fallbacks") or []:
-            if note not in (run.fallbacks or []):
-                run.fallbacks = [*(run.fallbacks or []), note]
+        notes = [n for n in dict.fromkeys(record.get("fallbacks") or []) if n not in (run.fallbacks or [])]
+        if notes and len(run.fallbacks or []) < MAX_FALLBACKS:  # a few per run: the first MAX_FALLBACKS kept
+            run.fallbacks = [*(run.fallbacks or []), *notes][:MAX_FALLBACKS]
         if record.get("device_name") and not run.gpu_name:
             run.gpu_name = str(record["device_name"])[:128]
         record_event(session, run, "checkpoint", f"step {step}", step=step, **{metric: record.get(metric)})
-        if judge and not run.being_stopped:
-            upto = [cp for cp in series if cp.step <= step]
-            apply_detector(session, run, upto, control)
+        if judging is not None:
+            while fed < len(stored) and stored[fed].step <= step:
+                judging.series.add(stored[fed])
+                fed += 1
+            if not run.being_stopped:
+                apply_detector(session, run, judging)
     return sorted(new)

@@ -41,13 +41,15 @@ from orchestrator.fleet.agent_link import WorkerLost, WorkerReply, refused_recor
 from orchestrator.fleet.node_pool import NodePool
 from orchestrator.messages import strip_ansi
 from orchestrator.runs.command_code import CodeRefused, ship_code
-from orchestrator.runs.ingest import ingest, last_step
+from orchestrator.runs.ingest import ingest, last_step, refused_metrics
 from orchestrator.runs.placement import (
     Worker,
     actor_name,
     claim_for_launch,
     mark_running,
     nonempty,
+    not_placed,
+    record_placement,
     run_dir,
     worker_kwargs,
 )
@@ -75,7 +77,7 @@ class Launcher:
     ) -> None:
         self.settings = settings
         self.train_fn = train_fn  # what the workers run; benchmarks pass a synthetic stream
-        self.pool = NodePool(settings, local_agent)  # local_agent: tests put a hostile agent there
+        self.pool = NodePool(settings, local_agent, self._not_placed)  # local_agent: tests put a hostile agent there
         self.workers: dict[int, Worker] = {}
         self._halt = threading.Event()
         self._thread: threading.Thread | None = None
@@ -177,13 +179,18 @@ class Launcher:
                 if self.pool.all_heard():  # else its node may still answer: wait
                     self._requeue(session, run, f"worker {name} not found on any node after a controller restart")
 
+    def _not_placed(self, node: str, names: list[str]) -> list[str]:
+        """The workers a node's hello names that the controller never placed there (the pool refuses them)."""
+        with session_scope(self.settings.database_url) as session:
+            return not_placed(session, node, names)
+
     # launch ------------------------------------------------------------------------------------------
 
     def free_gpus(self) -> dict[str, int]:
         """Per reachable node, the GPUs none of our workers hold (its Ray queues a worker whose GPU is
         still freeing)."""
         free = {}
-        for name, entry in self.pool.up().items():
+        for name, entry in self.pool.placeable().items():
             free[name] = entry.gpus - sum(1 for w in self.workers.values() if w.node == name)
         if self.pool.up() and not any(e.gpus for e in self.pool.up().values()) and not self._warned_no_gpu:
             self._warned_no_gpu = True
@@ -234,6 +241,10 @@ class Launcher:
         run.checkpoint_url = run_storage_url(self.settings, run)
         node = found or node
         if found is None:
+            # On record before the node holds the worker: a controller that dies after the start finds
+            # it placed there, and a node that names a worker it was not given is refused.
+            record_placement(session, run, node, name)
+            session.commit()
             kwargs = worker_kwargs(self.settings, run, out_dir, self.train_fn)
             try:  # a command arm's code goes to a joined node first
                 kwargs["code_archive"] = ship_code(self.settings, self.pool, node, run.spec)
@@ -299,7 +310,7 @@ class Launcher:
         if isinstance(reply, WorkerLost):
             self._worker_died(worker, RuntimeError(reply.error))
             return True
-        refused = refused_records(reply.records, worker.run_id, worker.after_step)
+        refused = refused_records(reply.records, worker.run_id, worker.after_step) or refused_metrics(reply.records)
         if refused is not None:
             self._fail_worker(worker, f"node {worker.node} sent {refused}: refused, nothing of the reply stored")
             return True

@@ -1,17 +1,25 @@
 """Placing a run on a node: the worker's name and directory, the claim that takes a run out of the queue,
-and what the node's agent builds the worker from. The controller never imports Ray: nodes run it."""
+the record of which node holds which attempt, and what the node's agent builds the worker from. The
+controller never imports Ray: nodes run it.
+
+The controller owns placement: a node holds the runs the controller placed there, by run id and attempt
+(a `placed` event, committed before the node is asked to start the worker; `started` events of runs
+launched before placements were recorded count too). A worker a node names that was never placed there is
+not its to hold (`not_placed`)."""
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from orchestrator.db.events import record_event
-from orchestrator.db.models import Run, utcnow
+from orchestrator.db.models import Event, Run, utcnow
 from orchestrator.db.transitions import transition
 from orchestrator.settings import Settings
 from orchestrator.storage import worker_data_store, worker_storage
@@ -30,9 +38,37 @@ def claim_for_launch(session: Session, run: Run, checkpoint_dir: str) -> bool:
     )
 
 
+WORKER_NAME = re.compile(r"^ablate-run-([0-9]{1,18})-([0-9]{1,9})$")
+PLACEMENT_EVENTS = ("placed", "started")  # where a run's attempt went: placed at launch, started at its first reply
+
+
 def actor_name(run_id: int, attempt: int) -> str:
     """The worker's Ray name; a new attempt (after a worker died) gets a new name."""
     return f"ablate-run-{run_id}-{attempt}"
+
+
+def record_placement(session: Session, run: Run, node: str, name: str) -> None:
+    """The run's current attempt goes to `node`: on record (the caller commits) before the node holds it."""
+    record_event(session, run, "placed", f"attempt {run.retries} placed on node {node} as {name}",
+                 attempt=run.retries, node_name=node, worker=name)
+
+
+def not_placed(session: Session, node: str, names: list[str]) -> list[str]:
+    """The worker names among `names` that the controller never placed on `node` (each run id and
+    attempt checked against the placement events), in their order."""
+    wanted = {name: WORKER_NAME.match(name) for name in names}
+    run_ids = sorted({int(m[1]) for m in wanted.values() if m})
+    placed: set[tuple[int, int]] = set()
+    for start in range(0, len(run_ids), 1000):  # bind parameters per statement stay few
+        rows = session.execute(
+            select(Event.run_id, Event.data).where(
+                Event.run_id.in_(run_ids[start : start + 1000]), Event.kind.in_(PLACEMENT_EVENTS)
+            )
+        )
+        for run_id, data in rows:
+            if (data or {}).get("node_name") == node and isinstance((data or {}).get("attempt"), int):
+                placed.add((run_id, data["attempt"]))
+    return [name for name, m in wanted.items() if m is None or (int(m[1]), int(m[2])) not in placed]
 
 
 def run_dir(settings: Settings, run_id: int) -> Path:

@@ -23,7 +23,7 @@ from orchestrator.db.events import record_event
 from orchestrator.db.models import Event, Grid, Metric, Run
 from orchestrator.db.session import session_scope
 from orchestrator.runs.grids import GridCreate, create_grid
-from orchestrator.storage import record_storage, seen_seq, storage_alarms
+from orchestrator.storage import StorageStatus, record_storage, seen_seq, storage_alarms
 from orchestrator.sweeps.copy_back import copy_back
 from orchestrator.vocabulary import TERMINAL_STATES
 from tests.orchestrator.factories import tiny_overrides
@@ -299,9 +299,9 @@ def test_dashboard_flags_a_run_whose_checkpoints_are_not_stored(database_url: st
 def test_upload_log_entries_become_events_once_across_polls_restarts_and_attempts(database_url: str) -> None:
     """The worker re-sends its last 50 log entries with every poll; each becomes one event, also after a
     controller restart (which reads back what it stored) and for a new attempt (whose sequence restarts)."""
-    def log(*seqs: int) -> dict[str, Any]:
-        return {"log": [{"seq": s, "time": "t", "kind": "checkpoint.stored", "message": f"#{s}",
-                         "data": {"step": 10 * s}} for s in seqs]}
+    def log(*seqs: int) -> StorageStatus:
+        return StorageStatus.model_validate({"log": [{"seq": s, "time": "t", "kind": "checkpoint.stored",
+                                                      "message": f"#{s}", "data": {"step": 10 * s}} for s in seqs]})
 
     with session_scope(database_url) as session:
         run = create_grid(session, GridCreate(name="seq", arms=["A"], overrides=TINY)).runs[0]

@@ -145,6 +145,7 @@ def test_a_joined_node_whose_agent_sends_a_pickle_over_ssh_is_refused_and_marked
     """The same over a real SSH channel (the loopback OpenSSH server): the node's `agent` launcher is the
     hostile agent. The node is marked bootstrap_failed with what was refused, and its run fails."""
     from orchestrator.db.models import Node
+    from orchestrator.fleet.probe import probe_node
     from tests.orchestrator.factories import add_ssh_node
 
     remote = sshd.workdir / "hostile"
@@ -155,6 +156,7 @@ def test_a_joined_node_whose_agent_sends_a_pickle_over_ssh_is_refused_and_marked
     launcher.chmod(0o700)
     monkeypatch.setenv("ABLATE_NODE_REMOTE_DIR", sshd.relative(remote))
     name = add_ssh_node(database_url, sshd, "hostile-node")
+    probe_node(database_url, name)  # its GPUs as the controller found them (the stand-in nvidia-smi's 4)
     with session_scope(database_url) as session:
         session.scalars(select(Node).where(Node.name == name)).one().state = "joined"
         grid = create_grid(session, GridCreate(name="hostile-ssh", arms=["A"], overrides=tiny_overrides(steps=4)))

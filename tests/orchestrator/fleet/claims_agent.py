@@ -1,0 +1,78 @@
+"""A node agent that keeps the protocol and lies in what it claims (tests/orchestrator/fleet/test_hostile_claims.py).
+
+    python claims_agent.py MODE [ARG]
+
+It answers every request with well-formed JSON: hello, start (any name), stop, kill, and polls whose
+replies are valid by shape but claim what the controller must not believe. MODE picks the lie:
+
+    quiet           polls: running, no records (the honest baseline)
+    foreign         hello names the workers in ARG (comma-separated), which it was never given
+    gpus            hello claims ARG GPUs
+    lpips-lie       a record with recon_lpips -1e300
+    negative-loss   a record with train_loss -3
+    step-cap        a record at step 2**40
+    flood           ARG + 1 records in one reply (ARG: the controller's cap)
+    fallbacks       one record with ARG fallback notes
+    forged-KIND     a storage-log entry of event kind KIND (started, rented.replacement, ...)
+    storage-flood   ARG storage-log entries in one reply
+    storage-data    a checkpoint.stored entry whose data carries a key of another event (node_name)
+    silent          polls are never answered
+    deep            a poll reply nested 100,000 deep
+    bigint          a poll reply with an integer of 5,000 digits
+
+The standard library only: it runs under any python3, over pipes or as a node's `agent` over SSH.
+"""
+
+import json
+import sys
+
+mode, arg = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else "")
+
+
+def send(data: bytes) -> None:
+    sys.stdout.buffer.write(data)
+    sys.stdout.buffer.flush()
+
+
+def reply(req: dict, result: object) -> None:
+    send(json.dumps({"id": req["id"], "ok": True, "result": result}).encode() + b"\n")
+
+
+def worker_reply(name: str) -> dict:
+    run_id = int(name.split("-")[2])
+    out = {"state": "running", "info": {"pid": 1, "node": "liar"}, "records": [], "stopping": False}
+    record = {"step": 1, "run_id": run_id, "train_loss": 0.5}
+    if mode == "lpips-lie":
+        out["records"] = [{**record, "recon_lpips": -1e300}]
+    elif mode == "negative-loss":
+        out["records"] = [{**record, "train_loss": -3.0}]
+    elif mode == "step-cap":
+        out["records"] = [{**record, "step": 2**40}]
+    elif mode == "flood":
+        out["records"] = [{**record, "step": step} for step in range(1, int(arg) + 2)]
+    elif mode == "fallbacks":
+        out["records"] = [{**record, "fallbacks": [f"note {i}" for i in range(int(arg))]}]
+    elif mode.startswith("forged-") or mode in ("storage-flood", "storage-data"):
+        kind = mode.removeprefix("forged-") if mode.startswith("forged-") else "checkpoint.stored"
+        data = {"step": 1, "node_name": "elsewhere"} if mode == "storage-data" else {"step": 1}
+        count = int(arg) if mode == "storage-flood" else 1
+        log = [{"seq": i, "time": "t", "kind": kind, "message": "m", "data": data} for i in range(1, count + 1)]
+        out["storage"] = {"stored_step": None, "failures": 0, "log": log}
+    return out
+
+
+for line in sys.stdin:
+    req = json.loads(line)
+    if req["op"] == "hello":
+        workers = arg.split(",") if mode == "foreign" else []
+        reply(req, {"protocol": 1, "node": "liar", "gpus": int(arg) if mode == "gpus" else 1, "workers": workers})
+    elif req["op"] != "poll":
+        reply(req, {"adopted": False, "found": True})
+    elif mode == "silent":
+        continue  # it reads on (and ends with its stdin) but never answers a poll
+    elif mode == "deep":
+        send(b'{"id": %d, "ok": true, "result": ' % req["id"] + b"[" * 100_000 + b"]" * 100_000 + b"}\n")
+    elif mode == "bigint":
+        send(b'{"id": %d, "ok": true, "result": {"runs": {}, "n": %s}}\n' % (req["id"], b"7" * 5000))
+    else:
+        reply(req, {"runs": {name: worker_reply(name) for name in req["runs"]}})
