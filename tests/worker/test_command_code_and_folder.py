@@ -67,7 +67,7 @@ def test_code_from_its_archive_and_the_whole_checkpoint_folder_through_storage(t
     stored = tmp_path / "store" / "run" / "checkpoints"
     assert (stored / "notes" / "tokenizer.json").read_text() == "{}"
     assert not (stored / "scratch.txt").exists(), "deleted by the script, deleted in storage"
-    download_run(storage["url"], {}, tmp_path / "copied-back")  # a sweep's copy-back takes the folder too
+    download_run(storage["url"], {}, tmp_path / "copied-back", 1 << 30)  # a sweep's copy-back takes the folder too
     assert (tmp_path / "copied-back" / "run" / "checkpoints" / "notes" / "tokenizer.json").read_text() == "{}"
 
     # Another node, an empty disk: the folder comes back, named checkpoints under their own names.
