@@ -91,6 +91,19 @@ class GridDetail(GridPublic):
         return cls.model_validate(grid).model_copy(update={"runs": runs})
 
 
+HIDDEN = "<hidden>"
+
+
+def hide_env(spec: dict[str, Any]) -> dict[str, Any]:
+    """The spec with a command arm's `env` values replaced by HIDDEN (the names stay): an env var is where a
+    researcher puts a WANDB_API_KEY, and a run is read without the token by default. The value is never
+    echoed back, to anyone; it goes only to the node that runs the arm."""
+    command = spec.get("command")
+    if not isinstance(command, dict) or not isinstance(command.get("env"), dict):
+        return spec
+    return {**spec, "command": {**command, "env": dict.fromkeys(command["env"], HIDDEN)}}
+
+
 class RunPublic(RunSummary):
     """Everything stored about a run, including the exact resolved spec it trains."""
 
@@ -102,6 +115,11 @@ class RunPublic(RunSummary):
     nodes: list[str]  # every node it ran on, in order (more than one after a lost node)
     last_checkpoint_step: int | None
     versions: dict[str, Any]
+
+    @field_validator("spec")
+    @classmethod
+    def _hide_env(cls, spec: dict[str, Any]) -> dict[str, Any]:
+        return hide_env(spec)
 
     @field_validator("nodes", mode="before")
     @classmethod
