@@ -64,6 +64,16 @@ def _refuse_unknown_host(port: int, known_hosts: str) -> paramiko.MissingHostKey
     return RefuseUnknownHost()
 
 
+def _connect_reason(exc: BaseException) -> str:
+    """Why a connect failed, in the words of each address tried: paramiko's NoValidConnectionsError says
+    only "Unable to connect to port" and keeps the reasons (refused, timed out, no route) aside."""
+    import paramiko
+
+    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError) and exc.errors:
+        return "; ".join(f"{addr[0]} port {addr[1]}: {err.strerror or err}" for addr, err in exc.errors.items())
+    return str(exc) or type(exc).__name__
+
+
 @dataclass
 class CommandResult:
     command: str
@@ -166,7 +176,7 @@ class NodeShell:
         except (paramiko.SSHException, OSError, ValueError) as exc:  # ValueError: a file that is not a key
             client.close()
             raise NodeError(
-                f"cannot connect to node {node.name!r} ({node.user}@{node.host}:{node.port}): {exc}"
+                f"cannot connect to node {node.name!r} ({node.user}@{node.host}:{node.port}): {_connect_reason(exc)}"
             ) from None
         transport = client.get_transport()
         if transport is not None:

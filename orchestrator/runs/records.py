@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Any, Self
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, create_model, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model, field_validator
 
 from orchestrator.db.models import METRIC_FIELDS, Grid, Metric, Run
 
@@ -30,6 +30,12 @@ MetricValues: type[Public] = create_model(  # type: ignore[call-overload]
     __base__=Public,
     **{name: (Metric.__table__.columns[name].type.python_type | None, None) for name in METRIC_FIELDS},
 )
+
+
+# best_checkpoint and checkpoint_dir are where the worker wrote them: on the node's disk, which a rented node
+# takes with it. What outlives the node is in checkpoint storage (checkpoint_url) and a sweep's copy-back.
+ON_NODE = ("a path on the disk of the node that ran it (`node`), not on the controller; "
+           "the stored copy is under checkpoint_url")
 
 
 class GridPublic(Public):
@@ -59,9 +65,9 @@ class RunSummary(MetricValues):  # type: ignore[misc, valid-type]
     decision_reason: str | None
     best_step: int | None
     best_value: float | None
-    best_checkpoint: str | None
+    best_checkpoint: Annotated[str | None, Field(description=ON_NODE)]
     gpu_name: str | None
-    node: str | None
+    node: Annotated[str | None, Field(description="the registered name of the node it last ran on")]
     retries: int
     error: str | None  # why it failed: the exception's type, message and innermost frame
     fallbacks: list[Any]
@@ -110,7 +116,7 @@ class RunPublic(RunSummary):
     spec: dict[str, Any]
     gpu_index: str | None
     gpu_uuid: str | None
-    checkpoint_dir: str | None
+    checkpoint_dir: Annotated[str | None, Field(description=ON_NODE)]
     checkpoint_url: str | None  # its prefix in durable checkpoint storage
     nodes: list[str]  # every node it ran on, in order (more than one after a lost node)
     last_checkpoint_step: int | None

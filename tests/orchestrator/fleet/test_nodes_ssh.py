@@ -140,6 +140,7 @@ def test_bootstrap_installs_venv_and_starts_then_teardown_removes(database_url: 
     with session_scope(database_url) as session:
         node = get_node(session, "quad-boot")
         assert node.state == "joined"
+        assert node.last_probe["probed_at"] == found["probed_at"]  # bootstrap probes: `nodes list` says when
         commands = select(Event).where(Event.node_id == node.id, Event.kind == "node.command")
         outputs = [e.data["stdout"] for e in session.scalars(commands)]
     assert any("installed on the node" in o for o in outputs)
