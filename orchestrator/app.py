@@ -7,10 +7,11 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from orchestrator.api.errors import install_error_handlers
 from orchestrator.api.guard import TokenGuard
-from orchestrator.api.routes import arms, grids, health, nodes, reports, runs, samples, schedules
+from orchestrator.api.routes import arms, events, grids, health, nodes, reports, runs, samples, schedules
 from orchestrator.dashboard import install as install_dashboard
 from orchestrator.settings import Settings
 
@@ -30,6 +31,23 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             hook(app)
 
 
+class NoSniff:
+    """`X-Content-Type-Options: nosniff` on every response: a browser takes each body as the type the
+    controller names, never as what its bytes (a node's, in a sample or a report) look like."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def send_nosniff(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = [h for h in message.get("headers", []) if h[0].lower() != b"x-content-type-options"]
+                message["headers"] = [*headers, (b"x-content-type-options", b"nosniff")]
+            await send(message)
+
+        await self.app(scope, receive, send_nosniff if scope["type"] == "http" else send)
+
+
 def create_app(settings: Settings, api_token: str) -> FastAPI:
     """The controller's app. `api_token` guards every write (see orchestrator.api.deps.require_token)."""
     app = FastAPI(
@@ -41,13 +59,14 @@ def create_app(settings: Settings, api_token: str) -> FastAPI:
     )
     # Outermost of our own layers: a request without the token is answered before its body is read.
     app.add_middleware(TokenGuard, token=api_token, private_reads=settings.private_reads)
+    app.add_middleware(NoSniff)  # added last: outermost, so the guard's 401s carry it too
     app.state.settings = settings
     app.state.api_token = api_token
     app.state.startup_hooks = []
     app.state.shutdown_hooks = []
     install_error_handlers(app)
     # Routers are included here, one per resource (orchestrator/api/routes/*.py).
-    for module in (health, arms, grids, reports, runs, samples, nodes, schedules):
+    for module in (health, arms, grids, reports, runs, samples, nodes, schedules, events):
         app.include_router(module.router)
     # The web dashboard: pages at / and /grids/{id}, their JSON, the CSV export, static files.
     install_dashboard(app)

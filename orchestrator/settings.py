@@ -74,6 +74,9 @@ class Settings(BaseSettings):
     checkpoint_alarm_minutes: Annotated[float, Field(gt=0)] = 15.0
     # How long a finishing worker waits for its last upload (and a resuming one for a failing store).
     checkpoint_flush_timeout_s: Annotated[float, Field(gt=0)] = 900.0
+    # The most bytes a sweep's copy-back takes of one run (from storage or its node): a node writes what is
+    # there, and the controller's disk is not its to fill. Checkpoints kept (keep_last + best) fit well under.
+    copy_back_max_bytes: int = Field(default=64 << 30, gt=0)
     # Request bodies above this many bytes answer 413 before they are parsed (a grid spec is a few KB).
     max_body_bytes: Annotated[int, Field(ge=1024)] = 1 << 20
     # True: grid, run and dashboard reads need the token too (nodes and schedules always do).

@@ -180,8 +180,11 @@ def storage_alarms(
     return out
 
 
-def download_run(url: str, options: dict[str, Any], local: Path) -> int:
-    """Copy a run's stored files (checkpoints, best.pt, records) into `local`; returns the file count.
+def download_run(url: str, options: dict[str, Any], local: Path, max_bytes: int,
+                 skipped: list[str] | None = None) -> int:  # fmt: skip
+    """Copy a run's stored files (checkpoints, best.pt, records, samples, a command arm's folder) into
+    `local`; returns the file count. A node wrote them: links and paths outside the prefix are refused
+    (worker/stored_file.py), at most `max_bytes` are copied in all, and each refusal is named in `skipped`.
     Raises FileNotFoundError when storage holds nothing for the run."""
     from worker.checkpoint_store import open_fs
 
@@ -191,31 +194,45 @@ def download_run(url: str, options: dict[str, Any], local: Path) -> int:
     if not names:
         raise FileNotFoundError(f"nothing stored under {url}")
     local.mkdir(parents=True, exist_ok=True)
-    count = 0
+    copied = _Copied(fs, root, max_bytes, skipped if skipped is not None else [])
     for remote in names:
         name = remote.rstrip("/").rsplit("/", 1)[-1]
         if name == SAMPLES_DIR and fs.isdir(remote):
-            count += _download_samples(fs, remote, local / SAMPLES_DIR)
+            _download_samples(copied, remote, local / SAMPLES_DIR)
             continue
         if name == COMMAND_RUN_DIR and fs.isdir(remote):  # a command arm's checkpoints/ folder, as stored
             from worker.folder_mirror import FolderMirror
 
             mirror = FolderMirror(local, COMMAND_CHECKPOINTS)
-            mirror.fetch(fs, root)
-            count += sum(1 for p in mirror.local.rglob("*") if p.is_file())
+            copied.size += mirror.fetch(fs, root, max_bytes - copied.size, copied.skipped)
+            copied.count += sum(1 for p in mirror.local.rglob("*") if p.is_file())
             continue
         if name in ("", ".", "..") or fs.isdir(remote):
             continue  # only the run's own flat files; never a path outside `local`
-        tmp = local / (name + ".download")
-        fs.get_file(remote, str(tmp))
-        tmp.replace(local / name)
-        count += 1
-    return count
+        copied.get(remote, local / name)
+    return copied.count
 
 
-def _download_samples(fs: Any, remote: str, local: Path) -> int:
+class _Copied:
+    """A copy-back's running count and byte budget; refused files are named in `skipped`."""
+
+    def __init__(self, fs: Any, root: str, max_bytes: int, skipped: list[str]) -> None:
+        self.fs, self.root, self.max_bytes, self.skipped = fs, root, max_bytes, skipped
+        self.size = self.count = 0
+
+    def get(self, remote: str, dest: Path) -> None:
+        from worker.stored_file import StoredFileRefused, get_stored
+
+        try:
+            self.size += get_stored(self.fs, self.root, remote, dest, self.max_bytes - self.size)
+            self.count += 1
+        except StoredFileRefused as exc:
+            self.skipped.append(str(exc))
+
+
+def _download_samples(copied: _Copied, remote: str, local: Path) -> None:
     """samples/step_*/ *.png of a run (worker/samples.py); names are checked, so nothing lands outside."""
-    count = 0
+    fs = copied.fs
     for folder in fs.ls(remote, detail=False):
         step = folder.rstrip("/").rsplit("/", 1)[-1]
         if not SAMPLE_STEP_RE.match(step) or not fs.isdir(folder):
@@ -225,9 +242,4 @@ def _download_samples(fs: Any, remote: str, local: Path) -> int:
             if not SAMPLE_FILE_RE.match(name):
                 continue
             (local / step).mkdir(parents=True, exist_ok=True)
-            tmp = local / step / (name + ".download")
-            fs.get_file(png, str(tmp))
-            tmp.replace(local / step / name)
-            count += 1
-    return count
-
+            copied.get(png, local / step / name)

@@ -32,6 +32,7 @@ import fsspec
 
 from worker.folder_mirror import FolderMirror
 from worker.run_files import BEST_NAME, CKPT_GLOB, CKPT_RE, RECORD_FILES, SAMPLE_STEP_RE, SAMPLES_DIR, ckpt_name
+from worker.stored_file import get_stored
 
 STAGING = ".upload"
 # A put is atomic on object stores; elsewhere a file is written under a temp name and renamed.
@@ -256,12 +257,8 @@ class CheckpointStore:
         names = [(path, ckpt_name(step))]
         names += [(f"{root}/{n}", n) for n in (BEST_NAME, *RECORD_FILES) if fs.exists(f"{root}/{n}")]
         # The checkpoint last: an interrupted fetch leaves no checkpoint without its records.
-        for remote, name in reversed(names):
-            dest = self.out_dir / name
-            tmp = dest.with_name(name + ".fetch")
-            fs.get_file(remote, str(tmp))
-            size += tmp.stat().st_size
-            os.replace(tmp, dest)
+        for remote, name in reversed(names):  # another node wrote them: no link is followed
+            size += get_stored(fs, root, remote, self.out_dir / name)
         seconds = time.perf_counter() - t0
         fetched = {"step": step, "url": self.config.url, "bytes": size, "seconds": round(seconds, 3)}
         with self._cond:

@@ -63,6 +63,18 @@ class CommandFailed(Exception):
     """The command failed: the message (exit code and stderr tail, or a broken contract) is the run's error."""
 
 
+def checkpoint_target(run_dir: Path, name: Any) -> Path | None:
+    """The file under run_dir/checkpoints/ that a checkpoint name (relative to ABLATE_RUN_DIR) means, or None
+    for a name that is not one: absolute, with `..`, outside checkpoints/, or resolving outside it through a
+    link. The script's metrics line and a stored record (which another node may have written) both pass here."""
+    rel = PurePosixPath(name) if isinstance(name, str) else None
+    if rel is None or rel.is_absolute() or ".." in rel.parts or rel.parts[:1] != (CHECKPOINTS,) or len(rel.parts) < 2:
+        return None
+    target = run_dir / rel
+    root = (run_dir / CHECKPOINTS).resolve()
+    return target if target.resolve().is_relative_to(root) and target.resolve() != root else None
+
+
 def _link(src: Path, dst: Path) -> None:
     """dst becomes the same file as src: a hard link where possible (no copy of a large checkpoint)."""
     tmp = dst.with_name(dst.name + ".tmp")
@@ -122,8 +134,14 @@ class CommandArm:
             wanted.append((self.best[0], self.out_dir / "best.pt"))
         for step, path in wanted:
             name = (self.prior.get(step) or {}).get("checkpoint_file")
-            target = self.run_dir / str(name) if name else None
-            if target is not None and not target.exists():
+            if name is None:
+                continue
+            target = checkpoint_target(self.run_dir, name)
+            if target is None:  # a stored record is a node's word: never a path to write at
+                raise CommandFailed(f"the stored record of step {step} names checkpoint_file {str(name)[:200]!r}, "
+                                    f"not a path under {CHECKPOINTS}/ of ABLATE_RUN_DIR; not restored")
+            if not target.exists():
+                target.parent.mkdir(parents=True, exist_ok=True)
                 _link(path, target)
         return any(p.is_file() for p in ckpts.rglob("*"))
 
@@ -290,11 +308,11 @@ class CommandArm:
     def _keep_checkpoint(self, step: int, name: Any, record: dict[str, Any]) -> dict[str, Any]:
         """Link the named file into ablate's layout (ckpt_*.pt, best.pt by the detector's metric) and
         return the record's checkpoint fields."""
-        rel = PurePosixPath(name) if isinstance(name, str) else None
-        if rel is None or rel.is_absolute() or ".." in rel.parts or rel.parts[:1] != (CHECKPOINTS,):
+        src = checkpoint_target(self.run_dir, name)
+        if src is None:
             raise CommandFailed(f"ABLATE_METRICS_FILE step {step}: \"checkpoint\" must be a path under "
                                 f"{CHECKPOINTS}/ relative to ABLATE_RUN_DIR, got {name!r}")
-        src = self.run_dir / rel
+        rel = src.relative_to(self.run_dir).as_posix()
         if src.is_symlink() or not src.is_file():
             raise CommandFailed(f"ABLATE_METRICS_FILE step {step}: checkpoint {name!r} is not a file in "
                                 "ABLATE_RUN_DIR; write the checkpoint before the line that names it")
@@ -311,7 +329,7 @@ class CommandArm:
             self.best = (step, value)  # type: ignore[assignment]
         return {
             "checkpoint": str(ckpt),
-            "checkpoint_file": str(rel),
+            "checkpoint_file": rel,
             "is_best": is_best,
             "best_step": self.best[0] if self.best else None,
             "best_checkpoint": str(self.out_dir / "best.pt") if self.best else None,

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from worker.stored_file import StoredFileRefused, get_stored
+
 PARTIAL = (".tmp", ".partial", ".fetch")  # a file being written under a temporary name: next cycle
 
 
@@ -58,8 +60,10 @@ class FolderMirror:
             del self._sent[name]
         return size
 
-    def fetch(self, fs: Any, root: str) -> int:
-        """The stored folder into out_dir (names outside it refused); returns the bytes fetched."""
+    def fetch(self, fs: Any, root: str, max_bytes: int | None = None, skipped: list[str] | None = None) -> int:
+        """The stored folder into out_dir (names outside it refused); returns the bytes fetched. Files are
+        read as worker/stored_file.py allows (no links, inside the prefix, `max_bytes` in all); a refused
+        one raises StoredFileRefused, or is named in `skipped` when a list is given."""
         remote = f"{root}/{self.rel}"
         try:
             found = fs.find(remote, detail=True)
@@ -73,9 +77,14 @@ class FolderMirror:
                 continue
             dest = self.local / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
-            tmp = dest.with_name(dest.name + ".fetch")
-            fs.get_file(path, str(tmp))
-            os.replace(tmp, dest)
+            left = None if max_bytes is None else max_bytes - size
+            try:
+                get_stored(fs, root, path, dest, left)
+            except StoredFileRefused as exc:
+                if skipped is None:
+                    raise
+                skipped.append(str(exc))
+                continue
             st = dest.stat()
             self._sent[rel.as_posix()] = (st.st_size, st.st_mtime_ns, st.st_ino)  # stored: not sent again
             size += st.st_size

@@ -28,9 +28,18 @@ CAPTION_COLUMNS = ("caption", "text")  # tried in this order when data.caption_c
 _DECODE_ERRORS: tuple[type[BaseException], ...] = (OSError, ValueError, SyntaxError)
 
 
+def _unreadable_errors() -> tuple[type[BaseException], ...]:
+    """What Pillow raises for a file that is not a usable image: its own errors, and DecompressionBombError
+    (a header claiming over twice Image.MAX_IMAGE_PIXELS: decoding would take gigabytes), an unreadable file
+    like any other."""
+    from PIL import Image, UnidentifiedImageError
+
+    return (UnidentifiedImageError, Image.DecompressionBombError, *_DECODE_ERRORS)
+
+
 def decode_image(source: Path | bytes, resolution: int, name: str) -> Tensor:
     """Decode a file or its bytes to (3, R, R) uint8 (resize shorter side, centre crop); DatasetError naming it."""
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image
 
     try:
         with Image.open(source if isinstance(source, Path) else io.BytesIO(source)) as im:
@@ -42,7 +51,7 @@ def decode_image(source: Path | bytes, resolution: int, name: str) -> Tensor:
             left, top = (nw - resolution) // 2, (nh - resolution) // 2
             im = im.crop((left, top, left + resolution, top + resolution))
             arr = np.asarray(im, dtype=np.uint8)
-    except (UnidentifiedImageError, *_DECODE_ERRORS) as exc:
+    except _unreadable_errors() as exc:
         raise DatasetError(f"image {name} is corrupt or not an image: {exc}") from None
     return torch.from_numpy(arr.copy()).permute(2, 0, 1)
 
@@ -59,14 +68,14 @@ def load_image(path: Path, resolution: int, where: str = "") -> Tensor:
 
 def check_image(path: Path, where: str = "") -> None:
     """The file exists and its header is that of an image PIL can read (no pixels are decoded)."""
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image
 
     if not path.is_file():
         raise DatasetError(f"imagefolder: image {path} does not exist{where}")
     try:
         with Image.open(path) as im:
             im.size  # noqa: B018 - parsed from the header
-    except (UnidentifiedImageError, *_DECODE_ERRORS) as exc:
+    except _unreadable_errors() as exc:
         raise DatasetError(f"imagefolder: image {path} is corrupt or not an image{where}: {exc}") from None
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import tarfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from torch import Tensor
@@ -23,6 +23,10 @@ from model.data.folder import decode_image
 from model.spec import MAX_UNREADABLE
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
+# A member's header says how large it is, and a shard of a few KB can claim gigabytes (a sparse member, or a
+# size over the data that follows). Past these a sample is unreadable (data.max_unreadable), never read.
+MAX_CAPTION_BYTES = 1 << 20  # a caption is a sentence; its .json a few hundred bytes
+MAX_IMAGE_BYTES = 64 << 20  # a compressed training image; a 100-megapixel JPEG is ~30 MB
 
 
 @dataclass(frozen=True)
@@ -30,6 +34,15 @@ class Member:
     shard: int  # index into TarIndex.shards
     offset: int  # of the member's data in the tar file
     size: int
+    refused: str | None = None  # why the sample is unreadable without reading it (a sparse or oversized member)
+
+
+def _refusal(info: tarfile.TarInfo, cap: int, where: str) -> str | None:
+    if info.issparse():
+        return f"{where} is a sparse member (claims {info.size} bytes); not read"
+    if info.size > cap:
+        return f"{where} claims {info.size} bytes, over the {cap} a sample's member may hold; not read"
+    return None
 
 
 def _split_key(name: str) -> tuple[str, str]:
@@ -64,7 +77,7 @@ def index_shards(root: Path) -> tuple[list[Path], list[Entry], list[Member]]:
     members: list[Member] = []
     for s, path in enumerate(shards):
         images: dict[str, tuple[Member, str]] = {}
-        captions: dict[str, tuple[str, str | None]] = {}
+        captions: dict[str, tuple[str, str | None] | str] = {}  # a str alone: why the caption was refused
         order: list[str] = []
         try:
             with tarfile.open(path, "r:") as tf:
@@ -72,13 +85,18 @@ def index_shards(root: Path) -> tuple[list[Path], list[Entry], list[Member]]:
                     if not info.isfile():
                         continue
                     key, ext = _split_key(info.name)
+                    where = f"{path.name} member {info.name}"
                     if ext in IMAGE_EXTS:
-                        images[key] = (Member(s, info.offset_data, info.size), info.name)
+                        refused = _refusal(info, MAX_IMAGE_BYTES, where)
+                        images[key] = (Member(s, info.offset_data, info.size, refused), info.name)
                         order.append(key)
                     elif ext in ("txt", "json"):
+                        if (refused := _refusal(info, MAX_CAPTION_BYTES, where)) is not None:
+                            captions[key] = refused
+                            continue
                         fh = tf.extractfile(info)
                         assert fh is not None  # a regular file
-                        captions[key] = _caption_from(ext, fh.read(), f"{path.name} member {info.name}")
+                        captions[key] = _caption_from(ext, fh.read(), where)
         except (tarfile.TarError, OSError) as exc:
             raise DatasetError(f"webdataset: shard {path} cannot be read: {exc}") from None
         missing = [images[k][1] for k in order if k not in captions]
@@ -88,8 +106,10 @@ def index_shards(root: Path) -> tuple[list[Path], list[Entry], list[Member]]:
             )
         for key in order:
             member, name = images[key]
-            caption, edit = captions[key]
-            entries.append(Entry(f"{path.name} member {name}", caption, edit))
+            caption = captions[key]
+            if isinstance(caption, str):  # its caption member was refused: the sample is unreadable
+                member, caption = replace(member, refused=member.refused or caption), ("", None)
+            entries.append(Entry(f"{path.name} member {name}", *caption))
             members.append(member)
     if not entries:
         raise DatasetError(f"webdataset: the shards in {root} hold no image with a caption")
@@ -105,6 +125,8 @@ class TarReader:
         self._fds: dict[int, int] = {}
 
     def read(self, m: Member) -> bytes:
+        if m.refused is not None:
+            raise DatasetError(f"webdataset: {m.refused}")
         fd = self._fds.get(m.shard)
         if fd is None:
             fd = self._fds[m.shard] = os.open(self.shards[m.shard], os.O_RDONLY)
@@ -140,4 +162,7 @@ class TarShardsDataset(CaptionedDataset):
         return decode_image(self.reader.read(self.members[row]), self.resolution, self.entries[row].where)
 
     def _check(self, row: int) -> None:
-        pass  # members were listed by the index; their bytes are read and decoded per batch
+        """Members were listed by the index; their bytes are read and decoded per batch. One the index
+        refused (sparse, oversized) is unreadable now."""
+        if (refused := self.members[row].refused) is not None:
+            raise DatasetError(f"webdataset: {refused}")

@@ -4,8 +4,8 @@ A dependency (orchestrator.api.deps.AuthDep) runs only after FastAPI has read an
 an unauthenticated client could make the server hold and parse any body it sends. This middleware
 sees only the method, path and headers. Which requests need the token:
 - every write (any method but GET, HEAD, OPTIONS);
-- reads that expose infrastructure: nodes (hosts, users, key paths) and schedules (sweep errors with
-  remote command output);
+- reads that expose infrastructure: nodes (hosts, users, key paths), schedules (sweep errors with
+  remote command output) and events (nodes' commands and their output);
 - with `private_reads` (ABLATE_PRIVATE_READS), every read except /healthz and the dashboard's static
   files.
 Body size is FastAPI's own `max_body_size` (413 before parsing), set in orchestrator.app.
@@ -21,7 +21,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 # Reads that always need the token.
-PRIVATE_PREFIXES = ("/api/nodes", "/api/schedules")
+PRIVATE_PREFIXES = ("/api/nodes", "/api/schedules", "/api/events")
 # Reads that never need it: liveness probes and the dashboard's CSS/JS.
 PUBLIC_PREFIXES = ("/healthz", "/dashboard/static/")
 UNAUTHORIZED = "missing or wrong bearer token: send 'Authorization: Bearer <ABLATE_API_TOKEN>'"

@@ -29,6 +29,7 @@ from orchestrator.vocabulary import NodeState, RentedState, SweepState
 
 __all__ = [
     "ArmPublic",
+    "EventPublic",
     "GridCreate",
     "GridCreated",
     "GridDetail",
@@ -96,6 +97,20 @@ class NodePublic(Public):
     gpus: list[Gpu]
     last_probe: dict[str, Any]
     created_at: UTCDatetime
+
+
+class EventPublic(Public):
+    """One event: what happened to a run, a grid, a sweep or a node. `node_id` is set on a node's own events
+    (node.command, node.install_skipped, node.refused, ...); a run's start names its node in data.node_name."""
+
+    id: int
+    time: UTCDatetime
+    kind: str
+    message: str
+    run_id: int | None
+    grid_id: int | None
+    node_id: int | None
+    data: dict[str, Any]
 
 
 class ProbeResult(BaseModel):

@@ -79,6 +79,7 @@ def _register() -> None:
         core,  # noqa: F401
         data,  # noqa: F401
         demo,  # noqa: F401
+        events,  # noqa: F401
         importer,  # noqa: F401
         model_info,  # noqa: F401
         nodes,  # noqa: F401
@@ -100,7 +101,9 @@ def main() -> None:
     try:
         app(standalone_mode=False)
     except (CLIError, ArmError, SettingsError, FileNotFoundError) as exc:
-        typer.secho(f"error: {exc}", fg="red", err=True)
+        from orchestrator.cli.tables import terminal_safe  # an error may quote what a node sent
+
+        typer.secho(f"error: {terminal_safe(str(exc))}", fg="red", err=True)
         sys.exit(2)
     except ValidationError as exc:
         typer.secho(f"error: invalid spec: {validation_text(exc, root='(spec)')}", fg="red", err=True)

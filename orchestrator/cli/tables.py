@@ -7,6 +7,7 @@ a pipe (not a terminal), the table is printed whole at the width it needs.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -31,6 +32,30 @@ class Column:
 
 # A cell is plain text, or rich Text where it carries style (a red node whose teardown failed).
 Cell = str | Text
+
+# What a terminal would act on rather than show: escape sequences whole (OSC 0 retitles the window, OSC 52
+# writes the clipboard, CSI moves the cursor or clears the screen), then any other C0/C1 control character
+# but newline and tab, and the bidirectional overrides that make text read other than it is.
+_ESCAPES = re.compile(
+    r"\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?"  # OSC ... BEL or ST
+    r"|\x1b\[[0-?]*[ -/]*[@-~]|\x9b[0-?]*[ -/]*[@-~]"  # CSI (7- and 8-bit)
+    r"|\x9d[^\x07\x9c]*[\x07\x9c]?"  # 8-bit OSC
+    r"|\x1b[@-_]?"  # any other escape
+)
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def terminal_safe(text: str) -> str:
+    """`text` (a node's error, a name a node reported) with nothing a terminal would act on. Every table
+    and error line the CLI prints passes here."""
+    return _CONTROLS.sub("", _ESCAPES.sub("", text))
+
+
+def _safe(cell: Cell) -> Text:
+    if not isinstance(cell, Text):
+        return Text(terminal_safe(str(cell)))
+    clean = terminal_safe(cell.plain)
+    return cell if clean == cell.plain else Text(clean, style=cell.style)
 
 
 def _width(cell: Cell) -> int:
@@ -70,6 +95,8 @@ def build(
     title: str, columns: Sequence[Column], rows: Sequence[Sequence[Cell]], width: int | None, show_lines: bool = False
 ) -> tuple[Table, int]:
     """The table fitted to `width` (None: whole) and the width it needs."""
+    rows = [[_safe(cell) for cell in row] for row in rows]
+    title = terminal_safe(title)
     headers, keep = fit(columns, rows, width)
     hidden = [columns[i].header for i in range(len(columns)) if i not in keep]
     caption = None
@@ -90,7 +117,7 @@ def build(
             headers[i], justify=columns[i].justify, no_wrap=fits, overflow="fold"
         )  # type: ignore[arg-type]
     for row in rows:
-        table.add_row(*(row[i] if isinstance(row[i], Text) else Text(str(row[i])) for i in keep))
+        table.add_row(*(row[i] for i in keep))
     return table, needed
 
 

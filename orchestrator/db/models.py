@@ -84,7 +84,7 @@ class Run(Base):
     gpu_index: Mapped[str | None] = mapped_column(String(64))  # CUDA_VISIBLE_DEVICES the worker saw
     gpu_name: Mapped[str | None] = mapped_column(String(128))
     gpu_uuid: Mapped[str | None] = mapped_column(String(128))
-    node: Mapped[str | None] = mapped_column(String(200))
+    node: Mapped[str | None] = mapped_column(String(200))  # the registered name of the node it last ran on
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column()
     finished_at: Mapped[datetime | None] = mapped_column()

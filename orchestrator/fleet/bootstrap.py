@@ -24,7 +24,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from orchestrator.db.models import Event, Node
 from orchestrator.db.session import session_scope
-from orchestrator.fleet.errors import NodeError
+from orchestrator.fleet.errors import NodeError, error_reason
 from orchestrator.fleet.inventory import get_node, set_state
 from orchestrator.fleet.probe import probe
 from orchestrator.fleet.shell import CommandFailed, NodeShell
@@ -218,13 +218,18 @@ def bootstrap_step(name: str) -> Iterator[None]:
         raise
 
 
+DETAIL_CHARS = 200  # of a failure's reason on the node's row (the whole is in its node.bootstrap_failed event)
+
+
 def failure_detail(exc: BaseException) -> str:
-    """Where a bootstrap failed, short enough for a table cell: `join: exit 126`, `install: timed out`,
-    `upload: OSError` (the command and its output are in the node's command events)."""
+    """Where a bootstrap failed and why, short enough for a table cell: `join: exit 126`, `install: timed out`,
+    `upload: OSError: [Errno 21] Is a directory`, `connect: cannot connect to node 'a' (...): [Errno 111]
+    Connection refused` (the command and its output are in the node's command events)."""
     step = getattr(exc, "bootstrap_step", "connect")
     if isinstance(exc, CommandFailed):
         return f"{step}: " + ("timed out" if exc.result.timed_out else f"exit {exc.result.exit_code}")
-    return f"{step}: {type(exc).__name__}"
+    reason = (error_reason(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return f"{step}: {reason[:DETAIL_CHARS]}"
 
 
 def _with_node(database_url: str, name: str) -> Node:

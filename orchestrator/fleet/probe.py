@@ -29,7 +29,8 @@ def parse_gpus(text: str) -> list[dict[str, Any]]:
 
 
 def probe(shell: NodeShell, timeout_s: float = 60.0) -> dict[str, Any]:
-    """GPUs (from nvidia-smi), free disk of the login directory (GB) and the remote python3 version."""
+    """GPUs (from nvidia-smi), free disk of the login directory (GB), the remote python3 version and when
+    (probed_at: `nodes probe` and `nodes bootstrap` both probe, and both show it)."""
     gpus = parse_gpus(shell.run(GPU_QUERY, timeout_s).stdout)
     df = shell.run("df -Pk .", timeout_s).stdout.splitlines()
     try:
@@ -44,6 +45,7 @@ def probe(shell: NodeShell, timeout_s: float = 60.0) -> dict[str, Any]:
         "gpus": gpus,
         "free_disk_gb": round(free_kib * 1024 / 1e9, 2),
         "python": python,
+        "probed_at": utcnow().isoformat(),
     }
 
 
@@ -54,7 +56,6 @@ def probe_node(database_url: str, name: str) -> dict[str, Any]:
         session.expunge(node)
     with NodeShell.open(node, database_url) as shell:
         result = probe(shell)
-    result["probed_at"] = utcnow().isoformat()
     with session_scope(database_url) as session:
         row = get_node(session, name)
         row.gpus = result["gpus"]

@@ -19,8 +19,10 @@ if TYPE_CHECKING:
     from orchestrator.fleet.shell import NodeShell
 
 
-def fetch_tree(shell: NodeShell, remote: str, local: Path, skipped: list[str] | None = None) -> list[Path]:
-    """Copy a remote file or directory tree to `local` over SFTP; returns the files written.
+def fetch_tree(shell: NodeShell, remote: str, local: Path, skipped: list[str] | None = None,
+               max_bytes: int | None = None) -> list[Path]:  # fmt: skip
+    """Copy a remote file or directory tree to `local` over SFTP; returns the files written. Past
+    `max_bytes` in all (counted as read, not as the node lists them) it stops with a NodeError.
 
     The node is not trusted: nothing is written outside `local`. Names the server lists that are
     not a single plain path part (`..`, `.`, with a `/`, NUL, empty) are refused, and symbolic
@@ -31,6 +33,7 @@ def fetch_tree(shell: NodeShell, remote: str, local: Path, skipped: list[str] | 
     links: list[str] = []
     refused: list[str] = []
     root = local.resolve()
+    size = 0
     with shell.client.open_sftp() as sftp:
         for rel, kind in _walk(sftp, remote, refused=refused):
             target = local.joinpath(*PurePosixPath(rel).parts) if rel else local
@@ -44,7 +47,8 @@ def fetch_tree(shell: NodeShell, remote: str, local: Path, skipped: list[str] | 
                 target.mkdir(parents=True, exist_ok=True)
                 continue
             target.parent.mkdir(parents=True, exist_ok=True)
-            sftp.get(str(PurePosixPath(remote) / rel) if rel else remote, str(target))
+            size += _get(sftp, str(PurePosixPath(remote) / rel) if rel else remote, target,
+                         None if max_bytes is None else max_bytes - size)  # fmt: skip
             written.append(target)
     if skipped is not None:
         skipped.extend(links + refused)
@@ -52,6 +56,25 @@ def fetch_tree(shell: NodeShell, remote: str, local: Path, skipped: list[str] | 
     note += f"; refused {len(refused)} unsafe names: {', '.join(refused)}" if refused else ""
     shell.note("sftp.get", f"{remote} -> {local} ({len(written)} files{note})")
     return written
+
+
+def _get(sftp: paramiko.SFTPClient, remote: str, target: Path, max_bytes: int | None) -> int:
+    """One file, its bytes counted as they arrive; over `max_bytes` the partial file is removed."""
+    size = 0
+    try:
+        listed = sftp.lstat(remote).st_size  # the node's word: used only to pipeline the reads
+        with sftp.open(remote, "rb") as src, target.open("wb") as out:
+            src.prefetch(min(listed or 0, max_bytes + 1) if max_bytes is not None else listed)
+            while chunk := src.read(1 << 20):
+                size += len(chunk)
+                if max_bytes is not None and size > max_bytes:
+                    raise NodeError(f"copying {remote} stopped: the copy is over its cap of bytes "
+                                    "(ABLATE_COPY_BACK_MAX_BYTES per run)")
+                out.write(chunk)
+    except BaseException:
+        target.unlink(missing_ok=True)
+        raise
+    return size
 
 
 def _safe_name(name: str) -> bool:

@@ -28,6 +28,9 @@ if TYPE_CHECKING:  # paramiko is imported where SSH happens: the API must start 
 SFTP_TIMEOUT_S = 120.0
 KEEPALIVE_S = 30
 OUTPUT_KEEP = 16_000  # characters of stdout/stderr kept per command event (the tail: errors come last)
+# Bytes of stdout and of stderr held per command while it runs: the node decides how much it prints, so only
+# the tail is held (errors come last); what any caller parses (probe's few lines) is far smaller.
+OUTPUT_MAX_BYTES = 1 << 20
 
 
 def fingerprint(key: paramiko.PKey) -> str:
@@ -61,6 +64,16 @@ def _refuse_unknown_host(port: int, known_hosts: str) -> paramiko.MissingHostKey
     return RefuseUnknownHost()
 
 
+def _connect_reason(exc: BaseException) -> str:
+    """Why a connect failed, in the words of each address tried: paramiko's NoValidConnectionsError says
+    only "Unable to connect to port" and keeps the reasons (refused, timed out, no route) aside."""
+    import paramiko
+
+    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError) and exc.errors:
+        return "; ".join(f"{addr[0]} port {addr[1]}: {err.strerror or err}" for addr, err in exc.errors.items())
+    return str(exc) or type(exc).__name__
+
+
 @dataclass
 class CommandResult:
     command: str
@@ -70,6 +83,7 @@ class CommandResult:
     duration_s: float
     timeout_s: float
     timed_out: bool = False
+    dropped_bytes: int = 0  # output past OUTPUT_MAX_BYTES per stream, dropped from the front
 
     @property
     def ok(self) -> bool:
@@ -84,6 +98,28 @@ class CommandFailed(NodeError):
         what = f"timed out after {result.timeout_s:g} s" if result.timed_out else f"exited {result.exit_code}"
         output = (result.stderr.strip() or result.stdout.strip())[-800:]
         super().__init__(f"node {node!r}: `{result.command}` {what}: {output or '(no output)'}")
+
+
+class _Tail:
+    """The last OUTPUT_MAX_BYTES of a stream, and how many bytes before them were dropped."""
+
+    def __init__(self) -> None:
+        self.buf = bytearray()
+        self.dropped = 0
+
+    def add(self, chunk: bytes) -> None:
+        self.buf += chunk
+        if len(self.buf) > 2 * OUTPUT_MAX_BYTES:  # trimmed in halves: amortized linear, whatever is printed
+            cut = len(self.buf) - OUTPUT_MAX_BYTES
+            del self.buf[:cut]
+            self.dropped += cut
+
+    def text(self) -> str:
+        extra = len(self.buf) - OUTPUT_MAX_BYTES
+        if extra > 0:
+            del self.buf[:extra]
+            self.dropped += extra
+        return self.buf.decode(errors="replace")
 
 
 @dataclass
@@ -140,7 +176,7 @@ class NodeShell:
         except (paramiko.SSHException, OSError, ValueError) as exc:  # ValueError: a file that is not a key
             client.close()
             raise NodeError(
-                f"cannot connect to node {node.name!r} ({node.user}@{node.host}:{node.port}): {exc}"
+                f"cannot connect to node {node.name!r} ({node.user}@{node.host}:{node.port}): {_connect_reason(exc)}"
             ) from None
         transport = client.get_transport()
         if transport is not None:
@@ -166,13 +202,13 @@ class NodeShell:
         channel = transport.open_session()
         channel.settimeout(1.0)
         channel.exec_command(command)
-        out, err = bytearray(), bytearray()
+        out, err = _Tail(), _Tail()
         timed_out = False
         while True:
             while channel.recv_ready():
-                out += channel.recv(65536)
+                out.add(channel.recv(65536))
             while channel.recv_stderr_ready():
-                err += channel.recv_stderr(65536)
+                err.add(channel.recv_stderr(65536))
             if channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
                 break
             if time.monotonic() - start > timeout_s:
@@ -184,7 +220,7 @@ class NodeShell:
             for recv, buf in ((channel.recv, out), (channel.recv_stderr, err)):
                 try:
                     while chunk := recv(65536):
-                        buf += chunk
+                        buf.add(chunk)
                 except TimeoutError:
                     pass
         exit_code = None if timed_out else channel.recv_exit_status()
@@ -192,11 +228,12 @@ class NodeShell:
         result = CommandResult(
             command=command,
             exit_code=exit_code,
-            stdout=out.decode(errors="replace"),
-            stderr=err.decode(errors="replace"),
+            stdout=out.text(),
+            stderr=err.text(),
             duration_s=round(time.monotonic() - start, 3),
             timeout_s=timeout_s,
             timed_out=timed_out,
+            dropped_bytes=out.dropped + err.dropped,
         )
         self.results.append(result)
         self._record(result)
@@ -219,6 +256,7 @@ class NodeShell:
                         "timed_out": r.timed_out,
                         "duration_s": r.duration_s,
                         "timeout_s": r.timeout_s,
+                        "dropped_bytes": r.dropped_bytes,
                         "stdout": r.stdout[-OUTPUT_KEEP:],
                         "stderr": r.stderr[-OUTPUT_KEEP:],
                     },

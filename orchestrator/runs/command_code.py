@@ -8,7 +8,9 @@ directory the controller does not have is left to the node (a rented node's imag
 
 Only what lies under `code` goes, and only while `code`, resolved on the controller, lies under an
 ABLATE_COMMAND_DIRS directory: a symlinked `code` must not ship another directory of the controller's
-to an untrusted node. Symlinks inside travel as links (their targets are never read here).
+to an untrusted node. Symlinks inside travel as links (their targets are never read here). A file's bytes
+are read through descriptors opened one path part at a time from `code` with O_NOFOLLOW, and must be the
+regular file of the size listed: a file or folder swapped for a link while packing is refused, not read.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import stat
 import tarfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -58,6 +61,34 @@ def _entries(root: Path) -> list[Path]:
     return sorted(out)
 
 
+def _read_inside(root_fd: int, rel: Path, size: int) -> bytes:
+    """The bytes of regular file `rel` under the directory `root_fd`, no link followed at any part; raises
+    CodeRefused when it is not the regular file of `size` bytes it was listed as."""
+    fds = []
+    try:
+        fd = root_fd
+        for part in rel.parts[:-1]:
+            fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            fds.append(fd)
+        fd = os.open(rel.parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
+        fds.append(fd)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size != size:
+            raise OSError(f"no longer the regular file of {size} bytes it was")
+        data = b""
+        while len(data) <= size and (chunk := os.read(fd, size + 1 - len(data))):
+            data += chunk
+    except OSError as exc:
+        raise CodeRefused(f"command.code file {rel} changed while it was packed ({exc}): not shipped; "
+                          "submit again once the code is still") from None
+    finally:
+        for opened in fds:
+            os.close(opened)
+    if len(data) != size:
+        raise CodeRefused(f"command.code file {rel} changed size while it was packed: not shipped")
+    return data
+
+
 def pack_code(code: str, allowed: Sequence[Path], max_bytes: int) -> CodeArchive | None:
     """The archive of `code`, or None when the controller has no such directory (the node's image may).
     Raises CodeRefused past max_bytes (ABLATE_COMMAND_MAX_BYTES) or outside `allowed`."""
@@ -70,22 +101,27 @@ def pack_code(code: str, allowed: Sequence[Path], max_bytes: int) -> CodeArchive
                           "not shipped to the node")
     buf = io.BytesIO()
     total = 0
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for path in _entries(real):
-            info = tar.gettarinfo(str(path), arcname=path.relative_to(real).as_posix())
-            info.uid = info.gid = 0
-            info.uname = info.gname = ""
-            info.mtime = 0
-            if info.isreg():
-                total += info.size
-                if total > max_bytes:
-                    raise CodeRefused(f"command.code {code!r} holds more than ABLATE_COMMAND_MAX_BYTES={max_bytes} "
-                                      "bytes: keep data and checkpoints out of it (the node reads data itself)")
-                with path.open("rb") as fh:
-                    tar.addfile(info, fh)
-            elif info.isdir() or info.issym() or info.islnk():  # a hard link: to an earlier entry
-                tar.addfile(info)
-            # sockets, fifos, devices: nothing a trainer's code needs
+    root_fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            for path in _entries(real):
+                rel = path.relative_to(real)
+                info = tar.gettarinfo(str(path), arcname=rel.as_posix())
+                info.uid = info.gid = 0
+                info.uname = info.gname = ""
+                info.mtime = 0
+                if info.isreg():
+                    total += info.size
+                    if total > max_bytes:
+                        raise CodeRefused(f"command.code {code!r} holds more than ABLATE_COMMAND_MAX_BYTES="
+                                          f"{max_bytes} bytes: keep data and checkpoints out of it (the node reads "
+                                          "data itself)")  # fmt: skip
+                    tar.addfile(info, io.BytesIO(_read_inside(root_fd, rel, info.size)))
+                elif info.isdir() or info.issym() or info.islnk():  # a hard link: to an earlier entry
+                    tar.addfile(info)
+                # sockets, fifos, devices: nothing a trainer's code needs
+    finally:
+        os.close(root_fd)
     data = buf.getvalue()
     return CodeArchive(data, hashlib.sha256(data).hexdigest())
 

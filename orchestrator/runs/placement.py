@@ -120,7 +120,7 @@ def mark_running(session: Session, run: Run, info: dict[str, Any], node_name: st
     run.gpu_index = info.get("cuda_visible_devices")
     run.gpu_name = info.get("gpu_name") or run.gpu_name
     run.gpu_uuid = info.get("gpu_uuid")
-    run.node = info.get("node")
+    run.node = node_name  # the registered name; the hostname the node reports stays in the started event
     # Every node it ran on (a lost node's run resumes elsewhere), by the controller's name for it:
     # machines (namespaces of the test bed, cloned images) can share a hostname.
     if (run.nodes or [None])[-1] != node_name:
@@ -132,7 +132,7 @@ def mark_running(session: Session, run: Run, info: dict[str, Any], node_name: st
             session,
             run,
             "started",
-            f"on GPU {run.gpu_index} ({run.gpu_name or 'logical'}) of node {node_name} ({run.node})",
+            f"on GPU {run.gpu_index} ({run.gpu_name or 'logical'}) of node {node_name} ({info.get('node')})",
             attempt=run.retries,
             **said,
             node_name=node_name,

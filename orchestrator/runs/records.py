@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Any, Self
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, create_model, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model, field_validator
 
 from orchestrator.db.models import METRIC_FIELDS, Grid, Metric, Run
 
@@ -30,6 +30,12 @@ MetricValues: type[Public] = create_model(  # type: ignore[call-overload]
     __base__=Public,
     **{name: (Metric.__table__.columns[name].type.python_type | None, None) for name in METRIC_FIELDS},
 )
+
+
+# best_checkpoint and checkpoint_dir are where the worker wrote them: on the node's disk, which a rented node
+# takes with it. What outlives the node is in checkpoint storage (checkpoint_url) and a sweep's copy-back.
+ON_NODE = ("a path on the disk of the node that ran it (`node`), not on the controller; "
+           "the stored copy is under checkpoint_url")
 
 
 class GridPublic(Public):
@@ -61,9 +67,9 @@ class RunSummary(MetricValues):  # type: ignore[misc, valid-type]
     decision_reason: str | None
     best_step: int | None
     best_value: float | None
-    best_checkpoint: str | None
+    best_checkpoint: Annotated[str | None, Field(description=ON_NODE)]
     gpu_name: str | None
-    node: str | None
+    node: Annotated[str | None, Field(description="the registered name of the node it last ran on")]
     retries: int
     error: str | None  # why it failed: the exception's type, message and innermost frame
     fallbacks: list[Any]
@@ -93,17 +99,35 @@ class GridDetail(GridPublic):
         return cls.model_validate(grid).model_copy(update={"runs": runs})
 
 
+HIDDEN = "<hidden>"
+
+
+def hide_env(spec: dict[str, Any]) -> dict[str, Any]:
+    """The spec with a command arm's `env` values replaced by HIDDEN (the names stay): an env var is where a
+    researcher puts a WANDB_API_KEY, and a run is read without the token by default. The value is never
+    echoed back, to anyone; it goes only to the node that runs the arm."""
+    command = spec.get("command")
+    if not isinstance(command, dict) or not isinstance(command.get("env"), dict):
+        return spec
+    return {**spec, "command": {**command, "env": dict.fromkeys(command["env"], HIDDEN)}}
+
+
 class RunPublic(RunSummary):
     """Everything stored about a run, including the exact resolved spec it trains."""
 
     spec: dict[str, Any]
     gpu_index: str | None
     gpu_uuid: str | None
-    checkpoint_dir: str | None
+    checkpoint_dir: Annotated[str | None, Field(description=ON_NODE)]
     checkpoint_url: str | None  # its prefix in durable checkpoint storage
     nodes: list[str]  # every node it ran on, in order (more than one after a lost node)
     last_checkpoint_step: int | None
     versions: dict[str, Any]
+
+    @field_validator("spec")
+    @classmethod
+    def _hide_env(cls, spec: dict[str, Any]) -> dict[str, Any]:
+        return hide_env(spec)
 
     @field_validator("nodes", mode="before")
     @classmethod

@@ -9,15 +9,22 @@ the run recorded can be read: nothing else under the run's folders is reachable 
 
 from __future__ import annotations
 
+import io
+import os
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from orchestrator.db.models import Metric, Run
 from worker.run_files import SAMPLE_FILE_RE, sample_dir
+from worker.stored_file import StoredFileRefused, read_stored
+
+# The most bytes of one sample PNG the controller reads (the node sets a sample's size): the built-in
+# trainer's are tens of KB, a command arm's own PNG a few MB.
+MAX_SAMPLE_BYTES = 16 << 20
 
 # What each kind of image is, for captions in the gallery and the report.
 KIND_LABELS = {
@@ -62,86 +69,118 @@ class SampleIndex(BaseModel):
 
     steps: list[int]
     files: list[SampleName]
+    malformed: list[int] = []  # steps whose manifest a node recorded malformed: left out
 
 
 def png_url(run_id: int, step: int, name: str) -> str:
     return f"/api/runs/{run_id}/samples/{step}/{name}"
 
 
-def _manifest(extra: dict[str, Any] | None) -> dict[str, Any] | None:
-    manifest = (extra or {}).get("samples")
-    return manifest if isinstance(manifest, dict) and isinstance(manifest.get("files"), list) else None
+class ManifestFile(BaseModel):
+    """One entry of a checkpoint's samples manifest as a node recorded it (worker/samples.py writes it)."""
+
+    file: str
+    kind: str = ""
+    index: int = 0
+    caption: str = ""
+    bytes: int = 0
 
 
-def _files(manifest: dict[str, Any]) -> list[dict[str, Any]]:
-    """The manifest's entries that name a sample file (nothing else is ever served)."""
-    return [f for f in manifest["files"] if isinstance(f, dict) and SAMPLE_FILE_RE.match(str(f.get("file", "")))]
+class Manifest(BaseModel):
+    """A record's `samples`: a node's word, so each record's is checked on every read; one that does not
+    parse (an `index` of "x") is left out with its step named, never a failure of the whole grid."""
+
+    files: list[ManifestFile]
+    max_side: int | None = None
+
+
+def _manifest(extra: dict[str, Any] | None) -> Manifest | None:
+    """The record's manifest with only sample-file names kept (nothing else is ever served); None when the
+    record has none. Raises ValidationError for one that is malformed."""
+    raw = (extra or {}).get("samples")
+    if raw is None:
+        return None
+    manifest = Manifest.model_validate(raw)
+    manifest.files = [f for f in manifest.files if SAMPLE_FILE_RE.match(f.file)]
+    return manifest
+
+
+def _manifests(records: list[tuple[int, dict[str, Any] | None]]) -> tuple[list[tuple[int, Manifest]], list[int]]:
+    """(step, manifest) of the records with a well-formed one, and the steps whose manifest was malformed."""
+    good, malformed = [], []
+    for step, extra in records:
+        try:
+            manifest = _manifest(extra)
+        except ValidationError:
+            malformed.append(step)
+            continue
+        if manifest is not None:
+            good.append((step, manifest))
+    return good, malformed
 
 
 def sample_index(records: list[tuple[int, dict[str, Any] | None]]) -> SampleIndex:
     """The SampleIndex of a run from its (step, Metric.extra) records, in step order."""
-    steps, newest = [], None
-    for step, extra in records:
-        manifest = _manifest(extra)
-        if manifest is not None:
-            steps.append(step)
-            newest = manifest
-    names = [
-        SampleName(file=str(f["file"]), kind=str(f.get("kind", "")), index=int(f.get("index", 0)),
-                   caption=str(f.get("caption", "")))
-        for f in (_files(newest) if newest is not None else [])
-    ]  # fmt: skip
-    return SampleIndex(steps=steps, files=names)
+    good, malformed = _manifests(records)
+    newest = good[-1][1] if good else None
+    names = [SampleName(file=f.file, kind=f.kind, index=f.index, caption=f.caption)
+             for f in (newest.files if newest is not None else [])]  # fmt: skip
+    return SampleIndex(steps=[step for step, _ in good], files=names, malformed=malformed)
 
 
 def run_samples(session: Session, run: Run) -> list[StepSamples]:
-    """Every checkpoint of `run` that recorded sample images, in step order."""
+    """Every checkpoint of `run` that recorded a well-formed samples manifest, in step order."""
     rows = session.execute(select(Metric.step, Metric.extra).where(Metric.run_id == run.id).order_by(Metric.step)).all()
     last = rows[-1][0] if rows else None
-    out = []
-    for step, extra in rows:
-        manifest = _manifest(extra)
-        if manifest is None:
-            continue
-        files = [
-            SampleFile(
-                file=str(f["file"]),
-                kind=str(f.get("kind", "")),
-                index=int(f.get("index", 0)),
-                caption=str(f.get("caption", "")),
-                bytes=int(f.get("bytes", 0)),
-                url=png_url(run.id, step, str(f["file"])),
-            )
-            for f in _files(manifest)
-        ]
-        out.append(
-            StepSamples(
-                run_id=run.id,
-                arm=run.arm,
-                step=step,
-                max_side=manifest.get("max_side"),
-                is_best=step == run.best_step,
-                final=step == last,
-                files=files,
-            )
+    good, _ = _manifests([(step, extra) for step, extra in rows])
+    return [
+        StepSamples(
+            run_id=run.id,
+            arm=run.arm,
+            step=step,
+            max_side=manifest.max_side,
+            is_best=step == run.best_step,
+            final=step == last,
+            files=[SampleFile(file=f.file, kind=f.kind, index=f.index, caption=f.caption, bytes=f.bytes,
+                              url=png_url(run.id, step, f.file)) for f in manifest.files],  # fmt: skip
         )
-    return out
+        for step, manifest in good
+    ]
 
 
 def sample_png(run: Run, step: int, name: str, options: dict[str, Any]) -> bytes | None:
     """The PNG `name` of checkpoint `step`: from the run's checkpoint_dir when this machine has it, else
-    from its checkpoint storage (options: fsspec storage options); None when neither holds it."""
+    from its checkpoint storage (options: fsspec storage options); None when neither holds it. Raises
+    StoredFileRefused for a file that is a link, lies outside the run's folder, is over MAX_SAMPLE_BYTES or
+    is not a PNG: a node wrote it, and the controller serves nothing else."""
     if not SAMPLE_FILE_RE.match(name) or step < 0:
         return None
     rel = Path(sample_dir(step)) / name
-    if run.checkpoint_dir and (Path(run.checkpoint_dir) / rel).is_file():
-        return (Path(run.checkpoint_dir) / rel).read_bytes()
-    if run.checkpoint_url:
-        from worker.checkpoint_store import open_fs  # fsspec and paramiko: only when storage is asked
+    import fsspec  # fsspec and paramiko: only when a file is asked for
+
+    data = None
+    if run.checkpoint_dir and os.path.lexists(Path(run.checkpoint_dir) / rel):
+        data = read_stored(fsspec.filesystem("file"), run.checkpoint_dir, str(Path(run.checkpoint_dir) / rel),
+                           MAX_SAMPLE_BYTES)  # fmt: skip
+    elif run.checkpoint_url:
+        from worker.checkpoint_store import open_fs
 
         try:
             fs, root = open_fs(run.checkpoint_url, options)
-            return fs.cat_file(f"{root}/{rel.as_posix()}")
+            data = read_stored(fs, root, f"{root}/{rel.as_posix()}", MAX_SAMPLE_BYTES)
         except FileNotFoundError:
             return None
-    return None
+    if data is not None:
+        check_png(data, f"{sample_dir(step)}/{name} of run {run.id}")
+    return data
+
+
+def check_png(data: bytes, what: str) -> None:
+    """Refuse bytes that are not one well-formed PNG (a node may name anything `x.png`)."""
+    from PIL import Image  # Pillow: only when an image is read
+
+    try:
+        with Image.open(io.BytesIO(data), formats=["PNG"]) as image:
+            image.verify()  # the chunks' CRCs, without decoding the pixels
+    except Exception as exc:  # noqa: BLE001 - Pillow raises many kinds for a broken file
+        raise StoredFileRefused(f"{what} is not a PNG ({type(exc).__name__}: {exc})") from None

@@ -28,9 +28,11 @@ def copy_back(
     grid_id: int | None,
     names: list[str],
     results: Path,
+    max_bytes: int,
 ) -> tuple[list[str], set[str]]:
     """Metrics from the DB to metrics.json; each run's checkpoints from durable storage, or from the
-    node that ran it when storage holds none (or cannot be read)."""
+    node that ran it when storage holds none (or cannot be read). At most `max_bytes` per run, and no
+    link a node left is followed: what is refused is named in the problems."""
     problems: list[str] = []
     failed: set[str] = set()
     wanted: dict[str, list[tuple[str, Path]]] = {}
@@ -72,7 +74,11 @@ def copy_back(
             problems.append(f"writing the report into {results / 'report'}: {error_reason(exc)}")
     for url, local, owner, remote in stored:
         try:
-            download_run(url, checkpoint_options, local)
+            skipped: list[str] = []
+            download_run(url, checkpoint_options, local, max_bytes, skipped)
+            if skipped:
+                problems.append(f"copying {url} from checkpoint storage refused {len(skipped)} files: "
+                                + "; ".join(skipped[:10]))
         except Exception as exc:  # noqa: BLE001 - storage down or empty: the node may still have them
             if owner and remote:
                 wanted.setdefault(owner, []).append((remote, local))
@@ -82,7 +88,7 @@ def copy_back(
         try:
             with NodeShell.open(nodes[name], database_url) as shell:
                 for remote, local in copies:
-                    fetch_tree(shell, remote, local)
+                    fetch_tree(shell, remote, local, max_bytes=max_bytes)
         except Exception as exc:  # noqa: BLE001 - SFTP PermissionError, ENOSPC, SSHException: keep going
             failed.add(name)
             problems.append(f"copying results from {name}: {error_reason(exc)} (its files are kept on the node)")

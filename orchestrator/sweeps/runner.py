@@ -36,6 +36,7 @@ from orchestrator.fleet.providers.base import Provider
 from orchestrator.fleet.providers.request import NodeRequest
 from orchestrator.fleet.shell import NodeShell
 from orchestrator.runs.grids import GridCreate, GridError, PathPolicy, create_grid, stop_run
+from orchestrator.settings import Settings
 from orchestrator.sweeps.budget import spend
 from orchestrator.sweeps.copy_back import copy_back
 from orchestrator.sweeps.lock import runner_lock
@@ -76,6 +77,7 @@ class SweepRunner:
         teardown_attempts: int = 4,
         teardown_backoff_s: float = 5.0,
         checkpoint_options: dict[str, Any] | None = None,
+        copy_back_max_bytes: int = Settings.model_fields["copy_back_max_bytes"].default,
         providers: Mapping[str, Provider] | None = None,
         rental: RentalConfig | None = None,
         paths: PathPolicy | None = None,  # the operator's policy a fired grid is held to (commands too)
@@ -86,6 +88,7 @@ class SweepRunner:
         self.teardown_attempts = teardown_attempts
         self.teardown_backoff_s = teardown_backoff_s
         self.checkpoint_options = checkpoint_options or {}  # fsspec options of checkpoint storage
+        self.copy_back_max_bytes = copy_back_max_bytes  # per run
         self.storage_dir = Path(storage_dir)
         self.clock = clock
         self.node_config = node_config
@@ -101,6 +104,7 @@ class SweepRunner:
             settings.database_url,
             settings.storage_dir,
             checkpoint_options=settings.checkpoint_options,
+            copy_back_max_bytes=settings.copy_back_max_bytes,
             providers=configured_providers(settings),
             rental=rental_config(settings),
             paths=PathPolicy.from_settings(settings),
@@ -329,7 +333,7 @@ class SweepRunner:
         results = self.storage_dir / "sweeps" / str(sweep_id)
         results.mkdir(parents=True, exist_ok=True)
         problems, failed_copies = copy_back(
-            self.database_url, self.checkpoint_options, sweep_id, grid_id, names, results
+            self.database_url, self.checkpoint_options, sweep_id, grid_id, names, results, self.copy_back_max_bytes
         )
         problems += self._teardown(names, keep_files=failed_copies) + self.rentals.release(sweep_id)
         with session_scope(self.database_url) as session:

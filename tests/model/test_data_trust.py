@@ -254,3 +254,56 @@ def test_unreadable_rule_is_one_counter() -> None:
     assert u.count == 1  # once per image, however often drawn
     with pytest.raises(DatasetError, match=r"2 of 200 images are unreadable, more than data.max_unreadable \(0.5%\)"):
         u.add(["b"])
+
+
+def bomb() -> bytes:
+    """A 100-byte PNG whose header claims 20000 x 20000 pixels: over twice Pillow's MAX_IMAGE_PIXELS."""
+    import struct
+    import zlib
+
+    data = bytearray(png(0))
+    assert data[12:16] == b"IHDR"
+    data[16:24] = struct.pack(">II", 20_000, 20_000)
+    data[29:33] = struct.pack(">I", zlib.crc32(bytes(data[12:29])))
+    return bytes(data)
+
+
+@pytest.mark.parametrize("kind", ["cached", "per-batch", "tar"])
+def test_a_decompression_bomb_is_an_unreadable_image(tmp_path: Path, kind: str) -> None:
+    """One bomb among 100 images is left out and named (1%); two fail as too many unreadable."""
+    ds = open_path(kind, make(kind, tmp_path / "one", {17: bomb()}))
+    assert ds.unreadable.first() == [name_of(kind, 17)] and 17 not in ds._train + ds._held
+    with pytest.raises(DatasetError, match=r"2 of 100 images are unreadable.*decompression bomb"):
+        open_path(kind, make(kind, tmp_path / "two", {17: bomb(), 60: bomb()}))
+
+
+def test_a_sparse_or_oversized_tar_member_is_unreadable_and_never_read(tmp_path: Path) -> None:
+    """A shard of a few KB whose caption member claims 1.2 GB (GNU tar --sparse of a hole), and a caption
+    over MAX_CAPTION_BYTES: both samples are unreadable files under data.max_unreadable, and opening the
+    shards allocates nothing near what the members claim."""
+    import subprocess
+    import tracemalloc
+
+    from model.data.tar import MAX_CAPTION_BYTES
+
+    files = tmp_path / "files"
+    files.mkdir()
+    for i in range(N):
+        (files / f"{i:06d}.png").write_bytes(png(i))
+        (files / f"{i:06d}.txt").write_text(f"a red photo {i}")
+    os.truncate(files / "000017.txt", 1_200_000_000)  # a hole: a sparse member once tarred with --sparse
+    (files / "000060.txt").write_bytes(b"a" * (MAX_CAPTION_BYTES + 1))
+    root = tmp_path / "shards"
+    root.mkdir()
+    names = sorted(p.name for p in files.iterdir())
+    subprocess.run(["tar", "--sparse", "-cf", str(root / "shard-0000.tar"), "-C", str(files), *names], check=True)
+    assert (root / "shard-0000.tar").stat().st_size < 8 << 20
+    tracemalloc.start()
+    ds = TarShardsDataset(root, 8, "unit", seed=0, held_out=1, max_unreadable=0.05)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert ds.unreadable.first() == [name_of("tar", 17), name_of("tar", 60)], ds.unreadable.first()
+    assert "sparse member" in str(ds.unreadable.first_reason)
+    assert peak < 64 << 20, f"opening the shard held {peak >> 20} MiB"
+    with pytest.raises(DatasetError, match=r"2 of 100 images are unreadable"):
+        TarShardsDataset(root, 8, "unit", seed=0, held_out=1)

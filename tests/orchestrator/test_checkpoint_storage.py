@@ -249,7 +249,7 @@ def test_sweep_copy_back_takes_checkpoints_from_storage(database_url: str, tmp_p
         ids, grid_id = (stored.id, unstored.id), grid.id
     results = tmp_path / "results" / "sweeps" / "1"
     results.mkdir(parents=True)
-    problems, failed = copy_back(database_url, {}, 1, grid_id, [], results)
+    problems, failed = copy_back(database_url, {}, 1, grid_id, [], results, 1 << 30)
     assert problems == [] and failed == set()
     got = results / "runs" / f"{ids[0]}-A"
     assert sorted(p.name for p in got.iterdir()) == ["best.pt", "ckpt_0000020.pt", "records.jsonl"]

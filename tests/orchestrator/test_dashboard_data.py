@@ -64,7 +64,7 @@ def test_the_gallery_index_lists_steps_with_images_and_the_newest_set() -> None:
         ("recon_0.png", "recon", 0, "a red square"),
         ("text_0.png", "text", 0, "a red square"),
     ]
-    assert sample_index([(10, None)]).model_dump() == {"steps": [], "files": []}
+    assert sample_index([(10, None)]).model_dump() == {"steps": [], "files": [], "malformed": []}
 
 
 def _fed(step: int, wait: float | None, skipped: Sequence[int] = (), resumed: int | None = None) -> dict:

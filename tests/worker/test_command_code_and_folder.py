@@ -5,6 +5,8 @@ as a plain object with a real file:// store; the script is a stdlib trainer writ
 
 from __future__ import annotations
 
+import json
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -65,7 +67,7 @@ def test_code_from_its_archive_and_the_whole_checkpoint_folder_through_storage(t
     stored = tmp_path / "store" / "run" / "checkpoints"
     assert (stored / "notes" / "tokenizer.json").read_text() == "{}"
     assert not (stored / "scratch.txt").exists(), "deleted by the script, deleted in storage"
-    download_run(storage["url"], {}, tmp_path / "copied-back")  # a sweep's copy-back takes the folder too
+    download_run(storage["url"], {}, tmp_path / "copied-back", 1 << 30)  # a sweep's copy-back takes the folder too
     assert (tmp_path / "copied-back" / "run" / "checkpoints" / "notes" / "tokenizer.json").read_text() == "{}"
 
     # Another node, an empty disk: the folder comes back, named checkpoints under their own names.
@@ -86,3 +88,24 @@ def test_a_code_archive_changed_on_the_node_is_refused(tmp_path: Path) -> None:
     shipped.write_bytes(archive.data.replace(b"weights", b"WEIGHTS"))
     reply = finish(ArmWorker(2, command_spec(code), str(tmp_path / "run"), code_archive=str(shipped)))
     assert reply["state"] == "error" and "does not match its SHA-256 name" in reply["error"]
+
+
+def test_a_stored_record_naming_a_checkpoint_outside_the_run_is_never_written(tmp_path: Path) -> None:
+    """A node that can write its run's storage prefix leaves a record whose checkpoint_file points out of
+    the run directory (say a site-packages .pth beside its bytes); the node that resumes refuses it."""
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text(SCRIPT)
+    storage = {"url": f"file://{tmp_path / 'store'}", "keep_last": 1}
+    first = finish(ArmWorker(3, command_spec(code), str(tmp_path / "node-a" / "run"), storage=storage))
+    assert first["state"] == "done", first["error"]
+    records = tmp_path / "store" / "records.jsonl"
+    assert records.is_file(), sorted(p.name for p in (tmp_path / "store").iterdir())
+    lines = [json.loads(line) for line in records.read_text().splitlines()]
+    lines[-1]["checkpoint_file"] = "checkpoints/../../../../evil.pth"  # what the hostile node writes
+    records.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    shutil.rmtree(tmp_path / "store" / "run" / "checkpoints")  # so the restore has a name to put back
+
+    second = finish(ArmWorker(3, command_spec(code), str(tmp_path / "node-b" / "run"), storage=storage))
+    assert second["state"] == "error" and "not restored" in second["error"], second
+    assert not list(tmp_path.rglob("evil.pth")), "the node wrote where a stored record said"

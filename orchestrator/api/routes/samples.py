@@ -9,6 +9,7 @@ from fastapi import APIRouter, HTTPException, Path, Response, status
 from orchestrator.api.deps import SessionDep, SettingsDep, get_or_404
 from orchestrator.db.models import Run
 from orchestrator.runs.samples import StepSamples, run_samples, sample_png
+from worker.stored_file import StoredFileRefused
 
 router = APIRouter(prefix="/api/runs", tags=["samples"])
 
@@ -35,11 +36,15 @@ def get_sample(
     name: str = Path(pattern=r"^[a-z]+_\d{1,3}\.png$", max_length=16),
 ) -> Response:
     run = get_or_404(session, Run, run_id)
-    data = sample_png(run, step, name, dict(settings.checkpoint_options))
+    try:
+        data = sample_png(run, step, name, dict(settings.checkpoint_options))
+    except StoredFileRefused as exc:  # a node wrote it: a link, too large, not a PNG
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"run {run_id}'s sample {name!r} at step "
+                            f"{step} is not served: {exc}") from None
     if data is None:
         raise HTTPException(
             status.HTTP_404_NOT_FOUND,
             detail=f"run {run_id} has no sample {name!r} at step {step} (GET /api/runs/{run_id}/samples lists them)",
         )
-    # Samples of a step never change once written: cacheable for a day.
+    # Samples of a step never change once written: cacheable for a day (nosniff: orchestrator/app.py).
     return Response(data, media_type="image/png", headers={"Cache-Control": "public, max-age=86400"})

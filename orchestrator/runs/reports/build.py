@@ -50,12 +50,16 @@ from orchestrator.runs.reports.stats import (
 )
 from orchestrator.runs.samples import StepSamples, run_samples, sample_png
 from orchestrator.vocabulary import DETECTOR_STOPS, TERMINAL_STATES
+from worker.stored_file import StoredFileRefused
 
 PRIMARY = "recon_lpips"  # the judge where the detector judges LPIPS (a real backbone)
 STANDIN = "random_standin"
 COMPARED = (*QUALITY, WEIGHTED_FLOW)
 # Sample kinds shown in the report's rows (the manipulation pairs stay in the gallery).
 REPORT_KINDS = ("target", "recon", "text", "own")  # own: a command arm's PNGs
+# The most bytes of PNGs one report embeds, all runs together: a node sets its samples' sizes (each at most
+# samples.MAX_SAMPLE_BYTES), and a report is read whole by a browser. Past it an image is named, not embedded.
+MAX_REPORT_IMAGE_BYTES = 64 << 20
 
 DIGITS = ".3f"  # how a report writes a metric value or difference
 
@@ -140,8 +144,17 @@ def price_per_gpu_hour(session: Session, grid: Grid) -> float | None:
     return sweep.price_per_hour / gpus if gpus else None
 
 
-def _sample_row(run: Run, samples: list[StepSamples], step: int | None, options: dict[str, Any]) -> SampleRow | None:
-    """The run's report-kind images at `step` (the newest step with samples at or before it), embedded."""
+class _ImageBudget:
+    """The bytes of PNGs a report may still embed."""
+
+    def __init__(self, left: int) -> None:
+        self.left = left
+
+
+def _sample_row(run: Run, samples: list[StepSamples], step: int | None, options: dict[str, Any],
+                budget: _ImageBudget) -> SampleRow | None:  # fmt: skip
+    """The run's report-kind images at `step` (the newest step with samples at or before it), embedded
+    while the budget lasts; a stored file the controller will not read is named with the reason."""
     steps = [s for s in samples if step is not None and s.step <= step]
     if not steps:
         return None
@@ -150,9 +163,18 @@ def _sample_row(run: Run, samples: list[StepSamples], step: int | None, options:
     for f in chosen.files:
         if f.kind not in REPORT_KINDS:
             continue
-        data = sample_png(run, chosen.step, f.file, options)
-        uri = f"data:image/png;base64,{base64.b64encode(data).decode()}" if data is not None else None
-        images.append(SampleImage(kind=f.kind, index=f.index, caption=f.caption, url=f.url, data_uri=uri))
+        uri = refused = None
+        try:
+            data = sample_png(run, chosen.step, f.file, options)
+        except StoredFileRefused as exc:
+            data, refused = None, str(exc)
+        if data is not None and len(data) > budget.left:
+            data, refused = None, f"over the report's {MAX_REPORT_IMAGE_BYTES} bytes of embedded images"
+        if data is not None:
+            budget.left -= len(data)
+            uri = f"data:image/png;base64,{base64.b64encode(data).decode()}"
+        images.append(SampleImage(kind=f.kind, index=f.index, caption=f.caption, url=f.url, data_uri=uri,
+                                  refused=refused))  # fmt: skip
     return SampleRow(arm=run.arm, step=chosen.step, images=images)
 
 
@@ -261,6 +283,7 @@ def build_report(session: Session, grid: Grid, storage_options: dict[str, Any] |
     samples = {r.id: run_samples(session, r) for r in runs}
     judge = judge_of(runs, metrics)
     pairing = Pairing(grid)
+    budget = _ImageBudget(MAX_REPORT_IMAGE_BYTES)
     price = price_per_gpu_hour(session, grid)
     arms = []
     pairs: list[tuple[Run, str, Run]] = []  # (run, against, comparator run) for the timestep appendix
@@ -283,7 +306,7 @@ def build_report(session: Session, grid: Grid, storage_options: dict[str, Any] |
         own = own_series(ms) if is_command_run(r) else {}
         ctrl_samples = None
         if control is not None and control.id != r.id:
-            ctrl_samples = _sample_row(control, samples[control.id], best_step, options)
+            ctrl_samples = _sample_row(control, samples[control.id], best_step, options, budget)
         arms.append(
             ArmReport(
                 arm=r.arm,
@@ -305,7 +328,7 @@ def build_report(session: Session, grid: Grid, storage_options: dict[str, Any] |
                 throughput=_throughput(r, ms, price),
                 fallbacks=fallbacks,
                 standin_steps=standin,
-                samples=_sample_row(r, samples[r.id], best_step, options),
+                samples=_sample_row(r, samples[r.id], best_step, options, budget),
                 control_samples=ctrl_samples,
             )
         )

@@ -61,6 +61,7 @@ class SampleImage(BaseModel):
     caption: str
     url: str  # the API path
     data_uri: str | None  # the PNG embedded (None where neither the run folder nor storage holds it)
+    refused: str | None = None  # why it is not embedded though stored (a link, not a PNG, over the budget)
 
 
 class SampleRow(BaseModel):

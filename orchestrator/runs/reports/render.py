@@ -142,7 +142,8 @@ def _images(row: SampleRow | None, label: str) -> str:
     cells = []
     for img in row.images:
         title = escape(f"{img.kind} {img.index}: {img.caption}")
-        pic = f'<img src="{img.data_uri}" alt="{title}" title="{title}">' if img.data_uri else "<span>missing</span>"
+        pic = (f'<img src="{img.data_uri}" alt="{title}" title="{title}">' if img.data_uri else
+               f"<span title=\"{escape(img.refused)}\">refused</span>" if img.refused else "<span>missing</span>")
         cells.append(f"<figure>{pic}<figcaption>{escape(img.kind)} {img.index}</figcaption></figure>")
     return f"<div class=row><b>{escape(label)} @ {row.step}</b>{''.join(cells)}</div>"
 

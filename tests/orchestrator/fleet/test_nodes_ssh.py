@@ -140,6 +140,7 @@ def test_bootstrap_installs_venv_and_starts_then_teardown_removes(database_url: 
     with session_scope(database_url) as session:
         node = get_node(session, "quad-boot")
         assert node.state == "joined"
+        assert node.last_probe["probed_at"] == found["probed_at"]  # bootstrap probes: `nodes list` says when
         commands = select(Event).where(Event.node_id == node.id, Event.kind == "node.command")
         outputs = [e.data["stdout"] for e in session.scalars(commands)]
     assert any("installed on the node" in o for o in outputs)
@@ -346,3 +347,20 @@ def test_nodes_over_rest(database_url: str, sshd, tmp_path: Path) -> None:  # no
     assert client.post("/api/nodes/nope/probe", headers=auth).status_code == 404
     assert client.delete("/api/nodes/rest-node", headers=auth).status_code == 204
     assert client.get("/api/nodes/rest-node", headers=auth).status_code == 404
+
+
+def test_a_command_s_output_is_held_bounded_whatever_the_node_prints(database_url: str, sshd) -> None:  # noqa: ANN001
+    import tracemalloc
+
+    from orchestrator.fleet.shell import OUTPUT_MAX_BYTES
+
+    _register(database_url, sshd, "quad-loud")
+    printed = 24 << 20
+    with NodeShell.open(_node(database_url, "quad-loud"), database_url) as shell:
+        tracemalloc.start()
+        result = shell.run(f"head -c {printed - 3} /dev/zero | tr '\\0' x; printf END; head -c 1000 /dev/zero >&2")
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+    assert result.ok and result.stdout.endswith("xEND") and len(result.stdout) == OUTPUT_MAX_BYTES
+    assert result.dropped_bytes == printed - OUTPUT_MAX_BYTES and len(result.stderr) == 1000
+    assert peak < 8 * OUTPUT_MAX_BYTES, f"held {peak / 2**20:.0f} MiB for {printed >> 20} MiB printed"

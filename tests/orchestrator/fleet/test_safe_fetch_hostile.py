@@ -17,11 +17,13 @@ from pathlib import Path
 import paramiko
 import pytest
 
+from orchestrator.fleet.errors import NodeError
 from orchestrator.fleet.safe_fetch import fetch_tree
 from orchestrator.fleet.shell import NodeShell
 
 FILES = {"ok.txt": b"fine", "sub/inner.txt": b"also fine"}
 HOSTILE = ["../escape.txt", "/tmp/abs-escape.txt", "..", ".", "a/../../up.txt", "nul\x00.txt"]
+ENDLESS = 3 << 20  # /big/big.bin: listed as 1 byte, served as 3 MiB
 
 
 class _Sftp(paramiko.SFTPServerInterface):
@@ -39,6 +41,8 @@ class _Sftp(paramiko.SFTPServerInterface):
         return path.removeprefix("/ckpt").strip("/")
 
     def list_folder(self, path: str) -> list[paramiko.SFTPAttributes]:
+        if path == "/big":
+            return [self._attrs("big.bin", False, 1)]
         rel = self._rel(path)
         if rel == "":
             return [self._attrs("ok.txt", False, 4), self._attrs("sub", True)] + [
@@ -49,6 +53,8 @@ class _Sftp(paramiko.SFTPServerInterface):
         return paramiko.SFTP_NO_SUCH_FILE
 
     def lstat(self, path: str) -> paramiko.SFTPAttributes:
+        if path.startswith("/big"):
+            return self._attrs(path.rsplit("/", 1)[-1], path == "/big", 1)
         rel = self._rel(path)
         return self._attrs(rel.rsplit("/", 1)[-1], rel in ("", "sub"), len(FILES.get(rel, b"pwned")))
 
@@ -56,7 +62,8 @@ class _Sftp(paramiko.SFTPServerInterface):
 
     def open(self, path: str, flags: int, attr: paramiko.SFTPAttributes) -> paramiko.SFTPHandle:
         handle = paramiko.SFTPHandle(flags)
-        handle.readfile = io.BytesIO(FILES.get(self._rel(path), b"pwned"))  # type: ignore[attr-defined]
+        data = b"x" * ENDLESS if path == "/big/big.bin" else FILES.get(self._rel(path), b"pwned")
+        handle.readfile = io.BytesIO(data)  # type: ignore[attr-defined]
         return handle
 
 
@@ -126,6 +133,13 @@ def test_copy_back_writes_nothing_outside_the_results_dir(hostile_node: _Row, tm
     assert {p for p in after - before if not p.is_relative_to(results / "run")} == set()
     # paramiko's client drops "." and ".." itself; every other hostile name is refused and reported.
     assert sorted(skipped) == sorted(f"/ckpt/{n!r} (unsafe name)" for n in HOSTILE if n not in (".", ".."))
+
+
+def test_copy_back_stops_at_its_cap_whatever_size_the_node_lists(hostile_node: _Row, tmp_path: Path) -> None:
+    local = tmp_path / "results" / "run"
+    with NodeShell.open(hostile_node) as shell, pytest.raises(NodeError, match="over its cap"):  # type: ignore[arg-type]
+        fetch_tree(shell, "/big", local, max_bytes=1 << 20)
+    assert sum(p.stat().st_size for p in local.rglob("*") if p.is_file()) == 0, "the partial file is removed"
 
 
 @pytest.mark.parametrize("name", ["../../../../tmp/pwned", "/abs", "a b", ".hidden", "x\\y"])

@@ -54,7 +54,7 @@ def test_an_allowed_command_arm_is_stored_on_its_run_beside_a_built_in_arm(allow
     a, command = (allowed.get(f"/api/runs/{r['id']}").json()["spec"] for r in runs)
     assert a["command"] is None and a["model"]["size"] == "tiny"
     assert command["command"] == {"code": "/srv/ablate/code/t", "argv": ["python", "train.py", "--lr", "3e-4"],
-                                  "env": {"SEED": "1"}, "gpus": 1, "stop_grace_s": 60.0, "term_grace_s": 30.0}
+                                  "env": {"SEED": "<hidden>"}, "gpus": 1, "stop_grace_s": 60.0, "term_grace_s": 30.0}
     # The overrides configure the built-in trainer; the command arm takes only its detector from them.
     assert command["model"]["size"] == "seed" and command["detector"]["metric"] == "val_loss"
     assert command["detector"]["ceiling"] is None  # LPIPS's ceiling means nothing for the script's metric
@@ -84,3 +84,23 @@ def test_overrides_cannot_turn_built_in_arms_into_commands(allowed: TestClient) 
     body = {"name": "g", "arms": ["A"], "overrides": {"command": {"code": "/srv/ablate/code/t", "argv": ["sh"]}}}
     errors = errors_of(allowed.post("/api/grids", json=body, headers=AUTH))
     assert any(e["loc"][-2:] == ["overrides", "command"] for e in errors), errors
+
+
+def test_a_command_arm_s_env_values_are_never_echoed_back(allowed: TestClient, database_url: str) -> None:
+    secret = "wandb-key-0123456789abcdef"
+    resp = allowed.post("/api/grids", json={"name": "g", "arms": [mine(env={"WANDB_API_KEY": secret})]}, headers=AUTH)
+    assert resp.status_code == 201 and secret not in resp.text
+    grid_id = resp.json()["id"]
+    [run] = allowed.get(f"/api/grids/{grid_id}").json()["runs"]
+    reads = [f"/api/runs/{run['id']}", f"/api/grids/{grid_id}", f"/api/dashboard/grids/{grid_id}",
+             f"/api/grids/{grid_id}/report.json", f"/api/grids/{grid_id}/metrics.csv"]
+    for path in reads:
+        for headers in ({}, AUTH):  # anonymous (ABLATE_PRIVATE_READS=false) and the token holder alike
+            got = allowed.get(path, headers=headers)
+            assert got.status_code == 200 and secret not in got.text, path
+    assert allowed.get(f"/api/runs/{run['id']}").json()["spec"]["command"]["env"] == {"WANDB_API_KEY": "<hidden>"}
+    from orchestrator.db.models import Run
+    from orchestrator.db.session import session_scope
+
+    with session_scope(database_url) as session:  # the node that runs the arm still gets it
+        assert session.get_one(Run, run["id"]).spec["command"]["env"] == {"WANDB_API_KEY": secret}

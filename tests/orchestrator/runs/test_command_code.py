@@ -54,3 +54,36 @@ def test_code_over_the_limit_or_outside_the_allowed_directories_is_refused(tmp_p
     with pytest.raises(CodeRefused, match="outside ABLATE_COMMAND_DIRS"):
         pack_code(str(allowed / "sneaky"), [allowed], 1 << 20)
     assert pack_code(str(allowed / "only-in-the-image"), [allowed], 1 << 20) is None
+
+
+@pytest.mark.parametrize("swapped", ["pkg/model.py", "pkg"])
+def test_a_file_or_folder_swapped_for_a_link_while_packing_is_refused_not_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, swapped: str
+) -> None:
+    """The race of a file (or its folder) replaced by a link to the controller's secrets between the
+    moment it is listed and the moment it is read: here the swap happens right after tarfile lists it."""
+    code = tmp_path / "code"
+    (code / "pkg").mkdir(parents=True)
+    (code / "pkg" / "model.py").write_text("x = 1  # same size as the secret!")
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    secret = b"controller-api-token-0123456789ab"  # as long as model.py: a size check alone would pass
+    assert len(secret) == len((code / "pkg" / "model.py").read_bytes())
+    (secrets / "model.py").write_bytes(secret)
+    listed = tarfile.TarFile.gettarinfo
+
+    def list_then_swap(self: tarfile.TarFile, name: str, arcname: str, fileobj: object = None) -> tarfile.TarInfo:
+        info = listed(self, name, arcname, fileobj)
+        if arcname == "pkg/model.py":
+            victim = code / swapped
+            if victim.is_dir():
+                victim.rename(tmp_path / "moved-away")
+                victim.symlink_to(secrets, target_is_directory=True)
+            else:
+                victim.unlink()
+                victim.symlink_to(secrets / "model.py")
+        return info
+
+    monkeypatch.setattr(tarfile.TarFile, "gettarinfo", list_then_swap)
+    with pytest.raises(CodeRefused, match="changed while it was packed"):
+        pack_code(str(code), [tmp_path], 1 << 20)

@@ -89,7 +89,7 @@ def test_copy_back_carries_samples_and_nothing_outside_them(trained, tmp_path) -
     (store / "samples" / "elsewhere").mkdir()
     (store / "samples" / "elsewhere" / "recon_0.png").write_bytes(b"x")
     local = tmp_path / "back"
-    download_run(f"file://{store}", {}, local)
+    download_run(f"file://{store}", {}, local, 1 << 30)
     copied = sorted(p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file())
     expected = sorted(p.relative_to(out).as_posix() for p in (out / "samples").rglob("*.png"))
     assert copied == sorted(["metrics.jsonl", *expected])

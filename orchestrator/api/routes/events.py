@@ -1,0 +1,31 @@
+"""Events: the history of runs, grids, sweeps and nodes, newest first, filterable by node, run, grid and
+kind. Behind the token always (a node's commands and their output are infrastructure, like /api/nodes)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from orchestrator.api.deps import AUTH_RESPONSES, AuthDep, SessionDep
+from orchestrator.api.schemas import EventPublic
+from orchestrator.db.events import MAX_LISTED, list_events
+from orchestrator.fleet.inventory import get_node
+
+router = APIRouter(prefix="/api/events", tags=["events"])
+
+
+@router.get("", response_model=list[EventPublic], responses={**AUTH_RESPONSES, 404: {"description": "no such node"}})
+def get_events(
+    session: SessionDep,
+    _: AuthDep,
+    node: Annotated[str | None, Query(description="a registered node's name")] = None,
+    run: Annotated[int | None, Query(ge=1, description="a run's id")] = None,
+    grid: Annotated[int | None, Query(ge=1, description="a grid's id")] = None,
+    kind: Annotated[str | None, Query(max_length=64, description='a kind, or a prefix ending in "." ("node.")')] = None,
+    before: Annotated[int | None, Query(ge=1, description="only events older than this id (the next page)")] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_LISTED)] = 100,
+) -> list[EventPublic]:
+    row = get_node(session, node) if node is not None else None
+    found = list_events(session, node=row, run_id=run, grid_id=grid, kind=kind, before_id=before, limit=limit)
+    return [EventPublic.model_validate(e) for e in found]
