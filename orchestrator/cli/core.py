@@ -140,6 +140,7 @@ def status(grid_id: Annotated[int | None, typer.Argument(help="Show this grid's 
     from orchestrator.db.models import Grid
     from orchestrator.db.session import session_scope
     from orchestrator.runs.grids import latest_metrics
+    from orchestrator.runs.reports.build import judge_metric
 
     settings = load_settings()
     try:
@@ -150,7 +151,10 @@ def status(grid_id: Annotated[int | None, typer.Argument(help="Show this grid's 
             grid = session.get(Grid, grid_id) if 1 <= grid_id < 2**31 else None
             if grid is None:
                 raise CLIError(f"no grid with id {grid_id}; `ablate status` lists them")
-            _print_runs(GridDetail.from_rows(grid, latest_metrics(session, [r.id for r in grid.runs])))
+            latest = latest_metrics(session, [r.id for r in grid.runs])
+            judges = {r.id: judge_metric(r, getattr(latest.get(r.id), "lpips_backbone", None) == "random_standin")
+                      or "recon_lpips" for r in grid.runs}  # fmt: skip
+            _print_runs(GridDetail.from_rows(grid, latest), judges)
     except SQLAlchemyError as exc:
         raise CLIError(
             f"cannot read {masked_url(settings.database_url)}: {database_error_text(exc)} (run `ablate db upgrade`?)"
@@ -173,24 +177,31 @@ def _print_grids(grids: list[GridPublic]) -> None:
     print_table("grids", columns, rows, console)
 
 
-RUN_COLUMNS = [
-    Column("run", justify="right"),
-    Column("arm"),
-    Column("state"),
-    Column("step", priority=2, justify="right"),
-    Column("recon LPIPS", short="recon", justify="right"),
-    Column("text LPIPS", priority=3, short="text", justify="right"),
-    Column("iter/s", priority=4, justify="right"),
-    Column("decision", priority=1),
-]
+def run_columns(judged: str) -> list[Column]:
+    return [
+        Column("run", justify="right"),
+        Column("arm"),
+        Column("state"),
+        Column("step", priority=2, justify="right"),
+        Column(f"{judged} ± SE", short="judged", justify="right"),
+        Column("recon LPIPS", priority=3, short="recon", justify="right"),
+        Column("iter/s", priority=4, justify="right"),
+        Column("decision", priority=1),
+    ]
 
 
-def _print_runs(grid: GridDetail) -> None:
+def _print_runs(grid: GridDetail, judges: dict[int, str]) -> None:
+    """The grid's runs, led by the metric the detector judges each on (`judges`: run id -> metric): the
+    held-out flow loss where LPIPS is the random stand-in, whose values cannot tell arms apart."""
+    from orchestrator.runs.reports.effects import METRIC_WORDS
+
     rows = []
     for r in grid.runs:
-        recon = number(r.recon_lpips)
-        if r.recon_lpips_se is not None:
-            recon += f" ± {r.recon_lpips_se:.3f}"
+        judge = judges.get(r.id, "recon_lpips")
+        value = number(getattr(r, judge))
+        if getattr(r, f"{judge}_se") is not None:
+            value += f" ± {getattr(r, f'{judge}_se'):.3f}"
+        recon = number(r.recon_lpips) + (" (stand-in)" if r.lpips_backbone == "random_standin" else "")
         decision = "-"
         if r.decision is not None:
             decision = f"{r.decision} @ {number(r.decision_step)}: {r.decision_reason}"
@@ -198,11 +209,13 @@ def _print_runs(grid: GridDetail) -> None:
         if r.error and r.state == RunState.failed:  # its first line: type, message and where
             error = r.error.splitlines()[0]
             decision = f"error: {error}" if decision == "-" else f"{decision}; error: {error}"
-        rows.append(
-            [str(r.id), r.arm, state, number(r.latest_step), recon, number(r.text_lpips), number(r.iter_per_sec, ".3g"),
-             decision]
-        )
-    print_table(f"grid {grid.id}: {grid.name} (control {grid.control})", RUN_COLUMNS, rows, console)
+        arm = f"{r.arm} s{r.seed}" if grid.seeds > 1 else r.arm
+        rows.append([str(r.id), arm, state, number(r.latest_step), value, recon, number(r.iter_per_sec, ".3g"),
+                     decision])
+    words = {METRIC_WORDS.get(judges.get(r.id, "recon_lpips"), "judged") for r in grid.runs}
+    judged = words.pop() if len(words) == 1 else "judged metric"
+    seeds = f", {grid.seeds} seeds per arm" if grid.seeds > 1 else ""
+    print_table(f"grid {grid.id}: {grid.name} (control {grid.control}{seeds})", run_columns(judged), rows, console)
 
 
 @app.command()

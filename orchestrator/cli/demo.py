@@ -69,9 +69,9 @@ def demo_grid(lpips_backbone: str = "random_standin") -> dict[str, Any]:
     body = yaml.safe_load(DEMO_GRID.read_text())
     body["name"] = f"{body['name']} {time.strftime('%Y-%m-%d %H:%M:%S')}"
     body["overrides"].setdefault("eval", {})["lpips_backbone"] = lpips_backbone
-    # The demo's table reports recon LPIPS and its stop: judge on it by name (the default, "auto",
-    # would judge stand-in runs on val_flow_loss). The broken arm stops on its NaN loss either way.
-    body["overrides"].setdefault("detector", {}).setdefault("metric", "recon_lpips")
+    # The detector's "auto": recon LPIPS with real weights, the held-out flow loss on the stand-in (whose
+    # LPIPS cannot tell arms apart); the tables lead with whichever it judges. The broken arm stops on its
+    # NaN loss either way.
     return body
 
 
@@ -94,10 +94,12 @@ def _rows(settings: Settings, grid_id: int) -> list[dict[str, Any]]:
     stop (decision, step, reason, the best checkpoint kept, device-hours saved)."""
     from sqlalchemy import select
 
+    from model.spec import ArmSpec
     from orchestrator.api.schemas import RunSummary
     from orchestrator.db.models import Metric, Run
     from orchestrator.db.session import session_scope
-    from orchestrator.runs.detector import projected_hours_saved
+    from orchestrator.runs.detector import projected_hours_saved, resolve_policy
+    from orchestrator.runs.reports.effects import METRIC_WORDS
 
     out = []
     with session_scope(settings.database_url) as session:
@@ -114,17 +116,21 @@ def _rows(settings: Settings, grid_id: int) -> list[dict[str, Any]]:
                 # one worker holds one device for its wall time: its device-hours
                 saved = projected_hours_saved(steps, run.decision_step, at_stop.wall_time_s / 3600)
             row = RunSummary.from_row(run, latest).model_dump()  # arm, state, decision, best_step, ...
+            standin = any(m.lpips_backbone == "random_standin" for m in metrics)
+            judge = resolve_policy(ArmSpec.model_validate(run.spec).detector, standin).metric
             row.update(
+                judge=judge,
+                judge_words=METRIC_WORDS.get(judge, judge),
                 detector_stop=stopped_by_detector,
                 reason=run.decision_reason or run.error,
                 gpu=run.gpu_index,
                 steps=steps,
                 step=row["latest_step"],
-                first=metrics[0].recon_lpips if metrics else None,
+                first=getattr(metrics[0], judge) if metrics else None,
                 first_step=metrics[0].step if metrics else None,
-                final=row["recon_lpips"],
+                final=row[judge],
                 best=run.best_value,
-                best_se=best.recon_lpips_se if best else None,
+                best_se=getattr(best, f"{judge}_se") if best else None,
                 hours_saved=saved,
                 iter_s=sum(rates) / len(rates) if rates else None,  # mean over checkpoints
                 backbone=row["lpips_backbone"],
@@ -157,7 +163,7 @@ def _progress_table(
         Column("state"),
         Column("GPU", priority=3, justify="right"),
         Column("step", priority=2, justify="right"),
-        Column("recon LPIPS", priority=1, short="recon", justify="right"),
+        Column(judged(rows), priority=1, short="judged", justify="right"),
         Column("best", justify="right"),
         Column("iter/s", priority=4, justify="right"),
         Column(f"{device}-h saved", priority=5, short="saved", justify="right"),
@@ -181,21 +187,29 @@ def _progress_table(
     return Group(table, *_stop_lines(rows))
 
 
-SUMMARY_COLUMNS = [
-    Column("arm"),
-    Column("GPU", priority=4, justify="right"),
-    Column("state / decision"),
-    Column("first recon LPIPS", priority=2, short="first", justify="right"),
-    Column("best recon LPIPS ± SE", short="best ± SE", justify="right"),
-    Column("@ step", justify="right"),
-    Column("final recon LPIPS", priority=1, short="final", justify="right"),
-    Column("iter/s", priority=3, justify="right"),
-]
+def judged(rows: list[dict[str, Any]]) -> str:
+    """The name of the metric the tables lead with: what the detector judged (recon LPIPS with real weights,
+    the held-out flow loss on the stand-in)."""
+    words = {r.get("judge_words") for r in rows} - {None}
+    return words.pop() if len(words) == 1 else "recon LPIPS" if not words else "judged metric"
+
+
+def summary_columns_for(metric: str) -> list[Column]:
+    return [
+        Column("arm"),
+        Column("GPU", priority=4, justify="right"),
+        Column("state / decision"),
+        Column(f"first {metric}", priority=2, short="first", justify="right"),
+        Column(f"best {metric} ± SE", short="best ± SE", justify="right"),
+        Column("@ step", justify="right"),
+        Column(f"final {metric}", priority=1, short="final", justify="right"),
+        Column("iter/s", priority=3, justify="right"),
+    ]
 
 
 def summary_rows(rows: list[dict[str, Any]]) -> list[list[str]]:
     """The demo's result per arm: arm, GPU, state/decision (@ step), first, best (+- SE, @ step) and final
-    recon LPIPS, iter/s, device-hours the detector's stop saved."""
+    value of the judged metric, iter/s, device-hours the detector's stop saved."""
     out = []
     for r in rows:
         state = r["state"] if not r["decision"] else f"{r['state']} / {r['decision']}"
@@ -211,12 +225,13 @@ def summary_rows(rows: list[dict[str, Any]]) -> list[list[str]]:
     return out
 
 
-def summary_columns(device: str) -> list[Column]:
-    return [*SUMMARY_COLUMNS, Column(f"{device}-h saved", priority=5, short="saved", justify="right")]
+def summary_columns(device: str, metric: str = "recon LPIPS") -> list[Column]:
+    return [*summary_columns_for(metric), Column(f"{device}-h saved", priority=5, short="saved", justify="right")]
 
 
 def summary_table(rows: list[dict[str, Any]], device: str = "CPU", width: int | None = None) -> Table:
-    table, _ = build_table("ablate demo: result per arm", summary_columns(device), summary_rows(rows), width)
+    columns = summary_columns(device, judged(rows))
+    table, _ = build_table("ablate demo: result per arm", columns, summary_rows(rows), width)
     return table
 
 

@@ -26,8 +26,9 @@ from orchestrator.db.models import METRIC_FIELDS, Event, Grid, Metric, Node, Ren
 from orchestrator.numbers import finite_or_none, is_finite
 from orchestrator.runs.arms import LINEAGE_KEYS, ArmError, changes, flatten, resolve
 from orchestrator.runs.data_feed import data_feed
-from orchestrator.runs.detector import resolve_policy
 from orchestrator.runs.own_metrics import is_command_run, own_series
+from orchestrator.runs.reports.build import Pairing, grid_effects_now, judge_metric
+from orchestrator.runs.reports.effects import METRIC_WORDS
 from orchestrator.runs.reports.stats import QUALITY, paired_difference
 from orchestrator.runs.samples import sample_index
 from orchestrator.storage import STORAGE_EVENTS, storage_alarms
@@ -302,13 +303,6 @@ def _best(run: Run, metrics: list[Metric]) -> tuple[int | None, float | None]:
     return step, value
 
 
-def judge_metric(run: Run, standin: bool) -> str | None:
-    """The metric the detector judges the run on: its spec's, with "auto" resolved (val_flow_loss where
-    LPIPS is the random stand-in). None for a spec that no longer validates."""
-    spec = _as_spec(run.spec or {})
-    return resolve_policy(spec.detector, standin).metric if spec is not None else None
-
-
 def flow_by_t(metrics: list[Metric]) -> dict[str, Any]:
     """val_flow_loss's per-timestep means per checkpoint (drawn on demand): the times and, per step, the
     means in that order; checkpoints without them are left out."""
@@ -331,16 +325,22 @@ def grid_detail(session: Session, grid: Grid, alarm_minutes: float = 15.0) -> di
     metrics = _metrics_by_run(session, [r.id for r in runs])
     storage = storage_alarms(session, runs, alarm_minutes)
     warnings = latest_warnings(session, [r.id for r in runs])
-    control = next((r for r in runs if r.arm == grid.control_arm), runs[0] if runs else None)
+    pairing = Pairing(grid)  # seed s of an arm against seed s of the control
+    control = pairing.control(0)
+    judge, effects = grid_effects_now(grid, metrics)
+    arm_index = {arm: i for i, arm in enumerate(dict.fromkeys(r.arm for r in runs))}
     out_runs = []
     for r in runs:
         ms = metrics[r.id]
+        ctrl = pairing.control(r.seed)
         best_step, best_value = _best(r, ms)
         standin = sorted({m.step for m in ms if m.lpips_backbone == STANDIN})
         backbones = sorted({m.lpips_backbone for m in ms if m.lpips_backbone})
         row = RunSummary.from_row(r, ms[-1] if ms else None).model_dump(mode="json")  # NaN/Inf -> null
         own = own_series(ms) if is_command_run(r) else {}  # a command arm's metrics, plotted by their names
         row.update(
+            label=f"{r.arm} s{r.seed}" if grid.seeds > 1 else r.arm,  # replicates: one colour, one dash per seed
+            arm_index=arm_index[r.arm],
             description=(r.spec or {}).get("description"),
             stopped=r.decision in STOP_DECISIONS and r.decision_step is not None,
             best_step=best_step,
@@ -360,8 +360,8 @@ def grid_detail(session: Session, grid: Grid, alarm_minutes: float = 15.0) -> di
             samples=sample_index([(m.step, m.extra) for m in ms]).model_dump(),
             data=data_feed([(m.step, m.extra) for m in ms]).model_dump(),
             paired=(
-                {q: paired_difference(ms, metrics[control.id], q) for q in QUALITY}
-                if control is not None and r.id != control.id
+                {q: paired_difference(ms, metrics[ctrl.id], q) for q in QUALITY}
+                if ctrl is not None and r.id != ctrl.id
                 else None
             ),
         )
@@ -371,6 +371,9 @@ def grid_detail(session: Session, grid: Grid, alarm_minutes: float = 15.0) -> di
         "name": grid.name,
         "source": grid.source,
         "control": control.arm if control else None,
+        "seeds": grid.seeds,
+        "judge": judge,  # the metric the effects table leads with
+        "effects": [{**e.model_dump(mode="json"), "words": METRIC_WORDS[e.metric]} for e in effects],
         "state": grid_state(r.state for r in runs),
         "live": any(r.state not in TERMINAL_STATES for r in runs),
         "created_at": _iso(grid.created_at),

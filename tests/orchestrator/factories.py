@@ -12,6 +12,9 @@ from orchestrator.cli import free_port as port_if_free
 from orchestrator.db.session import session_scope
 from orchestrator.fleet.inventory import NodeCreate, add_node
 
+API_TOKEN = "test-token"  # the token of the test clients of tests/orchestrator/runs/conftest.py
+AUTH = {"Authorization": f"Bearer {API_TOKEN}"}
+
 
 def tiny_overrides(steps: int) -> dict[str, Any]:
     """Grid overrides for a tiny shapes run of `steps` steps with a checkpoint every 10: seconds per arm

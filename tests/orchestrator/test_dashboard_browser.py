@@ -575,7 +575,8 @@ def test_report_and_flow_loss_in_the_browser(  # type: ignore[no-untyped-def]
     page = browser_context.new_page()
     page.goto(f"{base_url}/api/grids/{grid_id}/report.html")
     first = page.eval_on_selector("body", "b => b.querySelector('h2').textContent")
-    assert first == "Effects" and page.locator("table.effects tr").count() == 10  # header + B, C, D x 3
+    # header + 3 metrics for B (its parent is the control), C and D (against parent and control)
+    assert first == "Effects" and page.locator("table.effects tr").count() == 16
     outside = page.evaluate("""() => [...document.querySelectorAll('svg')].flatMap((svg) => {
         const box = svg.getBoundingClientRect();
         return [...svg.querySelectorAll('text')].map((t) => [t.textContent, t.getBoundingClientRect()])
@@ -611,6 +612,11 @@ def test_report_and_flow_loss_in_the_browser(  # type: ignore[no-untyped-def]
     assert "the detector's judge for A, B" in page.inner_text(chart)
     assert "held-out flow loss" in page.inner_text("#banners")
     assert page.get_attribute("figure.chart[data-key='paired_val_flow_loss']", "data-drawn") == "B"
+    # The judge leads: the arms table shows the flow loss, and the effects table reads one seed as such.
+    assert page.inner_text("#arms tr[data-arm='A'] td.judged").startswith("0.385")
+    effect = page.inner_text("#effects tbody tr[data-arm='B'][data-metric='val_flow_loss']")
+    assert "one seed: training noise not measured" in effect and "distinguishable" not in effect
+    assert "stand-in" in page.inner_text("#effects tbody tr[data-arm='B'][data-metric='recon_lpips']")
     assert page.locator("figure.chart[data-key='val_flow_loss_by_t']").count() == 0  # on demand only
     page.click("#flow-by-t summary")
     by_t = "figure.chart[data-key='val_flow_loss_by_t']"

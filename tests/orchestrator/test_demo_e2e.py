@@ -38,7 +38,7 @@ def test_demo_trains_five_arms_and_the_detector_stops_the_broken_one(tmp_path: P
             "best_checkpoint FROM runs"
         ))}
         first_rows = conn.execute(text(
-            "SELECT run_id, recon_lpips FROM metrics m "
+            "SELECT run_id, val_flow_loss FROM metrics m "
             "WHERE step = (SELECT MIN(step) FROM metrics WHERE run_id = m.run_id)"
         )).all()
         firsts = {run_id: value for run_id, value in first_rows}
@@ -50,7 +50,8 @@ def test_demo_trains_five_arms_and_the_detector_stops_the_broken_one(tmp_path: P
     for arm in "ABCD":
         r = runs[arm]
         assert (r.state, r.decision) == ("completed", None), (arm, r.state, r.decision)  # never flagged
-        assert r.best_value < firsts[r.id], f"arm {arm}: recon LPIPS never improved on its first checkpoint"
+        # Offline, LPIPS is the stand-in: the detector judges the held-out flow loss ("auto"), and so do the tables.
+        assert r.best_value < firsts[r.id], f"arm {arm}: val_flow_loss never improved on its first checkpoint"
         assert r.best_checkpoint and Path(r.best_checkpoint).exists()
     broken = runs[BROKEN]
     assert broken.state == "stopped" and broken.decision in {"collapse", "diverged"}, (broken.state, broken.decision)
@@ -64,7 +65,8 @@ def test_demo_trains_five_arms_and_the_detector_stops_the_broken_one(tmp_path: P
     assert f"stopped / {broken.decision} @{broken.decision_step}" in result and "CPU-h saved" in result
     assert f"{BROKEN} stopped by the detector at step {broken.decision_step}" in result
     assert f"kept its best checkpoint, step {broken.best_step}: {broken.best_checkpoint}" in result
-    assert "reason: recon_lpips" in result
+    assert "reason: " in result and "=nan" in result
+    assert "best held-out flow loss (plain mean) ± SE" in result  # the judge leads, not the stand-in LPIPS
     broken_row = next(line for line in result.splitlines() if line.startswith(f"│ {BROKEN}"))
     assert broken_row.rstrip(" │").endswith(" s)"), broken_row  # "0.0221 (80 s)": hours saved, with seconds
 

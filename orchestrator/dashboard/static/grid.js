@@ -47,8 +47,12 @@
     return node;
   }
 
-  const colour = (run) => PALETTE[run.position % PALETTE.length];
-  const dash = (run) => (run.position >= PALETTE.length ? [7, 4] : undefined);
+  // One colour per arm (its replicates share it), one dash pattern per training seed.
+  const DASHES = [undefined, [7, 4], [2, 3], [10, 3, 2, 3]];
+  const armIndex = (run) => run.arm_index ?? run.position;
+  const colour = (run) => PALETTE[armIndex(run) % PALETTE.length];
+  const dash = (run) => DASHES[((run.seed || 0) + (armIndex(run) >= PALETTE.length ? 1 : 0)) % DASHES.length];
+  const label = (run) => run.label || run.arm;
   function alpha(hex, a) {
     const n = parseInt(hex.slice(1), 16);
     return `rgba(${(n >> 16) & 255},${(n >> 8) & 255},${n & 255},${a})`;
@@ -140,13 +144,13 @@
       if (t.hi) {
         cols.push(column(t, t.hi), column(t, t.lo));
         const hiIdx = cols.length - 2;
-        series.push({ stroke: "transparent", points: { show: false }, spanGaps: true, label: `${t.run.arm} +se` });
-        series.push({ stroke: "transparent", points: { show: false }, spanGaps: true, label: `${t.run.arm} -se` });
+        series.push({ stroke: "transparent", points: { show: false }, spanGaps: true, label: `${label(t.run)} +se` });
+        series.push({ stroke: "transparent", points: { show: false }, spanGaps: true, label: `${label(t.run)} -se` });
         bands.push({ series: [hiIdx, hiIdx + 1], fill: alpha(c, t.after ? 0.06 : 0.16) });
       }
       cols.push(column(t, t.ys));
       series.push({
-        label: t.run.arm,
+        label: label(t.run),
         stroke: t.after ? alpha(c, 0.45) : c,
         width: t.after ? 1.5 : 2,
         dash: t.after ? [5, 4] : dash(t.run),
@@ -400,10 +404,10 @@
         : el("span", { class: "muted" }, r.decision === VOCAB.decision.continue ? r.decision : "—");
       const row = el("tr", { "data-arm": r.arm, class: hidden.has(r.arm) ? "off" : null, title: "click to show/hide this arm in the charts",
         onclick: () => { hidden.has(r.arm) ? hidden.delete(r.arm) : hidden.add(r.arm); render(data); } },
-        el("td", {}, el("i", { class: "sw", style: `--c:${colour(r)}` }), el("strong", {}, r.arm), r.description ? el("span", { class: "desc", title: r.description }, r.description) : null),
+        el("td", {}, el("i", { class: "sw", style: `--c:${colour(r)}` }), el("strong", {}, label(r)), r.description ? el("span", { class: "desc", title: r.description }, r.description) : null),
         el("td", {}, badge(r.state)),
         el("td", { class: "num" }, fmt(lastOf(s.step))),
-        el("td", { class: "num" }, fmt(lastOf(s.recon_lpips), 4)),
+        el("td", { class: "num judged", title: r.judge_metric || "" }, fmt(lastOf(s[r.judge_metric || "recon_lpips"] || []), 4)),
         el("td", { class: "nowrap" }, r.best_step !== null ? `${fmt(r.best_value, 4)} @${r.best_step}` : "—"),
         el("td", {}, detector),
         el("td", { class: "num" }, fmt(lastOf(s.gpu_hours), 1)),
@@ -419,7 +423,7 @@
   function renderLineage(d) {
     const body = document.querySelector("#lineage tbody");
     body.replaceChildren();
-    const byArm = new Map(d.runs.map((r) => [r.arm, r]));
+    const byArm = new Map(d.runs.filter((r) => !r.seed).map((r) => [r.arm, r]));
     for (const row of d.lineage) {
       const entries = Object.entries(row.changes);
       const changes = entries.length
@@ -535,9 +539,31 @@
     }
   }
 
+  // The effects table: each arm against its parent and the control across the grid's training seeds; with
+  // one seed an interval covers evaluation noise only, and says so instead of "distinguishable".
+  function renderEffects(d) {
+    const body = document.querySelector("#effects tbody");
+    body.replaceChildren();
+    document.getElementById("effects-seeds").textContent = d.seeds > 1
+      ? `${d.seeds} training seeds per arm: mean of the per-seed paired differences, t-interval over the seeds`
+      : "one training seed per arm: intervals cover evaluation noise only (submit with seeds: 3 to measure training noise)";
+    document.getElementById("effects-empty").hidden = d.effects.length > 0;
+    for (const e of d.effects) {
+      const interval = e.low !== null && e.high !== null ? ` [${signed(e.low)}, ${signed(e.high)}]` : "";
+      const spread = e.seed_sd !== null ? `seed SD ${fmt(e.seed_sd, 4)}` : (e.eval_se !== null ? `eval SE ${fmt(e.eval_se, 4)}` : "—");
+      const reading = e.standin ? "stand-in" : e.reading;
+      body.append(el("tr", { "data-arm": e.arm, "data-metric": e.metric, "data-k": e.k },
+        el("td", {}, e.arm), el("td", {}, e.words), el("td", {}, `${e.against} ${e.other_arm}`),
+        el("td", { class: "num" }, `${signed(e.diff)}${interval}`),
+        el("td", { class: `reading ${reading.split(":")[0].replace(/ /g, "-")}` }, reading),
+        el("td", { class: "num" }, e.k), el("td", { class: "num" }, spread)));
+    }
+  }
+
   function render(d) {
     renderHeader(d);
     renderBanners(d);
+    renderEffects(d);
     renderArms(d);
     renderCharts(d);
     gallery.update(d);

@@ -121,15 +121,18 @@ def _best(run: Run, ms: list[Metric], judge: str) -> Metric | None:
     return min(scored, key=lambda m: sign * getattr(m, judge)) if scored else None
 
 
+def judge_metric(run: Run, standin: bool) -> str | None:
+    """The metric the detector judges the run on: its spec's, with "auto" resolved (val_flow_loss where
+    LPIPS is the random stand-in). None for a spec that no longer validates."""
+    spec = _spec(run.spec)
+    return resolve_policy(spec.detector, standin).metric if spec is not None else None
+
+
 def judge_of(runs: list[Run], metrics: dict[int, list[Metric]]) -> str:
     """The metric the table leads with: the one the detector judged most of the runs on (val_flow_loss
     where LPIPS is the random stand-in, unless a spec names one)."""
-    judged = []
-    for r in runs:
-        spec = _spec(r.spec)
-        if spec is not None and spec.command is None:
-            standin = any(m.lpips_backbone == STANDIN for m in metrics[r.id])
-            judged.append(resolve_policy(spec.detector, standin).metric)
+    judged = [judge_metric(r, any(m.lpips_backbone == STANDIN for m in metrics[r.id]))
+              for r in runs if not is_command_run(r)]  # fmt: skip
     known = [m for m in judged if m in QUALITY]
     return max(dict.fromkeys(known), key=known.count) if known else PRIMARY
 

@@ -5,7 +5,6 @@ Real tiny arms trained on the CPU, records ingested into a migrated database, th
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,18 +14,14 @@ from scipy import stats
 
 from model.data import build_dataset
 from model.spec import ArmSpec
-from orchestrator.app import create_app
 from orchestrator.db.models import Metric, Run
 from orchestrator.db.session import session_scope
 from orchestrator.runs.ingest import insert_metrics
 from orchestrator.runs.reports.effects import effect_reading
 from orchestrator.runs.reports.stats import Difference, across_seeds
 from orchestrator.settings import Settings
-from tests.orchestrator.factories import tiny_overrides
+from tests.orchestrator.factories import AUTH, tiny_overrides
 from worker.train import train_arm
-
-TOKEN = "test-token"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 def test_the_across_seed_interval_is_the_t_interval_of_the_per_seed_differences() -> None:
@@ -59,17 +54,6 @@ def test_two_training_seeds_share_the_held_out_images_and_differ_in_training() -
     old = ArmSpec.model_validate({"name": "A", **tiny_overrides(10), "data": {**tiny_overrides(10)["data"], "seed": 1}})
     assert old.data.split_seed is None and old.data.dataset_seed() == 1
     assert not torch.equal(build_dataset(old).held_out(2)[0], held[0])
-
-
-@pytest.fixture(scope="module")
-def settings(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Settings:
-    return Settings(database_url=database_url, storage_dir=tmp_path_factory.mktemp("storage"))
-
-
-@pytest.fixture(scope="module")
-def client(settings: Settings) -> Iterator[TestClient]:
-    with TestClient(create_app(settings, TOKEN)) as c:
-        yield c
 
 
 @pytest.mark.parametrize("seeds", [0, 17, "three"])

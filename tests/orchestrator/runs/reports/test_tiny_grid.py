@@ -5,35 +5,19 @@ the three formats over the API, and the report written exactly once when the gri
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 
-from orchestrator.app import create_app
 from orchestrator.db.models import Event, Run
 from orchestrator.db.session import session_scope
 from orchestrator.runs.arms import resolve
 from orchestrator.runs.ingest import insert_metrics
 from orchestrator.runs.reports.write import report_dir, write_due_reports
 from orchestrator.settings import Settings
-from tests.orchestrator.factories import tiny_overrides
+from tests.orchestrator.factories import AUTH, tiny_overrides
 from worker.train import train_arm
-
-TOKEN = "test-token"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
-
-
-@pytest.fixture(scope="module")
-def settings(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Settings:
-    return Settings(database_url=database_url, storage_dir=tmp_path_factory.mktemp("storage"))
-
-
-@pytest.fixture(scope="module")
-def client(settings: Settings) -> Iterator[TestClient]:
-    with TestClient(create_app(settings, TOKEN)) as c:
-        yield c
 
 
 @pytest.fixture(scope="module")
