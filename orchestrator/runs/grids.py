@@ -24,8 +24,9 @@ from orchestrator.db.transitions import transition
 from orchestrator.errors import Conflict, InvalidBody
 from orchestrator.runs.arms import LINEAGE_KEYS, ArmError, arm_files, resolve
 from orchestrator.runs.command_arms import command_errors, is_command_arm, resolve_command_arm
+from orchestrator.runs.trackers.clients import grid_trackers, tracker_errors
 from orchestrator.settings import Settings
-from orchestrator.vocabulary import TERMINAL_STATES, GridSource, RunDecision, RunState
+from orchestrator.vocabulary import TERMINAL_STATES, GridSource, RunDecision, RunState, TrackerName
 
 ARM_LABEL_MAX = 64  # runs.arm is VARCHAR(64)
 # An arm's name becomes a path part (a sweep copies each run's checkpoints to runs/<id>-<arm>/).
@@ -63,6 +64,8 @@ class GridCreate(BaseModel):
     overrides: dict[str, Any] = Field(default_factory=dict)
     # The arm the stall rule compares against; default: the first arm.
     control: str | None = Field(default=None, examples=["A"])
+    # Experiment trackers the controller forwards the runs to (docs/trackers.md); unset: ABLATE_TRACKERS.
+    trackers: list[TrackerName] | None = Field(default=None, max_length=len(TrackerName), examples=[["tensorboard"]])
 
     @field_validator("name")
     @classmethod
@@ -318,15 +321,18 @@ def create_grid(
     source: GridSource = GridSource.submitted,
     max_gpu_memory_gib: float | None = None,
     paths: PathPolicy | None = None,
+    default_trackers: Sequence[TrackerName] = (),
 ) -> Grid:
     """Store the grid and one queued run per arm (in order) with its fully resolved spec; flushes, no commit.
 
     An arm that cannot fit a GPU is a GridError: see `memory_errors` (cap `max_gpu_memory_gib`). With
     `paths` (every grid a client submits), spec paths outside the operator's directories are too; a
-    command arm is refused unless `paths` allows commands (without it, none is allowed).
+    command arm is refused unless `paths` allows commands (without it, none is allowed). A grid that names
+    no trackers forwards to `default_trackers` (ABLATE_TRACKERS); a tracker whose client is not installed
+    is a GridError naming its extra.
     """
     resolved = resolve_grid(body)
-    errors = memory_errors(body, resolved, max_gpu_memory_gib)
+    errors = memory_errors(body, resolved, max_gpu_memory_gib) + tracker_errors(body.trackers, default_trackers)
     if paths is not None:
         errors += paths.errors(body, resolved)
     else:
@@ -338,6 +344,7 @@ def create_grid(
         control_arm=body.control if body.control is not None else resolved[0][0],
         overrides=body.overrides,
         source=source,
+        trackers=grid_trackers(body.trackers, default_trackers) if source != GridSource.imported else [],
     )
     grid.runs = [
         Run(position=i, arm=label, spec=spec.model_dump(mode="json"), state=RunState.queued)

@@ -52,6 +52,7 @@ from orchestrator.runs.placement import (
     worker_kwargs,
 )
 from orchestrator.runs.reports.write import write_due_reports
+from orchestrator.runs.trackers.forwarder import Forwarder
 from orchestrator.settings import Settings
 from orchestrator.storage import record_storage, run_storage_url, seen_seq
 from orchestrator.vocabulary import ACTIVE_STATES, TERMINAL_STATES, GridSource, RunState
@@ -81,6 +82,7 @@ class Launcher:
         self._thread: threading.Thread | None = None
         self._last_housekeeping = 0.0
         self._warned_no_gpu = False
+        self.forwarder = Forwarder(settings)  # experiment trackers, in threads of their own
 
     # lifecycle ---------------------------------------------------------------------------------------
 
@@ -100,6 +102,7 @@ class Launcher:
         return not self._thread.is_alive()
 
     def run_forever(self) -> None:
+        self.forwarder.start()
         try:
             while not self._halt.is_set():
                 try:
@@ -108,6 +111,7 @@ class Launcher:
                     log.exception("launcher tick failed")
                     self._halt.wait(self.settings.scheduler_interval_s)
         finally:
+            self.forwarder.stop()
             self.pool.close()
 
     def tick(self) -> None:
@@ -331,6 +335,7 @@ class Launcher:
             else:
                 gone = False
         # Only once committed: a failed commit leaves both to the next poll (the records are re-sent).
+        self.forwarder.notify(worker.run_id)
         worker.started = True
         worker.storage_seen = seen
         if reply.records:

@@ -78,6 +78,16 @@ def _files(manifest: dict[str, Any]) -> list[dict[str, Any]]:
     return [f for f in manifest["files"] if isinstance(f, dict) and SAMPLE_FILE_RE.match(str(f.get("file", "")))]
 
 
+def sample_names(extra: dict[str, Any] | None) -> list[SampleName]:
+    """The sample images one checkpoint's manifest lists (Metric.extra), in its order."""
+    manifest = _manifest(extra)
+    return [
+        SampleName(file=str(f["file"]), kind=str(f.get("kind", "")), index=int(f.get("index", 0)),
+                   caption=str(f.get("caption", "")))
+        for f in (_files(manifest) if manifest is not None else [])
+    ]  # fmt: skip
+
+
 def sample_index(records: list[tuple[int, dict[str, Any] | None]]) -> SampleIndex:
     """The SampleIndex of a run from its (step, Metric.extra) records, in step order."""
     steps, newest = [], None
@@ -86,12 +96,7 @@ def sample_index(records: list[tuple[int, dict[str, Any] | None]]) -> SampleInde
         if manifest is not None:
             steps.append(step)
             newest = manifest
-    names = [
-        SampleName(file=str(f["file"]), kind=str(f.get("kind", "")), index=int(f.get("index", 0)),
-                   caption=str(f.get("caption", "")))
-        for f in (_files(newest) if newest is not None else [])
-    ]  # fmt: skip
-    return SampleIndex(steps=steps, files=names)
+    return SampleIndex(steps=steps, files=sample_names({"samples": newest} if newest is not None else None))
 
 
 def run_samples(session: Session, run: Run) -> list[StepSamples]:

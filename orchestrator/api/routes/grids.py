@@ -23,11 +23,12 @@ router = APIRouter(prefix="/api/grids", tags=["grids"])
     responses={**AUTH_RESPONSES, 422: {"description": "invalid grid"}},
 )
 def submit_grid(body: GridCreate, session: SessionDep, settings: SettingsDep, _: AuthDep) -> GridCreated:
-    """Store the grid and queue one run per arm. Invalid arms, and arms whose estimated peak GPU memory
-    exceeds ABLATE_MAX_GPU_MEMORY_GIB, answer 422 naming the field path (and the estimate)."""
+    """Store the grid and queue one run per arm. Invalid arms, arms whose estimated peak GPU memory
+    exceeds ABLATE_MAX_GPU_MEMORY_GIB, and trackers whose client is not installed answer 422 naming the
+    field path (and the estimate, or the extra to install)."""
     cap = gpu_memory_cap_gib(session, settings.max_gpu_memory_gib)
     paths = PathPolicy.from_settings(settings)
-    grid = create_grid(session, body, max_gpu_memory_gib=cap, paths=paths)
+    grid = create_grid(session, body, max_gpu_memory_gib=cap, paths=paths, default_trackers=settings.trackers)
     session.commit()  # committed before the 201 goes out, so the id is durable when the client sees it
     return GridCreated(id=grid.id)
 
