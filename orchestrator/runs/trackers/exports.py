@@ -145,7 +145,8 @@ def _checkpoints(rows: dict[int, dict[str, float]]) -> list[dict[str, Any]]:
 
 
 def wandb_runs_curves(paths: list[Path]) -> dict[str, Any]:
-    """A curves document from W&B run files; resumed parts of one run (same id) join into one curve."""
+    """A curves document from W&B run files, in the runs' name order; resumed parts of one run (same id)
+    join into one curve."""
     by_id: dict[str, tuple[str, dict[int, dict[str, float]]]] = {}
     for path in paths:
         run = read_wandb_run(path)
@@ -156,7 +157,8 @@ def wandb_runs_curves(paths: list[Path]) -> dict[str, Any]:
                 if v is not None
             }  # fmt: skip
             rows.setdefault(int(row["_step"]), {}).update(values)
-    return {name: {"label": name, "checkpoints": _checkpoints(rows)} for name, rows in by_id.values()}
+    ordered = sorted(by_id.values(), key=lambda pair: pair[0])  # by name: files carry random ids, A_... first
+    return {name: {"label": name, "checkpoints": _checkpoints(rows)} for name, rows in ordered}
 
 
 def wandb_csv_curves(path: Path) -> dict[str, Any]:
