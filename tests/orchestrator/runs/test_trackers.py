@@ -8,7 +8,6 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,16 +25,18 @@ from orchestrator.runs.trackers.forwarder import Forwarder
 from orchestrator.settings import Settings
 from orchestrator.vocabulary import RunState, TrackerName
 from tests.orchestrator.factories import tiny_overrides
+from tests.orchestrator.runs.tracker_files import (
+    STOPPED_ARM,
+    mlflow_runs,
+    tb_text,
+    tensorboard_runs,
+    tracker_environment,
+    wait_closed,
+    wandb_runs,
+)
 from worker.train import train_arm
 
 TINY = tiny_overrides(30)
-# An arm whose detector stops it at its first lower flow loss, by taking higher as better (a sign flip the
-# tiny run's falling loss is sure to trip).
-STOPPED_ARM = {"parent": "A", "name": "A-flipped", "detector": {
-    "metric": "val_flow_loss", "metric_mode": "max", "worsening_checkpoints": 1, "margin_abs": 0, "margin_se": 0,
-    "assumed_se": None, "secondary": {}}}
-
-
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
     """One tiny arm's real run folder and records (checkpoints 10, 20, 30, with sample images)."""
@@ -45,13 +46,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[s
 
 @pytest.fixture
 def tracker_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """W&B offline and an MLflow file store under tmp_path; nothing leaves the machine."""
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb"))
-    monkeypatch.setenv("WANDB_PROJECT", "ablate-test")
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", (tmp_path / "mlruns").as_uri())
-    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "ablate-test")
-    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 keeps its file store for those who ask
+    tracker_environment(tmp_path, monkeypatch)
     return tmp_path
 
 
@@ -85,47 +80,6 @@ def ingest_and_end(database_url: str, run_ids: list[int], records: list[dict[str
 def forward(forwarder: Forwarder, *names: TrackerName) -> None:
     for name in names:
         forwarder.forward(name)
-
-
-# -- reading each tracker back ----------------------------------------------------------------------
-
-
-def tensorboard_runs(root: Path) -> dict[str, Any]:
-    """Arm folder -> its EventAccumulator (every event file of the folder, as TensorBoard reads it)."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    out = {}
-    for folder in sorted({p.parent for p in root.rglob("events.out.tfevents.*")}):
-        acc = EventAccumulator(str(folder), size_guidance={"scalars": 0, "images": 0, "tensors": 0})
-        acc.Reload()
-        out[folder.name] = acc
-    return out
-
-
-def tb_text(acc: Any, tag: str) -> list[tuple[int, str]]:  # noqa: ANN401 - an EventAccumulator
-    if f"{tag}/text_summary" not in acc.Tags()["tensors"]:
-        return []
-    return [(e.step, e.tensor_proto.string_val[0].decode()) for e in acc.Tensors(f"{tag}/text_summary")]
-
-
-def mlflow_runs() -> dict[str, Any]:
-    """Run name -> MLflow run, in the test's experiment."""
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient()
-    experiment = client.get_experiment_by_name("ablate-test")
-    return {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}
-
-
-def wandb_runs(root: Path) -> dict[str, Any]:
-    """W&B run name -> its offline run(s) read back (orchestrator/runs/trackers/exports.py reads .wandb files)."""
-    from orchestrator.runs.trackers.exports import read_wandb_run
-
-    runs: dict[str, Any] = {}
-    for path in sorted(root.rglob("run-*.wandb")):
-        run = read_wandb_run(path)
-        runs.setdefault(run.name, []).append(run)
-    return runs
 
 
 # -- the tests --------------------------------------------------------------------------------------
@@ -258,68 +212,6 @@ def test_a_restarted_controller_continues_each_tracker_run_without_duplicating_p
     assert sorted(row["_step"] for p in parts for row in p.history) == steps
 
 
-@pytest.fixture(scope="module")
-def ray_address() -> Iterator[str]:
-    """A Ray with 2 logical GPUs for the launcher's local node (one per arm)."""
-    import ray
-
-    ray.init(num_gpus=2, num_cpus=2, namespace="ablate-trackers", include_dashboard=False, log_to_driver=False)
-    yield ray.get_runtime_context().gcs_address
-    ray.shutdown()
-
-
-def test_a_grid_run_by_the_launcher_reaches_three_trackers_and_no_tracker_key_reaches_the_node(
-    database_url: str, tmp_path: Path, tracker_env: Path, ray_address: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from orchestrator.runs.launcher import Launcher
-    from orchestrator.runs.placement import worker_kwargs
-    from tests.polling import wait_for
-
-    key = "wandb-key-that-must-stay-on-the-controller"
-    monkeypatch.setenv("WANDB_API_KEY", key)
-    settings = settings_for(database_url, tmp_path, worker_threads=1, ray_namespace="ablate-trackers",
-                            ray_address=ray_address)  # fmt: skip
-    with session_scope(database_url) as session:
-        grid = create_grid(session, GridCreate(name="served grid", arms=["A", STOPPED_ARM], overrides=TINY,
-                                               trackers=["tensorboard", "mlflow", "wandb"]))  # fmt: skip
-        ids = [r.id for r in grid.runs]
-    launcher = Launcher(settings)
-    launcher.start()
-    try:
-        def ended() -> bool:
-            with session_scope(database_url) as session:
-                return all(session.get_one(Run, i).state in ("completed", "stopped") for i in ids)
-
-        wait_for(ended, "both arms to end", timeout=240)
-        for run_id in ids:
-            for tracker in TrackerName:
-                wait_closed(database_url, run_id, tracker)
-    finally:
-        launcher.stop()
-    with session_scope(database_url) as session:
-        runs = [session.get_one(Run, i) for i in ids]
-        steps = {r.id: session.scalars(select(Metric.step).where(Metric.run_id == r.id).order_by(Metric.step)).all()
-                 for r in runs}  # fmt: skip
-        # What a node is given for a run, and what it wrote, hold no tracker setting.
-        for run in runs:
-            assert key not in str(worker_kwargs(settings, run, Path(run.checkpoint_dir), "worker.train:train_arm"))
-            written = [p for p in Path(run.checkpoint_dir).rglob("*") if p.is_file()]
-            assert written and not [p for p in written if key.encode() in p.read_bytes()]
-    assert [r.state for r in runs] == ["completed", "stopped"] and runs[1].decision == "collapse"
-    tb = tensorboard_runs(tmp_path / "tensorboard")
-    assert {arm: [e.step for e in acc.Scalars("val_flow_loss")] for arm, acc in tb.items()} == {
-        "A": steps[ids[0]], "A-flipped": steps[ids[1]]}  # fmt: skip
-    assert all(acc.Tags()["images"] for acc in tb.values())
-    assert tb_text(tb["A-flipped"], "decision")[0][1].startswith(f"collapse at step {runs[1].decision_step}")
-    mlflow = mlflow_runs()
-    assert mlflow["A-flipped"].data.tags["ablate.decision_reason"] == runs[1].decision_reason
-    assert mlflow["A"].data.tags["ablate.state"] == "completed"
-    wb = wandb_runs(tmp_path / "wandb")
-    assert {arm: [row["_step"] for part in parts for row in part.history] for arm, parts in wb.items()} == {
-        "A": steps[ids[0]], "A-flipped": steps[ids[1]]}  # fmt: skip
-    assert wb["A-flipped"][-1].summary["decision"] == "collapse"
-
-
 class BlockedSink:
     """A tracker that hangs until released, then refuses: stands for a tracker server that stopped answering."""
 
@@ -417,14 +309,3 @@ def wait_event(database_url: str, run_id: int, kind: str) -> Event:
     from tests.polling import wait_for
 
     return wait_for(lambda: (events(database_url, run_id, kind) or [None])[0], f"a {kind} event on run {run_id}")
-
-
-def wait_closed(database_url: str, run_id: int, tracker: str) -> None:
-    from tests.polling import wait_for
-
-    def closed() -> bool:
-        with session_scope(database_url) as session:
-            return bool(session.scalar(select(TrackerRun.closed).where(TrackerRun.run_id == run_id,
-                                                                       TrackerRun.tracker == tracker)))
-
-    wait_for(closed, f"run {run_id}'s {tracker} run to be closed")
