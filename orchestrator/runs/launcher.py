@@ -16,6 +16,8 @@ State machine per run: queued -> starting -> running -> completed | stopped | fa
   records after the last step in the DB; a run whose worker is on no node is re-queued (a retry counted).
 - Node loss: a node unreachable for node_lost_s, or one whose agent sent what the protocol refuses, loses
   its workers: their runs are re-queued like a dead worker's, with the reason.
+- Trackers (orchestrator/runs/trackers/): after each stored reply the run id is handed to the forwarder,
+  whose threads send what is new to W&B, TensorBoard or MLflow; the loop never waits for a tracker.
 - Races with the API: queued -> starting and queued -> stopped are compare-and-set updates, so a
   user's stop and a launch never both win.
 
