@@ -106,6 +106,31 @@ def test_a_grid_names_its_trackers_and_a_missing_client_is_refused_naming_the_ex
         assert (named.trackers, default.trackers) == ([], ["mlflow"])
 
 
+def test_submission_answers_422_naming_the_extra_and_the_grid_shows_its_trackers(
+    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.util
+
+    from fastapi.testclient import TestClient
+
+    from orchestrator.app import create_app
+
+    token = "tracker-test-token"
+    auth = {"Authorization": f"Bearer {token}"}
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mlflow" else real(name, *a))
+    with TestClient(create_app(settings_for(database_url, tmp_path, trackers=["tensorboard"]), token)) as client:
+        refused = client.post("/api/grids", json={"name": "t", "arms": ["A"], "trackers": ["mlflow"]}, headers=auth)
+        assert refused.status_code == 422
+        assert refused.json()["detail"] == [{"loc": ["body", "trackers", 0], "type": "value_error",
+                                             "msg": "the mlflow tracker needs its client on the controller: "
+                                                    "pip install 'ablate[mlflow]'"}]  # fmt: skip
+        unknown = client.post("/api/grids", json={"name": "t", "arms": ["A"], "trackers": ["comet"]}, headers=auth)
+        assert unknown.status_code == 422 and unknown.json()["detail"][0]["loc"] == ["body", "trackers", 0]
+        created = client.post("/api/grids", json={"name": "t", "arms": ["A"]}, headers=auth)  # ABLATE_TRACKERS
+        assert client.get(f"/api/grids/{created.json()['id']}").json()["trackers"] == ["tensorboard"]
+
+
 def test_every_arm_reaches_all_three_trackers_with_metrics_samples_and_the_decision(
     database_url: str, tmp_path: Path, tracker_env: Path, trained: tuple[Path, list[dict[str, Any]]]
 ) -> None:
