@@ -123,14 +123,17 @@ def read_due(session: Session, tracker: TrackerName, run_id: int) -> Due | None:
     group = _cursor(session, tracker, grid.id, None)
     if cursor.closed:
         return None
-    # Events before metrics: a final event committed before this read follows every checkpoint it ends.
+    # Events, then the run's state, then its checkpoints, each read after the one before: a final event
+    # seen here is matched by a final state, and every checkpoint committed before it is read too.
     events = session.scalars(
         select(Event)
         .where(Event.run_id == run.id, Event.id > (cursor.event_id or 0), Event.kind.in_(FORWARDED_EVENTS))
         .order_by(Event.id)
     ).all()
+    session.refresh(run)
     after = cursor.step if cursor.step is not None else -1
-    points = [p for p in metric_series(session, run.id) if p["step"] > after][:CHECKPOINTS_PER_PASS]
+    pending = [p for p in metric_series(session, run.id) if p["step"] > after]
+    points = pending[:CHECKPOINTS_PER_PASS]
     extras = dict(
         session.execute(select(Metric.step, Metric.extra).where(Metric.run_id == run.id, Metric.step > after)).all()
     )
@@ -141,7 +144,7 @@ def read_due(session: Session, tracker: TrackerName, run_id: int) -> Due | None:
     judged = judged_metric(run, points[-1]) if points else None
     spec = dict(run.spec or {})
     tracked = TrackedRun(run.id, run.arm, grid.id, grid.name, spec, cursor.external_id, group.external_id)
-    caught_up = len(points) < CHECKPOINTS_PER_PASS
+    caught_up = len(pending) == len(points)
     status = Status(
         state=run.state,
         decision=run.decision,
