@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from pydantic_settings import SettingsError as EnvParseError
+
+from orchestrator.vocabulary import TrackerName
 
 DEFAULT_DIR = Path(".ablate")
 # A shorter token is refused: 16 random characters are out of reach of online guessing.
@@ -109,6 +112,18 @@ class Settings(BaseSettings):
     # error naming the fix. Read where the weights load (model/hub.py); declared here so a bad value
     # stops start-up.
     offline: bool = False
+    # -- experiment trackers (orchestrator/runs/trackers/): the controller forwards what it ingests --
+    # Trackers every grid forwards to unless its body names its own ("trackers": [...]): wandb, tensorboard,
+    # mlflow, as a JSON list or comma-separated. Each needs its extra (pip install 'ablate[wandb]'); their own
+    # settings come from their usual variables (WANDB_PROJECT, WANDB_ENTITY, WANDB_MODE, MLFLOW_TRACKING_URI,
+    # MLFLOW_EXPERIMENT_NAME). Nodes never see any of them.
+    trackers: Annotated[list[TrackerName], NoDecode] = []
+    # TensorBoard's log directory (one folder per grid, one run per arm); unset: storage_dir/tensorboard.
+    tensorboard_dir: Path | None = None
+    # Tries per forwarding step before a tracker counts as unreachable for now (recorded on the run); its
+    # points stay due and go out when it answers again, after a pause growing up to tracker_backoff_max_s.
+    tracker_retries: Annotated[int, Field(ge=1, le=10)] = 3
+    tracker_backoff_max_s: Annotated[float, Field(gt=0)] = 60.0
     # -- rented nodes (orchestrator/fleet/providers/) --
     # This controller's name in the label of every instance it rents (`ablate.<id>.s<sweep>`): the reaper
     # destroys only instances with its own id, so two controllers can share one provider account. Unset: an
@@ -150,6 +165,15 @@ class Settings(BaseSettings):
             return "postgresql+psycopg://" + v.removeprefix("postgresql://")
         return v
 
+    @field_validator("trackers", mode="before")
+    @classmethod
+    def _tracker_list(cls, v: Any) -> Any:
+        """ABLATE_TRACKERS=wandb,tensorboard or a JSON list."""
+        if isinstance(v, str):
+            text = v.strip()
+            return json.loads(text) if text.startswith("[") else [p.strip() for p in text.split(",") if p.strip()]
+        return v
+
     @field_validator("checkpoint_url")
     @classmethod
     def _known_store(cls, v: str | None) -> str | None:
@@ -171,6 +195,10 @@ class Settings(BaseSettings):
     def checkpoint_root(self) -> str:
         """Where runs' checkpoints are stored (each run under its own prefix)."""
         return self.checkpoint_url or f"file://{(self.storage_dir.resolve() / 'checkpoints').as_posix()}"
+
+    @property
+    def tensorboard_root(self) -> Path:
+        return self.tensorboard_dir or self.storage_dir / "tensorboard"
 
     @property
     def token_file(self) -> Path:

@@ -59,6 +59,14 @@ DETECTOR_STOPS = frozenset({RunDecision.COLLAPSE, RunDecision.DIVERGED, RunDecis
 STOP_DECISIONS = DETECTOR_STOPS | {RunDecision.USER}
 
 
+class TrackerName(StrEnum):
+    """An experiment tracker the controller forwards a grid's runs to (orchestrator/runs/trackers/)."""
+
+    wandb = "wandb"
+    tensorboard = "tensorboard"
+    mlflow = "mlflow"
+
+
 class GridSource(StrEnum):
     """Where a grid came from."""
 

@@ -1,4 +1,5 @@
-"""`ablate import CURVES.json --name NAME`: store published curves as a finished grid, detector replayed."""
+"""`ablate import CURVES --name NAME`: store recorded curves (ablate's curves JSON, a W&B CSV export or offline
+runs, TensorBoard event files) as a finished grid, detector replayed."""
 
 from __future__ import annotations
 
@@ -23,7 +24,13 @@ def _arm_map(pairs: list[str]) -> dict[str, str]:
 
 @app.command("import")
 def import_command(
-    curves: Annotated[Path, typer.Argument(help="Curves JSON: {arm: {label, start_time, checkpoints: [{step, ...}]}}")],
+    curves: Annotated[
+        Path,
+        typer.Argument(
+            help="Curves JSON {arm: {label, start_time, checkpoints: [{step, ...}]}}, a W&B CSV export, W&B offline "
+            "runs (a run-*.wandb file or a folder of them) or TensorBoard event files (a file or a log directory)"
+        ),
+    ],
     name: Annotated[str, typer.Option("--name", help="Name of the new grid")],
     control: Annotated[
         str | None, typer.Option("--control", help="Control arm (curve key or letter; default: the first curve)")
@@ -38,8 +45,10 @@ def import_command(
 ) -> None:
     """Import recorded curves as a finished grid and replay the collapse detector over them.
 
-    One run per curve (state completed, or stopped where the detector stops it, with its reason and
-    best checkpoint), one metric row per checkpoint. Prints the grid id and each arm's verdict.
+    A study run elsewhere comes in from its tracker: each W&B or TensorBoard run is one curve named after
+    the run (name runs after their arm, A_baseline, or map them with --arm). One run per curve (state
+    completed, or stopped where the detector stops it, with its reason and best checkpoint), one metric
+    row per checkpoint. Prints the grid id and each arm's verdict.
     """
     import json
 
@@ -51,19 +60,23 @@ def import_command(
     from orchestrator.runs.curves import CurvesError, load_curves
     from orchestrator.runs.grids import GridError
     from orchestrator.runs.importer import CurvesImportError, arm_letters, import_curves, start_times_of
+    from orchestrator.runs.trackers.exports import tracker_export_curves
     from orchestrator.settings import load_settings
 
     pol = load_policy(policy) if policy is not None else None
     try:
-        loaded = load_curves(curves)
+        exported = tracker_export_curves(curves)
+        loaded = exported if exported is not None else load_curves(curves)
     except CurvesError as exc:
         raise CLIError(str(exc)) from None
+    except OSError as exc:  # an unreadable export file or folder
+        raise CLIError(f"cannot read {curves}: {exc.strerror or exc}") from None
     arm_map = _arm_map(arm or [])
     try:
         arm_letters(loaded, arm_map)  # fail on unmapped curves before touching the database
     except CurvesImportError as exc:
         raise CLIError(f"{curves}: {exc}") from None
-    starts = start_times_of(json.loads(curves.read_text()))
+    starts = start_times_of(json.loads(curves.read_text())) if exported is None else {}
     settings = load_settings()
     try:
         upgrade(settings.database_url)

@@ -53,6 +53,8 @@ class Grid(Base):
     # Training seeds per arm (replicates): each arm runs this many times on one fixed held-out split.
     seeds: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # TrackerNames its runs are forwarded to (orchestrator/runs/trackers/); None on rows before 0009.
+    trackers: Mapped[list[Any] | None] = mapped_column(default=list)
 
     runs: Mapped[list[Run]] = relationship(back_populates="grid", order_by="Run.position")
 
@@ -187,6 +189,30 @@ class Event(Base):
     kind: Mapped[str] = mapped_column(String(64))
     message: Mapped[str] = mapped_column(Text, default="")
     data: Mapped[dict[str, Any]] = mapped_column(default=dict)
+
+
+class TrackerRun(Base):
+    """How far one run (or, with run_id None, its grid) has been forwarded to one experiment tracker.
+
+    The cursor a restarted controller resumes from, so no point is sent twice: the last checkpoint step
+    and event id forwarded. `external_id` is the tracker's own id (a W&B run id, an MLflow run id, a
+    TensorBoard folder), so a resumed run continues the same tracker run. Never holds a key.
+    """
+
+    __tablename__ = "tracker_runs"
+    __table_args__ = (UniqueConstraint("tracker", "grid_id", "run_id", name="uq_tracker_runs_tracker_grid_run"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    tracker: Mapped[str] = mapped_column(String(16))  # a TrackerName
+    grid_id: Mapped[int] = mapped_column(ForeignKey("grids.id", ondelete="CASCADE"), index=True)
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    external_id: Mapped[str | None] = mapped_column(String(255))
+    step: Mapped[int | None] = mapped_column(Integer)  # the last checkpoint forwarded
+    event_id: Mapped[int | None] = mapped_column(Integer)  # the last run event forwarded
+    closed: Mapped[bool] = mapped_column(default=False)  # the run ended and its tracker run was finished
+    failures: Mapped[int] = mapped_column(Integer, default=0)  # failed forwarding steps in a row
+    last_error: Mapped[str | None] = mapped_column(Text)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
 class Node(Base):

@@ -25,8 +25,9 @@ from orchestrator.errors import Conflict, InvalidBody
 from orchestrator.runs.arms import LINEAGE_KEYS, ArmError, arm_files, resolve
 from orchestrator.runs.command_arms import command_errors, is_command_arm, resolve_command_arm
 from orchestrator.runs.replicates import MAX_SEEDS, replicate_spec
+from orchestrator.runs.trackers.clients import grid_trackers, tracker_errors
 from orchestrator.settings import Settings
-from orchestrator.vocabulary import TERMINAL_STATES, GridSource, RunDecision, RunState
+from orchestrator.vocabulary import TERMINAL_STATES, GridSource, RunDecision, RunState, TrackerName
 
 ARM_LABEL_MAX = 64  # runs.arm is VARCHAR(64)
 # An arm's name becomes a path part (a sweep copies each run's checkpoints to runs/<id>-<arm>/).
@@ -67,6 +68,8 @@ class GridCreate(BaseModel):
     # Training seeds per arm (replicates): each arm runs this many times, seeds 0..N-1 on one held-out
     # split, so the report's effects include training noise (orchestrator/runs/replicates.py).
     seeds: int = Field(default=1, ge=1, le=MAX_SEEDS, examples=[3])
+    # Experiment trackers the controller forwards the runs to (docs/trackers.md); unset: ABLATE_TRACKERS.
+    trackers: list[TrackerName] | None = Field(default=None, max_length=len(TrackerName), examples=[["tensorboard"]])
 
     @field_validator("name")
     @classmethod
@@ -322,6 +325,7 @@ def create_grid(
     source: GridSource = GridSource.submitted,
     max_gpu_memory_gib: float | None = None,
     paths: PathPolicy | None = None,
+    default_trackers: Sequence[TrackerName] = (),
 ) -> Grid:
     """Store the grid and one queued run per arm and training seed with its fully resolved spec; flushes,
     no commit. Seed-major order: every arm's seed 0 is queued before any seed 1, so a night cut short
@@ -329,10 +333,12 @@ def create_grid(
 
     An arm that cannot fit a GPU is a GridError: see `memory_errors` (cap `max_gpu_memory_gib`). With
     `paths` (every grid a client submits), spec paths outside the operator's directories are too; a
-    command arm is refused unless `paths` allows commands (without it, none is allowed).
+    command arm is refused unless `paths` allows commands (without it, none is allowed). A grid that names
+    no trackers forwards to `default_trackers` (ABLATE_TRACKERS); a tracker whose client is not installed
+    is a GridError naming its extra.
     """
     resolved = resolve_grid(body)
-    errors = memory_errors(body, resolved, max_gpu_memory_gib)
+    errors = memory_errors(body, resolved, max_gpu_memory_gib) + tracker_errors(body.trackers, default_trackers)
     if paths is not None:
         errors += paths.errors(body, resolved)
     else:
@@ -345,6 +351,7 @@ def create_grid(
         overrides=body.overrides,
         source=source,
         seeds=body.seeds,
+        trackers=grid_trackers(body.trackers, default_trackers) if source != GridSource.imported else [],
     )
     grid.runs = [
         Run(position=seed * len(resolved) + i, arm=label, seed=seed,

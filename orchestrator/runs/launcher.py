@@ -16,6 +16,8 @@ State machine per run: queued -> starting -> running -> completed | stopped | fa
   records after the last step in the DB; a run whose worker is on no node is re-queued (a retry counted).
 - Node loss: a node unreachable for node_lost_s, or one whose agent sent what the protocol refuses, loses
   its workers: their runs are re-queued like a dead worker's, with the reason.
+- Trackers (orchestrator/runs/trackers/): after each stored reply the run id is handed to the forwarder,
+  whose threads send what is new to W&B, TensorBoard or MLflow; the loop never waits for a tracker.
 - Races with the API: queued -> starting and queued -> stopped are compare-and-set updates, so a
   user's stop and a launch never both win.
 
@@ -54,6 +56,7 @@ from orchestrator.runs.placement import (
     worker_kwargs,
 )
 from orchestrator.runs.reports.write import write_due_reports
+from orchestrator.runs.trackers.forwarder import Forwarder
 from orchestrator.settings import Settings
 from orchestrator.storage import record_storage, run_storage_url, seen_seq
 from orchestrator.vocabulary import ACTIVE_STATES, TERMINAL_STATES, GridSource, RunState
@@ -83,6 +86,7 @@ class Launcher:
         self._thread: threading.Thread | None = None
         self._last_housekeeping = 0.0
         self._warned_no_gpu = False
+        self.forwarder = Forwarder(settings)  # experiment trackers, in threads of their own
 
     # lifecycle ---------------------------------------------------------------------------------------
 
@@ -102,6 +106,7 @@ class Launcher:
         return not self._thread.is_alive()
 
     def run_forever(self) -> None:
+        self.forwarder.start()
         try:
             while not self._halt.is_set():
                 try:
@@ -110,6 +115,7 @@ class Launcher:
                     log.exception("launcher tick failed")
                     self._halt.wait(self.settings.scheduler_interval_s)
         finally:
+            self.forwarder.stop()
             self.pool.close()
 
     def tick(self) -> None:
@@ -342,6 +348,7 @@ class Launcher:
             else:
                 gone = False
         # Only once committed: a failed commit leaves both to the next poll (the records are re-sent).
+        self.forwarder.notify(worker.run_id)
         worker.started = True
         worker.storage_seen = seen
         if reply.records:

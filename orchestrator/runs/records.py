@@ -90,7 +90,13 @@ class RunSummary(MetricValues):  # type: ignore[misc, valid-type]
 
 class GridDetail(GridPublic):
     overrides: dict[str, Any]
+    trackers: list[str]  # the experiment trackers its runs are forwarded to
     runs: list[RunSummary]
+
+    @field_validator("trackers", mode="before")
+    @classmethod
+    def _no_trackers(cls, trackers: list[str] | None) -> list[str]:
+        return trackers or []  # NULL in rows written before the column existed
 
     @classmethod
     def from_rows(cls, grid: Grid, latest: dict[int, Metric]) -> Self:

@@ -119,13 +119,25 @@ def _manifests(records: list[tuple[int, dict[str, Any] | None]]) -> tuple[list[t
     return good, malformed
 
 
+def _names(manifest: Manifest | None) -> list[SampleName]:
+    return [SampleName(file=f.file, kind=f.kind, index=f.index, caption=f.caption)
+            for f in (manifest.files if manifest is not None else [])]  # fmt: skip
+
+
+def sample_names(extra: dict[str, Any] | None) -> list[SampleName]:
+    """The sample images one checkpoint's manifest lists (Metric.extra), in its order; none where it is
+    malformed."""
+    try:
+        return _names(_manifest(extra))
+    except ValidationError:
+        return []
+
+
 def sample_index(records: list[tuple[int, dict[str, Any] | None]]) -> SampleIndex:
     """The SampleIndex of a run from its (step, Metric.extra) records, in step order."""
     good, malformed = _manifests(records)
     newest = good[-1][1] if good else None
-    names = [SampleName(file=f.file, kind=f.kind, index=f.index, caption=f.caption)
-             for f in (newest.files if newest is not None else [])]  # fmt: skip
-    return SampleIndex(steps=[step for step, _ in good], files=names, malformed=malformed)
+    return SampleIndex(steps=[step for step, _ in good], files=_names(newest), malformed=malformed)
 
 
 def run_samples(session: Session, run: Run) -> list[StepSamples]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -43,7 +43,7 @@ from orchestrator.sweeps.lock import runner_lock
 from orchestrator.sweeps.preemption import watch_preemption
 from orchestrator.sweeps.rented import RentalConfig, Rentals, rental_config
 from orchestrator.sweeps.schedules import aware, fire_times, next_fire
-from orchestrator.vocabulary import TERMINAL_STATES, GridSource, NodeState, SweepState
+from orchestrator.vocabulary import TERMINAL_STATES, GridSource, NodeState, SweepState, TrackerName
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +81,10 @@ class SweepRunner:
         providers: Mapping[str, Provider] | None = None,
         rental: RentalConfig | None = None,
         paths: PathPolicy | None = None,  # the operator's policy a fired grid is held to (commands too)
+        trackers: Sequence[TrackerName] = (),  # ABLATE_TRACKERS: for a fired grid that names none
     ) -> None:
         self.paths = paths
+        self.trackers = trackers
         self.rentals = Rentals(database_url, dict(providers or {}), rental, self.now)
         self.database_url = database_url
         self.teardown_attempts = teardown_attempts
@@ -108,6 +110,7 @@ class SweepRunner:
             providers=configured_providers(settings),
             rental=rental_config(settings),
             paths=PathPolicy.from_settings(settings),
+            trackers=settings.trackers,
         )
 
     def now(self) -> datetime:
@@ -277,7 +280,8 @@ class SweepRunner:
             grid_body["name"] = label[:200]
             try:
                 grid = create_grid(
-                    session, GridCreate.model_validate(grid_body), source=GridSource.schedule, paths=self.paths
+                    session, GridCreate.model_validate(grid_body), source=GridSource.schedule, paths=self.paths,
+                    default_trackers=self.trackers,
                 )
             except (ValidationError, GridError) as exc:
                 # Arms changed since the schedule was created: nothing can run, so give the nodes back.

@@ -1,0 +1,104 @@
+"""What every tracker sink implements, and the frozen records the forwarder hands it.
+
+The forwarder never knows which tracker it talks to (as a cloud's calling code never knows its provider):
+each sink module (`tensorboard_sink.py`, `mlflow_sink.py`, `wandb_sink.py`) implements these few calls
+with its tracker's official client, imported only when that tracker is named.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from orchestrator.vocabulary import TrackerName
+
+
+@dataclass(frozen=True)
+class TrackedRun:
+    """One ablate run as a tracker run: the grid is the W&B group / MLflow parent run / TensorBoard folder,
+    the arm the run's name, the resolved spec its config."""
+
+    run_id: int
+    arm: str
+    grid_id: int
+    grid_name: str
+    spec: dict[str, Any]
+    external_id: str | None  # the tracker's id of this run when it was opened before: resume it
+    group_id: str | None  # the tracker's id of the grid (an MLflow parent run) when it was opened before
+
+
+@dataclass(frozen=True)
+class Opened:
+    """The ids a sink opened (or resumed) a run under, stored so the next controller resumes the same."""
+
+    external_id: str
+    group_id: str | None = None
+
+
+@dataclass(frozen=True)
+class SampleImage:
+    name: str  # the sample's file name (worker/run_files.py SAMPLE_FILE_RE)
+    caption: str
+    png: bytes
+
+
+@dataclass(frozen=True)
+class Point:
+    """One checkpoint: its scalars (metrics with their SEs and n, throughput, ...) at its step, the value of
+    the metric the detector judged it on as `judged`, and its sample images."""
+
+    step: int
+    scalars: dict[str, float]
+    judged_metric: str
+    images: tuple[SampleImage, ...] = ()
+
+
+@dataclass(frozen=True)
+class Note:
+    """A run event (started, resumed, decision, stopped, ...) as text at a step."""
+
+    kind: str
+    message: str
+    step: int
+
+
+@dataclass(frozen=True)
+class Status:
+    """The run's state and the detector's word on it, as of now: a tag or summary on the tracker run."""
+
+    state: str  # a RunState
+    decision: str | None  # a RunDecision
+    decision_step: int | None
+    decision_reason: str | None
+    best_step: int | None
+    best_value: float | None
+    judged_metric: str | None
+    ended: bool  # a final state: the tracker run is finished after this
+    notes: tuple[Note, ...] = field(default=())  # the run's events since the last status, oldest first
+
+
+class TrackerUnavailable(RuntimeError):
+    """The tracker did not take what was sent (down, refusing, misconfigured); the forwarder retries later."""
+
+
+class Sink(Protocol):
+    """One tracker. Calls come from one forwarder thread at a time, for one run after another."""
+
+    name: TrackerName
+
+    def open(self, run: TrackedRun) -> Opened:
+        """Start the tracker run, or resume it when `run.external_id` is set (W&B id + resume, the same
+        MLflow run, the same TensorBoard folder); keep it open for the calls below."""
+        ...
+
+    def checkpoint(self, run_id: int, point: Point) -> None:
+        """Log one checkpoint's scalars and images at its step."""
+        ...
+
+    def status(self, run_id: int, status: Status) -> None:
+        """Record the state, the decision and its reason, and the notes; finish the run when it ended."""
+        ...
+
+    def close(self, run_id: int) -> None:
+        """Let go of the run (flush), without marking it finished in the tracker (the controller stops)."""
+        ...

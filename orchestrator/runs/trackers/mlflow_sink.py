@@ -1,0 +1,111 @@
+"""MLflow: the grid as a parent run, each arm a child run, through MlflowClient.
+
+Where runs go is MLflow's own configuration: MLFLOW_TRACKING_URI (a server, or a file store such as
+file:///srv/mlruns) and MLFLOW_EXPERIMENT_NAME (default "ablate"). A resumed run logs into the same MLflow
+run (its id is kept in the database); samples are artifacts under samples/step_<step>/.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import time
+from typing import Any
+
+from orchestrator.runs.trackers.base import Opened, Point, Status, TrackedRun
+from orchestrator.vocabulary import RunState, TrackerName
+
+DEFAULT_EXPERIMENT = "ablate"
+PARAM_VALUE_MAX = 6000  # MLflow's limit on a param's value
+BATCH_MAX = 100  # params per log_batch (MLflow's limit); metrics go in batches of 1000
+END_STATUS = {RunState.completed: "FINISHED", RunState.stopped: "KILLED", RunState.failed: "FAILED"}
+
+
+def flat_params(spec: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    """The resolved spec as dotted params (model.size -> "tiny"); lists as JSON-ish text, cut to MLflow's limit."""
+    out: dict[str, str] = {}
+    for key, value in spec.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(flat_params(value, name + "."))
+        else:
+            out[name] = str(value)[:PARAM_VALUE_MAX]
+    return out
+
+
+class MlflowSink:
+    name = TrackerName.mlflow
+
+    def __init__(self) -> None:
+        from mlflow.tracking import MlflowClient
+
+        self.client = MlflowClient()  # MLFLOW_TRACKING_URI, or MLflow's default
+        self._experiment_id: str | None = None
+        self.runs: dict[int, str] = {}  # ablate run id -> MLflow run id
+
+    def experiment_id(self) -> str:
+        if self._experiment_id is None:
+            name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or DEFAULT_EXPERIMENT
+            found = self.client.get_experiment_by_name(name)
+            self._experiment_id = found.experiment_id if found is not None else self.client.create_experiment(name)
+        return self._experiment_id
+
+    def open(self, run: TrackedRun) -> Opened:
+        from mlflow.entities import Param
+
+        experiment = self.experiment_id()
+        parent = run.group_id
+        if parent is None:
+            parent = self.client.create_run(
+                experiment, run_name=run.grid_name, tags={"ablate.grid_id": str(run.grid_id)}
+            ).info.run_id
+        run_id = run.external_id
+        if run_id is None:
+            tags = {"mlflow.parentRunId": parent, "ablate.grid_id": str(run.grid_id), "ablate.run_id": str(run.run_id),
+                    "ablate.arm": run.arm}  # fmt: skip
+            run_id = self.client.create_run(experiment, run_name=run.arm, tags=tags).info.run_id
+            params = [Param(k, v) for k, v in flat_params(run.spec).items()]
+            for start in range(0, len(params), BATCH_MAX):
+                self.client.log_batch(run_id, params=params[start : start + BATCH_MAX])
+            self.client.log_dict(run_id, run.spec, "spec.json")
+        else:
+            self.client.update_run(run_id, status="RUNNING")
+        self.runs[run.run_id] = run_id
+        return Opened(run_id, parent)
+
+    def checkpoint(self, run_id: int, point: Point) -> None:
+        from mlflow.entities import Metric
+        from PIL import Image
+
+        mlflow_run = self.runs[run_id]
+        now = int(time.time() * 1000)
+        metrics = [Metric(key, value, now, point.step) for key, value in point.scalars.items()]
+        for start in range(0, len(metrics), 1000):
+            self.client.log_batch(mlflow_run, metrics=metrics[start : start + 1000])
+        for image in point.images:
+            with Image.open(io.BytesIO(image.png)) as img:
+                self.client.log_image(mlflow_run, img.convert("RGB"), f"samples/step_{point.step:07d}/{image.name}")
+        self.client.set_tag(mlflow_run, "ablate.judged_metric", point.judged_metric)
+
+    def status(self, run_id: int, status: Status) -> None:
+        mlflow_run = self.runs[run_id]
+        tags = {"ablate.state": status.state}
+        if status.decision is not None:
+            tags |= {
+                "ablate.decision": status.decision,
+                "ablate.decision_step": str(status.decision_step),
+                "ablate.decision_reason": status.decision_reason or "",
+            }
+        if status.best_step is not None:
+            tags |= {"ablate.best_step": str(status.best_step), "ablate.best_value": str(status.best_value)}
+        if status.notes:
+            tags["ablate.last_event"] = f"{status.notes[-1].kind}: {status.notes[-1].message}"[:PARAM_VALUE_MAX]
+        from mlflow.entities import RunTag
+
+        self.client.log_batch(mlflow_run, tags=[RunTag(k, v) for k, v in tags.items()])
+        if status.ended:
+            self.client.set_terminated(mlflow_run, status=END_STATUS.get(RunState(status.state), "FINISHED"))
+            self.runs.pop(run_id, None)
+
+    def close(self, run_id: int) -> None:
+        self.runs.pop(run_id, None)  # nothing held open: each call is one request

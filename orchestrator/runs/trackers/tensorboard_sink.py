@@ -1,0 +1,79 @@
+"""TensorBoard: one folder per grid, one run (subfolder) per arm, written with torch's SummaryWriter.
+
+`tensorboard --logdir <ABLATE_TENSORBOARD_DIR>` shows the arms side by side. A resumed run writes a new
+event file into the same folder, which TensorBoard reads as one run; the forwarder's cursor keeps it from
+writing a step twice.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from orchestrator.runs.trackers.base import Opened, Point, Status, TrackedRun
+from orchestrator.vocabulary import TrackerName
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def run_folder(run: TrackedRun) -> str:
+    """`grid-<id>-<name>/<arm>`: the grid's name made path-safe; arm labels are path-safe already."""
+    name = _UNSAFE.sub("-", run.grid_name).strip("-.")[:80] or "grid"
+    return f"grid-{run.grid_id}-{name}/{run.arm}"
+
+
+def png_array(png: bytes) -> Any:  # noqa: ANN401 - a numpy array (HWC, uint8)
+    import numpy as np
+    from PIL import Image
+
+    with Image.open(io.BytesIO(png)) as image:
+        return np.asarray(image.convert("RGB"))
+
+
+class TensorBoardSink:
+    name = TrackerName.tensorboard
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.writers: dict[int, Any] = {}  # run id -> SummaryWriter
+
+    def open(self, run: TrackedRun) -> Opened:
+        from torch.utils.tensorboard import SummaryWriter
+
+        folder = run.external_id or run_folder(run)
+        writer = SummaryWriter(log_dir=str(self.root / folder))
+        if run.external_id is None:  # the spec once, when the run is new
+            writer.add_text("spec", "```\n" + json.dumps(run.spec, indent=2, sort_keys=True) + "\n```", 0)
+        self.writers[run.run_id] = writer
+        return Opened(folder)
+
+    def checkpoint(self, run_id: int, point: Point) -> None:
+        writer = self.writers[run_id]
+        for key, value in point.scalars.items():
+            writer.add_scalar(key, value, point.step)
+        for image in point.images:
+            tag = "samples/" + image.name.removesuffix(".png")
+            writer.add_image(tag, png_array(image.png), point.step, dataformats="HWC")
+        if point.images:
+            writer.add_text("samples/captions", "\n\n".join(f"{i.name}: {i.caption}" for i in point.images), point.step)
+        writer.add_text("judged_metric", point.judged_metric, point.step)
+        writer.flush()
+
+    def status(self, run_id: int, status: Status) -> None:
+        writer = self.writers[run_id]
+        for note in status.notes:
+            writer.add_text(f"events/{note.kind}", note.message, note.step)
+        if status.decision is not None:
+            writer.add_text("decision", f"{status.decision} at step {status.decision_step}: {status.decision_reason}",
+                            status.decision_step or 0)
+        writer.flush()
+        if status.ended:
+            self.close(run_id)
+
+    def close(self, run_id: int) -> None:
+        writer = self.writers.pop(run_id, None)
+        if writer is not None:
+            writer.close()

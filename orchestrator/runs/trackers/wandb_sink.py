@@ -1,0 +1,89 @@
+"""Weights & Biases: one W&B run per arm, the grid as its group, through the official `wandb` client.
+
+W&B's own variables configure it on the controller: WANDB_PROJECT (default "ablate"), WANDB_ENTITY,
+WANDB_MODE (offline writes runs under WANDB_DIR for `wandb sync`), WANDB_API_KEY or `wandb login`. A
+resumed run continues the same W&B run (its id, kept in the database, with resume="allow"), and the
+forwarder's cursor keeps its steps increasing, as W&B requires.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import secrets
+from pathlib import Path
+from typing import Any
+
+from orchestrator.runs.trackers.base import Opened, Point, Status, TrackedRun
+from orchestrator.vocabulary import RunState, TrackerName
+
+DEFAULT_PROJECT = "ablate"
+
+
+def group_name(run: TrackedRun) -> str:
+    return f"{run.grid_name} (grid {run.grid_id})"
+
+
+class WandbSink:
+    name = TrackerName.wandb
+
+    def __init__(self, default_dir: Path) -> None:
+        import wandb
+
+        self.wandb = wandb
+        self.dir = os.environ.get("WANDB_DIR") or str(default_dir)  # where offline runs and W&B's logs go
+        self.runs: dict[int, Any] = {}  # ablate run id -> wandb Run
+
+    def open(self, run: TrackedRun) -> Opened:
+        Path(self.dir).mkdir(parents=True, exist_ok=True)
+        wandb_id = run.external_id or secrets.token_hex(6)  # W&B run ids: [a-z0-9], unique in the project
+        handle = self.wandb.init(
+            project=os.environ.get("WANDB_PROJECT") or DEFAULT_PROJECT,
+            entity=os.environ.get("WANDB_ENTITY") or None,
+            dir=self.dir,
+            id=wandb_id,
+            resume="allow",
+            name=run.arm,
+            group=group_name(run),
+            job_type="arm",
+            tags=[f"grid-{run.grid_id}"],
+            config={**run.spec, "ablate": {"run_id": run.run_id, "grid_id": run.grid_id, "arm": run.arm}},
+            allow_val_change=True,
+            reinit="create_new",  # several arms at once in this one process
+            # the controller's own machine stats and git state would be mistaken for the arm's
+            settings=self.wandb.Settings(console="off", silent=True, x_disable_stats=True, disable_git=True),
+        )
+        self.runs[run.run_id] = handle
+        return Opened(wandb_id)
+
+    def checkpoint(self, run_id: int, point: Point) -> None:
+        from PIL import Image
+
+        handle = self.runs[run_id]
+        row: dict[str, Any] = dict(point.scalars)
+        for image in point.images:
+            with Image.open(io.BytesIO(image.png)) as img:
+                row["samples/" + image.name.removesuffix(".png")] = self.wandb.Image(img.convert("RGB"),
+                                                                                     caption=image.caption)
+        handle.log(row, step=point.step)
+        handle.summary["judged_metric"] = point.judged_metric
+
+    def status(self, run_id: int, status: Status) -> None:
+        handle = self.runs[run_id]
+        summary: dict[str, Any] = {"state": status.state}
+        if status.decision is not None:
+            summary |= {"decision": status.decision, "decision_step": status.decision_step,
+                        "decision_reason": status.decision_reason}  # fmt: skip
+        if status.best_step is not None:
+            summary |= {"best_step": status.best_step, "best_value": status.best_value}
+        if status.notes:
+            summary["last_event"] = f"{status.notes[-1].kind}: {status.notes[-1].message}"
+        handle.summary.update(summary)
+        if status.ended:
+            handle.finish(exit_code=1 if status.state == RunState.failed else 0)
+            self.runs.pop(run_id, None)
+
+    def close(self, run_id: int) -> None:
+        handle = self.runs.pop(run_id, None)
+        if handle is not None:
+            handle.finish()

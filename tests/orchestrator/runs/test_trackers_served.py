@@ -1,0 +1,92 @@
+"""A grid served by the launcher (real Ray on CPU, real tiny training) reaches TensorBoard, MLflow and W&B:
+every arm's metrics, samples and the detector's decision, read back from each tracker's files; and no tracker
+key is in anything a node is given or writes. A module of its own: a fresh database, no other test's runs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from orchestrator.db.models import Metric, Run
+from orchestrator.db.session import session_scope
+from orchestrator.runs.grids import GridCreate, create_grid
+from orchestrator.settings import Settings
+from orchestrator.vocabulary import TrackerName
+from tests.orchestrator.factories import tiny_overrides
+from tests.orchestrator.runs.tracker_files import (
+    STOPPED_ARM,
+    mlflow_runs,
+    tb_text,
+    tensorboard_runs,
+    tracker_environment,
+    wait_closed,
+    wandb_runs,
+)
+from tests.polling import wait_for
+
+TINY = tiny_overrides(30)
+
+
+@pytest.fixture(scope="module")
+def ray_address() -> Iterator[str]:
+    """A Ray with 2 logical GPUs for the launcher's local node (one per arm)."""
+    import ray
+
+    ray.init(num_gpus=2, num_cpus=2, namespace="ablate-trackers", include_dashboard=False, log_to_driver=False)
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+
+
+def test_a_grid_run_by_the_launcher_reaches_three_trackers_and_no_tracker_key_reaches_the_node(
+    database_url: str, tmp_path: Path, ray_address: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from orchestrator.runs.launcher import Launcher
+    from orchestrator.runs.placement import worker_kwargs
+
+    tracker_environment(tmp_path, monkeypatch)
+    key = "wandb-key-that-must-stay-on-the-controller"
+    monkeypatch.setenv("WANDB_API_KEY", key)
+    settings = Settings(database_url=database_url, storage_dir=tmp_path, scheduler_interval_s=0.2, worker_threads=1,
+                        ray_namespace="ablate-trackers", ray_address=ray_address)  # fmt: skip
+    with session_scope(database_url) as session:
+        grid = create_grid(session, GridCreate(name="served grid", arms=["A", STOPPED_ARM], overrides=TINY,
+                                               trackers=["tensorboard", "mlflow", "wandb"]))  # fmt: skip
+        ids = [r.id for r in grid.runs]
+    launcher = Launcher(settings)
+    launcher.start()
+    try:
+        def ended() -> bool:
+            with session_scope(database_url) as session:
+                return all(session.get_one(Run, i).state in ("completed", "stopped") for i in ids)
+
+        wait_for(ended, "both arms to end", timeout=240)
+        for run_id in ids:
+            for tracker in TrackerName:
+                wait_closed(database_url, run_id, tracker)
+    finally:
+        launcher.stop()
+    with session_scope(database_url) as session:
+        runs = [session.get_one(Run, i) for i in ids]
+        steps = {r.id: session.scalars(select(Metric.step).where(Metric.run_id == r.id).order_by(Metric.step)).all()
+                 for r in runs}  # fmt: skip
+        # What a node is given for a run, and what it wrote, hold no tracker setting.
+        for run in runs:
+            assert key not in str(worker_kwargs(settings, run, Path(run.checkpoint_dir), "worker.train:train_arm"))
+            written = [p for p in Path(run.checkpoint_dir).rglob("*") if p.is_file()]
+            assert written and not [p for p in written if key.encode() in p.read_bytes()]
+    assert [r.state for r in runs] == ["completed", "stopped"] and runs[1].decision == "collapse"
+    tb = tensorboard_runs(tmp_path / "tensorboard")
+    assert {arm: [e.step for e in acc.Scalars("val_flow_loss")] for arm, acc in tb.items()} == {
+        "A": steps[ids[0]], "A-flipped": steps[ids[1]]}  # fmt: skip
+    assert all(acc.Tags()["images"] for acc in tb.values())
+    assert tb_text(tb["A-flipped"], "decision")[0][1].startswith(f"collapse at step {runs[1].decision_step}")
+    mlflow = mlflow_runs()
+    assert mlflow["A-flipped"].data.tags["ablate.decision_reason"] == runs[1].decision_reason
+    assert mlflow["A"].data.tags["ablate.state"] == "completed"
+    wb = wandb_runs(tmp_path / "wandb")
+    assert {arm: [row["_step"] for part in parts for row in part.history] for arm, parts in wb.items()} == {
+        "A": steps[ids[0]], "A-flipped": steps[ids[1]]}  # fmt: skip
+    assert wb["A-flipped"][-1].summary["decision"] == "collapse"

@@ -1,0 +1,77 @@
+"""Reading each tracker back from its own files (TensorBoard event files, an MLflow store through MlflowClient,
+W&B offline runs), and the tracker environment of a test: shared by the tracker tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from orchestrator.db.models import TrackerRun
+from orchestrator.db.session import session_scope
+from tests.polling import wait_for
+
+# An arm whose detector stops it at its first lower flow loss, by taking higher as better (a sign flip the
+# tiny run's falling loss is sure to trip).
+STOPPED_ARM = {"parent": "A", "name": "A-flipped", "detector": {
+    "metric": "val_flow_loss", "metric_mode": "max", "worsening_checkpoints": 1, "margin_abs": 0, "margin_se": 0,
+    "assumed_se": None, "secondary": {}}}
+
+
+def tracker_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """W&B offline and an MLflow file store under tmp_path; nothing leaves the machine."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb"))
+    monkeypatch.setenv("WANDB_PROJECT", "ablate-test")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", (tmp_path / "mlruns").as_uri())
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "ablate-test")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 keeps its file store for those who ask
+
+
+def tensorboard_runs(root: Path) -> dict[str, Any]:
+    """Arm folder -> its EventAccumulator (every event file of the folder, as TensorBoard reads it)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = {}
+    for folder in sorted({p.parent for p in root.rglob("events.out.tfevents.*")}):
+        acc = EventAccumulator(str(folder), size_guidance={"scalars": 0, "images": 0, "tensors": 0})
+        acc.Reload()
+        out[folder.name] = acc
+    return out
+
+
+def tb_text(acc: Any, tag: str) -> list[tuple[int, str]]:  # noqa: ANN401 - an EventAccumulator
+    if f"{tag}/text_summary" not in acc.Tags()["tensors"]:
+        return []
+    return [(e.step, e.tensor_proto.string_val[0].decode()) for e in acc.Tensors(f"{tag}/text_summary")]
+
+
+def mlflow_runs() -> dict[str, Any]:
+    """Run name -> MLflow run, in the test's experiment."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient()
+    experiment = client.get_experiment_by_name("ablate-test")
+    return {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}
+
+
+def wandb_runs(root: Path) -> dict[str, Any]:
+    """W&B run name -> its offline run(s) read back (orchestrator/runs/trackers/exports.py reads .wandb files)."""
+    from orchestrator.runs.trackers.exports import read_wandb_run
+
+    runs: dict[str, Any] = {}
+    for path in sorted(root.rglob("run-*.wandb")):
+        run = read_wandb_run(path)
+        runs.setdefault(run.name, []).append(run)
+    return runs
+
+
+def wait_closed(database_url: str, run_id: int, tracker: str) -> None:
+    def closed() -> bool:
+        with session_scope(database_url) as session:
+            return bool(session.scalar(select(TrackerRun.closed).where(TrackerRun.run_id == run_id,
+                                                                       TrackerRun.tracker == tracker)))
+
+    wait_for(closed, f"run {run_id}'s {tracker} run to be closed")
