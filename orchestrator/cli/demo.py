@@ -323,7 +323,7 @@ def demo(
         _follow(console, settings, grid_id, t0, url, device)
         elapsed = time.monotonic() - t0
         rows = _rows(settings, grid_id)
-        print_table("ablate demo: result per arm", summary_columns(device), summary_rows(rows), console)
+        print_table("ablate demo: result per arm", summary_columns(device, judged(rows)), summary_rows(rows), console)
         backbones = sorted({r["backbone"] for r in rows if r["backbone"]})
         console.print(f"LPIPS backbone: {', '.join(backbones) or '-'}   total {elapsed:.0f} s   dashboard {url}")
         for line in _stop_lines(rows):
