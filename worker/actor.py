@@ -12,20 +12,15 @@ import errno
 import json
 import math
 import os
-import re
 import socket
-import sysconfig
 import threading
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
-from worker.command import CommandFailed
+from worker.failure import describe_error
 
 RECORDS_FILE = "records.jsonl"
-# Terminal colour codes (Ray wraps its messages in them): never stored in an error the operator reads.
-ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # How long a worker waits for space on a full disk before its run fails (the operator's time to react).
 DISK_FULL_WAIT_S = 600.0
 
@@ -43,33 +38,6 @@ def _jsonable(value: Any) -> Any:
     if hasattr(value, "item") and callable(value.item):  # 0-d tensors / numpy scalars
         return _jsonable(value.item())
     return value
-
-
-def _short_path(path: str) -> str:
-    """worker/actor.py for the project's files, torch/nn/modules/module.py for a library's."""
-    if "/site-packages/" in path:
-        return path.rsplit("/site-packages/", 1)[1]
-    for package in ("/worker/", "/model/", "/orchestrator/"):
-        if package in path:
-            return package.lstrip("/") + path.rsplit(package, 1)[1]
-    return path
-
-
-def describe_error(exc: BaseException) -> str:
-    """What the run stores when its worker fails: `Type: message (at file:line in function)` on the first
-    line, the last frames of the traceback below it, without terminal escape codes. A command arm's
-    failure (worker/command.py CommandFailed) is its own message: its stderr, not our frames."""
-    if isinstance(exc, CommandFailed):
-        return ANSI_ESCAPE.sub("", str(exc))
-    head = traceback.format_exception_only(exc)[-1].strip()
-    frames = traceback.extract_tb(exc.__traceback__)
-    stdlib = sysconfig.get_paths()["stdlib"]
-    ours = [f for f in frames if "/site-packages/" not in f.filename and not f.filename.startswith(stdlib)]
-    if frames:  # the innermost frame outside the libraries: where our code met the error (not pathlib's)
-        inner = (ours or frames)[-1]
-        head += f" (at {_short_path(inner.filename)}:{inner.lineno} in {inner.name})"
-    tail = "".join(traceback.format_exception(exc, limit=-8)).rstrip()
-    return ANSI_ESCAPE.sub("", f"{head}\n{tail}")
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -219,6 +187,19 @@ class ArmWorker:
 
                 command = CommandArm(spec, self.out_dir, self._stop.is_set, list(self._records), self._code_archive)
                 stream = command.records()
+            elif spec.gpus > 1:  # data-parallel: one process per GPU, rank 0's records come back here
+                from worker.ranks import new_job, run_ranks
+
+                job = new_job(
+                    self.out_dir,
+                    spec.gpus,
+                    spec=self._spec,
+                    lpips_weights=str(self._lpips_weights) if self._lpips_weights else None,
+                    data_store=self._data_store,
+                    torch_threads=self._torch_threads,
+                    train_fn=self._train_fn,
+                )
+                stream = run_ranks(job, self._stop.is_set)
             else:
                 stream = train_arm(
                     spec,
