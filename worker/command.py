@@ -7,7 +7,7 @@ The contract the script sees (docs/your-trainer.md):
 
     cwd                   a fresh copy of `code`, or of the archive of it the controller shipped to this
                           node (out_dir/work), so an edit mid-grid changes no running attempt
-    CUDA_VISIBLE_DEVICES  the GPU Ray gave the actor (inherited)
+    CUDA_VISIBLE_DEVICES  the GPUs Ray gave the actor (inherited): command.gpus of them
     ABLATE_RUN_DIR        out_dir/run: checkpoints/ lives there (stored whole, worker/folder_mirror.py) and
                           is restored before the start; PNGs in samples/step_N/ become the step's samples
     ABLATE_METRICS_FILE   JSON lines {"step": int, "<metric>": float, ..., "checkpoint": "checkpoints/x.pt"}

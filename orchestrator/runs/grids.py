@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path, PurePosixPath
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, field_validator
 from sqlalchemy import func, select
@@ -24,6 +24,7 @@ from orchestrator.db.transitions import transition
 from orchestrator.errors import Conflict, InvalidBody
 from orchestrator.runs.arms import LINEAGE_KEYS, ArmError, arm_files, resolve
 from orchestrator.runs.command_arms import command_errors, is_command_arm, resolve_command_arm
+from orchestrator.runs.gpu_share import gpu_count_errors, spread_gpus
 from orchestrator.settings import Settings
 from orchestrator.vocabulary import TERMINAL_STATES, GridSource, RunDecision, RunState
 
@@ -63,6 +64,9 @@ class GridCreate(BaseModel):
     overrides: dict[str, Any] = Field(default_factory=dict)
     # The arm the stall rule compares against; default: the first arm.
     control: str | None = Field(default=None, examples=["A"])
+    # auto: when the largest node's GPUs outnumber the arms, each built-in arm that does not name its own
+    # `gpus` trains on node GPUs // arms of them, data-parallel (runs/gpu_share.py); None: one GPU each.
+    gpus_per_arm: Literal["auto"] | None = None
 
     @field_validator("name")
     @classmethod
@@ -318,15 +322,21 @@ def create_grid(
     source: GridSource = GridSource.submitted,
     max_gpu_memory_gib: float | None = None,
     paths: PathPolicy | None = None,
+    node_gpus: int | None = None,
 ) -> Grid:
     """Store the grid and one queued run per arm (in order) with its fully resolved spec; flushes, no commit.
 
     An arm that cannot fit a GPU is a GridError: see `memory_errors` (cap `max_gpu_memory_gib`). With
     `paths` (every grid a client submits), spec paths outside the operator's directories are too; a
-    command arm is refused unless `paths` allows commands (without it, none is allowed).
+    command arm is refused unless `paths` allows commands (without it, none is allowed). `node_gpus`: the
+    largest node's GPUs (runs/gpu_share.py largest_node_gpus): an arm asking for more is a GridError, and
+    `gpus_per_arm: auto` spreads them; None (unknown) checks nothing and gives each arm its own count.
     """
     resolved = resolve_grid(body)
+    if body.gpus_per_arm == "auto":
+        resolved = spread_gpus(resolved, node_gpus)
     errors = memory_errors(body, resolved, max_gpu_memory_gib)
+    errors += gpu_count_errors(body.arms, body.overrides, resolved, node_gpus)
     if paths is not None:
         errors += paths.errors(body, resolved)
     else:

@@ -35,6 +35,7 @@ from orchestrator.fleet.inventory import set_state
 from orchestrator.fleet.providers.base import Provider
 from orchestrator.fleet.providers.request import NodeRequest
 from orchestrator.fleet.shell import NodeShell
+from orchestrator.runs.gpu_share import sweep_node_gpus
 from orchestrator.runs.grids import GridCreate, GridError, PathPolicy, create_grid, stop_run
 from orchestrator.sweeps.budget import spend
 from orchestrator.sweeps.copy_back import copy_back
@@ -273,7 +274,8 @@ class SweepRunner:
             grid_body["name"] = label[:200]
             try:
                 grid = create_grid(
-                    session, GridCreate.model_validate(grid_body), source=GridSource.schedule, paths=self.paths
+                    session, GridCreate.model_validate(grid_body), source=GridSource.schedule, paths=self.paths,
+                    node_gpus=sweep_node_gpus(session, names),  # the sweep's own nodes: its arms run there
                 )
             except (ValidationError, GridError) as exc:
                 # Arms changed since the schedule was created: nothing can run, so give the nodes back.

@@ -11,6 +11,7 @@ from sqlalchemy.orm import selectinload
 from orchestrator.api.deps import AUTH_RESPONSES, AuthDep, SessionDep, SettingsDep, get_or_404
 from orchestrator.api.schemas import GridCreate, GridCreated, GridDetail, GridPublic
 from orchestrator.db.models import Grid
+from orchestrator.runs.gpu_share import largest_node_gpus
 from orchestrator.runs.grids import PathPolicy, create_grid, gpu_memory_cap_gib, latest_metrics
 
 router = APIRouter(prefix="/api/grids", tags=["grids"])
@@ -24,10 +25,12 @@ router = APIRouter(prefix="/api/grids", tags=["grids"])
 )
 def submit_grid(body: GridCreate, session: SessionDep, settings: SettingsDep, _: AuthDep) -> GridCreated:
     """Store the grid and queue one run per arm. Invalid arms, and arms whose estimated peak GPU memory
-    exceeds ABLATE_MAX_GPU_MEMORY_GIB, answer 422 naming the field path (and the estimate)."""
+    exceeds ABLATE_MAX_GPU_MEMORY_GIB, or that ask for more GPUs than the largest node has, answer 422
+    naming the field path (and the estimate)."""
     cap = gpu_memory_cap_gib(session, settings.max_gpu_memory_gib)
     paths = PathPolicy.from_settings(settings)
-    grid = create_grid(session, body, max_gpu_memory_gib=cap, paths=paths)
+    node_gpus = largest_node_gpus(session, settings)
+    grid = create_grid(session, body, max_gpu_memory_gib=cap, paths=paths, node_gpus=node_gpus)
     session.commit()  # committed before the 201 goes out, so the id is durable when the client sees it
     return GridCreated(id=grid.id)
 
