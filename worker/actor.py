@@ -109,6 +109,8 @@ class ArmWorker:
             (storage options, its data cache); handed to train_fn only for a spec with data.url.
         code_archive: a command arm's code as the controller shipped it to this node (a tar named by its
             SHA-256); None: the spec's `code` directory is read where it is.
+        compile_cache: worker.compile_cache.CompileCache as a dict: the node's compile cache directory and
+            the store compiled arms share; handed to train_fn only when set.
     """
 
     def __init__(
@@ -122,6 +124,7 @@ class ArmWorker:
         storage: dict[str, Any] | None = None,
         data_store: dict[str, Any] | None = None,
         code_archive: str | None = None,
+        compile_cache: dict[str, Any] | None = None,
     ) -> None:
         self.run_id = run_id
         self.out_dir = Path(out_dir)
@@ -131,6 +134,7 @@ class ArmWorker:
         self._train_fn = train_fn
         self._data_store = data_store
         self._code_archive = Path(code_archive) if code_archive else None
+        self._compile_cache = compile_cache
         self._cond = threading.Condition()
         self._records: list[dict[str, Any]] = []
         self._state = "running"  # running | done | error
@@ -180,7 +184,9 @@ class ArmWorker:
             spec = ArmSpec.model_validate(self._spec)
             device = "cuda" if torch.cuda.is_available() else "cpu"
             # Only with data.url: a benchmark's synthetic train_fn keeps train_arm's older signature.
-            data = {"data_store": self._data_store} if spec.data.url is not None else {}
+            data: dict[str, Any] = {"data_store": self._data_store} if spec.data.url is not None else {}
+            if self._compile_cache is not None:
+                data["compile_cache"] = self._compile_cache
             command = None
             if spec.command is not None:  # the researcher's own trainer, with train_arm's record contract
                 from worker.command import CommandArm
@@ -198,6 +204,7 @@ class ArmWorker:
                     data_store=self._data_store,
                     torch_threads=self._torch_threads,
                     train_fn=self._train_fn,
+                    compile_cache=self._compile_cache,
                 )
                 stream = run_ranks(job, self._stop.is_set)
             else:

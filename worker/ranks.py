@@ -54,6 +54,7 @@ class RankJob:
     size: int
     init_file: str  # the process group's file store, new for every start
     devices: list[str]  # rank r's CUDA_VISIBLE_DEVICES; [] where the actor has none
+    compile_cache: dict[str, Any] | None = None  # worker.compile_cache.CompileCache as a dict
 
 
 def rank_devices(size: int) -> list[str]:
@@ -181,7 +182,9 @@ def rank_main(rank: int) -> int:
             spec = ArmSpec.model_validate(job.spec)
             module, _, func = job.train_fn.partition(":")
             train_arm = getattr(importlib.import_module(module), func)
-            data = {"data_store": job.data_store} if spec.data.url is not None else {}
+            data: dict[str, Any] = {"data_store": job.data_store} if spec.data.url is not None else {}
+            if job.compile_cache is not None:
+                data["compile_cache"] = job.compile_cache
             weights = Path(job.lpips_weights) if job.lpips_weights else None
             stream = train_arm(
                 spec, Path(job.out_dir), device=str(device), should_stop=stop.is_set, lpips_weights=weights,

@@ -30,6 +30,7 @@ from model.precision import deterministic_algorithms
 from model.repa import repa_loss, repa_weight
 from model.spec import ArmSpec
 from worker import checkpoint as ckpt
+from worker.compile_cache import CompileCache, cache_key
 from worker.data_fetch import DataStore, fetch_prepared
 from worker.micro_batch import oom_message
 from worker.train_parts import (  # noqa: F401 - LPIPS_STANDIN_FALLBACK and REPA_STANDIN_FALLBACK: read through here
@@ -117,6 +118,7 @@ def train_arm(
     on_step: Callable[[int, float], None] | None = None,
     data_store: DataStore | dict[str, Any] | None = None,
     world: World | None = None,
+    compile_cache: dict[str, Any] | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Train `spec` on `device`, yielding one record per checkpoint (every schedule.checkpoint_every
     steps and at the last step). Resumes from the latest checkpoint in out_dir. When should_stop()
@@ -127,9 +129,14 @@ def train_arm(
     (storage options and its data cache; worker.data_fetch.DataStore): the shards are fetched and
     verified before anything is built, and every record says what the fetch did (`data_fetch`).
     world: this rank of a data-parallel arm (worker/ranks.py starts them); only rank 0 writes and yields.
+    compile_cache: worker.compile_cache.CompileCache as a dict (the node's cache directory, and a store a
+    compiled arm loads its artefacts from and saves them to; records say which: `compile_cache`).
     """
+    cache = CompileCache.from_dict(compile_cache) if compile_cache is not None else None
     with deterministic_algorithms(spec.precision.deterministic):
-        yield from _train(spec, out_dir, device, should_stop, lpips_weights, on_step, data_store, world or World())
+        yield from _train(
+            spec, out_dir, device, should_stop, lpips_weights, on_step, data_store, world or World(), cache
+        )
 
 
 def _train(
@@ -141,8 +148,11 @@ def _train(
     on_step: Callable[[int, float], None] | None,
     data_store: DataStore | dict[str, Any] | None,
     world: World,
+    cache: CompileCache | None,
 ) -> Iterator[dict[str, Any]]:
     out_dir = Path(out_dir)
+    if cache is not None:
+        cache.use_node_dirs()  # before anything compiles (FP8 autotune, the model, the optimizer step)
     out_dir.mkdir(parents=True, exist_ok=True)
     dev = torch.device(device)
     if dev.type == "cuda":
@@ -194,6 +204,11 @@ def _train(
         info["data_fetch"] = fetched.as_record()
     if (manifest_sha := getattr(parts.dataset, "manifest_sha256", None)) is not None:
         info["data_manifest_sha256"] = manifest_sha
+    compiled_for = None  # the compile cache's key ingredients, for a compiled run with a cache
+    if cache is not None and parts.compiled:
+        compiled_for = cache_key(spec, info["device_name"], parts.micro_batch, parts.fp8_linears)
+        cache.load(compiled_for)
+        info["compile_cache"] = cache.status  # the same dict, completed after the warm-up steps
     checkpoints = Checkpoints(parts, out_dir, gens, t_start=t_start, info=info)
     # Images found unreadable at start are already left out; mid-run failures join them (one limit).
     ds = parts.dataset
@@ -222,6 +237,8 @@ def _train(
                     yield checkpoints.final(step, window)
                 return
             if steps_this_process == WARMUP_STEPS:
+                if cache is not None and compiled_for is not None:  # everything has compiled by now
+                    cache.finish(compiled_for, write=world.is_main)
                 window.start_timing()
             t_wait = time.perf_counter()
             micro_batches = [next(loader) for _ in range(parts.grad_accum)]

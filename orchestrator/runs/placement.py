@@ -15,7 +15,7 @@ from orchestrator.db.events import record_event
 from orchestrator.db.models import Run, utcnow
 from orchestrator.db.transitions import transition
 from orchestrator.settings import Settings
-from orchestrator.storage import worker_data_store, worker_storage
+from orchestrator.storage import worker_compile_cache, worker_data_store, worker_storage
 from orchestrator.vocabulary import RunState
 
 
@@ -67,6 +67,7 @@ def worker_kwargs(settings: Settings, run: Run, out_dir: Path, train_fn: str) ->
         "train_fn": train_fn,
         "storage": worker_storage(settings, run.checkpoint_url),
         "data_store": worker_data_store(settings),
+        "compile_cache": worker_compile_cache(settings),
     }
 
 
