@@ -17,6 +17,7 @@ means its actor is gone.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import queue
@@ -145,16 +146,30 @@ def _send_stop(proc: subprocess.Popen[bytes]) -> None:
 # -- one rank ----------------------------------------------------------------------------------------
 
 
-def _watch_stdin(stop: threading.Event) -> None:
-    """"stop" lines set `stop`; the end of stdin means the actor is gone, and a rank never trains unseen."""
-    for line in sys.stdin.buffer:
+def _lines(raw: IO[bytes]) -> Iterator[bytes]:
+    """Lines of an unbuffered file, read without the lock a buffered sys.stdin holds while it waits: a
+    DataLoader worker forked meanwhile closes sys.stdin first thing, and would wait on that lock forever."""
+    pending = b""
+    while chunk := raw.read(1 << 16):
+        pending += chunk
+        while b"\n" in pending:
+            line, pending = pending.split(b"\n", 1)
+            yield line + b"\n"
+
+
+def _watch_control(lines: Iterator[bytes], stop: threading.Event) -> None:
+    """"stop" lines set `stop`; the end of them means the actor is gone, and a rank never trains unseen."""
+    for line in lines:
         if line == STOP_LINE:
             stop.set()
     os._exit(1)
 
 
 def rank_main(rank: int) -> int:
-    job = RankJob(**json.loads(sys.stdin.buffer.readline()))
+    control = _lines(os.fdopen(os.dup(0), "rb", buffering=0))
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # what the rank's own code or children see as stdin
+    sys.stdin = open(os.devnull)  # noqa: SIM115 - the process's stdin for its whole life
+    job = RankJob(**json.loads(next(control)))
     # The protocol owns the real stdout; anything a library prints goes to stderr (the actor's log).
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
@@ -164,8 +179,9 @@ def rank_main(rank: int) -> int:
         out.write(json.dumps(message).encode() + b"\n")
         out.flush()
 
+    faulthandler.register(signal.SIGUSR1)  # `kill -USR1 <rank>`: its stacks in the worker's log (a hung collective)
     stop = threading.Event()
-    threading.Thread(target=_watch_stdin, args=(stop,), daemon=True).start()
+    threading.Thread(target=_watch_control, args=(control, stop), daemon=True).start()
     try:
         import importlib
 
@@ -204,4 +220,4 @@ def rank_main(rank: int) -> int:
 if __name__ == "__main__":
     code = rank_main(int(sys.argv[1]))
     sys.stderr.flush()
-    os._exit(code)  # not sys.exit: the stdin watcher holds stdin's lock, which interpreter shutdown would wait on
+    os._exit(code)  # not sys.exit: interpreter shutdown would wait for the control thread's read

@@ -26,7 +26,7 @@ MATCH_RTOL = 1e-4
 
 SPEC: dict[str, Any] = {
     "model": {"size": "tiny"},
-    "data": {"num_images": 64, "held_out": 4, "loader_workers": 0},
+    "data": {"num_images": 64, "held_out": 4},  # one loader worker (CPU auto): forked beside the control thread
     "schedule": {"steps": 12, "batch_size": 8, "warmup_steps": 2, "checkpoint_every": 4, "ema": {"warmup_steps": 2}},
     "eval": {"num_samples": 2, "sampler_steps": 2, "lpips_backbone": "random_standin"},
 }
