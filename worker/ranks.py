@@ -38,7 +38,6 @@ from worker.node_ray import end_with_parent
 # and checkpoint at seed size, while the other ranks wait at the next step's all-reduce.
 RANK_TIMEOUT_S = 1800.0
 POLL_S = 0.5  # the actor checks its stop request and its ranks' health this often
-EXIT_GRACE_S = 60.0  # after rank 0 is done: how long the other ranks have to exit by themselves
 STOP_LINE = b"stop\n"
 
 
@@ -111,13 +110,13 @@ def _follow(
     done: set[int] = set()
     stop_sent = False
     while len(done) < len(procs):
+        if not stop_sent and should_stop():
+            stop_sent = True
+            for proc in procs:
+                _send_stop(proc)
         try:
             rank, line = lines.get(timeout=POLL_S)
         except queue.Empty:
-            if not stop_sent and should_stop():
-                stop_sent = True
-                for proc in procs:
-                    _send_stop(proc)
             continue
         if line is None:  # its stdout closed: it exited (or is about to)
             code = procs[rank].wait()
