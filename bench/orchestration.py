@@ -37,7 +37,8 @@ sys.path.insert(0, str(BENCH_DIR))
 
 
 def synthetic_train(
-    spec: Any, out_dir: Path, device: str = "cpu", should_stop: Any = None, lpips_weights: Any = None
+    spec: Any, out_dir: Path, device: str = "cpu", should_stop: Any = None, lpips_weights: Any = None,
+    **_: Any,  # train_arm's optional keywords (data_store, compile_cache): nothing to use them for
 ) -> Iterator[dict[str, Any]]:
     """A stand-in for worker.train.train_arm with the same record shape and no training.
 

@@ -13,6 +13,7 @@ from model.strict import Strict
 STOP_GRACE_S = 60.0
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 ArgText = Annotated[str, Field(min_length=1, max_length=4096)]
+MAX_ARM_GPUS = 16  # GPUs of one node an arm may ask for (the largest nodes rented hold 8)
 
 
 # What ended a command arm's process, as its run records it (worker/command.py decides, the scheduler words it).
@@ -39,8 +40,9 @@ class CommandSpec(Strict):
     env: dict[Annotated[str, Field(pattern=ENV_NAME, max_length=256)], Annotated[str, Field(max_length=65536)]] = (
         Field(default_factory=dict)
     )
-    # One GPU per arm, as every arm has: Ray pins it through CUDA_VISIBLE_DEVICES.
-    gpus: Literal[1] = 1
+    # GPUs of one node, all listed in the command's CUDA_VISIBLE_DEVICES (Ray pins them); running
+    # several ranks over them (torchrun) is the command's own business (docs/your-trainer.md).
+    gpus: Annotated[int, Field(gt=0, le=MAX_ARM_GPUS)] = 1
     # Long enough to write a final checkpoint of a seed-size model; a day at most (a hung trainer is killed).
     stop_grace_s: Annotated[float, Field(ge=0, le=86400)] = STOP_GRACE_S
     # SIGTERM to SIGKILL: time for a SIGTERM handler to save (W&B's agent has WANDB_AGENT_KILL_DELAY for it).

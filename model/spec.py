@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from model.command_spec import COMMAND_ENDS, CommandEnd, CommandSpec  # noqa: F401 - part of the arm spec
+from model.command_spec import COMMAND_ENDS, MAX_ARM_GPUS, CommandEnd, CommandSpec  # noqa: F401 - part of the arm spec
 from model.strict import Strict
 
 # Upper bounds are far above any real run and keep absurd values (hidden 4e21, steps 1e18) from
@@ -358,6 +358,10 @@ class ArmSpec(Strict):
     # Set: the arm runs this command instead of the built-in trainer (the sections above are unused
     # except detector); None: ablate's own NanoDiT.
     command: CommandSpec | None = None
+    # GPUs of one node the built-in trainer uses, data-parallel (worker/ranks.py): the global batch
+    # (schedule.batch_size) is split evenly over the ranks, so results are those of one GPU at that
+    # batch. A command arm asks in command.gpus instead.
+    gpus: Annotated[int, Field(gt=0, le=MAX_ARM_GPUS)] = 1
 
     @model_validator(mode="after")
     def _cross_section(self) -> ArmSpec:
@@ -372,11 +376,23 @@ class ArmSpec(Strict):
             patch = self.model.dims().patch
             if self.flow.rank > 3 * patch * patch:
                 raise ValueError(f"flow.rank ({self.flow.rank}) exceeds the patch dimension {3 * patch * patch}")
-        micro = self.schedule.fixed_micro_batch()
-        if self.precision.compile_mode == "reduce-overhead" and micro is not None and micro != self.schedule.batch_size:
+        if self.command is not None and self.gpus != 1:
+            raise ValueError(f"a command arm asks for GPUs in command.gpus, not gpus ({self.gpus})")
+        if self.schedule.batch_size % self.gpus:
+            raise ValueError(
+                f"schedule.batch_size ({self.schedule.batch_size}) must be divisible by gpus ({self.gpus}): "
+                "each GPU trains on batch_size / gpus images of every step"
+            )
+        micro, rank_batch = self.schedule.fixed_micro_batch(), self.rank_batch()
+        if micro is not None and rank_batch % micro:
+            raise ValueError(
+                f"the micro-batch ({micro}) must divide each GPU's share of the batch "
+                f"(batch_size {self.schedule.batch_size} / gpus {self.gpus} = {rank_batch})"
+            )
+        if self.precision.compile_mode == "reduce-overhead" and micro is not None and micro != rank_batch:
             raise ValueError(
                 "precision.compile_mode 'reduce-overhead' needs one micro-batch per step "
-                f"(got micro-batch {micro} of {self.schedule.batch_size}): use compile_mode default, "
+                f"(got micro-batch {micro} of {rank_batch}): use compile_mode default, "
                 "or a batch_size that fits one micro-batch"
             )
         # the metrics are computed on held-out images: fail at submission, not at the first checkpoint
@@ -389,6 +405,14 @@ class ArmSpec(Strict):
 
     def resolution(self) -> int:
         return self.data.resolution or self.model.dims().resolution
+
+    def gpu_count(self) -> int:
+        """GPUs of one node the arm holds: command.gpus for a command arm, else gpus."""
+        return self.command.gpus if self.command is not None else self.gpus
+
+    def rank_batch(self) -> int:
+        """Images of each step that one rank (one GPU) trains on."""
+        return self.schedule.batch_size // self.gpus
 
 
 # -- resources ---------------------------------------------------------------------------------------

@@ -71,6 +71,10 @@ class Settings(BaseSettings):
     # {"key_filename": ..., "known_hosts": ...} for sftp. Credentials come from the usual AWS variables
     # or profile and SSH keys on each machine, never from here (workers receive these options).
     checkpoint_options: dict[str, Any] = Field(default_factory=dict)
+    # Where compiled arms store their compile caches for a fresh node to load (worker/compile_cache.py),
+    # an fsspec URL like checkpoint_url, read with checkpoint_options. Unset: each node keeps its own cache
+    # only. Loading a cache runs the code in it: see docs/security.md before pointing rented nodes at one.
+    compile_cache_url: str | None = None
     # Periodic checkpoints kept in storage per run, besides best.pt (each is model + EMA + optimizer state).
     checkpoint_keep_last: Annotated[int, Field(ge=1)] = 2
     # A run whose newest checkpoint has not reached storage for this many minutes is flagged on the dashboard.
@@ -174,7 +178,7 @@ class Settings(BaseSettings):
             return json.loads(text) if text.startswith("[") else [p.strip() for p in text.split(",") if p.strip()]
         return v
 
-    @field_validator("checkpoint_url")
+    @field_validator("checkpoint_url", "compile_cache_url")
     @classmethod
     def _known_store(cls, v: str | None) -> str | None:
         if v is None:

@@ -103,6 +103,16 @@ def worker_storage(settings: Settings, url: str) -> dict[str, Any]:
     }
 
 
+def worker_compile_cache(settings: Settings) -> dict[str, Any]:
+    """worker.compile_cache.CompileCache as the dict the worker actor takes: the node's cache directory
+    (beside the runs', so it outlives them) and the shared store, if the operator set one."""
+    return {
+        "dir": str(settings.storage_dir.expanduser().resolve() / "compile-cache"),
+        "url": settings.compile_cache_url,
+        "options": dict(settings.checkpoint_options),
+    }
+
+
 def worker_data_store(settings: Settings) -> dict[str, Any]:
     """worker.data_fetch.DataStore as the dict the worker actor takes: how a node reaches data.url."""
     options = settings.data_options if settings.data_options is not None else settings.checkpoint_options

@@ -12,21 +12,16 @@ import errno
 import json
 import math
 import os
-import re
 import socket
-import sysconfig
 import threading
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
-from worker.command import CommandFailed
+from worker.failure import describe_error
 from worker.run_files import RECORDS_PER_POLL
 
 RECORDS_FILE = "records.jsonl"
-# Terminal colour codes (Ray wraps its messages in them): never stored in an error the operator reads.
-ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # How long a worker waits for space on a full disk before its run fails (the operator's time to react).
 DISK_FULL_WAIT_S = 600.0
 
@@ -44,33 +39,6 @@ def _jsonable(value: Any) -> Any:
     if hasattr(value, "item") and callable(value.item):  # 0-d tensors / numpy scalars
         return _jsonable(value.item())
     return value
-
-
-def _short_path(path: str) -> str:
-    """worker/actor.py for the project's files, torch/nn/modules/module.py for a library's."""
-    if "/site-packages/" in path:
-        return path.rsplit("/site-packages/", 1)[1]
-    for package in ("/worker/", "/model/", "/orchestrator/"):
-        if package in path:
-            return package.lstrip("/") + path.rsplit(package, 1)[1]
-    return path
-
-
-def describe_error(exc: BaseException) -> str:
-    """What the run stores when its worker fails: `Type: message (at file:line in function)` on the first
-    line, the last frames of the traceback below it, without terminal escape codes. A command arm's
-    failure (worker/command.py CommandFailed) is its own message: its stderr, not our frames."""
-    if isinstance(exc, CommandFailed):
-        return ANSI_ESCAPE.sub("", str(exc))
-    head = traceback.format_exception_only(exc)[-1].strip()
-    frames = traceback.extract_tb(exc.__traceback__)
-    stdlib = sysconfig.get_paths()["stdlib"]
-    ours = [f for f in frames if "/site-packages/" not in f.filename and not f.filename.startswith(stdlib)]
-    if frames:  # the innermost frame outside the libraries: where our code met the error (not pathlib's)
-        inner = (ours or frames)[-1]
-        head += f" (at {_short_path(inner.filename)}:{inner.lineno} in {inner.name})"
-    tail = "".join(traceback.format_exception(exc, limit=-8)).rstrip()
-    return ANSI_ESCAPE.sub("", f"{head}\n{tail}")
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -142,6 +110,8 @@ class ArmWorker:
             (storage options, its data cache); handed to train_fn only for a spec with data.url.
         code_archive: a command arm's code as the controller shipped it to this node (a tar named by its
             SHA-256); None: the spec's `code` directory is read where it is.
+        compile_cache: worker.compile_cache.CompileCache as a dict: the node's compile cache directory and
+            the store compiled arms share; handed to train_fn only when set.
     """
 
     def __init__(
@@ -155,6 +125,7 @@ class ArmWorker:
         storage: dict[str, Any] | None = None,
         data_store: dict[str, Any] | None = None,
         code_archive: str | None = None,
+        compile_cache: dict[str, Any] | None = None,
     ) -> None:
         self.run_id = run_id
         self.out_dir = Path(out_dir)
@@ -164,6 +135,7 @@ class ArmWorker:
         self._train_fn = train_fn
         self._data_store = data_store
         self._code_archive = Path(code_archive) if code_archive else None
+        self._compile_cache = compile_cache
         self._cond = threading.Condition()
         self._records: list[dict[str, Any]] = []
         self._state = "running"  # running | done | error
@@ -213,13 +185,29 @@ class ArmWorker:
             spec = ArmSpec.model_validate(self._spec)
             device = "cuda" if torch.cuda.is_available() else "cpu"
             # Only with data.url: a benchmark's synthetic train_fn keeps train_arm's older signature.
-            data = {"data_store": self._data_store} if spec.data.url is not None else {}
+            data: dict[str, Any] = {"data_store": self._data_store} if spec.data.url is not None else {}
+            if self._compile_cache is not None:
+                data["compile_cache"] = self._compile_cache
             command = None
             if spec.command is not None:  # the researcher's own trainer, with train_arm's record contract
                 from worker.command import CommandArm
 
                 command = CommandArm(spec, self.out_dir, self._stop.is_set, list(self._records), self._code_archive)
                 stream = command.records()
+            elif spec.gpus > 1:  # data-parallel: one process per GPU, rank 0's records come back here
+                from worker.ranks import new_job, run_ranks
+
+                job = new_job(
+                    self.out_dir,
+                    spec.gpus,
+                    spec=self._spec,
+                    lpips_weights=str(self._lpips_weights) if self._lpips_weights else None,
+                    data_store=self._data_store,
+                    torch_threads=self._torch_threads,
+                    train_fn=self._train_fn,
+                    compile_cache=self._compile_cache,
+                )
+                stream = run_ranks(job, self._stop.is_set)
             else:
                 stream = train_arm(
                     spec,

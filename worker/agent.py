@@ -4,8 +4,8 @@ The controller starts it over the node's SSH connection (a rented or registered 
 child process (its own machine), and they talk one JSON object per line: the controller writes a
 request on the agent's stdin, the agent answers on its stdout. The agent is a Ray driver of the node's
 own Ray (worker/node_ray.py): it starts, polls, stops and kills the node's arm workers (named, detached
-actors, one GPU each: Ray sets CUDA_VISIBLE_DEVICES) and hands their records on as JSON. Nothing the
-controller receives is a pickle, and nothing of the controller's (its database, keys, Ray) is reachable
+actors with the GPUs each arm asks for: Ray sets CUDA_VISIBLE_DEVICES) and hands their records on as JSON.
+Nothing the controller receives is a pickle, and nothing of the controller's (its database, keys, Ray) is reachable
 from the node. When the controller goes away (its SSH channel or pipe closes) the agent exits and the
 workers train on; the next controller's agent finds them again by name.
 
@@ -35,6 +35,7 @@ import sys
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from model.spec import ArmSpec
 from worker.node_ray import TOKEN_FILE, auth_env, register_agent, start_head, stop_session_dir
 
 PROTOCOL = 1
@@ -88,13 +89,15 @@ class Agent:
             raise ValueError(f"worker names start with {WORKER_PREFIX!r}: {name!r}")
         if self._actor(name) is not None:
             return {"adopted": True}
+        # An arm with gpus: N holds N GPUs of this node (Ray lists them in its CUDA_VISIBLE_DEVICES).
+        gpus = arm_gpus(request["kwargs"]["spec"])
         self.handles[name] = (
             ray.remote(ArmWorker)
             .options(
                 name=name,
                 namespace=self.namespace,
                 lifetime="detached",
-                num_gpus=1,
+                num_gpus=gpus,
                 num_cpus=0,  # four arms run at once on a node whatever its core count
                 max_concurrency=4,  # poll and request_stop run beside the training thread
                 max_restarts=0,  # a lost worker is retried by the controller, from its checkpoint
@@ -163,6 +166,11 @@ class Agent:
         if actor is None:
             raise ValueError(f"no worker {request['name']} on this node")
         return ray.get(actor.ping.remote(), timeout=60)
+
+
+def arm_gpus(spec: dict[str, Any]) -> int:
+    """The GPUs an arm's spec asks for (validated: the controller's word is checked here too)."""
+    return ArmSpec.model_validate(spec).gpu_count()
 
 
 def _jsonable(value: Any) -> Any:

@@ -7,7 +7,7 @@ The contract the script sees (docs/your-trainer.md):
 
     cwd                   a fresh copy of `code`, or of the archive of it the controller shipped to this
                           node (out_dir/work), so an edit mid-grid changes no running attempt
-    CUDA_VISIBLE_DEVICES  the GPU Ray gave the actor (inherited)
+    CUDA_VISIBLE_DEVICES  the GPUs Ray gave the actor (inherited): command.gpus of them
     ABLATE_RUN_DIR        out_dir/run: checkpoints/ lives there (stored whole, worker/folder_mirror.py) and
                           is restored before the start; PNGs in samples/step_N/ become the step's samples
     ABLATE_METRICS_FILE   JSON lines {"step": int, "<metric>": float, ..., "checkpoint": "checkpoints/x.pt"}
@@ -39,6 +39,7 @@ from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
 from model.spec import ArmSpec, CommandEnd
+from worker.failure import Described
 from worker.node_ray import end_with_parent
 from worker.run_files import COMMAND_RUN_DIR, SAMPLES_DIR, sample_dir
 
@@ -59,7 +60,7 @@ ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|\r")
 _CKPT_RE = re.compile(r"^ckpt_(\d+)\.pt$")
 
 
-class CommandFailed(Exception):
+class CommandFailed(Described):
     """The command failed: the message (exit code and stderr tail, or a broken contract) is the run's error."""
 
 

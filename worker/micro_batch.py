@@ -120,8 +120,9 @@ def choose_micro_batch(
     repa_block: int | None,
     fixed: int | None = None,
 ) -> MicroBatchChoice:
-    """The run's micro-batch: a resumed checkpoint's, the spec's, the whole batch on CPU, else trials."""
-    batch = spec.schedule.batch_size
+    """The run's micro-batch: a resumed checkpoint's, the spec's, the whole batch on CPU, else trials.
+    The batch is one rank's share (spec.rank_batch(): all of it on one GPU)."""
+    batch = spec.rank_batch()
     if fixed is not None:
         return MicroBatchChoice(fixed, "checkpoint")
     spec_micro = spec.schedule.fixed_micro_batch()

@@ -30,6 +30,7 @@ from model.precision import deterministic_algorithms
 from model.repa import repa_loss, repa_weight
 from model.spec import ArmSpec
 from worker import checkpoint as ckpt
+from worker.compile_cache import CompileCache, cache_key
 from worker.data_fetch import DataStore, fetch_prepared
 from worker.micro_batch import oom_message
 from worker.train_parts import (  # noqa: F401 - LPIPS_STANDIN_FALLBACK and REPA_STANDIN_FALLBACK: read through here
@@ -41,6 +42,7 @@ from worker.train_parts import (  # noqa: F401 - LPIPS_STANDIN_FALLBACK and REPA
     check_resumable,
 )
 from worker.train_record import Checkpoints, Window, device_info, sync_device
+from worker.world import World
 
 # Steps after each (re)start excluded from iter/s: compile, cudnn autotune, allocator warm-up.
 WARMUP_STEPS = 3
@@ -56,7 +58,7 @@ IDENTITY_PROB = 0.5
 def train_step(parts: Parts, step: int, batches: list[MicroBatch], noise_gen: torch.Generator) -> tuple[Tensor, Tensor]:
     """One optimizer step over its micro-batches (grad accumulation); returns (loss, grad_norm) as 0-d
     tensors (no sync)."""
-    spec, dev = parts.spec, parts.device
+    spec, dev, world = parts.spec, parts.device, parts.world
     sched = spec.schedule
     accum = len(batches)
     w_repa = repa_weight(spec.repa, step, sched.steps) if parts.teacher is not None else 0.0
@@ -67,8 +69,11 @@ def train_step(parts: Parts, step: int, batches: list[MicroBatch], noise_gen: to
         # pinned by the loader: the copy is asynchronous; uint8 becomes float on the device
         x0 = parts.dataset.from_unit(as_unit_float(mb.images.to(dev, non_blocking=True)))
         captions, with_identity = mb.captions, mb.identity
-        t = sample_t(len(captions), spec.flow, noise_gen, dev)
-        eps = torch.randn(x0.shape, generator=noise_gen, device=dev)
+        # Drawn for the micro-batch of all ranks (the same on each) and sliced: the noise of an image
+        # does not depend on how many GPUs train the arm.
+        n = len(captions) * world.size
+        t = world.my_slice(sample_t(n, spec.flow, noise_gen, dev))
+        eps = world.my_slice(torch.randn((n, *x0.shape[1:]), generator=noise_gen, device=dev))
         x_t = interpolate(x0, eps, t)
         with parts.autocast():
             text, mask = parts.text_encoder(captions)
@@ -84,6 +89,8 @@ def train_step(parts: Parts, step: int, batches: list[MicroBatch], noise_gen: to
                 loss = loss + w_repa * repa_loss(out.hidden, out.kept, feats, parts.projector)
         (loss / accum).backward()
         total += loss.detach() / accum
+    world.average_grads(parts.trainable)
+    world.average([total])
     clip = spec.optimizer.grad_clip if spec.optimizer.grad_clip > 0 else math.inf
     grad_norm = torch.nn.utils.clip_grad_norm_(parts.trainable, clip)
     set_lr(parts.optimizers, lr_at(step, sched))
@@ -110,6 +117,8 @@ def train_arm(
     *,
     on_step: Callable[[int, float], None] | None = None,
     data_store: DataStore | dict[str, Any] | None = None,
+    world: World | None = None,
+    compile_cache: dict[str, Any] | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Train `spec` on `device`, yielding one record per checkpoint (every schedule.checkpoint_every
     steps and at the last step). Resumes from the latest checkpoint in out_dir. When should_stop()
@@ -119,9 +128,15 @@ def train_arm(
     device sync per step, so the Ray worker leaves it None. data_store: how this node reaches data.url
     (storage options and its data cache; worker.data_fetch.DataStore): the shards are fetched and
     verified before anything is built, and every record says what the fetch did (`data_fetch`).
+    world: this rank of a data-parallel arm (worker/ranks.py starts them); only rank 0 writes and yields.
+    compile_cache: worker.compile_cache.CompileCache as a dict (the node's cache directory, and a store a
+    compiled arm loads its artefacts from and saves them to; records say which: `compile_cache`).
     """
+    cache = CompileCache.from_dict(compile_cache) if compile_cache is not None else None
     with deterministic_algorithms(spec.precision.deterministic):
-        yield from _train(spec, out_dir, device, should_stop, lpips_weights, on_step, data_store)
+        yield from _train(
+            spec, out_dir, device, should_stop, lpips_weights, on_step, data_store, world or World(), cache
+        )
 
 
 def _train(
@@ -132,8 +147,12 @@ def _train(
     lpips_weights: Path | None,
     on_step: Callable[[int, float], None] | None,
     data_store: DataStore | dict[str, Any] | None,
+    world: World,
+    cache: CompileCache | None,
 ) -> Iterator[dict[str, Any]]:
     out_dir = Path(out_dir)
+    if cache is not None:
+        cache.use_node_dirs()  # before anything compiles (FP8 autotune, the model, the optimizer step)
     out_dir.mkdir(parents=True, exist_ok=True)
     dev = torch.device(device)
     if dev.type == "cuda":
@@ -166,19 +185,30 @@ def _train(
             micro_batch=saved.get("micro_batch"),
             data_root=Path(fetched.path) if fetched is not None else None,
             data_pin=pin,
+            world=world,
         )
     except torch.OutOfMemoryError:
         raise TrainError(
-            oom_message(spec.schedule.fixed_micro_batch() or 1, spec.schedule.batch_size, dev, "set-up")
+            oom_message(spec.schedule.fixed_micro_batch() or 1, spec.rank_batch(), dev, "set-up")
         ) from None
     sched = spec.schedule
     gens = {"noise": torch.Generator(device=dev).manual_seed(spec.data.seed + 2)}
     workers = spec.data.loader_workers if spec.data.loader_workers != "auto" else auto_workers(dev.type)
-    info = {**device_info(dev), "loader_workers": workers, "deterministic": spec.precision.deterministic}
+    info = {
+        **device_info(dev),
+        "loader_workers": workers,
+        "deterministic": spec.precision.deterministic,
+        "ranks": world.size,  # GPUs training the arm data-parallel (worker/world.py)
+    }
     if fetched is not None:
         info["data_fetch"] = fetched.as_record()
     if (manifest_sha := getattr(parts.dataset, "manifest_sha256", None)) is not None:
         info["data_manifest_sha256"] = manifest_sha
+    compiled_for = None  # the compile cache's key ingredients, for a compiled run with a cache
+    if cache is not None and parts.compiled:
+        compiled_for = cache_key(spec, info["device_name"], parts.micro_batch, parts.fp8_linears)
+        cache.load(compiled_for)
+        info["compile_cache"] = cache.status  # the same dict, completed after the warm-up steps
     checkpoints = Checkpoints(parts, out_dir, gens, t_start=t_start, info=info)
     # Images found unreadable at start are already left out; mid-run failures join them (one limit).
     ds = parts.dataset
@@ -187,21 +217,28 @@ def _train(
         if isinstance(ds, CaptionedDataset)
         else Unreadable(len(ds), spec.data.max_unreadable, ds.name)
     )
-    step = checkpoints.restore(state) if state is not None else 0
+    step = checkpoints.restore(state, write=world.is_main) if state is not None else 0
+    world.broadcast(parts.trainable)  # identical by construction (same seed, same checkpoint): made certain
     if checkpoints.last_record is not None and step >= sched.steps:
-        yield {**checkpoints.last_record, "final": True}
+        if world.is_main:
+            yield {**checkpoints.last_record, "final": True}
         return
 
-    batches = StepBatches(parts.dataset, sched.batch_size, parts.micro_batch, spec.data.seed + 1, IDENTITY_PROB)
+    batches = StepBatches(
+        parts.dataset, sched.batch_size, parts.micro_batch, spec.data.seed + 1, IDENTITY_PROB, world.rank, world.size
+    )
     loader = iter(make_loader(batches, step, sched.steps, workers, pin=dev.type == "cuda"))
     window = Window.empty(dev)
     steps_this_process = 0
     try:
         while step < sched.steps:
-            if should_stop is not None and should_stop():
-                yield checkpoints.final(step, window)
+            if world.agree(should_stop is not None and should_stop()):
+                if world.is_main:
+                    yield checkpoints.final(step, window)
                 return
             if steps_this_process == WARMUP_STEPS:
+                if cache is not None and compiled_for is not None:  # everything has compiled by now
+                    cache.finish(compiled_for, write=world.is_main)
                 window.start_timing()
             t_wait = time.perf_counter()
             micro_batches = [next(loader) for _ in range(parts.grad_accum)]
@@ -219,9 +256,10 @@ def _train(
             if on_step is not None:
                 on_step(step, loss.item())
             if step % sched.checkpoint_every == 0 or step == sched.steps:
-                yield checkpoints.save(step, window, final=step == sched.steps)
+                if world.is_main:  # the other ranks go on to the next step's all-reduce and wait there
+                    yield checkpoints.save(step, window, final=step == sched.steps)
                 window = Window.empty(dev, timing=window.t_timing is not None)
     except torch.OutOfMemoryError:
         raise TrainError(
-            oom_message(parts.micro_batch, sched.batch_size, dev, f"training step {step + 1} or its evaluation")
+            oom_message(parts.micro_batch, spec.rank_batch(), dev, f"training step {step + 1} or its evaluation")
         ) from None

@@ -28,6 +28,7 @@ from model.repa import RepaProjector, Teacher, build_teacher
 from model.spec import ArmSpec
 from model.text import TextEncoder, build_text_encoder
 from worker.micro_batch import MicroBatchChoice, choose_micro_batch
+from worker.world import World
 
 # Images used once to estimate AsymFlow's patch PCA basis (fixed seed: the basis is a function of the data).
 PCA_IMAGES = 256
@@ -87,6 +88,7 @@ class Parts:
     precision_mode: str = "bf16"  # what actually ran (fp32 where CPU_BF16_FALLBACK applied)
     micro: MicroBatchChoice | None = None  # images per forward/backward and how they were chosen
     compiled: bool = False  # precision.compile as resolved for the device
+    world: World = field(default_factory=World)  # this rank of a data-parallel arm (one rank: the plain trainer)
 
     @property
     def micro_batch(self) -> int:
@@ -95,7 +97,8 @@ class Parts:
 
     @property
     def grad_accum(self) -> int:
-        return self.spec.schedule.batch_size // self.micro_batch
+        """Micro-batches per step on each rank."""
+        return self.spec.rank_batch() // self.micro_batch
 
 
 def has_trainable(module: nn.Module) -> bool:
@@ -110,6 +113,7 @@ def build(
     micro_batch: int | None = None,
     data_root: Path | None = None,
     data_pin: str | None = None,
+    world: World | None = None,
 ) -> Parts:
     """Construct a run's parts; model init uses the global RNG seeded from data.seed.
 
@@ -117,8 +121,10 @@ def build(
     is, without re-timing, so the resumed run keeps the numerics it started with. micro_batch: likewise
     the micro-batch the resumed run trained with (not searched again). data_root: the local copy of
     data.url (fetched by train_arm), else None. data_pin: the sha256 of the prepared manifest the resumed
-    run started on (its checkpoint record's data_manifest_sha256): a different one is refused.
+    run started on (its checkpoint record's data_manifest_sha256): a different one is refused. world: this
+    rank of a data-parallel arm; the ranks agree on the smallest micro-batch any of them fits.
     """
+    world = world or World()
     torch.manual_seed(spec.data.seed)
     fallbacks: list[str] = []
     dataset = build_dataset(spec, data_root, data_pin)
@@ -166,12 +172,14 @@ def build(
     micro = choose_micro_batch(
         spec, device, model, text_encoder, dataset, autocast, teacher, repa_block, fixed=micro_batch
     )
+    if (agreed := world.smallest(micro.size)) != micro.size:
+        micro = MicroBatchChoice(agreed, f"{micro.how}; {agreed}: the smallest of {world.size} ranks", micro.note)
     if micro.note:
         fallbacks.append(micro.note)
-    if precision.compile_mode == "reduce-overhead" and micro.size != spec.schedule.batch_size:
+    if precision.compile_mode == "reduce-overhead" and micro.size != spec.rank_batch():
         fallbacks.append(
             f"compile_mode reduce-overhead needs one micro-batch per step; micro-batch {micro.size} of "
-            f"{spec.schedule.batch_size}: compile_mode default"
+            f"{spec.rank_batch()}: compile_mode default"
         )
         precision = precision.model_copy(update={"compile_mode": "default"})
     micro_tokens = micro.size * (spec.resolution() // dims.patch) ** 2
@@ -210,4 +218,5 @@ def build(
         precision_mode=precision.mode,
         micro=micro,
         compiled=bool(precision.compile),
+        world=world,
     )

@@ -167,14 +167,16 @@ class Checkpoints:
     compile_s: float | None = None  # this process's first step, compile included (compiled runs only)
     provenance: dict[str, Any] = field(default_factory=ckpt.provenance)  # code and library versions, in every file
 
-    def restore(self, state: dict[str, Any]) -> int:
-        """Load a checkpoint into the parts and this bookkeeping; returns its step."""
+    def restore(self, state: dict[str, Any], write: bool = True) -> int:
+        """Load a checkpoint into the parts and this bookkeeping; returns its step. write=False (a rank
+        other than 0 of a data-parallel arm): metrics.jsonl is rank 0's to cut back."""
         _restore(self.parts, state, self.gens)
         self.resumed_from, self.wall_before = state["step"], state["wall_time_s"]
         self.last_record, self.best = state["record"], state["best"]
         if self.skips is not None:  # the count goes on from where the run left it, not from 0
             self.skips.add(state.get("unreadable") or [])
-        ckpt.truncate_metrics(self.out_dir, self.resumed_from)
+        if write:
+            ckpt.truncate_metrics(self.out_dir, self.resumed_from)
         return self.resumed_from
 
     def wall(self) -> float:
@@ -233,7 +235,7 @@ class Checkpoints:
             "tokens_per_sec": ips * sched.batch_size * tokens_per_image if ips else None,
             "peak_memory_gb": peak_memory_gb(parts.device),
             "wall_time_s": elapsed,
-            "gpu_hours": elapsed / 3600 if parts.device.type == "cuda" else 0.0,
+            "gpu_hours": elapsed / 3600 * parts.world.size if parts.device.type == "cuda" else 0.0,
             "eval_time_s": eval_s,
             "samples": samples,
             "checkpoint": str(path),

@@ -40,21 +40,35 @@ class MicroBatch:
 
 
 class StepBatches(Dataset):
-    """Map-style view of the run's micro-batches: item k = micro-batch k % accum of step k // accum."""
+    """Map-style view of the run's micro-batches: item k = micro-batch k % accum of step k // accum.
+
+    Data-parallel (ranks > 1): micro-batch j of a step spans ranks * micro images, and rank r takes its
+    r-th slice of them. So the ranks together see what one process with micro-batch ranks * micro sees,
+    micro-batch by micro-batch, identity draw included (worker/world.py draws the noise the same way).
+    """
 
     def __init__(
-        self, dataset: ImageCaptionDataset, batch_size: int, micro_batch: int, seed: int, identity_prob: float
+        self,
+        dataset: ImageCaptionDataset,
+        batch_size: int,
+        micro_batch: int,
+        seed: int,
+        identity_prob: float,
+        rank: int = 0,
+        ranks: int = 1,
     ) -> None:
-        if batch_size % micro_batch:
-            raise ValueError(f"micro-batch {micro_batch} does not divide the batch {batch_size}")
+        if batch_size % (micro_batch * ranks):
+            raise ValueError(f"micro-batch {micro_batch} x {ranks} ranks does not divide the batch {batch_size}")
         self.dataset, self.batch_size, self.micro = dataset, batch_size, micro_batch
-        self.accum = batch_size // micro_batch
+        self.rank, self.ranks = rank, ranks
+        self.accum = batch_size // (micro_batch * ranks)
         self.seed, self.identity_prob = seed, identity_prob
 
     def __getitem__(self, k: int) -> MicroBatch:
         step, j = divmod(k, self.accum)
         idx = step_indices(self.seed, step, self.batch_size, self.dataset.num_train)
-        images, captions, skipped = self.dataset.load_train(idx[j * self.micro : (j + 1) * self.micro].tolist())
+        start = (j * self.ranks + self.rank) * self.micro
+        images, captions, skipped = self.dataset.load_train(idx[start : start + self.micro].tolist())
         return MicroBatch(step, j, images, captions, identity_draw(self.seed, step, j, self.identity_prob), skipped)
 
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path, PurePosixPath
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, field_validator
 from sqlalchemy import func, select
@@ -24,6 +24,7 @@ from orchestrator.db.transitions import transition
 from orchestrator.errors import Conflict, InvalidBody
 from orchestrator.runs.arms import LINEAGE_KEYS, ArmError, arm_files, resolve
 from orchestrator.runs.command_arms import command_errors, is_command_arm, resolve_command_arm
+from orchestrator.runs.gpu_share import gpu_count_errors, spread_gpus
 from orchestrator.runs.replicates import MAX_SEEDS, replicate_spec
 from orchestrator.runs.trackers.clients import grid_trackers, tracker_errors
 from orchestrator.settings import Settings
@@ -70,6 +71,9 @@ class GridCreate(BaseModel):
     seeds: int = Field(default=1, ge=1, le=MAX_SEEDS, examples=[3])
     # Experiment trackers the controller forwards the runs to (docs/trackers.md); unset: ABLATE_TRACKERS.
     trackers: list[TrackerName] | None = Field(default=None, max_length=len(TrackerName), examples=[["tensorboard"]])
+    # auto: when the largest node's GPUs outnumber the arms, each built-in arm that does not name its own
+    # `gpus` trains on node GPUs // arms of them, data-parallel (runs/gpu_share.py); None: one GPU each.
+    gpus_per_arm: Literal["auto"] | None = None
 
     @field_validator("name")
     @classmethod
@@ -326,6 +330,7 @@ def create_grid(
     max_gpu_memory_gib: float | None = None,
     paths: PathPolicy | None = None,
     default_trackers: Sequence[TrackerName] = (),
+    node_gpus: int | None = None,
 ) -> Grid:
     """Store the grid and one queued run per arm and training seed with its fully resolved spec; flushes,
     no commit. Seed-major order: every arm's seed 0 is queued before any seed 1, so a night cut short
@@ -335,10 +340,15 @@ def create_grid(
     `paths` (every grid a client submits), spec paths outside the operator's directories are too; a
     command arm is refused unless `paths` allows commands (without it, none is allowed). A grid that names
     no trackers forwards to `default_trackers` (ABLATE_TRACKERS); a tracker whose client is not installed
-    is a GridError naming its extra.
+    is a GridError naming its extra. `node_gpus`: the largest node's GPUs (runs/gpu_share.py
+    largest_node_gpus): an arm asking for more is a GridError, and `gpus_per_arm: auto` spreads them; None
+    (unknown) checks nothing and gives each arm its own count.
     """
     resolved = resolve_grid(body)
+    if body.gpus_per_arm == "auto":
+        resolved = spread_gpus(resolved, node_gpus)
     errors = memory_errors(body, resolved, max_gpu_memory_gib) + tracker_errors(body.trackers, default_trackers)
+    errors += gpu_count_errors(body.arms, body.overrides, resolved, node_gpus)
     if paths is not None:
         errors += paths.errors(body, resolved)
     else:

@@ -3,9 +3,10 @@
 State machine per run: queued -> starting -> running -> completed | stopped | failed.
 - Nodes (orchestrator/fleet/node_pool.py): the controller's own machine and every joined node, each with
   its own Ray, reached through its agent (worker/agent.py) over its SSH connection or pipes, in JSON.
-- Launch: queued runs FIFO within a grid, grids in submission order, while a node has GPUs that none of
-  our workers hold. Each run is a named, detached actor of the node's Ray (`ablate-run-<id>-<attempt>` in
-  the settings' namespace) with num_gpus=1 (Ray sets CUDA_VISIBLE_DEVICES) and num_cpus=0.
+- Launch: queued runs FIFO within a grid, grids in submission order, each on the node with the most GPUs
+  that none of our workers hold, if it has as many as the arm asks for (`gpus`: all of one node's). Each
+  run is a named, detached actor of the node's Ray (`ablate-run-<id>-<attempt>` in the settings'
+  namespace) with the arm's GPUs (Ray sets CUDA_VISIBLE_DEVICES) and num_cpus=0.
 - Ingest (orchestrator/runs/ingest.py): every record the worker yields is stored idempotently on
   (run_id, step); the detector judges every new checkpoint, and collapse | diverged | stalled stops
   the run gracefully.
@@ -47,6 +48,8 @@ from orchestrator.runs.ingest import ingest, last_step, refused_metrics
 from orchestrator.runs.placement import (
     Worker,
     actor_name,
+    arm_gpus,
+    choose_node,
     claim_for_launch,
     mark_running,
     nonempty,
@@ -178,7 +181,7 @@ class Launcher:
                 if node is not None:
                     self.workers[run.id] = Worker(
                         run.id, name, node, last_step(session, run.id), attempt=run.retries,
-                        storage_seen=seen_seq(session, run.id, run.retries),
+                        storage_seen=seen_seq(session, run.id, run.retries), gpus=arm_gpus(run.spec),
                     )
                     log.info("adopted worker %s of run %s on node %s", name, run.id, node)
                     continue
@@ -197,7 +200,7 @@ class Launcher:
         still freeing)."""
         free = {}
         for name, entry in self.pool.placeable().items():
-            free[name] = entry.gpus - sum(1 for w in self.workers.values() if w.node == name)
+            free[name] = entry.gpus - sum(w.gpus for w in self.workers.values() if w.node == name)
         if self.pool.up() and not any(e.gpus for e in self.pool.up().values()) and not self._warned_no_gpu:
             self._warned_no_gpu = True
             log.warning("no node has GPUs; set ABLATE_LOGICAL_GPUS=N to declare N logical ones on this machine")
@@ -215,11 +218,12 @@ class Launcher:
                 if run.being_stopped:  # e.g. re-queued after its worker died while stopping
                     self._finish_queued_stop(session, run)
                     continue
-                node = max(free, key=lambda n: free[n], default=None)
-                if node is None or free[node] <= 0:
-                    continue  # later runs may still be stops to finish
+                need = arm_gpus(run.spec)
+                node = choose_node(free, need)
+                if node is None:
+                    continue  # later runs may still fit, or be stops to finish
                 if self._launch(session, run, node):
-                    free[node] -= 1
+                    free[node] -= need
 
     def _finish_queued_stop(self, session: Session, run: Run) -> None:
         why = run.stop_reason("stopped by the user before it started")
@@ -266,7 +270,8 @@ class Launcher:
                 return False
         after = last_step(session, run.id)
         self.workers[run.id] = Worker(
-            run.id, name, node, after, attempt=run.retries, storage_seen=seen_seq(session, run.id, run.retries)
+            run.id, name, node, after, attempt=run.retries, storage_seen=seen_seq(session, run.id, run.retries),
+            gpus=arm_gpus(run.spec),
         )
         if run.last_checkpoint_step is not None:
             record_event(

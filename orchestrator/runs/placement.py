@@ -18,11 +18,12 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from model.spec import ArmSpec
 from orchestrator.db.events import record_event
 from orchestrator.db.models import Event, Run, utcnow
 from orchestrator.db.transitions import transition
 from orchestrator.settings import Settings
-from orchestrator.storage import worker_data_store, worker_storage
+from orchestrator.storage import worker_compile_cache, worker_data_store, worker_storage
 from orchestrator.vocabulary import RunState
 
 
@@ -80,6 +81,17 @@ def nonempty(path: Path) -> bool:
     return path.is_dir() and any(path.iterdir())
 
 
+def arm_gpus(spec: dict[str, Any]) -> int:
+    """GPUs of one node the run's worker holds (its arm's `gpus`, or a command arm's `command.gpus`)."""
+    return ArmSpec.model_validate(spec).gpu_count()
+
+
+def choose_node(free: dict[str, int], need: int) -> str | None:
+    """The node with the most free GPUs among those with at least `need`: an arm's GPUs are one node's."""
+    fits = {node: n for node, n in free.items() if n >= need}
+    return max(fits, key=lambda node: fits[node], default=None)
+
+
 def worker_kwargs(settings: Settings, run: Run, out_dir: Path, train_fn: str) -> dict[str, Any]:
     """What the node agent builds the run's worker from (worker/actor.py ArmWorker's arguments), as JSON."""
     return {
@@ -91,6 +103,7 @@ def worker_kwargs(settings: Settings, run: Run, out_dir: Path, train_fn: str) ->
         "train_fn": train_fn,
         "storage": worker_storage(settings, run.checkpoint_url),
         "data_store": worker_data_store(settings),
+        "compile_cache": worker_compile_cache(settings),
     }
 
 
@@ -107,6 +120,7 @@ class Worker:
     info: dict[str, Any] = field(default_factory=dict)
     launched_at: float = field(default_factory=time.monotonic)  # time.monotonic() s, for start_timeout_s
     attempt: int = 0  # the run's retries when launched (the worker's upload log is per attempt)
+    gpus: int = 1  # GPUs of its node it holds (arm_gpus)
     storage_seen: int = 0  # the newest upload-log entry of this worker stored as an event
     ingest_failures: int = 0  # consecutive replies that could not be stored (not counting DB outages)
 

@@ -16,6 +16,7 @@ from orchestrator.errors import Conflict, InvalidBody, NotFound
 from orchestrator.fleet.inventory import NAME_PATTERN, find_named, find_node
 from orchestrator.fleet.providers.request import NodeRequest
 from orchestrator.messages import validation_text
+from orchestrator.runs.gpu_share import gpu_count_errors, sweep_node_gpus
 from orchestrator.runs.grids import GridCreate, GridError, PathPolicy, memory_errors, resolve_grid
 
 
@@ -113,12 +114,16 @@ def create_schedule(
 ) -> Schedule:
     """Store a schedule; its first fire is the next cron time after `now`. Flushes, no commit.
 
-    Its grid must fit a GPU (`max_gpu_memory_gib`) and, with `paths`, keep its spec paths under the
-    operator's directories, as a grid submitted now would (ScheduleInvalid under ["grid", ...]).
+    Its grid must fit a GPU (`max_gpu_memory_gib`), its arms the GPUs of the nodes it rents (or names), and,
+    with `paths`, keep its spec paths under the operator's directories, as a grid submitted now would
+    (ScheduleInvalid under ["grid", ...]).
     """
     grid = GridCreate.model_validate(body.grid)
     resolved = resolve_grid(grid)  # valid: ScheduleCreate checked it
     problems = memory_errors(grid, resolved, max_gpu_memory_gib)
+    # The nodes it rents have gpus_per_node GPUs; named ones what their last probe found (None: unknown).
+    node_gpus = body.request.gpus_per_node if body.request is not None else sweep_node_gpus(session, body.nodes or [])
+    problems += gpu_count_errors(grid.arms, grid.overrides, resolved, node_gpus)
     if paths is not None:
         problems = paths.errors(grid, resolved) + problems
     if problems:

@@ -12,6 +12,7 @@ from model.spec import ArmSpec
 from orchestrator.api.deps import AUTH_RESPONSES, AuthDep, SessionDep, SettingsDep, get_or_404
 from orchestrator.api.schemas import GridCreate, GridCreated, GridDetail, GridPublic
 from orchestrator.db.models import Grid
+from orchestrator.runs.gpu_share import largest_node_gpus
 from orchestrator.runs.grids import PathPolicy, create_grid, gpu_memory_cap_gib, latest_metrics
 from orchestrator.runs.replicates import grid_cost
 
@@ -27,11 +28,13 @@ router = APIRouter(prefix="/api/grids", tags=["grids"])
 def submit_grid(body: GridCreate, session: SessionDep, settings: SettingsDep, _: AuthDep) -> GridCreated:
     """Store the grid and queue one run per arm and training seed (`seeds`, 1-16); the answer says what it
     costs: runs and projected GPU-hours. Invalid arms, arms whose estimated peak GPU memory exceeds
-    ABLATE_MAX_GPU_MEMORY_GIB, and trackers whose client is not installed answer 422 naming the field path
-    (and the estimate, or the extra to install)."""
+    ABLATE_MAX_GPU_MEMORY_GIB or that ask for more GPUs than the largest node has, and trackers whose
+    client is not installed answer 422 naming the field path (and the estimate, or the extra to install)."""
     cap = gpu_memory_cap_gib(session, settings.max_gpu_memory_gib)
     paths = PathPolicy.from_settings(settings)
-    grid = create_grid(session, body, max_gpu_memory_gib=cap, paths=paths, default_trackers=settings.trackers)
+    node_gpus = largest_node_gpus(session, settings)
+    grid = create_grid(session, body, max_gpu_memory_gib=cap, paths=paths, default_trackers=settings.trackers,
+                       node_gpus=node_gpus)
     session.commit()  # committed before the 201 goes out, so the id is durable when the client sees it
     cost = grid_cost([ArmSpec.model_validate(r.spec) for r in grid.runs if r.seed == 0], grid.seeds)
     return GridCreated(id=grid.id, runs=cost.runs, seeds=cost.seeds, projected_gpu_hours=cost.gpu_hours,

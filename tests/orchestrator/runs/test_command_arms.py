@@ -115,6 +115,19 @@ def test_a_diverging_command_arm_is_stopped_through_its_stop_file_beside_arm_a(
     assert Path(bad.best_checkpoint).samefile(out / "run" / best_line.extra["checkpoint_file"])
 
 
+def test_a_command_arm_on_two_gpus_sees_both_in_cuda_visible_devices(
+    scheduler: Launcher, settings: Settings, database_url: str
+) -> None:
+    (run_id,) = submit(database_url, [stand_in("pair", "--steps", "20", gpus=2)])
+    wait_for(lambda: done(database_url, [run_id]), "the arm to finish", timeout=120)
+    run = run_of(database_url, run_id)
+    assert run.state == "completed", run.error
+    held = run.gpu_index.split(",")
+    assert len(held) == 2 and len(set(held)) == 2, run.gpu_index
+    stderr = (run_dir(settings, run_id) / "stderr.log").read_text()
+    assert f"gpus={run.gpu_index}" in stderr  # the command's own environment: both GPUs, as Ray pinned them
+
+
 def test_a_command_that_ignores_its_stop_file_gets_sigterm_then_sigkill(
     scheduler: Launcher, settings: Settings, database_url: str
 ) -> None:

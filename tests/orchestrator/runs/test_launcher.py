@@ -117,6 +117,24 @@ def test_four_arms_on_four_gpus_a_fifth_waits_for_a_free_one(scheduler: Launcher
         assert kinds.count("checkpoint") == 4 and kinds.count("started") == 1 and kinds[-1] == "completed"
 
 
+def test_an_arm_on_two_gpus_trains_data_parallel_beside_two_one_gpu_arms(
+    scheduler: Launcher, database_url: str
+) -> None:
+    ids = submit(database_url, [{"parent": "A", "name": "A-2gpu", "gpus": 2}, "B", "C"])
+
+    def all_running() -> bool:
+        return all(r.state == "running" for r in runs(database_url, ids))
+
+    wait_for(all_running, "the 2-GPU arm and two 1-GPU arms on four GPUs at once", timeout=150)
+    wait_for(lambda: all_done(database_url, ids), "the grid to finish", timeout=200)
+    two, b, c = runs(database_url, ids)
+    assert [r.state for r in (two, b, c)] == ["completed"] * 3, [(r.state, r.error) for r in (two, b, c)]
+    held = two.gpu_index.split(",")
+    assert len(held) == 2 and not set(held) & {b.gpu_index, c.gpu_index}, (two.gpu_index, b.gpu_index, c.gpu_index)
+    assert steps_of(database_url, two.id) == [10, 20, 30, 40]
+    assert {m.extra["ranks"] for m in _metrics(database_url, two.id)} == {2}
+
+
 def _metrics(database_url: str, run_id: int) -> list[Metric]:
     with session_scope(database_url) as session:
         return list(session.scalars(select(Metric).where(Metric.run_id == run_id).order_by(Metric.step)))

@@ -13,7 +13,7 @@ from orchestrator.app import create_app
 from orchestrator.db.session import session_scope
 from orchestrator.fleet.providers.request import NodeRequest
 from orchestrator.settings import Settings
-from orchestrator.sweeps.schedules import ScheduleCreate, create_schedule, get_schedule
+from orchestrator.sweeps.schedules import ScheduleCreate, ScheduleInvalid, create_schedule, get_schedule
 
 GRID = {"name": "nightly", "arms": ["A", "B"], "overrides": {"model": {"size": "tiny"}}}
 REQUEST = {"provider": "vast", "gpu": "RTX_4090", "gpus_per_node": 4, "nodes": 2, "max_price_per_gpu_hour": 0.45}
@@ -49,6 +49,17 @@ def test_a_request_schedule_is_stored_with_no_nodes(database_url: str) -> None:
     with session_scope(database_url) as session:
         row = get_schedule(session, "rent-nightly")
         assert row.nodes == [] and NodeRequest.model_validate(row.request) == NodeRequest(**REQUEST)
+
+
+def test_a_request_for_nodes_smaller_than_an_arm_is_refused_naming_the_arm(database_url: str) -> None:
+    grid = {**GRID, "arms": ["A", {"parent": "D", "name": "D-wide", "gpus": 4}]}
+    small = ScheduleCreate(name="too-small", cron="0 22 * * *", grid=grid, request={**REQUEST, "gpus_per_node": 2})
+    with session_scope(database_url) as session, pytest.raises(ScheduleInvalid) as info:
+        create_schedule(session, small)
+    [err] = info.value.errors
+    assert err["loc"] == ["grid", "arms", 1, "gpus"] and "arm D-wide asks for 4 GPUs" in err["msg"]
+    with session_scope(database_url) as session:  # quad nodes fit it
+        create_schedule(session, small.model_copy(update={"name": "quad", "request": NodeRequest(**REQUEST)}))
 
 
 def test_request_schedules_over_rest(database_url: str) -> None:

@@ -42,7 +42,9 @@ def main() -> int:
     start = 0
     if os.environ["ABLATE_RESUMED"] == "1":
         start = max(int(p.stem.split("_")[1]) for p in ckpts.glob("step_*.txt"))
-    print(f"cwd={os.getcwd()} start={start} resumed={os.environ['ABLATE_RESUMED']}", file=sys.stderr, flush=True)
+    gpus = os.environ.get("CUDA_VISIBLE_DEVICES")
+    print(f"cwd={os.getcwd()} start={start} resumed={os.environ['ABLATE_RESUMED']} gpus={gpus}", file=sys.stderr,
+          flush=True)
     for step in range(start + 1, args.steps + 1):
         time.sleep(args.step_s)
         if args.crash_at is not None and step == args.crash_at:
