@@ -49,15 +49,18 @@ def sweep_node_gpus(session: Session, names: list[str]) -> int | None:
     return max(counts, default=0) or None
 
 
-def spread_gpus(resolved: list[tuple[str, ArmSpec]], node_gpus: int | None) -> list[tuple[str, ArmSpec]]:
+def spread_gpus(
+    resolved: list[tuple[str, ArmSpec]], node_gpus: int | None, seeds: int = 1
+) -> list[tuple[str, ArmSpec]]:
     """`gpus_per_arm: auto`: each built-in arm that does not name its gpus gets an equal share of the node's
     GPUs that the other arms (those naming theirs, command arms) leave, lowered until it divides the arm's
-    batch (each GPU trains an equal part of it); at least one."""
+    batch (each GPU trains an equal part of it); at least one. With replicates every seed of an arm runs
+    at once, so the share is over arms x seeds."""
     takers = [i for i, (_, spec) in enumerate(resolved) if spec.command is None and "gpus" not in spec.model_fields_set]
     if not node_gpus or not takers:
         return resolved
-    named = sum(spec.gpu_count() for i, (_, spec) in enumerate(resolved) if i not in takers)
-    share = max(1, (node_gpus - named) // len(takers))
+    named = sum(spec.gpu_count() for i, (_, spec) in enumerate(resolved) if i not in takers) * seeds
+    share = max(1, (node_gpus - named) // (len(takers) * seeds))
     out = list(resolved)
     for i in takers:
         label, spec = out[i]

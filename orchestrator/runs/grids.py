@@ -346,7 +346,7 @@ def create_grid(
     """
     resolved = resolve_grid(body)
     if body.gpus_per_arm == "auto":
-        resolved = spread_gpus(resolved, node_gpus)
+        resolved = spread_gpus(resolved, node_gpus, body.seeds)
     errors = memory_errors(body, resolved, max_gpu_memory_gib) + tracker_errors(body.trackers, default_trackers)
     errors += gpu_count_errors(body.arms, body.overrides, resolved, node_gpus)
     if paths is not None:

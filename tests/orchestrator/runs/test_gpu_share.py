@@ -48,6 +48,15 @@ def test_auto_spreads_a_quad_node_over_two_arms(quad: TestClient, database_url: 
     assert gpus_of(database_url, resp.json()["id"]) == {"A": 2, "D": 2}
 
 
+def test_auto_shares_the_gpus_over_every_replicate(quad: TestClient, database_url: str) -> None:
+    """One arm at two training seeds on four GPUs: both seeds run at once, two GPUs each."""
+    resp = submit(quad, {"arms": ["A"], "gpus_per_arm": "auto", "seeds": 2})
+    assert resp.status_code == 201, resp.text
+    with session_scope(database_url) as session:
+        runs = session.scalars(select(Run).where(Run.grid_id == resp.json()["id"]).order_by(Run.position)).all()
+        assert [(r.seed, r.spec["gpus"]) for r in runs] == [(0, 2), (1, 2)]
+
+
 def test_auto_gives_one_each_when_arms_outnumber_half_the_gpus_and_keeps_what_an_arm_names(
     quad: TestClient, database_url: str
 ) -> None:
