@@ -102,12 +102,14 @@ def compile_runs(args: argparse.Namespace) -> dict[str, Any]:
                     schedule={"steps": 4, "checkpoint_every": 4, "batch_size": args.micro, "micro_batch": args.micro})
     store = f"file://{work / 'store'}"
     runs = {}
+    # the project first, then whatever the caller's PYTHONPATH held (the carried wheels' site)
+    path = os.pathsep.join(filter(None, [str(HERE.parent), os.environ.get("PYTHONPATH")]))
     for name in ("cold", "stored"):
         cache = {"dir": str(work / f"node-{name}"), "url": store}  # an empty node cache each time
         t0 = time.perf_counter()
         out = subprocess.run(
             [sys.executable, "-c", FRESH, spec.model_dump_json(), str(work / f"run-{name}"), json.dumps(cache),
-             args.device], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(HERE.parent)},
+             args.device], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": path},
         )
         if out.returncode:
             print(out.stderr[-4000:])
