@@ -177,14 +177,15 @@ def _print_grids(grids: list[GridPublic]) -> None:
     print_table("grids", columns, rows, console)
 
 
-def run_columns(judged: str) -> list[Column]:
+def run_columns(judged: str, lpips_column: bool) -> list[Column]:
+    """The runs table's columns: the judged metric leads; recon LPIPS beside it only where it is not the judge."""
     return [
         Column("run", justify="right"),
         Column("arm"),
         Column("state"),
         Column("step", priority=2, justify="right"),
         Column(f"{judged} ± SE", short="judged", justify="right"),
-        Column("recon LPIPS", priority=3, short="recon", justify="right"),
+        *([Column("recon LPIPS", priority=3, short="recon", justify="right")] if lpips_column else []),
         Column("iter/s", priority=4, justify="right"),
         Column("decision", priority=1),
     ]
@@ -212,10 +213,14 @@ def _print_runs(grid: GridDetail, judges: dict[int, str]) -> None:
         arm = f"{r.arm} s{r.seed}" if grid.seeds > 1 else r.arm
         rows.append([str(r.id), arm, state, number(r.latest_step), value, recon, number(r.iter_per_sec, ".3g"),
                      decision])
+    lpips_column = any(judges.get(r.id, "recon_lpips") != "recon_lpips" for r in grid.runs)
+    if not lpips_column:
+        rows = [row[:5] + row[6:] for row in rows]
     words = {METRIC_WORDS.get(judges.get(r.id, "recon_lpips"), "judged") for r in grid.runs}
     judged = words.pop() if len(words) == 1 else "judged metric"
     seeds = f", {grid.seeds} seeds per arm" if grid.seeds > 1 else ""
-    print_table(f"grid {grid.id}: {grid.name} (control {grid.control}{seeds})", run_columns(judged), rows, console)
+    columns = run_columns(judged, lpips_column)
+    print_table(f"grid {grid.id}: {grid.name} (control {grid.control}{seeds})", columns, rows, console)
 
 
 @app.command()
