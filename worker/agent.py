@@ -35,7 +35,6 @@ import sys
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from model.spec import ArmSpec
 from worker.node_ray import TOKEN_FILE, auth_env, register_agent, start_head, stop_session_dir
 
 PROTOCOL = 1
@@ -170,6 +169,8 @@ class Agent:
 
 def arm_gpus(spec: dict[str, Any]) -> int:
     """The GPUs an arm's spec asks for (validated: the controller's word is checked here too)."""
+    from model.spec import ArmSpec  # here, not at import: `worker.agent --help` runs before the node's deps exist
+
     return ArmSpec.model_validate(spec).gpu_count()
 
 
