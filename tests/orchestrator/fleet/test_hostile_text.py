@@ -15,6 +15,7 @@ from sqlalchemy import select
 
 from orchestrator.db.models import Node, Run
 from orchestrator.db.session import session_scope
+from orchestrator.fleet.probe import probe_node
 from orchestrator.runs.grids import GridCreate, create_grid
 from orchestrator.runs.launcher import Launcher
 from orchestrator.settings import Settings
@@ -57,6 +58,7 @@ def test_a_node_s_terminal_escapes_never_reach_the_operator_s_terminal(
     launcher.chmod(0o700)
     monkeypatch.setenv("ABLATE_NODE_REMOTE_DIR", sshd.relative(remote))
     name = add_ssh_node(database_url, sshd, "escaping-node")
+    probe_node(database_url, name)  # its GPUs as the controller found them: a node's own claim is not enough
     with session_scope(database_url) as session:
         session.scalars(select(Node).where(Node.name == name)).one().state = "joined"
         grid = create_grid(session, GridCreate(name="escapes", arms=["A"], overrides=tiny_overrides(steps=4)))
