@@ -118,12 +118,21 @@ def _paired(d: list[float], value: float) -> Difference:
     return Difference(value, se, value - half, value + half, "paired", len(d))
 
 
-def weighted_flow_difference(a: Metric, b: Metric) -> Difference | None:
-    """a - b on the inverse-variance-weighted flow loss, paired over the images. None without both grids
-    of one shape, or where the comparator's loss does not vary at some timestep."""
+def _grid_pair(a: Metric, b: Metric) -> tuple[list[list[float]], list[list[float]]] | None:
+    """Both runs' stored grids where they pair cell by cell (same shape, at least two images), else None."""
     ga, gb = flow_grid(a), flow_grid(b)
     if ga is None or gb is None or len(ga) != len(gb) or len(ga[0]) != len(gb[0]) or len(ga) < 2:
         return None
+    return ga, gb
+
+
+def weighted_flow_difference(a: Metric, b: Metric) -> Difference | None:
+    """a - b on the inverse-variance-weighted flow loss, paired over the images. None without both grids
+    of one shape, or where the comparator's loss does not vary at some timestep."""
+    grids = _grid_pair(a, b)
+    if grids is None:
+        return None
+    ga, gb = grids
     weights = []
     for t in range(len(gb[0])):
         column = [row[t] for row in gb]
@@ -140,9 +149,10 @@ def weighted_flow_difference(a: Metric, b: Metric) -> Difference | None:
 
 def timestep_differences(a: Metric, b: Metric) -> list[Difference] | None:
     """a - b at each timestep of the stored grids, paired over the images (the report's appendix)."""
-    ga, gb = flow_grid(a), flow_grid(b)
-    if ga is None or gb is None or len(ga) != len(gb) or len(ga[0]) != len(gb[0]) or len(ga) < 2:
+    grids = _grid_pair(a, b)
+    if grids is None:
         return None
+    ga, gb = grids
     out = []
     for t in range(len(ga[0])):
         d = [ra[t] - rb[t] for ra, rb in zip(ga, gb, strict=True)]
@@ -175,7 +185,5 @@ def across_seeds(per_seed: list[Difference]) -> SeedEffect | None:
         d = per_seed[0]
         return SeedEffect(d.diff, d.low, d.high, 1, None, eval_se)
     diffs = [d.diff for d in per_seed]
-    mean = sum(diffs) / k
-    sd = math.sqrt(sum((x - mean) ** 2 for x in diffs) / (k - 1))
-    half = t_quantile(k - 1) * sd / math.sqrt(k)
-    return SeedEffect(mean, mean - half, mean + half, k, sd, eval_se)
+    mean = _paired(diffs, sum(diffs) / k)  # the seeds' differences are the samples: t on k - 1 df
+    return SeedEffect(mean.diff, mean.low, mean.high, k, mean.se * math.sqrt(k), eval_se)  # type: ignore[operator]
