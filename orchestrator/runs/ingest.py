@@ -27,7 +27,7 @@ from orchestrator.runs.detector import (
     judge,
     resolve_policy,
 )
-from orchestrator.runs.metric_ranges import ANY_METRIC_BOUND, out_of_range
+from orchestrator.runs.metric_ranges import ANY_METRIC_BOUND, out_of_range, overflowed
 from orchestrator.vocabulary import STOP_DECISIONS, RunDecision
 
 # Bind parameters per INSERT: below SQLite's default limit (32766 since 3.32) and Postgres' (65535).
@@ -55,7 +55,7 @@ def _number(value: Any, kind: type) -> Any:
             return None
     if kind is int:
         return int(value) if isinstance(value, int | float) and is_finite(value) else None
-    return float(value)
+    return overflowed(float(value))
 
 
 def _refused_number(name: str, value: Any) -> str | None:
@@ -113,8 +113,8 @@ def metric_values(record: dict[str, Any]) -> dict[str, Any]:
             values[key] = _number(value, int)
         elif key in METRIC_FIELDS:
             values[key] = None if value is None else str(value)
-        else:
-            extra[key] = json_safe(value)  # a non-finite float as "nan"/"inf": metric_series reads it back
+        else:  # a non-finite float as "nan"/"inf": metric_series reads it back
+            extra[key] = json_safe(overflowed(value) if isinstance(value, float) else value)
     if nonfinite:
         extra["nonfinite"] = nonfinite
     values["extra"] = extra

@@ -10,10 +10,12 @@ from __future__ import annotations
 import math
 
 # LPIPS is a distance of unit-normalized features, in [0, 2]; an LPIPS delta in [-2, 2]; losses, norms,
-# rates, sizes, times and counts are >= 0. A number no range names (a command arm's own metric) must stay
-# within +-ANY_METRIC_BOUND (far past any loss or count; FLOPs fit).
+# rates, sizes, times and counts are >= 0 with no upper end (a diverging loss or lr can take any size);
+# a number no range names (a command arm's own metric) has no range.
+_LPIPS, _DELTA, _NONNEGATIVE = (0.0, 2.0), (-2.0, 2.0), (0.0, math.inf)
+# Past this magnitude a float is overflow, not a measurement: it is stored as +-inf, which the detector
+# reads as `diverged` for the run that sent it (so a control's 1e300 stops only the control, as inf does).
 ANY_METRIC_BOUND = 1e30
-_LPIPS, _DELTA, _NONNEGATIVE = (0.0, 2.0), (-2.0, 2.0), (0.0, ANY_METRIC_BOUND)
 METRIC_RANGES: dict[str, tuple[float, float]] = {
     "recon_lpips": _LPIPS, "recon_lpips_se": _LPIPS, "text_lpips": _LPIPS, "text_lpips_se": _LPIPS,
     "text_manip_delta": _DELTA, "text_manip_delta_se": _LPIPS,
@@ -28,7 +30,18 @@ METRIC_RANGES: dict[str, tuple[float, float]] = {
 
 def out_of_range(name: str, value: float) -> str | None:
     """Why a finite `value` cannot be metric `name` (NaN/Inf pass: they mean diverged), or None."""
-    low, high = METRIC_RANGES.get(name, (-ANY_METRIC_BOUND, ANY_METRIC_BOUND))
+    low, high = METRIC_RANGES.get(name, (-math.inf, math.inf))
     if math.isfinite(value) and not low <= value <= high:
         return f"{name} {value:g} is outside its range [{low:g}, {high:g}]"
     return None
+
+
+def overflowed(value: float) -> float:
+    """`value`, or +-inf where it is past +-ANY_METRIC_BOUND (overflow: the run diverged)."""
+    return math.copysign(math.inf, value) if math.isfinite(value) and abs(value) > ANY_METRIC_BOUND else value
+
+
+def comparable(name: str, value: float) -> bool:
+    """Whether a stored value may stand as a control's best: within its range and not overflow (a value
+    stored before these checks, say)."""
+    return out_of_range(name, value) is None and not (math.isfinite(value) and abs(value) > ANY_METRIC_BOUND)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from orchestrator.numbers import is_finite
-from orchestrator.runs.metric_ranges import out_of_range
+from orchestrator.runs.metric_ranges import comparable
 
 if TYPE_CHECKING:
     from orchestrator.runs.detector import Checkpoint
@@ -99,7 +99,7 @@ class ControlBests:
             track, prefix = _Track(name, direction), []
             for cp in self.points:
                 value = cp.get(name)
-                if value is None or out_of_range(name, value) is None:
+                if value is None or comparable(name, value):
                     track.add(cp)
                 prefix.append(track.best)
             self._prefix[key] = prefix

@@ -34,7 +34,7 @@ AGENT = Path(__file__).with_name("claims_agent.py")
 # mode, its argument, and what the failed run's error must say was refused
 REFUSED: dict[str, tuple[str, str]] = {
     "lpips-lie": ("", "recon_lpips -1e+300 is outside its range [0, 2]"),
-    "negative-loss": ("", "train_loss -3 is outside its range [0, 1e+30]"),
+    "negative-loss": ("", "train_loss -3 is outside its range [0, inf]"),
     "step-cap": ("", "a record with step 1099511627776 (expected an integer after -1, at most 2147483647)"),
     "flood": (str(RECORDS_PER_POLL), f"records: List should have at most {RECORDS_PER_POLL} items"),
     "fallbacks": (str(MAX_FALLBACKS + 1), f"fallbacks are not a list of at most {MAX_FALLBACKS} strings"),

@@ -10,7 +10,7 @@ from sqlalchemy import func, select
 from orchestrator.db.models import Event, Metric, Run
 from orchestrator.db.session import session_scope
 from orchestrator.runs.grids import GridCreate, create_grid
-from orchestrator.runs.ingest import ingest, metric_series
+from orchestrator.runs.ingest import ingest, metric_series, refused_metrics
 from orchestrator.vocabulary import RunState
 
 
@@ -60,6 +60,22 @@ def test_nan_loss_survives_storage_and_stops_the_run_as_diverged(database_url: s
         assert (run.decision, run.decision_step, run.best_step) == ("diverged", 100, 100)
         kinds = session.scalars(select(Event.kind).where(Event.run_id == run_id)).all()
         assert kinds.count("decision") == 1
+
+
+def test_a_value_past_the_overflow_bound_is_stored_as_inf_and_read_as_diverged(database_url: str) -> None:
+    """A diverging command arm's lr doubles past 1e30 before its stop lands: that is overflow, not a lie,
+    so the reply is stored (not refused) and the value reads as inf, which the detector calls diverged."""
+    (run_id,) = _grid(database_url, ["A"])
+    records = [_record(50, 0.8), _record(100, 0.7, train_loss=2.5e31, lr=2.5e31)]
+    assert refused_metrics(records) is None
+    assert "outside its range" in refused_metrics([_record(150, 0.7, train_loss=-2.5e31)])  # a loss is >= 0
+    with session_scope(database_url) as session:
+        ingest(session, session.get(Run, run_id), records)
+    with session_scope(database_url) as session:
+        run = session.get(Run, run_id)
+        last = metric_series(session, run_id)[-1]
+        assert (last["train_loss"], last["lr"]) == (math.inf, math.inf)
+        assert (run.decision, run.decision_step) == ("diverged", 100)
 
 
 def test_collapse_keeps_the_best_checkpoint_and_warn_mode_does_not_stop(database_url: str) -> None:
