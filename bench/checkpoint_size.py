@@ -21,7 +21,7 @@ import torch
 from model.nanodit import NanoDiT
 from model.optim import hidden_weight_names
 from model.spec import SIZES
-from orchestrator.runs.arms import resolve
+from orchestrator.grids.arms import resolve
 
 TEACHER_DIM = 768  # DINOv2 ViT-B/14 patch features
 FP32 = 4

@@ -24,7 +24,7 @@ from typing import Protocol
 import numpy as np
 
 from model.spec import DetectorPolicy
-from orchestrator.runs.curves import load_curves
+from orchestrator.results.curves import load_curves
 from orchestrator.runs.detector import Checkpoint, decide
 
 METRIC = "recon_lpips"

@@ -32,9 +32,9 @@ import yaml
 
 from arms import ARMS_DIR
 from model.spec import ArmSpec
-from orchestrator.runs.arms import deep_merge
+from orchestrator.grids.arms import deep_merge
+from orchestrator.grids.service import GridCreate, resolve_grid
 from orchestrator.runs.detector import Checkpoint, Decision, decide
-from orchestrator.runs.grids import GridCreate, resolve_grid
 from worker.train import train_arm
 
 BROKEN = "A-lr500x"

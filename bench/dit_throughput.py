@@ -43,7 +43,7 @@ from model.nanodit import STUDY_TEXT_DIM, NanoDiT  # noqa: E402
 from model.optim import OptimizerStep, build_optimizers  # noqa: E402
 from model.precision import apply_precision, autocast_ctx  # noqa: E402
 from model.repa import RepaProjector, repa_loss  # noqa: E402
-from orchestrator.runs.arms import resolve  # noqa: E402
+from orchestrator.grids.arms import resolve  # noqa: E402
 
 ROWS: list[dict] = []
 GEMM_BOUND = {"model": {"hidden": 1152, "depth": 28, "heads": 16, "patch": 16}, "data": {"resolution": 512}}

@@ -6,7 +6,7 @@ record carries the per-sample recon and text LPIPS (`recon_lpips_samples`, ...),
 held-out images and the same seeded noise in both arms, so I - G pairs sample by sample. Run G and I as
 two processes at once on the one GPU (the same spec but for the arm), then `--report` pairs them:
 I - G at the final checkpoint and at each arm's best, with 95% intervals from
-`orchestrator.runs.reports.stats.difference`, and both loss curves.
+`orchestrator.results.reports.stats.difference`, and both loss curves.
 
 A wall-clock budget (--deadline-s) stops an arm gracefully (final checkpoint, evaluated) if the steps do
 not fit; the report then compares at the last step both arms evaluated.
@@ -32,7 +32,7 @@ STUDY_CLAIM = 0.006  # the seed study: FP8 within 0.006 recon LPIPS of bf16
 
 
 def spec_for(arm: str, size: str, steps: int, every: int, batch: int):
-    from orchestrator.runs.arms import resolve
+    from orchestrator.grids.arms import resolve
 
     return resolve(arm, {
         "model": {"size": size},
@@ -70,7 +70,7 @@ def _row(rec: dict[str, Any]) -> SimpleNamespace:
 
 
 def report(out: Path) -> str:
-    from orchestrator.runs.reports.stats import difference
+    from orchestrator.results.reports.stats import difference
 
     recs = {arm: [json.loads(line) for line in (out / f"fp8_{arm}.jsonl").read_text().splitlines()] for arm in "GI"}
     g_by, i_by = ({r["step"]: r for r in recs[a]} for a in "GI")
@@ -120,7 +120,7 @@ def report(out: Path) -> str:
 
 def curves(out: Path, metric: str) -> str:
     """The two arms' metric over steps as an SVG (the grid report's plot: best checkpoints as dots)."""
-    from orchestrator.runs.reports.render import curves_svg
+    from orchestrator.results.reports.render import curves_svg
 
     arms = []
     for arm in "GI":

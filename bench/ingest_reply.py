@@ -41,7 +41,7 @@ def main() -> None:
     from orchestrator.db.models import Run
     from orchestrator.db.session import session_scope, upgrade
     from orchestrator.fleet.agent_link import MAX_REPLY_BYTES, PollResult, parse_reply, refused_records
-    from orchestrator.runs.grids import GridCreate, create_grid
+    from orchestrator.grids.service import GridCreate, create_grid
     from orchestrator.runs.ingest import MAX_FALLBACKS, ingest, last_step, refused_metrics
     from worker.run_files import RECORDS_PER_POLL
 

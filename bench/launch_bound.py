@@ -48,7 +48,7 @@ def gpu_busy_ms(fn, n: int, device: torch.device) -> float | None:
 
 def measure(arm: str, size: str, micro: int | None, batch_mult: int, device: torch.device, args) -> dict:
     from model.data.loader import StepBatches, make_loader
-    from orchestrator.runs.arms import resolve
+    from orchestrator.grids.arms import resolve
     from worker.train import IDENTITY_PROB, build, train_step
 
     over = {

@@ -38,7 +38,7 @@ KEEP = ("step", "train_loss", "val_flow_loss", "val_flow_loss_se", "tokens_per_s
 
 
 def arm_spec(args: argparse.Namespace, gpus: int, **over: Any) -> Any:  # noqa: ANN401 - model.spec.ArmSpec
-    from orchestrator.runs.arms import deep_merge, resolve
+    from orchestrator.grids.arms import deep_merge, resolve
 
     return resolve(args.arm, deep_merge({
         "model": {"size": args.size},

@@ -105,7 +105,7 @@ def _fresh_database(url: str) -> tuple[str, Any]:
 
 def _submit(db: str, arms: list[Any], overrides: dict[str, Any]) -> list[int]:
     from orchestrator.db.session import session_scope
-    from orchestrator.runs.grids import GridCreate, create_grid
+    from orchestrator.grids.service import GridCreate, create_grid
 
     with session_scope(db) as session:
         grid = create_grid(session, GridCreate(name=f"bench {time.time():.0f}", arms=arms, overrides=overrides))

@@ -37,7 +37,7 @@ def spec_for(
     deterministic: bool = False,
 ) -> ArmSpec:
     """compile None: the trainer's default (on for CUDA). micro_batch stays auto."""
-    from orchestrator.runs.arms import resolve  # a bench may use the controller's arm files
+    from orchestrator.grids.arms import resolve  # a bench may use the controller's arm files
 
     precision: dict = {"compile_mode": compile_mode, "deterministic": deterministic}
     if compile is not None:

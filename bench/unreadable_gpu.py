@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import model.data.captioned as captioned  # noqa: E402
-from orchestrator.runs.arms import resolve  # noqa: E402
+from orchestrator.grids.arms import resolve  # noqa: E402
 from worker.train import train_arm  # noqa: E402
 
 

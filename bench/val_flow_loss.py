@@ -6,7 +6,7 @@ to OUT/flow_<arm>.jsonl as they come: val_flow_loss with its per-image values an
 stand-in recon LPIPS with its per-sample values, both on the same 64 held-out images. Each record also
 carries the whole (image x time) loss grid (`val_flow_grid`), so the report can set the grid estimator
 (every image at all 8 times) against MLPerf's (image i at time i mod 8 only) on the same cells.
-`--report` pairs the arms at every checkpoint with `orchestrator.runs.reports.stats.difference` and names
+`--report` pairs the arms at every checkpoint with `orchestrator.results.reports.stats.difference` and names
 the first step whose 95% interval excludes zero, for each metric.
 
     python bench/val_flow_loss.py --arm A --out DIR & python bench/val_flow_loss.py --arm A-lr10 --out DIR; wait
@@ -27,7 +27,7 @@ ARMS = {"A": 1.0, "A-lr10": 0.1}  # learning-rate factor against A's
 
 
 def spec_for(arm: str, size: str, steps: int, every: int, batch: int, n: int, sampler_steps: int):
-    from orchestrator.runs.arms import resolve
+    from orchestrator.grids.arms import resolve
 
     base = resolve("A", {"model": {"size": size}})
     return resolve("A", {
@@ -92,8 +92,8 @@ def estimators(grid: list[list[float]]) -> dict[str, float]:
 
 def report(args: argparse.Namespace) -> None:
     from orchestrator.db.models import Metric
+    from orchestrator.results.reports.stats import difference
     from orchestrator.runs.ingest import metric_values
-    from orchestrator.runs.reports.stats import difference
 
     runs = {arm: [json.loads(x) for x in (args.out / f"flow_{arm}.jsonl").read_text().splitlines()] for arm in ARMS}
     worse = {r["step"]: r for r in runs["A-lr10"]}

@@ -66,7 +66,7 @@ def make_photos(out: Path, count: int = 600, side: int = 256) -> None:
 
 
 def grid_body(data: str, steps: int, batch: int, every: int, size: str = "small") -> dict[str, Any]:
-    from orchestrator.runs.arms import resolve
+    from orchestrator.grids.arms import resolve
 
     lr = resolve("A", {"model": {"size": "small"}}).schedule.lr
     return {
@@ -85,8 +85,8 @@ def grid_body(data: str, steps: int, batch: int, every: int, size: str = "small"
 
 def run_spec(body: dict[str, Any], arm: str, seed: int):  # type: ignore[no-untyped-def]
     """The spec `POST /api/grids` stores for (arm, seed)."""
-    from orchestrator.runs.grids import GridCreate, resolve_grid
-    from orchestrator.runs.replicates import replicate_spec
+    from orchestrator.grids.replicates import replicate_spec
+    from orchestrator.grids.service import GridCreate, resolve_grid
 
     specs = dict(resolve_grid(GridCreate.model_validate(body)))
     return replicate_spec(specs[arm], seed)
@@ -128,10 +128,10 @@ def report(out: Path) -> None:
 
     from orchestrator.db.models import Run
     from orchestrator.db.session import session_scope, upgrade
-    from orchestrator.runs.grids import GridCreate, create_grid
+    from orchestrator.grids.service import GridCreate, create_grid
+    from orchestrator.results.reports.build import build_report
+    from orchestrator.results.reports.render import to_markdown
     from orchestrator.runs.ingest import insert_metrics
-    from orchestrator.runs.reports.build import build_report
-    from orchestrator.runs.reports.render import to_markdown
 
     url = f"sqlite:///{out / 'verdict.db'}"
     (out / "verdict.db").unlink(missing_ok=True)
@@ -179,7 +179,7 @@ def owner_share(name: str, b: list[list[float]], t: list[float], ivw: list[float
 
 
 def headlines(records: dict[tuple[str, int], list[dict[str, Any]]]) -> str:
-    from orchestrator.runs.reports.stats import t_quantile
+    from orchestrator.results.reports.stats import t_quantile
 
     lines = ["| comparison | headline | per-seed effect / SE | per-seed estimates | mean over seeds | seed SD | "
              "seed SD / abs(mean) | across-seed 95% CI | top timestep's share |", "|---" * 9 + "|"]  # fmt: skip

@@ -10,10 +10,10 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from orchestrator.api.errors import install_error_handlers
-from orchestrator.api.guard import TokenGuard
 from orchestrator.api.routes import arms, events, grids, health, nodes, reports, runs, samples, schedules
 from orchestrator.dashboard import install as install_dashboard
 from orchestrator.settings import Settings
+from orchestrator.web.guard import TokenGuard
 
 # A hook gets the app (settings on app.state.settings). Startup hooks run in order before the first
 # request (the scheduler registers its start here), shutdown hooks in reverse order after the last.
@@ -49,7 +49,7 @@ class NoSniff:
 
 
 def create_app(settings: Settings, api_token: str) -> FastAPI:
-    """The controller's app. `api_token` guards every write (see orchestrator.api.deps.require_token)."""
+    """The controller's app. `api_token` guards every write (see orchestrator.web.deps.require_token)."""
     app = FastAPI(
         title="ablate",
         version="0.1.0",

@@ -104,9 +104,11 @@ def attach_launcher(app: Any) -> None:
     """Run a Launcher for the app's lifetime (`ablate serve`), through its startup/shutdown hooks."""
 
     def start(app: Any) -> None:
+        from orchestrator.loop import loop_listeners
         from orchestrator.runs.launcher import Launcher
 
-        app.state.launcher = Launcher(app.state.settings)
+        settings = app.state.settings
+        app.state.launcher = Launcher(settings, listeners=loop_listeners(settings))
         app.state.launcher.start()
         print(f"launcher: started (workers' Ray namespace {app.state.settings.ray_namespace!r})")
 

@@ -116,7 +116,7 @@ class Settings(BaseSettings):
     # error naming the fix. Read where the weights load (model/hub.py); declared here so a bad value
     # stops start-up.
     offline: bool = False
-    # -- experiment trackers (orchestrator/runs/trackers/): the controller forwards what it ingests --
+    # -- experiment trackers (orchestrator/trackers/): the controller forwards what it ingests --
     # Trackers every grid forwards to unless its body names its own ("trackers": [...]): wandb, tensorboard,
     # mlflow, as a JSON list or comma-separated. Each needs its extra (pip install 'ablate[wandb]'); their own
     # settings come from their usual variables (WANDB_PROJECT, WANDB_ENTITY, WANDB_MODE, MLFLOW_TRACKING_URI,

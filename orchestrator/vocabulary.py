@@ -60,7 +60,7 @@ STOP_DECISIONS = DETECTOR_STOPS | {RunDecision.USER}
 
 
 class TrackerName(StrEnum):
-    """An experiment tracker the controller forwards a grid's runs to (orchestrator/runs/trackers/)."""
+    """An experiment tracker the controller forwards a grid's runs to (orchestrator/trackers/)."""
 
     wandb = "wandb"
     tensorboard = "tensorboard"

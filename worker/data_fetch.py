@@ -36,7 +36,7 @@ SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")  # a manifest names fil
 class DataStore:
     """How a worker reaches data.url: fsspec storage options (those of checkpoint storage unless the
     operator sets ABLATE_DATA_OPTIONS) and the node's cache directory. Built by the controller
-    (orchestrator/storage.py worker_data_store), handed to the worker as a dict."""
+    (orchestrator/runs/storage.py worker_data_store), handed to the worker as a dict."""
 
     options: dict[str, Any] = field(default_factory=dict)
     cache_dir: str = str(DEFAULT_CACHE)

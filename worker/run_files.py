@@ -1,8 +1,8 @@
 """The names of a run directory's files, defined here only.
 
 The trainer writes them (worker/train_record.py, checkpoint.py, samples.py), the worker stores and fetches
-them (worker/checkpoint_store.py), the controller copies them back and serves the samples (orchestrator/storage.py,
-orchestrator/runs/samples.py). The standard library only, no torch: the controller imports it at no cost.
+them (worker/checkpoint_store.py), the controller copies them back and serves the samples (orchestrator/runs/storage.py,
+orchestrator/results/samples.py). The standard library only, no torch: the controller imports it at no cost.
 A run's storage prefix holds the same names as its out_dir.
 
     ckpt_{step:07d}.pt                     periodic checkpoints (the newest few are kept)

@@ -13,19 +13,21 @@ from typing import Any
 from pydantic import BaseModel, Field, field_validator
 
 from orchestrator.fleet.inventory import NodeCreate
-from orchestrator.runs.grids import GridCreate
-from orchestrator.runs.records import (
+from orchestrator.grids.service import GridCreate
+from orchestrator.results.records import (
     GridDetail,
     GridPublic,
     MetricPublic,
     MetricValues,
     Public,
+    RentedInstancePublic,
     RunPublic,
     RunSummary,
+    SweepPublic,
     UTCDatetime,
 )
 from orchestrator.sweeps.schedules import ScheduleCreate
-from orchestrator.vocabulary import NodeState, RentedState, SweepState
+from orchestrator.vocabulary import NodeState
 
 __all__ = [
     "ArmPublic",
@@ -56,7 +58,7 @@ class GridCreated(BaseModel):
     id: int
     runs: int  # arms x seeds
     seeds: int
-    # A rough projection (orchestrator/runs/replicates.py); None when a command arm cannot be projected.
+    # A rough projection (orchestrator/grids/replicates.py); None when a command arm cannot be projected.
     projected_gpu_hours: float | None
     cost: str  # the same in words, e.g. "2 arms x 3 seeds = 6 runs, about 1.2 GPU-hours (...)"
 
@@ -120,44 +122,6 @@ class ProbeResult(BaseModel):
     free_disk_gb: float
     python: str
     probed_at: str
-
-
-class RentedInstancePublic(Public):
-    """An instance a sweep rented. Never carries an API key: the provider's key is not in the row."""
-
-    provider: str
-    instance_id: str
-    offer_id: str | None
-    gpu_name: str
-    gpus: int
-    price_per_hour: float  # what the provider bills for the whole node
-    label: str
-    node_name: str | None
-    state: RentedState
-    host_key: str | None  # SHA256 fingerprint pinned at first contact
-    created_at: UTCDatetime
-    destroy_confirmed_at: UTCDatetime | None
-    last_error: str | None
-    cost_so_far: float  # price x (create -> destroy confirmed, or now)
-    destroy_unconfirmed: bool  # red: it may still bill
-
-
-class SweepPublic(Public):
-    id: int
-    state: SweepState
-    scheduled_for: UTCDatetime
-    fired_at: UTCDatetime
-    late: bool
-    grid_id: int | None
-    nodes: list[str]
-    price_per_hour: float
-    budget: float | None
-    spend: float
-    stop_reason: str | None
-    error: str | None
-    results_dir: str | None
-    finished_at: UTCDatetime | None
-    instances: list[RentedInstancePublic]  # what it rented (empty on registered nodes)
 
 
 class SchedulePublic(Public):

@@ -93,8 +93,8 @@ def _register() -> None:
 
 def main() -> None:
     """Console-script entry: known errors become one clear line instead of a traceback."""
+    from orchestrator.grids.arms import ArmError
     from orchestrator.messages import validation_text
-    from orchestrator.runs.arms import ArmError
     from orchestrator.settings import SettingsError
 
     _register()

@@ -90,8 +90,8 @@ def submit(
     """Submit a grid to the running server; prints the new grid's id (and, with several seeds, its cost first)."""
     import httpx
 
-    from orchestrator.runs.grids import GridCreate, GridError, resolve_grid
-    from orchestrator.runs.replicates import grid_cost
+    from orchestrator.grids.replicates import grid_cost
+    from orchestrator.grids.service import GridCreate, GridError, resolve_grid
     from orchestrator.server import read_token
 
     data = load_grid_file(grid_file)
@@ -139,8 +139,8 @@ def status(grid_id: Annotated[int | None, typer.Argument(help="Show this grid's 
     from orchestrator.api.schemas import GridDetail, GridPublic
     from orchestrator.db.models import Grid
     from orchestrator.db.session import session_scope
-    from orchestrator.runs.grids import latest_metrics
-    from orchestrator.runs.reports.build import judge_metric
+    from orchestrator.grids.service import latest_metrics
+    from orchestrator.results.reports.build import judge_metric
 
     settings = load_settings()
     try:
@@ -194,7 +194,7 @@ def run_columns(judged: str, lpips_column: bool) -> list[Column]:
 def _print_runs(grid: GridDetail, judges: dict[int, str]) -> None:
     """The grid's runs, led by the metric the detector judges each on (`judges`: run id -> metric): the
     held-out flow loss where LPIPS is the random stand-in, whose values cannot tell arms apart."""
-    from orchestrator.runs.reports.effects import METRIC_WORDS
+    from orchestrator.results.reports.effects import METRIC_WORDS
 
     rows = []
     for r in grid.runs:
@@ -226,7 +226,7 @@ def _print_runs(grid: GridDetail, judges: dict[int, str]) -> None:
 @app.command()
 def arms() -> None:
     """The arms A..I, resolved, and what each changes against its parent."""
-    from orchestrator.runs.arms import lineage_table
+    from orchestrator.grids.arms import lineage_table
 
     columns = [Column("arm"), Column("parent"), Column("changes vs parent"), Column("description", priority=1)]
     rows = []

@@ -98,8 +98,8 @@ def _rows(settings: Settings, grid_id: int) -> list[dict[str, Any]]:
     from orchestrator.api.schemas import RunSummary
     from orchestrator.db.models import Metric, Run
     from orchestrator.db.session import session_scope
+    from orchestrator.results.reports.effects import METRIC_WORDS
     from orchestrator.runs.detector import projected_hours_saved, resolve_policy
-    from orchestrator.runs.reports.effects import METRIC_WORDS
 
     out = []
     with session_scope(settings.database_url) as session:
@@ -287,7 +287,8 @@ def demo(
     """Train arms A-D and one that breaks (tiny, shapes) on 5 logical GPUs with the full controller; the
     detector stops the broken one live; then a per-arm table."""
     from orchestrator.db.session import session_scope, upgrade
-    from orchestrator.runs.grids import GridCreate, create_grid
+    from orchestrator.grids.service import GridCreate, create_grid
+    from orchestrator.loop import loop_listeners
     from orchestrator.runs.launcher import Launcher
 
     settings = demo_settings(load_settings())
@@ -311,7 +312,7 @@ def demo(
     # This machine is a node like any other: its agent (a child process) runs its Ray and workers, whose
     # logs stay in Ray's session logs instead of tearing through the live table.
     console.print(f"local node: {settings.logical_gpus or 'detected'} GPUs; database {settings.database_url}")
-    scheduler = Launcher(settings)
+    scheduler = Launcher(settings, listeners=loop_listeners(settings))
     api = _ApiServer(settings, host, port)
     try:
         api.start()

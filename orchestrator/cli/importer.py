@@ -57,11 +57,11 @@ def import_command(
 
     from orchestrator.cli.replay import load_policy
     from orchestrator.db.session import session_scope, upgrade
-    from orchestrator.runs.curves import CurvesError, load_curves
-    from orchestrator.runs.grids import GridError
-    from orchestrator.runs.importer import CurvesImportError, arm_letters, import_curves, start_times_of
-    from orchestrator.runs.trackers.exports import tracker_export_curves
+    from orchestrator.grids.service import GridError
+    from orchestrator.results.curves import CurvesError, load_curves
+    from orchestrator.results.importer import CurvesImportError, arm_letters, import_curves, start_times_of
     from orchestrator.settings import load_settings
+    from orchestrator.trackers.exports import tracker_export_curves
 
     pol = load_policy(policy) if policy is not None else None
     try:

@@ -21,7 +21,7 @@ def model_info(
 
     from model.nanodit import NanoDiT, count_params
     from model.spec import SIZES
-    from orchestrator.runs.arms import resolve
+    from orchestrator.grids.arms import resolve
 
     if size is not None and size not in SIZES:
         raise CLIError(f"--size must be one of {', '.join(SIZES)}, not {size!r}")

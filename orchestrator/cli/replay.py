@@ -55,7 +55,7 @@ def replay_command(
     Prints one JSON object per arm: arm, decision, step_flagged (null when it ran to the end),
     best_step, best_value, reason, gpu_hours_saved (elapsed hours after the stop), stopped, warnings.
     """
-    from orchestrator.runs.curves import CurvesError, load_curves
+    from orchestrator.results.curves import CurvesError, load_curves
     from orchestrator.runs.detector import replay
 
     pol = load_policy(policy)

@@ -25,7 +25,7 @@ def report_command(
     from orchestrator.db.models import Grid
     from orchestrator.db.session import session_scope, upgrade
     from orchestrator.messages import database_error_text, masked_url
-    from orchestrator.runs.reports.write import report_dir, write_report
+    from orchestrator.results.reports.write import report_dir, write_report
     from orchestrator.settings import load_settings
 
     settings = load_settings()

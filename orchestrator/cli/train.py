@@ -54,7 +54,7 @@ def build_spec(
     lpips_weights: Path | None,
 ) -> Any:
     """The arm resolved through its parents, with the size's defaults and the flags on top."""
-    from orchestrator.runs.arms import deep_merge, resolve
+    from orchestrator.grids.arms import deep_merge, resolve
 
     over: dict[str, Any] = TINY_OVERRIDES if size == "tiny" else {"model": {"size": size}}
     sched: dict[str, Any] = {}

@@ -21,17 +21,17 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
 from model.spec import ArmSpec
-from orchestrator.api.schemas import RunSummary, SweepPublic
 from orchestrator.db.models import METRIC_FIELDS, Event, Grid, Metric, Node, RentedInstance, Run, Schedule, Sweep
+from orchestrator.grids.arms import LINEAGE_KEYS, ArmError, changes, flatten, resolve
 from orchestrator.numbers import finite_or_none, is_finite
-from orchestrator.runs.arms import LINEAGE_KEYS, ArmError, changes, flatten, resolve
-from orchestrator.runs.data_feed import data_feed
-from orchestrator.runs.own_metrics import is_command_run, own_series
-from orchestrator.runs.reports.build import Pairing, grid_effects_now, judge_metric
-from orchestrator.runs.reports.effects import METRIC_WORDS
-from orchestrator.runs.reports.stats import QUALITY, paired_difference
-from orchestrator.runs.samples import sample_index
-from orchestrator.storage import STORAGE_EVENTS, storage_alarms
+from orchestrator.results.data_feed import data_feed
+from orchestrator.results.own_metrics import is_command_run, own_series
+from orchestrator.results.records import RunSummary, SweepPublic
+from orchestrator.results.reports.build import Pairing, grid_effects_now, judge_metric
+from orchestrator.results.reports.effects import METRIC_WORDS
+from orchestrator.results.reports.stats import QUALITY, paired_difference
+from orchestrator.results.samples import sample_index
+from orchestrator.runs.storage import STORAGE_EVENTS, storage_alarms
 from orchestrator.vocabulary import STOP_DECISIONS, TERMINAL_STATES, GridState, NodeState, RentedState, RunState
 
 STANDIN = "random_standin"
@@ -216,7 +216,7 @@ def _as_spec(raw: dict[str, Any]) -> ArmSpec | None:
 
 
 def lineage(grid: Grid) -> list[dict[str, Any]]:
-    """Per run: its parent and what it changes against it (orchestrator.runs.arms.changes on stored specs).
+    """Per run: its parent and what it changes against it (orchestrator.grids.arms.changes on stored specs).
 
     The parent is taken from the grid when one of its runs is that arm, else resolved from arms/ with
     the grid's overrides applied (so a tiny-size grid is not compared with a seed-size parent).

@@ -9,8 +9,6 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 
-from orchestrator.api.deps import SessionDep, SettingsDep, get_or_404
-from orchestrator.api.guard import token_matches
 from orchestrator.dashboard.data import (
     PAGE_SIZE,
     failed_bootstraps,
@@ -25,8 +23,10 @@ from orchestrator.dashboard.data import (
     unreleased_nodes,
 )
 from orchestrator.db.models import Grid
-from orchestrator.runs.samples import KIND_LABELS
+from orchestrator.results.samples import KIND_LABELS
 from orchestrator.vocabulary import for_script
+from orchestrator.web.deps import SessionDep, SettingsDep, get_or_404
+from orchestrator.web.guard import token_matches
 
 HERE = Path(__file__).parent
 STATIC_DIR = HERE / "static"

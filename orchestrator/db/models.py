@@ -53,7 +53,7 @@ class Grid(Base):
     # Training seeds per arm (replicates): each arm runs this many times on one fixed held-out split.
     seeds: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
-    # TrackerNames its runs are forwarded to (orchestrator/runs/trackers/); None on rows before 0009.
+    # TrackerNames its runs are forwarded to (orchestrator/trackers/); None on rows before 0009.
     trackers: Mapped[list[Any] | None] = mapped_column(default=list)
 
     runs: Mapped[list[Run]] = relationship(back_populates="grid", order_by="Run.position")

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from model.spec import CommandEnd
 from orchestrator.fleet.errors import NodeError
-from orchestrator.storage import StorageStatus
+from worker.protocol import StorageStatus
 from worker.run_files import RECORDS_PER_POLL
 
 if TYPE_CHECKING:

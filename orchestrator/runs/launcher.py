@@ -17,7 +17,9 @@ State machine per run: queued -> starting -> running -> completed | stopped | fa
   records after the last step in the DB; a run whose worker is on no node is re-queued (a retry counted).
 - Node loss: a node unreachable for node_lost_s, or one whose agent sent what the protocol refuses, loses
   its workers: their runs are re-queued like a dead worker's, with the reason.
-- Trackers (orchestrator/runs/trackers/): after each stored reply the run id is handed to the forwarder,
+- Listeners (the server's and the demo's): after each stored reply the run id is handed to the tracker
+  forwarder (orchestrator/trackers/), and every housekeeping pass lets the report writer write the
+  reports of grids that ended;
   whose threads send what is new to W&B, TensorBoard or MLflow; the loop never waits for a tracker.
 - Races with the API: queued -> starting and queued -> stopped are compare-and-set updates, so a
   user's stop and a launch never both win.
@@ -30,6 +32,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Sequence
+from typing import Protocol
 
 from sqlalchemy import select
 from sqlalchemy.exc import InterfaceError, OperationalError
@@ -58,10 +62,8 @@ from orchestrator.runs.placement import (
     run_dir,
     worker_kwargs,
 )
-from orchestrator.runs.reports.write import write_due_reports
-from orchestrator.runs.trackers.forwarder import Forwarder
+from orchestrator.runs.storage import record_storage, run_storage_url, seen_seq
 from orchestrator.settings import Settings
-from orchestrator.storage import record_storage, run_storage_url, seen_seq
 from orchestrator.vocabulary import ACTIVE_STATES, TERMINAL_STATES, GridSource, RunState
 
 log = logging.getLogger("ablate.launcher")
@@ -72,6 +74,17 @@ log = logging.getLogger("ablate.launcher")
 MAX_INGEST_FAILURES = 5
 
 
+class LoopListener(Protocol):
+    """What follows the loop without slowing it: told of each run a reply was stored for, and of every
+    housekeeping pass. The server and the demo hand in the tracker forwarder (orchestrator/trackers/) and
+    the report writer (orchestrator/results/reports/write.py), so the live loop imports neither."""
+
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+    def notify(self, run_id: int) -> None: ...
+    def housekeeping(self) -> None: ...
+
+
 # -- the loop -----------------------------------------------------------------------------------------
 
 
@@ -79,7 +92,11 @@ class Launcher:
     """Launch, poll, ingest, stop, retry. `start()` runs it in a daemon thread; `tick()` is one pass."""
 
     def __init__(
-        self, settings: Settings, train_fn: str = "worker.train:train_arm", local_agent: list[str] | None = None
+        self,
+        settings: Settings,
+        train_fn: str = "worker.train:train_arm",
+        local_agent: list[str] | None = None,
+        listeners: Sequence[LoopListener] = (),
     ) -> None:
         self.settings = settings
         self.train_fn = train_fn  # what the workers run; benchmarks pass a synthetic stream
@@ -89,7 +106,7 @@ class Launcher:
         self._thread: threading.Thread | None = None
         self._last_housekeeping = 0.0
         self._warned_no_gpu = False
-        self.forwarder = Forwarder(settings)  # experiment trackers, in threads of their own
+        self.listeners = tuple(listeners)  # trackers and reports: each in threads or passes of its own
 
     # lifecycle ---------------------------------------------------------------------------------------
 
@@ -109,7 +126,8 @@ class Launcher:
         return not self._thread.is_alive()
 
     def run_forever(self) -> None:
-        self.forwarder.start()
+        for listener in self.listeners:
+            listener.start()
         try:
             while not self._halt.is_set():
                 try:
@@ -118,7 +136,8 @@ class Launcher:
                     log.exception("launcher tick failed")
                     self._halt.wait(self.settings.scheduler_interval_s)
         finally:
-            self.forwarder.stop()
+            for listener in self.listeners:
+                listener.stop()
             self.pool.close()
 
     def tick(self) -> None:
@@ -150,7 +169,8 @@ class Launcher:
             self._expire_unplaced(now)
             self._send_stops()
             self._launch_queued()
-            write_due_reports(self.settings)  # grids that ended since the last pass get their report
+            for listener in self.listeners:
+                listener.housekeeping()  # the report writer: grids that ended since the last pass
 
     def _lose_node(self, node: str, why: str) -> None:
         for worker in [w for w in self.workers.values() if w.node == node]:
@@ -353,7 +373,8 @@ class Launcher:
             else:
                 gone = False
         # Only once committed: a failed commit leaves both to the next poll (the records are re-sent).
-        self.forwarder.notify(worker.run_id)
+        for listener in self.listeners:
+            listener.notify(worker.run_id)
         worker.started = True
         worker.storage_seen = seen
         if reply.records:
@@ -426,22 +447,3 @@ class Launcher:
         if not worker.stop_sent:
             worker.stop_sent = True
             self.pool.call(worker.node, "stop", worker.name)
-
-
-def main() -> None:
-    """`python -m orchestrator.runs.launcher`: the launcher alone in the foreground (tests kill -9 it)."""
-    from orchestrator.db.session import upgrade
-    from orchestrator.settings import load_settings
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    settings = load_settings()
-    upgrade(settings.database_url)
-    scheduler = Launcher(settings)
-    try:
-        scheduler.run_forever()
-    except KeyboardInterrupt:
-        pass
-
-
-if __name__ == "__main__":
-    main()

@@ -22,8 +22,8 @@ from model.spec import ArmSpec
 from orchestrator.db.events import record_event
 from orchestrator.db.models import Event, Run, utcnow
 from orchestrator.db.transitions import transition
+from orchestrator.runs.storage import worker_compile_cache, worker_data_store, worker_storage
 from orchestrator.settings import Settings
-from orchestrator.storage import worker_compile_cache, worker_data_store, worker_storage
 from orchestrator.vocabulary import RunState
 
 

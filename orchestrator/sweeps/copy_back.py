@@ -16,9 +16,9 @@ from orchestrator.db.session import session_scope
 from orchestrator.fleet.errors import error_reason
 from orchestrator.fleet.safe_fetch import fetch_tree
 from orchestrator.fleet.shell import NodeShell
-from orchestrator.runs.records import MetricPublic, RunPublic
-from orchestrator.runs.reports.write import write_report
-from orchestrator.storage import download_run
+from orchestrator.results.records import MetricPublic, RunPublic
+from orchestrator.results.reports.write import write_report
+from orchestrator.runs.storage import download_run
 
 
 def copy_back(

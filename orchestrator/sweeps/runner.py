@@ -35,8 +35,8 @@ from orchestrator.fleet.inventory import set_state
 from orchestrator.fleet.providers.base import Provider
 from orchestrator.fleet.providers.request import NodeRequest
 from orchestrator.fleet.shell import NodeShell
-from orchestrator.runs.gpu_share import sweep_node_gpus
-from orchestrator.runs.grids import GridCreate, GridError, PathPolicy, create_grid, stop_run
+from orchestrator.grids.gpu_share import sweep_node_gpus
+from orchestrator.grids.service import GridCreate, GridError, PathPolicy, create_grid, stop_run
 from orchestrator.settings import Settings
 from orchestrator.sweeps.budget import spend
 from orchestrator.sweeps.copy_back import copy_back

@@ -15,9 +15,9 @@ from orchestrator.db.models import Schedule, Sweep, utcnow
 from orchestrator.errors import Conflict, InvalidBody, NotFound
 from orchestrator.fleet.inventory import NAME_PATTERN, find_named, find_node
 from orchestrator.fleet.providers.request import NodeRequest
+from orchestrator.grids.gpu_share import gpu_count_errors, sweep_node_gpus
+from orchestrator.grids.service import GridCreate, GridError, PathPolicy, memory_errors, resolve_grid
 from orchestrator.messages import validation_text
-from orchestrator.runs.gpu_share import gpu_count_errors, sweep_node_gpus
-from orchestrator.runs.grids import GridCreate, GridError, PathPolicy, memory_errors, resolve_grid
 
 
 class ScheduleError(ValueError):

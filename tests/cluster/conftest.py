@@ -100,10 +100,10 @@ def scheduler_process(
     storage: Path,
     log_path: Path,
     namespace: str,
-    module: str = "orchestrator.runs.launcher",
+    module: str = "orchestrator.loop",
     **env: str,
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """The real scheduler in its own process (`python -m orchestrator.runs.launcher`, or `module`: a
+    """The real scheduler in its own process (`python -m orchestrator.loop`, or `module`: a
     controller that also runs sweeps), training on the joined bed nodes only (no local node); `env` adds
     settings (ABLATE_...). Its output goes to `log_path` (appended: a restarted controller writes after
     the killed one), kept for a failure's post-mortem. Terminated (then killed) on exit."""

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.db.session import upgrade
+from orchestrator.loop import loop_listeners
 from orchestrator.runs.launcher import Launcher
 from orchestrator.settings import load_settings
 from orchestrator.sweeps.runner import SweepRunner
@@ -53,7 +54,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     settings = load_settings()
     upgrade(settings.database_url)
-    scheduler = Launcher(settings)
+    scheduler = Launcher(settings, listeners=loop_listeners(settings))
     scheduler.start()
     runner = SweepRunner.from_settings(settings)
     poll = float(os.environ.get("ABLATE_TEST_POLL_S", "0.2"))

@@ -25,7 +25,7 @@ from sqlalchemy import select
 from orchestrator.db.models import Event, Metric, Run
 from orchestrator.db.session import session_scope
 from orchestrator.fleet.bootstrap import bootstrap_node
-from orchestrator.runs.grids import GridCreate, PathPolicy, create_grid
+from orchestrator.grids.service import GridCreate, PathPolicy, create_grid
 from orchestrator.vocabulary import TERMINAL_STATES
 from tests.cluster.conftest import BUCKET, aws_profile, lose_node, node_config, register_node, scheduler_process
 from tests.cluster.testbed import TestBed

@@ -18,7 +18,7 @@ from model.data.prepare import prepare
 from orchestrator.db.models import Metric, Run
 from orchestrator.db.session import session_scope
 from orchestrator.fleet.bootstrap import bootstrap_node
-from orchestrator.runs.grids import GridCreate, create_grid
+from orchestrator.grids.service import GridCreate, create_grid
 from orchestrator.vocabulary import TERMINAL_STATES, RunState
 from tests.cluster.conftest import BUCKET, aws_profile, node_config, register_node, scheduler_process, worker_bed
 from tests.cluster.testbed import TestBed

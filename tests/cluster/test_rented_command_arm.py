@@ -21,7 +21,7 @@ from sqlalchemy import select
 
 from orchestrator.db.models import Event, Grid, Run, Sweep
 from orchestrator.db.session import session_scope
-from orchestrator.runs.grids import PathPolicy
+from orchestrator.grids.service import PathPolicy
 from orchestrator.vocabulary import RunState, SweepState
 from tests.cluster.conftest import scheduler_process, worker_bed
 from tests.cluster.provider_sim import ProviderSim, bed_hooks, vast_offer

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from model.nanodit import STUDY_TEXT_DIM, NanoDiT, count_params
-from orchestrator.runs.arms import resolve
+from orchestrator.grids.arms import resolve
 
 TEXT_DIM = 24
 

@@ -7,7 +7,7 @@ from torchao.float8.float8_linear import Float8Linear
 
 from model.nanodit import NanoDiT
 from model.precision import CPU_FP8_EMULATED, PrecisionError, apply_precision, autocast_ctx, fp8_decision
-from orchestrator.runs.arms import resolve
+from orchestrator.grids.arms import resolve
 
 TEXT_DIM = 32
 DEFAULT = ["*.attn.qkv", "*.attn.proj", "*.mlp.fc1", "*.mlp.fc2"]

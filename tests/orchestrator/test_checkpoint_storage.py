@@ -22,14 +22,15 @@ from orchestrator.dashboard.data import grid_detail, grid_version
 from orchestrator.db.events import record_event
 from orchestrator.db.models import Event, Grid, Metric, Run
 from orchestrator.db.session import session_scope
-from orchestrator.runs.grids import GridCreate, create_grid
-from orchestrator.storage import StorageStatus, record_storage, seen_seq, storage_alarms
+from orchestrator.grids.service import GridCreate, create_grid
+from orchestrator.runs.storage import record_storage, seen_seq, storage_alarms
 from orchestrator.sweeps.copy_back import copy_back
 from orchestrator.vocabulary import TERMINAL_STATES
 from tests.orchestrator.factories import tiny_overrides
 from tests.polling import wait_for
 from worker.actor import ArmWorker
 from worker.checkpoint_store import CheckpointStore, StoreConfig, open_fs
+from worker.protocol import StorageStatus
 
 TINY = tiny_overrides(steps=30)
 AWS_ENV = {"AWS_ACCESS_KEY_ID": "ablate-test", "AWS_SECRET_ACCESS_KEY": "ablate-test-secret",
@@ -37,7 +38,7 @@ AWS_ENV = {"AWS_ACCESS_KEY_ID": "ablate-test", "AWS_SECRET_ACCESS_KEY": "ablate-
 
 
 def tiny_spec(steps: int = 30) -> dict[str, Any]:
-    from orchestrator.runs.arms import deep_merge, resolve
+    from orchestrator.grids.arms import deep_merge, resolve
 
     over = deep_merge(TINY, {"schedule": {"steps": steps}})
     return resolve("A", over).model_dump(mode="json")

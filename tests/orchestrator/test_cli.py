@@ -64,7 +64,7 @@ def test_status_leads_with_the_judged_metric_and_names_each_replicate(env: dict[
     the stand-in's value follows, labelled, and replicates read "A s1"."""
     from orchestrator.db.models import Metric
     from orchestrator.db.session import session_scope, upgrade
-    from orchestrator.runs.grids import GridCreate, create_grid
+    from orchestrator.grids.service import GridCreate, create_grid
 
     upgrade(env["ABLATE_DATABASE_URL"])
     with session_scope(env["ABLATE_DATABASE_URL"]) as session:

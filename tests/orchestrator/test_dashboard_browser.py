@@ -222,7 +222,7 @@ def test_live_grid_updates_and_labels_standins(  # type: ignore[no-untyped-def]
     are labelled."""
     from orchestrator.db.models import Metric, Run
     from orchestrator.db.session import session_scope
-    from orchestrator.runs.grids import GridCreate, create_grid
+    from orchestrator.grids.service import GridCreate, create_grid
     from orchestrator.vocabulary import RunState
 
     def checkpoint(run_id: int, step: int) -> Metric:
@@ -297,7 +297,7 @@ def test_unstored_checkpoints_and_a_second_node_are_shown(base_url: str, databas
 
     from orchestrator.db.models import Event
     from orchestrator.db.session import session_scope
-    from orchestrator.runs.grids import GridCreate, create_grid
+    from orchestrator.grids.service import GridCreate, create_grid
     from orchestrator.vocabulary import RunState
 
     now = datetime.now(UTC)
@@ -335,8 +335,8 @@ def test_an_arm_waiting_for_data_is_flagged_with_the_fix(base_url: str, database
     """Each arm's data wait and micro-batch x accumulation in the arms table; an arm waiting more than
     10% of its time gets a banner with the fix in words; skipped images are counted."""
     from orchestrator.db.session import session_scope
-    from orchestrator.runs.data_feed import DATA_WAIT_FIX
-    from orchestrator.runs.grids import GridCreate, create_grid
+    from orchestrator.grids.service import GridCreate, create_grid
+    from orchestrator.results.data_feed import DATA_WAIT_FIX
     from orchestrator.runs.ingest import ingest
 
     def record(wait: float, skipped: int) -> dict:
@@ -368,7 +368,7 @@ def test_a_command_arm_s_own_metrics_are_charted_by_name(base_url: str, database
     """A command arm's metrics (its script's names, kept in Metric.extra) each get a chart by step; its
     PNGs are in the gallery."""
     from orchestrator.db.session import session_scope
-    from orchestrator.runs.grids import GridCreate, PathPolicy, create_grid
+    from orchestrator.grids.service import GridCreate, PathPolicy, create_grid
     from orchestrator.runs.ingest import ingest
 
     mine = {"name": "mine", "code": "/srv/code/t", "command": ["python", "t.py"], "detector": {"metric": "val_loss"}}
@@ -445,7 +445,7 @@ def gallery_grid(database_url: str, tmp_path_factory: pytest.TempPathFactory) ->
     writer into each run's folder: B stopped at step 30 (best 20), the others ran to 40."""
     from orchestrator.db.models import Metric
     from orchestrator.db.session import session_scope
-    from orchestrator.runs.grids import GridCreate, create_grid
+    from orchestrator.grids.service import GridCreate, create_grid
     from orchestrator.vocabulary import RunDecision, RunState
     from worker.samples import write_samples
 
@@ -589,7 +589,7 @@ def test_report_and_flow_loss_in_the_browser(  # type: ignore[no-untyped-def]
 
     from orchestrator.db.models import Metric
     from orchestrator.db.session import session_scope
-    from orchestrator.runs.grids import GridCreate, create_grid
+    from orchestrator.grids.service import GridCreate, create_grid
     from orchestrator.vocabulary import RunState
 
     def checkpoint(run_id: int, step: int, shift: float) -> Metric:

@@ -13,10 +13,10 @@ import pytest
 from orchestrator.dashboard.data import grid_detail, paired_difference
 from orchestrator.db.models import Metric
 from orchestrator.db.session import session_scope
-from orchestrator.runs.data_feed import DATA_WAIT_FIX, DATA_WAIT_LIMIT, data_feed
-from orchestrator.runs.grids import GridCreate, create_grid
+from orchestrator.grids.service import GridCreate, create_grid
+from orchestrator.results.data_feed import DATA_WAIT_FIX, DATA_WAIT_LIMIT, data_feed
+from orchestrator.results.samples import sample_index
 from orchestrator.runs.ingest import ingest, metric_values
-from orchestrator.runs.samples import sample_index
 
 
 def _checkpoint(step: int, samples: list[float] | None, se: float | None = 0.02) -> Metric:

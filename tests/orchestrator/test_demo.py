@@ -10,7 +10,7 @@ import torch
 from rich.console import Console
 
 from orchestrator.cli.demo import _progress_table, demo_grid, demo_lpips, demo_settings, summary_table
-from orchestrator.runs.grids import GridCreate, resolve_grid
+from orchestrator.grids.service import GridCreate, resolve_grid
 from orchestrator.settings import Settings
 
 

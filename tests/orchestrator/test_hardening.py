@@ -265,7 +265,7 @@ def test_csv_cells_are_never_formulas(client: TestClient, database_url: str) -> 
 
 
 def test_grid_list_and_dashboard_are_paged(database_url: str, storage: Path) -> None:
-    from orchestrator.runs.grids import GridCreate, create_grid
+    from orchestrator.grids.service import GridCreate, create_grid
 
     with session_scope(database_url) as session:
         for i in range(60):

@@ -17,12 +17,12 @@ from PIL import Image
 from orchestrator.app import create_app
 from orchestrator.db.models import Grid, Run
 from orchestrator.db.session import session_scope
+from orchestrator.results.reports.build import build_report
+from orchestrator.results.reports.write import write_report
+from orchestrator.results.samples import MAX_SAMPLE_BYTES
 from orchestrator.runs.ingest import insert_metrics
-from orchestrator.runs.reports.build import build_report
-from orchestrator.runs.reports.write import write_report
-from orchestrator.runs.samples import MAX_SAMPLE_BYTES
+from orchestrator.runs.storage import download_run
 from orchestrator.settings import Settings
-from orchestrator.storage import download_run
 
 TOKEN = "test-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

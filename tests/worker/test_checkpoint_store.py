@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from model.spec import ArmSpec
-from orchestrator.runs.arms import deep_merge, resolve
+from orchestrator.grids.arms import deep_merge, resolve
 from tests.polling import wait_for
 from worker.actor import ArmWorker
 from worker.checkpoint_store import CheckpointStore, StoreConfig, open_fs, stored_checkpoints

@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from orchestrator.runs.command_arms import resolve_command_arm
+from orchestrator.grids.command_arms import resolve_command_arm
 from orchestrator.runs.command_code import pack_code
-from orchestrator.storage import download_run
+from orchestrator.runs.storage import download_run
 from tests.polling import wait_for
 from worker.actor import ArmWorker
 

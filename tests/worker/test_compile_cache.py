@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.runs.arms import resolve
+from orchestrator.grids.arms import resolve
 from worker.compile_cache import CompileCache, cache_key, key_name
 from worker.train import train_arm
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from model.spec import ArmSpec
-from orchestrator.runs.arms import deep_merge, resolve
+from orchestrator.grids.arms import deep_merge, resolve
 from worker import checkpoint as ckpt
 from worker.actor import ArmWorker
 from worker.ranks import RankFailed, new_job, run_ranks

@@ -31,5 +31,5 @@ def test_the_actor_writes_its_records_under_the_name_storage_uploads() -> None:
 
 
 def test_the_names_import_without_torch() -> None:
-    code = "import sys, worker.run_files, orchestrator.storage; assert 'torch' not in sys.modules"
+    code = "import sys, worker.run_files, orchestrator.runs.storage; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

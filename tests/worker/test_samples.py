@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from orchestrator.runs.arms import deep_merge, resolve
+from orchestrator.grids.arms import deep_merge, resolve
 from tests.worker.test_train import QUICK
 from worker.samples import BUDGET_BYTES, MAX_SIDE, encode, write_samples
 from worker.train import train_arm

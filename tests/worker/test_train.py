@@ -13,7 +13,7 @@ import torch
 
 from model.evaluate import NO_EDITS_NOTE
 from model.spec import ArmSpec
-from orchestrator.runs.arms import deep_merge, resolve
+from orchestrator.grids.arms import deep_merge, resolve
 from worker import checkpoint as ckpt
 from worker.train import LPIPS_STANDIN_FALLBACK, REPA_STANDIN_FALLBACK, TrainError, train_arm
 

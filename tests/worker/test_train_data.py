@@ -18,7 +18,7 @@ import model.data.captioned as captioned
 from model.data import DatasetError, ImageFolderDataset
 from model.data.base import step_indices
 from model.data.prepare import prepare
-from orchestrator.runs.arms import deep_merge, resolve
+from orchestrator.grids.arms import deep_merge, resolve
 from worker.train import train_arm
 
 N, BATCH, RES = 200, 8, 16  # 2 unreadable of 200 is the default 1%: trains; 3 fails

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from orchestrator.api.schemas import ArmPublic
-from orchestrator.runs.arms import all_arms, lineage_table
+from orchestrator.grids.arms import all_arms, lineage_table
 
 router = APIRouter(prefix="/api/arms", tags=["arms"])
 

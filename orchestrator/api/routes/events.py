@@ -7,10 +7,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from orchestrator.api.deps import AUTH_RESPONSES, AuthDep, SessionDep
 from orchestrator.api.schemas import EventPublic
 from orchestrator.db.events import MAX_LISTED, list_events
 from orchestrator.fleet.inventory import get_node
+from orchestrator.web.deps import AUTH_RESPONSES, AuthDep, SessionDep
 
 router = APIRouter(prefix="/api/events", tags=["events"])
 

@@ -9,12 +9,12 @@ from sqlalchemy import select
 from sqlalchemy.orm import selectinload
 
 from model.spec import ArmSpec
-from orchestrator.api.deps import AUTH_RESPONSES, AuthDep, SessionDep, SettingsDep, get_or_404
 from orchestrator.api.schemas import GridCreate, GridCreated, GridDetail, GridPublic
 from orchestrator.db.models import Grid
-from orchestrator.runs.gpu_share import largest_node_gpus
-from orchestrator.runs.grids import PathPolicy, create_grid, gpu_memory_cap_gib, latest_metrics
-from orchestrator.runs.replicates import grid_cost
+from orchestrator.grids.gpu_share import largest_node_gpus
+from orchestrator.grids.replicates import grid_cost
+from orchestrator.grids.service import PathPolicy, create_grid, gpu_memory_cap_gib, latest_metrics
+from orchestrator.web.deps import AUTH_RESPONSES, AuthDep, SessionDep, SettingsDep, get_or_404
 
 router = APIRouter(prefix="/api/grids", tags=["grids"])
 

@@ -8,8 +8,8 @@ from fastapi import APIRouter, Response, status
 from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 
-from orchestrator.api.deps import SessionDep
 from orchestrator.api.schemas import Health
+from orchestrator.web.deps import SessionDep
 
 try:
     VERSION = version("ablate")

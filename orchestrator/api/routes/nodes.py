@@ -12,12 +12,12 @@ from typing import Any
 
 from fastapi import APIRouter, Response, status
 
-from orchestrator.api.deps import AUTH_RESPONSES, AuthDep, SessionDep, SettingsDep
 from orchestrator.api.schemas import NodeCreate, NodePublic, ProbeResult
 from orchestrator.fleet.bootstrap import BootstrapConfig, bootstrap_node, drain_node, teardown_node
 from orchestrator.fleet.errors import remote_errors
 from orchestrator.fleet.inventory import add_node, get_node, list_nodes, remove_node
 from orchestrator.fleet.probe import probe_node
+from orchestrator.web.deps import AUTH_RESPONSES, AuthDep, SessionDep, SettingsDep
 
 router = APIRouter(prefix="/api/nodes", tags=["nodes"])
 

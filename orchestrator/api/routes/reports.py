@@ -6,10 +6,10 @@ from typing import Literal
 
 from fastapi import APIRouter, Response
 
-from orchestrator.api.deps import SessionDep, SettingsDep, get_or_404
 from orchestrator.db.models import Grid
-from orchestrator.runs.reports.build import build_report
-from orchestrator.runs.reports.render import MEDIA_TYPES, RENDERERS
+from orchestrator.results.reports.build import build_report
+from orchestrator.results.reports.render import MEDIA_TYPES, RENDERERS
+from orchestrator.web.deps import SessionDep, SettingsDep, get_or_404
 
 router = APIRouter(prefix="/api/grids", tags=["reports"])
 

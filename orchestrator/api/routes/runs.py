@@ -6,10 +6,10 @@ from fastapi import APIRouter
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from orchestrator.api.deps import AUTH_RESPONSES, AuthDep, SessionDep, get_or_404
 from orchestrator.api.schemas import MetricPublic, RunPublic
 from orchestrator.db.models import Metric, Run
-from orchestrator.runs.grids import latest_metrics, stop_run
+from orchestrator.grids.service import latest_metrics, stop_run
+from orchestrator.web.deps import AUTH_RESPONSES, AuthDep, SessionDep, get_or_404
 
 router = APIRouter(prefix="/api/runs", tags=["runs"])
 

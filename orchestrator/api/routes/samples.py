@@ -1,14 +1,14 @@
 """Sample images of a run: the list by step, and one PNG. Read-only and open like the other grid and run
-reads, behind the token with ABLATE_PRIVATE_READS (orchestrator/api/guard.py); the dashboard's gallery and
+reads, behind the token with ABLATE_PRIVATE_READS (orchestrator/web/guard.py); the dashboard's gallery and
 the report show them."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException, Path, Response, status
 
-from orchestrator.api.deps import SessionDep, SettingsDep, get_or_404
 from orchestrator.db.models import Run
-from orchestrator.runs.samples import StepSamples, run_samples, sample_png
+from orchestrator.results.samples import StepSamples, run_samples, sample_png
+from orchestrator.web.deps import SessionDep, SettingsDep, get_or_404
 from worker.stored_file import StoredFileRefused
 
 router = APIRouter(prefix="/api/runs", tags=["samples"])

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response, status
 
-from orchestrator.api.deps import AUTH_RESPONSES, AuthDep, SessionDep, SettingsDep
 from orchestrator.api.schemas import ScheduleCreate, SchedulePublic
-from orchestrator.runs.grids import PathPolicy, gpu_memory_cap_gib
+from orchestrator.grids.service import PathPolicy, gpu_memory_cap_gib
 from orchestrator.sweeps.schedules import (
     create_schedule,
     delete_schedule,
@@ -19,6 +18,7 @@ from orchestrator.sweeps.schedules import (
     pause_schedule,
     resume_schedule,
 )
+from orchestrator.web.deps import AUTH_RESPONSES, AuthDep, SessionDep, SettingsDep
 
 router = APIRouter(prefix="/api/schedules", tags=["schedules"])
 

@@ -2,12 +2,12 @@
 // its own best or last checkpoint). grid.js owns the data and calls update() after each poll that
 // changed something, and select() when a point of a curve is clicked. Images come from
 // GET /api/runs/{id}/samples/{step}/{file}; which exist comes with the grid (run.samples: the steps that
-// have images and the fixed set each holds, orchestrator/runs/samples.py SampleIndex).
+// have images and the fixed set each holds, orchestrator/results/samples.py SampleIndex).
 "use strict";
 
 window.AblateGallery = function (opts) {
   const { el, colour, hidden, onStep } = opts;
-  // Labels of the kinds of image, from orchestrator/runs/samples.py KIND_LABELS (rendered into the page).
+  // Labels of the kinds of image, from orchestrator/results/samples.py KIND_LABELS (rendered into the page).
   const LABELS = JSON.parse(document.getElementById("sample-kinds").textContent);
   const TERMINAL = new Set(JSON.parse(document.getElementById("vocabulary").textContent).terminal_run_states);
   const root = document.getElementById("gallery");

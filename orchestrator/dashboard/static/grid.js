@@ -364,7 +364,7 @@
           st.failed_attempts ? `${st.failed_attempts} failed upload(s); last: ${st.last_error}. ` : "",
           `A lost node would lose what came after (${st.url}).`));
       }
-      // The GPU waiting for batches (orchestrator/runs/data_feed.py decides and words the fix).
+      // The GPU waiting for batches (orchestrator/results/data_feed.py decides and words the fix).
       if (r.data.waiting) {
         box.append(el("div", { class: "banner data-wait", "data-arm": r.arm },
           el("strong", {}, `${r.arm} waits for data ${pct(r.data.wait_fraction)} of its time. `),

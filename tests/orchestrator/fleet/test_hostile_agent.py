@@ -20,7 +20,7 @@ from sqlalchemy import select
 from orchestrator.db.models import Event, Run
 from orchestrator.db.session import session_scope
 from orchestrator.fleet.agent_link import AgentLink, AgentProtocolError, ProcessStream
-from orchestrator.runs.grids import GridCreate, create_grid
+from orchestrator.grids.service import GridCreate, create_grid
 from orchestrator.runs.launcher import Launcher
 from orchestrator.settings import Settings
 from tests.orchestrator.factories import tiny_overrides

@@ -19,14 +19,14 @@ from sqlalchemy import delete, func, select, update
 from orchestrator.db.models import Event, Metric, Node, RentedInstance, Run
 from orchestrator.db.session import session_scope
 from orchestrator.fleet.node_pool import POLL_GRACE_S
-from orchestrator.runs.grids import GridCreate, create_grid
+from orchestrator.grids.service import GridCreate, create_grid
 from orchestrator.runs.ingest import MAX_FALLBACKS
 from orchestrator.runs.launcher import Launcher
 from orchestrator.runs.placement import record_placement
 from orchestrator.settings import Settings
-from orchestrator.storage import STORAGE_LOG_MAX
 from tests.orchestrator.factories import tiny_overrides
 from tests.polling import wait_for
+from worker.protocol import STORAGE_LOG_MAX
 from worker.run_files import RECORDS_PER_POLL
 
 AGENT = Path(__file__).with_name("claims_agent.py")

@@ -16,7 +16,7 @@ from sqlalchemy import select
 from orchestrator.db.models import Node, Run
 from orchestrator.db.session import session_scope
 from orchestrator.fleet.probe import probe_node
-from orchestrator.runs.grids import GridCreate, create_grid
+from orchestrator.grids.service import GridCreate, create_grid
 from orchestrator.runs.launcher import Launcher
 from orchestrator.settings import Settings
 from tests.orchestrator.factories import add_ssh_node, tiny_overrides

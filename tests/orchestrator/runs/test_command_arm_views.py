@@ -16,10 +16,10 @@ from orchestrator.app import create_app
 from orchestrator.dashboard.data import grid_detail
 from orchestrator.db.models import Grid
 from orchestrator.db.session import session_scope
-from orchestrator.runs.grids import GridCreate, PathPolicy, create_grid
+from orchestrator.grids.service import GridCreate, PathPolicy, create_grid
+from orchestrator.results.reports.build import build_report
+from orchestrator.results.reports.render import to_html, to_markdown
 from orchestrator.runs.launcher import Launcher
-from orchestrator.runs.reports.build import build_report
-from orchestrator.runs.reports.render import to_html, to_markdown
 from orchestrator.settings import Settings
 from orchestrator.vocabulary import TERMINAL_STATES
 from tests.polling import wait_for

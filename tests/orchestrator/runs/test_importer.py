@@ -10,9 +10,9 @@ from sqlalchemy import select
 
 from orchestrator.db.models import Event, Grid, Metric, Run
 from orchestrator.db.session import session_scope
-from orchestrator.runs.curves import CurvesError, load_curves, parse_curves
-from orchestrator.runs.grids import GridError
-from orchestrator.runs.importer import CurvesImportError, import_curves
+from orchestrator.grids.service import GridError
+from orchestrator.results.curves import CurvesError, load_curves, parse_curves
+from orchestrator.results.importer import CurvesImportError, import_curves
 
 FIXTURE = Path(__file__).parents[2] / "fixtures" / "published_ablation_a_to_d.json"
 

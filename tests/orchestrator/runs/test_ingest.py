@@ -9,7 +9,7 @@ from sqlalchemy import func, select
 
 from orchestrator.db.models import Event, Metric, Run
 from orchestrator.db.session import session_scope
-from orchestrator.runs.grids import GridCreate, create_grid
+from orchestrator.grids.service import GridCreate, create_grid
 from orchestrator.runs.ingest import ingest, metric_series, refused_metrics
 from orchestrator.vocabulary import RunState
 

@@ -19,7 +19,7 @@ from sqlalchemy import select
 
 from orchestrator.db.models import Event, Metric, Run
 from orchestrator.db.session import session_scope
-from orchestrator.runs.grids import GridCreate, create_grid, stop_run
+from orchestrator.grids.service import GridCreate, create_grid, stop_run
 from orchestrator.runs.launcher import Launcher
 from orchestrator.runs.placement import actor_name, run_dir
 from orchestrator.vocabulary import TERMINAL_STATES

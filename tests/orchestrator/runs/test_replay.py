@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.runs.curves import CurvesError, load_curves, parse_curves
+from orchestrator.results.curves import CurvesError, load_curves, parse_curves
 
 FIXTURE = Path(__file__).parents[2] / "fixtures" / "published_ablation_a_to_d.json"
 ABLATE = str(Path(sys.executable).with_name("ablate"))

@@ -16,9 +16,9 @@ from model.data import build_dataset
 from model.spec import ArmSpec
 from orchestrator.db.models import Metric, Run
 from orchestrator.db.session import session_scope
+from orchestrator.results.reports.effects import effect_reading
+from orchestrator.results.reports.stats import Difference, across_seeds
 from orchestrator.runs.ingest import insert_metrics
-from orchestrator.runs.reports.effects import effect_reading
-from orchestrator.runs.reports.stats import Difference, across_seeds
 from orchestrator.settings import Settings
 from tests.orchestrator.factories import AUTH, tiny_overrides
 from worker.train import train_arm

@@ -12,7 +12,7 @@ from sqlalchemy import select
 
 from orchestrator.db.models import Event, Run
 from orchestrator.db.session import session_factory, session_scope
-from orchestrator.runs.grids import GridCreate, create_grid, stop_run
+from orchestrator.grids.service import GridCreate, create_grid, stop_run
 from orchestrator.runs.launcher import Launcher
 from orchestrator.runs.placement import Worker, claim_for_launch
 from orchestrator.settings import Settings

@@ -15,10 +15,10 @@ from fastapi.testclient import TestClient
 from orchestrator.app import create_app
 from orchestrator.db.models import Run
 from orchestrator.db.session import session_scope
-from orchestrator.runs.arms import resolve
+from orchestrator.grids.arms import resolve
 from orchestrator.runs.ingest import insert_metrics
+from orchestrator.runs.storage import download_run
 from orchestrator.settings import Settings
-from orchestrator.storage import download_run
 from tests.orchestrator.factories import tiny_overrides
 from worker.train import train_arm
 

@@ -8,8 +8,8 @@ from pydantic import ValidationError
 
 from arms import ARMS_DIR
 from model.spec import ArmSpec
+from orchestrator.grids.arms import ArmError, all_arms, changes, deep_merge, resolve
 from orchestrator.messages import validation_text
-from orchestrator.runs.arms import ArmError, all_arms, changes, deep_merge, resolve
 
 
 def error_paths(exc: ValidationError) -> list[str]:

@@ -13,8 +13,8 @@ from sqlalchemy import select
 
 from orchestrator.db.models import Grid, Metric, Run
 from orchestrator.db.session import session_scope
-from orchestrator.runs.curves import CurvesError
-from orchestrator.runs.trackers.exports import tracker_export_curves
+from orchestrator.results.curves import CurvesError
+from orchestrator.trackers.exports import tracker_export_curves
 
 NUMERIC = ("recon_lpips", "text_lpips", "text_manip_delta", "train_loss", "lr", "iter_per_sec")
 B_STOPPED = "B: stopped   collapse @4000  (best 0.9070 @3000)"

@@ -17,12 +17,12 @@ from sqlalchemy import select
 from orchestrator.db.events import record_event
 from orchestrator.db.models import Event, Metric, Run, TrackerRun
 from orchestrator.db.session import session_scope
-from orchestrator.runs.arms import resolve
-from orchestrator.runs.grids import GridCreate, GridError, create_grid
+from orchestrator.grids.arms import resolve
+from orchestrator.grids.service import GridCreate, GridError, create_grid
 from orchestrator.runs.ingest import ingest
-from orchestrator.runs.trackers.base import Opened, Point, Status, TrackedRun
-from orchestrator.runs.trackers.forwarder import Forwarder
 from orchestrator.settings import Settings
+from orchestrator.trackers.base import Opened, Point, Status, TrackedRun
+from orchestrator.trackers.forwarder import Forwarder
 from orchestrator.vocabulary import RunState, TrackerName
 from tests.orchestrator.factories import tiny_overrides
 from tests.orchestrator.runs.tracker_files import (

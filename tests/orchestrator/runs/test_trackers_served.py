@@ -12,7 +12,7 @@ from sqlalchemy import select
 
 from orchestrator.db.models import Metric, Run
 from orchestrator.db.session import session_scope
-from orchestrator.runs.grids import GridCreate, create_grid
+from orchestrator.grids.service import GridCreate, create_grid
 from orchestrator.settings import Settings
 from orchestrator.vocabulary import TrackerName
 from tests.orchestrator.factories import tiny_overrides
@@ -43,6 +43,7 @@ def ray_address() -> Iterator[str]:
 def test_a_grid_run_by_the_launcher_reaches_three_trackers_and_no_tracker_key_reaches_the_node(
     database_url: str, tmp_path: Path, ray_address: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from orchestrator.loop import loop_listeners
     from orchestrator.runs.launcher import Launcher
     from orchestrator.runs.placement import worker_kwargs
 
@@ -55,7 +56,7 @@ def test_a_grid_run_by_the_launcher_reaches_three_trackers_and_no_tracker_key_re
         grid = create_grid(session, GridCreate(name="served grid", arms=["A", STOPPED_ARM], overrides=TINY,
                                                trackers=["tensorboard", "mlflow", "wandb"]))  # fmt: skip
         ids = [r.id for r in grid.runs]
-    launcher = Launcher(settings)
+    launcher = Launcher(settings, listeners=loop_listeners(settings))
     launcher.start()
     try:
         def ended() -> bool:

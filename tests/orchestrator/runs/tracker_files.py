@@ -58,8 +58,8 @@ def mlflow_runs() -> dict[str, Any]:
 
 
 def wandb_runs(root: Path) -> dict[str, Any]:
-    """W&B run name -> its offline run(s) read back (orchestrator/runs/trackers/exports.py reads .wandb files)."""
-    from orchestrator.runs.trackers.exports import read_wandb_run
+    """W&B run name -> its offline run(s) read back (orchestrator/trackers/exports.py reads .wandb files)."""
+    from orchestrator.trackers.exports import read_wandb_run
 
     runs: dict[str, Any] = {}
     for path in sorted(root.rglob("run-*.wandb")):

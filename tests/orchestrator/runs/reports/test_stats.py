@@ -8,9 +8,9 @@ import pytest
 from scipy import stats
 
 from orchestrator.db.models import Metric
+from orchestrator.results.reports.build import compare
+from orchestrator.results.reports.stats import difference
 from orchestrator.runs.ingest import metric_values
-from orchestrator.runs.reports.build import compare
-from orchestrator.runs.reports.stats import difference
 
 
 def _checkpoint(step: int, samples: list[float] | None, se: float | None = None, n: int | None = None) -> Metric:

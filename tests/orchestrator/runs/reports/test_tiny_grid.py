@@ -12,9 +12,9 @@ from fastapi.testclient import TestClient
 
 from orchestrator.db.models import Event, Run
 from orchestrator.db.session import session_scope
-from orchestrator.runs.arms import resolve
+from orchestrator.grids.arms import resolve
+from orchestrator.results.reports.write import report_dir, write_due_reports
 from orchestrator.runs.ingest import insert_metrics
-from orchestrator.runs.reports.write import report_dir, write_due_reports
 from orchestrator.settings import Settings
 from tests.orchestrator.factories import AUTH, tiny_overrides
 from worker.train import train_arm

@@ -16,8 +16,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from html import escape
 
-from orchestrator.runs.reports.model import Comparison, Effect, EffectReading, GridReport, SeedDiff, TimestepEffect
-from orchestrator.runs.reports.stats import WEIGHTED_FLOW, Difference, across_seeds
+from orchestrator.results.reports.model import Comparison, Effect, EffectReading, GridReport, SeedDiff, TimestepEffect
+from orchestrator.results.reports.stats import WEIGHTED_FLOW, Difference, across_seeds
 
 METRIC_WORDS = {WEIGHTED_FLOW: "held-out flow loss, timesteps weighted by inverse variance",
                 "val_flow_loss": "held-out flow loss (plain mean)",

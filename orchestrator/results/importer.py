@@ -1,4 +1,4 @@
-"""Import published per-checkpoint curves (the fixture's schema, read by orchestrator.runs.curves) as a
+"""Import published per-checkpoint curves (the fixture's schema, read by orchestrator.results.curves) as a
 finished grid, so a past study shows on the dashboard next to new ones, with the collapse
 detector's decisions replayed over it.
 
@@ -19,10 +19,10 @@ from sqlalchemy.orm import Session
 
 from model.spec import ArmSpec, DetectorPolicy
 from orchestrator.db.models import Event, Grid, Run
-from orchestrator.runs.arms import arm_files
-from orchestrator.runs.curves import Curve
+from orchestrator.grids.arms import arm_files
+from orchestrator.grids.service import GridCreate, create_grid
+from orchestrator.results.curves import Curve
 from orchestrator.runs.detector import ReplayResult, replay
-from orchestrator.runs.grids import GridCreate, create_grid
 from orchestrator.runs.ingest import insert_metrics
 from orchestrator.vocabulary import GridSource, RunState
 
@@ -135,7 +135,7 @@ def import_curves(
     control: a curve key or arm letter (default: the first curve). arm_map: curve key or label ->
     arm letter, for curves not named after their arm. policy: one DetectorPolicy for every arm
     (default: each arm's spec). start_times: curve key -> ISO start time (the fixture's `start_time`).
-    Raises CurvesImportError or orchestrator.runs.grids.GridError with a message naming the field.
+    Raises CurvesImportError or orchestrator.grids.service.GridError with a message naming the field.
     """
     letters = arm_letters(curves, arm_map or {})
     control_letter = letters.get(control, control) if control is not None else None
@@ -167,7 +167,7 @@ def import_curves(
 
 
 def start_times_of(data: Mapping[str, Any]) -> dict[str, str]:
-    """The fixture's per-arm `start_time` (orchestrator.runs.curves keeps only label and checkpoints)."""
+    """The fixture's per-arm `start_time` (orchestrator.results.curves keeps only label and checkpoints)."""
     return {
         key: body["start_time"]
         for key, body in data.items()

@@ -22,11 +22,11 @@ from model.spec import ArmSpec, estimate_params, estimate_peak_bytes, estimate_s
 from orchestrator.db.models import Event, Grid, Metric, Run, utcnow
 from orchestrator.db.transitions import transition
 from orchestrator.errors import Conflict, InvalidBody
-from orchestrator.runs.arms import LINEAGE_KEYS, ArmError, arm_files, resolve
-from orchestrator.runs.command_arms import command_errors, is_command_arm, resolve_command_arm
-from orchestrator.runs.gpu_share import gpu_count_errors, spread_gpus
-from orchestrator.runs.replicates import MAX_SEEDS, replicate_spec
-from orchestrator.runs.trackers.clients import grid_trackers, tracker_errors
+from orchestrator.grids.arms import LINEAGE_KEYS, ArmError, arm_files, resolve
+from orchestrator.grids.command_arms import command_errors, is_command_arm, resolve_command_arm
+from orchestrator.grids.gpu_share import gpu_count_errors, spread_gpus
+from orchestrator.grids.replicates import MAX_SEEDS, replicate_spec
+from orchestrator.grids.tracker_choice import grid_trackers, tracker_errors
 from orchestrator.settings import Settings
 from orchestrator.vocabulary import TERMINAL_STATES, GridSource, RunDecision, RunState, TrackerName
 
@@ -67,12 +67,12 @@ class GridCreate(BaseModel):
     # The arm the stall rule compares against; default: the first arm.
     control: str | None = Field(default=None, examples=["A"])
     # Training seeds per arm (replicates): each arm runs this many times, seeds 0..N-1 on one held-out
-    # split, so the report's effects include training noise (orchestrator/runs/replicates.py).
+    # split, so the report's effects include training noise (orchestrator/grids/replicates.py).
     seeds: int = Field(default=1, ge=1, le=MAX_SEEDS, examples=[3])
     # Experiment trackers the controller forwards the runs to (docs/trackers.md); unset: ABLATE_TRACKERS.
     trackers: list[TrackerName] | None = Field(default=None, max_length=len(TrackerName), examples=[["tensorboard"]])
     # auto: when the largest node's GPUs outnumber the arms, each built-in arm that does not name its own
-    # `gpus` trains on node GPUs // arms of them, data-parallel (runs/gpu_share.py); None: one GPU each.
+    # `gpus` trains on node GPUs // arms of them, data-parallel (grids/gpu_share.py); None: one GPU each.
     gpus_per_arm: Literal["auto"] | None = None
 
     @field_validator("name")
@@ -340,7 +340,7 @@ def create_grid(
     `paths` (every grid a client submits), spec paths outside the operator's directories are too; a
     command arm is refused unless `paths` allows commands (without it, none is allowed). A grid that names
     no trackers forwards to `default_trackers` (ABLATE_TRACKERS); a tracker whose client is not installed
-    is a GridError naming its extra. `node_gpus`: the largest node's GPUs (runs/gpu_share.py
+    is a GridError naming its extra. `node_gpus`: the largest node's GPUs (grids/gpu_share.py
     largest_node_gpus): an arm asking for more is a GridError, and `gpus_per_arm: auto` spreads them; None
     (unknown) checks nothing and gives each arm its own count.
     """

@@ -14,7 +14,7 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-from orchestrator.runs.trackers.base import Opened, Point, Status, TrackedRun
+from orchestrator.trackers.base import Opened, Point, Status, TrackedRun
 from orchestrator.vocabulary import RunState, TrackerName
 
 DEFAULT_PROJECT = "ablate"

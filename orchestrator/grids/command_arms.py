@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from model.spec import ArmSpec
-from orchestrator.runs.arms import deep_merge
+from orchestrator.grids.arms import deep_merge
 
 # The keys of a command arm in a grid body; the values after "command" go to ArmSpec.command.
 ARM_KEYS = ("name", "description", "detector", "code", "command", "env", "gpus", "stop_grace_s", "term_grace_s")

@@ -1,6 +1,6 @@
 """Curves from a tracker, for `ablate import`: a study run elsewhere, judged by ablate's detector and report.
 
-Three forms, besides the curves JSON (orchestrator/runs/curves.py):
+Three forms, besides the curves JSON (orchestrator/results/curves.py):
 - a W&B CSV export: a run's history (`_step` and one column per metric, one run per file, named after the
   file) or a chart's export (`Step` and `<run> - <metric>` columns, several runs; `__MIN`/`__MAX` dropped);
 - W&B offline runs: a `run-<id>.wandb` file, an `offline-run-*` folder or a `wandb/` folder holding them,
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.runs.curves import Curve, CurvesError, parse_curves
+from orchestrator.results.curves import Curve, CurvesError, parse_curves
 
 # The .wandb transaction log: LevelDB's log format with W&B's file header (wandb's own writer).
 WANDB_HEADER = struct.Struct("<4sHB")  # b":W&B", magic 0xBEE1, version 0

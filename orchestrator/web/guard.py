@@ -1,6 +1,6 @@
 """The token check as an ASGI middleware: it answers 401 before the request body is read.
 
-A dependency (orchestrator.api.deps.AuthDep) runs only after FastAPI has read and parsed the body, so
+A dependency (orchestrator.web.deps.AuthDep) runs only after FastAPI has read and parsed the body, so
 an unauthenticated client could make the server hold and parse any body it sends. This middleware
 sees only the method, path and headers. Which requests need the token:
 - every write (any method but GET, HEAD, OPTIONS);

@@ -1,5 +1,5 @@
-"""Writing reports to disk: on demand (`ablate report`), when a grid ends (the scheduler asks every
-housekeeping pass: write_due_reports) and into a sweep's copied-back results.
+"""Writing reports to disk: on demand (`ablate report`), when a grid ends (`ReportWriter`, a listener of
+the launcher, asks every housekeeping pass: write_due_reports) and into a sweep's copied-back results.
 
 A grid is due when all its runs are in a terminal state and no `report.written` or `report.failed`
 event names it: each grid gets its report once, whichever way it ended (finished, stopped while
@@ -17,8 +17,8 @@ from sqlalchemy.orm import Session
 
 from orchestrator.db.models import Event, Grid, Run
 from orchestrator.db.session import session_scope
-from orchestrator.runs.reports.build import build_report
-from orchestrator.runs.reports.render import RENDERERS
+from orchestrator.results.reports.build import build_report
+from orchestrator.results.reports.render import RENDERERS
 from orchestrator.settings import Settings
 from orchestrator.vocabulary import TERMINAL_STATES
 
@@ -77,3 +77,23 @@ def write_due_reports(settings: Settings) -> list[int]:
                               data={"dir": str(out)}))  # fmt: skip
             written.append(grid_id)
     return written
+
+
+class ReportWriter:
+    """The launcher's listener that writes a grid's report when the grid ends (runs/launcher.py
+    `LoopListener`); it works in the loop's housekeeping pass, which a failed report never stops."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    def notify(self, run_id: int) -> None:
+        pass  # a grid is due only when its last run ends: the housekeeping pass looks
+
+    def housekeeping(self) -> None:
+        write_due_reports(self.settings)

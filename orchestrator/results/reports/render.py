@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from html import escape
 
-from orchestrator.runs.reports.effects import (
+from orchestrator.results.reports.effects import (
     effects_html,
     effects_markdown,
     forest_plots,
@@ -13,7 +13,7 @@ from orchestrator.runs.reports.effects import (
     seeds_words,
     timestep_markdown,
 )
-from orchestrator.runs.reports.model import ArmReport, GridReport, SampleRow
+from orchestrator.results.reports.model import ArmReport, GridReport, SampleRow
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#7f7f7f", "#17becf")
 

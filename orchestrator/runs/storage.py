@@ -5,8 +5,8 @@
 - What happened: the worker's upload log arrives with every poll; each entry becomes one event
   (checkpoint.stored | store_failed | store_abandoned | fetched | fetch_failed), exactly once across
   polls and controller restarts (entries carry a per-attempt sequence number). The log is a node's
-  claim: `StorageStatus` admits only these kinds, with the fields each carries, bounded in size and
-  count; anything else refuses the reply (fleet/agent_link.py).
+  claim: `StorageStatus` (worker/protocol.py) admits only these kinds, with the fields each carries,
+  bounded in size and count; anything else refuses the reply (fleet/agent_link.py).
 - Alarm: a run whose newest ingested checkpoint has not reached storage for checkpoint_alarm_minutes
   is flagged on the dashboard, with the last error. A stored step counts only where the run has that
   checkpoint: a node cannot silence the alarm with a step that never was.
@@ -18,71 +18,16 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from orchestrator.db.events import record_event
 from orchestrator.db.models import Event, Run
 from orchestrator.settings import Settings
+from worker.protocol import HELD_EVENTS, STORAGE_EVENTS, StorageStatus
 from worker.run_files import COMMAND_CHECKPOINTS, COMMAND_RUN_DIR, SAMPLE_FILE_RE, SAMPLE_STEP_RE, SAMPLES_DIR
-
-StorageKind = Literal[
-    "checkpoint.stored",
-    "checkpoint.store_failed",
-    "checkpoint.store_abandoned",
-    "checkpoint.fetched",
-    "checkpoint.fetch_failed",
-]
-STORAGE_EVENTS: tuple[str, ...] = get_args(StorageKind)
-# Events after which storage holds a step (data["step"]).
-HELD_EVENTS = ("checkpoint.stored", "checkpoint.fetched")
-# Upload-log entries one poll may carry: the worker keeps its last 50 (worker/checkpoint_store.py LOG_KEEP).
-STORAGE_LOG_MAX = 64
-
-_Step = Annotated[int, Field(ge=0, le=2**31 - 1)]
-_Short = Annotated[str, Field(max_length=64)]
-_Long = Annotated[str, Field(max_length=4000)]
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class StorageData(_Strict):
-    """What an upload-log entry may say besides its kind (worker/checkpoint_store.py `_note`): nothing else."""
-
-    step: _Step | None = None
-    best_step: _Step | None = None
-    bytes: Annotated[int, Field(ge=0, le=2**53)] | None = None
-    seconds: Annotated[float, Field(ge=0, le=1e9)] | None = None
-    url: _Long | None = None
-    attempt: Annotated[int, Field(ge=0, le=2**31)] | None = None
-    retry_in_s: Annotated[float, Field(ge=0, le=1e9)] | None = None
-    error: _Long | None = None
-
-
-class StorageEntry(_Strict):
-    seq: Annotated[int, Field(ge=1, le=2**53)]
-    time: _Short | None = None
-    kind: StorageKind  # one of the storage events: never `started`, `rented.*` or any other kind
-    message: _Long = ""
-    data: StorageData = StorageData()
-
-
-class StorageStatus(_Strict):
-    """A worker's storage status in its poll reply (worker/checkpoint_store.py CheckpointStore.status)."""
-
-    url: _Long | None = None
-    stored_step: _Step | None = None
-    stored_at: _Short | None = None
-    failures: Annotated[int, Field(ge=0, le=2**31)] = 0
-    failing_since: _Short | None = None
-    last_error: _Long | None = None
-    pending_step: _Step | None = None
-    log: Annotated[list[StorageEntry], Field(max_length=STORAGE_LOG_MAX)] = []
 
 
 def run_storage_url(settings: Settings, run: Run) -> str:

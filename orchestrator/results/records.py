@@ -1,4 +1,4 @@
-"""A run, its metrics and its grid as records: built from their database rows (`from_attributes`), so a
+"""A run, its metrics, its grid and a sweep as records: built from their database rows (`from_attributes`), so a
 field is named once, in the row and in the model. `RunSummary.from_row` is the one way a run becomes a
 record, for the API, the CLI, the dashboard and a sweep's metrics export alike."""
 
@@ -10,6 +10,7 @@ from typing import Annotated, Any, Self
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model, field_validator
 
 from orchestrator.db.models import METRIC_FIELDS, Grid, Metric, Run
+from orchestrator.vocabulary import RentedState, SweepState
 
 
 def _utc(value: datetime) -> datetime:
@@ -145,3 +146,41 @@ class MetricPublic(MetricValues):  # type: ignore[misc, valid-type]
     step: int
     created_at: datetime
     extra: dict[str, Any]
+
+
+class RentedInstancePublic(Public):
+    """An instance a sweep rented. Never carries an API key: the provider's key is not in the row."""
+
+    provider: str
+    instance_id: str
+    offer_id: str | None
+    gpu_name: str
+    gpus: int
+    price_per_hour: float  # what the provider bills for the whole node
+    label: str
+    node_name: str | None
+    state: RentedState
+    host_key: str | None  # SHA256 fingerprint pinned at first contact
+    created_at: UTCDatetime
+    destroy_confirmed_at: UTCDatetime | None
+    last_error: str | None
+    cost_so_far: float  # price x (create -> destroy confirmed, or now)
+    destroy_unconfirmed: bool  # red: it may still bill
+
+
+class SweepPublic(Public):
+    id: int
+    state: SweepState
+    scheduled_for: UTCDatetime
+    fired_at: UTCDatetime
+    late: bool
+    grid_id: int | None
+    nodes: list[str]
+    price_per_hour: float
+    budget: float | None
+    spend: float
+    stop_reason: str | None
+    error: str | None
+    results_dir: str | None
+    finished_at: UTCDatetime | None
+    instances: list[RentedInstancePublic]  # what it rented (empty on registered nodes)

@@ -9,9 +9,9 @@ from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
-from orchestrator.api.guard import UNAUTHORIZED, token_matches
 from orchestrator.db.session import session_scope
 from orchestrator.settings import Settings
+from orchestrator.web.guard import UNAUTHORIZED, token_matches
 
 
 def get_app_settings(request: Request) -> Settings:
@@ -37,7 +37,7 @@ _bearer = HTTPBearer(auto_error=False)
 def require_token(
     request: Request, _creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 ) -> None:
-    """The route-level check (and the OpenAPI security scheme); orchestrator.api.guard.TokenGuard has
+    """The route-level check (and the OpenAPI security scheme); orchestrator.web.guard.TokenGuard has
     already refused a missing token before the body was read."""
     if not token_matches(request.headers.get("authorization"), request.app.state.api_token):
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, detail=UNAUTHORIZED, headers={"WWW-Authenticate": "Bearer"})

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from orchestrator.runs.trackers.base import Opened, Point, Status, TrackedRun
+from orchestrator.trackers.base import Opened, Point, Status, TrackedRun
 from orchestrator.vocabulary import TrackerName
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")

@@ -4,6 +4,9 @@ A grid names its trackers (its body's `trackers`, else ABLATE_TRACKERS). The con
 checkpoints (metrics with their SEs, the judged metric), sample images, resolved spec, state changes and the
 detector's decision from its own database (`forwarder.py`), so nodes send nothing to a tracker and no tracker
 key ever reaches one. Each tracker's official client is an optional extra, imported only when named
-(`clients.py`). `exports.py` reads the other way: a W&B export or TensorBoard event files as curves for
-`ablate import`.
+(a grid naming a missing one is refused by `orchestrator/grids/tracker_choice.py`). `exports.py` reads the
+other way: a W&B export or TensorBoard event files as curves for `ablate import`.
+
+May import: `orchestrator.db`, the shared top-level modules, `runs` (the judged metric, the stored series)
+and `results` (sample files). The launcher is handed a `Forwarder` by the server; it never imports this.
 """

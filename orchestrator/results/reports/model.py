@@ -1,4 +1,4 @@
-"""The report of one grid as typed records (rendered by orchestrator/runs/reports/render.py)."""
+"""The report of one grid as typed records (rendered by orchestrator/results/reports/render.py)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ import os
 import time
 from typing import Any
 
-from orchestrator.runs.trackers.base import Opened, Point, Status, TrackedRun
+from orchestrator.trackers.base import Opened, Point, Status, TrackedRun
 from orchestrator.vocabulary import RunState, TrackerName
 
 DEFAULT_EXPERIMENT = "ablate"

@@ -29,7 +29,8 @@ from model.spec import DetectorPolicy
 from orchestrator.db.events import record_event
 from orchestrator.db.models import Event, Grid, Metric, Run, TrackerRun, utcnow
 from orchestrator.db.session import session_scope
-from orchestrator.runs.trackers.base import (
+from orchestrator.settings import Settings
+from orchestrator.trackers.base import (
     Note,
     Opened,
     Point,
@@ -39,7 +40,6 @@ from orchestrator.runs.trackers.base import (
     TrackedRun,
     TrackerUnavailable,
 )
-from orchestrator.settings import Settings
 from orchestrator.vocabulary import TERMINAL_STATES, TrackerName
 
 log = logging.getLogger("ablate.trackers")
@@ -58,15 +58,15 @@ T = TypeVar("T")
 def build_sink(name: TrackerName, settings: Settings) -> Sink:
     """The sink of tracker `name`, importing its client only now (the grid's submission checked it is there)."""
     if name == TrackerName.tensorboard:
-        from orchestrator.runs.trackers.tensorboard_sink import TensorBoardSink
+        from orchestrator.trackers.tensorboard_sink import TensorBoardSink
 
         return TensorBoardSink(settings.tensorboard_root)
     if name == TrackerName.mlflow:
-        from orchestrator.runs.trackers.mlflow_sink import MlflowSink
+        from orchestrator.trackers.mlflow_sink import MlflowSink
 
         return MlflowSink()
     if name == TrackerName.wandb:
-        from orchestrator.runs.trackers.wandb_sink import WandbSink
+        from orchestrator.trackers.wandb_sink import WandbSink
 
         return WandbSink(settings.storage_dir / "wandb")
     raise ValueError(f"unknown tracker {name!r}")
@@ -176,7 +176,7 @@ def scalars_of(point: dict[str, Any], judged: str) -> dict[str, float]:
 
 def sample_images(run: Run, step: int, extra: dict[str, Any] | None, options: dict[str, Any]) -> list[SampleImage]:
     """The checkpoint's sample PNGs its manifest lists, from the run's folder or its checkpoint storage."""
-    from orchestrator.runs.samples import sample_names, sample_png
+    from orchestrator.results.samples import sample_names, sample_png
 
     images = []
     for sample in sample_names(extra):
@@ -264,6 +264,9 @@ class Forwarder:
         """Something of `run_id` was committed: the lanes look at it now. Never blocks."""
         for lane in self.lanes.values():
             lane.wake.put_nowait(run_id)
+
+    def housekeeping(self) -> None:
+        pass  # the lanes wake on their own every interval
 
     def _run_lane(self, lane: Lane) -> None:
         while not self._halt.is_set():

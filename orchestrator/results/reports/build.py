@@ -20,12 +20,11 @@ from sqlalchemy.orm import Session
 
 from model.spec import ArmSpec
 from orchestrator.db.models import Grid, Metric, Node, Run, Sweep
+from orchestrator.grids.arms import changes
 from orchestrator.numbers import finite_or_none, is_finite, number
-from orchestrator.runs.arms import changes
-from orchestrator.runs.detector import resolve_policy
-from orchestrator.runs.own_metrics import is_command_run, own_series
-from orchestrator.runs.reports.effects import METRIC_WORDS, RunComparisons, grid_effects
-from orchestrator.runs.reports.model import (
+from orchestrator.results.own_metrics import is_command_run, own_series
+from orchestrator.results.reports.effects import METRIC_WORDS, RunComparisons, grid_effects
+from orchestrator.results.reports.model import (
     ArmReport,
     Comparison,
     DetectorOutcome,
@@ -38,7 +37,7 @@ from orchestrator.runs.reports.model import (
     Throughput,
     TimestepEffect,
 )
-from orchestrator.runs.reports.stats import (
+from orchestrator.results.reports.stats import (
     LOWER_IS_BETTER,
     QUALITY,
     WEIGHTED_FLOW,
@@ -48,7 +47,8 @@ from orchestrator.runs.reports.stats import (
     timestep_differences,
     weighted_flow_difference,
 )
-from orchestrator.runs.samples import StepSamples, run_samples, sample_png
+from orchestrator.results.samples import StepSamples, run_samples, sample_png
+from orchestrator.runs.detector import resolve_policy
 from orchestrator.vocabulary import DETECTOR_STOPS, TERMINAL_STATES
 from worker.stored_file import StoredFileRefused
 
