@@ -140,7 +140,8 @@ def status(grid_id: Annotated[int | None, typer.Argument(help="Show this grid's 
     from orchestrator.db.models import Grid
     from orchestrator.db.session import session_scope
     from orchestrator.grids.service import latest_metrics
-    from orchestrator.results.reports.build import judge_metric
+    from orchestrator.results.judge import judge_metric
+    from orchestrator.runs.detector import STANDIN_BACKBONE
 
     settings = load_settings()
     try:
@@ -152,8 +153,8 @@ def status(grid_id: Annotated[int | None, typer.Argument(help="Show this grid's 
             if grid is None:
                 raise CLIError(f"no grid with id {grid_id}; `ablate status` lists them")
             latest = latest_metrics(session, [r.id for r in grid.runs])
-            judges = {r.id: judge_metric(r, getattr(latest.get(r.id), "lpips_backbone", None) == "random_standin")
-                      or "recon_lpips" for r in grid.runs}  # fmt: skip
+            judges = {r.id: judge_metric(r, getattr(latest.get(r.id), "lpips_backbone", None) == STANDIN_BACKBONE)
+                      for r in grid.runs}  # fmt: skip
             _print_runs(GridDetail.from_rows(grid, latest), judges)
     except SQLAlchemyError as exc:
         raise CLIError(

@@ -20,14 +20,14 @@ from pydantic import ValidationError
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
-from model.spec import ArmSpec
 from orchestrator.db.models import METRIC_FIELDS, Event, Grid, Metric, Node, RentedInstance, Run, Schedule, Sweep
 from orchestrator.grids.arms import LINEAGE_KEYS, ArmError, changes, flatten, resolve
 from orchestrator.numbers import finite_or_none, is_finite
 from orchestrator.results.data_feed import data_feed
+from orchestrator.results.judge import judge_metric, stored_spec
 from orchestrator.results.own_metrics import is_command_run, own_series
 from orchestrator.results.records import RunSummary, SweepPublic
-from orchestrator.results.reports.build import Pairing, grid_effects_now, judge_metric
+from orchestrator.results.reports.build import Pairing, grid_effects_now
 from orchestrator.results.reports.effects import METRIC_WORDS
 from orchestrator.results.reports.stats import QUALITY, paired_difference
 from orchestrator.results.samples import sample_index
@@ -208,13 +208,6 @@ def _series(metrics: list[Metric]) -> dict[str, list[Any]]:
     return cols
 
 
-def _as_spec(raw: dict[str, Any]) -> ArmSpec | None:
-    try:
-        return ArmSpec.model_validate(raw)
-    except ValidationError:
-        return None
-
-
 def lineage(grid: Grid) -> list[dict[str, Any]]:
     """Per run: its parent and what it changes against it (orchestrator.grids.arms.changes on stored specs).
 
@@ -253,7 +246,7 @@ def lineage(grid: Grid) -> list[dict[str, Any]]:
             except (ArmError, ValidationError) as exc:
                 row["note"] = f"parent {parent!r} not resolvable: {exc}"
         if parent_raw is not None:
-            mine, theirs = _as_spec(spec), _as_spec(parent_raw)
+            mine, theirs = stored_spec(spec), stored_spec(parent_raw)
             if mine is not None and theirs is not None:
                 row["changes"] = changes(mine, theirs)
             else:

@@ -25,10 +25,11 @@ from typing import Any, TypeVar
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from model.spec import DetectorPolicy
 from orchestrator.db.events import record_event
 from orchestrator.db.models import Event, Grid, Metric, Run, TrackerRun, utcnow
 from orchestrator.db.session import session_scope
+from orchestrator.results.judge import judge_metric
+from orchestrator.runs.detector import STANDIN_BACKBONE
 from orchestrator.settings import Settings
 from orchestrator.trackers.base import (
     Note,
@@ -103,14 +104,6 @@ def _cursor(session: Session, tracker: TrackerName, grid_id: int, run_id: int | 
     return row
 
 
-def judged_metric(run: Run, point: dict[str, Any]) -> str:
-    """The metric the detector judged this checkpoint on (its "auto" made concrete)."""
-    from orchestrator.runs.detector import STANDIN_BACKBONE, resolve_policy
-
-    policy = DetectorPolicy.model_validate((run.spec or {}).get("detector") or {})
-    return resolve_policy(policy, point.get("lpips_backbone") == STANDIN_BACKBONE).metric
-
-
 def read_due(session: Session, tracker: TrackerName, run_id: int) -> Due | None:
     """What `run_id` owes `tracker`, or None (nothing new, or its tracker run is closed)."""
     from orchestrator.runs.ingest import metric_series
@@ -141,7 +134,7 @@ def read_due(session: Session, tracker: TrackerName, run_id: int) -> Due | None:
         return None
     notes = [(e.id, Note(e.kind, e.message, int((e.data or {}).get("step") or run.last_checkpoint_step or 0)))
              for e in events]  # fmt: skip
-    judged = judged_metric(run, points[-1]) if points else None
+    judged = judge_metric(run, points[-1].get("lpips_backbone") == STANDIN_BACKBONE) if points else None
     spec = dict(run.spec or {})
     # Replicates of one arm are separate tracker runs (and TensorBoard folders): the arm and its seed.
     name = f"{run.arm}-s{run.seed}" if grid.seeds > 1 else run.arm
@@ -318,7 +311,7 @@ class Forwarder:
             lane.opened.add(run_id)
             self._save(lane, due, external_id=opened.external_id, group_id=opened.group_id)
         for step, point, extra in due.metrics:
-            judged = judged_metric(due.run, point)
+            judged = judge_metric(due.run, point.get("lpips_backbone") == STANDIN_BACKBONE)
             images = sample_images(due.run, step, extra, self.settings.checkpoint_options)
             checkpoint = Point(step, scalars_of(point, judged), judged, tuple(images))
             self._attempt(lane, f"step {step}", lambda c=checkpoint: sink.checkpoint(run_id, c))

@@ -14,14 +14,13 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
-from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from model.spec import ArmSpec
 from orchestrator.db.models import Grid, Metric, Node, Run, Sweep
 from orchestrator.grids.arms import changes
 from orchestrator.numbers import finite_or_none, is_finite, number
+from orchestrator.results.judge import judge_metric, stored_spec
 from orchestrator.results.own_metrics import is_command_run, own_series
 from orchestrator.results.reports.effects import METRIC_WORDS, RunComparisons, grid_effects
 from orchestrator.results.reports.model import (
@@ -48,7 +47,6 @@ from orchestrator.results.reports.stats import (
     weighted_flow_difference,
 )
 from orchestrator.results.samples import StepSamples, run_samples, sample_png
-from orchestrator.runs.detector import resolve_policy
 from orchestrator.vocabulary import DETECTOR_STOPS, TERMINAL_STATES
 from worker.stored_file import StoredFileRefused
 
@@ -99,13 +97,6 @@ def compare(arm: str, m: Metric, other_arm: str, o: Metric | None, metric: str, 
     )  # fmt: skip
 
 
-def _spec(raw: dict[str, Any] | None) -> ArmSpec | None:
-    try:
-        return ArmSpec.model_validate(raw or {})
-    except ValidationError:
-        return None
-
-
 def _median(values: list[float | None]) -> float | None:
     finite = [v for v in values if is_finite(v)]
     return statistics.median(finite) if finite else None
@@ -119,13 +110,6 @@ def _best(run: Run, ms: list[Metric], judge: str) -> Metric | None:
     scored = [m for m in ms if is_finite(getattr(m, judge))]
     sign = 1 if LOWER_IS_BETTER.get(judge, True) else -1
     return min(scored, key=lambda m: sign * getattr(m, judge)) if scored else None
-
-
-def judge_metric(run: Run, standin: bool) -> str | None:
-    """The metric the detector judges the run on: its spec's, with "auto" resolved (val_flow_loss where
-    LPIPS is the random stand-in). None for a spec that no longer validates."""
-    spec = _spec(run.spec)
-    return resolve_policy(spec.detector, standin).metric if spec is not None else None
 
 
 def judge_of(runs: list[Run], metrics: dict[int, list[Metric]]) -> str:
@@ -182,7 +166,7 @@ def _sample_row(run: Run, samples: list[StepSamples], step: int | None, options:
 
 
 def _detector(run: Run, ms: list[Metric], best: Metric | None, price: float | None, judge: str) -> DetectorOutcome:
-    spec = _spec(run.spec)
+    spec = stored_spec(run.spec)
     planned = spec.schedule.steps if spec is not None else None
     stopped = run.decision in DETECTOR_STOPS and run.decision_step is not None
     saved = None
@@ -300,7 +284,7 @@ def build_report(session: Session, grid: Grid, storage_options: dict[str, Any] |
         for against, other in pairing.comparators(r):
             pairs.append((r, against, other))
             comparisons += run_comparisons(r, other, against, metrics, (("best", best), ("final", final)))
-        mine, theirs = _spec(r.spec), _spec(parent.spec) if parent is not None else None
+        mine, theirs = stored_spec(r.spec), stored_spec(parent.spec) if parent is not None else None
         standin = sorted({m.step for m in ms if m.lpips_backbone == STANDIN})
         fallbacks = [str(f) for f in (r.fallbacks or [])]
         if standin and not any("random_standin" in f for f in fallbacks):
