@@ -22,6 +22,7 @@ from rich.live import Live
 from rich.table import Table
 
 from arms import ARMS_DIR
+from model.spec import STANDIN
 from orchestrator.cli import CLIError, app, free_port
 from orchestrator.cli.tables import Column, print_table
 from orchestrator.cli.tables import build as build_table
@@ -57,14 +58,14 @@ def demo_lpips(settings: Settings) -> tuple[str, str]:
     try:
         path = ensure_alexnet_weights()
     except LPIPSWeightsError as exc:
-        return "random_standin", (
-            f"[yellow]LPIPS: random stand-in backbone (metrics labelled 'random_standin'), because {exc.reason}; "
+        return STANDIN, (
+            f"[yellow]LPIPS: random stand-in backbone (metrics labelled '{STANDIN}'), because {exc.reason}; "
             f"for real LPIPS set {WEIGHTS_ENV}=alexnet.pth[/yellow]"
         )
     return "alexnet", f"LPIPS: AlexNet backbone from {path}"
 
 
-def demo_grid(lpips_backbone: str = "random_standin") -> dict[str, Any]:
+def demo_grid(lpips_backbone: str = STANDIN) -> dict[str, Any]:
     """arms/demo.yaml, named with the time, LPIPS on the given backbone."""
     body = yaml.safe_load(DEMO_GRID.read_text())
     body["name"] = f"{body['name']} {time.strftime('%Y-%m-%d %H:%M:%S')}"
@@ -116,7 +117,7 @@ def _rows(settings: Settings, grid_id: int) -> list[dict[str, Any]]:
                 # one worker holds one device for its wall time: its device-hours
                 saved = projected_hours_saved(steps, run.decision_step, at_stop.wall_time_s / 3600)
             row = RunSummary.from_row(run, latest).model_dump()  # arm, state, decision, best_step, ...
-            standin = any(m.lpips_backbone == "random_standin" for m in metrics)
+            standin = any(m.lpips_backbone == STANDIN for m in metrics)
             judge = resolve_policy(ArmSpec.model_validate(run.spec).detector, standin).metric
             row.update(
                 judge=judge,

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
-from model.spec import ArmSpec
+from model.spec import STANDIN, ArmSpec
 from orchestrator.db.models import METRIC_FIELDS, Event, Grid, Metric, Node, RentedInstance, Run, Schedule, Sweep
 from orchestrator.grids.arms import LINEAGE_KEYS, ArmError, changes, flatten, resolve
 from orchestrator.numbers import finite_or_none, is_finite
@@ -34,7 +34,6 @@ from orchestrator.results.samples import sample_index
 from orchestrator.runs.storage import STORAGE_EVENTS, storage_alarms
 from orchestrator.vocabulary import STOP_DECISIONS, TERMINAL_STATES, GridState, NodeState, RentedState, RunState
 
-STANDIN = "random_standin"
 # Events whose data carries the detector's `warnings` (orchestrator.runs.detector.Decision.warnings).
 WARNING_EVENTS = ("decision", "warning")
 

@@ -14,12 +14,11 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from model.spec import DetectorPolicy
+from model.spec import STANDIN, DetectorPolicy
 from orchestrator.db.events import record_event
 from orchestrator.db.models import METRIC_FIELDS, Event, Grid, Metric, Run, utcnow
 from orchestrator.numbers import is_finite, json_safe
 from orchestrator.runs.detector import (
-    STANDIN_BACKBONE,
     Checkpoint,
     ControlBests,
     Decision,
@@ -321,7 +320,7 @@ def ingest(session: Session, run: Run, records: list[dict[str, Any]], detect: bo
         record = by_step[step]
         run.last_checkpoint_step = max(step, run.last_checkpoint_step or step)
         # the metric the detector judges this checkpoint on ("auto": the flow loss under stand-in LPIPS)
-        metric = resolve_policy(policy, record.get("lpips_backbone") == STANDIN_BACKBONE).metric
+        metric = resolve_policy(policy, record.get("lpips_backbone") == STANDIN).metric
         if run.decision not in STOP_DECISIONS:
             _update_best(run, record, metric, policy.metric_mode)
         notes = [n for n in dict.fromkeys(record.get("fallbacks") or []) if n not in (run.fallbacks or [])]

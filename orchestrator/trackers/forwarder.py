@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from model.spec import DetectorPolicy
+from model.spec import STANDIN, DetectorPolicy
 from orchestrator.db.events import record_event
 from orchestrator.db.models import Event, Grid, Metric, Run, TrackerRun, utcnow
 from orchestrator.db.session import session_scope
@@ -105,10 +105,10 @@ def _cursor(session: Session, tracker: TrackerName, grid_id: int, run_id: int | 
 
 def judged_metric(run: Run, point: dict[str, Any]) -> str:
     """The metric the detector judged this checkpoint on (its "auto" made concrete)."""
-    from orchestrator.runs.detector import STANDIN_BACKBONE, resolve_policy
+    from orchestrator.runs.detector import resolve_policy
 
     policy = DetectorPolicy.model_validate((run.spec or {}).get("detector") or {})
-    return resolve_policy(policy, point.get("lpips_backbone") == STANDIN_BACKBONE).metric
+    return resolve_policy(policy, point.get("lpips_backbone") == STANDIN).metric
 
 
 def read_due(session: Session, tracker: TrackerName, run_id: int) -> Due | None:
