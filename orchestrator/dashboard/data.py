@@ -292,7 +292,8 @@ def latest_warnings(session: Session, run_ids: list[int]) -> dict[int, list[str]
 
 
 def _best(run: Run, metrics: list[Metric]) -> tuple[int | None, float | None]:
-    """The stored best checkpoint; before the detector has written one, the lowest primary metric so far."""
+    """The stored best checkpoint (by the metric the detector judges); before the detector has written one,
+    the checkpoint with the lowest recon LPIPS so far."""
     if run.best_step is not None:
         return run.best_step, run.best_value
     scored = [(m.recon_lpips, m.step) for m in metrics if is_finite(m.recon_lpips)]

@@ -85,8 +85,8 @@ class Decision:
     """The verdict on the newest checkpoint of a series.
 
     `stop` is True only when the verdict is not `continue` and the policy's mode is `stop`
-    (in `warn` mode the arm is flagged and runs on). best_step / best_value: the primary metric's
-    best checkpoint so far, the one to keep and mark.
+    (in `warn` mode the arm is flagged and runs on). best_step / best_value: the best checkpoint so far
+    by the primary metric (the one judged, in its metric_mode), the one to keep and mark.
     """
 
     kind: DecisionKind
