@@ -1,4 +1,4 @@
-"""The arm spec: the contract between the REST API, the arm files, the scheduler and the trainer.
+"""The arm spec: the contract between the REST API, the arm files, the run launcher and the trainer.
 
 Every section forbids unknown keys. The source study lost its AsymFlow arm because a config block
 nested under the wrong key was silently ignored; here that is a validation error naming the key.
@@ -23,13 +23,9 @@ NonNegInt = Annotated[int, Field(ge=0, le=10**9)]
 Seed = Annotated[int, Field(ge=0, le=2**63 - 1)]  # torch and numpy seeds are 64-bit
 PositiveFloat = Annotated[float, Field(gt=0)]
 Fraction = Annotated[float, Field(ge=0, le=1)]
-# A pretrained network's stand-in (REPA's teacher, LPIPS's backbone): seeded random weights, allowed only
-# when a spec names it, and written as this label on every run and metric it touched. The one spelling:
-# worker/, model/ and orchestrator/ (the controller imports this module) compare against it.
+# A pretrained network's stand-in (REPA's teacher, LPIPS's backbone): seeded random weights, only where a
+# spec names it, and this label on every run and metric it touched; model/, worker/ and orchestrator/ import it.
 STANDIN = "random_standin"
-
-
-
 
 MAX_HIDDEN, MAX_DEPTH, MAX_HEADS, MAX_PATCH, MAX_RESOLUTION = 16384, 512, 256, 128, 8192
 MAX_UNREADABLE = 0.01  # data.max_unreadable and `ablate data prepare --max-unreadable` default

@@ -2,7 +2,7 @@
 against the control arm, what each arm changes against its parent, and the CSV export.
 
 Pure reads over the stored models, so the dashboard works on imported or finished grids and shows
-live grids as the scheduler writes them.
+live grids as the launcher writes them.
 """
 
 from __future__ import annotations

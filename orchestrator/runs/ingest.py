@@ -2,7 +2,7 @@
 
 Every record a worker yields is inserted with ON CONFLICT (run_id, step) DO NOTHING, in the same
 transaction as its `checkpoint` event and the run's bookkeeping (last and best checkpoint), so a
-re-sent record (a restart, a retry) changes nothing. Pure DB work, no Ray: the scheduler, the
+re-sent record (a restart, a retry) changes nothing. Pure DB work, no Ray: the launcher, the
 benchmarks and the tests call it alike.
 """
 
@@ -140,7 +140,7 @@ def insert_metrics(session: Session, run_id: int, records: list[dict[str, Any]])
     # Core insert into the table (not the ORM entity), and RETURNING gives back only the rows that went
     # in (rowcount is unreliable for this through the ORM). One statement per chunk: a multi-row VALUES
     # binds one parameter per column and row, and past the driver's limit (SQLite 32766) every attempt
-    # of a large batch would fail, and with it every scheduler pass.
+    # of a large batch would fail, and with it every launcher pass.
     per_statement = max(1, MAX_BIND_PARAMS // len(rows[0]))
     new: set[int] = set()
     for start in range(0, len(rows), per_statement):

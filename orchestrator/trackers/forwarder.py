@@ -2,7 +2,7 @@
 
 One thread per tracker (a lane), so a tracker that hangs delays no other tracker and never the launcher:
 the launcher only `notify`s a run id (a queue put), and each lane also looks for due runs every
-scheduler interval, which catches state changes and what was ingested while it slept. The database is
+launcher interval, which catches state changes and what was ingested while it slept. The database is
 the queue: a lane reads a run's checkpoints and events after its cursor (the `tracker_runs` row), sends
 them, and moves the cursor after each checkpoint, so a restarted controller sends nothing twice (at most
 the one checkpoint in flight when it died) and a tracker that was down gets everything once it answers.
@@ -68,7 +68,7 @@ def build_sink(name: TrackerName, settings: Settings) -> Sink:
     if name == TrackerName.wandb:
         from orchestrator.trackers.wandb_sink import WandbSink
 
-        return WandbSink(settings.storage_dir / "wandb")
+        return WandbSink(settings.home_dir / "wandb")
     raise ValueError(f"unknown tracker {name!r}")
 
 
@@ -271,7 +271,7 @@ class Forwarder:
     def _run_lane(self, lane: Lane) -> None:
         while not self._halt.is_set():
             try:
-                lane.wake.get(timeout=self.settings.scheduler_interval_s)
+                lane.wake.get(timeout=self.settings.launcher_interval_s)
                 while not lane.wake.empty():  # one pass serves every notification so far
                     lane.wake.get_nowait()
             except queue.Empty:

@@ -50,7 +50,7 @@ def test_a_node_s_events_and_a_run_s_are_listed_by_rest_and_cli(database_url: st
         started = session.scalars(select(Event).where(Event.run_id == run_id, Event.kind == "started")).one()
         assert started.data["node"] == "a-hostname-shared-by-clones" and started.data["node_name"] == name
 
-    with TestClient(create_app(Settings(database_url=database_url, storage_dir=tmp_path), TOKEN)) as client:
+    with TestClient(create_app(Settings(database_url=database_url, home_dir=tmp_path), TOKEN)) as client:
         assert client.get("/api/events").status_code == 401  # a node's commands are infrastructure
         listed = client.get("/api/events", params={"node": name}, headers=AUTH)
         assert listed.status_code == 200, listed.text
