@@ -26,11 +26,11 @@ from orchestrator.grids.arms import LINEAGE_KEYS, ArmError, changes, flatten, re
 from orchestrator.numbers import finite_or_none, is_finite
 from orchestrator.results.data_feed import data_feed
 from orchestrator.results.own_metrics import is_command_run, own_series
-from orchestrator.results.records import RunSummary, SweepPublic
 from orchestrator.results.reports.build import Pairing, grid_effects_now, judge_metric
 from orchestrator.results.reports.effects import METRIC_WORDS
 from orchestrator.results.reports.stats import QUALITY, paired_difference
 from orchestrator.results.samples import sample_index
+from orchestrator.results.views import RunSummary, SweepPublic
 from orchestrator.runs.storage import STORAGE_EVENTS, storage_alarms
 from orchestrator.vocabulary import STOP_DECISIONS, TERMINAL_STATES, GridState, NodeState, RentedState, RunState
 

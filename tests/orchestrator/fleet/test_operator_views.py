@@ -20,7 +20,7 @@ from orchestrator.fleet.bootstrap import BootstrapConfig, bootstrap_node
 from orchestrator.fleet.inventory import NodeCreate, add_node, get_node
 from orchestrator.fleet.probe import probe_node
 from orchestrator.grids.service import GridCreate, create_grid
-from orchestrator.results.records import RunSummary
+from orchestrator.results.views import RunSummary
 from orchestrator.runs.placement import claim_for_launch, mark_running
 from orchestrator.settings import Settings
 from tests.orchestrator.factories import add_ssh_node, free_port, tiny_overrides
