@@ -1,11 +1,11 @@
 """Overnight sweep latencies on the namespace test bed (tests/cluster/testbed.py), as root on Linux.
 
 Measures, on two firewalled namespace nodes, each running its own Ray, reached over real SSH, with the real
-scheduler in its own process:
+launcher in its own process:
   - node provisioned -> started: the node's own Ray head (`agent start-head`, SSH command duration);
   - fire -> first optimizer step on a node: the sweep's fire tick to the first metric row at step 1
     (checkpoint_every=1, so the first record follows the first optimizer step; includes the step-1
-    evaluation of 2 tiny samples and the scheduler's 0.3 s poll);
+    evaluation of 2 tiny samples and the launcher's 0.3 s poll);
   - teardown: each node's leave (stop its Ray session) + cleanup commands, and the whole collecting
     tick (copy-back of every run's checkpoints + teardown of both nodes).
 
@@ -175,7 +175,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     with bench_bed(nodes=2) as (bed, database_url, storage, work):
-        with scheduler_process(database_url, storage, work / "scheduler.log", "ablate-bench"):
+        with scheduler_process(database_url, storage, work / "launcher.log", "ablate-bench"):
             for node in bed.nodes:
                 register_node(database_url, node, price_per_hour=1.0)
             results = [one_sweep(bed, database_url, storage, i) for i in range(args.repeats)]

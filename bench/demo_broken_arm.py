@@ -75,7 +75,7 @@ def run_case(spec: ArmSpec, run_dir: Path) -> tuple[list[dict[str, Any]], Decisi
         series.append(Checkpoint.from_mapping(record))
         decision = decide(series, spec.detector, total_steps=spec.schedule.steps)
         if decision.stop:
-            break  # closing the generator ends training here, as the demo's scheduler stops the worker
+            break  # closing the generator ends training here, as the demo's launcher stops the worker
     assert decision is not None
     return records, decision, (first_nonfinite or [None])[0], time.perf_counter() - t0
 

@@ -1,4 +1,4 @@
-"""Orchestration overheads of the scheduler on a local Ray with logical GPUs and a real database.
+"""Orchestration overheads of the launcher on a local Ray with logical GPUs and a real database.
 
     python bench/orchestration.py [--database-url postgresql+psycopg://postgres@127.0.0.1:55432/postgres]
                                   [--gpus 4] [--ingest-arms 32] [--ingest-records 200] [--latency-runs 5]
@@ -154,7 +154,7 @@ def tiny_overrides(steps: int, every: int) -> dict[str, Any]:
     }
 
 
-def latency(db: str, scheduler_cls: Any, settings: Any, n: int) -> dict[str, list[float]]:
+def latency(db: str, launcher_cls: Any, settings: Any, n: int) -> dict[str, list[float]]:
     """Seconds from submission to worker up, to first record (synthetic), and to the real first step."""
     from sqlalchemy import select
 
@@ -163,8 +163,8 @@ def latency(db: str, scheduler_cls: Any, settings: Any, n: int) -> dict[str, lis
 
     out: dict[str, list[float]] = {"started": [], "first_record": [], "real_started": [], "real_first_step": []}
     for train_fn, arms_n in ((SYNTHETIC, n), (None, 2)):
-        scheduler = scheduler_cls(settings, train_fn=train_fn or "worker.train:train_arm")
-        scheduler.start()
+        launcher = launcher_cls(settings, train_fn=train_fn or "worker.train:train_arm")
+        launcher.start()
         try:
             for _ in range(arms_n):
                 (run_id,) = _submit(db, ["A"], tiny_overrides(2, 1))
@@ -181,12 +181,12 @@ def latency(db: str, scheduler_cls: Any, settings: Any, n: int) -> dict[str, lis
                         eval_s = float(first.extra.get("eval_time_s") or 0.0)
                         out["real_first_step"].append((first.created_at - run.created_at).total_seconds() - eval_s)
         finally:
-            scheduler.stop()
+            launcher.stop()
     return out
 
 
-def idle_gaps(db: str, scheduler_cls: Any, settings: Any, gpus: int, per_gpu: int) -> tuple[list[float], list[float]]:
-    """Per GPU, in seconds: (next run launched - previous run's `completed`: the scheduler's reaction,
+def idle_gaps(db: str, launcher_cls: Any, settings: Any, gpus: int, per_gpu: int) -> tuple[list[float], list[float]]:
+    """Per GPU, in seconds: (next run launched - previous run's `completed`: the launcher's reaction,
     next run's `started` (worker up) - previous `completed`: the GPU's idle gap)."""
     from sqlalchemy import select
 
@@ -194,13 +194,13 @@ def idle_gaps(db: str, scheduler_cls: Any, settings: Any, gpus: int, per_gpu: in
     from orchestrator.db.session import session_scope
 
     arms = [{"parent": "A", "name": f"g{i}"} for i in range(gpus * per_gpu)]
-    scheduler = scheduler_cls(settings, train_fn=SYNTHETIC)
-    scheduler.start()
+    launcher = launcher_cls(settings, train_fn=SYNTHETIC)
+    launcher.start()
     try:
         ids = _submit(db, arms, tiny_overrides(4, 1))
         _wait_done(db, ids)
     finally:
-        scheduler.stop()
+        launcher.stop()
     started, completed = _event_times(db, ids, "started"), _event_times(db, ids, "completed")
     with session_scope(db) as session:
         gpu_of = dict(session.execute(select(Run.id, Run.gpu_index).where(Run.id.in_(ids))).all())
@@ -215,7 +215,7 @@ def idle_gaps(db: str, scheduler_cls: Any, settings: Any, gpus: int, per_gpu: in
     return reaction, gaps
 
 
-def ingest_rate(db: str, scheduler_cls: Any, settings: Any, arms_n: int, records: int) -> tuple[int, float]:
+def ingest_rate(db: str, launcher_cls: Any, settings: Any, arms_n: int, records: int) -> tuple[int, float]:
     """(records stored, records per second from the first stored row to the last)."""
     from sqlalchemy import func, select
 
@@ -223,13 +223,13 @@ def ingest_rate(db: str, scheduler_cls: Any, settings: Any, arms_n: int, records
     from orchestrator.db.session import session_scope
 
     arms = [{"parent": "A", "name": f"i{i}"} for i in range(arms_n)]
-    scheduler = scheduler_cls(settings, train_fn=SYNTHETIC)
-    scheduler.start()
+    launcher = launcher_cls(settings, train_fn=SYNTHETIC)
+    launcher.start()
     try:
         ids = _submit(db, arms, tiny_overrides(records, 1))
         _wait_done(db, ids)
     finally:
-        scheduler.stop()
+        launcher.stop()
     with session_scope(db) as session:
         n, first, last = session.execute(
             select(func.count(), func.min(Metric.created_at), func.max(Metric.created_at)).where(
@@ -256,8 +256,8 @@ def main() -> None:
     db, cleanup = _fresh_database(args.database_url)
     settings = Settings(
         database_url=db,
-        storage_dir=Path(tempfile.mkdtemp()),
-        scheduler_interval_s=0.5,
+        home_dir=Path(tempfile.mkdtemp()),
+        launcher_interval_s=0.5,
         worker_threads=1,
         ray_namespace="ablate-bench",
     )
@@ -294,7 +294,7 @@ def main() -> None:
     print(f"submission -> first record (synthetic stream): {fmt(lat['first_record'])}")
     print(f"submission -> worker up (real train_arm):      {fmt(lat['real_started'])}")
     print(f"submission -> first step (real train_arm):     {fmt(lat['real_first_step'])}")
-    print(f"run end -> next run launched (scheduler):     {fmt(reaction)}")
+    print(f"run end -> next run launched (launcher):     {fmt(reaction)}")
     print(f"idle gap on a GPU, run end -> next run up:     {fmt(gaps)}")
     print(f"ingest: {n} records from {args.ingest_arms} concurrent arms: {rate:.0f} records/s")
 

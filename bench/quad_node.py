@@ -93,7 +93,7 @@ def serving(home: Path, port: int, token: str, **env: str) -> Iterator[str]:
     """`ablate serve` as a user starts it (SQLite and storage under home; env added to this environment),
     healthy: yields its URL. On leaving it is stopped with SIGINT (SIGKILL after 30 s), and if it ended any
     other way the tail of its log (home/serve.log) is printed."""
-    env = dict(os.environ, ABLATE_DATABASE_URL=f"sqlite:///{home / 'ablate.db'}", ABLATE_STORAGE_DIR=str(home),
+    env = dict(os.environ, ABLATE_DATABASE_URL=f"sqlite:///{home / 'ablate.db'}", ABLATE_HOME_DIR=str(home),
                ABLATE_API_TOKEN=token, ABLATE_PORT=str(port), PYTHONUNBUFFERED="1", **env)
     url = f"http://127.0.0.1:{port}"
     with open(home / "serve.log", "w") as log:

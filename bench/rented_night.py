@@ -3,7 +3,7 @@
 A schedule asks for two nodes (not names); the sweep runner rents them through the real vastai SDK from
 tests/cluster/provider_sim.py, whose instances are real namespace nodes (own sshd, own address), pins
 their host keys, arms the dead-man's switch, bootstraps them (each starts its own Ray, reached through its
-agent over SSH), and the real scheduler (its own process) trains five tiny arms; results are copied back
+agent over SSH), and the real launcher (its own process) trains five tiny arms; results are copied back
 and the instances destroyed.
 Measured per sweep:
   - fire -> first optimizer step: the fire tick to the first metric row at step 1 (checkpoint_every=1),
@@ -14,7 +14,7 @@ Measured per sweep:
     node's disk (watched every 20 ms) to its metric row's created_at (agent poll, SSH, ingest);
 and once, after the sweeps:
   - a leaked instance found and destroyed: an instance labelled for a sweep that is not under way is
-    planted, then a new controller process (tests/cluster/rented_controller.py: scheduler + sweep
+    planted, then a new controller process (tests/cluster/rented_controller.py: launcher + sweep
     runner, as `ablate serve`) starts; seconds from its start to the simulator's destroy.
 
     python bench/rented_night.py [--repeats 2] [--out docs/bench-results/rented_night.md]
@@ -170,7 +170,7 @@ def main() -> None:
         with ProviderSim(KEY, vast_offers=offers, hooks=hooks, host=bed.controller_ip) as sim:
             rental = bed_rental(bed.tag, work, controller_id="bench")
             runner = vast_runner(database_url, storage, bed, KEY, sim.url, rental)
-            with scheduler_process(database_url, storage, work / "scheduler.log", "ablate-bench-rent"):
+            with scheduler_process(database_url, storage, work / "launcher.log", "ablate-bench-rent"):
                 watch = RecordWatch(bed, storage)
                 watch.start()
                 results = [one_sweep(runner, database_url, i, watch) for i in range(args.repeats)]

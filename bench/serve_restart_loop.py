@@ -107,7 +107,7 @@ def cycle(i: int, args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
     env = {
         **os.environ,
         "ABLATE_DATABASE_URL": f"sqlite:///{tmp / 'ablate.db'}",
-        "ABLATE_STORAGE_DIR": str(tmp / "st"),
+        "ABLATE_HOME_DIR": str(tmp / "st"),
         "ABLATE_PORT": str(port),
         "ABLATE_OFFLINE": "1",
         "NO_COLOR": "1",
@@ -162,7 +162,7 @@ def cycle(i: int, args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
         log.close()
         text = (tmp / "serve.log").read_text()
         result["traceback"] = "Traceback" in text
-        # Launcher.stop found its thread still inside ray.init (see orchestrator/scheduler.py).
+        # Launcher.stop found its thread still inside ray.init (see docs/benchmarks.md, "The fix").
         result["waited_for_ray_init"] = "waiting for Ray to finish starting" in text
         result["exited_under_ray_init"] = "exiting without it" in text
         if result.get("hung") or result["traceback"] or args.keep:

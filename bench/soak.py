@@ -1,7 +1,7 @@
 """Soak and fault benchmark: the controller under load for a fixed time while faults are injected.
 
 Real: Postgres (a throwaway cluster of our own, so restarting it disturbs nobody), the controller
-process (`ablate serve`'s app: API, scheduler, ingest, detector) on a local Ray with logical GPUs,
+process (`ablate serve`'s app: API, launcher, ingest, detector) on a local Ray with logical GPUs,
 one Ray actor per run. Synthetic: the training stream (bench/orchestration.py's synthetic_train, the
 same record shape, no torch work), so a 2-core machine can hold many arms at once.
 
@@ -57,7 +57,7 @@ def free_port() -> int:
 
 
 def controller_main() -> None:
-    """`python bench/soak.py controller`: the app `ablate serve` runs, its scheduler on the synthetic stream."""
+    """`python bench/soak.py controller`: the app `ablate serve` runs, its launcher on the synthetic stream."""
     import uvicorn
 
     from orchestrator.runs.launcher import Launcher
@@ -71,9 +71,9 @@ def controller_main() -> None:
     }
     os.environ.update(worker_env)  # the local node's agent, its Ray and workers inherit it
     app = build_app(settings)
-    scheduler = Launcher(settings, train_fn=SYNTHETIC)
-    app.state.startup_hooks.append(lambda _app: scheduler.start())
-    app.state.shutdown_hooks.append(lambda _app: scheduler.stop())
+    launcher = Launcher(settings, train_fn=SYNTHETIC)
+    app.state.startup_hooks.append(lambda _app: launcher.start())
+    app.state.shutdown_hooks.append(lambda _app: launcher.stop())
     uvicorn.run(app, host="127.0.0.1", port=settings.port, log_level="warning")
 
 
@@ -128,12 +128,12 @@ class Env:
             **os.environ,
             "ABLATE_DATABASE_URL": self.db,
             "ABLATE_API_TOKEN": TOKEN,
-            "ABLATE_STORAGE_DIR": str(self.storage),
+            "ABLATE_HOME_DIR": str(self.storage),
             "ABLATE_PORT": str(self.api_port),
             "ABLATE_RAY_ADDRESS": self.ray_address,
             "ABLATE_RAY_NAMESPACE": "ablate-soak",
             "ABLATE_MAX_RETRIES": "20",  # many kill -9s: a run must not run out of retries in the soak
-            "ABLATE_SCHEDULER_INTERVAL_S": "0.5",
+            "ABLATE_LAUNCHER_INTERVAL_S": "0.5",
             "ABLATE_BENCH_RECORD_DELAY_S": str(delay_s),
             "PYTHONPATH": f"{REPO}:{BENCH_DIR}",
         }

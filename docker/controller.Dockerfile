@@ -44,7 +44,7 @@ RUN pip install --no-deps --no-build-isolation --force-reinstall . && pip check
 RUN --mount=type=cache,target=/root/.cache/pip pip install $PIP_ARGS --no-deps vastai==1.9.1 runpod==1.12.0
 
 # State (SQLite if no Postgres is configured, checkpoints, the generated API token, sweep results).
-ENV ABLATE_STORAGE_DIR=/var/lib/ablate ABLATE_HOST=0.0.0.0 ABLATE_PORT=8000
+ENV ABLATE_HOME_DIR=/var/lib/ablate ABLATE_HOST=0.0.0.0 ABLATE_PORT=8000
 # Nodes' keys and known-hosts files are mounted read-only at /ssh (docker/compose.yaml); POST /api/nodes
 # may name files there and nowhere else.
 ENV ABLATE_SSH_KEY_DIRS='["/ssh"]'

@@ -51,5 +51,5 @@ RUN pip install --no-deps --no-build-isolation --force-reinstall . && pip check 
     && echo "$VIRTUAL_ENV" > /etc/ablate-node
 
 # Checkpoints land under the same absolute path as on the controller, so sweeps can copy them back.
-ENV ABLATE_STORAGE_DIR=/var/lib/ablate
+ENV ABLATE_HOME_DIR=/var/lib/ablate
 WORKDIR /root

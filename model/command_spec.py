@@ -16,7 +16,7 @@ ArgText = Annotated[str, Field(min_length=1, max_length=4096)]
 MAX_ARM_GPUS = 16  # GPUs of one node an arm may ask for (the largest nodes rented hold 8)
 
 
-# What ended a command arm's process, as its run records it (worker/command.py decides, the scheduler words it).
+# What ended a command arm's process, as its run records it (worker/command.py decides, the launcher words it).
 CommandEnd = Literal["exit", "stop_file", "sigterm", "sigkill"]
 COMMAND_ENDS: dict[str, str] = {
     "exit": "the command exited by itself",

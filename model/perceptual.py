@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from model.hub import OFFLINE_ENV, download_timeout, offline
-from model.spec import EvalSpec
+from model.spec import STANDIN, EvalSpec
 
 WEIGHTS_ENV = "ABLATE_LPIPS_WEIGHTS"
 STANDIN_SEED = 0  # the random_standin trunk is always this one network
@@ -105,7 +105,7 @@ def _how_to_provide(cached: Path) -> str:
     return (
         f"set eval.lpips_weights (or the environment variable {WEIGHTS_ENV}) to a torchvision alexnet state "
         f"dict file, place {cached.name} (torchvision's AlexNet_Weights.IMAGENET1K_V1) at {cached}, or choose "
-        "`eval.lpips_backbone: random_standin` (metrics are then labelled random_standin)"
+        f"`eval.lpips_backbone: {STANDIN}` (metrics are then labelled {STANDIN})"
     )
 
 
@@ -232,8 +232,8 @@ def load_lpips(
     `eval.lpips_backbone: random_standin`. random_standin: a seeded random trunk,
     identical across constructions. Construction never touches the caller's global RNG state.
     """
-    if eval_spec.lpips_backbone == "random_standin":
-        return LPIPSMetric(_standin().to(device), "random_standin", f"seeded random (seed {STANDIN_SEED})")
+    if eval_spec.lpips_backbone == STANDIN:
+        return LPIPSMetric(_standin().to(device), STANDIN, f"seeded random (seed {STANDIN_SEED})")
 
     path = resolve_weights(eval_spec, weights)
     trunk = _trunk_state(path)

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from model.hub import OFFLINE_ENV, download_timeout, offline
-from model.spec import RepaSpec
+from model.spec import STANDIN, RepaSpec
 
 TEACHER_RES = 224  # DINOv2's training resolution: 16 x 16 patches of 14 px
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -76,7 +76,7 @@ def _random_standin(device: torch.device | str) -> Teacher:
         for p in net.parameters():
             p.copy_(torch.randn(p.shape, generator=gen) * (1.0 / p[0].numel()) ** 0.5)
     net = net.to(device).eval().requires_grad_(False)
-    return Teacher(net, STANDIN_DIM, "random_standin", net)
+    return Teacher(net, STANDIN_DIM, STANDIN, net)
 
 
 DINOV2_REPO = "facebookresearch/dinov2"  # the architecture's source: fixed, never from a spec
@@ -126,7 +126,7 @@ def _hub_load(arch: str, pretrained: bool) -> nn.Module:
     asked): from torch's hub cache, downloaded there when missing unless ABLATE_OFFLINE is set."""
     repo_dir, weights = hub_cache_paths(arch)
     put = f"put {DINOV2_REPO}'s repository at {repo_dir}" + (f" and {weights.name} at {weights}" if pretrained else "")
-    advice = f"set repa.teacher_path to a DINOv2 weights file, {put}, or set repa.teacher: random_standin"
+    advice = f"set repa.teacher_path to a DINOv2 weights file, {put}, or set repa.teacher: {STANDIN}"
     if offline() and not (repo_dir.is_dir() and (weights.is_file() or not pretrained)):
         missing = f"DINOv2 {arch} is not in torch's hub cache and {OFFLINE_ENV} forbids downloading it"
         raise TeacherError(f"{missing}: {advice}")
@@ -170,13 +170,13 @@ def _load_dinov2(path: Path, device: torch.device | str) -> Teacher:
 
 def build_teacher(repa: RepaSpec, device: torch.device | str) -> Teacher:
     """The frozen teacher named by the spec; raises TeacherError with the fix when it cannot load."""
-    if repa.teacher == "random_standin":
+    if repa.teacher == STANDIN:
         return _random_standin(device)
     if not repa.teacher_path:
         return _frozen_teacher(_hub_load(HUB_ARCH, pretrained=True), device)
     path = Path(repa.teacher_path).expanduser()
     if not path.exists():
-        raise TeacherError(f"repa.teacher_path {path} does not exist; or set repa.teacher: random_standin")
+        raise TeacherError(f"repa.teacher_path {path} does not exist; or set repa.teacher: {STANDIN}")
     return _load_dinov2(path, device)
 
 

@@ -1,4 +1,4 @@
-"""The arm spec: the contract between the REST API, the arm files, the scheduler and the trainer.
+"""The arm spec: the contract between the REST API, the arm files, the run launcher and the trainer.
 
 Every section forbids unknown keys. The source study lost its AsymFlow arm because a config block
 nested under the wrong key was silently ignored; here that is a validation error naming the key.
@@ -23,9 +23,9 @@ NonNegInt = Annotated[int, Field(ge=0, le=10**9)]
 Seed = Annotated[int, Field(ge=0, le=2**63 - 1)]  # torch and numpy seeds are 64-bit
 PositiveFloat = Annotated[float, Field(gt=0)]
 Fraction = Annotated[float, Field(ge=0, le=1)]
-
-
-
+# A pretrained network's stand-in (REPA's teacher, LPIPS's backbone): seeded random weights, only where a
+# spec names it, and this label on every run and metric it touched; model/, worker/ and orchestrator/ import it.
+STANDIN = "random_standin"
 
 MAX_HIDDEN, MAX_DEPTH, MAX_HEADS, MAX_PATCH, MAX_RESOLUTION = 16384, 512, 256, 128, 8192
 MAX_UNREADABLE = 0.01  # data.max_unreadable and `ablate data prepare --max-unreadable` default
@@ -225,7 +225,7 @@ class RepaSpec(Strict):
     block: NonNegInt | None = None  # None = depth // 2
     # dinov2: a real teacher loaded from teacher_path; random_standin: a frozen random conv net,
     # allowed only when chosen explicitly and labelled on the run.
-    teacher: Literal["dinov2", "random_standin"] = "dinov2"
+    teacher: Literal["dinov2", STANDIN] = "dinov2"
     teacher_path: str | None = None
     # Linear warm-down of the weight to 0 by this fraction of the steps (arm E: 0.25); None = no decay.
     warmdown_end: Fraction | None = None
@@ -281,7 +281,7 @@ class EvalSpec(Strict):
     seed: Seed = 1234  # per-sample noise is seeded from this and the sample index
     # alexnet: the lpips package's AlexNet; its backbone weights come from lpips_weights (a local file)
     # or torchvision's cache. random_standin: an untrained AlexNet, only when chosen, labelled on metrics.
-    lpips_backbone: Literal["alexnet", "random_standin"] = "alexnet"
+    lpips_backbone: Literal["alexnet", STANDIN] = "alexnet"
     lpips_weights: str | None = None
     use_ema: bool = True
 

@@ -16,7 +16,7 @@ from orchestrator.settings import Settings
 from orchestrator.web.guard import TokenGuard
 
 # A hook gets the app (settings on app.state.settings). Startup hooks run in order before the first
-# request (the scheduler registers its start here), shutdown hooks in reverse order after the last.
+# request (the launcher registers its start here), shutdown hooks in reverse order after the last.
 Hook = Callable[[FastAPI], None]
 
 

@@ -16,7 +16,7 @@ from orchestrator.settings import MIN_TOKEN_LENGTH, Settings, SettingsError
 
 
 def read_token(settings: Settings) -> str | None:
-    """The configured token, else the one stored under the storage dir, else None; SettingsError for one
+    """The configured token, else the one stored under the home dir, else None; SettingsError for one
     shorter than MIN_TOKEN_LENGTH (it is the only guard on writes)."""
     if settings.api_token:
         if len(settings.api_token) < MIN_TOKEN_LENGTH:
@@ -68,7 +68,7 @@ def _private_sqlite(database_url: str) -> None:
 
 def prepare(settings: Settings) -> str:
     """Upgrade the database to the newest schema and return the API token (generated if none exists)."""
-    _private_dir(settings.storage_dir)
+    _private_dir(settings.home_dir)
     if settings.database_url.startswith("sqlite:///"):  # a directory we create is owner-only; others stay
         Path(settings.database_url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     upgrade(settings.database_url)

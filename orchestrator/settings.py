@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
+import warnings
 from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 from pydantic_settings import SettingsError as EnvParseError
 
 from orchestrator.vocabulary import TrackerName
@@ -15,21 +19,71 @@ from orchestrator.vocabulary import TrackerName
 DEFAULT_DIR = Path(".ablate")
 # A shorter token is refused: 16 random characters are out of reach of online guessing.
 MIN_TOKEN_LENGTH = 16
+PREFIX = "ABLATE_"
+# Settings renamed, old name -> new ("storage" also meant checkpoint storage, "scheduler" also the cron table).
+# The old ABLATE_ variable (a logged warning) and keyword (a FutureWarning) still work, each message naming
+# the new one; where both are set, the new one wins.
+RENAMED = {"storage_dir": "home_dir", "scheduler_interval_s": "launcher_interval_s"}
+
+log = logging.getLogger(__name__)
 
 
 class SettingsError(RuntimeError):
     """Invalid environment: the message names each ABLATE_ variable and what is wrong with it."""
 
 
+def _renamed(old: str, new: str, ignored: bool) -> str:
+    if ignored:
+        return f"{old} is deprecated and ignored: {new} is set; remove {old}"
+    return f"{old} is deprecated: read as {new}; use {new} instead"
+
+
+class _RenamedVariables(PydanticBaseSettingsSource):
+    """The ABLATE_ variables of RENAMED under their old names, read as the new ones (below the new ones)."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # __call__ reads the whole environment at once
+
+    def __call__(self) -> dict[str, Any]:
+        env = {k.upper(): v for k, v in os.environ.items() if v}  # env_ignore_empty, case-insensitive
+        out = {}
+        for old, new in RENAMED.items():
+            old_var, new_var = PREFIX + old.upper(), PREFIX + new.upper()
+            if old_var in env:
+                log.warning(_renamed(old_var, new_var, ignored=new_var in env))
+                out[new] = env[old_var]
+        return out
+
+
 class Settings(BaseSettings):
     # An empty variable (ABLATE_API_TOKEN=) counts as unset, never as an empty token or path.
-    model_config = SettingsConfigDict(env_prefix="ABLATE_", extra="ignore", env_ignore_empty=True)
+    model_config = SettingsConfigDict(env_prefix=PREFIX, extra="ignore", env_ignore_empty=True)
+
+    def __init__(self, **values: Any) -> None:
+        for old, new in RENAMED.items():
+            if old in values:
+                message = _renamed(f"Settings({old}=)", f"Settings({new}=)", ignored=new in values)
+                warnings.warn(message, FutureWarning, stacklevel=2)
+                values.setdefault(new, values.pop(old))
+        super().__init__(**values)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Earlier sources win: a keyword over ABLATE_HOME_DIR over the old ABLATE_STORAGE_DIR.
+        return init_settings, env_settings, _RenamedVariables(settings_cls), dotenv_settings, file_secret_settings
 
     # SQLite under ./.ablate/ is the embedded default; production points this at Postgres
     # (postgresql+psycopg://user@host/db).
     database_url: str = f"sqlite:///{DEFAULT_DIR / 'ablate.db'}"
     # Bearer token for every write (and the reads that expose infrastructure). Unset: `ablate serve`
-    # generates one into storage_dir/api_token. At least 16 characters, checked where a token is used
+    # generates one into home_dir/api_token. At least 16 characters, checked where a token is used
     # (`ablate serve`, `ablate submit`: server.read_token), so commands that need none run with any.
     api_token: str | None = None
     # The controller's own machine is a node too (its agent runs as a child process). false: it trains
@@ -38,20 +92,22 @@ class Settings(BaseSettings):
     # A Ray on this machine for the local node's agent to join ("auto", an address), e.g. one shared with
     # other tools; unset: the agent runs a Ray of its own. Nodes never join it: each runs its own Ray.
     ray_address: str | None = None
-    # The token (Ray's token auth) of ray_address. Unset: storage_dir/ray_token when that file exists.
+    # The token (Ray's token auth) of ray_address. Unset: home_dir/ray_token when that file exists.
     ray_token_file: Path | None = None
     # Seconds a node may stay unreachable (its agent link down) before its arms count as lost and are
     # re-queued from their checkpoints; a node whose agent breaks the protocol loses them at once.
     node_lost_s: Annotated[float, Field(gt=0)] = 60.0
-    # Checkpoints, run outputs, the generated token.
-    storage_dir: Path = DEFAULT_DIR
+    # ablate's home directory (was storage_dir): on the controller its token, reports, logs, sweeps' copied-back
+    # results and, by default, checkpoint storage; on every node (the same path) the runs' directories and
+    # caches. Not to be confused with checkpoint storage (checkpoint_url), which outlives a node.
+    home_dir: Path = DEFAULT_DIR
     host: str = "127.0.0.1"
     port: Annotated[int, Field(ge=1, le=65535)] = 8000
     # Logical GPUs to declare to a local Ray on a machine without GPUs (tests, the demo);
     # 0 = let Ray detect the real ones.
     logical_gpus: Annotated[int, Field(ge=0)] = 0
-    # How often the scheduler looks for queued runs and free GPUs, in seconds.
-    scheduler_interval_s: Annotated[float, Field(gt=0)] = 0.5
+    # How often the run launcher looks for queued runs and free GPUs, in seconds (was scheduler_interval_s).
+    launcher_interval_s: Annotated[float, Field(gt=0)] = 0.5
     # How many times a run whose worker died is re-queued before it is marked failed.
     max_retries: Annotated[int, Field(ge=0)] = 2
     # Seconds a launched worker may wait for Ray to place it (no first reply) before it is killed and
@@ -64,7 +120,7 @@ class Settings(BaseSettings):
     # Local AlexNet weights for the lpips backbone (torchvision's alexnet state dict), for offline use.
     lpips_weights: Path | None = None
     # Durable checkpoint storage, an fsspec URL: file:///shared/path, s3://bucket/prefix or
-    # sftp://user@host[:port]/abs/path. Unset: file://<storage_dir>/checkpoints on the controller's disk,
+    # sftp://user@host[:port]/abs/path. Unset: file://<home_dir>/checkpoints on the controller's disk,
     # which survives a worker on this host but not a lost rented node: point nodes at a shared store.
     checkpoint_url: str | None = None
     # fsspec storage options for it, as JSON: {"endpoint_url": ...} for an S3-compatible store,
@@ -97,7 +153,7 @@ class Settings(BaseSettings):
     data_dirs: list[Path] = []
     # URL prefixes under which a spec's data.url may lie (s3://bucket/datasets, sftp://host/srv/data); empty:
     # specs may name none. A worker fetches data.url with ABLATE_DATA_OPTIONS (unset: the checkpoint options)
-    # into ABLATE_DATA_CACHE_DIR on its node (unset: <storage_dir>/data-cache, the disk of its runs).
+    # into ABLATE_DATA_CACHE_DIR on its node (unset: <home_dir>/data-cache, the disk of its runs).
     data_urls: list[str] = []
     # True: a grid may hold command arms (a researcher's own training command, run on the nodes as the
     # arm's process). Off by default: a spec that names code is code execution on the nodes.
@@ -122,7 +178,7 @@ class Settings(BaseSettings):
     # settings come from their usual variables (WANDB_PROJECT, WANDB_ENTITY, WANDB_MODE, MLFLOW_TRACKING_URI,
     # MLFLOW_EXPERIMENT_NAME). Nodes never see any of them.
     trackers: Annotated[list[TrackerName], NoDecode] = []
-    # TensorBoard's log directory (one folder per grid, one run per arm); unset: storage_dir/tensorboard.
+    # TensorBoard's log directory (one folder per grid, one run per arm); unset: home_dir/tensorboard.
     tensorboard_dir: Path | None = None
     # Tries per forwarding step before a tracker counts as unreachable for now (recorded on the run); its
     # points stay due and go out when it answers again, after a pause growing up to tracker_backoff_max_s.
@@ -144,7 +200,7 @@ class Settings(BaseSettings):
     vast_url: str | None = None  # vastai's server_url (default https://console.vast.ai)
     runpod_api_url: str | None = None  # runpod's RUNPOD_API_BASE_URL (default https://api.runpod.io)
     # The controller's SSH key for the nodes it rents (its .pub is handed to each instance, the only key
-    # let in). Unset: storage_dir/ssh/rent_ed25519, made on first use.
+    # let in). Unset: home_dir/ssh/rent_ed25519, made on first use.
     rent_ssh_key: Path | None = None
     # The image rented instances run: CUDA, sshd and Python. Best: the worker image (docker/worker.Dockerfile)
     # pushed to a registry the provider pulls from, whose environment bootstrap finds with this version in it
@@ -197,23 +253,23 @@ class Settings(BaseSettings):
 
     @property
     def checkpoint_root(self) -> str:
-        """Where runs' checkpoints are stored (each run under its own prefix)."""
-        return self.checkpoint_url or f"file://{(self.storage_dir.resolve() / 'checkpoints').as_posix()}"
+        """Checkpoint storage: where runs' checkpoints are stored (each run under its own prefix)."""
+        return self.checkpoint_url or f"file://{(self.home_dir.resolve() / 'checkpoints').as_posix()}"
 
     @property
     def tensorboard_root(self) -> Path:
-        return self.tensorboard_dir or self.storage_dir / "tensorboard"
+        return self.tensorboard_dir or self.home_dir / "tensorboard"
 
     @property
     def token_file(self) -> Path:
-        return self.storage_dir / "api_token"
+        return self.home_dir / "api_token"
 
     @property
     def cluster_token_file(self) -> Path | None:
         """The Ray cluster token to present, if any (see ray_token_file)."""
         if self.ray_token_file is not None:
             return self.ray_token_file
-        default = self.storage_dir / "ray_token"
+        default = self.home_dir / "ray_token"
         return default if default.is_file() else None
 
 

@@ -23,7 +23,7 @@ class RunState(StrEnum):
 
 
 TERMINAL_STATES = frozenset({RunState.completed, RunState.stopped, RunState.failed})
-# A worker of ours holds a GPU for the run (the scheduler polls it, a restart adopts it).
+# A worker of ours holds a GPU for the run (the launcher polls it, a restart adopts it).
 ACTIVE_STATES = frozenset({RunState.starting, RunState.running})
 
 

@@ -19,9 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from worker.failure import describe_error
-from worker.run_files import RECORDS_PER_POLL
+from worker.run_files import METRICS_NAME, RECORDS_NAME, RECORDS_PER_POLL
 
-RECORDS_FILE = "records.jsonl"
 # How long a worker waits for space on a full disk before its run fails (the operator's time to react).
 DISK_FULL_WAIT_S = 600.0
 
@@ -60,9 +59,9 @@ def load_records(out_dir: Path) -> list[dict[str, Any]]:
     killed after the checkpoint but before our own append still hands the record on (resume starts
     after that step and would never yield it again).
     """
-    from worker.checkpoint import METRICS_NAME, periodic_checkpoints
+    from worker.checkpoint import periodic_checkpoints
 
-    by_step = {int(r["step"]): r for r in _read_jsonl(out_dir / RECORDS_FILE)}
+    by_step = {int(r["step"]): r for r in _read_jsonl(out_dir / RECORDS_NAME)}
     ckpts = periodic_checkpoints(out_dir)
     newest = ckpts[-1][0] if ckpts else -1
     for rec in _read_jsonl(out_dir / METRICS_NAME):
@@ -217,7 +216,7 @@ class ArmWorker:
                     lpips_weights=self._lpips_weights,
                     **data,
                 )
-            with (self.out_dir / RECORDS_FILE).open("a+") as fh:
+            with (self.out_dir / RECORDS_NAME).open("a+") as fh:
                 # A line cut short by a kill -9 is ended first, so our first record is not glued onto it.
                 if fh.tell() > 0:
                     fh.seek(fh.tell() - 1)

@@ -1,8 +1,8 @@
 """Checkpoint files of one run: atomic writes, the latest, pruning, best.pt, and provenance.
 
 In out_dir (names: worker/run_files.py): the last KEEP_PERIODIC periodic checkpoints, `best.pt` (the
-checkpoint with the best recon LPIPS so far: a hard link to, or copy of, a periodic file, so pruning
-never loses it) and `metrics.jsonl` (one record per checkpoint).
+best checkpoint so far by the metric the detector judges, worker/train_record.py: a hard link to, or copy
+of, a periodic file, so pruning never loses it) and `metrics.jsonl` (one record per checkpoint).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ prefix per run. Under it the files keep their local names, so a new node resumes
 into an empty out_dir and a sweep's copy-back is a download of the prefix (names: worker/run_files.py):
 
     ckpt_{step:07d}.pt   the newest `keep_last` periodic checkpoints (older ones are pruned)
-    best.pt              the checkpoint with the best recon LPIPS so far
+    best.pt              the best checkpoint so far by the metric the detector judges (worker/run_files.py)
     metrics.jsonl        the trainer's records, and records.jsonl the actor's (uploaded before the
                          checkpoint they end with, so a stored checkpoint always has its records)
     samples/step_{step:07d}/*.png   every evaluation's sample images (worker/samples.py), never pruned,

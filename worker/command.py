@@ -41,12 +41,19 @@ from typing import IO, Any
 from model.spec import ArmSpec, CommandEnd
 from worker.failure import Described
 from worker.node_ray import end_with_parent
-from worker.run_files import COMMAND_RUN_DIR, SAMPLES_DIR, sample_dir
+from worker.run_files import (
+    BEST_NAME,
+    CKPT_GLOB,
+    CKPT_RE,
+    COMMAND_CHECKPOINTS_DIR,
+    COMMAND_METRICS_NAME,
+    COMMAND_RUN_DIR,
+    SAMPLES_DIR,
+    ckpt_name,
+    sample_dir,
+)
 
 WORK_DIR = "work"  # the copy of `code`, the process's working directory
-RUN_DIR = COMMAND_RUN_DIR  # ABLATE_RUN_DIR
-CHECKPOINTS = "checkpoints"
-METRICS_FILE = "trainer_metrics.jsonl"  # not metrics.jsonl: that name is the built-in trainer's
 STOP_FILE = "STOP"
 STDERR_LOG, STDOUT_LOG = "stderr.log", "stdout.log"
 STDERR_TAIL = 50  # lines of stderr a failed run shows
@@ -57,7 +64,6 @@ KEEP_PERIODIC = 2  # ckpt_*.pt links kept in out_dir (the script keeps its own f
 # Keys ablate sets on a record; a script's line must not forge them.
 OURS = ("run_id", "checkpoint_file", "is_best", "best_step", "best_checkpoint")
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|\r")
-_CKPT_RE = re.compile(r"^ckpt_(\d+)\.pt$")
 
 
 class CommandFailed(Described):
@@ -69,10 +75,11 @@ def checkpoint_target(run_dir: Path, name: Any) -> Path | None:
     for a name that is not one: absolute, with `..`, outside checkpoints/, or resolving outside it through a
     link. The script's metrics line and a stored record (which another node may have written) both pass here."""
     rel = PurePosixPath(name) if isinstance(name, str) else None
-    if rel is None or rel.is_absolute() or ".." in rel.parts or rel.parts[:1] != (CHECKPOINTS,) or len(rel.parts) < 2:
+    inside = rel is not None and rel.parts[:1] == (COMMAND_CHECKPOINTS_DIR,) and len(rel.parts) >= 2
+    if rel is None or rel.is_absolute() or ".." in rel.parts or not inside:
         return None
     target = run_dir / rel
-    root = (run_dir / CHECKPOINTS).resolve()
+    root = (run_dir / COMMAND_CHECKPOINTS_DIR).resolve()
     return target if target.resolve().is_relative_to(root) and target.resolve() != root else None
 
 
@@ -105,7 +112,7 @@ class CommandArm:
             raise ValueError("not a command arm")
         self.command = spec.command
         self.out_dir = Path(out_dir)
-        self.run_dir = self.out_dir / RUN_DIR
+        self.run_dir = self.out_dir / COMMAND_RUN_DIR
         self.should_stop = should_stop
         self.archive = archive  # the code as shipped to this node (a tar named by its SHA-256), else None
         self.metric, self.mode = spec.detector.metric, spec.detector.metric_mode
@@ -127,12 +134,12 @@ class CommandArm:
     def restore(self) -> bool:
         """Put the newest stored checkpoint (and the best) back under the name the script gave it, when a
         new node fetched them from storage as ckpt_*.pt / best.pt; True when checkpoints/ holds any file."""
-        ckpts = self.run_dir / CHECKPOINTS
+        ckpts = self.run_dir / COMMAND_CHECKPOINTS_DIR
         ckpts.mkdir(parents=True, exist_ok=True)
-        local = sorted((int(m.group(1)), p) for p in self.out_dir.glob("ckpt_*.pt") if (m := _CKPT_RE.match(p.name)))
+        local = sorted((int(m.group(1)), p) for p in self.out_dir.glob(CKPT_GLOB) if (m := CKPT_RE.match(p.name)))
         wanted = [(step, path) for step, path in local[-1:]]
-        if self.best is not None and (self.out_dir / "best.pt").exists():
-            wanted.append((self.best[0], self.out_dir / "best.pt"))
+        if self.best is not None and (self.out_dir / BEST_NAME).exists():
+            wanted.append((self.best[0], self.out_dir / BEST_NAME))
         for step, path in wanted:
             name = (self.prior.get(step) or {}).get("checkpoint_file")
             if name is None:
@@ -140,7 +147,7 @@ class CommandArm:
             target = checkpoint_target(self.run_dir, name)
             if target is None:  # a stored record is a node's word: never a path to write at
                 raise CommandFailed(f"the stored record of step {step} names checkpoint_file {str(name)[:200]!r}, "
-                                    f"not a path under {CHECKPOINTS}/ of ABLATE_RUN_DIR; not restored")
+                                    f"not a path under {COMMAND_CHECKPOINTS_DIR}/ of ABLATE_RUN_DIR; not restored")
             if not target.exists():
                 target.parent.mkdir(parents=True, exist_ok=True)
                 _link(path, target)
@@ -173,7 +180,7 @@ class CommandArm:
             **os.environ,
             **self.command.env,
             "ABLATE_RUN_DIR": str(self.run_dir),
-            "ABLATE_METRICS_FILE": str(self.run_dir / METRICS_FILE),
+            "ABLATE_METRICS_FILE": str(self.run_dir / COMMAND_METRICS_NAME),
             "ABLATE_STOP_FILE": str(self.run_dir / STOP_FILE),
             "ABLATE_RESUMED": "1" if resumed else "0",
             "PYTHONUNBUFFERED": "1",  # its stderr tail is current when it dies
@@ -248,7 +255,7 @@ class CommandArm:
     # -- metrics lines ---------------------------------------------------------------------------
 
     def _new_records(self) -> Iterator[dict[str, Any]]:
-        path = self.run_dir / METRICS_FILE
+        path = self.run_dir / COMMAND_METRICS_NAME
         if not path.exists():
             return
         with path.open("rb") as fh:
@@ -312,26 +319,26 @@ class CommandArm:
         src = checkpoint_target(self.run_dir, name)
         if src is None:
             raise CommandFailed(f"ABLATE_METRICS_FILE step {step}: \"checkpoint\" must be a path under "
-                                f"{CHECKPOINTS}/ relative to ABLATE_RUN_DIR, got {name!r}")
+                                f"{COMMAND_CHECKPOINTS_DIR}/ relative to ABLATE_RUN_DIR, got {name!r}")
         rel = src.relative_to(self.run_dir).as_posix()
         if src.is_symlink() or not src.is_file():
             raise CommandFailed(f"ABLATE_METRICS_FILE step {step}: checkpoint {name!r} is not a file in "
                                 "ABLATE_RUN_DIR; write the checkpoint before the line that names it")
-        ckpt = self.out_dir / f"ckpt_{step:07d}.pt"
+        ckpt = self.out_dir / ckpt_name(step)
         _link(src, ckpt)
-        for old in sorted(p for p in self.out_dir.glob("ckpt_*.pt") if _CKPT_RE.match(p.name))[:-KEEP_PERIODIC]:
+        for old in sorted(p for p in self.out_dir.glob(CKPT_GLOB) if CKPT_RE.match(p.name))[:-KEEP_PERIODIC]:
             old.unlink(missing_ok=True)  # best.pt is its own link: pruning never loses it
         value = _number(record.get(self.metric))
         is_best = value is not None and math.isfinite(value) and (
             self.best is None or (value < self.best[1] if self.mode == "min" else value > self.best[1])
         )
         if is_best:
-            _link(ckpt, self.out_dir / "best.pt")
+            _link(ckpt, self.out_dir / BEST_NAME)
             self.best = (step, value)  # type: ignore[assignment]
         return {
             "checkpoint": str(ckpt),
             "checkpoint_file": rel,
             "is_best": is_best,
             "best_step": self.best[0] if self.best else None,
-            "best_checkpoint": str(self.out_dir / "best.pt") if self.best else None,
+            "best_checkpoint": str(self.out_dir / BEST_NAME) if self.best else None,
         }

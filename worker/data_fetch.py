@@ -27,7 +27,7 @@ from model.data.base import DatasetError
 from model.data.prepared import MANIFEST, bad_files, checked_files, parse_manifest, pinned
 from worker.checkpoint_store import open_fs
 
-# The default cache of a node; the controller passes <storage_dir>/data-cache (the same disk as out_dir).
+# The default cache of a node; the controller passes <home_dir>/data-cache (the same disk as out_dir).
 DEFAULT_CACHE = Path("~/.cache/ablate/data")
 SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")  # a manifest names files, never paths
 

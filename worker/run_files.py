@@ -1,4 +1,4 @@
-"""The names of a run directory's files, defined here only.
+"""The names of a run directory's files, defined here only: every module that reads or writes one imports it.
 
 The trainer writes them (worker/train_record.py, checkpoint.py, samples.py), the worker stores and fetches
 them (worker/checkpoint_store.py), the controller copies them back and serves the samples (orchestrator/runs/storage.py,
@@ -6,11 +6,15 @@ orchestrator/results/samples.py). The standard library only, no torch: the contr
 A run's storage prefix holds the same names as its out_dir.
 
     ckpt_{step:07d}.pt                     periodic checkpoints (the newest few are kept)
-    best.pt                                the checkpoint with the best recon LPIPS so far
+    best.pt                                the best checkpoint so far by the metric the detector judges
+                                           (detector.metric and metric_mode; "auto": recon LPIPS, or
+                                           val_flow_loss where LPIPS is the stand-in: judged_metric)
     metrics.jsonl                          the trainer's records, one per checkpoint
-    records.jsonl                          the actor's records (worker/actor.py's RECORDS_FILE)
+    records.jsonl                          the actor's records (worker/actor.py), uploaded with metrics.jsonl
     samples/step_{step:07d}/{kind}_{i}.png each evaluation's sample images
-    run/checkpoints/...                    a command arm's own checkpoints/ folder (worker/folder_mirror.py)
+    run/                                   a command arm's ABLATE_RUN_DIR (worker/command.py)
+    run/checkpoints/...                    its own checkpoints/ folder, stored whole (worker/folder_mirror.py)
+    run/trainer_metrics.jsonl              its ABLATE_METRICS_FILE, the script's metric lines
 """
 
 from __future__ import annotations
@@ -40,7 +44,10 @@ SAMPLE_FILE_RE = re.compile(rf"^({'|'.join(SAMPLE_KINDS)})_\d{{1,3}}\.png$")
 
 # A command arm (worker/command.py): its ABLATE_RUN_DIR, and the checkpoints/ folder in it, stored whole.
 COMMAND_RUN_DIR = "run"
-COMMAND_CHECKPOINTS = f"{COMMAND_RUN_DIR}/checkpoints"
+COMMAND_CHECKPOINTS_DIR = "checkpoints"  # in ABLATE_RUN_DIR
+COMMAND_CHECKPOINTS = f"{COMMAND_RUN_DIR}/{COMMAND_CHECKPOINTS_DIR}"  # in out_dir
+# Its ABLATE_METRICS_FILE, in ABLATE_RUN_DIR; not metrics.jsonl: that name is the built-in trainer's.
+COMMAND_METRICS_NAME = "trainer_metrics.jsonl"
 
 
 def ckpt_name(step: int) -> str:

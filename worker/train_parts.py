@@ -25,7 +25,7 @@ from model.optim import EMA, OptimizerStep, build_optimizers
 from model.perceptual import LPIPSMetric, load_lpips
 from model.precision import apply_precision, autocast_ctx
 from model.repa import RepaProjector, Teacher, build_teacher
-from model.spec import ArmSpec
+from model.spec import STANDIN, ArmSpec
 from model.text import TextEncoder, build_text_encoder
 from worker.micro_batch import MicroBatchChoice, choose_micro_batch
 from worker.world import World
@@ -34,8 +34,8 @@ from worker.world import World
 PCA_IMAGES = 256
 PCA_SEED = 0
 CPU_BF16_FALLBACK = "bf16 autocast not used on CPU (about 2x slower than fp32 there): fp32"
-REPA_STANDIN_FALLBACK = "repa teacher: random_standin (no pretrained teacher; REPA aligns to a frozen random network)"
-LPIPS_STANDIN_FALLBACK = "lpips backbone: random_standin (metrics are not comparable with real LPIPS)"
+REPA_STANDIN_FALLBACK = f"repa teacher: {STANDIN} (no pretrained teacher; REPA aligns to a frozen random network)"
+LPIPS_STANDIN_FALLBACK = f"lpips backbone: {STANDIN} (metrics are not comparable with real LPIPS)"
 # Spec sections that may change between a checkpoint and its resume (they do not touch training).
 RESUMABLE_CHANGES = {"name", "description", "detector"}
 
@@ -132,7 +132,7 @@ def build(
         fallbacks.append(NO_EDITS_NOTE)
     # LPIPS and the teacher first: a missing weights file should fail before any work is done.
     lpips = load_lpips(spec.eval, weights=lpips_weights, device=str(device))
-    if lpips.label == "random_standin":
+    if lpips.label == STANDIN:
         fallbacks.append(LPIPS_STANDIN_FALLBACK)
     text_encoder = build_text_encoder(spec, dataset).to(device)
     dims = spec.model.dims()
@@ -142,7 +142,7 @@ def build(
     repa_block = None
     if spec.repa.enabled:
         teacher = build_teacher(spec.repa, device)
-        if teacher.label == "random_standin":
+        if teacher.label == STANDIN:
             fallbacks.append(REPA_STANDIN_FALLBACK)
         projector = RepaProjector(dims.hidden, teacher.dim).to(device)
         repa_block = spec.repa.block if spec.repa.block is not None else dims.depth // 2

@@ -21,6 +21,7 @@ from torch import Tensor
 from model.data.unreadable import LISTED_NAME, Unreadable, fallback_note
 from model.evaluate import evaluate
 from model.optim import lr_at
+from model.spec import STANDIN
 from worker import checkpoint as ckpt
 from worker.samples import write_samples
 from worker.train_parts import Parts, has_trainable
@@ -209,7 +210,7 @@ class Checkpoints:
         self.list_unreadable()
         path = ckpt.checkpoint_path(self.out_dir, step)
         # best.pt follows the metric the detector judges, so the checkpoint it keeps is the one it names.
-        judged = spec.detector.judged_metric(metrics.get("lpips_backbone") == "random_standin")
+        judged = spec.detector.judged_metric(metrics.get("lpips_backbone") == STANDIN)
         value, held = metrics.get(judged), self.best.get(judged)
         lower = spec.detector.metric_mode == "min"
         is_best = (

@@ -2,7 +2,8 @@
 
 Sources: procedural `shapes` (shapes.py) and scikit-learn `digits` (digits.py) for tests and the demo;
 the researcher's images as a folder with captions.jsonl or Hugging Face metadata (folder.py), WebDataset
-tar shards (tar.py) and prepared uint8 shards (prepared.py, written by prepare.py). loader.py feeds the
+tar shards (tar.py) and prepared uint8 shards (prepared.py, written by prepare.py); what they share is in
+captioned.py and base.py, the rule for unreadable images in unreadable.py. loader.py feeds the
 trainer from worker processes. Every dataset hands out images in the spec's pixel range with one caption
 each, a fixed held-out split disjoint from training, and single-attribute caption edits.
 """

@@ -2,7 +2,8 @@
 
 The Create bodies belong to the services that validate them (grids, nodes, sweeps) and are re-exported
 here. Every Public body is built from its database row (`from_attributes`), so a field is named once:
-in the row and in the model. `RunSummary.from_row` is the one way a run becomes a record, for the API,
+in the row and in the model. The views themselves live in
+`orchestrator/results/views.py`: `RunSummary.from_row` is the one way a run becomes a view, for the API,
 the CLI, the dashboard and a sweep's metrics export alike.
 """
 
@@ -14,7 +15,7 @@ from pydantic import BaseModel, Field, field_validator
 
 from orchestrator.fleet.inventory import NodeCreate
 from orchestrator.grids.service import GridCreate
-from orchestrator.results.records import (
+from orchestrator.results.views import (
     GridDetail,
     GridPublic,
     MetricPublic,
@@ -51,7 +52,7 @@ __all__ = [
     "SweepPublic",
 ]
 
-RECENT_SWEEPS = 20  # how many of a schedule's sweeps its record shows, newest first
+RECENT_SWEEPS = 20  # how many of a schedule's sweeps its view shows, newest first
 
 
 class GridCreated(BaseModel):

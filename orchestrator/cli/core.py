@@ -10,6 +10,7 @@ import yaml
 from pydantic import ValidationError
 from rich.console import Console
 
+from model.spec import STANDIN
 from orchestrator.cli import CLIError, app, free_port
 from orchestrator.cli.tables import Column, print_table
 from orchestrator.messages import database_error_text, errors_text, masked_url, validation_text
@@ -141,7 +142,6 @@ def status(grid_id: Annotated[int | None, typer.Argument(help="Show this grid's 
     from orchestrator.db.session import session_scope
     from orchestrator.grids.service import latest_metrics
     from orchestrator.results.judge import judge_metric
-    from orchestrator.runs.detector import STANDIN_BACKBONE
 
     settings = load_settings()
     try:
@@ -153,7 +153,7 @@ def status(grid_id: Annotated[int | None, typer.Argument(help="Show this grid's 
             if grid is None:
                 raise CLIError(f"no grid with id {grid_id}; `ablate status` lists them")
             latest = latest_metrics(session, [r.id for r in grid.runs])
-            judges = {r.id: judge_metric(r, getattr(latest.get(r.id), "lpips_backbone", None) == STANDIN_BACKBONE)
+            judges = {r.id: judge_metric(r, getattr(latest.get(r.id), "lpips_backbone", None) == STANDIN)
                       for r in grid.runs}  # fmt: skip
             _print_runs(GridDetail.from_rows(grid, latest), judges)
     except SQLAlchemyError as exc:
@@ -203,7 +203,7 @@ def _print_runs(grid: GridDetail, judges: dict[int, str]) -> None:
         value = number(getattr(r, judge))
         if getattr(r, f"{judge}_se") is not None:
             value += f" ± {getattr(r, f'{judge}_se'):.3f}"
-        recon = number(r.recon_lpips) + (" (stand-in)" if r.lpips_backbone == "random_standin" else "")
+        recon = number(r.recon_lpips) + (" (stand-in)" if r.lpips_backbone == STANDIN else "")
         decision = "-"
         if r.decision is not None:
             decision = f"{r.decision} @ {number(r.decision_step)}: {r.decision_reason}"

@@ -1,7 +1,7 @@
 """`ablate demo`: the whole job in one command on embedded defaults.
 
-SQLite under the storage dir, a local Ray with 5 logical GPUs, the controller (API + dashboard +
-scheduler) in this process, the arms of arms/demo.yaml (A-D and one with a learning rate too high,
+SQLite under the home dir, a local Ray with 5 logical GPUs, the controller (API + dashboard +
+launcher) in this process, the arms of arms/demo.yaml (A-D and one with a learning rate too high,
 which the detector stops) at tiny size on procedural shapes; a live table while they train, a
 per-arm summary at the end.
 """
@@ -22,6 +22,7 @@ from rich.live import Live
 from rich.table import Table
 
 from arms import ARMS_DIR
+from model.spec import STANDIN
 from orchestrator.cli import CLIError, app, free_port
 from orchestrator.cli.tables import Column, print_table
 from orchestrator.cli.tables import build as build_table
@@ -38,7 +39,7 @@ def demo_settings(base: Settings) -> Settings:
     """The demo's settings: its own SQLite DB unless ABLATE_DATABASE_URL is set, 5 logical GPUs on a local Ray."""
     update: dict[str, Any] = {}
     if "ABLATE_DATABASE_URL" not in os.environ:
-        update["database_url"] = f"sqlite:///{(base.storage_dir / 'demo.db').resolve()}"
+        update["database_url"] = f"sqlite:///{(base.home_dir / 'demo.db').resolve()}"
     if not base.ray_address and base.logical_gpus == 0:
         update["logical_gpus"] = DEMO_GPUS
     if base.worker_threads == 0:
@@ -57,14 +58,14 @@ def demo_lpips(settings: Settings) -> tuple[str, str]:
     try:
         path = ensure_alexnet_weights()
     except LPIPSWeightsError as exc:
-        return "random_standin", (
-            f"[yellow]LPIPS: random stand-in backbone (metrics labelled 'random_standin'), because {exc.reason}; "
+        return STANDIN, (
+            f"[yellow]LPIPS: random stand-in backbone (metrics labelled '{STANDIN}'), because {exc.reason}; "
             f"for real LPIPS set {WEIGHTS_ENV}=alexnet.pth[/yellow]"
         )
     return "alexnet", f"LPIPS: AlexNet backbone from {path}"
 
 
-def demo_grid(lpips_backbone: str = "random_standin") -> dict[str, Any]:
+def demo_grid(lpips_backbone: str = STANDIN) -> dict[str, Any]:
     """arms/demo.yaml, named with the time, LPIPS on the given backbone."""
     body = yaml.safe_load(DEMO_GRID.read_text())
     body["name"] = f"{body['name']} {time.strftime('%Y-%m-%d %H:%M:%S')}"
@@ -116,7 +117,7 @@ def _rows(settings: Settings, grid_id: int) -> list[dict[str, Any]]:
                 # one worker holds one device for its wall time: its device-hours
                 saved = projected_hours_saved(steps, run.decision_step, at_stop.wall_time_s / 3600)
             row = RunSummary.from_row(run, latest).model_dump()  # arm, state, decision, best_step, ...
-            standin = any(m.lpips_backbone == "random_standin" for m in metrics)
+            standin = any(m.lpips_backbone == STANDIN for m in metrics)
             judge = resolve_policy(ArmSpec.model_validate(run.spec).detector, standin).metric
             row.update(
                 judge=judge,
@@ -312,11 +313,11 @@ def demo(
     # This machine is a node like any other: its agent (a child process) runs its Ray and workers, whose
     # logs stay in Ray's session logs instead of tearing through the live table.
     console.print(f"local node: {settings.logical_gpus or 'detected'} GPUs; database {settings.database_url}")
-    scheduler = Launcher(settings, listeners=loop_listeners(settings))
+    launcher = Launcher(settings, listeners=loop_listeners(settings))
     api = _ApiServer(settings, host, port)
     try:
         api.start()
-        scheduler.start()
+        launcher.start()
         with session_scope(settings.database_url) as session:
             grid_id = create_grid(session, GridCreate(**body)).id
         labels = [a if isinstance(a, str) else a["name"] for a in body["arms"]]
@@ -332,7 +333,7 @@ def demo(
         for r in rows:
             if r["reason"] and r["state"] != RunState.completed and not r["detector_stop"]:
                 console.print(f"  {r['arm']}: {r['reason'].splitlines()[0]}")
-        console.print(f"checkpoints: {Path(settings.storage_dir).resolve() / 'runs'}")
+        console.print(f"checkpoints: {Path(settings.home_dir).resolve() / 'runs'}")
         console.print(f"report (each arm against its parent and the control): {url}api/grids/{grid_id}/report.html")
         if hold:
             console.print("serving the dashboard; Ctrl-C to end")
@@ -343,5 +344,5 @@ def demo(
         if own_db:
             _retire_leftovers(settings)
     finally:
-        scheduler.stop()  # closes the local agent: its Ray and the demo's workers end with it
+        launcher.stop()  # closes the local agent: its Ray and the demo's workers end with it
         api.stop()

@@ -15,7 +15,7 @@ def report_command(
     grid_id: Annotated[int, typer.Argument(help="The grid's id (ablate grids / the dashboard)")],
     out: Annotated[
         Path | None,
-        typer.Option("--out", help="Folder for report.{json,md,html} (default: storage_dir/reports/grid-ID)"),
+        typer.Option("--out", help="Folder for report.{json,md,html} (default: home_dir/reports/grid-ID)"),
     ] = None,
 ) -> None:
     """Write the grid's report: each arm's effect against its parent and the control with 95% intervals,

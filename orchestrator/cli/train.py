@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
+from model.spec import STANDIN
 from orchestrator.cli import CLIError, app
 from orchestrator.numbers import number
 
@@ -66,11 +67,11 @@ def build_spec(
         sched["batch_size"] = batch_size
     extra: dict[str, Any] = {"schedule": sched}
     if lpips_standin:
-        extra["eval"] = {"lpips_backbone": "random_standin"}
+        extra["eval"] = {"lpips_backbone": STANDIN}
     if lpips_weights is not None:
         extra.setdefault("eval", {})["lpips_weights"] = str(lpips_weights)
     if repa_standin:
-        extra["repa"] = {"teacher": "random_standin"}
+        extra["repa"] = {"teacher": STANDIN}
     return resolve(arm, deep_merge(over, extra))
 
 

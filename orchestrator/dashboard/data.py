@@ -2,7 +2,7 @@
 against the control arm, what each arm changes against its parent, and the CSV export.
 
 Pure reads over the stored models, so the dashboard works on imported or finished grids and shows
-live grids as the scheduler writes them.
+live grids as the launcher writes them.
 """
 
 from __future__ import annotations
@@ -20,21 +20,21 @@ from pydantic import ValidationError
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
+from model.spec import STANDIN
 from orchestrator.db.models import METRIC_FIELDS, Event, Grid, Metric, Node, RentedInstance, Run, Schedule, Sweep
 from orchestrator.grids.arms import LINEAGE_KEYS, ArmError, changes, flatten, resolve
 from orchestrator.numbers import finite_or_none, is_finite
 from orchestrator.results.data_feed import data_feed
 from orchestrator.results.judge import judge_metric, stored_spec
 from orchestrator.results.own_metrics import is_command_run, own_series
-from orchestrator.results.records import RunSummary, SweepPublic
 from orchestrator.results.reports.build import Pairing, grid_effects_now
 from orchestrator.results.reports.effects import METRIC_WORDS
 from orchestrator.results.reports.stats import QUALITY, paired_difference
 from orchestrator.results.samples import sample_index
+from orchestrator.results.views import RunSummary, SweepPublic
 from orchestrator.runs.storage import STORAGE_EVENTS, storage_alarms
 from orchestrator.vocabulary import STOP_DECISIONS, TERMINAL_STATES, GridState, NodeState, RentedState, RunState
 
-STANDIN = "random_standin"
 # Events whose data carries the detector's `warnings` (orchestrator.runs.detector.Decision.warnings).
 WARNING_EVENTS = ("decision", "warning")
 
@@ -286,7 +286,8 @@ def latest_warnings(session: Session, run_ids: list[int]) -> dict[int, list[str]
 
 
 def _best(run: Run, metrics: list[Metric]) -> tuple[int | None, float | None]:
-    """The stored best checkpoint; before the detector has written one, the lowest primary metric so far."""
+    """The stored best checkpoint (by the metric the detector judges); before the detector has written one,
+    the checkpoint with the lowest recon LPIPS so far."""
     if run.best_step is not None:
         return run.best_step, run.best_value
     scored = [(m.recon_lpips, m.step) for m in metrics if is_finite(m.recon_lpips)]

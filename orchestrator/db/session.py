@@ -41,7 +41,7 @@ def engine_for(database_url: str) -> Engine:
 
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(conn, _record) -> None:  # type: ignore[no-untyped-def]
-            # WAL lets the dashboard read while the scheduler writes; FKs are off by default in SQLite.
+            # WAL lets the dashboard read while the launcher writes; FKs are off by default in SQLite.
             cur = conn.cursor()
             cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA foreign_keys=ON")

@@ -1,4 +1,4 @@
-"""Compare-and-set state changes of a run, shared by the scheduler and the grid service (the API's stop)."""
+"""Compare-and-set state changes of a run, shared by the launcher and the grid service (the API's stop)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def transition(session: Session, run: Run, from_state: RunState, **values: Any) 
     """Compare-and-set: UPDATE the run to `values` only if it is still `from_state` in the DB.
 
     True when this session won (the in-memory run then carries the values); False when another
-    writer (the API's stop, another scheduler pass) changed the state first: nothing is written and
+    writer (the API's stop, another launcher pass) changed the state first: nothing is written and
     the caller must not act on the old state.
     """
     result = session.execute(

@@ -1,4 +1,4 @@
-"""How a node becomes one the scheduler trains on: install, start its own Ray, drain, tear down, as
+"""How a node becomes one the launcher trains on: install, start its own Ray, drain, tear down, as
 command templates the operator can change (ABLATE_NODE_* settings) run over the node's SSH shell.
 
 A node never joins a cluster with the controller or other nodes: it runs its own Ray head on its
@@ -36,7 +36,7 @@ _VERSION = "from importlib.metadata import version; print(version('ablate'))"
 
 
 class BootstrapConfig(BaseSettings):
-    """How a node becomes one the scheduler trains on. Environment: ABLATE_NODE_<FIELD> (lists as JSON
+    """How a node becomes one the launcher trains on. Environment: ABLATE_NODE_<FIELD> (lists as JSON
     arrays).
 
     Each command is a template with {python}, {remote_dir}, {venv}, {package}, {num_gpus}, {env},

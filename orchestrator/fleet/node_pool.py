@@ -1,8 +1,8 @@
-"""The nodes the scheduler trains on, each reached through its agent: the controller's own machine (a
+"""The nodes the launcher trains on, each reached through its agent: the controller's own machine (a
 child process) and every joined node (a channel on its pinned SSH connection), one link per node.
 
 Links open in the background (an agent's Ray may take seconds to start), so a slow or dead node never
-holds up the others. A link that fails is reopened with a back-off; the scheduler treats a node's
+holds up the others. A link that fails is reopened with a back-off; the launcher treats a node's
 workers as lost once the node has been unreachable for `node_lost_s`, at once when its agent broke the
 protocol (a hostile or broken node: a joined one is then marked `bootstrap_failed` with the reason, so
 no run goes there until an operator bootstraps it again).
@@ -150,7 +150,7 @@ class NodePool:
         if row is None:
             command, env = local_agent_command(self.settings)
             command = self.local_command or command
-            log_path = self.settings.storage_dir / "agent.log"
+            log_path = self.settings.home_dir / "agent.log"
             return open_link(name, lambda: ProcessStream(command, env, log_path))
         from orchestrator.fleet.bootstrap import BootstrapConfig
         from orchestrator.fleet.shell import NodeShell

@@ -397,10 +397,10 @@ def stop_run(session: Session, run: Run, now: datetime | None = None) -> Run:
     """Stop a run on the user's request; flushes, no commit.
 
     queued: stopped at once (decision "user"). starting/running: `stop_requested` is set and the
-    scheduler stops the worker gracefully. Already finished: RunConflict.
+    launcher stops the worker gracefully. Already finished: RunConflict.
     """
     if run.state == RunState.queued:
-        # Compare-and-set: the scheduler may be launching it right now. Whoever moves it out of
+        # Compare-and-set: the launcher may be launching it right now. Whoever moves it out of
         # `queued` first wins; losing here means it is starting, so the stop is requested below.
         reason = "stopped by the user before it started"
         stopped = dict(state=RunState.stopped, decision=RunDecision.USER, decision_reason=reason)

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from model.spec import DetectorPolicy
+from model.spec import STANDIN, DetectorPolicy
 from orchestrator.numbers import is_finite, json_safe
 from orchestrator.runs.series_track import ControlBests, Direction, Series, worse
 from orchestrator.vocabulary import DecisionKind
@@ -29,8 +29,6 @@ __all__ = [
 AUTO = "auto"
 LPIPS_METRIC = "recon_lpips"
 FLOW_METRIC = "val_flow_loss"
-# The lpips_backbone label of a metric measured with an untrained AlexNet.
-STANDIN_BACKBONE = "random_standin"
 
 
 @dataclass(frozen=True)
@@ -69,7 +67,7 @@ class Checkpoint:
             hours = values.get("gpu_hours")
         if hours is None and values.get("wall_time_s") is not None:
             hours = values["wall_time_s"] / 3600.0  # type: ignore[operator]
-        standin = row.get("lpips_backbone") == STANDIN_BACKBONE
+        standin = row.get("lpips_backbone") == STANDIN
         return cls(step=int(step), values=values, hours=hours, lpips_standin=standin)
 
     def get(self, name: str) -> float | None:
@@ -87,8 +85,8 @@ class Decision:
     """The verdict on the newest checkpoint of a series.
 
     `stop` is True only when the verdict is not `continue` and the policy's mode is `stop`
-    (in `warn` mode the arm is flagged and runs on). best_step / best_value: the primary metric's
-    best checkpoint so far, the one to keep and mark.
+    (in `warn` mode the arm is flagged and runs on). best_step / best_value: the best checkpoint so far
+    by the primary metric (the one judged, in its metric_mode), the one to keep and mark.
     """
 
     kind: DecisionKind

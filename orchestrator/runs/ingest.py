@@ -2,7 +2,7 @@
 
 Every record a worker yields is inserted with ON CONFLICT (run_id, step) DO NOTHING, in the same
 transaction as its `checkpoint` event and the run's bookkeeping (last and best checkpoint), so a
-re-sent record (a restart, a retry) changes nothing. Pure DB work, no Ray: the scheduler, the
+re-sent record (a restart, a retry) changes nothing. Pure DB work, no Ray: the launcher, the
 benchmarks and the tests call it alike.
 """
 
@@ -14,12 +14,11 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from model.spec import DetectorPolicy
+from model.spec import STANDIN, DetectorPolicy
 from orchestrator.db.events import record_event
 from orchestrator.db.models import METRIC_FIELDS, Event, Grid, Metric, Run, utcnow
 from orchestrator.numbers import is_finite, json_safe
 from orchestrator.runs.detector import (
-    STANDIN_BACKBONE,
     Checkpoint,
     ControlBests,
     Decision,
@@ -141,7 +140,7 @@ def insert_metrics(session: Session, run_id: int, records: list[dict[str, Any]])
     # Core insert into the table (not the ORM entity), and RETURNING gives back only the rows that went
     # in (rowcount is unreliable for this through the ORM). One statement per chunk: a multi-row VALUES
     # binds one parameter per column and row, and past the driver's limit (SQLite 32766) every attempt
-    # of a large batch would fail, and with it every scheduler pass.
+    # of a large batch would fail, and with it every launcher pass.
     per_statement = max(1, MAX_BIND_PARAMS // len(rows[0]))
     new: set[int] = set()
     for start in range(0, len(rows), per_statement):
@@ -321,7 +320,7 @@ def ingest(session: Session, run: Run, records: list[dict[str, Any]], detect: bo
         record = by_step[step]
         run.last_checkpoint_step = max(step, run.last_checkpoint_step or step)
         # the metric the detector judges this checkpoint on ("auto": the flow loss under stand-in LPIPS)
-        metric = resolve_policy(policy, record.get("lpips_backbone") == STANDIN_BACKBONE).metric
+        metric = resolve_policy(policy, record.get("lpips_backbone") == STANDIN).metric
         if run.decision not in STOP_DECISIONS:
             _update_best(run, record, metric, policy.metric_mode)
         notes = [n for n in dict.fromkeys(record.get("fallbacks") or []) if n not in (run.fallbacks or [])]

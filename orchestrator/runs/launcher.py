@@ -134,7 +134,7 @@ class Launcher:
                     self.tick()
                 except Exception:  # a DB hiccup must not kill the controller; the next tick retries
                     log.exception("launcher tick failed")
-                    self._halt.wait(self.settings.scheduler_interval_s)
+                    self._halt.wait(self.settings.launcher_interval_s)
         finally:
             for listener in self.listeners:
                 listener.stop()
@@ -154,9 +154,9 @@ class Launcher:
         groups: dict[str, dict[str, int | None]] = {}
         for worker in self.workers.values():
             groups.setdefault(worker.node, {})[worker.name] = worker.after_step
-        replies = self.pool.poll(groups, self.settings.scheduler_interval_s) if groups else {}
+        replies = self.pool.poll(groups, self.settings.launcher_interval_s) if groups else {}
         if not replies:  # nothing polled (no workers, or their nodes are down): the agents did not wait
-            self._halt.wait(self.settings.scheduler_interval_s)
+            self._halt.wait(self.settings.launcher_interval_s)
         freed = False
         by_name = {w.name: w for w in self.workers.values()}
         for answers in replies.values():
@@ -164,7 +164,7 @@ class Launcher:
                 if name in by_name:
                     freed |= self._collect_isolated(by_name[name], reply)
         now = time.monotonic()
-        if freed or now - self._last_housekeeping >= self.settings.scheduler_interval_s:
+        if freed or now - self._last_housekeeping >= self.settings.launcher_interval_s:
             self._last_housekeeping = now
             self._expire_unplaced(now)
             self._send_stops()

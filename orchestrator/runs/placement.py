@@ -74,7 +74,7 @@ def not_placed(session: Session, node: str, names: list[str]) -> list[str]:
 
 def run_dir(settings: Settings, run_id: int) -> Path:
     """Checkpoints and records of one run, the same directory for every attempt."""
-    return settings.storage_dir.resolve() / "runs" / str(run_id)
+    return settings.home_dir.resolve() / "runs" / str(run_id)
 
 
 def nonempty(path: Path) -> bool:

@@ -52,7 +52,7 @@ def worker_compile_cache(settings: Settings) -> dict[str, Any]:
     """worker.compile_cache.CompileCache as the dict the worker actor takes: the node's cache directory
     (beside the runs', so it outlives them) and the shared store, if the operator set one."""
     return {
-        "dir": str(settings.storage_dir.expanduser().resolve() / "compile-cache"),
+        "dir": str(settings.home_dir.expanduser().resolve() / "compile-cache"),
         "url": settings.compile_cache_url,
         "options": dict(settings.checkpoint_options),
     }
@@ -61,7 +61,7 @@ def worker_compile_cache(settings: Settings) -> dict[str, Any]:
 def worker_data_store(settings: Settings) -> dict[str, Any]:
     """worker.data_fetch.DataStore as the dict the worker actor takes: how a node reaches data.url."""
     options = settings.data_options if settings.data_options is not None else settings.checkpoint_options
-    cache = settings.data_cache_dir or settings.storage_dir / "data-cache"
+    cache = settings.data_cache_dir or settings.home_dir / "data-cache"
     return {"options": dict(options), "cache_dir": str(cache.expanduser().resolve())}
 
 

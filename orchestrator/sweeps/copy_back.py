@@ -16,8 +16,8 @@ from orchestrator.db.session import session_scope
 from orchestrator.fleet.errors import error_reason
 from orchestrator.fleet.safe_fetch import fetch_tree
 from orchestrator.fleet.shell import NodeShell
-from orchestrator.results.records import MetricPublic, RunPublic
 from orchestrator.results.reports.write import write_report
+from orchestrator.results.views import MetricPublic, RunPublic
 from orchestrator.runs.storage import download_run
 
 
@@ -51,9 +51,9 @@ def copy_back(
         started_on = started_nodes(session, [r.id for r in grid.runs] if grid is not None else [])
         export = []
         for run in grid.runs if grid is not None else []:
-            record = RunPublic.from_row(run, run.metrics[-1] if run.metrics else None)
+            view = RunPublic.from_row(run, run.metrics[-1] if run.metrics else None)
             metrics = [MetricPublic.model_validate(m).model_dump(mode="json") for m in run.metrics]
-            export.append({**record.model_dump(mode="json"), "metrics": metrics})
+            export.append({**view.model_dump(mode="json"), "metrics": metrics})
             owner = aliases.get(started_on.get(run.id, "")) or aliases.get(run.node or "")
             local = results / "runs" / f"{run.id}-{path_part(run.arm)}"
             if run.checkpoint_url:

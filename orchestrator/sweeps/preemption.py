@@ -9,7 +9,7 @@ on-demand ones; the first such reading is an event (`rented.down`), a recovery t
 node judged preempted or lost is marked `preempted` (event `rented.preempted`), destroyed until the
 provider confirms it (a stopped Vast instance still bills for its disk), and its node row and its place
 in the sweep's nodes are dropped. Its runs need nothing from here: their Ray worker died with the
-machine, so the scheduler's lost-worker path re-queues them and they resume from checkpoint storage
+machine, so the launcher's lost-worker path re-queues them and they resume from checkpoint storage
 on whatever node has room.
 
 A replacement is rented through the same path as at fire (`rent_nodes`: offers, pin, bootstrap, join)

@@ -427,7 +427,7 @@ class Rentals:
 
 def rental_config(settings: Any) -> RentalConfig:  # noqa: ANN401 - orchestrator.settings.Settings
     """How this controller rents, from its settings (orchestrator/settings.py, "rented nodes")."""
-    ssh_dir = settings.storage_dir / "ssh"
+    ssh_dir = settings.home_dir / "ssh"
     return RentalConfig(
         controller_id=controller_id(settings),
         ssh_key=settings.rent_ssh_key or ssh_dir / "rent_ed25519",

@@ -2,8 +2,8 @@
 
 A sweep: provision its nodes (rent them when its schedule asks for nodes: rented.py; probe and
 bootstrap each, which starts its own Ray and agent), submit its grid through the grid service, wait for
-the runs (the run scheduler moves them through queued -> ... -> completed | stopped | failed in the DB),
-copy checkpoints and metrics back into storage_dir/sweeps/<id>/ (copy_back.py: from checkpoint storage,
+the runs (the run launcher moves them through queued -> ... -> completed | stopped | failed in the DB),
+copy checkpoints and metrics back into home_dir/sweeps/<id>/ (copy_back.py: from checkpoint storage,
 over SFTP from the node only when storage holds none), tear the nodes down. A budget (sum of node
 price per hour x hours since the fire) stops the sweep gracefully: its runs are stopped via the grid
 service, then results are collected and the nodes torn down.
@@ -70,7 +70,7 @@ class SweepRunner:
     def __init__(
         self,
         database_url: str,
-        storage_dir: Path,
+        home_dir: Path,
         clock: Clock = utcnow,
         node_config: BootstrapConfig | None = None,
         misfire_grace: timedelta = timedelta(minutes=5),
@@ -92,7 +92,7 @@ class SweepRunner:
         self.teardown_backoff_s = teardown_backoff_s
         self.checkpoint_options = checkpoint_options or {}  # fsspec options of checkpoint storage
         self.copy_back_max_bytes = copy_back_max_bytes  # per run
-        self.storage_dir = Path(storage_dir)
+        self.home_dir = Path(home_dir)
         self.clock = clock
         self.node_config = node_config
         self.misfire_grace = misfire_grace
@@ -105,7 +105,7 @@ class SweepRunner:
 
         return cls(
             settings.database_url,
-            settings.storage_dir,
+            settings.home_dir,
             checkpoint_options=settings.checkpoint_options,
             copy_back_max_bytes=settings.copy_back_max_bytes,
             providers=configured_providers(settings),
@@ -336,7 +336,7 @@ class SweepRunner:
         with session_scope(self.database_url) as session:
             sweep = session.get_one(Sweep, sweep_id)
             names, grid_id = list(sweep.nodes), sweep.grid_id
-        results = self.storage_dir / "sweeps" / str(sweep_id)
+        results = self.home_dir / "sweeps" / str(sweep_id)
         results.mkdir(parents=True, exist_ok=True)
         problems, failed_copies = copy_back(
             self.database_url, self.checkpoint_options, sweep_id, grid_id, names, results, self.copy_back_max_bytes

@@ -2,7 +2,7 @@
 
 One thread per tracker (a lane), so a tracker that hangs delays no other tracker and never the launcher:
 the launcher only `notify`s a run id (a queue put), and each lane also looks for due runs every
-scheduler interval, which catches state changes and what was ingested while it slept. The database is
+launcher interval, which catches state changes and what was ingested while it slept. The database is
 the queue: a lane reads a run's checkpoints and events after its cursor (the `tracker_runs` row), sends
 them, and moves the cursor after each checkpoint, so a restarted controller sends nothing twice (at most
 the one checkpoint in flight when it died) and a tracker that was down gets everything once it answers.
@@ -25,11 +25,11 @@ from typing import Any, TypeVar
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from model.spec import STANDIN
 from orchestrator.db.events import record_event
 from orchestrator.db.models import Event, Grid, Metric, Run, TrackerRun, utcnow
 from orchestrator.db.session import session_scope
 from orchestrator.results.judge import judge_metric
-from orchestrator.runs.detector import STANDIN_BACKBONE
 from orchestrator.settings import Settings
 from orchestrator.trackers.base import (
     Note,
@@ -69,7 +69,7 @@ def build_sink(name: TrackerName, settings: Settings) -> Sink:
     if name == TrackerName.wandb:
         from orchestrator.trackers.wandb_sink import WandbSink
 
-        return WandbSink(settings.storage_dir / "wandb")
+        return WandbSink(settings.home_dir / "wandb")
     raise ValueError(f"unknown tracker {name!r}")
 
 
@@ -134,7 +134,7 @@ def read_due(session: Session, tracker: TrackerName, run_id: int) -> Due | None:
         return None
     notes = [(e.id, Note(e.kind, e.message, int((e.data or {}).get("step") or run.last_checkpoint_step or 0)))
              for e in events]  # fmt: skip
-    judged = judge_metric(run, points[-1].get("lpips_backbone") == STANDIN_BACKBONE) if points else None
+    judged = judge_metric(run, points[-1].get("lpips_backbone") == STANDIN) if points else None
     spec = dict(run.spec or {})
     # Replicates of one arm are separate tracker runs (and TensorBoard folders): the arm and its seed.
     name = f"{run.arm}-s{run.seed}" if grid.seeds > 1 else run.arm
@@ -264,7 +264,7 @@ class Forwarder:
     def _run_lane(self, lane: Lane) -> None:
         while not self._halt.is_set():
             try:
-                lane.wake.get(timeout=self.settings.scheduler_interval_s)
+                lane.wake.get(timeout=self.settings.launcher_interval_s)
                 while not lane.wake.empty():  # one pass serves every notification so far
                     lane.wake.get_nowait()
             except queue.Empty:
@@ -311,7 +311,7 @@ class Forwarder:
             lane.opened.add(run_id)
             self._save(lane, due, external_id=opened.external_id, group_id=opened.group_id)
         for step, point, extra in due.metrics:
-            judged = judge_metric(due.run, point.get("lpips_backbone") == STANDIN_BACKBONE)
+            judged = judge_metric(due.run, point.get("lpips_backbone") == STANDIN)
             images = sample_images(due.run, step, extra, self.settings.checkpoint_options)
             checkpoint = Point(step, scalars_of(point, judged), judged, tuple(images))
             self._attempt(lane, f"step {step}", lambda c=checkpoint: sink.checkpoint(run_id, c))

@@ -51,7 +51,7 @@ def test_a_node_runs_its_own_ray_with_a_token_made_there_and_drain_ends_only_tha
     sid = int((ray_dir / "session").read_text())
     assert session_pids(sid)
 
-    settings = Settings(database_url=database_url, storage_dir=tmp_path, ray_namespace="ablate-start-test")
+    settings = Settings(database_url=database_url, home_dir=tmp_path, ray_namespace="ablate-start-test")
     command = remote_agent_command(settings, config.remote_dir)
     link, hello = open_link(name, lambda: ChannelStream(NodeShell.open(_row(database_url, name)).client, command))
     try:

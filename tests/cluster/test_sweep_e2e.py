@@ -192,7 +192,7 @@ def test_a_sweep_fires_trains_five_arms_on_two_nodes_copies_back_and_tears_down(
         assert not (c.storage / "runs" / str(run.id) / "best.pt").exists()
     _assert_torn_down(c)
 
-    page = TestClient(create_app(Settings(database_url=c.database_url, storage_dir=c.storage), "t")).get("/").text
+    page = TestClient(create_app(Settings(database_url=c.database_url, home_dir=c.storage), "t")).get("/").text
     assert f'<tr data-sweep-id="{sweep.id}" data-state="completed">' in page
     assert f'<a href="/grids/{sweep.grid_id}">' in page
 

@@ -18,7 +18,7 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 def make_client(database_url: str, storage: Path) -> TestClient:
-    return TestClient(create_app(Settings(database_url=database_url, storage_dir=storage), TOKEN))
+    return TestClient(create_app(Settings(database_url=database_url, home_dir=storage), TOKEN))
 
 
 @pytest.fixture(scope="module")

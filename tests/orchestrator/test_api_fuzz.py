@@ -26,7 +26,7 @@ schema = schemathesis.openapi.from_asgi("/openapi.json", app)
 @pytest.fixture(scope="module", autouse=True)
 def _use_test_database(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> None:
     # Routes read the settings from app.state on every request, so this points them at the test DB.
-    app.state.settings = Settings(database_url=database_url, storage_dir=tmp_path_factory.mktemp("storage"))
+    app.state.settings = Settings(database_url=database_url, home_dir=tmp_path_factory.mktemp("storage"))
 
 
 FUZZ = settings(max_examples=50, deadline=None, suppress_health_check=list(HealthCheck), database=None)

@@ -165,8 +165,8 @@ def test_a_lost_worker_whose_disk_is_gone_resumes_from_s3(
     fs.mkdir("ablate-ckpts")
     settings = Settings(
         database_url=database_url,
-        storage_dir=tmp_path,
-        scheduler_interval_s=0.2,
+        home_dir=tmp_path,
+        launcher_interval_s=0.2,
         worker_threads=1,
         ray_namespace="ablate-storage-test",
         checkpoint_url="s3://ablate-ckpts/nightly",

@@ -27,7 +27,7 @@ def ablate(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedPr
 @pytest.fixture
 def env(empty_database_url: str, tmp_path: Path) -> dict[str, str]:
     # A port nothing listens on, so `submit` finds no server unless a test starts one.
-    return {"ABLATE_DATABASE_URL": empty_database_url, "ABLATE_STORAGE_DIR": str(tmp_path / "st"), "ABLATE_PORT": "9"}
+    return {"ABLATE_DATABASE_URL": empty_database_url, "ABLATE_HOME_DIR": str(tmp_path / "st"), "ABLATE_PORT": "9"}
 
 
 def test_arms_prints_the_lineage(env: dict[str, str], tmp_path: Path) -> None:
@@ -172,7 +172,7 @@ def test_serve_submit_restart(env: dict[str, str], tmp_path: Path) -> None:
     grid.write_text("name: study\narms: [A, B, C, D]\ncontrol: A\n")
     server = start_server(env, tmp_path)
     try:
-        token_file = Path(env["ABLATE_STORAGE_DIR"]) / "api_token"
+        token_file = Path(env["ABLATE_HOME_DIR"]) / "api_token"
         assert token_file.stat().st_mode & 0o077 == 0  # generated, owner-only
         proc = ablate("submit", str(grid), env=env, cwd=tmp_path)
         assert proc.returncode == 0, proc.stderr

@@ -24,7 +24,7 @@ def test_demo_grid_is_a_to_d_and_an_arm_whose_lr_is_too_high(
     monkeypatch: pytest.MonkeyPatch, empty_torch_home: Path
 ) -> None:
     monkeypatch.delenv("ABLATE_DATABASE_URL", raising=False)
-    settings = demo_settings(Settings(storage_dir=Path("/tmp/x")))
+    settings = demo_settings(Settings(home_dir=Path("/tmp/x")))
     backbone, line = demo_lpips(settings)  # offline (tests), nothing cached: the labelled stand-in
     assert backbone == "random_standin" and "ABLATE_OFFLINE" in line
     arms = dict(resolve_grid(GridCreate(**demo_grid(backbone))))
@@ -59,7 +59,7 @@ def test_demo_uses_real_lpips_when_torchvision_has_the_weights_cached(empty_torc
     cached = empty_torch_home / "hub/checkpoints/alexnet-owt-7be5be79.pth"
     cached.parent.mkdir(parents=True)
     torch.save(import_torchvision().models.alexnet(weights=None).state_dict(), cached)
-    backbone, line = demo_lpips(demo_settings(Settings(storage_dir=Path("/tmp/x"))))
+    backbone, line = demo_lpips(demo_settings(Settings(home_dir=Path("/tmp/x"))))
     assert backbone == "alexnet" and str(cached) in line
 
 

@@ -22,7 +22,7 @@ BROKEN = "A-lr500x"
 def test_demo_trains_five_arms_and_the_detector_stops_the_broken_one(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ABLATE_", "RAY_"))}
     # offline: nothing downloads, LPIPS is the labelled stand-in
-    env.update(ABLATE_STORAGE_DIR=str(tmp_path), ABLATE_OFFLINE="1", PYTHONUNBUFFERED="1", COLUMNS="250")
+    env.update(ABLATE_HOME_DIR=str(tmp_path), ABLATE_OFFLINE="1", PYTHONUNBUFFERED="1", COLUMNS="250")
     proc = subprocess.run(
         [sys.executable, "-m", "orchestrator.cli", "demo"],
         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600,

@@ -32,7 +32,7 @@ def storage(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def make_app(database_url: str, storage: Path, **settings: Any):  # noqa: ANN201
-    return create_app(Settings(database_url=database_url, storage_dir=storage, **settings), TOKEN)
+    return create_app(Settings(database_url=database_url, home_dir=storage, **settings), TOKEN)
 
 
 @pytest.fixture
@@ -295,7 +295,7 @@ def test_short_token_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
     monkeypatch.delenv("ABLATE_API_TOKEN")
     (tmp_path / "api_token").write_text("short\n")
     with pytest.raises(SettingsError, match="shorter than 16"):
-        read_token(Settings(storage_dir=tmp_path))
+        read_token(Settings(home_dir=tmp_path))
 
 
 def test_token_file_db_and_storage_are_owner_only(tmp_path: Path) -> None:
@@ -308,7 +308,7 @@ def test_token_file_db_and_storage_are_owner_only(tmp_path: Path) -> None:
     token_file.touch()
     token_file.chmod(0o644)  # pre-existing and empty: a new token is written into it
     db = storage / "ablate.db"
-    token = prepare(Settings(database_url=f"sqlite:///{db}", storage_dir=storage))
+    token = prepare(Settings(database_url=f"sqlite:///{db}", home_dir=storage))
     assert len(token) >= 16 and token_file.read_text().strip() == token
     assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
     assert stat.S_IMODE(db.stat().st_mode) == 0o600

@@ -56,7 +56,7 @@ def hostile_prefix(prefix: Path, secret: Path) -> None:
 
 @pytest.fixture
 def client(database_url: str, tmp_path: Path) -> Iterator[TestClient]:
-    with TestClient(create_app(Settings(database_url=database_url, storage_dir=tmp_path), TOKEN)) as c:
+    with TestClient(create_app(Settings(database_url=database_url, home_dir=tmp_path), TOKEN)) as c:
         yield c
 
 
@@ -114,7 +114,7 @@ def test_an_sftp_store_serves_no_link(sshd, database_url, tmp_path) -> None:  # 
     hostile_prefix(prefix, secret)
     url = f"sftp://{sshd.user}@{sshd.host}:{sshd.port}{prefix}"
     options = {"key_filename": str(sshd.client_key), "known_hosts": str(sshd.known_hosts)}
-    settings = Settings(database_url=database_url, storage_dir=tmp_path, checkpoint_options=options)
+    settings = Settings(database_url=database_url, home_dir=tmp_path, checkpoint_options=options)
     with TestClient(create_app(settings, TOKEN)) as client:
         run_id = run_on(client, database_url, url)
         assert_served_only_the_png(client, database_url, run_id, options)

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
+import warnings
+from pathlib import Path
 
 import pytest
 
-from orchestrator.settings import SettingsError, load_settings
+from orchestrator.settings import Settings, SettingsError, load_settings
 
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("DATABASE_URL", "API_TOKEN", "PORT", "MAX_RETRIES", "SCHEDULER_INTERVAL_S", "RAY_ADDRESS"):
+    for name in ("DATABASE_URL", "API_TOKEN", "PORT", "MAX_RETRIES", "LAUNCHER_INTERVAL_S", "SCHEDULER_INTERVAL_S",
+                 "RAY_ADDRESS", "HOME_DIR", "STORAGE_DIR"):
         monkeypatch.delenv(f"ABLATE_{name}", raising=False)
 
 
@@ -37,7 +41,7 @@ def test_variables_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
         ("ABLATE_PORT", "70000"),
         ("ABLATE_DATABASE_URL", "mysql://db/x"),
         ("ABLATE_MAX_RETRIES", "-1"),
-        ("ABLATE_SCHEDULER_INTERVAL_S", "0"),
+        ("ABLATE_LAUNCHER_INTERVAL_S", "0"),
         ("ABLATE_MAX_BODY_BYTES", "10"),
         ("ABLATE_OFFLINE", "maybe"),
     ],
@@ -48,6 +52,70 @@ def test_invalid_value_names_the_variable(monkeypatch: pytest.MonkeyPatch, name:
         load_settings()
     assert str(info.value).startswith(f"invalid settings: {name}: ")
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "field", "value", "read"),
+    [
+        ("ABLATE_STORAGE_DIR", "ABLATE_HOME_DIR", "home_dir", "/srv/ablate", Path("/srv/ablate")),
+        ("ABLATE_SCHEDULER_INTERVAL_S", "ABLATE_LAUNCHER_INTERVAL_S", "launcher_interval_s", "0.25", 0.25),
+    ],
+)
+def test_a_renamed_variable_still_works_and_says_its_new_name(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, old: str, new: str, field: str, value: str,
+    read: object,
+) -> None:
+    monkeypatch.setenv(old, value)
+    with caplog.at_level(logging.WARNING, logger="orchestrator.settings"):
+        assert getattr(load_settings(), field) == read
+    assert [r.getMessage() for r in caplog.records] == [f"{old} is deprecated: read as {new}; use {new} instead"]
+
+    caplog.clear()
+    monkeypatch.delenv(old)
+    monkeypatch.setenv(new, value)
+    with caplog.at_level(logging.WARNING, logger="orchestrator.settings"):
+        assert getattr(load_settings(), field) == read
+    assert caplog.records == []
+
+
+def test_with_both_names_set_the_new_variable_wins_and_the_old_is_called_ignored(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("ABLATE_STORAGE_DIR", "/srv/old")
+    monkeypatch.setenv("ABLATE_HOME_DIR", "/srv/new")
+    monkeypatch.setenv("ABLATE_SCHEDULER_INTERVAL_S", "0.25")
+    monkeypatch.setenv("ABLATE_LAUNCHER_INTERVAL_S", "2")
+    with caplog.at_level(logging.WARNING, logger="orchestrator.settings"):
+        s = load_settings()
+    assert (s.home_dir, s.launcher_interval_s) == (Path("/srv/new"), 2.0)
+    assert s.token_file == Path("/srv/new/api_token")
+    messages = " | ".join(r.getMessage() for r in caplog.records)
+    assert "ABLATE_STORAGE_DIR is deprecated and ignored: ABLATE_HOME_DIR is set" in messages
+    assert "ABLATE_SCHEDULER_INTERVAL_S is deprecated and ignored: ABLATE_LAUNCHER_INTERVAL_S is set" in messages
+
+
+def test_a_bad_value_under_the_old_name_is_named_by_the_new_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ABLATE_SCHEDULER_INTERVAL_S", "0")
+    message = str(pytest.raises(SettingsError, load_settings).value)
+    assert message.startswith("invalid settings: ABLATE_LAUNCHER_INTERVAL_S: ")
+
+
+def test_the_old_keywords_still_work_with_a_future_warning() -> None:
+    with pytest.warns(FutureWarning, match=r"Settings\(storage_dir=\) is deprecated: read as Settings\(home_dir=\)"):
+        assert Settings(storage_dir=Path("/srv/kw")).home_dir == Path("/srv/kw")
+    with pytest.warns(FutureWarning, match=r"scheduler_interval_s=\) is deprecated and ignored"):
+        assert Settings(scheduler_interval_s=9, launcher_interval_s=3).launcher_interval_s == 3
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the new names warn of nothing
+        assert Settings(home_dir=Path("/srv/kw"), launcher_interval_s=3).home_dir == Path("/srv/kw")
+
+
+def test_a_keyword_beats_the_variable_under_either_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ABLATE_STORAGE_DIR", "/srv/env")
+    assert Settings(home_dir=Path("/srv/kw")).home_dir == Path("/srv/kw")
+    monkeypatch.setenv("ABLATE_HOME_DIR", "/srv/env")
+    with pytest.warns(FutureWarning):
+        assert Settings(storage_dir=Path("/srv/kw")).home_dir == Path("/srv/kw")
 
 
 def test_every_bad_variable_is_listed(monkeypatch: pytest.MonkeyPatch) -> None:

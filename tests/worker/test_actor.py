@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 
 from model.spec import ArmSpec
-from worker.actor import RECORDS_FILE, ArmWorker, _jsonable, load_records
-from worker.checkpoint import METRICS_NAME, checkpoint_path, periodic_checkpoints
+from worker.actor import ArmWorker, _jsonable, load_records
+from worker.checkpoint import checkpoint_path, periodic_checkpoints
+from worker.run_files import METRICS_NAME, RECORDS_NAME
 
 HELPER = "actor_test_streams"
 
@@ -137,7 +138,7 @@ def test_load_records_merges_metrics_up_to_newest_checkpoint(tmp_path: Path) -> 
 
     # Ours: steps 10 and 20 (20 differs from the trainer's line: ours wins), plus a kill -9 stub.
     write_lines(
-        tmp_path / RECORDS_FILE,
+        tmp_path / RECORDS_NAME,
         [
             json.dumps({"step": 20, "loss": 0.2, "src": "ours"}) + "\n",
             json.dumps({"step": 10, "loss": 0.1, "src": "ours"}) + "\n",
@@ -167,7 +168,7 @@ def test_load_records_merges_metrics_up_to_newest_checkpoint(tmp_path: Path) -> 
 
 def test_load_records_without_checkpoints_ignores_metrics(tmp_path: Path) -> None:
     write_lines(tmp_path / METRICS_NAME, [json.dumps({"step": 10, "loss": 0.1}) + "\n"])
-    write_lines(tmp_path / RECORDS_FILE, [json.dumps({"step": 5, "loss": 0.5}) + "\n"])
+    write_lines(tmp_path / RECORDS_NAME, [json.dumps({"step": 5, "loss": 0.5}) + "\n"])
     assert load_records(tmp_path) == [{"step": 5, "loss": 0.5}]
 
 
@@ -214,7 +215,7 @@ def test_poll_returns_only_newer_records(tmp_path: Path, streams: ModuleType) ->
 
 def test_new_worker_offers_earlier_records_then_its_own(tmp_path: Path, streams: ModuleType) -> None:
     # An earlier worker died after step 30's checkpoint but before appending step 30 to records.jsonl.
-    write_lines(tmp_path / RECORDS_FILE, [json.dumps({"step": s, "loss": s / 100}) + "\n" for s in (10, 20)])
+    write_lines(tmp_path / RECORDS_NAME, [json.dumps({"step": s, "loss": s / 100}) + "\n" for s in (10, 20)])
     write_lines(tmp_path / METRICS_NAME, [json.dumps({"step": s, "loss": s / 100}) + "\n" for s in (10, 20, 30)])
     checkpoint_path(tmp_path, 30).touch()
 
@@ -227,7 +228,7 @@ def test_new_worker_offers_earlier_records_then_its_own(tmp_path: Path, streams:
 
 
 def test_record_after_a_kill9_stub_survives_a_reload(tmp_path: Path, streams: ModuleType) -> None:
-    write_lines(tmp_path / RECORDS_FILE, [json.dumps({"step": 10}) + "\n", '{"step": 20, "lo'])
+    write_lines(tmp_path / RECORDS_NAME, [json.dumps({"step": 10}) + "\n", '{"step": 20, "lo'])
     worker = make_worker(tmp_path, "resumed")  # no metrics.jsonl: records.jsonl is the only copy
     got, final = poll_until_done(worker)
     assert [r["step"] for r in got] == [10, 40] and final["state"] == "done"

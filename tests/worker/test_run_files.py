@@ -1,13 +1,19 @@
-"""The run directory's names: one step pattern for checkpoints and sample folders, the actor's records
-file among them, and the module free of torch (the controller imports it)."""
+"""The run directory's names: one step pattern for checkpoints and sample folders, spelled in run_files
+only, and the module free of torch (the controller imports it)."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
+from pathlib import Path
 
-from worker import actor
-from worker.run_files import CKPT_RE, RECORDS_NAME, SAMPLE_FILE_RE, SAMPLE_STEP_RE, ckpt_name, sample_dir
+from worker import run_files
+from worker.run_files import CKPT_RE, SAMPLE_FILE_RE, SAMPLE_STEP_RE, ckpt_name, sample_dir
+
+ROOT = Path(__file__).resolve().parents[2]
+# Copied next to a researcher's script, so the standard library only: its defaults outside ablate are its own.
+STANDALONE = {"worker/command_client.py"}
 
 
 def test_checkpoints_and_sample_folders_read_back_the_step_they_were_written_with() -> None:
@@ -26,8 +32,29 @@ def test_names_this_code_never_writes_are_not_a_run_file() -> None:
     assert SAMPLE_FILE_RE.match("recon_3.png") and not SAMPLE_FILE_RE.match("../recon_3.png")
 
 
-def test_the_actor_writes_its_records_under_the_name_storage_uploads() -> None:
-    assert actor.RECORDS_FILE == RECORDS_NAME
+def _code_strings(tree: ast.Module) -> list[ast.Constant]:
+    """String constants of a module other than its docstrings (prose may name a file)."""
+    docs = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs]
+
+
+def test_no_module_but_run_files_spells_a_run_file_name() -> None:
+    names = {run_files.BEST_NAME, run_files.COMMAND_METRICS_NAME, *run_files.RECORD_FILES}
+    spelled = []
+    for package in ("worker", "model", "orchestrator"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            if rel in STANDALONE or path == Path(run_files.__file__):
+                continue
+            for const in _code_strings(ast.parse(path.read_text())):
+                if const.value in names or const.value.startswith("ckpt_"):
+                    spelled.append(f"{rel}:{const.lineno} {const.value!r}")
+    assert spelled == [], "import the name from worker/run_files.py instead"
 
 
 def test_the_names_import_without_torch() -> None:

@@ -39,7 +39,7 @@ def get_metrics(run_id: int, session: SessionDep) -> list[MetricPublic]:
     responses={**_404, **AUTH_RESPONSES, 409: {"description": "already finished"}},
 )
 def request_stop(run_id: int, session: SessionDep, _: AuthDep) -> RunPublic:
-    """Queued: stopped at once (decision "user"). Starting/running: the scheduler stops it gracefully."""
+    """Queued: stopped at once (decision "user"). Starting/running: the launcher stops it gracefully."""
     run = stop_run(session, get_or_404(session, Run, run_id))
     session.commit()
     return _public(session, run)

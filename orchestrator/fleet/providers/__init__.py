@@ -3,7 +3,9 @@
 `provider_for(name, settings)` builds one from settings (its API key included); the rest of the
 controller talks to it only through `base.Provider`. See base.py for the records, request.py for what
 a schedule asks (and the provider names), offers.py for the offer choice, lifecycle.py for the steps of
-a rental (create, wait until reachable, destroy until confirmed), reaper.py for what no live sweep owns.
+a rental (create, wait until reachable, destroy until confirmed), liveness.py for when a rented node counts
+as lost, reaper.py for what no live sweep owns, credentials.py for the API keys and identity.py for this
+controller's id and SSH key on what it rents.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from model.spec import STANDIN
 from orchestrator.db.models import Grid, Metric, Node, Run, Sweep
 from orchestrator.grids.arms import changes
 from orchestrator.numbers import finite_or_none, is_finite, number
@@ -51,7 +52,6 @@ from orchestrator.vocabulary import DETECTOR_STOPS, TERMINAL_STATES
 from worker.stored_file import StoredFileRefused
 
 PRIMARY = "recon_lpips"  # the judge where the detector judges LPIPS (a real backbone)
-STANDIN = "random_standin"
 COMPARED = (*QUALITY, WEIGHTED_FLOW)
 # Sample kinds shown in the report's rows (the manipulation pairs stay in the gallery).
 REPORT_KINDS = ("target", "recon", "text", "own")  # own: a command arm's PNGs
@@ -287,8 +287,8 @@ def build_report(session: Session, grid: Grid, storage_options: dict[str, Any] |
         mine, theirs = stored_spec(r.spec), stored_spec(parent.spec) if parent is not None else None
         standin = sorted({m.step for m in ms if m.lpips_backbone == STANDIN})
         fallbacks = [str(f) for f in (r.fallbacks or [])]
-        if standin and not any("random_standin" in f for f in fallbacks):
-            fallbacks.append(f"lpips backbone: random_standin at steps {standin} (not comparable with real LPIPS)")
+        if standin and not any(STANDIN in f for f in fallbacks):
+            fallbacks.append(f"lpips backbone: {STANDIN} at steps {standin} (not comparable with real LPIPS)")
         best_step = best.step if best is not None else None
         own = own_series(ms) if is_command_run(r) else {}
         ctrl_samples = None

@@ -27,8 +27,8 @@ REPORT_EVENTS = ("report.written", "report.failed")
 
 
 def report_dir(settings: Settings, grid_id: int) -> Path:
-    """Where a grid's report is written when it ends: storage_dir/reports/grid-{id}."""
-    return settings.storage_dir / "reports" / f"grid-{grid_id}"
+    """Where a grid's report is written when it ends: home_dir/reports/grid-{id}."""
+    return settings.home_dir / "reports" / f"grid-{grid_id}"
 
 
 def write_report(session: Session, grid: Grid, out: Path, storage_options: dict[str, Any] | None = None) -> list[Path]:
@@ -67,7 +67,7 @@ def write_due_reports(settings: Settings) -> list[int]:
                 continue
             try:
                 write_report(session, grid, out, settings.checkpoint_options)
-            except Exception as exc:  # noqa: BLE001 - a report must never stop the scheduler
+            except Exception as exc:  # noqa: BLE001 - a report must never stop the launcher
                 log.exception("report of grid %s failed", grid_id)
                 session.add(Event(grid_id=grid_id, kind="report.failed",
                                   message=f"report not written: {type(exc).__name__}: {exc} "

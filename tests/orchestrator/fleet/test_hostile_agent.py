@@ -95,7 +95,7 @@ def test_what_a_hostile_node_sends_is_refused_and_nothing_executes(
 ) -> None:
     canary = tmp_path / "canary"
     settings = Settings(
-        database_url=database_url, storage_dir=tmp_path / "storage", scheduler_interval_s=0.2, max_retries=0
+        database_url=database_url, home_dir=tmp_path / "storage", launcher_interval_s=0.2, max_retries=0
     )
     scheduler = Launcher(settings, local_agent=[sys.executable, str(hostile), mode, str(canary)])
     with session_scope(database_url) as session:
@@ -162,7 +162,7 @@ def test_a_joined_node_whose_agent_sends_a_pickle_over_ssh_is_refused_and_marked
         grid = create_grid(session, GridCreate(name="hostile-ssh", arms=["A"], overrides=tiny_overrides(steps=4)))
         run_id = grid.runs[0].id
     settings = Settings(
-        database_url=database_url, storage_dir=tmp_path / "storage", scheduler_interval_s=0.2, max_retries=0,
+        database_url=database_url, home_dir=tmp_path / "storage", launcher_interval_s=0.2, max_retries=0,
         local_node=False,
     )
     scheduler = Launcher(settings)

@@ -49,7 +49,7 @@ REFUSED: dict[str, tuple[str, str]] = {
 
 def _settings(database_url: str, tmp_path: Path, **changes: Any) -> Settings:
     return Settings(
-        database_url=database_url, storage_dir=tmp_path / "storage", scheduler_interval_s=0.2, max_retries=0,
+        database_url=database_url, home_dir=tmp_path / "storage", launcher_interval_s=0.2, max_retries=0,
         **changes,
     )  # fmt: skip
 
@@ -111,7 +111,7 @@ def test_a_silent_node_holds_each_pass_up_briefly_and_is_refused_after_node_lost
             passes.append(time.monotonic() - t0)
     finally:
         scheduler.pool.close()
-    assert max(passes) < settings.scheduler_interval_s + POLL_GRACE_S + 2, passes
+    assert max(passes) < settings.launcher_interval_s + POLL_GRACE_S + 2, passes
     run = _run(database_url, run_id)
     assert "no poll reply for" in run.error and "node_lost_s=4" in run.error, run.error
 

@@ -63,7 +63,7 @@ def test_a_node_s_terminal_escapes_never_reach_the_operator_s_terminal(
         session.scalars(select(Node).where(Node.name == name)).one().state = "joined"
         grid = create_grid(session, GridCreate(name="escapes", arms=["A"], overrides=tiny_overrides(steps=4)))
         grid_id, run_id = grid.id, grid.runs[0].id
-    settings = Settings(database_url=database_url, storage_dir=tmp_path / "storage", scheduler_interval_s=0.2,
+    settings = Settings(database_url=database_url, home_dir=tmp_path / "storage", launcher_interval_s=0.2,
                         max_retries=0, local_node=False)  # fmt: skip
     scheduler = Launcher(settings)
     scheduler.start()

@@ -20,7 +20,7 @@ from orchestrator.fleet.bootstrap import BootstrapConfig, bootstrap_node
 from orchestrator.fleet.inventory import NodeCreate, add_node, get_node
 from orchestrator.fleet.probe import probe_node
 from orchestrator.grids.service import GridCreate, create_grid
-from orchestrator.results.records import RunSummary
+from orchestrator.results.views import RunSummary
 from orchestrator.runs.placement import claim_for_launch, mark_running
 from orchestrator.settings import Settings
 from tests.orchestrator.factories import add_ssh_node, free_port, tiny_overrides
@@ -50,7 +50,7 @@ def test_a_node_s_events_and_a_run_s_are_listed_by_rest_and_cli(database_url: st
         started = session.scalars(select(Event).where(Event.run_id == run_id, Event.kind == "started")).one()
         assert started.data["node"] == "a-hostname-shared-by-clones" and started.data["node_name"] == name
 
-    with TestClient(create_app(Settings(database_url=database_url, storage_dir=tmp_path), TOKEN)) as client:
+    with TestClient(create_app(Settings(database_url=database_url, home_dir=tmp_path), TOKEN)) as client:
         assert client.get("/api/events").status_code == 401  # a node's commands are infrastructure
         listed = client.get("/api/events", params={"node": name}, headers=AUTH)
         assert listed.status_code == 200, listed.text

@@ -149,7 +149,7 @@ def test_arm_names_that_are_not_one_safe_path_part_get_a_422(database_url: str, 
     from orchestrator.app import create_app
     from orchestrator.settings import Settings
 
-    client = TestClient(create_app(Settings(database_url=database_url, storage_dir=tmp_path), "t"))
+    client = TestClient(create_app(Settings(database_url=database_url, home_dir=tmp_path), "t"))
     body = {"name": "g", "arms": ["A", {"parent": "A", "name": name}]}
     r = client.post("/api/grids", json=body, headers={"Authorization": "Bearer t"})
     assert r.status_code == 422

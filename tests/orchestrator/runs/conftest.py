@@ -14,7 +14,7 @@ from tests.orchestrator.factories import API_TOKEN
 
 @pytest.fixture(scope="module")
 def settings(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Settings:
-    return Settings(database_url=database_url, storage_dir=tmp_path_factory.mktemp("storage"))
+    return Settings(database_url=database_url, home_dir=tmp_path_factory.mktemp("storage"))
 
 
 @pytest.fixture(scope="module")

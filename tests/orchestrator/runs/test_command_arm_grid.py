@@ -23,7 +23,7 @@ def mine(**over: object) -> dict:
 
 
 def client_for(database_url: str, storage: Path, **settings: object) -> TestClient:
-    return TestClient(create_app(Settings(database_url=database_url, storage_dir=storage, **settings), TOKEN))
+    return TestClient(create_app(Settings(database_url=database_url, home_dir=storage, **settings), TOKEN))
 
 
 @pytest.fixture

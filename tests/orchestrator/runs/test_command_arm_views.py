@@ -38,7 +38,7 @@ def ray_address() -> Iterator[str]:
 def test_a_command_arm_s_metrics_and_pictures_on_the_dashboard_and_in_the_report(
     ray_address: str, database_url: str, tmp_path: Path
 ) -> None:
-    settings = Settings(database_url=database_url, storage_dir=tmp_path, scheduler_interval_s=0.2,
+    settings = Settings(database_url=database_url, home_dir=tmp_path, launcher_interval_s=0.2,
                         worker_threads=1, ray_namespace=NAMESPACE, ray_address=ray_address)  # fmt: skip
     arm = {"name": "pictures", "code": str(STAND_IN), "command": [sys.executable, "train.py", "--steps", "30", "--png"],
            "detector": {"metric": "val_loss"}}  # fmt: skip

@@ -41,7 +41,7 @@ def ray_cluster() -> Iterator[str]:
 
 @pytest.fixture
 def settings(ray_cluster: str, database_url: str, tmp_path: Path) -> Settings:
-    return Settings(database_url=database_url, storage_dir=tmp_path, scheduler_interval_s=0.2, max_retries=2,
+    return Settings(database_url=database_url, home_dir=tmp_path, launcher_interval_s=0.2, max_retries=2,
                     worker_threads=1, ray_namespace=NAMESPACE, ray_address=ray_cluster)
 
 

@@ -46,8 +46,8 @@ def start_controller(database_url: str, ray_address: str, storage: Path, log: Pa
         "ABLATE_DATABASE_URL": database_url,
         "ABLATE_RAY_ADDRESS": ray_address,
         "ABLATE_RAY_NAMESPACE": NAMESPACE,
-        "ABLATE_STORAGE_DIR": str(storage),
-        "ABLATE_SCHEDULER_INTERVAL_S": "0.2",
+        "ABLATE_HOME_DIR": str(storage),
+        "ABLATE_LAUNCHER_INTERVAL_S": "0.2",
         "ABLATE_WORKER_THREADS": "1",
     }
     with log.open("ab") as fh:

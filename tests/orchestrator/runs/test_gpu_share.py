@@ -27,7 +27,7 @@ TINY = {"model": {"size": "tiny"}, "schedule": {"batch_size": 8}}
 @pytest.fixture
 def quad(database_url: str, tmp_path: Path) -> Iterator[TestClient]:
     """The controller's own machine with 4 (logical) GPUs, the only node."""
-    settings = Settings(database_url=database_url, storage_dir=tmp_path, logical_gpus=4)
+    settings = Settings(database_url=database_url, home_dir=tmp_path, logical_gpus=4)
     with TestClient(create_app(settings, TOKEN)) as client:
         yield client
 

@@ -44,8 +44,8 @@ def scheduler(ray_cluster: str, database_url: str, tmp_path: Path) -> Iterator[L
 
     settings = Settings(
         database_url=database_url,
-        storage_dir=tmp_path,
-        scheduler_interval_s=0.2,
+        home_dir=tmp_path,
+        launcher_interval_s=0.2,
         max_retries=2,
         worker_threads=1,
         ray_namespace="ablate-test",
@@ -226,8 +226,8 @@ def _idle_scheduler(database_url: str, tmp_path: Path, ray_address: str, **kw: A
 
     settings = Settings(
         database_url=database_url,
-        storage_dir=tmp_path,
-        scheduler_interval_s=0.2,
+        home_dir=tmp_path,
+        launcher_interval_s=0.2,
         worker_threads=1,
         ray_namespace="ablate-test",
         ray_address=ray_address,

@@ -35,7 +35,7 @@ def _kinds(database_url: str, run_id: int) -> list[str]:
 
 
 def _scheduler(database_url: str, tmp_path: Path, max_retries: int = 2) -> Launcher:
-    return Launcher(Settings(database_url=database_url, storage_dir=tmp_path, max_retries=max_retries))
+    return Launcher(Settings(database_url=database_url, home_dir=tmp_path, max_retries=max_retries))
 
 
 def test_a_stop_that_commits_first_keeps_the_launch_from_claiming_the_run(database_url: str) -> None:
@@ -125,7 +125,7 @@ def test_the_api_serves_while_ray_is_still_unreachable(database_url: str, tmp_pa
         from orchestrator.settings import Settings
 
         # Port 9 (discard): nothing listens, so joining this "cluster" fails or hangs.
-        settings = Settings(database_url=sys.argv[1], storage_dir=sys.argv[2], ray_address="127.0.0.1:9")
+        settings = Settings(database_url=sys.argv[1], home_dir=sys.argv[2], ray_address="127.0.0.1:9")
         app = create_app(settings, "token")
         attach_launcher(app)
         with TestClient(app) as client:

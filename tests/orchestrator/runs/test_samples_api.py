@@ -34,7 +34,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[s
 
 @pytest.fixture
 def client(database_url: str, tmp_path: Path) -> Iterator[TestClient]:
-    with TestClient(create_app(Settings(database_url=database_url, storage_dir=tmp_path), TOKEN)) as c:
+    with TestClient(create_app(Settings(database_url=database_url, home_dir=tmp_path), TOKEN)) as c:
         yield c
 
 

@@ -51,7 +51,7 @@ def tracker_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def settings_for(database_url: str, tmp_path: Path, **kw: Any) -> Settings:
-    return Settings(database_url=database_url, storage_dir=tmp_path, scheduler_interval_s=0.2, **kw)
+    return Settings(database_url=database_url, home_dir=tmp_path, launcher_interval_s=0.2, **kw)
 
 
 def submit(database_url: str, trackers: list[str], out: Path, arms: list | None = None) -> list[int]:

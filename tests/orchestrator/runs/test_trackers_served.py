@@ -50,7 +50,7 @@ def test_a_grid_run_by_the_launcher_reaches_three_trackers_and_no_tracker_key_re
     tracker_environment(tmp_path, monkeypatch)
     key = "wandb-key-that-must-stay-on-the-controller"
     monkeypatch.setenv("WANDB_API_KEY", key)
-    settings = Settings(database_url=database_url, storage_dir=tmp_path, scheduler_interval_s=0.2, worker_threads=1,
+    settings = Settings(database_url=database_url, home_dir=tmp_path, launcher_interval_s=0.2, worker_threads=1,
                         ray_namespace="ablate-trackers", ray_address=ray_address)  # fmt: skip
     with session_scope(database_url) as session:
         grid = create_grid(session, GridCreate(name="served grid", arms=["A", STOPPED_ARM], overrides=TINY,

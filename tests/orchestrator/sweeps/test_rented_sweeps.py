@@ -260,7 +260,7 @@ def test_no_api_key_in_any_event_or_response(
         events = session.scalars(select(Event)).all()
         texts = [json.dumps({"m": e.message, "d": e.data}) for e in events]
     assert any("rented.destroyed" == e.kind for e in events) and all(KEY not in t for t in texts)
-    settings = Settings(database_url=database_url, vast_api_key=KEY, storage_dir=tmp_path)  # type: ignore[arg-type]
+    settings = Settings(database_url=database_url, vast_api_key=KEY, home_dir=tmp_path)  # type: ignore[arg-type]
     client = TestClient(create_app(settings, "tok"))
     auth = {"Authorization": "Bearer tok"}
     for path in ("/api/schedules", "/api/schedules/rent-secret", "/"):
@@ -288,7 +288,7 @@ def test_a_destroy_not_confirmed_is_red_on_the_dashboard_and_rest_until_the_reap
     [instance] = _instances(database_url, sweep.id)
     assert instance.state == RentedState.destroy_failed and len(sim.live()) == 1
 
-    client = TestClient(create_app(Settings(database_url=database_url, storage_dir=tmp_path), "tok"))
+    client = TestClient(create_app(Settings(database_url=database_url, home_dir=tmp_path), "tok"))
     auth = {"Authorization": "Bearer tok"}
     [public] = client.get("/api/schedules/rent-red", headers=auth).json()["sweeps"][0]["instances"]
     assert (public["instance_id"], public["state"]) == (instance.instance_id, "destroy_failed")

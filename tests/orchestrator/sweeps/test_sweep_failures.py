@@ -165,7 +165,7 @@ def test_teardown_error_in_the_provisioning_error_path_ends_the_sweep_and_marks_
     assert _commands(database_url, "exit 3") == 1  # never bootstrapped again
 
     # Shown in red where the operator looks: the dashboard and `ablate schedules list`.
-    client = TestClient(create_app(Settings(database_url=database_url, storage_dir=tmp_path), "t"))
+    client = TestClient(create_app(Settings(database_url=database_url, home_dir=tmp_path), "t"))
     page = client.get("/").text
     assert 'id="unreleased"' in page and "Teardown failed on flaky-node" in page
     assert '<span class="chip node-teardown_failed" title="flaky-node: teardown_failed">' in page

@@ -37,7 +37,7 @@ def _controller(tag: str, sshd, provider_sim: ProviderSim, tmp_path: Path) -> tu
     """A fresh installation: its own database and storage, its controller id as settings make it."""
     url = f"sqlite:///{tmp_path / tag}.db"
     upgrade(url)
-    settings = Settings(database_url=url, storage_dir=tmp_path / tag)  # type: ignore[call-arg]
+    settings = Settings(database_url=url, home_dir=tmp_path / tag)  # type: ignore[call-arg]
     assert settings.controller_id is None  # nothing set: the installation's own id
     runner = _runner(url, sshd, provider_sim, tmp_path / tag, sshd.workdir / f"two-{tag}")
     assert runner.rentals.config is not None
@@ -55,7 +55,7 @@ def test_two_controllers_on_one_account_never_reap_each_other(
     ids = [r.rentals.config.controller_id for r in (first, second)]  # type: ignore[union-attr]
     assert ids[0] != ids[1] and all(re.match(CONTROLLER_ID_PATTERN, i) for i in ids)
     # Generated once: the next read (a restart, `ablate schedules run` beside `ablate serve`) gets the same id.
-    again = rental_config(Settings(database_url=first_db, storage_dir=tmp_path / "first"))  # type: ignore[call-arg]
+    again = rental_config(Settings(database_url=first_db, home_dir=tmp_path / "first"))  # type: ignore[call-arg]
     assert again.controller_id == ids[0]
 
     _schedule(first_db, "night-first")

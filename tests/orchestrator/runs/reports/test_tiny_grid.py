@@ -87,4 +87,4 @@ def test_the_report_is_written_once_when_the_grid_ends(grid_id: int, settings: S
     with session_scope(settings.database_url) as session:
         kinds = [e.kind for e in session.query(Event).filter(Event.grid_id == grid_id, Event.run_id.is_(None))]
     assert kinds.count("report.written") == 1
-    assert Path(out).is_relative_to(settings.storage_dir)
+    assert Path(out).is_relative_to(settings.home_dir)

@@ -1,6 +1,7 @@
-"""A run, its metrics, its grid and a sweep as records: built from their database rows (`from_attributes`), so a
-field is named once, in the row and in the model. `RunSummary.from_row` is the one way a run becomes a
-record, for the API, the CLI, the dashboard and a sweep's metrics export alike."""
+"""A run, its metrics, its grid and a sweep as views (the `Public` models every reader shows): built from their
+database rows (`from_attributes`), so a field is named once, in the row and in the model. `RunSummary.from_row`
+is the one way a run becomes a view, for the API, the CLI, the dashboard and a sweep's metrics export alike.
+(A "record" is something else: the metric dict a worker writes per checkpoint, worker/run_files.py.)"""
 
 from __future__ import annotations
 
