@@ -38,7 +38,7 @@ for line in sys.stdin:
     if req["op"] == "hello":
         reply(req, {"protocol": 1, "node": "hostile", "gpus": 1, "workers": []})
     elif req["op"] != "poll":
-        reply(req, {"adopted": False, "found": True})
+        reply(req, {"adopted": False} if req["op"] == "start" else {"found": True})
     else:
         name = next(iter(req["runs"]))
         reply(req, {"runs": {name: {"state": "error", "error": error, "records": [], "stopping": False,
