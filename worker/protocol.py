@@ -145,38 +145,41 @@ class WorkerArgs(_Strict):
     compile_cache: dict[str, Any] | None = None  # worker.compile_cache.CompileCache as a dict
 
 
-class _Request(_Strict):
+class OpRequest(_Strict):
+    """What every request carries; each op's request below narrows `op` to its own."""
+
     id: int = 0  # set by the controller's link (fleet/agent_link.py), one per request; the reply echoes it
+    op: Op
 
 
-class HelloRequest(_Request):
-    op: Literal[Op.hello]
+class HelloRequest(OpRequest):
+    op: Literal[Op.hello] = Op.hello
 
 
-class StartRequest(_Request):
-    op: Literal[Op.start]
+class StartRequest(OpRequest):
+    op: Literal[Op.start] = Op.start
     name: WorkerName
     args: WorkerArgs
 
 
-class PollRequest(_Request):
-    op: Literal[Op.poll]
+class PollRequest(OpRequest):
+    op: Literal[Op.poll] = Op.poll
     runs: Annotated[dict[WorkerName, _Step | None], Field(max_length=10_000)]  # name -> the last step taken
     wait_s: Annotated[float, Field(ge=0, le=600)] = 1.0
 
 
-class StopRequest(_Request):
-    op: Literal[Op.stop]
+class StopRequest(OpRequest):
+    op: Literal[Op.stop] = Op.stop
     name: WorkerName
 
 
-class KillRequest(_Request):
-    op: Literal[Op.kill]
+class KillRequest(OpRequest):
+    op: Literal[Op.kill] = Op.kill
     name: WorkerName
 
 
-class PingRequest(_Request):
-    op: Literal[Op.ping]
+class PingRequest(OpRequest):
+    op: Literal[Op.ping] = Op.ping
     name: WorkerName
 
 

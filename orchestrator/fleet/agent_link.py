@@ -33,7 +33,7 @@ from worker.protocol import (
     Hello,
     HelloRequest,
     KillRequest,
-    Op,
+    OpRequest,
     PingRequest,
     PollRequest,
     PollResult,
@@ -223,14 +223,14 @@ class AgentLink:
         return line
 
     def request(
-        self, body: BaseModel, reply: type[Reply], timeout_s: float = OP_TIMEOUT_S, silence_s: float | None = None
+        self, body: OpRequest, reply: type[Reply], timeout_s: float = OP_TIMEOUT_S, silence_s: float | None = None
     ) -> Reply:
         """Send one request (worker/protocol.py; its id is set here) and return its `result` checked against
         `reply`; the reply must begin within silence_s when given and end within timeout_s."""
         if self.closed:
             raise AgentProtocolError(f"node {self.name!r}: the link is closed", violation=False)
         request_id = next(self._ids)
-        op = body.op  # type: ignore[attr-defined]
+        op = body.op
         try:
             self.stream.send(body.model_copy(update={"id": request_id}).model_dump_json().encode() + b"\n")
         except OSError as exc:
@@ -253,28 +253,28 @@ class AgentLink:
     # -- ops ----------------------------------------------------------------------------------------
 
     def hello(self, timeout_s: float = HELLO_TIMEOUT_S) -> Hello:
-        return self.request(HelloRequest(op=Op.hello), Hello, timeout_s)
+        return self.request(HelloRequest(), Hello, timeout_s)
 
     def start(self, name: str, args: WorkerArgs) -> Started:
-        return self.request(StartRequest(op=Op.start, name=name, args=args), Started)
+        return self.request(StartRequest(name=name, args=args), Started)
 
     def poll(
         self, runs: dict[str, int | None], wait_s: float, grace_s: float = OP_TIMEOUT_S
     ) -> dict[str, WorkerReply | WorkerLost]:
         """The workers' news. The agent answers within wait_s: silence past wait_s + grace_s fails the
         link as silent; a reply begun has until wait_s + OP_TIMEOUT_S to end."""
-        body = PollRequest(op=Op.poll, runs=runs, wait_s=wait_s)
+        body = PollRequest(runs=runs, wait_s=wait_s)
         replies = self.request(body, PollResult, timeout_s=wait_s + OP_TIMEOUT_S, silence_s=wait_s + grace_s).runs
         return {name: reply for name, reply in replies.items() if name in runs}  # others: not asked, ignored
 
     def stop(self, name: str) -> Found:
-        return self.request(StopRequest(op=Op.stop, name=name), Found)
+        return self.request(StopRequest(name=name), Found)
 
     def kill(self, name: str) -> Found:
-        return self.request(KillRequest(op=Op.kill, name=name), Found)
+        return self.request(KillRequest(name=name), Found)
 
     def ping(self, name: str) -> WorkerInfo:
-        return self.request(PingRequest(op=Op.ping, name=name), WorkerInfo)
+        return self.request(PingRequest(name=name), WorkerInfo)
 
 
 def open_link(name: str, make_stream: Callable[[], ProcessStream | ChannelStream]) -> tuple[AgentLink, Hello]:

@@ -25,7 +25,7 @@ from orchestrator.runs.launcher import Launcher
 from orchestrator.settings import Settings
 from tests.orchestrator.factories import tiny_overrides
 from tests.polling import wait_for
-from worker.protocol import Op, PollRequest, PollResult
+from worker.protocol import PollRequest, PollResult
 
 HOSTILE = r'''
 import json, os, pickle, sys, time
@@ -133,7 +133,7 @@ def test_a_reply_begun_and_never_ended_is_refused_at_the_deadline(hostile: Path,
         assert link.hello().gpus == 1
         started = time.monotonic()
         with pytest.raises(AgentProtocolError, match="without an end") as refused:
-            link.request(PollRequest(op=Op.poll, runs={"ablate-run-1-0": None}, wait_s=0.1), PollResult, 2.0)
+            link.request(PollRequest(runs={"ablate-run-1-0": None}, wait_s=0.1), PollResult, 2.0)
         assert refused.value.violation and time.monotonic() - started < 10
         assert link.closed
     finally:
