@@ -2,7 +2,7 @@
 
 A maximal reply is what a node may send at most: RECORDS_PER_POLL records, each with every metric column,
 MAX_FALLBACKS fallback notes and padding up to the 16 MiB reply cap. The bench times what the launcher
-does with it: parse the line (agent_link.parse_reply), validate it (PollResult), check the records
+does with it: parse the line (agent_link.parse_reply), validate it (worker/protocol.py PollResult), check the records
 (refused_records, refused_metrics), and store them with the detector judging every new checkpoint against
 the control arm (ingest), committed. `--history N` first stores N earlier checkpoints of the same run, to
 show the time per record does not grow with the series.
@@ -40,9 +40,10 @@ def main() -> None:
 
     from orchestrator.db.models import Run
     from orchestrator.db.session import session_scope, upgrade
-    from orchestrator.fleet.agent_link import MAX_REPLY_BYTES, PollResult, parse_reply, refused_records
+    from orchestrator.fleet.agent_link import parse_reply
     from orchestrator.grids.service import GridCreate, create_grid
     from orchestrator.runs.ingest import MAX_FALLBACKS, ingest, last_step, refused_metrics
+    from worker.protocol import MAX_REPLY_BYTES, PollResult, refused_records, worker_name
     from worker.run_files import RECORDS_PER_POLL
 
     url = args.database_url or f"sqlite:///{Path(tempfile.mkdtemp()) / 'bench.db'}"
@@ -58,7 +59,7 @@ def main() -> None:
             ingest(session, run, [record(s, arm, 0, 0) for s in range(start, min(start + RECORDS_PER_POLL,
                                                                                    args.history + 1))])
     first = args.history + 1
-    name = f"ablate-run-{arm}-0"
+    name = worker_name(arm, 0)
     one = len(json.dumps(record(first, arm, MAX_FALLBACKS, 0)))
     pad = max(0, (MAX_REPLY_BYTES - 4096) // RECORDS_PER_POLL - one - 16)
     records = [record(first + i, arm, MAX_FALLBACKS, pad) for i in range(RECORDS_PER_POLL)]
@@ -70,11 +71,12 @@ def main() -> None:
     parsed = parse_reply(line)
     got = PollResult.model_validate(parsed["result"]).runs[name]
     t1 = time.perf_counter()
-    refused = refused_records(got.records, arm, args.history or None) or refused_metrics(got.records)
+    values = [r.values() for r in got.records]
+    refused = refused_records(got.records, arm, args.history or None) or refused_metrics(values)
     assert refused is None, refused
     t2 = time.perf_counter()
     with session_scope(url) as session:
-        new = ingest(session, session.get_one(Run, arm), got.records)
+        new = ingest(session, session.get_one(Run, arm), values)
     t3 = time.perf_counter()
     with session_scope(url) as session:
         assert len(new) == RECORDS_PER_POLL and last_step(session, arm) == first + RECORDS_PER_POLL - 1

@@ -326,7 +326,7 @@ def fault_workers(env: Env, n: int = 2) -> dict[str, Any]:
 
     from orchestrator.db.models import Run
     from orchestrator.db.session import session_scope
-    from orchestrator.runs.placement import actor_name
+    from worker.protocol import worker_name
 
     running: list[Any] = []
     t_wait = time.monotonic()
@@ -337,7 +337,7 @@ def fault_workers(env: Env, n: int = 2) -> dict[str, Any]:
     killed = []
     for run_id, retries in random.sample(running, min(n, len(running))):
         try:
-            actor = ray.get_actor(actor_name(run_id, retries), namespace="ablate-soak")
+            actor = ray.get_actor(worker_name(run_id, retries), namespace="ablate-soak")
             pid = ray.get(actor.ping.remote(), timeout=10)["pid"]
             os.kill(pid, signal.SIGKILL)
             killed.append(run_id)

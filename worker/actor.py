@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import errno
 import json
-import math
 import os
 import socket
 import threading
@@ -18,26 +17,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from worker.failure import describe_error
+from pydantic import ValidationError
+
+from model.spec import ArmSpec
+from worker.failure import Described, describe_error
+from worker.protocol import CheckpointRecord, first_error, jsonable
 from worker.run_files import METRICS_NAME, RECORDS_NAME, RECORDS_PER_POLL
 
 # How long a worker waits for space on a full disk before its run fails (the operator's time to react).
 DISK_FULL_WAIT_S = 600.0
-
-
-def _jsonable(value: Any) -> Any:
-    """Records go through JSON files and JSON columns: non-finite floats become strings, paths strings."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)  # "nan", "inf": Postgres JSON rejects the bare tokens
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, Path):
-        return str(value)
-    if hasattr(value, "item") and callable(value.item):  # 0-d tensors / numpy scalars
-        return _jsonable(value.item())
-    return value
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -67,7 +55,7 @@ def load_records(out_dir: Path) -> list[dict[str, Any]]:
     for rec in _read_jsonl(out_dir / METRICS_NAME):
         step = int(rec["step"])
         if step <= newest and step not in by_step:
-            by_step[step] = _jsonable(rec)
+            by_step[step] = jsonable(rec)
     return [by_step[s] for s in sorted(by_step)]
 
 
@@ -98,7 +86,8 @@ class ArmWorker:
 
     Args:
         run_id: the DB id of the run (for logs only).
-        spec: the resolved ArmSpec as a dict (exactly as stored on the run).
+        spec: the resolved ArmSpec: as the node agent validated it (worker/protocol.py WorkerArgs), or as a
+            dict (exactly as stored on the run), validated here.
         out_dir: checkpoints and records.jsonl of this run; the same directory across retries.
         lpips_weights: local AlexNet weights for LPIPS, or None (the spec decides stand-in or error).
         torch_threads: intra-op threads for this worker (0 = torch's default).
@@ -116,7 +105,7 @@ class ArmWorker:
     def __init__(
         self,
         run_id: int,
-        spec: dict[str, Any],
+        spec: ArmSpec | dict[str, Any],
         out_dir: str,
         lpips_weights: str | None = None,
         torch_threads: int = 0,
@@ -128,7 +117,6 @@ class ArmWorker:
     ) -> None:
         self.run_id = run_id
         self.out_dir = Path(out_dir)
-        self._spec = spec
         self._lpips_weights = Path(lpips_weights) if lpips_weights else None
         self._torch_threads = torch_threads
         self._train_fn = train_fn
@@ -144,6 +132,7 @@ class ArmWorker:
         self._info: dict[str, Any] = {"pid": os.getpid(), "node": socket.gethostname()}
         self._store = None
         try:
+            self._spec = ArmSpec.model_validate(spec)  # an ArmSpec the agent validated is taken as it is
             self.out_dir.mkdir(parents=True, exist_ok=True)
             self._records = load_records(self.out_dir)
             self._info = gpu_info()
@@ -151,7 +140,7 @@ class ArmWorker:
                 from worker.checkpoint_store import CheckpointStore, StoreConfig
 
                 self._store = CheckpointStore(StoreConfig.from_dict(storage), self.out_dir)
-                if spec.get("command"):  # the script's whole checkpoints/ folder is stored and restored
+                if self._spec.command is not None:  # the script's whole checkpoints/ folder is stored, restored
                     from worker.folder_mirror import FolderMirror
                     from worker.run_files import COMMAND_CHECKPOINTS
 
@@ -174,14 +163,12 @@ class ArmWorker:
 
             import torch
 
-            from model.spec import ArmSpec
-
             self._fetch_stored()
             module, _, func = self._train_fn.partition(":")
             train_arm = getattr(importlib.import_module(module), func)
             if self._torch_threads > 0:
                 torch.set_num_threads(self._torch_threads)
-            spec = ArmSpec.model_validate(self._spec)
+            spec = self._spec
             device = "cuda" if torch.cuda.is_available() else "cpu"
             # Only with data.url: a benchmark's synthetic train_fn keeps train_arm's older signature.
             data: dict[str, Any] = {"data_store": self._data_store} if spec.data.url is not None else {}
@@ -199,7 +186,7 @@ class ArmWorker:
                 job = new_job(
                     self.out_dir,
                     spec.gpus,
-                    spec=self._spec,
+                    spec=spec.model_dump(mode="json"),
                     lpips_weights=str(self._lpips_weights) if self._lpips_weights else None,
                     data_store=self._data_store,
                     torch_threads=self._torch_threads,
@@ -223,7 +210,12 @@ class ArmWorker:
                     if fh.read(1) != "\n":
                         fh.write("\n")
                 for record in stream:
-                    rec = _jsonable(dict(record))
+                    rec = jsonable(dict(record))
+                    try:  # what the controller would refuse (and the node with it) fails the run here, named
+                        CheckpointRecord.model_validate(rec)
+                    except ValidationError as exc:
+                        raise Described(f"a record of step {rec.get('step')!r} breaks the protocol: "
+                                        f"{first_error(exc)}") from None
                     # Durable before it is offered: a restarted controller or worker re-reads the file.
                     self._append_durably(fh, json.dumps(rec) + "\n")
                     with self._cond:

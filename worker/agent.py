@@ -9,15 +9,10 @@ Nothing the controller receives is a pickle, and nothing of the controller's (it
 from the node. When the controller goes away (its SSH channel or pipe closes) the agent exits and the
 workers train on; the next controller's agent finds them again by name.
 
-Requests: {"id": n, "op": ..., ...}; replies: {"id": n, "ok": true, "result": {...}} or
-{"id": n, "ok": false, "error": "..."}. Ops:
-    hello                      {"protocol", "node", "gpus", "workers"}
-    start  name, kwargs        create the worker (ArmWorker's arguments) unless it exists: {"adopted"}
-    poll   runs {name: after}, wait_s   {"runs": {name: ArmWorker.poll reply | {"state": "lost", "error"}}}
-           (a worker whose reply is not ready within wait_s is left out and answered on a later poll)
-    stop   name                graceful stop (a final checkpoint)
-    kill   name                end the worker at once
-    ping   name                the worker's process info
+What it is asked and what it answers is the node protocol, worker/protocol.py: the ops (hello, start,
+poll, stop, kill, ping), their request and reply models, the worker-name rule. The agent imports it where
+it serves requests, never at its own import: `--help`, start-head and stop-head run on a node whose
+environment (pydantic included) is not installed yet.
 
     python -m worker.agent serve --namespace NS [--ray-dir DIR | --address ADDR | --local-gpus N]
     python -m worker.agent start-head --ray-dir DIR [--num-gpus N]
@@ -32,30 +27,52 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from worker.node_ray import TOKEN_FILE, auth_env, register_agent, start_head, stop_session_dir
 
-PROTOCOL = 1
-WORKER_PREFIX = "ablate-run-"
-MAX_REQUEST_BYTES = 8 << 20  # a start request carries one arm's spec: a few KB
+if TYPE_CHECKING:  # names for annotations only: pydantic is imported where requests are served
+    from worker.protocol import (
+        Found,
+        Hello,
+        HelloRequest,
+        KillRequest,
+        PingRequest,
+        PollRequest,
+        Started,
+        StartRequest,
+        StopRequest,
+    )
+
 
 
 class Agent:
     """The node's arm workers, driven by requests; `handle(request)` answers one."""
 
     def __init__(self, namespace: str) -> None:
+        from worker.protocol import Op
+
         self.namespace = namespace
         self.handles: dict[str, Any] = {}
         self.pending: dict[str, Any] = {}  # name -> the poll in flight (answered on a later request)
+        # The protocol's ops, each to its method: the one place a request meets its handler.
+        self.ops: dict[Op, Callable[[Any], Any]] = {
+            Op.hello: self.hello,
+            Op.start: self.start,
+            Op.poll: self.poll,
+            Op.stop: self.stop,
+            Op.kill: self.kill,
+            Op.ping: self.ping,
+        }
 
-    def handle(self, request: dict[str, Any]) -> dict[str, Any]:
-        op = request.get("op")
-        method = getattr(self, f"op_{op}", None) if isinstance(op, str) else None
-        if method is None:
-            raise ValueError(f"unknown op {op!r}")
-        return method(request)
+    def handle(self, request: Any) -> Any:
+        """The result of one request (a JSON object), checked against the protocol's request models first."""
+        from worker.protocol import REQUEST
+
+        checked = REQUEST.validate_python(request)
+        return self.ops[checked.op](checked)
 
     def _actor(self, name: str) -> Any:
         import ray
@@ -67,62 +84,61 @@ class Agent:
                 return None
         return self.handles[name]
 
-    def op_hello(self, request: dict[str, Any]) -> dict[str, Any]:
+    def hello(self, request: HelloRequest) -> Hello:
         import ray
 
-        names = [n for n in ray.util.list_named_actors() if n.startswith(WORKER_PREFIX)]
-        return {
-            "protocol": PROTOCOL,
-            "node": socket.gethostname(),
-            "gpus": int(ray.cluster_resources().get("GPU", 0)),
-            "workers": sorted(names),
-        }
+        from worker.protocol import PROTOCOL, WORKER_PREFIX, Hello
 
-    def op_start(self, request: dict[str, Any]) -> dict[str, Any]:
+        names = [n for n in ray.util.list_named_actors() if n.startswith(WORKER_PREFIX)]
+        return Hello(
+            protocol=PROTOCOL,
+            node=socket.gethostname(),
+            gpus=int(ray.cluster_resources().get("GPU", 0)),
+            workers=sorted(names),
+        )
+
+    def start(self, request: StartRequest) -> Started:
         import ray
 
         from worker.actor import ArmWorker
+        from worker.protocol import Started
 
-        name = str(request["name"])
-        if not name.startswith(WORKER_PREFIX):
-            raise ValueError(f"worker names start with {WORKER_PREFIX!r}: {name!r}")
-        if self._actor(name) is not None:
-            return {"adopted": True}
-        # An arm with gpus: N holds N GPUs of this node (Ray lists them in its CUDA_VISIBLE_DEVICES).
-        gpus = arm_gpus(request["kwargs"]["spec"])
-        self.handles[name] = (
+        if self._actor(request.name) is not None:
+            return Started(adopted=True)
+        args = request.args
+        self.handles[request.name] = (
             ray.remote(ArmWorker)
             .options(
-                name=name,
+                name=request.name,
                 namespace=self.namespace,
                 lifetime="detached",
-                num_gpus=gpus,
+                num_gpus=args.spec.gpu_count(),  # N GPUs of this node (Ray lists them in CUDA_VISIBLE_DEVICES)
                 num_cpus=0,  # four arms run at once on a node whatever its core count
                 max_concurrency=4,  # poll and request_stop run beside the training thread
                 max_restarts=0,  # a lost worker is retried by the controller, from its checkpoint
             )
-            .remote(**request["kwargs"])
+            .remote(**dict(args))  # the spec as the validated ArmSpec: the worker trains it as it is
         )
-        return {"adopted": False}
+        return Started(adopted=False)
 
-    def op_poll(self, request: dict[str, Any]) -> dict[str, Any]:
+    def poll(self, request: PollRequest) -> dict[str, Any]:
+        """{"runs": {name: the worker's poll reply, or {"state": "lost", "error"}}} (protocol PollResult)."""
         import ray
         from ray.exceptions import ActorUnavailableError, RayActorError
 
-        wait_s = float(request.get("wait_s", 1.0))
         out: dict[str, Any] = {}
-        for name, after in dict(request["runs"]).items():
+        for name, after in request.runs.items():
             if name in self.pending:
                 continue
             actor = self._actor(name)
             if actor is None:
                 out[name] = {"state": "lost", "error": f"no worker {name} on this node"}
                 continue
-            self.pending[name] = actor.poll.remote(after, wait_s)
-        asked = [n for n in request["runs"] if n in self.pending]
+            self.pending[name] = actor.poll.remote(after, request.wait_s)
+        asked = [n for n in request.runs if n in self.pending]
         refs = [self.pending[n] for n in asked]
         if refs:
-            ray.wait(refs, num_returns=1, timeout=wait_s + 1.0)
+            ray.wait(refs, num_returns=1, timeout=request.wait_s + 1.0)
             ready = {r.hex() for r in ray.wait(refs, num_returns=len(refs), timeout=0)[0]}
             for name in asked:
                 if self.pending[name].hex() not in ready:
@@ -138,50 +154,45 @@ class Agent:
                     out[name] = {"state": "lost", "error": text.splitlines()[0] if text else type(exc).__name__}
         return {"runs": out}
 
-    def op_stop(self, request: dict[str, Any]) -> dict[str, Any]:
-        actor = self._actor(str(request["name"]))
+    def stop(self, request: StopRequest) -> Found:
+        from worker.protocol import Found
+
+        actor = self._actor(request.name)
         if actor is not None:
             actor.request_stop.remote()
-        return {"found": actor is not None}
+        return Found(found=actor is not None)
 
-    def op_kill(self, request: dict[str, Any]) -> dict[str, Any]:
+    def kill(self, request: KillRequest) -> Found:
         import ray
 
-        name = str(request["name"])
-        actor = self._actor(name)
-        self.handles.pop(name, None)
-        self.pending.pop(name, None)
+        from worker.protocol import Found
+
+        actor = self._actor(request.name)
+        self.handles.pop(request.name, None)
+        self.pending.pop(request.name, None)
         if actor is not None:
             try:
                 ray.kill(actor, no_restart=True)
             except Exception:  # noqa: BLE001 - already gone
                 pass
-        return {"found": actor is not None}
+        return Found(found=actor is not None)
 
-    def op_ping(self, request: dict[str, Any]) -> dict[str, Any]:
+    def ping(self, request: PingRequest) -> dict[str, Any]:
+        """The worker's process info (protocol WorkerInfo)."""
         import ray
 
-        actor = self._actor(str(request["name"]))
+        actor = self._actor(request.name)
         if actor is None:
-            raise ValueError(f"no worker {request['name']} on this node")
+            raise ValueError(f"no worker {request.name} on this node")
         return ray.get(actor.ping.remote(), timeout=60)
-
-
-def arm_gpus(spec: dict[str, Any]) -> int:
-    """The GPUs an arm's spec asks for (validated: the controller's word is checked here too)."""
-    from model.spec import ArmSpec  # here, not at import: `worker.agent --help` runs before the node's deps exist
-
-    return ArmSpec.model_validate(spec).gpu_count()
-
-
-def _jsonable(value: Any) -> Any:
-    from worker.actor import _jsonable as convert
-
-    return convert(value)
 
 
 def serve(agent: Agent, stdin: BinaryIO, stdout: BinaryIO) -> None:
     """Answer requests until stdin closes (the controller went away: the workers train on)."""
+    from pydantic import BaseModel, ValidationError
+
+    from worker.protocol import MAX_REQUEST_BYTES, first_error, jsonable
+
     while True:
         line = stdin.readline(MAX_REQUEST_BYTES + 1)
         if not line:
@@ -194,7 +205,11 @@ def serve(agent: Agent, stdin: BinaryIO, stdout: BinaryIO) -> None:
             if not isinstance(request, dict):
                 raise ValueError("a request is a JSON object")
             request_id = request.get("id")
-            reply = {"id": request_id, "ok": True, "result": _jsonable(agent.handle(request))}
+            result = agent.handle(request)
+            result = result.model_dump(mode="json") if isinstance(result, BaseModel) else jsonable(result)
+            reply = {"id": request_id, "ok": True, "result": result}
+        except ValidationError as exc:  # a request the protocol does not know
+            reply = {"id": request_id, "ok": False, "error": f"invalid request: {first_error(exc)}"[:2000]}
         except Exception as exc:  # noqa: BLE001 - answered, the agent serves on
             reply = {"id": request_id, "ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000]}
         stdout.write(json.dumps(reply).encode() + b"\n")

@@ -63,7 +63,7 @@ def key_name(ingredients: dict[str, Any]) -> str:
 
 @dataclass
 class CompileCache:
-    """One process's compile cache (built by the controller as a dict: worker_kwargs' `compile_cache`)."""
+    """One process's compile cache (built by the controller as a dict: worker_args' `compile_cache`)."""
 
     dir: str  # the node's persistent cache directory
     url: str | None = None  # the store's prefix; None: the node's own cache only

@@ -1,15 +1,268 @@
 """The node protocol: what a node's agent and the controller say to each other, written once for both ends.
 
-A node is a stranger: everything it sends is a claim the controller checks against these models before it
-acts on it (fleet/agent_link.py reads replies through them; worker/agent.py and the worker write them).
-Torch-free and Ray-free: a controller imports it without either.
+The controller (orchestrator/fleet/agent_link.py) writes requests and reads replies through these models;
+the node's agent (worker/agent.py) reads requests and its workers (worker/actor.py) write replies through
+them. A node is a stranger: everything it sends is a claim the controller checks against these models
+before it acts on it. docs/architecture.md, "The node protocol", walks through it.
+
+One JSON object per line. Requests: {"id": n, "op": ..., ...} (`Request`); replies: {"id": n, "ok": true,
+"result": {...}} or {"id": n, "ok": false, "error": "..."}. Ops and their results:
+
+    hello                          Hello
+    start  name, args (WorkerArgs) Started: the worker is created unless it exists (then adopted)
+    poll   runs {name: after}, wait_s   PollResult: each worker's WorkerReply, or WorkerLost
+           (a worker whose reply is not ready within wait_s is left out and answered on a later poll)
+    stop   name                    Found: a graceful stop (a final checkpoint) was asked
+    kill   name                    Found: the worker ended at once
+    ping   name                    WorkerInfo
+
+Non-finite numbers travel as the strings "nan", "inf", "-inf" (`NONFINITE_TEXT`): strict JSON and Postgres
+JSON have no token for them. `jsonable` writes them so; a record's typed metrics accept them.
+
+Torch-free and Ray-free: a controller imports it without either. It uses pydantic, which a node has only
+once its environment is installed: `python -m worker.agent --help` runs before, so the agent imports this
+module where it handles a request, never at its own import.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, get_args
+import math
+import re
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    TypeAdapter,
+    ValidationError,
+)
+
+from model.command_spec import CommandEnd
+from model.spec import ArmSpec
+from worker.run_files import RECORDS_PER_POLL
+
+PROTOCOL = 2  # 2: a start request carries `args` (WorkerArgs), no longer `kwargs`
+MAX_REQUEST_BYTES = 8 << 20  # a start request carries one arm's spec: a few KB
+MAX_REPLY_BYTES = 16 << 20  # a poll's records: one line per checkpoint, a few KB each
+MAX_STEP = 2**31 - 1  # a step the metrics table holds (a 32-bit column): far past any schedule
+
+
+class Op(StrEnum):
+    hello = "hello"
+    start = "start"
+    poll = "poll"
+    stop = "stop"
+    kill = "kill"
+    ping = "ping"
+
+
+# -- worker names -------------------------------------------------------------------------------------
+
+WORKER_PREFIX = "ablate-run-"  # every worker of ablate's on a node's Ray; the agent lists only these
+_WORKER_NAME = re.compile(rf"^{WORKER_PREFIX}([0-9]{{1,18}})-([0-9]{{1,9}})$")
+
+
+def worker_name(run_id: int, attempt: int) -> str:
+    """A run's worker on a node's Ray: a new attempt (after a worker died) gets a new name."""
+    return f"{WORKER_PREFIX}{run_id}-{attempt}"
+
+
+def parse_worker_name(name: str) -> tuple[int, int] | None:
+    """(run id, attempt) of a worker name; None for a name that is not one (a node may name anything)."""
+    found = _WORKER_NAME.match(name)
+    return (int(found[1]), int(found[2])) if found else None
+
+
+def _is_worker_name(name: str) -> str:
+    if parse_worker_name(name) is None:
+        raise ValueError(f"not a worker name ({WORKER_PREFIX}<run id>-<attempt>)")
+    return name
+
+
+WorkerName = Annotated[str, Field(max_length=64), AfterValidator(_is_worker_name)]
+# Any name a node lists in its hello: checked against placements (orchestrator/runs/placement.py not_placed).
+ListedName = Annotated[str, Field(max_length=200, pattern=r"^[A-Za-z0-9._-]+$")]
+
+
+# -- JSON values ---------------------------------------------------------------------------------------
+
+NONFINITE_TEXT = ("nan", "inf", "-inf")  # a non-finite float on the wire and in JSON columns
+
+
+def jsonable(value: Any) -> Any:
+    """A record or reply as strict JSON: non-finite floats as their text (NONFINITE_TEXT), paths as strings,
+    0-d tensors and numpy scalars as numbers, tuples as lists, keys as strings."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # "nan", "inf", "-inf"
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    if hasattr(value, "item") and callable(value.item):  # 0-d tensors / numpy scalars
+        return jsonable(value.item())
+    return value
+
+
+_Step = Annotated[int, Field(ge=0, le=MAX_STEP)]
+_Short = Annotated[str, Field(max_length=64)]
+_Long = Annotated[str, Field(max_length=4000)]
+Text = Annotated[str, Field(max_length=20_000)]
+# A metric's value: a number, or a non-finite one as its text (a diverged loss).
+Number = StrictFloat | Literal["nan", "inf", "-inf"]  # an integer is a float here too
+Count = StrictInt
+Path_ = Annotated[StrictStr, Field(max_length=4096)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# -- requests ------------------------------------------------------------------------------------------
+
+
+class WorkerArgs(_Strict):
+    """What a node builds a run's worker from (worker/actor.py ArmWorker's arguments)."""
+
+    run_id: Annotated[int, Field(ge=0)]
+    spec: ArmSpec  # validated here, once: the agent counts its GPUs and the worker trains it as it is
+    out_dir: Path_  # checkpoints and records.jsonl of this run; the same directory across retries
+    lpips_weights: Path_ | None = None  # local AlexNet weights for LPIPS (None: the spec decides)
+    torch_threads: Annotated[int, Field(ge=0, le=4096)] = 0  # intra-op threads (0: torch's default)
+    train_fn: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.]+:[A-Za-z0-9_]+$")] = "worker.train:train_arm"
+    storage: dict[str, Any] | None = None  # worker.checkpoint_store.StoreConfig as a dict
+    data_store: dict[str, Any] | None = None  # worker.data_fetch.DataStore as a dict
+    code_archive: Path_ | None = None  # a command arm's code as shipped to this node (None: read in place)
+    compile_cache: dict[str, Any] | None = None  # worker.compile_cache.CompileCache as a dict
+
+
+class OpRequest(_Strict):
+    """What every request carries; each op's request below narrows `op` to its own."""
+
+    id: int = 0  # set by the controller's link (fleet/agent_link.py), one per request; the reply echoes it
+    op: Op
+
+
+class HelloRequest(OpRequest):
+    op: Literal[Op.hello] = Op.hello
+
+
+class StartRequest(OpRequest):
+    op: Literal[Op.start] = Op.start
+    name: WorkerName
+    args: WorkerArgs
+
+
+class PollRequest(OpRequest):
+    op: Literal[Op.poll] = Op.poll
+    runs: Annotated[dict[WorkerName, _Step | None], Field(max_length=10_000)]  # name -> the last step taken
+    wait_s: Annotated[float, Field(ge=0, le=600)] = 1.0
+
+
+class StopRequest(OpRequest):
+    op: Literal[Op.stop] = Op.stop
+    name: WorkerName
+
+
+class KillRequest(OpRequest):
+    op: Literal[Op.kill] = Op.kill
+    name: WorkerName
+
+
+class PingRequest(OpRequest):
+    op: Literal[Op.ping] = Op.ping
+    name: WorkerName
+
+
+Request = Annotated[
+    HelloRequest | StartRequest | PollRequest | StopRequest | KillRequest | PingRequest, Field(discriminator="op")
+]
+REQUEST: TypeAdapter[Request] = TypeAdapter(Request)
+
+
+# -- replies -------------------------------------------------------------------------------------------
+
+
+class Hello(_Strict):
+    protocol: Literal[PROTOCOL]  # type: ignore[valid-type]
+    node: Annotated[str, Field(max_length=255)]
+    gpus: Annotated[int, Field(ge=0, le=1024)]
+    workers: Annotated[list[ListedName], Field(max_length=10_000)]
+
+
+class Started(_Strict):
+    adopted: bool  # the worker was there already (a controller restarted between start and its record)
+
+
+class Found(_Strict):
+    found: bool  # False: no such worker on the node (gone already)
+
+
+class WorkerInfo(BaseModel):
+    """Where a worker landed; stored on its run (other keys, such as provenance, are kept as data)."""
+
+    model_config = ConfigDict(extra="allow")
+    cuda_visible_devices: Annotated[str | None, Field(max_length=256)] = None
+    pid: int | None = None
+    node: Annotated[str | None, Field(max_length=255)] = None
+    gpu_name: Annotated[str | None, Field(max_length=255)] = None
+    gpu_uuid: Annotated[str | None, Field(max_length=128)] = None
+    provenance: dict[str, Any] | None = None
+
+
+class CheckpointRecord(BaseModel):
+    """One checkpoint's record (worker/train_record.py, or a command arm's metrics line) as it travels.
+
+    The known fields are typed: each metric column of the controller's table (tests hold the two together)
+    and what ablate itself sets. A command arm's own metrics are extra fields, any JSON value; what a value
+    may be (its range, a short list of notes) is the controller's check (orchestrator/runs/ingest.py)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    step: int  # past the run's last one and at most MAX_STEP: `refused_records`
+    run_id: int | None = None
+    train_loss: Number | None = None
+    grad_norm: Number | None = None
+    lr: Number | None = None
+    recon_lpips: Number | None = None
+    recon_lpips_se: Number | None = None
+    recon_lpips_n: Count | None = None
+    text_lpips: Number | None = None
+    text_lpips_se: Number | None = None
+    text_lpips_n: Count | None = None
+    text_manip_delta: Number | None = None
+    text_manip_delta_se: Number | None = None
+    text_manip_delta_n: Count | None = None
+    val_flow_loss: Number | None = None
+    val_flow_loss_se: Number | None = None
+    val_flow_loss_n: Count | None = None
+    iter_per_sec: Number | None = None
+    samples_per_sec: Number | None = None
+    tokens_per_sec: Number | None = None
+    peak_memory_gb: Number | None = None
+    wall_time_s: Number | None = None
+    gpu_hours: Number | None = None
+    lpips_backbone: Annotated[str, Field(max_length=32)] | None = None  # "alexnet", or "random_standin"
+    checkpoint: Path_ | None = None
+    checkpoint_file: Path_ | None = None  # a command arm's own file under checkpoints/
+    best_checkpoint: Path_ | None = None
+    best_step: int | None = None
+    is_best: StrictBool | None = None
+    samples: dict[str, Any] | None = None  # the step's sample images (worker/samples.py)
+    fallbacks: list[StrictStr] | None = None  # what the trainer did instead of what was asked
+
+    def values(self) -> dict[str, Any]:
+        """The record as the worker sent it: the fields it set, its extra ones included."""
+        return self.model_dump(exclude_unset=True)
+
 
 StorageKind = Literal[
     "checkpoint.stored",
@@ -23,14 +276,6 @@ STORAGE_EVENTS: tuple[str, ...] = get_args(StorageKind)
 HELD_EVENTS = ("checkpoint.stored", "checkpoint.fetched")
 # Upload-log entries one poll may carry: the worker keeps its last 50 (worker/checkpoint_store.py LOG_KEEP).
 STORAGE_LOG_MAX = 64
-
-_Step = Annotated[int, Field(ge=0, le=2**31 - 1)]
-_Short = Annotated[str, Field(max_length=64)]
-_Long = Annotated[str, Field(max_length=4000)]
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 class StorageData(_Strict):
@@ -65,3 +310,46 @@ class StorageStatus(_Strict):
     last_error: _Long | None = None
     pending_step: _Step | None = None
     log: Annotated[list[StorageEntry], Field(max_length=STORAGE_LOG_MAX)] = []
+
+
+class WorkerReply(_Strict):
+    """One worker's poll reply (worker/actor.py ArmWorker.poll)."""
+
+    state: Literal["running", "done", "error"]
+    info: WorkerInfo
+    records: Annotated[list[CheckpointRecord], Field(max_length=RECORDS_PER_POLL)]  # the worker sends no more
+    error: Text | None = None
+    stopping: bool = False
+    ended_by: CommandEnd | None = None  # a command arm that finished: what ended its process
+    storage: StorageStatus | None = None  # its upload log: storage events only, bounded
+
+
+class WorkerLost(_Strict):
+    """The node's Ray says the worker is gone (its process died, or it never existed there)."""
+
+    state: Literal["lost"]
+    error: Text
+
+
+class PollResult(_Strict):
+    runs: dict[WorkerName, WorkerReply | WorkerLost]
+
+
+def refused_records(records: list[CheckpointRecord], run_id: int, after: int | None) -> str | None:
+    """Why a worker's records cannot be the run's, or None: each needs a step past `after` and up to
+    MAX_STEP, and a record that names a run names this one."""
+    floor = -1 if after is None else after
+    for record in records:
+        if not floor < record.step <= MAX_STEP:
+            text = str(record.step)
+            shown = text if len(text) <= 40 else f"{text[:20]}... ({len(text)} digits)"
+            return f"a record with step {shown} (expected an integer after {floor}, at most {MAX_STEP})"
+        if record.run_id is not None and record.run_id != run_id:
+            return f"a record of step {record.step} claims run {record.run_id!r}, not run {run_id}"
+    return None
+
+
+def first_error(exc: ValidationError) -> str:
+    """A refusal in one line: where the first error is (`records.0.train_loss`) and what it is."""
+    first = exc.errors()[0]
+    return f"{'.'.join(str(p) for p in first['loc']) or 'the value'}: {first['msg']}"

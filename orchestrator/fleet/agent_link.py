@@ -1,8 +1,9 @@
 """The controller's end of a node agent (worker/agent.py): one JSON request, one JSON reply, validated.
 
 A node is a stranger: whatever its agent sends is input like a request body. A reply is one line of at
-most MAX_REPLY_BYTES, parsed as JSON (never unpickled), and checked against the models below before
-anything reads it; names and paths in it are never followed. A reply that breaks the protocol (not
+most MAX_REPLY_BYTES, parsed as JSON (never unpickled), and checked against the protocol's models
+(worker/protocol.py, the one definition both ends import) before anything reads it; names and paths in
+it are never followed. A reply that breaks the protocol (not
 JSON, too long, the wrong id, no reply within the time) raises AgentProtocolError and closes the link:
 the stream's state is unknown after it. An op the agent answered with an error raises AgentRefused and
 the link stays usable.
@@ -21,27 +22,39 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ValidationError
 
-from model.spec import CommandEnd
 from orchestrator.fleet.errors import NodeError
-from worker.protocol import StorageStatus
-from worker.run_files import RECORDS_PER_POLL
+from worker.protocol import (
+    MAX_REPLY_BYTES,
+    Found,
+    Hello,
+    HelloRequest,
+    KillRequest,
+    OpRequest,
+    PingRequest,
+    PollRequest,
+    PollResult,
+    Started,
+    StartRequest,
+    StopRequest,
+    WorkerArgs,
+    WorkerInfo,
+    WorkerLost,
+    WorkerReply,
+    first_error,
+)
 
 if TYPE_CHECKING:
     import paramiko
 
-MAX_REPLY_BYTES = 16 << 20  # a poll's records: one line per checkpoint, a few KB each
+Reply = TypeVar("Reply", bound=BaseModel)
+
 HELLO_TIMEOUT_S = 180.0  # the agent's Ray start on a busy node
 OP_TIMEOUT_S = 60.0
-PROTOCOL = 1
-MAX_STEP = 2**31 - 1  # a step the metrics table holds (a 32-bit column): far past any schedule
 MAX_DEPTH = 32  # nesting of a reply: a record's values sit 5 levels down, its provenance a few more
-
-Text = Annotated[str, Field(max_length=20_000)]
-Name = Annotated[str, Field(max_length=200, pattern=r"^[A-Za-z0-9._-]+$")]
 
 
 class AgentProtocolError(NodeError):
@@ -57,67 +70,6 @@ class AgentProtocolError(NodeError):
 
 class AgentRefused(NodeError):
     """The agent answered an op with an error (the link stays usable)."""
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class Hello(_Strict):
-    protocol: Literal[1]
-    node: Annotated[str, Field(max_length=255)]
-    gpus: Annotated[int, Field(ge=0, le=1024)]
-    workers: Annotated[list[Name], Field(max_length=10_000)]
-
-
-class WorkerInfo(BaseModel):
-    """Where a worker landed; stored on its run (other keys, such as provenance, are kept as data)."""
-
-    model_config = ConfigDict(extra="allow")
-    cuda_visible_devices: Annotated[str | None, Field(max_length=256)] = None
-    pid: int | None = None
-    node: Annotated[str | None, Field(max_length=255)] = None
-    gpu_name: Annotated[str | None, Field(max_length=255)] = None
-    gpu_uuid: Annotated[str | None, Field(max_length=128)] = None
-    provenance: dict[str, Any] | None = None
-
-
-class WorkerReply(_Strict):
-    """One worker's poll reply (worker/actor.py ArmWorker.poll)."""
-
-    state: Literal["running", "done", "error"]
-    info: WorkerInfo
-    records: Annotated[list[dict[str, Any]], Field(max_length=RECORDS_PER_POLL)]  # the worker sends no more
-    error: Text | None = None
-    stopping: bool = False
-    ended_by: CommandEnd | None = None  # a command arm that finished: what ended its process
-    storage: StorageStatus | None = None  # its upload log: storage events only, bounded
-
-
-class WorkerLost(_Strict):
-    """The node's Ray says the worker is gone (its process died, or it never existed there)."""
-
-    state: Literal["lost"]
-    error: Text
-
-
-class PollResult(_Strict):
-    runs: dict[Name, WorkerReply | WorkerLost]
-
-
-def refused_records(records: list[dict[str, Any]], run_id: int, after: int | None) -> str | None:
-    """Why a worker's records cannot be the run's, or None: each needs an integer step past `after` and
-    up to MAX_STEP, and a record that names a run names this one."""
-    floor = -1 if after is None else after
-    for record in records:
-        step = record.get("step")
-        if not isinstance(step, int) or isinstance(step, bool) or not floor < step <= MAX_STEP:
-            shown = repr(step) if len(repr(step)) <= 40 else f"{repr(step)[:20]}... ({len(repr(step))} characters)"
-            return f"a record with step {shown} (expected an integer after {floor}, at most {MAX_STEP})"
-        claimed = record.get("run_id", run_id)
-        if claimed != run_id:
-            return f"a record of step {step} claims run {claimed!r}, not run {run_id}"
-    return None
 
 
 def parse_reply(line: bytes) -> Any:
@@ -270,63 +222,59 @@ class AgentLink:
             raise self._refuse(f"refused a reply over {self.max_reply_bytes} bytes")
         return line
 
-    def request(self, op: str, timeout_s: float = OP_TIMEOUT_S, silence_s: float | None = None, **fields: Any) -> Any:
-        """Send one request and return its validated `result` (any JSON value: the caller's model checks it);
-        the reply must begin within silence_s when given and end within timeout_s."""
+    def request(
+        self, body: OpRequest, reply: type[Reply], timeout_s: float = OP_TIMEOUT_S, silence_s: float | None = None
+    ) -> Reply:
+        """Send one request (worker/protocol.py; its id is set here) and return its `result` checked against
+        `reply`; the reply must begin within silence_s when given and end within timeout_s."""
         if self.closed:
             raise AgentProtocolError(f"node {self.name!r}: the link is closed", violation=False)
         request_id = next(self._ids)
+        op = body.op
         try:
-            self.stream.send(json.dumps({"id": request_id, "op": op, **fields}).encode() + b"\n")
+            self.stream.send(body.model_copy(update={"id": request_id}).model_dump_json().encode() + b"\n")
         except OSError as exc:
             raise self._refuse(f"could not send to the agent: {type(exc).__name__}: {exc}", False) from None
         line = self._readline(timeout_s, silence_s)
         try:
-            reply = parse_reply(line)
+            answer = parse_reply(line)
         except ValueError as exc:
             why = f"{exc}; {len(line)} bytes from {line[:24]!r}"
             raise self._refuse(f"refused a reply that is not JSON ({why})") from None
-        if not isinstance(reply, dict) or reply.get("id") != request_id or not isinstance(reply.get("ok"), bool):
+        if not isinstance(answer, dict) or answer.get("id") != request_id or not isinstance(answer.get("ok"), bool):
             raise self._refuse(f"refused a reply that is not an answer to request {request_id}")
-        if not reply["ok"]:
-            raise AgentRefused(f"node {self.name!r}: {op}: {str(reply.get('error'))[:2000]}")
-        return reply.get("result")
-
-    def _checked(self, model: type[BaseModel], value: Any, op: str) -> Any:
+        if not answer["ok"]:
+            raise AgentRefused(f"node {self.name!r}: {op}: {str(answer.get('error'))[:2000]}")
         try:
-            return model.model_validate(value)
+            return reply.model_validate(answer.get("result"))
         except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"]) or "reply"
-            raise self._refuse(f"refused an invalid {op} reply: {where}: {first['msg']}") from None
+            raise self._refuse(f"refused an invalid {op} reply: {first_error(exc)}") from None
 
     # -- ops ----------------------------------------------------------------------------------------
 
     def hello(self, timeout_s: float = HELLO_TIMEOUT_S) -> Hello:
-        return self._checked(Hello, self.request("hello", timeout_s), "hello")
+        return self.request(HelloRequest(), Hello, timeout_s)
 
-    def start(self, name: str, kwargs: dict[str, Any]) -> None:
-        self.request("start", name=name, kwargs=kwargs)
+    def start(self, name: str, args: WorkerArgs) -> Started:
+        return self.request(StartRequest(name=name, args=args), Started)
 
     def poll(
         self, runs: dict[str, int | None], wait_s: float, grace_s: float = OP_TIMEOUT_S
     ) -> dict[str, WorkerReply | WorkerLost]:
         """The workers' news. The agent answers within wait_s: silence past wait_s + grace_s fails the
         link as silent; a reply begun has until wait_s + OP_TIMEOUT_S to end."""
-        result = self.request(
-            "poll", timeout_s=wait_s + OP_TIMEOUT_S, silence_s=wait_s + grace_s, runs=runs, wait_s=wait_s
-        )
-        replies = self._checked(PollResult, result, "poll").runs
+        body = PollRequest(runs=runs, wait_s=wait_s)
+        replies = self.request(body, PollResult, timeout_s=wait_s + OP_TIMEOUT_S, silence_s=wait_s + grace_s).runs
         return {name: reply for name, reply in replies.items() if name in runs}  # others: not asked, ignored
 
-    def stop(self, name: str) -> None:
-        self.request("stop", name=name)
+    def stop(self, name: str) -> Found:
+        return self.request(StopRequest(name=name), Found)
 
-    def kill(self, name: str) -> None:
-        self.request("kill", name=name)
+    def kill(self, name: str) -> Found:
+        return self.request(KillRequest(name=name), Found)
 
     def ping(self, name: str) -> WorkerInfo:
-        return self._checked(WorkerInfo, self.request("ping", name=name), "ping")
+        return self.request(PingRequest(name=name), WorkerInfo)
 
 
 def open_link(name: str, make_stream: Callable[[], ProcessStream | ChannelStream]) -> tuple[AgentLink, Hello]:

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import select
 
@@ -34,15 +34,15 @@ from orchestrator.fleet.agent_link import (
     AgentProtocolError,
     ChannelStream,
     ProcessStream,
-    WorkerLost,
-    WorkerReply,
     open_link,
 )
 from orchestrator.fleet.errors import NodeError, error_reason
 from orchestrator.settings import Settings
 from orchestrator.vocabulary import NodeState
+from worker.protocol import Found, Started, WorkerArgs, WorkerLost, WorkerReply
 
 log = logging.getLogger("ablate.nodes")
+Answer = TypeVar("Answer")
 
 LOCAL = "local"  # the controller's own machine, as a node name
 RECONNECT_S = 5.0  # between attempts to reopen a failed link
@@ -276,24 +276,36 @@ class NodePool:
                 self.nodes[name].silent_since = None
         return out
 
-    def call(self, node: str, op: str, name: str, **fields: Any) -> bool:
-        """start/stop/kill one worker; False when the node is not up or the op failed (logged)."""
+    def start(self, node: str, name: str, args: WorkerArgs) -> Started | None:
+        """Start worker `name` on `node` (adopted when it is there already); None when the node is not up
+        or the start failed (logged; a broken link is failed, see `fail`)."""
+        started = self._send(node, f"start {name}", lambda link: link.start(name, args))
+        if started is not None:
+            self.nodes[node].workers.add(name)
+        return started
+
+    def stop(self, node: str, name: str) -> Found | None:
+        """Ask worker `name` for a graceful stop (a final checkpoint); None when it could not be asked."""
+        return self._send(node, f"stop {name}", lambda link: link.stop(name))
+
+    def kill(self, node: str, name: str) -> Found | None:
+        """End worker `name` at once; None when the node is not up or the kill failed (gone already)."""
+        killed = self._send(node, f"kill {name}", lambda link: link.kill(name))
+        if killed is not None:
+            self.nodes[node].workers.discard(name)
+        return killed
+
+    def _send(self, node: str, what: str, send: Callable[[AgentLink], Answer]) -> Answer | None:
         entry = self.nodes.get(node)
         if entry is None or entry.link is None:
-            return False
+            return None
         try:
-            getattr(entry.link, op)(name, **fields)
+            return send(entry.link)
         except AgentProtocolError as exc:
             self.fail(entry, exc)
-            return False
         except Exception:  # noqa: BLE001 - AgentRefused: the worker is gone already
-            log.info("node %s: %s %s failed", node, op, name, exc_info=True)
-            return False
-        if op == "start":
-            entry.workers.add(name)
-        elif op == "kill":
-            entry.workers.discard(name)
-        return True
+            log.info("node %s: %s failed", node, what, exc_info=True)
+        return None
 
     def upload_code(self, node: str, name: str, data: bytes) -> str | None:
         """A command arm's code archive onto `node` over its agent's SSH connection (fleet/code_upload.py):

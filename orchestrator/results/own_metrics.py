@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from orchestrator.db.models import METRIC_FIELDS, Metric, Run
-from orchestrator.runs.ingest import NONFINITE_TEXT
+from worker.protocol import NONFINITE_TEXT
 
 # Keys ablate itself puts on a command arm's record (worker/command.py) or row: not the script's metrics.
 ABLATE_KEYS = frozenset({

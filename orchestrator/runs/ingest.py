@@ -28,10 +28,10 @@ from orchestrator.runs.detector import (
 )
 from orchestrator.runs.metric_ranges import ANY_METRIC_BOUND, out_of_range, overflowed
 from orchestrator.vocabulary import STOP_DECISIONS, RunDecision
+from worker.protocol import NONFINITE_TEXT  # how a node writes non-finite floats
 
 # Bind parameters per INSERT: below SQLite's default limit (32766 since 3.32) and Postgres' (65535).
 MAX_BIND_PARAMS = 30_000
-NONFINITE_TEXT = ("nan", "inf", "-inf")  # how the worker writes non-finite floats
 # A record's fallback notes (what the trainer did instead of what was asked: a few per run).
 MAX_FALLBACKS = 64
 MAX_FALLBACK_CHARS = 500

@@ -44,14 +44,12 @@ from orchestrator.db.events import record_event
 from orchestrator.db.models import Grid, Run, utcnow
 from orchestrator.db.session import session_scope
 from orchestrator.db.transitions import transition
-from orchestrator.fleet.agent_link import WorkerLost, WorkerReply, refused_records
 from orchestrator.fleet.node_pool import NodePool
 from orchestrator.messages import strip_ansi
 from orchestrator.runs.command_code import CodeRefused, ship_code
 from orchestrator.runs.ingest import ingest, last_step, refused_metrics
 from orchestrator.runs.placement import (
     Worker,
-    actor_name,
     arm_gpus,
     choose_node,
     claim_for_launch,
@@ -60,11 +58,12 @@ from orchestrator.runs.placement import (
     not_placed,
     record_placement,
     run_dir,
-    worker_kwargs,
+    worker_args,
 )
 from orchestrator.runs.storage import record_storage, run_storage_url, seen_seq
 from orchestrator.settings import Settings
 from orchestrator.vocabulary import ACTIVE_STATES, TERMINAL_STATES, GridSource, RunState
+from worker.protocol import WorkerLost, WorkerReply, refused_records, worker_name
 
 log = logging.getLogger("ablate.launcher")
 
@@ -196,7 +195,7 @@ class Launcher:
             for run in runs:
                 if run.id in self.workers:
                     continue
-                name = actor_name(run.id, run.retries)
+                name = worker_name(run.id, run.retries)
                 node = self.pool.find(name)
                 if node is not None:
                     self.workers[run.id] = Worker(
@@ -254,7 +253,7 @@ class Launcher:
     def _launch(self, session: Session, run: Run, node: str) -> bool:
         """Claim the queued run and start its worker on `node`; False (nothing started) when a stop won the
         race. A node that fails the start loses the run back to the queue (a retry counted)."""
-        name = actor_name(run.id, run.retries)
+        name = worker_name(run.id, run.retries)
         out_dir = run_dir(self.settings, run.id)
         # Claim first: on Postgres the row stays locked until commit, so a concurrent stop waits and
         # then sees `starting` (and sets stop_requested); one that committed first makes this fail.
@@ -275,9 +274,8 @@ class Launcher:
             # it placed there, and a node that names a worker it was not given is refused.
             record_placement(session, run, node, name)
             session.commit()
-            kwargs = worker_kwargs(self.settings, run, out_dir, self.train_fn)
             try:  # a command arm's code goes to a joined node first
-                kwargs["code_archive"] = ship_code(self.settings, self.pool, node, run.spec)
+                code_archive = ship_code(self.settings, self.pool, node, run.spec)
             except CodeRefused as exc:  # no retry can fix it: too large, or outside the allowed directories
                 run.error = str(exc)
                 self._finish(session, run, RunState.failed, run.error)
@@ -285,7 +283,8 @@ class Launcher:
             except Exception as exc:  # noqa: BLE001 - the node's link: retried like a failed start
                 self._requeue(session, run, f"node {node}: copying the code failed: {type(exc).__name__}: {exc}")
                 return False
-            if not self.pool.call(node, "start", name, kwargs=kwargs):
+            args = worker_args(self.settings, run, out_dir, self.train_fn, code_archive)
+            if self.pool.start(node, name, args) is None:
                 self._requeue(session, run, f"node {node} could not start worker {name}: {self.pool.nodes[node].error}")
                 return False
         after = last_step(session, run.id)
@@ -341,7 +340,8 @@ class Launcher:
         if isinstance(reply, WorkerLost):
             self._worker_died(worker, RuntimeError(reply.error))
             return True
-        refused = refused_records(reply.records, worker.run_id, worker.after_step) or refused_metrics(reply.records)
+        records = [record.values() for record in reply.records]
+        refused = refused_records(reply.records, worker.run_id, worker.after_step) or refused_metrics(records)
         if refused is not None:
             self._fail_worker(worker, f"node {worker.node} sent {refused}: refused, nothing of the reply stored")
             return True
@@ -353,8 +353,8 @@ class Launcher:
                 return True
             if not worker.started and reply.state != "error":  # a worker that failed never started
                 mark_running(session, run, reply.info.model_dump(), worker.node)
-            if reply.records:
-                ingest(session, run, reply.records)
+            if records:
+                ingest(session, run, records)
             seen = record_storage(session, run, worker.attempt, reply.storage, worker.storage_seen)
             if run.being_stopped:
                 self._request_stop(worker)
@@ -378,14 +378,14 @@ class Launcher:
         worker.started = True
         worker.storage_seen = seen
         if reply.records:
-            worker.after_step = max(int(r["step"]) for r in reply.records)
+            worker.after_step = max(r.step for r in reply.records)
         if gone:
             self._kill(worker)
         return gone
 
     def _worker_died(self, worker: Worker, exc: BaseException) -> None:
         self.workers.pop(worker.run_id, None)
-        self.pool.call(worker.node, "kill", worker.name)  # a worker given up on never trains on unseen
+        self.pool.kill(worker.node, worker.name)  # a worker given up on never trains on unseen
         text = strip_ansi(str(exc)).strip()
         message = text.splitlines()[0] if text else type(exc).__name__
         with session_scope(self.settings.database_url) as session:
@@ -429,7 +429,7 @@ class Launcher:
 
     def _kill(self, worker: Worker) -> None:
         self.workers.pop(worker.run_id, None)
-        self.pool.call(worker.node, "kill", worker.name)  # False: the node or the worker is gone already
+        self.pool.kill(worker.node, worker.name)  # False: the node or the worker is gone already
 
     # stops -------------------------------------------------------------------------------------------
 
@@ -446,4 +446,4 @@ class Launcher:
     def _request_stop(self, worker: Worker) -> None:
         if not worker.stop_sent:
             worker.stop_sent = True
-            self.pool.call(worker.node, "stop", worker.name)
+            self.pool.stop(worker.node, worker.name)

@@ -9,7 +9,6 @@ not its to hold (`not_placed`)."""
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ from orchestrator.db.transitions import transition
 from orchestrator.runs.storage import worker_compile_cache, worker_data_store, worker_storage
 from orchestrator.settings import Settings
 from orchestrator.vocabulary import RunState
+from worker.protocol import WorkerArgs, parse_worker_name
 
 
 def claim_for_launch(session: Session, run: Run, checkpoint_dir: str) -> bool:
@@ -39,13 +39,7 @@ def claim_for_launch(session: Session, run: Run, checkpoint_dir: str) -> bool:
     )
 
 
-WORKER_NAME = re.compile(r"^ablate-run-([0-9]{1,18})-([0-9]{1,9})$")
 PLACEMENT_EVENTS = ("placed", "started")  # where a run's attempt went: placed at launch, started at its first reply
-
-
-def actor_name(run_id: int, attempt: int) -> str:
-    """The worker's Ray name; a new attempt (after a worker died) gets a new name."""
-    return f"ablate-run-{run_id}-{attempt}"
 
 
 def record_placement(session: Session, run: Run, node: str, name: str) -> None:
@@ -57,8 +51,8 @@ def record_placement(session: Session, run: Run, node: str, name: str) -> None:
 def not_placed(session: Session, node: str, names: list[str]) -> list[str]:
     """The worker names among `names` that the controller never placed on `node` (each run id and
     attempt checked against the placement events), in their order."""
-    wanted = {name: WORKER_NAME.match(name) for name in names}
-    run_ids = sorted({int(m[1]) for m in wanted.values() if m})
+    wanted = {name: parse_worker_name(name) for name in names}
+    run_ids = sorted({parsed[0] for parsed in wanted.values() if parsed})
     placed: set[tuple[int, int]] = set()
     for start in range(0, len(run_ids), 1000):  # bind parameters per statement stay few
         rows = session.execute(
@@ -69,7 +63,7 @@ def not_placed(session: Session, node: str, names: list[str]) -> list[str]:
         for run_id, data in rows:
             if (data or {}).get("node_name") == node and isinstance((data or {}).get("attempt"), int):
                 placed.add((run_id, data["attempt"]))
-    return [name for name, m in wanted.items() if m is None or (int(m[1]), int(m[2])) not in placed]
+    return [name for name, parsed in wanted.items() if parsed is None or parsed not in placed]
 
 
 def run_dir(settings: Settings, run_id: int) -> Path:
@@ -92,19 +86,21 @@ def choose_node(free: dict[str, int], need: int) -> str | None:
     return max(fits, key=lambda node: fits[node], default=None)
 
 
-def worker_kwargs(settings: Settings, run: Run, out_dir: Path, train_fn: str) -> dict[str, Any]:
-    """What the node agent builds the run's worker from (worker/actor.py ArmWorker's arguments), as JSON."""
-    return {
-        "run_id": run.id,
-        "spec": run.spec,
-        "out_dir": str(out_dir),
-        "lpips_weights": str(settings.lpips_weights.resolve()) if settings.lpips_weights else None,
-        "torch_threads": settings.worker_threads,
-        "train_fn": train_fn,
-        "storage": worker_storage(settings, run.checkpoint_url),
-        "data_store": worker_data_store(settings),
-        "compile_cache": worker_compile_cache(settings),
-    }
+def worker_args(settings: Settings, run: Run, out_dir: Path, train_fn: str, code_archive: str | None) -> WorkerArgs:
+    """What the node agent builds the run's worker from (worker/actor.py ArmWorker's arguments).
+    `code_archive`: a command arm's code where the node holds it (runs/command_code.py ship_code)."""
+    return WorkerArgs(
+        run_id=run.id,
+        spec=ArmSpec.model_validate(run.spec),
+        out_dir=str(out_dir),
+        lpips_weights=str(settings.lpips_weights.resolve()) if settings.lpips_weights else None,
+        torch_threads=settings.worker_threads,
+        train_fn=train_fn,
+        storage=worker_storage(settings, run.checkpoint_url),
+        data_store=worker_data_store(settings),
+        code_archive=code_archive,
+        compile_cache=worker_compile_cache(settings),
+    )
 
 
 @dataclass

@@ -156,8 +156,9 @@ def test_a_lost_worker_whose_disk_is_gone_resumes_from_s3(
     run resumes from the newest checkpoint in S3, its metrics are contiguous with none duplicated, and
     every value equals its twin's, trained uninterrupted from the same seed in the same grid."""
     from orchestrator.runs.launcher import Launcher
-    from orchestrator.runs.placement import actor_name, run_dir
+    from orchestrator.runs.placement import run_dir
     from orchestrator.settings import Settings
+    from worker.protocol import worker_name
 
     ray = ray_with_aws_env
     options = {"endpoint_url": s3_endpoint}
@@ -187,7 +188,7 @@ def test_a_lost_worker_whose_disk_is_gone_resumes_from_s3(
             return max(steps) if steps else None
 
         wait_for(lambda: (stored_step() or 0) >= 20, "two checkpoints of the run in S3")
-        worker = ray.get_actor(actor_name(lost_id, 0), namespace="ablate-storage-test")
+        worker = ray.get_actor(worker_name(lost_id, 0), namespace="ablate-storage-test")
         pid = ray.get(worker.ping.remote())["pid"]
         # Freeze it, take its disk away, then kill it: the new worker finds no local checkpoint.
         os.kill(pid, signal.SIGSTOP)

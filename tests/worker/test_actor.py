@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import math
 import sys
 import textwrap
 from collections.abc import Iterator
@@ -18,7 +17,7 @@ from typing import Any
 import pytest
 
 from model.spec import ArmSpec
-from worker.actor import ArmWorker, _jsonable, load_records
+from worker.actor import ArmWorker, load_records
 from worker.checkpoint import checkpoint_path, periodic_checkpoints
 from worker.run_files import METRICS_NAME, RECORDS_NAME
 
@@ -66,6 +65,14 @@ HELPER_SOURCE = textwrap.dedent(
         _note(spec, out_dir, device, lpips_weights)
         yield {"step": 1, "loss": 1.0}
         raise RuntimeError("loss went nan at step 2")
+
+
+    def mistyped(spec, out_dir, device="cpu", should_stop=None, lpips_weights=None):
+        """A trainer whose second record breaks the protocol: a loss as words."""
+        _note(spec, out_dir, device, lpips_weights)
+        yield {"step": 1, "train_loss": 0.5}
+        yield {"step": 2, "train_loss": "low"}
+        yield {"step": 3, "train_loss": 0.25}
 
 
     def until_stopped(spec, out_dir, device="cpu", should_stop=None, lpips_weights=None):
@@ -273,39 +280,10 @@ def test_request_stop_reaches_the_stream_and_its_final_record_arrives(tmp_path: 
     assert not any(r["final"] for r in records[:-1])
 
 
-# -- _jsonable ---------------------------------------------------------------------------------------
-
-
-def test_jsonable_non_finite_paths_nested() -> None:
-    value = {
-        "loss": float("nan"),
-        "grad": float("inf"),
-        "neg": float("-inf"),
-        "ok": 1.5,
-        "n": 3,
-        "flag": True,
-        "none": None,
-        "ckpt": Path("/runs/7/ckpt_0000010.pt"),
-        "nested": {"vals": [float("nan"), (Path("a/b"), 2.0)], 5: "int key"},
-    }
-    out = _jsonable(value)
-    assert out == {
-        "loss": "nan",
-        "grad": "inf",
-        "neg": "-inf",
-        "ok": 1.5,
-        "n": 3,
-        "flag": True,
-        "none": None,
-        "ckpt": "/runs/7/ckpt_0000010.pt",
-        "nested": {"vals": ["nan", ["a/b", 2.0]], "5": "int key"},
-    }
-    json.dumps(out, allow_nan=False)
-    assert math.isnan(value["loss"])  # the input is left alone
-
-
-def test_jsonable_scalars_with_item() -> None:
-    import torch
-
-    out = _jsonable({"loss": torch.tensor(0.25), "bad": torch.tensor(float("nan")), "steps": torch.tensor(4)})
-    assert out == {"loss": 0.25, "bad": "nan", "steps": 4}
+def test_a_record_that_breaks_the_protocol_fails_the_run_naming_its_field(tmp_path: Path, streams: ModuleType) -> None:
+    """What the controller would refuse (and refuse the node with) fails the run on the worker instead,
+    with the field and the step; the records before it are handed on, none after it."""
+    records, final = poll_until_done(make_worker(tmp_path / "run", "mistyped"))
+    assert [r["step"] for r in records] == [1]
+    assert final["state"] == "error"
+    assert final["error"].startswith("a record of step 2 breaks the protocol: train_loss"), final["error"]

@@ -65,9 +65,9 @@ for line in sys.stdin:
     req = json.loads(line)
     if req["op"] == "hello":
         workers = arg.split(",") if mode == "foreign" else []
-        reply(req, {"protocol": 1, "node": "liar", "gpus": int(arg) if mode == "gpus" else 1, "workers": workers})
+        reply(req, {"protocol": 2, "node": "liar", "gpus": int(arg) if mode == "gpus" else 1, "workers": workers})
     elif req["op"] != "poll":
-        reply(req, {"adopted": False, "found": True})
+        reply(req, {"adopted": False} if req["op"] == "start" else {"found": True})
     elif mode == "silent":
         continue  # it reads on (and ends with its stdin) but never answers a poll
     elif mode == "deep":

@@ -25,6 +25,7 @@ from orchestrator.runs.launcher import Launcher
 from orchestrator.settings import Settings
 from tests.orchestrator.factories import tiny_overrides
 from tests.polling import wait_for
+from worker.protocol import PollRequest, PollResult
 
 HOSTILE = r'''
 import json, os, pickle, sys, time
@@ -49,9 +50,9 @@ good = {"state": "running", "info": {"pid": 1, "node": "hostile"}, "records": []
 for line in sys.stdin:
     req = json.loads(line)
     if req["op"] == "hello":
-        reply(req, {"protocol": 1, "node": "hostile", "gpus": 1, "workers": []})
+        reply(req, {"protocol": 2, "node": "hostile", "gpus": 1, "workers": []})
     elif req["op"] != "poll":
-        reply(req, {"adopted": False, "found": True})
+        reply(req, {"adopted": False} if req["op"] == "start" else {"found": True})
     else:
         name = next(iter(req["runs"]))
         run_id = int(name.split("-")[2])
@@ -132,7 +133,7 @@ def test_a_reply_begun_and_never_ended_is_refused_at_the_deadline(hostile: Path,
         assert link.hello().gpus == 1
         started = time.monotonic()
         with pytest.raises(AgentProtocolError, match="without an end") as refused:
-            link.request("poll", timeout_s=2.0, runs={"ablate-run-1-0": None}, wait_s=0.1)
+            link.request(PollRequest(runs={"ablate-run-1-0": None}, wait_s=0.1), PollResult, 2.0)
         assert refused.value.violation and time.monotonic() - started < 10
         assert link.closed
     finally:

@@ -36,9 +36,9 @@ def reply(req, result):
 for line in sys.stdin:
     req = json.loads(line)
     if req["op"] == "hello":
-        reply(req, {"protocol": 1, "node": "hostile", "gpus": 1, "workers": []})
+        reply(req, {"protocol": 2, "node": "hostile", "gpus": 1, "workers": []})
     elif req["op"] != "poll":
-        reply(req, {"adopted": False, "found": True})
+        reply(req, {"adopted": False} if req["op"] == "start" else {"found": True})
     else:
         name = next(iter(req["runs"]))
         reply(req, {"runs": {name: {"state": "error", "error": error, "records": [], "stopping": False,

@@ -18,11 +18,12 @@ from orchestrator.db.models import Event, Metric, Run
 from orchestrator.db.session import session_scope
 from orchestrator.grids.service import GridCreate, PathPolicy, create_grid, stop_run
 from orchestrator.runs.launcher import Launcher
-from orchestrator.runs.placement import actor_name, run_dir
+from orchestrator.runs.placement import run_dir
 from orchestrator.settings import Settings
 from orchestrator.vocabulary import TERMINAL_STATES
 from tests.orchestrator.factories import tiny_overrides
 from tests.polling import wait_for
+from worker.protocol import worker_name
 
 HERE = Path(__file__).resolve().parent
 STAND_IN = HERE / "command_trainer"  # a stdlib trainer with a flag per behaviour
@@ -155,7 +156,7 @@ def test_a_command_arm_whose_worker_is_killed_resumes_from_its_stored_checkpoint
         return max([e.data["step"] for e in events_of(database_url, run_id) if e.kind == "checkpoint.stored"] or [0])
 
     wait_for(lambda: stored() >= 20, "two checkpoints in storage")
-    worker = ray.get_actor(actor_name(run_id, 0), namespace=NAMESPACE)
+    worker = ray.get_actor(worker_name(run_id, 0), namespace=NAMESPACE)
     pid = ray.get(worker.ping.remote())["pid"]
     out = run_dir(settings, run_id)
     trainer = int((out / "run" / "pid").read_text())

@@ -21,10 +21,11 @@ from orchestrator.db.models import Event, Metric, Run
 from orchestrator.db.session import session_scope
 from orchestrator.grids.service import GridCreate, create_grid, stop_run
 from orchestrator.runs.launcher import Launcher
-from orchestrator.runs.placement import actor_name, run_dir
+from orchestrator.runs.placement import run_dir
 from orchestrator.vocabulary import TERMINAL_STATES
 from tests.orchestrator.factories import tiny_overrides
 from tests.polling import wait_for
+from worker.protocol import worker_name
 
 TINY = tiny_overrides(steps=40)
 
@@ -144,7 +145,7 @@ def test_kill_9_of_a_worker_resumes_from_its_checkpoint(scheduler: Launcher, dat
     overrides = {**TINY, "schedule": {**TINY["schedule"], "steps": 80}}
     (run_id,) = submit(database_url, ["A"], overrides)
     wait_for(lambda: len(steps_of(database_url, run_id)) >= 2, "two checkpoints")
-    worker = ray.get_actor(actor_name(run_id, 0), namespace="ablate-test")
+    worker = ray.get_actor(worker_name(run_id, 0), namespace="ablate-test")
     pid = ray.get(worker.ping.remote())["pid"]
     os.kill(pid, signal.SIGKILL)
     wait_for(lambda: all_done(database_url, [run_id]), "the resumed run to finish", timeout=150)
@@ -280,7 +281,7 @@ def test_reconcile_counts_a_retry_for_a_vanished_worker_and_a_stopped_run_never_
     assert stopped.state == "stopped" and stopped.finished_at is not None
     assert s.workers == {}, "no worker for a stopped run"
     with pytest.raises(ValueError):
-        ray.get_actor(actor_name(collapsed, 0), namespace="ablate-test")
+        ray.get_actor(worker_name(collapsed, 0), namespace="ablate-test")
 
 
 def _fail_commits_once_with(predicate: Callable[[Any], bool], error: Exception) -> tuple[Callable, list[int]]:
@@ -314,7 +315,7 @@ def test_a_failed_db_write_after_a_worker_death_does_not_strand_the_run(
     )
     event.listen(Session, "before_commit", hook)
     try:
-        worker = ray.get_actor(actor_name(run_id, 0), namespace="ablate-test")
+        worker = ray.get_actor(worker_name(run_id, 0), namespace="ablate-test")
         os.kill(ray.get(worker.ping.remote())["pid"], signal.SIGKILL)
         wait_for(lambda: all_done(database_url, [run_id]), "the stranded run to be found and finished", timeout=150)
     finally:

@@ -45,7 +45,7 @@ def test_a_grid_run_by_the_launcher_reaches_three_trackers_and_no_tracker_key_re
 ) -> None:
     from orchestrator.loop import loop_listeners
     from orchestrator.runs.launcher import Launcher
-    from orchestrator.runs.placement import worker_kwargs
+    from orchestrator.runs.placement import worker_args
 
     tracker_environment(tmp_path, monkeypatch)
     key = "wandb-key-that-must-stay-on-the-controller"
@@ -75,7 +75,7 @@ def test_a_grid_run_by_the_launcher_reaches_three_trackers_and_no_tracker_key_re
                  for r in runs}  # fmt: skip
         # What a node is given for a run, and what it wrote, hold no tracker setting.
         for run in runs:
-            assert key not in str(worker_kwargs(settings, run, Path(run.checkpoint_dir), "worker.train:train_arm"))
+            assert key not in str(worker_args(settings, run, Path(run.checkpoint_dir), "worker.train:train_arm", None))
             written = [p for p in Path(run.checkpoint_dir).rglob("*") if p.is_file()]
             assert written and not [p for p in written if key.encode() in p.read_bytes()]
     assert [r.state for r in runs] == ["completed", "stopped"] and runs[1].decision == "collapse"
