@@ -25,7 +25,7 @@ from orchestrator.db.models import METRIC_FIELDS, Event, Grid, Metric, Node, Ren
 from orchestrator.grids.arms import LINEAGE_KEYS, ArmError, changes, flatten, resolve
 from orchestrator.numbers import finite_or_none, is_finite
 from orchestrator.results.data_feed import data_feed
-from orchestrator.results.judge import judge_metric, stored_spec
+from orchestrator.results.judge import best_checkpoint, judge_metric, stored_spec
 from orchestrator.results.own_metrics import is_command_run, own_series
 from orchestrator.results.reports.build import Pairing, grid_effects_now
 from orchestrator.results.reports.effects import METRIC_WORDS
@@ -285,18 +285,6 @@ def latest_warnings(session: Session, run_ids: list[int]) -> dict[int, list[str]
     return out
 
 
-def _best(run: Run, metrics: list[Metric]) -> tuple[int | None, float | None]:
-    """The stored best checkpoint (by the metric the detector judges); before the detector has written one,
-    the checkpoint with the lowest recon LPIPS so far."""
-    if run.best_step is not None:
-        return run.best_step, run.best_value
-    scored = [(m.recon_lpips, m.step) for m in metrics if is_finite(m.recon_lpips)]
-    if not scored:
-        return None, None
-    value, step = min(scored)
-    return step, value
-
-
 def flow_by_t(metrics: list[Metric]) -> dict[str, Any]:
     """val_flow_loss's per-timestep means per checkpoint (drawn on demand): the times and, per step, the
     means in that order; checkpoints without them are left out."""
@@ -327,8 +315,13 @@ def grid_detail(session: Session, grid: Grid, alarm_minutes: float = 15.0) -> di
     for r in runs:
         ms = metrics[r.id]
         ctrl = pairing.control(r.seed)
-        best_step, best_value = _best(r, ms)
         standin = sorted({m.step for m in ms if m.lpips_backbone == STANDIN})
+        judged = judge_metric(r, bool(standin))
+        if r.best_step is not None:  # the detector's, by the metric it judges
+            best_step, best_value = r.best_step, r.best_value
+        else:  # nothing kept yet: the best judged value so far
+            best = best_checkpoint(r, ms, judged)
+            best_step, best_value = (best.step, getattr(best, judged)) if best is not None else (None, None)
         backbones = sorted({m.lpips_backbone for m in ms if m.lpips_backbone})
         row = RunSummary.from_row(r, ms[-1] if ms else None).model_dump(mode="json")  # NaN/Inf -> null
         own = own_series(ms) if is_command_run(r) else {}  # a command arm's metrics, plotted by their names
@@ -344,7 +337,7 @@ def grid_detail(session: Session, grid: Grid, alarm_minutes: float = 15.0) -> di
             warnings=warnings.get(r.id, []),
             lpips_backbones=backbones,
             standin_steps=standin,
-            judge_metric=judge_metric(r, bool(standin)),
+            judge_metric=judged,
             flow_by_t=flow_by_t(ms),
             nodes=r.nodes or [],
             storage=storage.get(r.id),

@@ -1,5 +1,5 @@
-"""The metric the detector judges a stored run on, and a stored spec read back: one answer for the report,
-the dashboard, `ablate status` and the trackers."""
+"""The metric the detector judges a stored run on, its best checkpoint, and a stored spec read back: one
+answer for the report, the dashboard, `ablate status` and the trackers."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from model.spec import ArmSpec, DetectorPolicy
-from orchestrator.db.models import Run
+from orchestrator.db.models import METRIC_FIELDS, Metric, Run
+from orchestrator.numbers import is_finite
+from orchestrator.results.reports.stats import LOWER_IS_BETTER
 from orchestrator.runs.detector import resolve_policy
 
 
@@ -29,3 +31,16 @@ def judge_metric(run: Run, standin: bool) -> str:
     except ValidationError:
         policy = DetectorPolicy()
     return resolve_policy(policy, standin).metric
+
+
+def best_checkpoint(run: Run, ms: list[Metric], judge: str) -> Metric | None:
+    """The detector's kept checkpoint; without one (a live run), the best `judge` value so far. None where
+    neither exists, or `judge` is a command arm's own metric (no column to rank by)."""
+    by_step = {m.step: m for m in ms}
+    if run.best_step is not None and run.best_step in by_step:
+        return by_step[run.best_step]
+    if judge not in METRIC_FIELDS:
+        return None
+    scored = [m for m in ms if is_finite(getattr(m, judge))]
+    sign = 1 if LOWER_IS_BETTER.get(judge, True) else -1
+    return min(scored, key=lambda m: sign * getattr(m, judge)) if scored else None

@@ -21,7 +21,7 @@ from model.spec import STANDIN
 from orchestrator.db.models import Grid, Metric, Node, Run, Sweep
 from orchestrator.grids.arms import changes
 from orchestrator.numbers import finite_or_none, is_finite, number
-from orchestrator.results.judge import judge_metric, stored_spec
+from orchestrator.results.judge import best_checkpoint, judge_metric, stored_spec
 from orchestrator.results.own_metrics import is_command_run, own_series
 from orchestrator.results.reports.effects import METRIC_WORDS, RunComparisons, grid_effects
 from orchestrator.results.reports.model import (
@@ -100,16 +100,6 @@ def compare(arm: str, m: Metric, other_arm: str, o: Metric | None, metric: str, 
 def _median(values: list[float | None]) -> float | None:
     finite = [v for v in values if is_finite(v)]
     return statistics.median(finite) if finite else None
-
-
-def _best(run: Run, ms: list[Metric], judge: str) -> Metric | None:
-    """The detector's kept checkpoint; without one (a live run), the best judged value so far."""
-    by_step = {m.step: m for m in ms}
-    if run.best_step is not None and run.best_step in by_step:
-        return by_step[run.best_step]
-    scored = [m for m in ms if is_finite(getattr(m, judge))]
-    sign = 1 if LOWER_IS_BETTER.get(judge, True) else -1
-    return min(scored, key=lambda m: sign * getattr(m, judge)) if scored else None
 
 
 def judge_of(runs: list[Run], metrics: dict[int, list[Metric]]) -> str:
@@ -276,7 +266,7 @@ def build_report(session: Session, grid: Grid, storage_options: dict[str, Any] |
     pairs: list[tuple[Run, str, Run]] = []  # (run, against, comparator run) for the timestep appendix
     for r in runs:
         ms = metrics[r.id]
-        best = _best(r, ms, judge)
+        best = best_checkpoint(r, ms, judge)
         final = ms[-1] if ms else None
         control, parent = pairing.control(r.seed), pairing.parent(r)
         parent_name = (r.spec or {}).get("parent")
