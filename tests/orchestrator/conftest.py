@@ -78,7 +78,7 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshServer]:
     path = f"{bindir}:{os.environ.get('PATH', '/usr/local/bin:/usr/bin:/bin')}"
     pub = (d / "client_ed25519.pub").read_text().strip()
     (d / "authorized_keys").write_text(f'environment="PATH={path}" {pub}\n')
-    from tests.orchestrator.factories import free_port  # project modules only once a fixture runs
+    from tests.kit.net import free_port  # project modules only once a fixture runs
 
     port = free_port()
     user = getpass.getuser()

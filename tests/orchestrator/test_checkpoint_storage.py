@@ -26,8 +26,8 @@ from orchestrator.grids.service import GridCreate, create_grid
 from orchestrator.runs.storage import record_storage, seen_seq, storage_alarms
 from orchestrator.sweeps.copy_back import copy_back
 from orchestrator.vocabulary import TERMINAL_STATES
-from tests.orchestrator.factories import tiny_overrides
-from tests.polling import wait_for
+from tests.kit.polling import wait_for
+from tests.kit.settings import tiny_overrides
 from worker.actor import ArmWorker
 from worker.checkpoint_store import CheckpointStore, StoreConfig, open_fs
 from worker.protocol import StorageStatus

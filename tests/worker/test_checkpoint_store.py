@@ -13,7 +13,7 @@ import torch
 
 from model.spec import ArmSpec
 from orchestrator.grids.arms import deep_merge, resolve
-from tests.polling import wait_for
+from tests.kit.polling import wait_for
 from worker.actor import ArmWorker
 from worker.checkpoint_store import CheckpointStore, StoreConfig, open_fs, stored_checkpoints
 

@@ -14,7 +14,7 @@ from typing import Any
 from orchestrator.grids.command_arms import resolve_command_arm
 from orchestrator.runs.command_code import pack_code
 from orchestrator.runs.storage import download_run
-from tests.polling import wait_for
+from tests.kit.polling import wait_for
 from worker.actor import ArmWorker
 
 SCRIPT = '''

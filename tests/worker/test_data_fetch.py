@@ -26,7 +26,7 @@ from model.data import DatasetError, build_dataset
 from model.data.prepare import prepare
 from model.spec import ArmSpec
 from orchestrator.grids.arms import deep_merge, resolve
-from tests.polling import wait_for
+from tests.kit.polling import wait_for
 from tests.worker.test_checkpoint_store import TINY, finish
 from worker.actor import ArmWorker
 from worker.checkpoint_store import open_fs

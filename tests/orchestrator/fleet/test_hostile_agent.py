@@ -23,8 +23,8 @@ from orchestrator.fleet.agent_link import AgentLink, AgentProtocolError, Process
 from orchestrator.grids.service import GridCreate, create_grid
 from orchestrator.runs.launcher import Launcher
 from orchestrator.settings import Settings
-from tests.orchestrator.factories import tiny_overrides
-from tests.polling import wait_for
+from tests.kit.polling import wait_for
+from tests.kit.settings import tiny_overrides
 
 HOSTILE = r'''
 import json, os, pickle, sys, time
@@ -146,7 +146,7 @@ def test_a_joined_node_whose_agent_sends_a_pickle_over_ssh_is_refused_and_marked
     hostile agent. The node is marked bootstrap_failed with what was refused, and its run fails."""
     from orchestrator.db.models import Node
     from orchestrator.fleet.probe import probe_node
-    from tests.orchestrator.factories import add_ssh_node
+    from tests.kit.nodes import add_ssh_node
 
     remote = sshd.workdir / "hostile"
     remote.mkdir()

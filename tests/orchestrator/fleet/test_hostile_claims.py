@@ -24,8 +24,8 @@ from orchestrator.runs.ingest import MAX_FALLBACKS
 from orchestrator.runs.launcher import Launcher
 from orchestrator.runs.placement import record_placement
 from orchestrator.settings import Settings
-from tests.orchestrator.factories import tiny_overrides
-from tests.polling import wait_for
+from tests.kit.polling import wait_for
+from tests.kit.settings import tiny_overrides
 from worker.protocol import STORAGE_LOG_MAX
 from worker.run_files import RECORDS_PER_POLL
 
@@ -149,7 +149,7 @@ def _forget(database_url: str, node: str, runs: list[int]) -> None:
 def _joined_liar(database_url: str, sshd: Any, monkeypatch: pytest.MonkeyPatch, node: str, *argv: str) -> str:  # noqa: ANN401
     """A joined node, probed (the stand-in nvidia-smi's 4 GPUs), whose `agent` is the liar in `argv`."""
     from orchestrator.fleet.probe import probe_node
-    from tests.orchestrator.factories import add_ssh_node
+    from tests.kit.nodes import add_ssh_node
 
     remote = sshd.workdir / node
     remote.mkdir(exist_ok=True)  # the server serves the whole module

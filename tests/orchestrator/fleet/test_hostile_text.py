@@ -19,8 +19,9 @@ from orchestrator.fleet.probe import probe_node
 from orchestrator.grids.service import GridCreate, create_grid
 from orchestrator.runs.launcher import Launcher
 from orchestrator.settings import Settings
-from tests.orchestrator.factories import add_ssh_node, tiny_overrides
-from tests.polling import wait_for
+from tests.kit.nodes import add_ssh_node
+from tests.kit.polling import wait_for
+from tests.kit.settings import tiny_overrides
 
 ESCAPES = "\x1b]52;c;cm0gLXJmIH4K\x07\x1b]0;pwned\x1b\\\x1b[2J\x1b[31m\x9b1m\u202e"
 AGENT = r'''

@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 
 from orchestrator.app import create_app
 from orchestrator.settings import Settings
-from tests.orchestrator.factories import API_TOKEN
+from tests.kit.settings import API_TOKEN
 
 
 @pytest.fixture(scope="module")

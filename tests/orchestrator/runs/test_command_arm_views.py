@@ -22,7 +22,7 @@ from orchestrator.results.reports.render import to_html, to_markdown
 from orchestrator.runs.launcher import Launcher
 from orchestrator.settings import Settings
 from orchestrator.vocabulary import TERMINAL_STATES
-from tests.polling import wait_for
+from tests.kit.polling import wait_for
 
 STAND_IN = Path(__file__).resolve().parent / "command_trainer"
 NAMESPACE = "ablate-command-views"

@@ -21,8 +21,8 @@ from orchestrator.runs.launcher import Launcher
 from orchestrator.runs.placement import actor_name, run_dir
 from orchestrator.settings import Settings
 from orchestrator.vocabulary import TERMINAL_STATES
-from tests.orchestrator.factories import tiny_overrides
-from tests.polling import wait_for
+from tests.kit.polling import wait_for
+from tests.kit.settings import tiny_overrides
 
 HERE = Path(__file__).resolve().parent
 STAND_IN = HERE / "command_trainer"  # a stdlib trainer with a flag per behaviour

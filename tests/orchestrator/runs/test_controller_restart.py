@@ -22,7 +22,8 @@ from sqlalchemy import func, select
 from orchestrator.db.models import Event, Metric, Run
 from orchestrator.db.session import session_scope
 from orchestrator.vocabulary import TERMINAL_STATES
-from tests.orchestrator.factories import free_port, tiny_overrides
+from tests.kit.net import free_port
+from tests.kit.settings import tiny_overrides
 
 NAMESPACE = "ablate-restart-test"
 TOKEN = "restart-test-token"

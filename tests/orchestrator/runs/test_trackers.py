@@ -24,7 +24,7 @@ from orchestrator.settings import Settings
 from orchestrator.trackers.base import Opened, Point, Status, TrackedRun
 from orchestrator.trackers.forwarder import Forwarder
 from orchestrator.vocabulary import RunState, TrackerName
-from tests.orchestrator.factories import tiny_overrides
+from tests.kit.settings import tiny_overrides
 from tests.orchestrator.runs.tracker_files import (
     STOPPED_ARM,
     mlflow_runs,
@@ -331,6 +331,6 @@ def events(database_url: str, run_id: int, kind: str) -> list[Event]:
 
 
 def wait_event(database_url: str, run_id: int, kind: str) -> Event:
-    from tests.polling import wait_for
+    from tests.kit.polling import wait_for
 
     return wait_for(lambda: (events(database_url, run_id, kind) or [None])[0], f"a {kind} event on run {run_id}")

@@ -19,7 +19,7 @@ from orchestrator.db.models import Event, Node, utcnow
 from orchestrator.db.session import session_scope
 from orchestrator.vocabulary import RentedState, SweepState
 from tests.cluster.provider_sim import ProviderSim
-from tests.orchestrator.factories import FakeClock
+from tests.kit.clock import FakeClock
 from tests.orchestrator.sweeps.test_rented_sweeps import (  # noqa: F401 - `sim` and `_quiet_schedules` are fixtures
     _finish_runs,
     _instances,

@@ -34,7 +34,8 @@ from orchestrator.sweeps.schedules import (
     resume_schedule,
 )
 from orchestrator.vocabulary import RunState
-from tests.orchestrator.factories import FakeClock, add_ssh_node
+from tests.kit.clock import FakeClock
+from tests.kit.nodes import add_ssh_node
 
 GRID = {"name": "nightly", "arms": ["A", "B"], "overrides": {"model": {"size": "tiny"}}}
 DAY = datetime(2026, 1, 5, tzinfo=UTC)  # a Monday

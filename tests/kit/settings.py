@@ -1,0 +1,34 @@
+"""The tiniest arm overrides that still train, and the API token of the test clients."""
+
+from __future__ import annotations
+
+from typing import Any
+
+API_TOKEN = "test-token"  # the token of the test clients of tests/orchestrator/runs/conftest.py
+AUTH = {"Authorization": f"Bearer {API_TOKEN}"}
+
+
+def tiny_overrides(
+    steps: int, checkpoint_every: int = 10, *, batch_size: int = 4, num_images: int = 64, warmup_steps: int = 5
+) -> dict[str, Any]:
+    """Grid overrides for a tiny shapes run of `steps` steps with a checkpoint every `checkpoint_every`:
+    seconds per arm on one CPU thread."""
+    return {
+        "model": {"size": "tiny", "depth": 3, "identity_tokens": 4},
+        "data": {"dataset": "shapes", "num_images": num_images, "held_out": 2},
+        "schedule": {
+            "steps": steps,
+            "batch_size": batch_size,
+            "warmup_steps": warmup_steps,
+            "checkpoint_every": checkpoint_every,
+            "ema": {"warmup_steps": warmup_steps},
+        },
+        "eval": {"num_samples": 2, "sampler_steps": 2, "lpips_backbone": "random_standin"},
+        "precision": {"mode": "fp32"},
+    }
+
+
+def bed_overrides(steps: int, checkpoint_every: int, warmup_steps: int = 2) -> dict[str, Any]:
+    """`tiny_overrides` halved for the test bed's nodes (batches of 2 from 32 images), where several arms
+    share one machine's cores."""
+    return tiny_overrides(steps, checkpoint_every, batch_size=2, num_images=32, warmup_steps=warmup_steps)
