@@ -44,8 +44,6 @@ TINY = tiny_overrides(5, checkpoint_every=1, batch_size=2, num_images=32, warmup
 ARMS = ["A", "B", "C", {"parent": "A", "name": "A2"}, {"parent": "A", "name": "A3"}]
 
 
-
-
 def one_sweep(bed: TestBed, database_url: str, storage: Path, night: int) -> dict[str, float]:
     fire_at = datetime(2026, 4, 1 + night, 22, tzinfo=UTC)
     with session_scope(database_url) as session:

@@ -146,7 +146,6 @@ def _event_times(db: str, ids: list[int], kind: str) -> dict[int, datetime]:
         return {run_id: t for run_id, t in rows}
 
 
-
 def latency(db: str, scheduler_cls: Any, settings: Any, n: int) -> dict[str, list[float]]:
     """Seconds from submission to worker up, to first record (synthetic), and to the real first step."""
     from sqlalchemy import select

@@ -36,7 +36,6 @@ from tests.kit.net import free_port  # noqa: E402
 GRID = "name: study\narms: [A, B, C, D]\ncontrol: A\n"
 
 
-
 def start_load(n: int) -> list[subprocess.Popen[bytes]]:
     """n busy-loop processes (one per core): the 'fresh 2-core machine under CI load' of the issue."""
     code = "while True: pass"

@@ -48,7 +48,6 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 
 
-
 # -- the controller process ------------------------------------------------------------------------------
 
 

@@ -82,9 +82,6 @@ def cluster(database_url: str, testbed: TestBed, s3_on_bridge: str, code: Path) 
         yield {"endpoint": s3_on_bridge, "log": log}
 
 
-
-
-
 def test_command_arms_beside_arm_a_on_joined_nodes_stop_keep_best_and_resume_from_storage(
     database_url: str, testbed: TestBed, cluster: dict[str, Any], code: Path
 ) -> None:

@@ -49,8 +49,6 @@ def cluster(database_url: str, testbed: TestBed, s3_on_bridge: str) -> Iterator[
         yield {"endpoint": s3_on_bridge, "log": log}
 
 
-
-
 def _uninterrupted(spec: dict[str, Any], out: Path) -> list[dict[str, Any]]:
     """The same spec trained straight through on CPU, one thread, as the node workers do."""
     from model.spec import ArmSpec

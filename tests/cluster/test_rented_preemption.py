@@ -43,8 +43,6 @@ TINY = bed_overrides(steps=40, checkpoint_every=10)
 OFFERS = [vast_offer(601, dph_total=1.4), vast_offer(602, dph_total=1.2), vast_offer(603, dph_total=1.6)]
 
 
-
-
 def test_a_preempted_rented_node_s_arms_resume_elsewhere_and_a_replacement_is_rented(
     database_url: str,
     testbed: TestBed,

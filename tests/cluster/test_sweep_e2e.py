@@ -41,7 +41,6 @@ EXPLODES = {"parent": "A", "name": "A-lr-x", "schedule": {"lr_explode_after": 5,
 ARMS = ["A", "B", "C", {"parent": "A", "name": "A2"}, EXPLODES]
 
 
-
 @dataclass
 class Controller:
     database_url: str
@@ -89,7 +88,6 @@ def _sweep(c: Controller, schedule: str) -> Sweep:
         sid = get_schedule(session, schedule).id
         [sweep] = session.scalars(select(Sweep).where(Sweep.schedule_id == sid))
         return sweep
-
 
 
 def _streaming(c: Controller, grid_id: int) -> bool:

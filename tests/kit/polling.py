@@ -34,3 +34,15 @@ def wait_for(
 
 def _tail(log: Path | None) -> str:
     return f"; log:\n{log.read_text()[-4000:]}" if log is not None and log.exists() else ""
+
+
+def final_reply(worker: Any) -> dict[str, Any]:  # noqa: ANN401 - a worker.actor.ArmWorker, driven in-process
+    """Poll an in-process worker until it is no longer running; its last reply."""
+    return wait_for(lambda: (r := worker.poll(None, 0.5))["state"] != "running" and r, "the worker to finish")
+
+
+def done_reply(worker: Any) -> dict[str, Any]:  # noqa: ANN401 - a worker.actor.ArmWorker, driven in-process
+    """`final_reply`, which must say the worker is done (its error otherwise)."""
+    reply = final_reply(worker)
+    assert reply["state"] == "done", reply["error"]
+    return reply

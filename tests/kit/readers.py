@@ -26,6 +26,10 @@ def grid_runs(database_url: str, grid_id: int) -> list[Run]:
         return list(session.get_one(Grid, grid_id).runs)
 
 
+def runs_by_arm(database_url: str, grid_id: int) -> dict[str, Run]:
+    return {r.arm: r for r in grid_runs(database_url, grid_id)}
+
+
 def all_ended(database_url: str, ids: list[int]) -> bool:
     """Every run of `ids` is in a terminal state."""
     return all(r.state in TERMINAL_STATES for r in runs_of(database_url, ids))

@@ -1,4 +1,5 @@
-"""The tiniest arm overrides that still train, and the API token of the test clients."""
+"""The tiniest arm overrides that still train (`tiny_overrides`; `QUICK`, the worker tests' arm), and the API
+token of the test clients."""
 
 from __future__ import annotations
 
@@ -6,6 +7,16 @@ from typing import Any
 
 API_TOKEN = "test-token"  # the token of the test clients of tests/orchestrator/runs/conftest.py
 AUTH = {"Authorization": f"Bearer {API_TOKEN}"}
+
+# The worker tests' arm, tiny and quick: batch 4, 2 eval samples, 2 sampler steps; stand-ins chosen
+# explicitly (offline).
+QUICK: dict[str, Any] = {
+    "model": {"size": "tiny"},
+    "data": {"num_images": 64, "held_out": 4},
+    "schedule": {"steps": 20, "batch_size": 4, "warmup_steps": 5, "checkpoint_every": 20, "ema": {"warmup_steps": 5}},
+    "eval": {"num_samples": 2, "sampler_steps": 2, "lpips_backbone": "random_standin"},
+    "repa": {"teacher": "random_standin"},
+}
 
 
 def tiny_overrides(

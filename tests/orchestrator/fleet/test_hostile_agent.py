@@ -17,13 +17,14 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from orchestrator.db.models import Event, Run
+from orchestrator.db.models import Event
 from orchestrator.db.session import session_scope
 from orchestrator.fleet.agent_link import AgentLink, AgentProtocolError, ProcessStream
 from orchestrator.grids.service import GridCreate, create_grid
 from orchestrator.runs.launcher import Launcher
 from orchestrator.settings import Settings
 from tests.kit.polling import wait_for
+from tests.kit.readers import run_of
 from tests.kit.settings import tiny_overrides
 
 HOSTILE = r'''
@@ -103,23 +104,17 @@ def test_what_a_hostile_node_sends_is_refused_and_nothing_executes(
         run_id = grid.runs[0].id
     scheduler.start()
     try:
-        wait_for(lambda: _run(database_url, run_id).state == "failed", f"the {mode} node's run to fail", 60)
+        wait_for(lambda: run_of(database_url, run_id).state == "failed", f"the {mode} node's run to fail", 60)
         assert scheduler._thread is not None and scheduler._thread.is_alive()  # the controller serves on
     finally:
         assert scheduler.stop()
-    run = _run(database_url, run_id)
+    run = run_of(database_url, run_id)
     assert REFUSED[mode] in (run.error or ""), run.error
     assert not canary.exists(), "something the node sent was executed"
     with session_scope(database_url) as session:
         kinds = list(session.scalars(select(Event.kind).where(Event.run_id == run_id)))
     assert "started" not in kinds and "checkpoint" not in kinds  # nothing of the reply was stored
 
-
-def _run(database_url: str, run_id: int) -> Run:
-    with session_scope(database_url) as session:
-        run = session.get_one(Run, run_id)
-        session.expunge(run)
-    return run
 
 
 def test_a_reply_begun_and_never_ended_is_refused_at_the_deadline(hostile: Path, tmp_path: Path) -> None:
@@ -168,10 +163,10 @@ def test_a_joined_node_whose_agent_sends_a_pickle_over_ssh_is_refused_and_marked
     scheduler = Launcher(settings)
     scheduler.start()
     try:
-        wait_for(lambda: _run(database_url, run_id).state == "failed", "the hostile node's run to fail", 60)
+        wait_for(lambda: run_of(database_url, run_id).state == "failed", "the hostile node's run to fail", 60)
     finally:
         assert scheduler.stop()
-    run = _run(database_url, run_id)
+    run = run_of(database_url, run_id)
     assert "node hostile-node refused" in run.error and "not JSON" in run.error, run.error
     with session_scope(database_url) as session:
         node = session.scalars(select(Node).where(Node.name == name)).one()

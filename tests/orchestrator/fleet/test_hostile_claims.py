@@ -25,6 +25,7 @@ from orchestrator.runs.launcher import Launcher
 from orchestrator.runs.placement import record_placement
 from orchestrator.settings import Settings
 from tests.kit.polling import wait_for
+from tests.kit.readers import run_of
 from tests.kit.settings import tiny_overrides
 from worker.protocol import STORAGE_LOG_MAX
 from worker.run_files import RECORDS_PER_POLL
@@ -60,12 +61,6 @@ def _grid(database_url: str, name: str, arms: list[str]) -> list[int]:
         return [run.id for run in grid.runs]
 
 
-def _run(database_url: str, run_id: int) -> Run:
-    with session_scope(database_url) as session:
-        run = session.get_one(Run, run_id)
-        session.expunge(run)
-    return run
-
 
 def _kinds(database_url: str, run_id: int) -> list[str]:
     with session_scope(database_url) as session:
@@ -81,11 +76,11 @@ def test_a_claim_out_of_bounds_is_refused_with_the_reason_and_nothing_of_it_is_s
     scheduler = Launcher(_settings(database_url, tmp_path), local_agent=[sys.executable, str(AGENT), mode, arg])
     scheduler.start()
     try:
-        wait_for(lambda: _run(database_url, run_id).state == "failed", f"the {mode} node's run to fail", 60)
+        wait_for(lambda: run_of(database_url, run_id).state == "failed", f"the {mode} node's run to fail", 60)
         assert scheduler._thread is not None and scheduler._thread.is_alive()  # the controller serves on
     finally:
         assert scheduler.stop()
-    run = _run(database_url, run_id)
+    run = run_of(database_url, run_id)
     assert reason in (run.error or ""), run.error
     kinds = _kinds(database_url, run_id)
     assert not {"checkpoint", "started", "rented.replacement"} & set(kinds), kinds
@@ -104,7 +99,7 @@ def test_a_silent_node_holds_each_pass_up_briefly_and_is_refused_after_node_lost
     scheduler = Launcher(settings, local_agent=[sys.executable, str(AGENT), "silent"])
     passes, started = [], time.monotonic()
     try:
-        while _run(database_url, run_id).state != "failed":
+        while run_of(database_url, run_id).state != "failed":
             assert time.monotonic() - started < 60, "the silent node's run was never counted lost"
             t0 = time.monotonic()
             scheduler.tick()
@@ -112,7 +107,7 @@ def test_a_silent_node_holds_each_pass_up_briefly_and_is_refused_after_node_lost
     finally:
         scheduler.pool.close()
     assert max(passes) < settings.scheduler_interval_s + POLL_GRACE_S + 2, passes
-    run = _run(database_url, run_id)
+    run = run_of(database_url, run_id)
     assert "no poll reply for" in run.error and "node_lost_s=4" in run.error, run.error
 
 
@@ -190,7 +185,7 @@ def test_a_node_naming_a_worker_it_was_never_given_is_refused_and_takes_no_run(
         assert scheduler.stop()
         _forget(database_url, name, [control, placed])
     assert f"never given: ablate-run-{control}-0" in detail and f"ablate-run-{placed}-0" not in detail, detail
-    assert _run(database_url, control).state == "stopped" and "placed" not in _kinds(database_url, control)
+    assert run_of(database_url, control).state == "stopped" and "placed" not in _kinds(database_url, control)
 
 
 def test_a_node_that_names_only_its_own_workers_has_them_adopted(
@@ -205,11 +200,11 @@ def test_a_node_that_names_only_its_own_workers_has_them_adopted(
     scheduler = Launcher(_settings(database_url, tmp_path, local_node=False))
     scheduler.start()
     try:
-        wait_for(lambda: _run(database_url, placed).state == "running", "the placed worker to be adopted", 60)
+        wait_for(lambda: run_of(database_url, placed).state == "running", "the placed worker to be adopted", 60)
     finally:
         assert scheduler.stop()
         _forget(database_url, name, [placed])
-    assert _run(database_url, placed).nodes == [name]
+    assert run_of(database_url, placed).nodes == [name]
 
 
 @pytest.mark.parametrize("rented", [None, 2])
@@ -227,7 +222,7 @@ def test_a_node_s_gpu_claim_is_capped_by_what_the_probe_or_the_rental_found(
     scheduler = Launcher(_settings(database_url, tmp_path, local_node=False))
 
     def placed() -> int:
-        return sum(_run(database_url, r).state != "queued" for r in runs)
+        return sum(run_of(database_url, r).state != "queued" for r in runs)
 
     scheduler.start()
     try:

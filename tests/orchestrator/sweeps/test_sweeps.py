@@ -36,6 +36,7 @@ from orchestrator.sweeps.schedules import (
 from orchestrator.vocabulary import RunState
 from tests.kit.clock import FakeClock
 from tests.kit.nodes import add_ssh_node
+from tests.kit.readers import runs_by_arm
 
 GRID = {"name": "nightly", "arms": ["A", "B"], "overrides": {"model": {"size": "tiny"}}}
 DAY = datetime(2026, 1, 5, tzinfo=UTC)  # a Monday
@@ -92,10 +93,6 @@ def _sweeps(database_url: str, schedule: str) -> list[Sweep]:
         return list(session.scalars(select(Sweep).where(Sweep.schedule_id == sid).order_by(Sweep.id)))
 
 
-def _runs(database_url: str, grid_id: int) -> dict[str, Run]:
-    with session_scope(database_url) as session:
-        return {r.arm: r for r in session.get_one(Grid, grid_id).runs}
-
 
 def _set_run(database_url: str, run_id: int, **fields: object) -> None:
     """What the scheduler and worker write while a run trains."""
@@ -125,7 +122,7 @@ def test_nightly_sweep_provisions_runs_copies_back_and_tears_down(
     [sweep] = _sweeps(database_url, "nightly")
     assert (sweep.state, sweep.late, sweep.price_per_hour) == ("running", False, 2.0)
     assert (remote / "joined").read_text().split() == ["4"]  # bootstrapped with its 4 GPUs
-    runs = _runs(database_url, sweep.grid_id)
+    runs = runs_by_arm(database_url, sweep.grid_id)
     assert sorted(runs) == ["A", "B"] and {r.state for r in runs.values()} == {RunState.queued}
     with session_scope(database_url) as session:
         assert session.get_one(Grid, sweep.grid_id).source == "schedule"
@@ -171,20 +168,20 @@ def test_budget_cap_stops_the_sweep_gracefully(database_url: str, sshd, ssh_node
     clock.now = DAY.replace(hour=21)
     runner.tick()
     [sweep] = _sweeps(database_url, "capped")
-    runs = _runs(database_url, sweep.grid_id)
+    runs = runs_by_arm(database_url, sweep.grid_id)
     _set_run(database_url, runs["A"].id, state=RunState.running)  # B stays queued (no free GPU)
 
     clock.now = DAY.replace(hour=22)  # 1 h x 2.0 = 2.0 < 3.0
     runner.tick()
     [sweep] = _sweeps(database_url, "capped")
     assert (sweep.state, sweep.spend) == ("running", pytest.approx(2.0))
-    assert not _runs(database_url, sweep.grid_id)["A"].stop_requested
+    assert not runs_by_arm(database_url, sweep.grid_id)["A"].stop_requested
 
     clock.now = DAY.replace(hour=22, minute=31)  # 1.52 h x 2.0 = 3.03 >= 3.0
     runner.tick()
     [sweep] = _sweeps(database_url, "capped")
     assert sweep.state == "stopping" and "budget 3 reached" in sweep.stop_reason
-    runs = _runs(database_url, sweep.grid_id)
+    runs = runs_by_arm(database_url, sweep.grid_id)
     assert runs["A"].stop_requested and runs["A"].state == RunState.running  # graceful: the scheduler stops it
     assert runs["B"].state == RunState.stopped  # never started: stopped at once
     assert (remote / "joined").exists()  # nodes stay until the runs have stopped
