@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-API_TOKEN = "test-token"  # the token of the test clients of tests/orchestrator/runs/conftest.py
+API_TOKEN = "test-token"  # the token of the test clients (tests/orchestrator/conftest.py `client`)
 AUTH = {"Authorization": f"Bearer {API_TOKEN}"}
 
 # The worker tests' arm, tiny and quick: batch 4, 2 eval samples, 2 sampler steps; stand-ins chosen

@@ -21,11 +21,10 @@ from orchestrator.db.models import Grid, Node, Run, Schedule
 from orchestrator.db.session import session_scope
 from orchestrator.settings import Settings, SettingsError
 from tests.kit.net import free_port
-from tests.kit.settings import tiny_overrides
 
 TOKEN = "hardening-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-TINY = tiny_overrides(10)
+TINY = {"model": {"size": "tiny"}, "schedule": {"steps": 10, "batch_size": 4, "warmup_steps": 1}}
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ from orchestrator.vocabulary import RunState, TrackerName
 from tests.kit.net import free_port
 from tests.kit.polling import wait_for
 from tests.kit.settings import tiny_overrides
-from tests.orchestrator.runs.tracker_files import (
+from tests.orchestrator.trackers.tracker_files import (
     STOPPED_ARM,
     mlflow_runs,
     tb_text,

@@ -17,7 +17,7 @@ from orchestrator.settings import Settings
 from orchestrator.vocabulary import TrackerName
 from tests.kit.polling import wait_for
 from tests.kit.settings import tiny_overrides
-from tests.orchestrator.runs.tracker_files import (
+from tests.orchestrator.trackers.tracker_files import (
     STOPPED_ARM,
     mlflow_runs,
     tb_text,
