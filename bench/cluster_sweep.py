@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import shutil
-import socket
 import statistics
 import sys
 import tempfile
@@ -37,33 +35,13 @@ from orchestrator.db.session import session_scope, upgrade  # noqa: E402
 from orchestrator.sweeps.runner import SweepRunner  # noqa: E402
 from orchestrator.sweeps.schedules import ScheduleCreate, create_schedule  # noqa: E402
 from orchestrator.vocabulary import ACTIVE_SWEEP_STATES, SweepState  # noqa: E402
-from tests.cluster.conftest import PACKAGES, node_config, register_node, scheduler_process  # noqa: E402
 from tests.cluster.testbed import TestBed  # noqa: E402
+from tests.kit.bed import launcher_process, node_config, register_node, worker_bed  # noqa: E402
+from tests.kit.clock import FakeClock  # noqa: E402
+from tests.kit.settings import tiny_overrides  # noqa: E402
 
-TINY = {
-    "model": {"size": "tiny", "depth": 3, "identity_tokens": 4},
-    "data": {"dataset": "shapes", "num_images": 32, "held_out": 2},
-    "schedule": {"steps": 5, "batch_size": 2, "warmup_steps": 1, "checkpoint_every": 1, "ema": {"warmup_steps": 1}},
-    "eval": {"num_samples": 2, "sampler_steps": 2, "lpips_backbone": "random_standin"},
-    "precision": {"mode": "fp32"},
-}
+TINY = tiny_overrides(5, checkpoint_every=1, batch_size=2, num_images=32, warmup_steps=1)
 ARMS = ["A", "B", "C", {"parent": "A", "name": "A2"}, {"parent": "A", "name": "A3"}]
-
-
-class Clock:
-    """Fake time at the fire, real time after it."""
-
-    def __init__(self, at: datetime) -> None:
-        self.at, self.real_from = at, time.monotonic()
-
-    def __call__(self) -> datetime:
-        return self.at + timedelta(seconds=time.monotonic() - self.real_from)
-
-
-def free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def one_sweep(bed: TestBed, database_url: str, storage: Path, night: int) -> dict[str, float]:
@@ -81,7 +59,8 @@ def one_sweep(bed: TestBed, database_url: str, storage: Path, night: int) -> dic
             ),
             now=fire_at - timedelta(hours=1),
         )
-    clock = Clock(fire_at)
+    clock = FakeClock(fire_at)  # the fire's time, then real time
+    clock.follow_real_time()
     runner = SweepRunner(database_url, storage, clock=clock, node_config=node_config(bed))
     with session_scope(database_url) as session:
         before = session.scalar(select(func.max(Event.id))) or 0
@@ -142,18 +121,11 @@ def one_sweep(bed: TestBed, database_url: str, storage: Path, night: int) -> dic
 def bench_bed(nodes: int) -> Iterator[tuple[TestBed, str, Path, Path]]:
     """A namespace test bed of `nodes` firewalled nodes (2 logical GPUs each) with this checkout's packages and
     a SQLite database: (bed, database_url, storage, work). work is removed afterwards."""
-    TestBed.check()
-    tag = f"ab{os.getpid() % 100000}"
-    storage = Path("/tmp") / tag / "controller" / "storage"
     work = Path(tempfile.mkdtemp(prefix="ablate-bench-"))
     database_url = f"sqlite:///{work / 'ablate.db'}"
     upgrade(database_url)
-    readable = [Path(sys.base_prefix), Path(sys.prefix)]
-    with TestBed(nodes=nodes, gpus=2, tag=tag, private_paths=[storage], readable=readable, firewall=True) as bed:
-        bed.src = bed.root / "src"  # type: ignore[attr-defined]
-        for package in PACKAGES:
-            shutil.copytree(ROOT / package, bed.src / package, ignore=shutil.ignore_patterns("__pycache__"))  # type: ignore[attr-defined]
-        yield bed, database_url, storage, work
+    with worker_bed(nodes) as bed:
+        yield bed, database_url, bed.storage, work  # type: ignore[attr-defined]
     shutil.rmtree(work, ignore_errors=True)
 
 
@@ -175,7 +147,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     with bench_bed(nodes=2) as (bed, database_url, storage, work):
-        with scheduler_process(database_url, storage, work / "launcher.log", "ablate-bench"):
+        with launcher_process(database_url, storage, work / "launcher.log", "ablate-bench"):
             for node in bed.nodes:
                 register_node(database_url, node, price_per_hour=1.0)
             results = [one_sweep(bed, database_url, storage, i) for i in range(args.repeats)]

@@ -34,6 +34,9 @@ from typing import Any
 BENCH_DIR = Path(__file__).resolve().parent
 SYNTHETIC = "orchestration:synthetic_train"  # importable by the workers: BENCH_DIR is on their PYTHONPATH
 sys.path.insert(0, str(BENCH_DIR))
+sys.path.insert(0, str(BENCH_DIR.parent))  # the test kit: tests.kit
+
+from tests.kit.settings import tiny_overrides  # noqa: E402
 
 
 def synthetic_train(
@@ -143,17 +146,6 @@ def _event_times(db: str, ids: list[int], kind: str) -> dict[int, datetime]:
         return {run_id: t for run_id, t in rows}
 
 
-def tiny_overrides(steps: int, every: int) -> dict[str, Any]:
-    """Grid overrides for a tiny arm of `steps` steps, a checkpoint every `every` (also bench/soak.py's)."""
-    return {
-        "model": {"size": "tiny", "depth": 3, "identity_tokens": 4},
-        "data": {"dataset": "shapes", "num_images": 64, "held_out": 2},
-        "schedule": {"steps": steps, "batch_size": 4, "warmup_steps": 1, "checkpoint_every": every},
-        "eval": {"num_samples": 2, "sampler_steps": 2, "lpips_backbone": "random_standin"},
-        "precision": {"mode": "fp32"},
-    }
-
-
 def latency(db: str, launcher_cls: Any, settings: Any, n: int) -> dict[str, list[float]]:
     """Seconds from submission to worker up, to first record (synthetic), and to the real first step."""
     from sqlalchemy import select
@@ -167,7 +159,7 @@ def latency(db: str, launcher_cls: Any, settings: Any, n: int) -> dict[str, list
         launcher.start()
         try:
             for _ in range(arms_n):
-                (run_id,) = _submit(db, ["A"], tiny_overrides(2, 1))
+                (run_id,) = _submit(db, ["A"], tiny_overrides(2, 1, warmup_steps=1))
                 _wait_done(db, [run_id])
                 with session_scope(db) as session:
                     run = session.get(Run, run_id)
@@ -197,7 +189,7 @@ def idle_gaps(db: str, launcher_cls: Any, settings: Any, gpus: int, per_gpu: int
     launcher = launcher_cls(settings, train_fn=SYNTHETIC)
     launcher.start()
     try:
-        ids = _submit(db, arms, tiny_overrides(4, 1))
+        ids = _submit(db, arms, tiny_overrides(4, 1, warmup_steps=1))
         _wait_done(db, ids)
     finally:
         launcher.stop()
@@ -226,7 +218,7 @@ def ingest_rate(db: str, launcher_cls: Any, settings: Any, arms_n: int, records:
     launcher = launcher_cls(settings, train_fn=SYNTHETIC)
     launcher.start()
     try:
-        ids = _submit(db, arms, tiny_overrides(records, 1))
+        ids = _submit(db, arms, tiny_overrides(records, 1, warmup_steps=1))
         _wait_done(db, ids)
     finally:
         launcher.stop()

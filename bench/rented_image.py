@@ -37,13 +37,13 @@ from orchestrator.fleet.bootstrap import BootstrapConfig  # noqa: E402
 from orchestrator.fleet.providers.vast import VastProvider  # noqa: E402
 from orchestrator.sweeps.runner import SweepRunner  # noqa: E402
 from orchestrator.vocabulary import ACTIVE_SWEEP_STATES  # noqa: E402
-from tests.cluster.conftest import scheduler_process  # noqa: E402
 from tests.cluster.provider_sim import ProviderSim, vast_offer  # noqa: E402
 from tests.cluster.rental import due_rented_night  # noqa: E402
 from tests.cluster.testbed import TestBed  # noqa: E402
 from tests.images.image_nodes import container_rental, image_hooks  # noqa: E402
 from tests.images.podman import WORKER, Podman, build_images, local_base  # noqa: E402
-from tests.orchestrator.factories import tiny_overrides  # noqa: E402
+from tests.kit.bed import launcher_process  # noqa: E402
+from tests.kit.settings import tiny_overrides  # noqa: E402
 
 KEY = "sk-bench-image-night-0123456789"
 STOCK = "localhost/ablate-node:bench"
@@ -71,7 +71,7 @@ def night(podman: Podman, image: str, config: BootstrapConfig, tmp: Path, tag: s
         rental = container_rental(bed, tmp / "controller", image)
         runner = SweepRunner(database_url, storage, node_config=config,
                              providers={"vast": VastProvider(KEY, server_url=sim.url)}, rental=rental)
-        with scheduler_process(database_url, storage, tmp / "launcher.log", f"bench-{tag}"):
+        with launcher_process(database_url, storage, tmp / "launcher.log", f"bench-{tag}"):
             fired = time.monotonic()
             runner.tick()
             first = None

@@ -44,20 +44,15 @@ from orchestrator.fleet.providers.request import NodeRequest  # noqa: E402
 from orchestrator.fleet.providers.vast import VastProvider  # noqa: E402
 from orchestrator.sweeps.runner import SweepRunner  # noqa: E402
 from orchestrator.vocabulary import ACTIVE_SWEEP_STATES, SweepState  # noqa: E402
-from tests.cluster.conftest import scheduler_process  # noqa: E402
 from tests.cluster.provider_sim import ProviderSim, bed_hooks, vast_offer  # noqa: E402
 from tests.cluster.rental import BED_REQUEST, bed_rental, due_rented_night, vast_runner  # noqa: E402
 from tests.cluster.rented_controller import controller_env  # noqa: E402
 from tests.cluster.testbed import TestBed  # noqa: E402
+from tests.kit.bed import launcher_process  # noqa: E402
+from tests.kit.settings import tiny_overrides  # noqa: E402
 
 KEY = "sk-bench-rented-night-0123456789"
-TINY = {
-    "model": {"size": "tiny", "depth": 3, "identity_tokens": 4},
-    "data": {"dataset": "shapes", "num_images": 32, "held_out": 2},
-    "schedule": {"steps": 5, "batch_size": 2, "warmup_steps": 1, "checkpoint_every": 1, "ema": {"warmup_steps": 1}},
-    "eval": {"num_samples": 2, "sampler_steps": 2, "lpips_backbone": "random_standin"},
-    "precision": {"mode": "fp32"},
-}
+TINY = tiny_overrides(5, checkpoint_every=1, batch_size=2, num_images=32, warmup_steps=1)
 ARMS = ["A", "B", "C", {"parent": "A", "name": "A2"}, {"parent": "A", "name": "A3"}]
 
 
@@ -148,7 +143,7 @@ def leaked_after_restart(bed: TestBed, sim: ProviderSim, database_url: str, stor
     leaked = sim.instances[provider.create(offer, spec).instance_id]
     env = controller_env(bed, sim, KEY, "bench", work)
     log = work / "controller.log"
-    with scheduler_process(
+    with launcher_process(
         database_url, storage, log, "ablate-bench-rent", module="tests.cluster.rented_controller", **env
     ):
         started = time.time()
@@ -170,7 +165,7 @@ def main() -> None:
         with ProviderSim(KEY, vast_offers=offers, hooks=hooks, host=bed.controller_ip) as sim:
             rental = bed_rental(bed.tag, work, controller_id="bench")
             runner = vast_runner(database_url, storage, bed, KEY, sim.url, rental)
-            with scheduler_process(database_url, storage, work / "launcher.log", "ablate-bench-rent"):
+            with launcher_process(database_url, storage, work / "launcher.log", "ablate-bench-rent"):
                 watch = RecordWatch(bed, storage)
                 watch.start()
                 results = [one_sweep(runner, database_url, i, watch) for i in range(args.repeats)]

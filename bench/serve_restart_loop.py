@@ -20,7 +20,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -30,13 +29,11 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tests.kit.net import free_port  # noqa: E402
+
 GRID = "name: study\narms: [A, B, C, D]\ncontrol: A\n"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_load(n: int) -> list[subprocess.Popen[bytes]]:

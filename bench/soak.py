@@ -25,7 +25,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -39,18 +38,14 @@ from typing import Any
 
 from orchestration import tiny_overrides  # bench/orchestration.py: this script's directory is on sys.path
 
+from tests.kit.net import free_port  # bench/orchestration.py puts the repository on sys.path
+
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
 SYNTHETIC = "orchestration:synthetic_train"  # importable by the workers: BENCH_DIR is on their PYTHONPATH
 TOKEN = "soak-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # -- the controller process ------------------------------------------------------------------------------
@@ -201,7 +196,8 @@ def submitter(env: Env, stats: Stats, stop: threading.Event, every_s: float, ste
     n = 0
     with httpx.Client(base_url=env.base, timeout=30) as client:
         while not stop.is_set():
-            body = {"name": f"soak-{n}", "arms": ["A", "B", "C", "D"], "overrides": tiny_overrides(steps, ckpt)}
+            overrides = tiny_overrides(steps, ckpt, warmup_steps=1)
+            body = {"name": f"soak-{n}", "arms": ["A", "B", "C", "D"], "overrides": overrides}
             resp = _request(client, stats, "submit", "POST", "/api/grids", json=body, headers=AUTH)
             if resp is not None and resp.status_code == 201:
                 with stats.lock:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +19,7 @@ from orchestrator.db.session import upgrade
 os.environ["ABLATE_OFFLINE"] = "1"  # the download path is tested against a refused proxy, never the network
 
 FIXTURES = Path(__file__).parent / "fixtures"
+pytest_plugins = ["tests.kit.launcher"]  # the launcher on a module's Ray, for the tests that ask for it
 SERVER_URL = os.environ.get("ABLATE_DATABASE_URL", "")
 
 
@@ -101,9 +101,9 @@ def s3_endpoint() -> Iterator[str]:
 def online_but_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     """Downloads allowed (ABLATE_OFFLINE=0) but every HTTP(S) request goes through a proxy on a port just
     closed, so a library's download fails at once and nothing reaches the network."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    from tests.kit.net import free_port  # project modules only once a fixture runs
+
+    port = free_port()
     monkeypatch.setenv("ABLATE_OFFLINE", "0")
     for var in ("https_proxy", "HTTPS_PROXY", "http_proxy", "HTTP_PROXY"):
         monkeypatch.setenv(var, f"http://127.0.0.1:{port}")

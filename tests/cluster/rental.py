@@ -20,8 +20,8 @@ from orchestrator.fleet.providers.vast import VastProvider
 from orchestrator.sweeps.rented import RentalConfig
 from orchestrator.sweeps.runner import SweepRunner
 from orchestrator.sweeps.schedules import ScheduleCreate, create_schedule
-from tests.cluster.conftest import node_config
 from tests.cluster.testbed import TestBed
+from tests.kit.bed import node_config
 
 BED_TIMING = Timing(reachable_s=60, poll_s=0.2, destroy_s=60, connect_s=2)
 # Two of the simulator's 4-GPU Vast offers (each becomes a bed node with the GPUs the bed hooks give it).

@@ -1,4 +1,4 @@
-"""A controller that rents, in its own process, for tests that `kill -9` it: the scheduler and the sweep
+"""A controller that rents, in its own process, for tests that `kill -9` it: the launcher and the sweep
 runner of `ablate serve`, without the HTTP API (`python -m tests.cluster.rented_controller`).
 
 Everything comes from the real settings (ABLATE_DATABASE_URL, ABLATE_VAST_API_KEY_FILE, ABLATE_VAST_URL,
@@ -54,8 +54,8 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     settings = load_settings()
     upgrade(settings.database_url)
-    scheduler = Launcher(settings, listeners=loop_listeners(settings))
-    scheduler.start()
+    launcher = Launcher(settings, listeners=loop_listeners(settings))
+    launcher.start()
     runner = SweepRunner.from_settings(settings)
     poll = float(os.environ.get("ABLATE_TEST_POLL_S", "0.2"))
     assert runner.rentals.config is not None

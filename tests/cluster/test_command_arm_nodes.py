@@ -5,7 +5,7 @@ storage, its checkpoints/ folder restored and ABLATE_RESUMED=1.
 
 The code lives in a folder of the controller that no node user can read: it reaches the nodes only as
 the archive the controller copies over each node's SSH connection. Checkpoints go to S3 (moto on the
-controller's bridge address), the scheduler runs in its own process, as in test_lost_node.py.
+controller's bridge address), the launcher runs in its own process, as in test_lost_node.py.
 """
 
 from __future__ import annotations
@@ -22,15 +22,15 @@ import pytest
 import torch
 from sqlalchemy import select
 
-from orchestrator.db.models import Event, Metric, Run
+from orchestrator.db.models import Metric
 from orchestrator.db.session import session_scope
 from orchestrator.fleet.bootstrap import bootstrap_node
 from orchestrator.grids.service import GridCreate, PathPolicy, create_grid
-from orchestrator.vocabulary import TERMINAL_STATES
-from tests.cluster.conftest import BUCKET, aws_profile, lose_node, node_config, register_node, scheduler_process
 from tests.cluster.testbed import TestBed
-from tests.orchestrator.factories import tiny_overrides
-from tests.polling import wait_for
+from tests.kit.bed import BUCKET, aws_profile, launcher_process, lose_node, node_config, register_node
+from tests.kit.polling import wait_for
+from tests.kit.readers import all_ended, events_of, runs_of, stored_step
+from tests.kit.settings import tiny_overrides
 from worker.checkpoint_store import open_fs
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "your-trainer"
@@ -78,22 +78,8 @@ def cluster(database_url: str, testbed: TestBed, s3_on_bridge: str, code: Path) 
         "ABLATE_COMMAND_DIRS": json.dumps([str(code.parent)]),
         "ABLATE_NODE_LOST_S": "8",
     }
-    with scheduler_process(database_url, testbed.storage, log, "ablate-command", **settings):  # type: ignore[attr-defined]
+    with launcher_process(database_url, testbed.storage, log, "ablate-command", **settings):  # type: ignore[attr-defined]
         yield {"endpoint": s3_on_bridge, "log": log}
-
-
-def _runs(database_url: str, ids: list[int]) -> list[Run]:
-    with session_scope(database_url) as session:
-        return [session.get_one(Run, i) for i in ids]
-
-
-def _events(database_url: str, run_id: int) -> list[Event]:
-    with session_scope(database_url) as session:
-        return list(session.scalars(select(Event).where(Event.run_id == run_id).order_by(Event.id)))
-
-
-def _stored(database_url: str, run_id: int) -> int:
-    return max([e.data["step"] for e in _events(database_url, run_id) if e.kind == "checkpoint.stored"] or [0])
 
 
 def test_command_arms_beside_arm_a_on_joined_nodes_stop_keep_best_and_resume_from_storage(
@@ -111,23 +97,22 @@ def test_command_arms_beside_arm_a_on_joined_nodes_stop_keep_best_and_resume_fro
         ids = [r.id for r in grid.runs]
     a_id, mine_id, broken_id = ids
 
-    wait_for(lambda: _stored(database_url, mine_id) >= 100, "mine's checkpoint of step 100 in S3", 180, 0.3, log)
-    (running,) = _runs(database_url, [mine_id])
+    wait_for(lambda: stored_step(database_url, mine_id) >= 100, "mine's checkpoint of step 100 in S3", 180, 0.3, log)
+    (running,) = runs_of(database_url, [mine_id])
     victim = next(n for n in testbed.nodes if n.name == running.nodes[-1])
     survivor = next(n for n in testbed.nodes if n is not victim)
-    stored_at_loss = _stored(database_url, mine_id)
+    stored_at_loss = stored_step(database_url, mine_id)
     lose_node(testbed, victim)
-    ended = lambda: all(r.state in TERMINAL_STATES for r in _runs(database_url, ids))  # noqa: E731
-    wait_for(ended, "the grid to end", 300, 0.3, log)
+    wait_for(lambda: all_ended(database_url, ids), "the grid to end", 300, 0.3, log)
 
-    a, good, bad = _runs(database_url, ids)
+    a, good, bad = runs_of(database_url, ids)
     assert (a.state, good.state) == ("completed", "completed"), (a.error, good.error)
     # The healthy copy: lost with its node, resumed on the other one from storage, every step once.
     assert good.retries == 1 and good.nodes == [victim.name, survivor.name], good.nodes
     with session_scope(database_url) as session:
         steps = list(session.scalars(select(Metric.step).where(Metric.run_id == good.id).order_by(Metric.step)))
     assert steps == list(range(25, 301, 25))
-    fetched = [e for e in _events(database_url, good.id) if e.kind == "checkpoint.fetched"]
+    fetched = [e for e in events_of(database_url, good.id) if e.kind == "checkpoint.fetched"]
     assert len(fetched) == 1 and fetched[0].data["step"] >= stored_at_loss
     out = survivor.private[testbed.storage] / "runs" / str(good.id)  # type: ignore[attr-defined]
     assert f"resumed from step_{fetched[0].data['step']:06d}.pt" in (out / "stdout.log").read_text()
@@ -135,7 +120,7 @@ def test_command_arms_beside_arm_a_on_joined_nodes_stop_keep_best_and_resume_fro
 
     # The diverging copy: stopped by the detector through its stop file, its best checkpoint kept in S3.
     assert bad.state == "stopped" and bad.decision in {"collapse", "diverged"}, (bad.state, bad.error)
-    assert _events(database_url, bad.id)[-1].data["ended_by"] == "stop_file"
+    assert events_of(database_url, bad.id)[-1].data["ended_by"] == "stop_file"
     assert bad.best_step is not None and 100 <= bad.decision_step and bad.best_step < bad.decision_step
     fs, root = open_fs(bad.checkpoint_url, {"endpoint_url": cluster["endpoint"]})
     assert torch.load(fs.open(f"{root}/best.pt"), weights_only=True)["step"] == bad.best_step

@@ -7,9 +7,7 @@ and both train to the end from the one copy."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from sqlalchemy import select
@@ -19,28 +17,22 @@ from orchestrator.db.models import Metric, Run
 from orchestrator.db.session import session_scope
 from orchestrator.fleet.bootstrap import bootstrap_node
 from orchestrator.grids.service import GridCreate, create_grid
-from orchestrator.vocabulary import TERMINAL_STATES, RunState
-from tests.cluster.conftest import BUCKET, aws_profile, node_config, register_node, scheduler_process, worker_bed
+from orchestrator.vocabulary import RunState
 from tests.cluster.testbed import TestBed
-from tests.polling import wait_for
+from tests.kit.bed import BUCKET, aws_profile, launcher_process, node_config, register_node
+from tests.kit.polling import wait_for
+from tests.kit.readers import all_ended
+from tests.kit.settings import bed_overrides
 from tests.worker.test_data_fetch import SHARDS, photos
 from worker.checkpoint_store import open_fs
 
+pytestmark = pytest.mark.bed(nodes=1)  # both arms land on its two GPUs and share its cache
+
 URL = f"s3://{BUCKET}/datasets/photos-16"
-TINY: dict[str, Any] = {
-    "model": {"size": "tiny", "depth": 3, "identity_tokens": 4},
+TINY = {
+    **bed_overrides(steps=20, checkpoint_every=10),
     "data": {"dataset": "prepared", "url": URL, "resolution": 16, "held_out": 2},
-    "schedule": {"steps": 20, "batch_size": 2, "warmup_steps": 2, "checkpoint_every": 10, "ema": {"warmup_steps": 2}},
-    "eval": {"num_samples": 2, "sampler_steps": 2, "lpips_backbone": "random_standin"},
-    "precision": {"mode": "fp32"},
 }
-
-
-@pytest.fixture(scope="module")
-def testbed() -> Iterator[TestBed]:
-    """One node with two logical GPUs: both arms land on it and share its cache."""
-    with worker_bed(nodes=1) as bed:
-        yield bed
 
 
 def test_a_node_fetches_data_url_once_and_its_arms_train_from_it(
@@ -59,16 +51,12 @@ def test_a_node_fetches_data_url_once_and_its_arms_train_from_it(
     log = testbed.root / "scheduler-data-url.log"
     storage: Path = testbed.storage  # type: ignore[attr-defined]
     env = {"ABLATE_DATA_OPTIONS": json.dumps(options)}  # checkpoints stay on the node's disk (file://)
-    with scheduler_process(database_url, storage, log, "ablate-data-url", **env):
+    with launcher_process(database_url, storage, log, "ablate-data-url", **env):
         with session_scope(database_url) as session:
             grid = create_grid(session, GridCreate(name="data-url", arms=["A", "B"], overrides=TINY))
             ids = [r.id for r in grid.runs]
 
-        def finished() -> bool:
-            with session_scope(database_url) as session:
-                return all(session.get_one(Run, i).state in TERMINAL_STATES for i in ids)
-
-        wait_for(finished, "both arms to finish", 420, 0.3, log)
+        wait_for(lambda: all_ended(database_url, ids), "both arms to finish", 420, 0.3, log)
 
     fetches = []
     with session_scope(database_url) as session:

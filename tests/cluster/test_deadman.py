@@ -15,7 +15,6 @@ The account's API key is nowhere on the node: not in its files, not on a command
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -30,11 +29,12 @@ from orchestrator.fleet.providers.request import NodeRequest
 from orchestrator.sweeps.rented import rent_nodes
 from orchestrator.sweeps.runner import SweepRunner
 from orchestrator.sweeps.schedules import ScheduleCreate, create_schedule
-from tests.cluster.conftest import worker_bed
 from tests.cluster.provider_sim import ProviderSim, bed_hooks, runpod_gpu, vast_offer
 from tests.cluster.rental import DEADMAN_MARK, bed_rental
 from tests.cluster.testbed import TestBed
-from tests.polling import wait_for
+from tests.kit.polling import wait_for
+
+pytestmark = pytest.mark.bed(nodes=0)  # no nodes of its own: every node comes from a rental
 
 pytest.importorskip("vastai", reason="the vastai SDK: pip install --no-deps vastai==1.9.1 runpod==1.12.0")
 pytest.importorskip("runpod", reason="the runpod SDK: pip install --no-deps vastai==1.9.1 runpod==1.12.0")
@@ -48,12 +48,6 @@ REQUESTS = {
     ),
 }
 PRICE = {"vast": 1.2, "runpod": 4 * 0.34}  # what the simulator's offer below bills per hour for the node
-
-
-@pytest.fixture(scope="module")
-def testbed() -> Iterator[TestBed]:
-    with worker_bed(nodes=0) as bed:
-        yield bed
 
 
 def _provider(name: str, sim: ProviderSim) -> Provider:

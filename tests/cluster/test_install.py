@@ -25,8 +25,8 @@ from orchestrator.db.session import session_scope
 from orchestrator.fleet.bootstrap import BootstrapConfig, bootstrap_node
 from orchestrator.fleet.shell import CommandFailed
 from orchestrator.vocabulary import NodeState
-from tests.cluster.conftest import ROOT, node_config, register_node
 from tests.cluster.testbed import TestBed
+from tests.kit.bed import ROOT, node_config, register_node
 
 
 def test_default_install_from_a_wheelhouse_with_no_index(database_url: str, testbed: TestBed, tmp_path: Path) -> None:

@@ -24,21 +24,17 @@ from orchestrator.db.models import Event, Metric, Run
 from orchestrator.db.session import session_scope
 from orchestrator.fleet.bootstrap import bootstrap_node
 from orchestrator.grids.service import GridCreate, create_grid
-from orchestrator.vocabulary import TERMINAL_STATES, RunState
-from tests.cluster.conftest import BUCKET, aws_profile, lose_node, node_config, register_node, scheduler_process
+from orchestrator.vocabulary import RunState
 from tests.cluster.testbed import TestBed
-from tests.polling import wait_for
+from tests.kit.bed import BUCKET, aws_profile, launcher_process, lose_node, node_config, register_node
+from tests.kit.polling import wait_for
+from tests.kit.readers import all_ended, runs_of, stored_step
+from tests.kit.settings import bed_overrides
 
-TINY: dict[str, Any] = {
-    "model": {"size": "tiny", "depth": 3, "identity_tokens": 4},
-    "data": {"dataset": "shapes", "num_images": 32, "held_out": 2},
-    "schedule": {"steps": 80, "batch_size": 2, "warmup_steps": 2, "checkpoint_every": 10, "ema": {"warmup_steps": 2}},
-    "eval": {"num_samples": 2, "sampler_steps": 2, "lpips_backbone": "random_standin"},
-    "precision": {"mode": "fp32"},
-}
+TINY = bed_overrides(steps=80, checkpoint_every=10)
 @pytest.fixture(scope="module")
 def cluster(database_url: str, testbed: TestBed, s3_on_bridge: str) -> Iterator[dict[str, Any]]:
-    """Both nodes joined for real, and the scheduler in its own process storing checkpoints in S3."""
+    """Both nodes joined for real, and the launcher in its own process storing checkpoints in S3."""
     for node in testbed.nodes:
         aws_profile(node)
         bootstrap_node(database_url, register_node(database_url, node), node_config(testbed))
@@ -49,24 +45,8 @@ def cluster(database_url: str, testbed: TestBed, s3_on_bridge: str) -> Iterator[
         "ABLATE_CHECKPOINT_KEEP_LAST": "1",
     }
     storage = testbed.storage  # type: ignore[attr-defined]
-    with scheduler_process(database_url, storage, log, "ablate-lost", **options):
+    with launcher_process(database_url, storage, log, "ablate-lost", **options):
         yield {"endpoint": s3_on_bridge, "log": log}
-
-
-def _runs(database_url: str, ids: list[int]) -> list[Run]:
-    with session_scope(database_url) as session:
-        return [session.get_one(Run, i) for i in ids]
-
-
-def _stored(database_url: str, run_id: int) -> int:
-    with session_scope(database_url) as session:
-        steps = [
-            d["step"]
-            for d in session.scalars(
-                select(Event.data).where(Event.run_id == run_id, Event.kind == "checkpoint.stored")
-            )
-        ]
-    return max(steps, default=0)
 
 
 def _uninterrupted(spec: dict[str, Any], out: Path) -> list[dict[str, Any]]:
@@ -90,17 +70,17 @@ def test_a_lost_node_s_arms_resume_on_the_other_node_from_storage(
         grid = create_grid(session, GridCreate(name="lost-node", arms=["A", "B"], overrides=TINY))
         ids = [r.id for r in grid.runs]
     # Both arms running, each with two checkpoints already in S3.
-    wait_for(lambda: all(_stored(database_url, i) >= 20 for i in ids), "two stored checkpoints per arm", 240, 0.3, log)
-    runs = _runs(database_url, ids)
+    stored_twice = lambda: all(stored_step(database_url, i) >= 20 for i in ids)  # noqa: E731
+    wait_for(stored_twice, "two stored checkpoints per arm", 240, 0.3, log)
+    runs = runs_of(database_url, ids)
     assert all(r.state == RunState.running for r in runs), [(r.arm, r.state, r.error) for r in runs]
     victim = next(n for n in testbed.nodes if n.name == runs[0].nodes[-1])  # run.nodes: the nodes' names
     survivor = next(n for n in testbed.nodes if n is not victim)
     on_victim = [r.id for r in runs if r.nodes[-1] == victim.name]
-    stored_at_loss = {i: _stored(database_url, i) for i in on_victim}
+    stored_at_loss = {i: stored_step(database_url, i) for i in on_victim}
     lose_node(testbed, victim)
 
-    finished = lambda: all(r.state in TERMINAL_STATES for r in _runs(database_url, ids))  # noqa: E731
-    wait_for(finished, "both arms to finish", 420, 0.3, log)
+    wait_for(lambda: all_ended(database_url, ids), "both arms to finish", 420, 0.3, log)
     with session_scope(database_url) as session:
         for run in session.scalars(select(Run).where(Run.id.in_(ids))):
             assert run.state == RunState.completed, (run.arm, run.state, run.error)

@@ -18,8 +18,8 @@ from orchestrator.fleet.inventory import get_node
 from orchestrator.fleet.node_pool import remote_agent_command
 from orchestrator.fleet.shell import NodeShell
 from orchestrator.settings import Settings
-from tests.cluster.conftest import node_config, register_node
 from tests.cluster.testbed import TestBed
+from tests.kit.bed import node_config, register_node
 from worker.node_ray import session_pids
 
 

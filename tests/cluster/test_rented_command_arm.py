@@ -13,7 +13,6 @@ import json
 import shutil
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,23 +22,18 @@ from orchestrator.db.models import Event, Grid, Run, Sweep
 from orchestrator.db.session import session_scope
 from orchestrator.grids.service import PathPolicy
 from orchestrator.vocabulary import RunState, SweepState
-from tests.cluster.conftest import scheduler_process, worker_bed
 from tests.cluster.provider_sim import ProviderSim, bed_hooks, vast_offer
 from tests.cluster.rental import bed_rental, due_rented_night, vast_runner
 from tests.cluster.testbed import TestBed
-from tests.orchestrator.factories import tiny_overrides
+from tests.kit.bed import launcher_process
+from tests.kit.settings import tiny_overrides
+
+pytestmark = pytest.mark.bed(nodes=0)  # no nodes of its own: every node comes from a rental
 
 pytest.importorskip("vastai", reason="the vastai SDK: pip install --no-deps vastai==1.9.1 runpod==1.12.0")
 
 KEY = "sk-rented-command-arm-0123456789"
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "your-trainer"
-
-
-@pytest.fixture(scope="module")
-def testbed() -> Iterator[TestBed]:
-    """No nodes of its own: the node comes from a rental (overrides conftest's)."""
-    with worker_bed(nodes=0) as bed:
-        yield bed
 
 
 def test_a_rented_night_runs_the_researchers_trainer_beside_arm_a_and_copies_it_back(
@@ -59,9 +53,9 @@ def test_a_rented_night_runs_the_researchers_trainer_beside_arm_a_and_copies_it_
         rental = bed_rental(bed.tag, tmp_path / "controller")
         paths = PathPolicy(allow_commands=True, command_dirs=[researcher])
         runner = vast_runner(database_url, storage, bed, KEY, sim.url, rental, paths=paths)
-        log = tmp_path / "scheduler.log"
+        log = tmp_path / "launcher.log"
         commands = {"ABLATE_ALLOW_COMMANDS": "1", "ABLATE_COMMAND_DIRS": json.dumps([str(researcher)])}
-        with scheduler_process(database_url, storage, log, "ablate-rented-command", **commands):
+        with launcher_process(database_url, storage, log, "ablate-rented-command", **commands):
             runner.tick()  # fire: rent, pin, register, bootstrap; submit the grid
             deadline = time.monotonic() + 300
             while True:
@@ -69,7 +63,7 @@ def test_a_rented_night_runs_the_researchers_trainer_beside_arm_a_and_copies_it_
                     sweep = session.scalars(select(Sweep)).one()
                 if sweep.state in (SweepState.completed, SweepState.failed, SweepState.stopped):
                     break
-                assert time.monotonic() < deadline, f"sweep still {sweep.state}; scheduler: {log.read_text()[-3000:]}"
+                assert time.monotonic() < deadline, f"sweep still {sweep.state}; launcher: {log.read_text()[-3000:]}"
                 runner.tick()
                 time.sleep(1.0)
         assert sim.live() == [], "the night's node is destroyed"

@@ -2,11 +2,11 @@
 
 A schedule asks for two interruptible Vast nodes; the runner rents them from the provider simulator
 (real vastai SDK), whose instances are real namespace nodes (own sshd, address, stand-in nvidia-smi);
-they bootstrap and join the token-auth Ray head, and the real scheduler (its own process) trains tiny
+they bootstrap and join the token-auth Ray head, and the real launcher (its own process) trains tiny
 arms on them with checkpoints in S3 (moto on the controller's bridge address). Mid-training the
 provider takes one node back: it reports `exited` and every process on the machine dies, its Ray
 with it. The runner marks the instance `preempted`, destroys it (confirmed), drops its node and rents
-a replacement (no budget: allowed); the arms that ran there re-queue through the scheduler's
+a replacement (no budget: allowed); the arms that ran there re-queue through the launcher's
 lost-worker path and complete: each from the newest checkpoint it had in S3 when the node was lost, or,
 for an arm whose first checkpoint had not finished uploading then (its records may have), from step 0:
 both are correct, and only the arm the test waited for is sure to have one. At the end: every run
@@ -18,53 +18,29 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from sqlalchemy import select
 
-from orchestrator.db.models import Event, Grid, Metric, Node, RentedInstance, Run, Sweep, utcnow
+from orchestrator.db.models import Event, Grid, Metric, Node, RentedInstance, Sweep, utcnow
 from orchestrator.db.session import session_scope
 from orchestrator.vocabulary import RentedState, RunState, SweepState
-from tests.cluster.conftest import BUCKET, aws_profile, scheduler_process, worker_bed
 from tests.cluster.provider_sim import ProviderSim, SimInstance, bed_hooks, vast_offer
 from tests.cluster.rental import bed_rental, due_rented_night, vast_runner
 from tests.cluster.testbed import TestBed
+from tests.kit.bed import BUCKET, aws_profile, launcher_process
+from tests.kit.readers import grid_runs, stored_step
+from tests.kit.settings import bed_overrides
+
+pytestmark = pytest.mark.bed(nodes=0)  # no nodes of its own: every node comes from a rental
 
 pytest.importorskip("vastai", reason="the vastai SDK: pip install --no-deps vastai==1.9.1 runpod==1.12.0")
 
 KEY = "sk-preempted-night-0123456789"
-TINY: dict[str, Any] = {
-    "model": {"size": "tiny", "depth": 3, "identity_tokens": 4},
-    "data": {"dataset": "shapes", "num_images": 32, "held_out": 2},
-    "schedule": {"steps": 40, "batch_size": 2, "warmup_steps": 2, "checkpoint_every": 10, "ema": {"warmup_steps": 2}},
-    "eval": {"num_samples": 2, "sampler_steps": 2, "lpips_backbone": "random_standin"},
-    "precision": {"mode": "fp32"},
-}
+TINY = bed_overrides(steps=40, checkpoint_every=10)
 # Two rented at fire (the cheapest), the third is the replacement.
 OFFERS = [vast_offer(601, dph_total=1.4), vast_offer(602, dph_total=1.2), vast_offer(603, dph_total=1.6)]
-
-
-@pytest.fixture(scope="module")
-def testbed() -> Iterator[TestBed]:
-    """No nodes of its own: every node of this module comes from a rental (overrides conftest's)."""
-    with worker_bed(nodes=0) as bed:
-        yield bed
-
-
-def _stored(database_url: str, run_id: int) -> int:
-    with session_scope(database_url) as session:
-        steps = session.scalars(
-            select(Event.data).where(Event.run_id == run_id, Event.kind == "checkpoint.stored")
-        ).all()
-    return max((d["step"] for d in steps), default=0)
-
-
-def _runs(database_url: str, grid_id: int) -> list[Run]:
-    with session_scope(database_url) as session:
-        return list(session.get_one(Grid, grid_id).runs)
 
 
 def test_a_preempted_rented_node_s_arms_resume_elsewhere_and_a_replacement_is_rented(
@@ -90,13 +66,13 @@ def test_a_preempted_rented_node_s_arms_resume_elsewhere_and_a_replacement_is_re
         rental = bed_rental(bed.tag, tmp_path / "controller")
         runner = vast_runner(database_url, storage, bed, KEY, sim.url, rental,
                              checkpoint_options={"endpoint_url": s3_on_bridge})
-        log = tmp_path / "scheduler.log"
+        log = tmp_path / "launcher.log"
         options = {
             "ABLATE_CHECKPOINT_URL": f"s3://{BUCKET}/preempted",
             "ABLATE_CHECKPOINT_OPTIONS": json.dumps({"endpoint_url": s3_on_bridge}),
             "ABLATE_CHECKPOINT_KEEP_LAST": "1",
         }
-        with scheduler_process(database_url, storage, log, "ablate-preempt", **options):
+        with launcher_process(database_url, storage, log, "ablate-preempt", **options):
             runner.tick()  # fire: rent two, bootstrap, join; submit the grid
             with session_scope(database_url) as session:
                 sweep = session.scalars(select(Sweep).where(Sweep.schedule_id.isnot(None))).all()[-1]
@@ -106,14 +82,14 @@ def test_a_preempted_rented_node_s_arms_resume_elsewhere_and_a_replacement_is_re
             # Train until an arm has a checkpoint in S3; then its node is taken back.
             deadline = time.monotonic() + 300
             while not any(
-                r.state == RunState.running and _stored(database_url, r.id) >= 10
-                for r in _runs(database_url, sweep.grid_id)
+                r.state == RunState.running and stored_step(database_url, r.id) >= 10
+                for r in grid_runs(database_url, sweep.grid_id)
             ):
-                assert time.monotonic() < deadline, f"no checkpoint stored; scheduler: {log.read_text()[-3000:]}"
+                assert time.monotonic() < deadline, f"no checkpoint stored; launcher: {log.read_text()[-3000:]}"
                 runner.tick()
                 time.sleep(0.5)
-            runs = _runs(database_url, sweep.grid_id)
-            first = next(r for r in runs if r.state == RunState.running and _stored(database_url, r.id) >= 10)
+            runs = grid_runs(database_url, sweep.grid_id)
+            first = next(r for r in runs if r.state == RunState.running and stored_step(database_url, r.id) >= 10)
             victim_node = first.nodes[-1]  # run.nodes: the names of the nodes it ran on
             with session_scope(database_url) as session:
                 victim_id = session.scalars(
@@ -121,7 +97,7 @@ def test_a_preempted_rented_node_s_arms_resume_elsewhere_and_a_replacement_is_re
                 ).one()
             victim = sim.instances[victim_id]
             on_victim = [r.id for r in runs if r.state == RunState.running and r.nodes[-1] == victim_node]
-            stored_at_loss = {i: _stored(database_url, i) for i in on_victim}
+            stored_at_loss = {i: stored_step(database_url, i) for i in on_victim}
             preempted_at = utcnow()
             sim.preempt(victim.id)
 
@@ -131,7 +107,7 @@ def test_a_preempted_rented_node_s_arms_resume_elsewhere_and_a_replacement_is_re
                     sweep = session.get_one(Sweep, sweep.id)
                 if sweep.state in (SweepState.completed, SweepState.failed, SweepState.stopped):
                     break
-                assert time.monotonic() < deadline, f"sweep still {sweep.state}; scheduler: {log.read_text()[-3000:]}"
+                assert time.monotonic() < deadline, f"sweep still {sweep.state}; launcher: {log.read_text()[-3000:]}"
                 runner.tick()
                 time.sleep(1.0)
 

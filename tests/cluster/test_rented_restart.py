@@ -1,6 +1,6 @@
 """A controller that rents is killed with `kill -9` mid-sweep, twice, and restarted on the same database.
 
-The controller is the scheduler and the sweep runner in one process (tests/cluster/rented_controller.py,
+The controller is the launcher and the sweep runner in one process (tests/cluster/rented_controller.py,
 what `ablate serve` runs, without HTTP), renting through the real vastai SDK from the provider simulator,
 whose instances are real namespace nodes of the test bed. What the code does after a restart:
 
@@ -9,7 +9,7 @@ whose instances are real namespace nodes of the test bed. What the code does aft
   sweep's rows and by its label) and then rents afresh. The leaked instance is gone before the new
   runner creates anything.
 - killed while the arms train (sweep `running`): the restarted runner resumes the sweep that owns the
-  instances (the reaper keeps what a live sweep owns), the restarted scheduler adopts the detached
+  instances (the reaper keeps what a live sweep owns), the restarted launcher adopts the detached
   workers, the sweep completes and releases its instances.
 - an instance labelled for a sweep that is no longer live (a controller that died before it could
   record a create, a destroy that never confirmed): the reaper destroys it at the first tick.
@@ -24,7 +24,6 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,34 +35,24 @@ from orchestrator.db.session import session_scope
 from orchestrator.fleet.providers.base import InstanceLabel, LaunchSpec
 from orchestrator.fleet.providers.vast import VastProvider
 from orchestrator.vocabulary import RentedState, RunState, SweepState
-from tests.cluster.conftest import scheduler_process, worker_bed
 from tests.cluster.provider_sim import ProviderSim, SimInstance, bed_hooks, vast_offer
 from tests.cluster.rental import due_rented_night
 from tests.cluster.rented_controller import controller_env
 from tests.cluster.testbed import TestBed
-from tests.polling import wait_for
+from tests.kit.bed import launcher_process
+from tests.kit.polling import wait_for
+from tests.kit.settings import bed_overrides
+
+pytestmark = pytest.mark.bed(nodes=0)  # no nodes of its own: every node comes from a rental
 
 pytest.importorskip("vastai", reason="the vastai SDK: pip install --no-deps vastai==1.9.1 runpod==1.12.0")
 
 KEY = "sk-restart-rented-night-0123456789"
 CONTROLLER = "bed"
-TINY: dict[str, Any] = {
-    "model": {"size": "tiny", "depth": 3, "identity_tokens": 4},
-    "data": {"dataset": "shapes", "num_images": 32, "held_out": 2},
-    "schedule": {"steps": 40, "batch_size": 2, "warmup_steps": 2, "checkpoint_every": 5, "ema": {"warmup_steps": 2}},
-    "eval": {"num_samples": 2, "sampler_steps": 2, "lpips_backbone": "random_standin"},
-    "precision": {"mode": "fp32"},
-}
+TINY = bed_overrides(steps=40, checkpoint_every=5)
 ARMS = ["A", "B", "C", {"parent": "A", "name": "A2"}]
 # Two for the killed attempt (one gets rented), two for the resumed one, one for the planted orphan.
 OFFERS = [vast_offer(600 + i, dph_total=1.2 + 0.04 * i) for i in range(6)]
-
-
-@pytest.fixture(scope="module")
-def testbed() -> Iterator[TestBed]:
-    """No nodes of its own: every node comes from a rental (overrides conftest's)."""
-    with worker_bed(nodes=0) as bed:
-        yield bed
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:
@@ -102,7 +91,7 @@ def test_a_controller_killed_mid_sweep_leaks_nothing_after_restart(
     timings: dict[str, float] = {}
 
     def controller() -> Any:  # noqa: ANN401 - a context manager
-        return scheduler_process(
+        return launcher_process(
             database_url, storage, log, "ablate-rent-restart", module="tests.cluster.rented_controller", **env
         )
 

@@ -1,7 +1,7 @@
 """The night rented end to end: a schedule that asks for two nodes (not names) fires; the runner rents
 them through the real vastai SDK from the provider simulator, whose instances are real namespace nodes
 of the test bed (own sshd, own address, stand-in nvidia-smi); their host keys are pinned at first
-contact; they are bootstrapped and join the token-auth Ray head; the real scheduler (its own process)
+contact; they are bootstrapped and join the token-auth Ray head; the real launcher (its own process)
 trains tiny arms on their logical GPUs; results are copied back; both instances are destroyed. Zero
 instances are left, and the sweep's spend equals the simulator's per-second bill within three seconds' price
 
@@ -11,9 +11,7 @@ Only the providers' HTTP API is simulated: SSH, bootstrap, Ray, training and cop
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from sqlalchemy import select
@@ -21,31 +19,21 @@ from sqlalchemy import select
 from orchestrator.db.models import Event, Grid, Node, RentedInstance, Run, Schedule, Sweep
 from orchestrator.db.session import session_scope
 from orchestrator.vocabulary import RentedState, RunState, SweepState
-from tests.cluster.conftest import scheduler_process, worker_bed
 from tests.cluster.provider_sim import ProviderSim, bed_hooks, vast_offer
 from tests.cluster.rental import bed_rental, due_rented_night, vast_runner
 from tests.cluster.testbed import TestBed
+from tests.kit.bed import launcher_process
+from tests.kit.settings import bed_overrides
+
+pytestmark = pytest.mark.bed(nodes=0)  # no nodes of its own: every node comes from a rental
 
 pytest.importorskip("vastai", reason="the vastai SDK: pip install --no-deps vastai==1.9.1 runpod==1.12.0")
 
 KEY = "sk-e2e-rented-night-0123456789"
-TINY: dict[str, Any] = {
-    "model": {"size": "tiny", "depth": 3, "identity_tokens": 4},
-    "data": {"dataset": "shapes", "num_images": 32, "held_out": 2},
-    "schedule": {"steps": 20, "batch_size": 2, "warmup_steps": 2, "checkpoint_every": 5, "ema": {"warmup_steps": 2}},
-    "eval": {"num_samples": 2, "sampler_steps": 2, "lpips_backbone": "random_standin"},
-    "precision": {"mode": "fp32"},
-}
+TINY = bed_overrides(steps=20, checkpoint_every=5)
 ARMS = ["A", "B", "C", {"parent": "A", "name": "A2"}]  # four arms: one per logical GPU of two 2-GPU nodes
 # The cheapest two fit (0.30 and 0.35 per GPU-hour); the third is over the cap.
 OFFERS = [vast_offer(501, dph_total=1.4), vast_offer(502, dph_total=1.2), vast_offer(503, dph_total=2.4)]
-
-
-@pytest.fixture(scope="module")
-def testbed() -> Iterator[TestBed]:
-    """No nodes of its own: every node of this module comes from a rental (overrides conftest's)."""
-    with worker_bed(nodes=0) as bed:
-        yield bed
 
 
 def test_a_request_schedule_rents_two_nodes_trains_copies_back_and_destroys_them(
@@ -59,8 +47,8 @@ def test_a_request_schedule_rents_two_nodes_trains_copies_back_and_destroys_them
     with ProviderSim(KEY, vast_offers=OFFERS, hooks=bed_hooks(bed, gpus=lambda inst: 2)) as sim:
         rental = bed_rental(bed.tag, tmp_path / "controller")
         runner = vast_runner(database_url, storage, bed, KEY, sim.url, rental)
-        log = tmp_path / "scheduler.log"
-        with scheduler_process(database_url, storage, log, "ablate-rented"):
+        log = tmp_path / "launcher.log"
+        with launcher_process(database_url, storage, log, "ablate-rented"):
             fired = time.monotonic()
             runner.tick()  # fire: rent two, pin, register, bootstrap, join; submit the grid
             with session_scope(database_url) as session:
@@ -73,7 +61,7 @@ def test_a_request_schedule_rents_two_nodes_trains_copies_back_and_destroys_them
                     sweep = session.get_one(Sweep, sweep.id)
                 if sweep.state in (SweepState.completed, SweepState.failed, SweepState.stopped):
                     break
-                assert time.monotonic() < deadline, f"sweep still {sweep.state}; scheduler: {log.read_text()[-3000:]}"
+                assert time.monotonic() < deadline, f"sweep still {sweep.state}; launcher: {log.read_text()[-3000:]}"
                 runner.tick()
                 time.sleep(1.0)
             print(f"fire -> sweep ended: {time.monotonic() - fired:.1f} s")

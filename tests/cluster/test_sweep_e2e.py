@@ -1,6 +1,6 @@
 """A whole overnight sweep on the test bed: cron fire on a controllable clock, two namespace nodes
 each running its own Ray, reached over real SSH, five tiny arms trained on the nodes' logical GPUs by
-the real scheduler (its own process; the controller declares no GPUs), metrics streamed into the
+the real launcher (its own process; the controller declares no GPUs), metrics streamed into the
 database while arms run, detector decisions, results copied back, nodes torn down.
 
 The sweep runner runs here with a clock the test moves: it compresses the hours before a budget
@@ -22,42 +22,23 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from orchestrator.app import create_app
-from orchestrator.db.models import Event, Grid, Metric, Node, Run, Schedule, Sweep
+from orchestrator.db.models import Event, Metric, Node, Run, Schedule, Sweep
 from orchestrator.db.session import session_scope
 from orchestrator.settings import Settings
 from orchestrator.sweeps.runner import SweepRunner
 from orchestrator.sweeps.schedules import ScheduleCreate, create_schedule, get_schedule
 from orchestrator.vocabulary import TERMINAL_STATES, NodeState, RunDecision, RunState, SweepState
-from tests.cluster.conftest import node_config, register_node, scheduler_process
 from tests.cluster.testbed import TestBed
+from tests.kit.bed import launcher_process, node_config, register_node
+from tests.kit.clock import FakeClock
+from tests.kit.readers import grid_runs
+from tests.kit.settings import bed_overrides
 
 DAY = datetime(2026, 3, 2, tzinfo=UTC)
-TINY: dict[str, Any] = {
-    "model": {"size": "tiny", "depth": 3, "identity_tokens": 4},
-    "data": {"dataset": "shapes", "num_images": 32, "held_out": 2},
-    "schedule": {"steps": 20, "batch_size": 2, "warmup_steps": 2, "checkpoint_every": 5, "ema": {"warmup_steps": 2}},
-    "eval": {"num_samples": 2, "sampler_steps": 2, "lpips_backbone": "random_standin"},
-    "precision": {"mode": "fp32"},
-}
+TINY = bed_overrides(steps=20, checkpoint_every=5)
 # The fifth arm's learning rate explodes after step 5: the detector must stop it, keeping step 5.
 EXPLODES = {"parent": "A", "name": "A-lr-x", "schedule": {"lr_explode_after": 5, "lr_explode_factor": 1e6}}
 ARMS = ["A", "B", "C", {"parent": "A", "name": "A2"}, EXPLODES]
-
-
-class Clock:
-    """The runner's clock: moved by the test, or following real time from a given moment on."""
-
-    def __init__(self, now: datetime) -> None:
-        self.now = now
-        self._real_from: float | None = None
-
-    def follow_real_time(self) -> None:
-        self._real_from = time.monotonic()
-
-    def __call__(self) -> datetime:
-        if self._real_from is None:
-            return self.now
-        return self.now + timedelta(seconds=time.monotonic() - self._real_from)
 
 
 @dataclass
@@ -71,12 +52,12 @@ class Controller:
 def controller(
     database_url: str, testbed: TestBed, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Controller]:
-    """Nodes registered, and the real scheduler in its own process, reaching them through their agents."""
+    """Nodes registered, and the real launcher in its own process, reaching them through their agents."""
     for node in testbed.nodes:
         register_node(database_url, node, price_per_hour=1.0)
     storage = testbed.storage  # type: ignore[attr-defined]
-    log = tmp_path_factory.mktemp("scheduler") / "scheduler.log"
-    with scheduler_process(database_url, storage, log, "ablate-bed"):
+    log = tmp_path_factory.mktemp("scheduler") / "launcher.log"
+    with launcher_process(database_url, storage, log, "ablate-bed"):
         yield Controller(database_url, storage, testbed)
 
 
@@ -88,7 +69,9 @@ def _only_this_tests_schedule(database_url: str) -> None:
             schedule.paused = True
 
 
-def _schedule(c: Controller, name: str, clock: Clock, overrides: dict[str, Any], budget: float | None = None) -> None:
+def _schedule(
+    c: Controller, name: str, clock: FakeClock, overrides: dict[str, Any], budget: float | None = None
+) -> None:
     body = ScheduleCreate(
         name=name,
         cron="0 22 * * *",
@@ -105,11 +88,6 @@ def _sweep(c: Controller, schedule: str) -> Sweep:
         sid = get_schedule(session, schedule).id
         [sweep] = session.scalars(select(Sweep).where(Sweep.schedule_id == sid))
         return sweep
-
-
-def _runs(c: Controller, grid_id: int) -> list[Run]:
-    with session_scope(c.database_url) as session:
-        return list(session.get_one(Grid, grid_id).runs)
 
 
 def _streaming(c: Controller, grid_id: int) -> bool:
@@ -151,7 +129,7 @@ def _assert_torn_down(c: Controller) -> None:
 
 def test_a_sweep_fires_trains_five_arms_on_two_nodes_copies_back_and_tears_down(controller: Controller) -> None:
     c = controller
-    clock = Clock(DAY.replace(hour=12))
+    clock = FakeClock(DAY.replace(hour=12))
     _schedule(c, "bed-nightly", clock, TINY)
     runner = SweepRunner(c.database_url, c.storage, clock=clock, node_config=node_config(c.bed))
 
@@ -159,7 +137,7 @@ def test_a_sweep_fires_trains_five_arms_on_two_nodes_copies_back_and_tears_down(
     runner.tick()  # fires and provisions: both nodes join for real
     sweep = _sweep(c, "bed-nightly")
     assert sweep.state == SweepState.running, sweep.error
-    assert sorted(r.arm for r in _runs(c, sweep.grid_id)) == ["A", "A-lr-x", "A2", "B", "C"]
+    assert sorted(r.arm for r in grid_runs(c.database_url, sweep.grid_id)) == ["A", "A-lr-x", "A2", "B", "C"]
 
     streamed = False
     deadline = time.monotonic() + 420
@@ -173,7 +151,7 @@ def test_a_sweep_fires_trains_five_arms_on_two_nodes_copies_back_and_tears_down(
     assert sweep.state == SweepState.completed, sweep.error
     assert streamed  # metrics were in the database while an arm was still running
 
-    runs = _runs(c, sweep.grid_id)
+    runs = grid_runs(c.database_url, sweep.grid_id)
     exploded = next(r for r in runs if r.arm == "A-lr-x")
     assert {r.state for r in runs if r is not exploded} == {RunState.completed}
     assert all(r.decision is None for r in runs if r is not exploded)  # judged at every checkpoint: go on
@@ -199,7 +177,7 @@ def test_a_sweep_fires_trains_five_arms_on_two_nodes_copies_back_and_tears_down(
 
 def test_the_budget_runs_out_mid_grid_arms_stop_gracefully_and_nodes_are_torn_down(controller: Controller) -> None:
     c = controller
-    clock = Clock(DAY.replace(day=3, hour=12))
+    clock = FakeClock(DAY.replace(day=3, hour=12))
     long = {**TINY, "schedule": {**TINY["schedule"], "steps": 2000}}
     _schedule(c, "bed-capped", clock, long, budget=1.0)  # two nodes at 1.0/h: out after 30 minutes
     runner = SweepRunner(c.database_url, c.storage, clock=clock, node_config=node_config(c.bed))
@@ -234,7 +212,7 @@ def test_the_budget_runs_out_mid_grid_arms_stop_gracefully_and_nodes_are_torn_do
     assert sweep.state == SweepState.stopped, sweep.error
     print(f"budget 1.0: spend {stopping_spend:.4f} when stopping began, {sweep.spend:.4f} after teardown")
 
-    runs = _runs(c, sweep.grid_id)
+    runs = grid_runs(c.database_url, sweep.grid_id)
     assert {r.state for r in runs} <= set(TERMINAL_STATES) and RunState.completed not in {r.state for r in runs}
     trained = [r for r in runs if r.best_step is not None]
     assert trained  # arms that ran stopped gracefully, each keeping its best checkpoint, copied home

@@ -24,8 +24,9 @@ from orchestrator.db.session import session_scope
 from orchestrator.vocabulary import TERMINAL_STATES, RunState
 from tests.cluster.testbed import stand_in_nvidia_smi
 from tests.images.podman import CONTROLLER, WORKER, Built, Podman
-from tests.orchestrator.factories import free_port, tiny_overrides
-from tests.polling import wait_for
+from tests.kit.net import free_port
+from tests.kit.polling import wait_for
+from tests.kit.settings import tiny_overrides
 
 TOKEN = "image-test-token-0123456789abcdef"
 

@@ -26,13 +26,13 @@ from orchestrator.fleet.providers.vast import VastProvider
 from orchestrator.sweeps.runner import SweepRunner
 from orchestrator.vocabulary import RentedState, RunState, SweepState
 from tests.cluster import testbed
-from tests.cluster.conftest import scheduler_process
 from tests.cluster.provider_sim import ProviderSim, vast_offer
 from tests.cluster.rental import due_rented_night
 from tests.cluster.testbed import TestBed
 from tests.images.image_nodes import container_rental, image_hooks
 from tests.images.podman import WORKER, Built, Podman
-from tests.orchestrator.factories import tiny_overrides
+from tests.kit.bed import launcher_process
+from tests.kit.settings import tiny_overrides
 
 pytest.importorskip("vastai", reason="the vastai SDK: pip install --no-deps vastai==1.9.1 runpod==1.12.0")
 
@@ -70,7 +70,7 @@ def test_a_night_rented_from_the_worker_image_skips_the_install_and_trains(
             rental=rental,
         )
         log = tmp_path / "launcher.log"
-        with scheduler_process(database_url, storage, log, "ablate-image-night"):
+        with launcher_process(database_url, storage, log, "ablate-image-night"):
             fired = time.monotonic()
             runner.tick()
             with session_scope(database_url) as session:

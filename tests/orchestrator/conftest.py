@@ -1,4 +1,4 @@
-"""A real OpenSSH server on loopback for the node and sweep tests.
+"""A real OpenSSH server on loopback for the node and sweep tests; a module's settings and API client.
 
 Temp host key, a generated client key in a temp authorized_keys, an unprivileged free port, run as
 the current user. The only stand-in is an `nvidia-smi` script first on the server's PATH (set by the
@@ -18,8 +18,14 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from fastapi.testclient import TestClient
+
+    from orchestrator.settings import Settings
 
 SSHD = Path("/usr/sbin/sshd")
 
@@ -78,7 +84,7 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshServer]:
     path = f"{bindir}:{os.environ.get('PATH', '/usr/local/bin:/usr/bin:/bin')}"
     pub = (d / "client_ed25519.pub").read_text().strip()
     (d / "authorized_keys").write_text(f'environment="PATH={path}" {pub}\n')
-    from tests.orchestrator.factories import free_port  # project modules only once a fixture runs
+    from tests.kit.net import free_port  # project modules only once a fixture runs
 
     port = free_port()
     user = getpass.getuser()
@@ -141,3 +147,23 @@ def ablate_cli() -> AblateCLI:
         return subprocess.run([exe, *args], env=env, capture_output=True, text=True, timeout=120)
 
     return run
+
+
+@pytest.fixture(scope="module")
+def settings(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Settings:
+    """A migrated database's settings for a test module (a module's own fixture of the same name wins)."""
+    from orchestrator.settings import Settings
+
+    return Settings(database_url=database_url, home_dir=tmp_path_factory.mktemp("storage"))
+
+
+@pytest.fixture(scope="module")
+def client(settings: Settings) -> Iterator[TestClient]:
+    """The API on `settings`, authenticated by tests.kit.settings.API_TOKEN."""
+    from fastapi.testclient import TestClient
+
+    from orchestrator.app import create_app
+    from tests.kit.settings import API_TOKEN
+
+    with TestClient(create_app(settings, API_TOKEN)) as c:
+        yield c

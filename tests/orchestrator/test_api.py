@@ -164,7 +164,7 @@ def test_stop_semantics(client: TestClient, database_url: str) -> None:
     assert (stopped["state"], stopped["decision"], stopped["stop_requested"]) == ("stopped", "user", False)
     assert stopped["finished_at"] is not None
 
-    # A running arm is only flagged; the scheduler stops its worker and keeps its best checkpoint.
+    # A running arm is only flagged; the launcher stops its worker and keeps its best checkpoint.
     flagged = client.post(f"/api/runs/{running}/stop", headers=AUTH).json()
     assert (flagged["state"], flagged["stop_requested"]) == ("running", True)
 

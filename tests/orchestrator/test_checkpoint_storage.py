@@ -1,5 +1,5 @@
 """Checkpoints that outlive the node, with real servers: SFTP to a real OpenSSH server on loopback (the
-controller's side), S3 against moto's S3-compatible server on loopback, the scheduler on a real local
+controller's side), S3 against moto's S3-compatible server on loopback, the launcher on a real local
 Ray, the sweep's copy-back from storage and the dashboard's alarm for a run whose checkpoints are not
 being stored. Nothing reaches outside the machine."""
 
@@ -25,9 +25,9 @@ from orchestrator.db.session import session_scope
 from orchestrator.grids.service import GridCreate, create_grid
 from orchestrator.runs.storage import record_storage, seen_seq, storage_alarms
 from orchestrator.sweeps.copy_back import copy_back
-from orchestrator.vocabulary import TERMINAL_STATES
-from tests.orchestrator.factories import tiny_overrides
-from tests.polling import wait_for
+from tests.kit.polling import wait_for
+from tests.kit.readers import all_ended, events_of, stored_step
+from tests.kit.settings import tiny_overrides
 from worker.actor import ArmWorker
 from worker.checkpoint_store import CheckpointStore, StoreConfig, open_fs
 from worker.protocol import StorageStatus
@@ -117,7 +117,7 @@ def test_sftp_server_with_an_unknown_host_key_is_refused_and_recorded(sshd, tmp_
     assert not (sshd.workdir / "refused").exists()
 
 
-# -- the scheduler on a real Ray, checkpoints in S3 ----------------------------------------------------------
+# -- the launcher on a real Ray, checkpoints in S3 ----------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -139,14 +139,6 @@ def ray_with_aws_env() -> Iterator[Any]:
                 os.environ[k] = v
 
 
-def _steps(database_url: str, run_id: int) -> list[int]:
-    with session_scope(database_url) as session:
-        return list(session.scalars(select(Metric.step).where(Metric.run_id == run_id).order_by(Metric.step)))
-
-
-def _events(database_url: str, run_id: int) -> list[Event]:
-    with session_scope(database_url) as session:
-        return list(session.scalars(select(Event).where(Event.run_id == run_id).order_by(Event.id)))
 
 
 def test_a_lost_worker_whose_disk_is_gone_resumes_from_s3(
@@ -180,14 +172,10 @@ def test_a_lost_worker_whose_disk_is_gone_resumes_from_s3(
         grid = create_grid(session, GridCreate(name="lost", arms=["A", {"parent": "A", "name": "A-twin"}],
                                                overrides=overrides))
         lost_id, twin_id = (r.id for r in grid.runs)
-    scheduler = Launcher(settings)
-    scheduler.start()
+    launcher = Launcher(settings)
+    launcher.start()
     try:
-        def stored_step() -> int | None:
-            steps = [e.data["step"] for e in _events(database_url, lost_id) if e.kind == "checkpoint.stored"]
-            return max(steps) if steps else None
-
-        wait_for(lambda: (stored_step() or 0) >= 20, "two checkpoints of the run in S3")
+        wait_for(lambda: stored_step(database_url, lost_id) >= 20, "two checkpoints of the run in S3")
         worker = ray.get_actor(worker_name(lost_id, 0), namespace="ablate-storage-test")
         pid = ray.get(worker.ping.remote())["pid"]
         # Freeze it, take its disk away, then kill it: the new worker finds no local checkpoint.
@@ -195,14 +183,10 @@ def test_a_lost_worker_whose_disk_is_gone_resumes_from_s3(
         local = run_dir(settings, lost_id)
         shutil.move(local, tmp_path / "lost-disk")
         os.kill(pid, signal.SIGKILL)
-        in_storage = stored_step()
-        wait_for(
-            lambda: all(r in TERMINAL_STATES for r in [_state(database_url, lost_id), _state(database_url, twin_id)]),
-            "both runs to finish",
-            timeout=240,
-        )
+        in_storage = stored_step(database_url, lost_id)
+        wait_for(lambda: all_ended(database_url, [lost_id, twin_id]), "both runs to finish", timeout=240)
     finally:
-        scheduler.stop()
+        launcher.stop()
     with session_scope(database_url) as session:
         lost, twin = session.get(Run, lost_id), session.get(Run, twin_id)
         assert (lost.state, lost.retries, twin.state) == ("completed", 1, "completed"), lost.error
@@ -214,7 +198,7 @@ def test_a_lost_worker_whose_disk_is_gone_resumes_from_s3(
         for ma, mb in zip(a, b, strict=True):  # the CPU trainer is bit-identical across a resume
             assert (ma.train_loss, ma.grad_norm, ma.recon_lpips) == (mb.train_loss, mb.grad_norm, mb.recon_lpips)
         url = lost.checkpoint_url
-    events = _events(database_url, lost_id)
+    events = events_of(database_url, lost_id)
     kinds = [e.kind for e in events]
     assert kinds.count("worker_lost") == 1 and kinds.count("checkpoint") == 6
     (fetched,) = [e for e in events if e.kind == "checkpoint.fetched"]
@@ -226,10 +210,6 @@ def test_a_lost_worker_whose_disk_is_gone_resumes_from_s3(
     names = sorted(n.rsplit("/", 1)[-1] for n in fs.ls(url.removeprefix("s3://"), detail=False))
     assert names == ["best.pt", "ckpt_0000060.pt", "metrics.jsonl", "records.jsonl", "samples"]
 
-
-def _state(database_url: str, run_id: int) -> str:
-    with session_scope(database_url) as session:
-        return session.get(Run, run_id).state
 
 
 # -- copy-back from storage -------------------------------------------------------------------------------------
@@ -317,5 +297,6 @@ def test_upload_log_entries_become_events_once_across_polls_restarts_and_attempt
         assert seen_seq(session, run_id, 0) == 3 and seen_seq(session, run_id, 1) == 0
         record_storage(session, run, 0, log(2, 3, 4), seen_seq(session, run_id, 0))
         record_storage(session, run, 1, log(1), seen_seq(session, run_id, 1))  # the next attempt's worker
-    kinds = [(e.data["attempt"], e.data["seq"]) for e in _events(database_url, run_id) if e.kind == "checkpoint.stored"]
+    stored = [e for e in events_of(database_url, run_id) if e.kind == "checkpoint.stored"]
+    kinds = [(e.data["attempt"], e.data["seq"]) for e in stored]
     assert kinds == [(0, 1), (0, 2), (0, 3), (0, 4), (1, 1)]

@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 
 from orchestrator.app import create_app
 from orchestrator.settings import Settings
-from tests.orchestrator.factories import free_port
+from tests.kit.net import free_port
 
 
 def ablate(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:

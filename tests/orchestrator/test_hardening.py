@@ -20,6 +20,7 @@ from orchestrator.app import create_app
 from orchestrator.db.models import Grid, Node, Run, Schedule
 from orchestrator.db.session import session_scope
 from orchestrator.settings import Settings, SettingsError
+from tests.kit.net import free_port
 
 TOKEN = "hardening-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -344,11 +345,7 @@ def test_node_route_errors_are_clear_not_500(database_url: str, storage: Path, t
 
 
 def test_an_unreachable_database_is_503_with_retry_after(storage: Path) -> None:
-    import socket
-
-    with socket.socket() as s:  # a port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # nothing listens on it
     app = make_app(f"postgresql+psycopg://postgres@127.0.0.1:{port}/none", storage)
     with TestClient(app, raise_server_exceptions=False) as c:
         for resp in (c.get("/api/grids"), c.post("/api/grids", json={"name": "x", "arms": ["A"]}, headers=AUTH)):

@@ -113,7 +113,7 @@ def make_worker(out_dir: Path, fn: str, **kw: Any) -> ArmWorker:
 
 
 def poll_until_done(worker: ArmWorker, after_step: int | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Poll the way the scheduler does: advance after_step to the newest step seen, stop at done/error."""
+    """Poll the way the launcher does: advance after_step to the newest step seen, stop at done/error."""
     got: list[dict[str, Any]] = []
     for _ in range(2000):
         reply = worker.poll(after_step, wait_s=1.0)
@@ -186,7 +186,7 @@ def test_poll_hands_every_record_once_and_done_with_the_last(tmp_path: Path, str
     worker = make_worker(tmp_path / "run", "many", lpips_weights=str(tmp_path / "alex.pth"))
     got, final = poll_until_done(worker)
 
-    # Stopping at the first "done" reply (as the scheduler does) must not lose the tail.
+    # Stopping at the first "done" reply (as the launcher does) must not lose the tail.
     assert [r["step"] for r in got] == list(range(1, 201))
     assert final["state"] == "done" and final["error"] is None and final["stopping"] is False
     assert final["info"]["pid"] > 0
@@ -248,7 +248,7 @@ def test_poll_reports_error_text_when_the_stream_raises(tmp_path: Path, streams:
 
     assert [r["step"] for r in got] == [1]  # the record before the failure is still delivered
     assert final["state"] == "error"
-    first_line = final["error"].splitlines()[0]  # what the scheduler puts in the run's reason
+    first_line = final["error"].splitlines()[0]  # what the launcher puts in the run's reason
     # type and message, then where: the innermost frame outside the libraries (the stream that raised)
     assert first_line.startswith("RuntimeError: loss went nan at step 2 (at ") and " in raises)" in first_line
     assert "Traceback" in final["error"]

@@ -1,6 +1,6 @@
 """Durable checkpoint storage from the worker's side, with the real trainer (tiny arm, CPU) and real stores:
 a file:// directory and an S3-compatible server (moto in server mode on loopback; s3fs talks HTTP to it
-exactly as to a cloud bucket). ArmWorker runs as a plain object here; the scheduler and SFTP tests are in
+exactly as to a cloud bucket). ArmWorker runs as a plain object here; the launcher and SFTP tests are in
 tests/orchestrator/test_checkpoint_storage.py."""
 
 from __future__ import annotations
@@ -13,28 +13,17 @@ import torch
 
 from model.spec import ArmSpec
 from orchestrator.grids.arms import deep_merge, resolve
-from tests.polling import wait_for
+from tests.kit.polling import done_reply, wait_for
+from tests.kit.settings import tiny_overrides
 from worker.actor import ArmWorker
 from worker.checkpoint_store import CheckpointStore, StoreConfig, open_fs, stored_checkpoints
 
-TINY: dict[str, Any] = {
-    "model": {"size": "tiny", "depth": 3, "identity_tokens": 4},
-    "data": {"dataset": "shapes", "num_images": 64, "held_out": 2},
-    "schedule": {"steps": 30, "batch_size": 4, "warmup_steps": 5, "checkpoint_every": 10, "ema": {"warmup_steps": 5}},
-    "eval": {"num_samples": 2, "sampler_steps": 2, "lpips_backbone": "random_standin"},
-    "precision": {"mode": "fp32"},
-}
+TINY = tiny_overrides(30)
 
 
 def spec(**over: Any) -> dict[str, Any]:
     s: ArmSpec = resolve("A", deep_merge(TINY, over))
     return s.model_dump(mode="json")
-
-
-def finish(worker: ArmWorker) -> dict[str, Any]:
-    reply = wait_for(lambda: (r := worker.poll(None, 0.5))["state"] != "running" and r, "the worker to finish")
-    assert reply["state"] == "done", reply["error"]
-    return reply
 
 
 def stored_names(url: str, options: dict[str, Any] | None = None) -> list[str]:
@@ -46,7 +35,7 @@ def stored_names(url: str, options: dict[str, Any] | None = None) -> list[str]:
 def test_checkpoints_are_stored_and_pruned_to_keep_last(tmp_path: Path) -> None:
     url = f"file://{tmp_path / 'store' / 'run-1'}"
     worker = ArmWorker(1, spec(), str(tmp_path / "node"), storage={"url": url, "keep_last": 1})
-    reply = finish(worker)
+    reply = done_reply(worker)
     assert [r["step"] for r in reply["records"]] == [10, 20, 30]
     assert stored_names(url) == ["best.pt", "ckpt_0000030.pt", "metrics.jsonl", "records.jsonl", "samples"]
     store = tmp_path / "store" / "run-1"
@@ -75,12 +64,12 @@ def test_a_new_node_resumes_from_storage_bit_identically(tmp_path: Path) -> None
     first = ArmWorker(2, spec(), str(tmp_path / "node1"), storage={"url": url})
     wait_for(lambda: first.poll(None, 0.5)["records"], "a first checkpoint")
     first.request_stop()
-    stopped = finish(first)
+    stopped = done_reply(first)
     stop_step = stopped["records"][-1]["step"]
     assert stop_step < 30 and stopped["storage"]["stored_step"] == stop_step
 
     second = ArmWorker(2, spec(), str(tmp_path / "node2"), storage={"url": url})
-    done = finish(second)
+    done = done_reply(second)
     steps = [r["step"] for r in done["records"]]
     # The graceful stop wrote one checkpoint off the 10-step grid; nothing is lost or repeated.
     assert steps == sorted({10, 20, 30, stop_step}), "records from storage, then the new node's, each once"
@@ -89,7 +78,7 @@ def test_a_new_node_resumes_from_storage_bit_identically(tmp_path: Path) -> None
     new = [r for r in done["records"] if r["step"] > stop_step]
     assert all(r["resumed_from_step"] == stop_step for r in new)
 
-    straight = finish(ArmWorker(3, spec(), str(tmp_path / "straight")))
+    straight = done_reply(ArmWorker(3, spec(), str(tmp_path / "straight")))
     # The weights match at every checkpoint (LPIPS of the same seeded samples); the loss and grad-norm
     # averages too, except over the window that the off-grid stop checkpoint cut short.
     cut = {s for s in (20, 30) if stop_step % 10 and stop_step < s <= stop_step + 10 - stop_step % 10}
@@ -105,7 +94,7 @@ def test_a_new_node_resumes_from_storage_bit_identically(tmp_path: Path) -> None
 def test_a_node_with_an_older_checkpoint_takes_the_newer_one_from_storage(tmp_path: Path) -> None:
     url = f"file://{tmp_path / 'store'}"
     node = tmp_path / "node"
-    finish(ArmWorker(4, spec(), str(node), storage={"url": url, "keep_last": 3}))
+    done_reply(ArmWorker(4, spec(), str(node), storage={"url": url, "keep_last": 3}))
     for name in ("ckpt_0000030.pt", "ckpt_0000020.pt"):  # the node lost its newest checkpoints
         (node / name).unlink()
     store = CheckpointStore(StoreConfig(url=url), node)
@@ -147,7 +136,7 @@ def test_s3_store_retries_while_the_bucket_is_missing_and_training_goes_on(
 
     fs, _ = open_fs("s3://ablate-late-bucket", options)
     fs.mkdir("ablate-late-bucket")
-    done = finish(worker)
+    done = done_reply(worker)
     assert done["storage"]["stored_step"] == 30 and done["storage"]["failures"] == 0
     assert stored_names(url, options) == ["best.pt", "ckpt_0000030.pt", "metrics.jsonl", "records.jsonl", "samples"]
     fs.invalidate_cache()
@@ -164,9 +153,9 @@ def test_s3_resume_on_a_fresh_node(s3_endpoint: str, aws_env: None, tmp_path: Pa
     first = ArmWorker(6, spec(), str(tmp_path / "node1"), storage={"url": url, "options": options})
     wait_for(lambda: first.poll(None, 0.5)["records"], "a first checkpoint")
     first.request_stop()
-    stop_step = finish(first)["records"][-1]["step"]
+    stop_step = done_reply(first)["records"][-1]["step"]
     fs_run, root = open_fs(url, options)
     assert [s for s, _ in stored_checkpoints(fs_run, root)][-1] == stop_step
-    done = finish(ArmWorker(6, spec(), str(tmp_path / "node2"), storage={"url": url, "options": options}))
+    done = done_reply(ArmWorker(6, spec(), str(tmp_path / "node2"), storage={"url": url, "options": options}))
     assert [r["step"] for r in done["records"]] == sorted({10, 20, 30, stop_step})
     assert any(e["kind"] == "checkpoint.fetched" and e["data"]["step"] == stop_step for e in done["storage"]["log"])

@@ -14,7 +14,7 @@ from typing import Any
 from orchestrator.grids.command_arms import resolve_command_arm
 from orchestrator.runs.command_code import pack_code
 from orchestrator.runs.storage import download_run
-from tests.polling import wait_for
+from tests.kit.polling import final_reply
 from worker.actor import ArmWorker
 
 SCRIPT = '''
@@ -44,10 +44,6 @@ def command_spec(code: Path) -> dict[str, Any]:
     return spec.model_dump(mode="json")
 
 
-def finish(worker: ArmWorker) -> dict[str, Any]:
-    return wait_for(lambda: (r := worker.poll(None, 0.5))["state"] != "running" and r, "the worker to finish")
-
-
 def test_code_from_its_archive_and_the_whole_checkpoint_folder_through_storage(tmp_path: Path) -> None:
     code = tmp_path / "controller" / "code"
     code.mkdir(parents=True)
@@ -60,7 +56,7 @@ def test_code_from_its_archive_and_the_whole_checkpoint_folder_through_storage(t
     (code / "train.py").write_text("raise SystemExit('the controller copy: never run on the node')")
     storage = {"url": f"file://{tmp_path / 'store'}", "keep_last": 1}
 
-    first = finish(ArmWorker(1, command_spec(code), str(tmp_path / "node-a" / "run"), storage=storage,
+    first = final_reply(ArmWorker(1, command_spec(code), str(tmp_path / "node-a" / "run"), storage=storage,
                              code_archive=str(shipped)))  # fmt: skip
     assert first["state"] == "done", first["error"]
     assert [r["step"] for r in first["records"]] == [10, 20, 30]
@@ -71,7 +67,7 @@ def test_code_from_its_archive_and_the_whole_checkpoint_folder_through_storage(t
     assert (tmp_path / "copied-back" / "run" / "checkpoints" / "notes" / "tokenizer.json").read_text() == "{}"
 
     # Another node, an empty disk: the folder comes back, named checkpoints under their own names.
-    second = finish(ArmWorker(1, command_spec(code), str(tmp_path / "node-b" / "run"), storage=storage,
+    second = final_reply(ArmWorker(1, command_spec(code), str(tmp_path / "node-b" / "run"), storage=storage,
                               code_archive=str(shipped)))  # fmt: skip
     assert second["state"] == "done", second["error"]
     said = (tmp_path / "node-b" / "run" / "stderr.log").read_text()
@@ -86,7 +82,7 @@ def test_a_code_archive_changed_on_the_node_is_refused(tmp_path: Path) -> None:
     assert archive is not None
     shipped = tmp_path / archive.name
     shipped.write_bytes(archive.data.replace(b"weights", b"WEIGHTS"))
-    reply = finish(ArmWorker(2, command_spec(code), str(tmp_path / "run"), code_archive=str(shipped)))
+    reply = final_reply(ArmWorker(2, command_spec(code), str(tmp_path / "run"), code_archive=str(shipped)))
     assert reply["state"] == "error" and "does not match its SHA-256 name" in reply["error"]
 
 
@@ -97,7 +93,7 @@ def test_a_stored_record_naming_a_checkpoint_outside_the_run_is_never_written(tm
     code.mkdir()
     (code / "train.py").write_text(SCRIPT)
     storage = {"url": f"file://{tmp_path / 'store'}", "keep_last": 1}
-    first = finish(ArmWorker(3, command_spec(code), str(tmp_path / "node-a" / "run"), storage=storage))
+    first = final_reply(ArmWorker(3, command_spec(code), str(tmp_path / "node-a" / "run"), storage=storage))
     assert first["state"] == "done", first["error"]
     records = tmp_path / "store" / "records.jsonl"
     assert records.is_file(), sorted(p.name for p in (tmp_path / "store").iterdir())
@@ -106,6 +102,6 @@ def test_a_stored_record_naming_a_checkpoint_outside_the_run_is_never_written(tm
     records.write_text("".join(json.dumps(r) + "\n" for r in lines))
     shutil.rmtree(tmp_path / "store" / "run" / "checkpoints")  # so the restore has a name to put back
 
-    second = finish(ArmWorker(3, command_spec(code), str(tmp_path / "node-b" / "run"), storage=storage))
+    second = final_reply(ArmWorker(3, command_spec(code), str(tmp_path / "node-b" / "run"), storage=storage))
     assert second["state"] == "error" and "not restored" in second["error"], second
     assert not list(tmp_path.rglob("evil.pth")), "the node wrote where a stored record said"

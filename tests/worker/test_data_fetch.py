@@ -26,8 +26,8 @@ from model.data import DatasetError, build_dataset
 from model.data.prepare import prepare
 from model.spec import ArmSpec
 from orchestrator.grids.arms import deep_merge, resolve
-from tests.polling import wait_for
-from tests.worker.test_checkpoint_store import TINY, finish
+from tests.kit.polling import done_reply, wait_for
+from tests.kit.settings import tiny_overrides
 from worker.actor import ArmWorker
 from worker.checkpoint_store import open_fs
 from worker.data_fetch import DataStore, Fetched, cache_path, fetch_prepared
@@ -157,9 +157,9 @@ def test_a_url_without_a_manifest_says_what_to_upload(stored: tuple[str, DataSto
 def test_an_arm_trains_from_data_url_through_the_worker(stored: tuple[str, DataStore], tmp_path: Path) -> None:
     url, store = stored
     over: dict[str, Any] = {"data": {"dataset": "prepared", "url": url, "resolution": 16, "held_out": 2}}
-    spec = resolve("A", deep_merge({**TINY, "data": {}}, over)).model_dump(mode="json")
+    spec = resolve("A", deep_merge({**tiny_overrides(30), "data": {}}, over)).model_dump(mode="json")
     spec["schedule"]["steps"] = 10
-    reply = finish(ArmWorker(1, spec, str(tmp_path / "run"), data_store=store.__dict__))
+    reply = done_reply(ArmWorker(1, spec, str(tmp_path / "run"), data_store=store.__dict__))
     (record,) = reply["records"]
     fetched = record["data_fetch"]
     assert fetched["url"] == url and sorted(fetched["downloaded"]) == sorted([*SHARDS, "captions.jsonl"])

@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 
 from orchestrator.grids.arms import deep_merge, resolve
-from tests.worker.test_train import QUICK
+from tests.kit.settings import QUICK
 from worker.samples import BUDGET_BYTES, MAX_SIDE, encode, write_samples
 from worker.train import train_arm
 

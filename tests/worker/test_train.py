@@ -14,17 +14,9 @@ import torch
 from model.evaluate import NO_EDITS_NOTE
 from model.spec import ArmSpec
 from orchestrator.grids.arms import deep_merge, resolve
+from tests.kit.settings import QUICK
 from worker import checkpoint as ckpt
 from worker.train import LPIPS_STANDIN_FALLBACK, REPA_STANDIN_FALLBACK, TrainError, train_arm
-
-# Tiny and quick: batch 4, 2 eval samples, 2 sampler steps; stand-ins chosen explicitly (offline).
-QUICK: dict[str, Any] = {
-    "model": {"size": "tiny"},
-    "data": {"num_images": 64, "held_out": 4},
-    "schedule": {"steps": 20, "batch_size": 4, "warmup_steps": 5, "checkpoint_every": 20, "ema": {"warmup_steps": 5}},
-    "eval": {"num_samples": 2, "sampler_steps": 2, "lpips_backbone": "random_standin"},
-    "repa": {"teacher": "random_standin"},
-}
 
 
 def spec_for(arm: str, **over: Any) -> ArmSpec:

@@ -1,10 +1,10 @@
-"""A node whose agent is hostile: the real scheduler drives a run on it and refuses everything it sends.
+"""A node whose agent is hostile: the real launcher drives a run on it and refuses everything it sends.
 
 The "node" is a stand-in agent process speaking the agent protocol over pipes, the same byte stream
 and the same AgentLink the controller uses over a node's SSH channel. Each mode sends one kind of attack
 on the first poll: a pickle whose unpickling would create a canary file, malformed JSON, a reply over
 the size limit, a name with `..`, a reply that never ends, records claiming another run. For each, the
-run ends failed with a reason that says what was refused, the canary never appears, and the scheduler
+run ends failed with a reason that says what was refused, the canary never appears, and the launcher
 keeps running.
 """
 
@@ -17,14 +17,15 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from orchestrator.db.models import Event, Run
+from orchestrator.db.models import Event
 from orchestrator.db.session import session_scope
 from orchestrator.fleet.agent_link import AgentLink, AgentProtocolError, ProcessStream
 from orchestrator.grids.service import GridCreate, create_grid
 from orchestrator.runs.launcher import Launcher
 from orchestrator.settings import Settings
-from tests.orchestrator.factories import tiny_overrides
-from tests.polling import wait_for
+from tests.kit.polling import wait_for
+from tests.kit.readers import run_of
+from tests.kit.settings import tiny_overrides
 from worker.protocol import PollRequest, PollResult
 
 HOSTILE = r'''
@@ -98,29 +99,23 @@ def test_what_a_hostile_node_sends_is_refused_and_nothing_executes(
     settings = Settings(
         database_url=database_url, home_dir=tmp_path / "storage", launcher_interval_s=0.2, max_retries=0
     )
-    scheduler = Launcher(settings, local_agent=[sys.executable, str(hostile), mode, str(canary)])
+    launcher = Launcher(settings, local_agent=[sys.executable, str(hostile), mode, str(canary)])
     with session_scope(database_url) as session:
         grid = create_grid(session, GridCreate(name=f"hostile-{mode}", arms=["A"], overrides=tiny_overrides(steps=4)))
         run_id = grid.runs[0].id
-    scheduler.start()
+    launcher.start()
     try:
-        wait_for(lambda: _run(database_url, run_id).state == "failed", f"the {mode} node's run to fail", 60)
-        assert scheduler._thread is not None and scheduler._thread.is_alive()  # the controller serves on
+        wait_for(lambda: run_of(database_url, run_id).state == "failed", f"the {mode} node's run to fail", 60)
+        assert launcher._thread is not None and launcher._thread.is_alive()  # the controller serves on
     finally:
-        assert scheduler.stop()
-    run = _run(database_url, run_id)
+        assert launcher.stop()
+    run = run_of(database_url, run_id)
     assert REFUSED[mode] in (run.error or ""), run.error
     assert not canary.exists(), "something the node sent was executed"
     with session_scope(database_url) as session:
         kinds = list(session.scalars(select(Event.kind).where(Event.run_id == run_id)))
     assert "started" not in kinds and "checkpoint" not in kinds  # nothing of the reply was stored
 
-
-def _run(database_url: str, run_id: int) -> Run:
-    with session_scope(database_url) as session:
-        run = session.get_one(Run, run_id)
-        session.expunge(run)
-    return run
 
 
 def test_a_reply_begun_and_never_ended_is_refused_at_the_deadline(hostile: Path, tmp_path: Path) -> None:
@@ -147,7 +142,7 @@ def test_a_joined_node_whose_agent_sends_a_pickle_over_ssh_is_refused_and_marked
     hostile agent. The node is marked bootstrap_failed with what was refused, and its run fails."""
     from orchestrator.db.models import Node
     from orchestrator.fleet.probe import probe_node
-    from tests.orchestrator.factories import add_ssh_node
+    from tests.kit.nodes import add_ssh_node
 
     remote = sshd.workdir / "hostile"
     remote.mkdir()
@@ -166,13 +161,13 @@ def test_a_joined_node_whose_agent_sends_a_pickle_over_ssh_is_refused_and_marked
         database_url=database_url, home_dir=tmp_path / "storage", launcher_interval_s=0.2, max_retries=0,
         local_node=False,
     )
-    scheduler = Launcher(settings)
-    scheduler.start()
+    launcher = Launcher(settings)
+    launcher.start()
     try:
-        wait_for(lambda: _run(database_url, run_id).state == "failed", "the hostile node's run to fail", 60)
+        wait_for(lambda: run_of(database_url, run_id).state == "failed", "the hostile node's run to fail", 60)
     finally:
-        assert scheduler.stop()
-    run = _run(database_url, run_id)
+        assert launcher.stop()
+    run = run_of(database_url, run_id)
     assert "node hostile-node refused" in run.error and "not JSON" in run.error, run.error
     with session_scope(database_url) as session:
         node = session.scalars(select(Node).where(Node.name == name)).one()

@@ -24,8 +24,9 @@ from orchestrator.runs.ingest import MAX_FALLBACKS
 from orchestrator.runs.launcher import Launcher
 from orchestrator.runs.placement import record_placement
 from orchestrator.settings import Settings
-from tests.orchestrator.factories import tiny_overrides
-from tests.polling import wait_for
+from tests.kit.polling import wait_for
+from tests.kit.readers import run_of
+from tests.kit.settings import tiny_overrides
 from worker.protocol import STORAGE_LOG_MAX
 from worker.run_files import RECORDS_PER_POLL
 
@@ -60,12 +61,6 @@ def _grid(database_url: str, name: str, arms: list[str]) -> list[int]:
         return [run.id for run in grid.runs]
 
 
-def _run(database_url: str, run_id: int) -> Run:
-    with session_scope(database_url) as session:
-        run = session.get_one(Run, run_id)
-        session.expunge(run)
-    return run
-
 
 def _kinds(database_url: str, run_id: int) -> list[str]:
     with session_scope(database_url) as session:
@@ -78,14 +73,14 @@ def test_a_claim_out_of_bounds_is_refused_with_the_reason_and_nothing_of_it_is_s
 ) -> None:
     arg, reason = REFUSED[mode]
     (run_id,) = _grid(database_url, f"claims-{mode}", ["A"])
-    scheduler = Launcher(_settings(database_url, tmp_path), local_agent=[sys.executable, str(AGENT), mode, arg])
-    scheduler.start()
+    launcher = Launcher(_settings(database_url, tmp_path), local_agent=[sys.executable, str(AGENT), mode, arg])
+    launcher.start()
     try:
-        wait_for(lambda: _run(database_url, run_id).state == "failed", f"the {mode} node's run to fail", 60)
-        assert scheduler._thread is not None and scheduler._thread.is_alive()  # the controller serves on
+        wait_for(lambda: run_of(database_url, run_id).state == "failed", f"the {mode} node's run to fail", 60)
+        assert launcher._thread is not None and launcher._thread.is_alive()  # the controller serves on
     finally:
-        assert scheduler.stop()
-    run = _run(database_url, run_id)
+        assert launcher.stop()
+    run = run_of(database_url, run_id)
     assert reason in (run.error or ""), run.error
     kinds = _kinds(database_url, run_id)
     assert not {"checkpoint", "started", "rented.replacement"} & set(kinds), kinds
@@ -101,18 +96,18 @@ def test_a_silent_node_holds_each_pass_up_briefly_and_is_refused_after_node_lost
     once its polls have gone unanswered for node_lost_s it is refused and its run counted lost."""
     (run_id,) = _grid(database_url, "silent", ["A"])
     settings = _settings(database_url, tmp_path, node_lost_s=4.0)
-    scheduler = Launcher(settings, local_agent=[sys.executable, str(AGENT), "silent"])
+    launcher = Launcher(settings, local_agent=[sys.executable, str(AGENT), "silent"])
     passes, started = [], time.monotonic()
     try:
-        while _run(database_url, run_id).state != "failed":
+        while run_of(database_url, run_id).state != "failed":
             assert time.monotonic() - started < 60, "the silent node's run was never counted lost"
             t0 = time.monotonic()
-            scheduler.tick()
+            launcher.tick()
             passes.append(time.monotonic() - t0)
     finally:
-        scheduler.pool.close()
+        launcher.pool.close()
     assert max(passes) < settings.launcher_interval_s + POLL_GRACE_S + 2, passes
-    run = _run(database_url, run_id)
+    run = run_of(database_url, run_id)
     assert "no poll reply for" in run.error and "node_lost_s=4" in run.error, run.error
 
 
@@ -149,7 +144,7 @@ def _forget(database_url: str, node: str, runs: list[int]) -> None:
 def _joined_liar(database_url: str, sshd: Any, monkeypatch: pytest.MonkeyPatch, node: str, *argv: str) -> str:  # noqa: ANN401
     """A joined node, probed (the stand-in nvidia-smi's 4 GPUs), whose `agent` is the liar in `argv`."""
     from orchestrator.fleet.probe import probe_node
-    from tests.orchestrator.factories import add_ssh_node
+    from tests.kit.nodes import add_ssh_node
 
     remote = sshd.workdir / node
     remote.mkdir(exist_ok=True)  # the server serves the whole module
@@ -176,8 +171,8 @@ def test_a_node_naming_a_worker_it_was_never_given_is_refused_and_takes_no_run(
         record_placement(session, run, "liar-foreign", f"ablate-run-{placed}-0")
     names = f"ablate-run-{placed}-0,ablate-run-{control}-0"
     name = _joined_liar(database_url, sshd, monkeypatch, "liar-foreign", "foreign", names)
-    scheduler = Launcher(_settings(database_url, tmp_path, local_node=False))
-    scheduler.start()
+    launcher = Launcher(_settings(database_url, tmp_path, local_node=False))
+    launcher.start()
     try:
         def refused() -> bool:
             with session_scope(database_url) as session:
@@ -187,10 +182,10 @@ def test_a_node_naming_a_worker_it_was_never_given_is_refused_and_takes_no_run(
         with session_scope(database_url) as session:
             detail = session.scalars(select(Node.state_detail).where(Node.name == name)).one()
     finally:
-        assert scheduler.stop()
+        assert launcher.stop()
         _forget(database_url, name, [control, placed])
     assert f"never given: ablate-run-{control}-0" in detail and f"ablate-run-{placed}-0" not in detail, detail
-    assert _run(database_url, control).state == "stopped" and "placed" not in _kinds(database_url, control)
+    assert run_of(database_url, control).state == "stopped" and "placed" not in _kinds(database_url, control)
 
 
 def test_a_node_that_names_only_its_own_workers_has_them_adopted(
@@ -202,14 +197,14 @@ def test_a_node_that_names_only_its_own_workers_has_them_adopted(
         run.state = "starting"
         record_placement(session, run, "liar-own", f"ablate-run-{placed}-0")
     name = _joined_liar(database_url, sshd, monkeypatch, "liar-own", "foreign", f"ablate-run-{placed}-0")
-    scheduler = Launcher(_settings(database_url, tmp_path, local_node=False))
-    scheduler.start()
+    launcher = Launcher(_settings(database_url, tmp_path, local_node=False))
+    launcher.start()
     try:
-        wait_for(lambda: _run(database_url, placed).state == "running", "the placed worker to be adopted", 60)
+        wait_for(lambda: run_of(database_url, placed).state == "running", "the placed worker to be adopted", 60)
     finally:
-        assert scheduler.stop()
+        assert launcher.stop()
         _forget(database_url, name, [placed])
-    assert _run(database_url, placed).nodes == [name]
+    assert run_of(database_url, placed).nodes == [name]
 
 
 @pytest.mark.parametrize("rented", [None, 2])
@@ -224,16 +219,16 @@ def test_a_node_s_gpu_claim_is_capped_by_what_the_probe_or_the_rental_found(
             session.add(RentedInstance(provider="sim", instance_id="i-1", gpus=rented, label="l", node_name=name))
     expected = rented if rented is not None else 4
     runs = _grid(database_url, "gpus", ["A", "B", "C", "D", "E", "F"])
-    scheduler = Launcher(_settings(database_url, tmp_path, local_node=False))
+    launcher = Launcher(_settings(database_url, tmp_path, local_node=False))
 
     def placed() -> int:
-        return sum(_run(database_url, r).state != "queued" for r in runs)
+        return sum(run_of(database_url, r).state != "queued" for r in runs)
 
-    scheduler.start()
+    launcher.start()
     try:
         wait_for(lambda: placed() >= expected, f"{expected} runs to start on the node", 60)
         time.sleep(2)  # ten more passes: no further run goes there
         assert placed() == expected
     finally:
-        assert scheduler.stop()
+        assert launcher.stop()
         _forget(database_url, name, runs)

@@ -19,8 +19,9 @@ from orchestrator.fleet.probe import probe_node
 from orchestrator.grids.service import GridCreate, create_grid
 from orchestrator.runs.launcher import Launcher
 from orchestrator.settings import Settings
-from tests.orchestrator.factories import add_ssh_node, tiny_overrides
-from tests.polling import wait_for
+from tests.kit.nodes import add_ssh_node
+from tests.kit.polling import wait_for
+from tests.kit.settings import tiny_overrides
 
 ESCAPES = "\x1b]52;c;cm0gLXJmIH4K\x07\x1b]0;pwned\x1b\\\x1b[2J\x1b[31m\x9b1m\u202e"
 AGENT = r'''
@@ -65,12 +66,12 @@ def test_a_node_s_terminal_escapes_never_reach_the_operator_s_terminal(
         grid_id, run_id = grid.id, grid.runs[0].id
     settings = Settings(database_url=database_url, home_dir=tmp_path / "storage", launcher_interval_s=0.2,
                         max_retries=0, local_node=False)  # fmt: skip
-    scheduler = Launcher(settings)
-    scheduler.start()
+    launcher = Launcher(settings)
+    launcher.start()
     try:
         wait_for(lambda: _error(database_url, run_id), "the node's run to fail", 60)
     finally:
-        assert scheduler.stop()
+        assert launcher.stop()
     assert "\x1b]52" in _error(database_url, run_id), "the stored error is what the node sent"
 
     env = {**os.environ, "ABLATE_DATABASE_URL": database_url, "COLUMNS": "300", "PYTHONPATH": os.getcwd()}

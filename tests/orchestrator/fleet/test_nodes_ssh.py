@@ -25,7 +25,7 @@ from orchestrator.fleet.inventory import get_node
 from orchestrator.fleet.probe import probe_node
 from orchestrator.fleet.safe_fetch import fetch_tree
 from orchestrator.fleet.shell import CommandFailed, NodeShell
-from tests.orchestrator.factories import add_ssh_node
+from tests.kit.nodes import add_ssh_node
 
 
 def _ssh_keygen_fingerprint(pub: Path) -> str:

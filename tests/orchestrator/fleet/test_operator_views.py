@@ -23,7 +23,9 @@ from orchestrator.grids.service import GridCreate, create_grid
 from orchestrator.results.views import RunSummary
 from orchestrator.runs.placement import claim_for_launch, mark_running
 from orchestrator.settings import Settings
-from tests.orchestrator.factories import add_ssh_node, free_port, tiny_overrides
+from tests.kit.net import free_port
+from tests.kit.nodes import add_ssh_node
+from tests.kit.settings import tiny_overrides
 
 TOKEN = "test-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -1,4 +1,4 @@
-"""A command arm on the dashboard and in the report, from a real run (local Ray, the real scheduler and
+"""A command arm on the dashboard and in the report, from a real run (local Ray, the real launcher and
 database): its own metrics are series by their names, and the PNGs its script writes to
 ABLATE_RUN_DIR/samples/step_N/ are served and shown as a built-in arm's samples are."""
 
@@ -22,7 +22,7 @@ from orchestrator.results.reports.render import to_html, to_markdown
 from orchestrator.runs.launcher import Launcher
 from orchestrator.settings import Settings
 from orchestrator.vocabulary import TERMINAL_STATES
-from tests.polling import wait_for
+from tests.kit.polling import wait_for
 
 STAND_IN = Path(__file__).resolve().parent / "command_trainer"
 NAMESPACE = "ablate-command-views"

@@ -1,4 +1,4 @@
-"""Command arms on a real local Ray with the real scheduler and database: the researcher's process is run,
+"""Command arms on a real local Ray with the real launcher and database: the researcher's process is run,
 stopped through its stop file (or SIGTERM, then SIGKILL), resumed from storage, and its failure shown."""
 
 from __future__ import annotations
@@ -7,51 +7,26 @@ import os
 import shutil
 import signal
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 import ray
-from sqlalchemy import select
 
-from orchestrator.db.models import Event, Metric, Run
+from orchestrator.db.models import Run
 from orchestrator.db.session import session_scope
 from orchestrator.grids.service import GridCreate, PathPolicy, create_grid, stop_run
 from orchestrator.runs.launcher import Launcher
 from orchestrator.runs.placement import run_dir
 from orchestrator.settings import Settings
-from orchestrator.vocabulary import TERMINAL_STATES
-from tests.orchestrator.factories import tiny_overrides
-from tests.polling import wait_for
+from tests.kit.launcher import RAY_NAMESPACE
+from tests.kit.polling import wait_for
+from tests.kit.readers import all_ended, events_of, metrics_of, run_of
+from tests.kit.settings import tiny_overrides
 from worker.protocol import worker_name
 
 HERE = Path(__file__).resolve().parent
 STAND_IN = HERE / "command_trainer"  # a stdlib trainer with a flag per behaviour
 EXAMPLE = HERE.parents[2] / "examples" / "your-trainer"  # the PyTorch example a researcher copies
 ALLOWED = PathPolicy(allow_commands=True, command_dirs=[HERE, EXAMPLE])
-NAMESPACE = "ablate-command-test"
-
-
-@pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[str]:
-    """This module's Ray with 4 logical GPUs; the local node's agent joins it, so the tests reach the workers."""
-    ray.init(num_gpus=4, num_cpus=2, namespace=NAMESPACE, include_dashboard=False, log_to_driver=False)
-    yield ray.get_runtime_context().gcs_address
-    ray.shutdown()
-
-
-@pytest.fixture
-def settings(ray_cluster: str, database_url: str, tmp_path: Path) -> Settings:
-    return Settings(database_url=database_url, home_dir=tmp_path, launcher_interval_s=0.2, max_retries=2,
-                    worker_threads=1, ray_namespace=NAMESPACE, ray_address=ray_cluster)
-
-
-@pytest.fixture
-def scheduler(settings: Settings) -> Iterator[Launcher]:
-    s = Launcher(settings)
-    s.start()
-    yield s
-    s.stop()
 
 
 def stand_in(name: str, *args: str, **over: object) -> dict:
@@ -65,25 +40,6 @@ def submit(database_url: str, arms: list, overrides: dict | None = None) -> list
         return [r.id for r in grid.runs]
 
 
-def run_of(database_url: str, run_id: int) -> Run:
-    with session_scope(database_url) as session:
-        return session.get_one(Run, run_id)
-
-
-def done(database_url: str, ids: list[int]) -> bool:
-    return all(run_of(database_url, i).state in TERMINAL_STATES for i in ids)
-
-
-def metrics_of(database_url: str, run_id: int) -> list[Metric]:
-    with session_scope(database_url) as session:
-        return list(session.scalars(select(Metric).where(Metric.run_id == run_id).order_by(Metric.step)))
-
-
-def events_of(database_url: str, run_id: int) -> list[Event]:
-    with session_scope(database_url) as session:
-        return list(session.scalars(select(Event).where(Event.run_id == run_id).order_by(Event.id)))
-
-
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -93,7 +49,7 @@ def alive(pid: int) -> bool:
 
 
 def test_a_diverging_command_arm_is_stopped_through_its_stop_file_beside_arm_a(
-    scheduler: Launcher, settings: Settings, database_url: str
+    launcher: Launcher, launcher_settings: Settings, database_url: str
 ) -> None:
     example = {"code": str(EXAMPLE), "detector": {"metric": "val_loss"}, "stop_grace_s": 60}
     healthy = {**example, "name": "mine", "command": [sys.executable, "train.py", "--steps", "300"]}
@@ -101,7 +57,7 @@ def test_a_diverging_command_arm_is_stopped_through_its_stop_file_beside_arm_a(
     broken = {**example, "name": "mine-broken",
               "command": [sys.executable, "train.py", "--steps", "10000000", "--diverge-at", "100"]}
     ids = submit(database_url, ["A", healthy, broken], tiny_overrides(steps=40))
-    wait_for(lambda: done(database_url, ids), "the grid to finish", timeout=240)
+    wait_for(lambda: all_ended(database_url, ids), "the grid to finish", timeout=240)
     a, good, bad = (run_of(database_url, i) for i in ids)
     assert (a.state, good.state) == ("completed", "completed"), (a.error, good.error)
     assert [m.step for m in metrics_of(database_url, good.id)][-1] == 300
@@ -110,45 +66,45 @@ def test_a_diverging_command_arm_is_stopped_through_its_stop_file_beside_arm_a(
     assert final.kind == "stopped" and final.data["ended_by"] == "stop_file", final.message  # within the grace
     # Its best checkpoint, by the metric the grid named, is kept: best.pt is the script's own file of that step.
     assert 100 <= bad.decision_step and bad.best_step is not None and bad.best_step < bad.decision_step
-    out = run_dir(settings, bad.id)
+    out = run_dir(launcher_settings, bad.id)
     assert bad.best_checkpoint == str(out / "best.pt")
     best_line = next(m for m in metrics_of(database_url, bad.id) if m.step == bad.best_step)
     assert Path(bad.best_checkpoint).samefile(out / "run" / best_line.extra["checkpoint_file"])
 
 
 def test_a_command_arm_on_two_gpus_sees_both_in_cuda_visible_devices(
-    scheduler: Launcher, settings: Settings, database_url: str
+    launcher: Launcher, launcher_settings: Settings, database_url: str
 ) -> None:
     (run_id,) = submit(database_url, [stand_in("pair", "--steps", "20", gpus=2)])
-    wait_for(lambda: done(database_url, [run_id]), "the arm to finish", timeout=120)
+    wait_for(lambda: all_ended(database_url, [run_id]), "the arm to finish", timeout=120)
     run = run_of(database_url, run_id)
     assert run.state == "completed", run.error
     held = run.gpu_index.split(",")
     assert len(held) == 2 and len(set(held)) == 2, run.gpu_index
-    stderr = (run_dir(settings, run_id) / "stderr.log").read_text()
+    stderr = (run_dir(launcher_settings, run_id) / "stderr.log").read_text()
     assert f"gpus={run.gpu_index}" in stderr  # the command's own environment: both GPUs, as Ray pinned them
 
 
 def test_a_command_that_ignores_its_stop_file_gets_sigterm_then_sigkill(
-    scheduler: Launcher, settings: Settings, database_url: str
+    launcher: Launcher, launcher_settings: Settings, database_url: str
 ) -> None:
     arm = stand_in("stubborn", "--steps", "10000000", "--ignore-stop", stop_grace_s=0.5, term_grace_s=1.0)
     (run_id,) = submit(database_url, [arm])
     wait_for(lambda: metrics_of(database_url, run_id), "a first metrics line")
     with session_scope(database_url) as session:
         stop_run(session, session.get_one(Run, run_id))
-    wait_for(lambda: done(database_url, [run_id]), "the stop")
+    wait_for(lambda: all_ended(database_url, [run_id]), "the stop")
     run = run_of(database_url, run_id)
     final = events_of(database_url, run_id)[-1]
     assert run.state == "stopped" and final.data["ended_by"] == "sigkill", (run.state, final.message)
     assert "SIGKILL" in final.message
-    out = run_dir(settings, run_id)
+    out = run_dir(launcher_settings, run_id)
     assert "SIGTERM received" in (out / "stderr.log").read_text()  # SIGTERM came first, and was ignored
     assert not alive(int((out / "run" / "pid").read_text()))
 
 
 def test_a_command_arm_whose_worker_is_killed_resumes_from_its_stored_checkpoints(
-    scheduler: Launcher, settings: Settings, database_url: str, tmp_path: Path
+    launcher: Launcher, launcher_settings: Settings, database_url: str, tmp_path: Path
 ) -> None:
     (run_id,) = submit(database_url, [stand_in("mine", "--steps", "80", "--step-s", "0.05")])
 
@@ -156,16 +112,16 @@ def test_a_command_arm_whose_worker_is_killed_resumes_from_its_stored_checkpoint
         return max([e.data["step"] for e in events_of(database_url, run_id) if e.kind == "checkpoint.stored"] or [0])
 
     wait_for(lambda: stored() >= 20, "two checkpoints in storage")
-    worker = ray.get_actor(worker_name(run_id, 0), namespace=NAMESPACE)
+    worker = ray.get_actor(worker_name(run_id, 0), namespace=RAY_NAMESPACE)
     pid = ray.get(worker.ping.remote())["pid"]
-    out = run_dir(settings, run_id)
+    out = run_dir(launcher_settings, run_id)
     trainer = int((out / "run" / "pid").read_text())
     # A lost node: the worker frozen, its disk taken away, then killed; only storage has the checkpoints.
     os.kill(pid, signal.SIGSTOP)
     shutil.move(out, tmp_path / "lost-disk")
     os.kill(pid, signal.SIGKILL)
     wait_for(lambda: not alive(trainer), "the killed worker's trainer to end with it")
-    wait_for(lambda: done(database_url, [run_id]), "the resumed run to finish", timeout=150)
+    wait_for(lambda: all_ended(database_url, [run_id]), "the resumed run to finish", timeout=150)
     run = run_of(database_url, run_id)
     assert (run.state, run.retries) == ("completed", 1), run.error
     metrics = metrics_of(database_url, run_id)
@@ -177,10 +133,10 @@ def test_a_command_arm_whose_worker_is_killed_resumes_from_its_stored_checkpoint
 
 
 def test_a_crashing_command_arm_shows_its_stderr_tail_on_the_run(
-    scheduler: Launcher, database_url: str
+    launcher: Launcher, database_url: str
 ) -> None:
     (run_id,) = submit(database_url, [stand_in("crash", "--crash-at", "15")])
-    wait_for(lambda: done(database_url, [run_id]), "the crash")
+    wait_for(lambda: all_ended(database_url, [run_id]), "the crash")
     run = run_of(database_url, run_id)
     assert run.state == "failed" and run.error is not None
     assert run.error.startswith("command exited with code 3")

@@ -1,6 +1,6 @@
 """A controller killed with SIGKILL mid-grid and restarted: the grid completes, every checkpoint stored once.
 
-The controller is `ablate serve` (API + scheduler) in a subprocess joined to this module's Ray; its
+The controller is `ablate serve` (API + launcher) in a subprocess joined to this module's Ray; its
 workers are named, detached actors, so they train on while it is dead and the new one adopts them.
 """
 
@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +21,9 @@ from sqlalchemy import func, select
 from orchestrator.db.models import Event, Metric, Run
 from orchestrator.db.session import session_scope
 from orchestrator.vocabulary import TERMINAL_STATES
-from tests.orchestrator.factories import free_port, tiny_overrides
+from tests.kit.net import free_port
+from tests.kit.polling import wait_for
+from tests.kit.settings import tiny_overrides
 
 NAMESPACE = "ablate-restart-test"
 TOKEN = "restart-test-token"
@@ -38,7 +39,7 @@ def ray_address() -> Iterator[str]:
 
 
 def start_controller(database_url: str, ray_address: str, storage: Path, log: Path, port: int) -> subprocess.Popen:
-    """`ablate serve` (API + scheduler) joined to this module's Ray."""
+    """`ablate serve` (API + launcher) joined to this module's Ray."""
     env = {
         **os.environ,
         "ABLATE_API_TOKEN": TOKEN,
@@ -56,17 +57,6 @@ def start_controller(database_url: str, ray_address: str, storage: Path, log: Pa
         )
 
 
-def wait_for(check, what: str, timeout: float, proc: subprocess.Popen, log: Path):  # noqa: ANN001, ANN201
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"controller exited {proc.returncode}:\n{log.read_text()[-3000:]}")
-        result = check()
-        if result:
-            return result
-        time.sleep(0.2)
-    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}:\n{log.read_text()[-3000:]}")
-
 
 def _up(api: str) -> bool:
     try:
@@ -82,7 +72,7 @@ def test_controller_killed_mid_grid_and_restarted_loses_nothing(
     port = free_port()
     first = start_controller(database_url, ray_address, tmp_path, log, port)
     api = f"http://127.0.0.1:{port}"
-    wait_for(lambda: _up(api), "the API", 60, first, log)
+    wait_for(lambda: _up(api), "the API", 60, 0.2, log, proc=first)
     resp = httpx.post(
         f"{api}/api/grids",
         # Five arms on four GPUs: the fifth is still queued when the controller dies.
@@ -101,7 +91,7 @@ def test_controller_killed_mid_grid_and_restarted_loses_nothing(
             return [session.get(Run, i).state for i in ids]
 
     try:
-        wait_for(lambda: metric_count() >= 3, "three checkpoints", 120, first, log)
+        wait_for(lambda: metric_count() >= 3, "three checkpoints", 120, 0.2, log, proc=first)
     finally:
         first.send_signal(signal.SIGKILL)
         first.wait()
@@ -110,7 +100,8 @@ def test_controller_killed_mid_grid_and_restarted_loses_nothing(
     # The workers train on with no controller; their records wait in the actors.
     second = start_controller(database_url, ray_address, tmp_path, log, port)
     try:
-        wait_for(lambda: all(s in TERMINAL_STATES for s in states()), "the grid to complete", 150, second, log)
+        complete = lambda: all(s in TERMINAL_STATES for s in states())  # noqa: E731
+        wait_for(complete, "the grid to complete", 150, 0.2, log, proc=second)
     finally:
         second.send_signal(signal.SIGTERM)
         second.wait(timeout=30)

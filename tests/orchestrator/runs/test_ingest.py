@@ -122,7 +122,7 @@ def test_secondary_metric_warnings_are_recorded_while_the_run_goes_on(database_u
 
 def test_a_batch_past_the_bind_parameter_limit_is_stored_whole(database_url: str) -> None:
     # One INSERT per poll (a worker that had run ahead) failed past SQLite's variable limit (250000 in
-    # Debian's build, 32766 by default), on every scheduler pass; chunked inserts store it in one transaction.
+    # Debian's build, 32766 by default), on every launcher pass; chunked inserts store it in one transaction.
     (run_id,) = _grid(database_url, [{"parent": "A", "name": "A", "detector": {"mode": "off"}}])
     records = [_record(s, 0.5) for s in range(1, 12001)]
     with session_scope(database_url) as session:

@@ -1,6 +1,7 @@
-"""The scheduler on a real local Ray (4 logical GPUs, 2 CPUs) and a real database, training real tiny arms.
+"""The launcher on a real local Ray (4 logical GPUs, 2 CPUs) and a real database, training real tiny arms.
 
-One Ray instance for the module; the scheduler runs in a thread of the test process, as in `ablate demo`.
+One Ray instance for the module (tests/kit/launcher.py); the launcher runs in a thread of the test process,
+as in `ablate demo`.
 """
 
 from __future__ import annotations
@@ -15,47 +16,19 @@ from typing import Any
 
 import pytest
 import ray
-from sqlalchemy import select
 
-from orchestrator.db.models import Event, Metric, Run
+from orchestrator.db.models import Event, Run
 from orchestrator.db.session import session_scope
 from orchestrator.grids.service import GridCreate, create_grid, stop_run
 from orchestrator.runs.launcher import Launcher
 from orchestrator.runs.placement import run_dir
-from orchestrator.vocabulary import TERMINAL_STATES
-from tests.orchestrator.factories import tiny_overrides
-from tests.polling import wait_for
+from tests.kit.launcher import RAY_NAMESPACE, launcher_settings_for
+from tests.kit.polling import wait_for
+from tests.kit.readers import all_ended, events_of, metrics_of, runs_of, steps_of
+from tests.kit.settings import tiny_overrides
 from worker.protocol import worker_name
 
 TINY = tiny_overrides(steps=40)
-
-
-@pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[str]:
-    """This module's Ray with 4 logical GPUs; the local node's agent joins it (ABLATE_RAY_ADDRESS), so the
-    tests reach the workers (pids, kills) from here."""
-    ray.init(num_gpus=4, num_cpus=2, namespace="ablate-test", include_dashboard=False, log_to_driver=False)
-    yield ray.get_runtime_context().gcs_address
-    ray.shutdown()
-
-
-@pytest.fixture
-def scheduler(ray_cluster: str, database_url: str, tmp_path: Path) -> Iterator[Launcher]:
-    from orchestrator.settings import Settings
-
-    settings = Settings(
-        database_url=database_url,
-        home_dir=tmp_path,
-        launcher_interval_s=0.2,
-        max_retries=2,
-        worker_threads=1,
-        ray_namespace="ablate-test",
-        ray_address=ray_cluster,
-    )
-    s = Launcher(settings)
-    s.start()
-    yield s
-    s.stop()
 
 
 def submit(database_url: str, arms: list, overrides: dict | None = None) -> list[int]:
@@ -64,33 +37,14 @@ def submit(database_url: str, arms: list, overrides: dict | None = None) -> list
         return [r.id for r in grid.runs]
 
 
-def runs(database_url: str, ids: list[int]) -> list[Run]:
-    with session_scope(database_url) as session:
-        return [session.get(Run, i) for i in ids]
-
-
-def steps_of(database_url: str, run_id: int) -> list[int]:
-    with session_scope(database_url) as session:
-        return list(session.scalars(select(Metric.step).where(Metric.run_id == run_id).order_by(Metric.step)))
-
-
-def events_of(database_url: str, run_id: int) -> list[Event]:
-    with session_scope(database_url) as session:
-        return list(session.scalars(select(Event).where(Event.run_id == run_id).order_by(Event.id)))
-
-
-def all_done(database_url: str, ids: list[int]) -> bool:
-    return all(r.state in TERMINAL_STATES for r in runs(database_url, ids))
-
-
-def test_four_arms_on_four_gpus_a_fifth_waits_for_a_free_one(scheduler: Launcher, database_url: str) -> None:
+def test_four_arms_on_four_gpus_a_fifth_waits_for_a_free_one(launcher: Launcher, database_url: str) -> None:
     arms = ["A", "B", "C", {"parent": "A", "name": "A2"}, {"parent": "A", "name": "A3"}]
     # The fifth arm is short so that it is the one still queued while the first four all run.
     ids = submit(database_url, arms)
     four, fifth = ids[:4], ids[4]
 
     def four_running() -> bool:
-        rs = runs(database_url, ids)
+        rs = runs_of(database_url, ids)
         first = rs[:4]
         if all(r.state == "running" for r in first):
             assert rs[4].state == "queued", "the fifth arm must wait while four GPUs are taken"
@@ -100,12 +54,13 @@ def test_four_arms_on_four_gpus_a_fifth_waits_for_a_free_one(scheduler: Launcher
 
     def streaming() -> bool:
         # Metrics reach the DB while their arm runs: some, not yet all four of its checkpoints.
-        return any(r.state == "running" and 0 < len(steps_of(database_url, r.id)) < 4 for r in runs(database_url, ids))
+        rs = runs_of(database_url, ids)
+        return any(r.state == "running" and 0 < len(steps_of(database_url, r.id)) < 4 for r in rs)
 
     wait_for(four_running, "four arms running at once")
     wait_for(streaming, "a running arm's first checkpoints in the DB before it finishes", timeout=150)
-    wait_for(lambda: all_done(database_url, ids), "the grid to finish", timeout=150)
-    rs = runs(database_url, ids)
+    wait_for(lambda: all_ended(database_url, ids), "the grid to finish", timeout=150)
+    rs = runs_of(database_url, ids)
     assert [r.state for r in rs] == ["completed"] * 5, [(r.state, r.error) for r in rs]
     assert sorted(r.gpu_index for r in rs[:4]) == ["0", "1", "2", "3"]
     # The fifth started only after one of the four finished, on the GPU that one freed.
@@ -119,37 +74,32 @@ def test_four_arms_on_four_gpus_a_fifth_waits_for_a_free_one(scheduler: Launcher
 
 
 def test_an_arm_on_two_gpus_trains_data_parallel_beside_two_one_gpu_arms(
-    scheduler: Launcher, database_url: str
+    launcher: Launcher, database_url: str
 ) -> None:
     ids = submit(database_url, [{"parent": "A", "name": "A-2gpu", "gpus": 2}, "B", "C"])
 
     def all_running() -> bool:
-        return all(r.state == "running" for r in runs(database_url, ids))
+        return all(r.state == "running" for r in runs_of(database_url, ids))
 
     wait_for(all_running, "the 2-GPU arm and two 1-GPU arms on four GPUs at once", timeout=150)
-    wait_for(lambda: all_done(database_url, ids), "the grid to finish", timeout=200)
-    two, b, c = runs(database_url, ids)
+    wait_for(lambda: all_ended(database_url, ids), "the grid to finish", timeout=200)
+    two, b, c = runs_of(database_url, ids)
     assert [r.state for r in (two, b, c)] == ["completed"] * 3, [(r.state, r.error) for r in (two, b, c)]
     held = two.gpu_index.split(",")
     assert len(held) == 2 and not set(held) & {b.gpu_index, c.gpu_index}, (two.gpu_index, b.gpu_index, c.gpu_index)
     assert steps_of(database_url, two.id) == [10, 20, 30, 40]
-    assert {m.extra["ranks"] for m in _metrics(database_url, two.id)} == {2}
+    assert {m.extra["ranks"] for m in metrics_of(database_url, two.id)} == {2}
 
 
-def _metrics(database_url: str, run_id: int) -> list[Metric]:
-    with session_scope(database_url) as session:
-        return list(session.scalars(select(Metric).where(Metric.run_id == run_id).order_by(Metric.step)))
-
-
-def test_kill_9_of_a_worker_resumes_from_its_checkpoint(scheduler: Launcher, database_url: str) -> None:
+def test_kill_9_of_a_worker_resumes_from_its_checkpoint(launcher: Launcher, database_url: str) -> None:
     overrides = {**TINY, "schedule": {**TINY["schedule"], "steps": 80}}
     (run_id,) = submit(database_url, ["A"], overrides)
     wait_for(lambda: len(steps_of(database_url, run_id)) >= 2, "two checkpoints")
-    worker = ray.get_actor(worker_name(run_id, 0), namespace="ablate-test")
+    worker = ray.get_actor(worker_name(run_id, 0), namespace=RAY_NAMESPACE)
     pid = ray.get(worker.ping.remote())["pid"]
     os.kill(pid, signal.SIGKILL)
-    wait_for(lambda: all_done(database_url, [run_id]), "the resumed run to finish", timeout=150)
-    (run,) = runs(database_url, [run_id])
+    wait_for(lambda: all_ended(database_url, [run_id]), "the resumed run to finish", timeout=150)
+    (run,) = runs_of(database_url, [run_id])
     assert run.state == "completed" and run.retries == 1, (run.state, run.error)
     assert steps_of(database_url, run_id) == list(range(10, 81, 10))  # no gap, no duplicate
     kinds = [e.kind for e in events_of(database_url, run_id)]
@@ -159,15 +109,15 @@ def test_kill_9_of_a_worker_resumes_from_its_checkpoint(scheduler: Launcher, dat
     assert resumed.data["step"] >= 20
 
 
-def test_user_stop_is_graceful_with_a_final_checkpoint(scheduler: Launcher, database_url: str) -> None:
+def test_user_stop_is_graceful_with_a_final_checkpoint(launcher: Launcher, database_url: str) -> None:
     overrides = {**TINY, "schedule": {**TINY["schedule"], "steps": 400}}
     (run_id,) = submit(database_url, ["A"], overrides)
     wait_for(lambda: steps_of(database_url, run_id), "a first checkpoint")
     with session_scope(database_url) as session:
         stop_run(session, session.get(Run, run_id))
-    wait_for(lambda: all_done(database_url, [run_id]), "the stop")
-    (run,) = runs(database_url, [run_id])
-    metrics = _metrics(database_url, run_id)
+    wait_for(lambda: all_ended(database_url, [run_id]), "the stop")
+    (run,) = runs_of(database_url, [run_id])
+    metrics = metrics_of(database_url, run_id)
     assert run.state == "stopped" and metrics[-1].step < 400
     # The last record is the final checkpoint (a fresh one, or the one just written when the stop
     # arrived during its evaluation), and it is on disk.
@@ -175,14 +125,14 @@ def test_user_stop_is_graceful_with_a_final_checkpoint(scheduler: Launcher, data
     assert [e.kind for e in events_of(database_url, run_id)][-1] == "stopped"
 
 
-def test_an_exploding_lr_is_stopped_with_its_best_checkpoint_kept(scheduler: Launcher, database_url: str) -> None:
+def test_an_exploding_lr_is_stopped_with_its_best_checkpoint_kept(launcher: Launcher, database_url: str) -> None:
     overrides = {
         **TINY,
         "schedule": {**TINY["schedule"], "steps": 200, "lr": 1e-3, "lr_explode_after": 30, "lr_explode_factor": 1e4},
     }
     (run_id,) = submit(database_url, ["A"], overrides)
-    wait_for(lambda: all_done(database_url, [run_id]), "the detector to stop the run", timeout=150)
-    (run,) = runs(database_url, [run_id])
+    wait_for(lambda: all_ended(database_url, [run_id]), "the detector to stop the run", timeout=150)
+    (run,) = runs_of(database_url, [run_id])
     assert run.state == "stopped" and run.decision in {"collapse", "diverged"}, (run.state, run.decision, run.error)
     assert run.decision_step is not None and run.decision_step < 200 and run.decision_reason
     assert run.best_step is not None and run.best_step <= run.decision_step
@@ -192,25 +142,25 @@ def test_an_exploding_lr_is_stopped_with_its_best_checkpoint_kept(scheduler: Lau
 
 
 def test_a_new_run_moves_a_stale_directory_aside_instead_of_resuming_it(
-    scheduler: Launcher, database_url: str
+    launcher: Launcher, database_url: str
 ) -> None:
     """Files under a brand-new run's directory (left by a deleted database whose run had the same id)
     are moved aside with a `stale_dir` event: the run starts from step 0, not from their records."""
     overrides = {**TINY, "schedule": {**TINY["schedule"], "steps": 20}}
     fake = {"step": 30, "recon_lpips": 0.123, "loss": 0.5}
-    # The stale files exist before the run is committed, so the scheduler cannot launch it first.
+    # The stale files exist before the run is committed, so the launcher cannot launch it first.
     with session_scope(database_url) as session:
         run_id = create_grid(session, GridCreate(name="stale", arms=["A"], overrides=overrides)).runs[0].id
-        stale = run_dir(scheduler.settings, run_id)
+        stale = run_dir(launcher.settings, run_id)
         stale.mkdir(parents=True)
         (stale / "ckpt_0000030.pt").write_bytes(b"someone else's checkpoint")
         (stale / "records.jsonl").write_text(json.dumps(fake) + "\n")  # a worker would hand this on
-    wait_for(lambda: all_done(database_url, [run_id]), "the run to finish", timeout=150)
-    (run,) = runs(database_url, [run_id])
+    wait_for(lambda: all_ended(database_url, [run_id]), "the run to finish", timeout=150)
+    (run,) = runs_of(database_url, [run_id])
     assert run.state == "completed" and run.retries == 0, (run.state, run.error)
     # Trained from scratch: its own checkpoints only, none of the stale record.
     assert steps_of(database_url, run_id) == [10, 20]
-    assert all(m.recon_lpips != fake["recon_lpips"] for m in _metrics(database_url, run_id))
+    assert all(m.recon_lpips != fake["recon_lpips"] for m in metrics_of(database_url, run_id))
     events = events_of(database_url, run_id)
     assert "resumed" not in [e.kind for e in events]
     (moved,) = [e for e in events if e.kind == "stale_dir"]
@@ -219,22 +169,6 @@ def test_a_new_run_moves_a_stale_directory_aside_instead_of_resuming_it(
     assert (aside / "ckpt_0000030.pt").read_bytes() == b"someone else's checkpoint"
     assert json.loads((aside / "records.jsonl").read_text()) == fake
     assert not (stale / "ckpt_0000030.pt").exists() and run.checkpoint_dir == str(stale)
-
-
-def _idle_scheduler(database_url: str, tmp_path: Path, ray_address: str, **kw: Any) -> Launcher:
-    """A scheduler on this module's Ray; not started unless the test starts it."""
-    from orchestrator.settings import Settings
-
-    settings = Settings(
-        database_url=database_url,
-        home_dir=tmp_path,
-        launcher_interval_s=0.2,
-        worker_threads=1,
-        ray_namespace="ablate-test",
-        ray_address=ray_address,
-        **kw,
-    )
-    return Launcher(settings)
 
 
 def test_a_worker_ray_cannot_place_times_out_as_a_retry_then_fails(
@@ -247,15 +181,15 @@ def test_a_worker_ray_cannot_place_times_out_as_a_retry_then_fails(
 
     hog = GpuHog.remote()
     ray.get(hog.ping.remote())
-    s = _idle_scheduler(database_url, tmp_path, ray_cluster, start_timeout_s=1.0, max_retries=1)
+    s = Launcher(launcher_settings_for(database_url, tmp_path, ray_cluster, start_timeout_s=1.0, max_retries=1))
     try:
         (run_id,) = submit(database_url, ["A"])
         s.start()
-        wait_for(lambda: all_done(database_url, [run_id]), "the start timeouts to fail the run", timeout=60)
+        wait_for(lambda: all_ended(database_url, [run_id]), "the start timeouts to fail the run", timeout=60)
     finally:
         s.stop()
         ray.kill(hog)
-    (run,) = runs(database_url, [run_id])
+    (run,) = runs_of(database_url, [run_id])
     assert (run.state, run.retries) == ("failed", 2), (run.state, run.retries, run.error)
     assert "start_timeout_s" in run.error
     kinds = [e.kind for e in events_of(database_url, run_id)]
@@ -272,16 +206,16 @@ def test_reconcile_counts_a_retry_for_a_vanished_worker_and_a_stopped_run_never_
         lost.state, lost.retries = "running", 1  # its worker (attempt 1) does not exist
         stopped = session.get(Run, collapsed)
         stopped.decision, stopped.decision_reason = "collapse", "worse twice"  # queued, detector said stop
-    s = _idle_scheduler(database_url, tmp_path, ray_cluster, max_retries=1)
+    s = Launcher(launcher_settings_for(database_url, tmp_path, ray_cluster, max_retries=1))
     s.reconcile()
-    (lost,) = runs(database_url, [vanished])
+    (lost,) = runs_of(database_url, [vanished])
     assert (lost.state, lost.retries) == ("failed", 2), "a restart must not reset the retry budget"
     s._launch_queued()
-    (stopped,) = runs(database_url, [collapsed])
+    (stopped,) = runs_of(database_url, [collapsed])
     assert stopped.state == "stopped" and stopped.finished_at is not None
     assert s.workers == {}, "no worker for a stopped run"
     with pytest.raises(ValueError):
-        ray.get_actor(worker_name(collapsed, 0), namespace="ablate-test")
+        ray.get_actor(worker_name(collapsed, 0), namespace=RAY_NAMESPACE)
 
 
 def _fail_commits_once_with(predicate: Callable[[Any], bool], error: Exception) -> tuple[Callable, list[int]]:
@@ -298,7 +232,7 @@ def _fail_commits_once_with(predicate: Callable[[Any], bool], error: Exception) 
 
 
 def test_a_failed_db_write_after_a_worker_death_does_not_strand_the_run(
-    scheduler: Launcher, database_url: str
+    launcher: Launcher, database_url: str
 ) -> None:
     from sqlalchemy import event
     from sqlalchemy.exc import OperationalError
@@ -315,19 +249,19 @@ def test_a_failed_db_write_after_a_worker_death_does_not_strand_the_run(
     )
     event.listen(Session, "before_commit", hook)
     try:
-        worker = ray.get_actor(worker_name(run_id, 0), namespace="ablate-test")
+        worker = ray.get_actor(worker_name(run_id, 0), namespace=RAY_NAMESPACE)
         os.kill(ray.get(worker.ping.remote())["pid"], signal.SIGKILL)
-        wait_for(lambda: all_done(database_url, [run_id]), "the stranded run to be found and finished", timeout=150)
+        wait_for(lambda: all_ended(database_url, [run_id]), "the stranded run to be found and finished", timeout=150)
     finally:
         event.remove(Session, "before_commit", hook)
     assert fired == [1], "the fault was injected"
-    (run,) = runs(database_url, [run_id])
+    (run,) = runs_of(database_url, [run_id])
     assert run.state == "completed" and run.retries == 1, (run.state, run.error)
     assert steps_of(database_url, run_id) == list(range(10, 61, 10))
 
 
 def test_records_that_cannot_be_stored_fail_their_run_and_stall_nothing(
-    scheduler: Launcher, database_url: str
+    launcher: Launcher, database_url: str
 ) -> None:
     from sqlalchemy import event
     from sqlalchemy.orm import Session
@@ -340,13 +274,13 @@ def test_records_that_cannot_be_stored_fail_their_run_and_stall_nothing(
 
     event.listen(Session, "before_flush", refuse)
     try:
-        wait_for(lambda: all_done(database_url, [poisoned, healthy]), "both runs to end", timeout=150)
+        wait_for(lambda: all_ended(database_url, [poisoned, healthy]), "both runs to end", timeout=150)
     finally:
         event.remove(Session, "before_flush", refuse)
-    bad, good = runs(database_url, [poisoned, healthy])
+    bad, good = runs_of(database_url, [poisoned, healthy])
     assert good.state == "completed" and steps_of(database_url, healthy) == [10, 20, 30, 40]
     assert bad.state == "failed" and "could not be stored 5 times" in bad.error and "injected" in bad.error
-    assert poisoned not in scheduler.workers
+    assert poisoned not in launcher.workers
 
 
 @pytest.fixture
@@ -368,14 +302,14 @@ def unwritable_runs_dir(tmp_path: Path) -> Iterator[Path]:
 
 
 def test_a_worker_that_cannot_write_its_directory_fails_its_run_at_once(
-    scheduler: Launcher, database_url: str, unwritable_runs_dir: Path, ablate_cli  # type: ignore[no-untyped-def]
+    launcher: Launcher, database_url: str, unwritable_runs_dir: Path, ablate_cli  # type: ignore[no-untyped-def]
 ) -> None:
     """The real Ray actor's constructor meets a PermissionError: the run fails at once (no retry, no
     "worker lost") with the exception's type, message, path and innermost frame, free of terminal codes,
     and `ablate status` shows it."""
     [run_id] = submit(database_url, ["A"])
-    wait_for(lambda: all_done(database_url, [run_id]), "the run to end", timeout=120)
-    [run] = runs(database_url, [run_id])
+    wait_for(lambda: all_ended(database_url, [run_id]), "the run to end", timeout=120)
+    [run] = runs_of(database_url, [run_id])
     expected_path = str(unwritable_runs_dir / str(run_id))
     assert run.state == "failed" and run.retries == 0, (run.state, run.retries, run.error)
     first = run.error.splitlines()[0]

@@ -34,21 +34,21 @@ def _kinds(database_url: str, run_id: int) -> list[str]:
         return list(session.scalars(select(Event.kind).where(Event.run_id == run_id).order_by(Event.id)))
 
 
-def _scheduler(database_url: str, tmp_path: Path, max_retries: int = 2) -> Launcher:
+def _launcher(database_url: str, tmp_path: Path, max_retries: int = 2) -> Launcher:
     return Launcher(Settings(database_url=database_url, home_dir=tmp_path, max_retries=max_retries))
 
 
 def test_a_stop_that_commits_first_keeps_the_launch_from_claiming_the_run(database_url: str) -> None:
     run_id = _run(database_url)
     make = session_factory(database_url)
-    with make() as scheduler_session, make() as api_session:
+    with make() as launcher_session, make() as api_session:
         # Both read the run as queued; the user's stop commits first.
-        launching = scheduler_session.get(Run, run_id)
+        launching = launcher_session.get(Run, run_id)
         assert launching.state == RunState.queued
         stop_run(api_session, api_session.get(Run, run_id))
         api_session.commit()
-        assert not claim_for_launch(scheduler_session, launching, "/nowhere"), "a stopped run must not launch"
-        scheduler_session.commit()
+        assert not claim_for_launch(launcher_session, launching, "/nowhere"), "a stopped run must not launch"
+        launcher_session.commit()
         assert launching.state == RunState.stopped  # the loser sees the winner's state
     with session_scope(database_url) as session:
         run = session.get(Run, run_id)
@@ -57,20 +57,20 @@ def test_a_stop_that_commits_first_keeps_the_launch_from_claiming_the_run(databa
     assert _kinds(database_url, run_id) == ["stopped"]
 
 
-def test_a_stop_that_loses_to_the_launch_asks_the_scheduler_to_stop_the_worker(database_url: str) -> None:
+def test_a_stop_that_loses_to_the_launch_asks_the_launcher_to_stop_the_worker(database_url: str) -> None:
     run_id = _run(database_url)
     make = session_factory(database_url)
-    with make() as scheduler_session, make() as api_session:
-        launching = scheduler_session.get(Run, run_id)
+    with make() as launcher_session, make() as api_session:
+        launching = launcher_session.get(Run, run_id)
         stale = api_session.get(Run, run_id)
         assert stale.state == RunState.queued  # what the API saw before the launch committed
-        assert claim_for_launch(scheduler_session, launching, "/ckpt/dir")
-        scheduler_session.commit()
+        assert claim_for_launch(launcher_session, launching, "/ckpt/dir")
+        launcher_session.commit()
         stop_run(api_session, stale)
         api_session.commit()
     with session_scope(database_url) as session:
         run = session.get(Run, run_id)
-        # Not a "stopped" run with a live worker: the launch stands and the scheduler is told to stop it.
+        # Not a "stopped" run with a live worker: the launch stands and the launcher is told to stop it.
         assert (run.state, run.stop_requested, run.decision) == (RunState.starting, True, None)
         assert run.finished_at is None and run.checkpoint_dir == "/ckpt/dir" and run.started_at is not None
     assert _kinds(database_url, run_id) == ["stop_requested"]
@@ -80,8 +80,8 @@ def test_a_detector_stopped_run_whose_worker_dies_is_finished_not_relaunched(
     database_url: str, tmp_path: Path
 ) -> None:
     run_id = _run(database_url, RunState.running, decision="collapse", decision_reason="worse twice")
-    scheduler = _scheduler(database_url, tmp_path)
-    scheduler._worker_died(Worker(run_id, "ablate-run-x-0", None, None), RuntimeError("node lost"))
+    launcher = _launcher(database_url, tmp_path)
+    launcher._worker_died(Worker(run_id, "ablate-run-x-0", None, None), RuntimeError("node lost"))
     with session_scope(database_url) as session:
         run = session.get(Run, run_id)
         assert (run.state, run.retries, run.decision) == (RunState.stopped, 0, "collapse")
@@ -91,7 +91,7 @@ def test_a_detector_stopped_run_whose_worker_dies_is_finished_not_relaunched(
 
 def test_a_user_stopped_run_whose_worker_dies_is_finished_not_relaunched(database_url: str, tmp_path: Path) -> None:
     run_id = _run(database_url, RunState.running, stop_requested=True)
-    _scheduler(database_url, tmp_path)._worker_died(Worker(run_id, "w", None, None), RuntimeError("gone"))
+    _launcher(database_url, tmp_path)._worker_died(Worker(run_id, "w", None, None), RuntimeError("gone"))
     with session_scope(database_url) as session:
         run = session.get(Run, run_id)
         assert (run.state, run.retries) == (RunState.stopped, 0)
@@ -99,15 +99,15 @@ def test_a_user_stopped_run_whose_worker_dies_is_finished_not_relaunched(databas
 
 def test_every_lost_worker_counts_a_retry_until_the_run_fails(database_url: str, tmp_path: Path) -> None:
     run_id = _run(database_url, RunState.running)
-    scheduler = _scheduler(database_url, tmp_path, max_retries=1)
+    launcher = _launcher(database_url, tmp_path, max_retries=1)
     with session_scope(database_url) as session:
-        scheduler._requeue(session, session.get(Run, run_id), "worker w not found after a controller restart")
+        launcher._requeue(session, session.get(Run, run_id), "worker w not found after a controller restart")
     with session_scope(database_url) as session:
         run = session.get(Run, run_id)
         assert (run.state, run.retries) == (RunState.queued, 1)
         run.state = RunState.running
     with session_scope(database_url) as session:
-        scheduler._requeue(session, session.get(Run, run_id), "worker w not found after a controller restart")
+        launcher._requeue(session, session.get(Run, run_id), "worker w not found after a controller restart")
     with session_scope(database_url) as session:
         run = session.get(Run, run_id)
         assert (run.state, run.retries) == (RunState.failed, 2)
@@ -115,7 +115,7 @@ def test_every_lost_worker_counts_a_retry_until_the_run_fails(database_url: str,
 
 
 def test_the_api_serves_while_ray_is_still_unreachable(database_url: str, tmp_path: Path) -> None:
-    """The scheduler joins Ray in its own thread: a cluster that is slow or down must not hold the API."""
+    """The launcher joins Ray in its own thread: a cluster that is slow or down must not hold the API."""
     script = textwrap.dedent(
         """
         import os, sys

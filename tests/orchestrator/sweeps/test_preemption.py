@@ -19,7 +19,7 @@ from orchestrator.db.models import Event, Node, utcnow
 from orchestrator.db.session import session_scope
 from orchestrator.vocabulary import RentedState, SweepState
 from tests.cluster.provider_sim import ProviderSim
-from tests.orchestrator.factories import FakeClock
+from tests.kit.clock import FakeClock
 from tests.orchestrator.sweeps.test_rented_sweeps import (  # noqa: F401 - `sim` and `_quiet_schedules` are fixtures
     _finish_runs,
     _instances,
@@ -106,7 +106,7 @@ def test_no_replacement_when_the_budget_left_would_not_pay_for_it(
     with session_scope(database_url) as session:
         why = session.scalars(select(Event).where(Event.kind == "rented.no_replacement")).all()[-1].message
     assert "budget left" in why
-    _finish_runs(database_url, sweep.grid_id)  # (the scheduler would keep them queued until the budget ends)
+    _finish_runs(database_url, sweep.grid_id)  # (the launcher would keep them queued until the budget ends)
     runner.tick()
     assert _sweep(database_url, "preempt-broke").state == SweepState.completed
     assert sim.live() == []

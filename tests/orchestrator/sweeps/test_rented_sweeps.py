@@ -3,7 +3,7 @@ reached over a real OpenSSH server (the loopback sshd: every "instance" answers 
 at first contact, bootstrapped, torn down and destroyed; spend against the simulator's bill; an offer
 that never becomes reachable replaced; the reaper; a restart mid-provisioning; the key kept out.
 
-The runs' state changes the Ray scheduler makes are made directly in the DB, as in test_sweeps.py.
+The runs' state changes the launcher makes are made directly in the DB, as in test_sweeps.py.
 """
 
 from __future__ import annotations

@@ -28,7 +28,8 @@ from orchestrator.sweeps.lock import runner_lock
 from orchestrator.sweeps.runner import SweepRunner
 from orchestrator.sweeps.schedules import ScheduleCreate, create_schedule, get_schedule
 from orchestrator.vocabulary import NodeState, RunState, SweepState
-from tests.orchestrator.factories import FakeClock, add_ssh_node
+from tests.kit.clock import FakeClock
+from tests.kit.nodes import add_ssh_node
 
 GRID = {"name": "nightly", "arms": ["A"], "overrides": {"model": {"size": "tiny"}}}
 DAY = datetime(2026, 2, 2, tzinfo=UTC)

@@ -1,6 +1,6 @@
 """Schedules fired by a controllable clock; sweeps provision, run, copy back and tear down over real SSH.
 
-The runs' state changes that the Ray scheduler makes in production are made here directly in the
+The runs' state changes that the launcher makes in production are made here directly in the
 DB (queued -> running -> completed/stopped): the sweep runner watches only the DB, so that is the
 boundary it has with whatever runs the runs.
 """
@@ -34,7 +34,9 @@ from orchestrator.sweeps.schedules import (
     resume_schedule,
 )
 from orchestrator.vocabulary import RunState
-from tests.orchestrator.factories import FakeClock, add_ssh_node
+from tests.kit.clock import FakeClock
+from tests.kit.nodes import add_ssh_node
+from tests.kit.readers import runs_by_arm
 
 GRID = {"name": "nightly", "arms": ["A", "B"], "overrides": {"model": {"size": "tiny"}}}
 DAY = datetime(2026, 1, 5, tzinfo=UTC)  # a Monday
@@ -91,13 +93,9 @@ def _sweeps(database_url: str, schedule: str) -> list[Sweep]:
         return list(session.scalars(select(Sweep).where(Sweep.schedule_id == sid).order_by(Sweep.id)))
 
 
-def _runs(database_url: str, grid_id: int) -> dict[str, Run]:
-    with session_scope(database_url) as session:
-        return {r.arm: r for r in session.get_one(Grid, grid_id).runs}
-
 
 def _set_run(database_url: str, run_id: int, **fields: object) -> None:
-    """What the scheduler and worker write while a run trains."""
+    """What the launcher and worker write while a run trains."""
     with session_scope(database_url) as session:
         run = session.get_one(Run, run_id)
         for key, value in fields.items():
@@ -124,7 +122,7 @@ def test_nightly_sweep_provisions_runs_copies_back_and_tears_down(
     [sweep] = _sweeps(database_url, "nightly")
     assert (sweep.state, sweep.late, sweep.price_per_hour) == ("running", False, 2.0)
     assert (remote / "joined").read_text().split() == ["4"]  # bootstrapped with its 4 GPUs
-    runs = _runs(database_url, sweep.grid_id)
+    runs = runs_by_arm(database_url, sweep.grid_id)
     assert sorted(runs) == ["A", "B"] and {r.state for r in runs.values()} == {RunState.queued}
     with session_scope(database_url) as session:
         assert session.get_one(Grid, sweep.grid_id).source == "schedule"
@@ -170,28 +168,28 @@ def test_budget_cap_stops_the_sweep_gracefully(database_url: str, sshd, ssh_node
     clock.now = DAY.replace(hour=21)
     runner.tick()
     [sweep] = _sweeps(database_url, "capped")
-    runs = _runs(database_url, sweep.grid_id)
+    runs = runs_by_arm(database_url, sweep.grid_id)
     _set_run(database_url, runs["A"].id, state=RunState.running)  # B stays queued (no free GPU)
 
     clock.now = DAY.replace(hour=22)  # 1 h x 2.0 = 2.0 < 3.0
     runner.tick()
     [sweep] = _sweeps(database_url, "capped")
     assert (sweep.state, sweep.spend) == ("running", pytest.approx(2.0))
-    assert not _runs(database_url, sweep.grid_id)["A"].stop_requested
+    assert not runs_by_arm(database_url, sweep.grid_id)["A"].stop_requested
 
     clock.now = DAY.replace(hour=22, minute=31)  # 1.52 h x 2.0 = 3.03 >= 3.0
     runner.tick()
     [sweep] = _sweeps(database_url, "capped")
     assert sweep.state == "stopping" and "budget 3 reached" in sweep.stop_reason
-    runs = _runs(database_url, sweep.grid_id)
-    assert runs["A"].stop_requested and runs["A"].state == RunState.running  # graceful: the scheduler stops it
+    runs = runs_by_arm(database_url, sweep.grid_id)
+    assert runs["A"].stop_requested and runs["A"].state == RunState.running  # graceful: the launcher stops it
     assert runs["B"].state == RunState.stopped  # never started: stopped at once
     assert (remote / "joined").exists()  # nodes stay until the runs have stopped
 
     clock.now = DAY.replace(hour=22, minute=32)
     runner.tick()
     assert _sweeps(database_url, "capped")[0].state == "stopping"
-    _set_run(database_url, runs["A"].id, state=RunState.stopped, decision="user")  # the scheduler's graceful stop
+    _set_run(database_url, runs["A"].id, state=RunState.stopped, decision="user")  # the launcher's graceful stop
 
     clock.now = DAY.replace(hour=22, minute=33)
     runner.tick()

@@ -5,7 +5,6 @@ migrated database holds them; the forwarder runs its passes in the test's thread
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from pathlib import Path
@@ -24,8 +23,10 @@ from orchestrator.settings import Settings
 from orchestrator.trackers.base import Opened, Point, Status, TrackedRun
 from orchestrator.trackers.forwarder import Forwarder
 from orchestrator.vocabulary import RunState, TrackerName
-from tests.orchestrator.factories import tiny_overrides
-from tests.orchestrator.runs.tracker_files import (
+from tests.kit.net import free_port
+from tests.kit.polling import wait_for
+from tests.kit.settings import tiny_overrides
+from tests.orchestrator.trackers.tracker_files import (
     STOPPED_ARM,
     mlflow_runs,
     tb_text,
@@ -297,9 +298,7 @@ def test_an_unreachable_mlflow_server_is_recorded_on_the_run_once_and_caught_up_
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     out, records = trained
-    with socket.socket() as s:  # a port nothing listens on: connections are refused at once
-        s.bind(("127.0.0.1", 0))
-        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there: connections are refused at once
     monkeypatch.setenv("MLFLOW_TRACKING_URI", dead)
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     ids = submit(database_url, ["mlflow"], out, arms=["A"])
@@ -331,6 +330,4 @@ def events(database_url: str, run_id: int, kind: str) -> list[Event]:
 
 
 def wait_event(database_url: str, run_id: int, kind: str) -> Event:
-    from tests.polling import wait_for
-
     return wait_for(lambda: (events(database_url, run_id, kind) or [None])[0], f"a {kind} event on run {run_id}")

@@ -11,7 +11,7 @@ from sqlalchemy import select
 
 from orchestrator.db.models import TrackerRun
 from orchestrator.db.session import session_scope
-from tests.polling import wait_for
+from tests.kit.polling import wait_for
 
 # An arm whose detector stops it at its first lower flow loss, by taking higher as better (a sign flip the
 # tiny run's falling loss is sure to trip).

@@ -16,7 +16,7 @@ from orchestrator.grids.arms import resolve
 from orchestrator.results.reports.write import report_dir, write_due_reports
 from orchestrator.runs.ingest import insert_metrics
 from orchestrator.settings import Settings
-from tests.orchestrator.factories import AUTH, tiny_overrides
+from tests.kit.settings import AUTH, tiny_overrides
 from worker.train import train_arm
 
 

@@ -20,7 +20,7 @@ from orchestrator.results.reports.effects import effect_reading
 from orchestrator.results.reports.stats import Difference, across_seeds
 from orchestrator.runs.ingest import insert_metrics
 from orchestrator.settings import Settings
-from tests.orchestrator.factories import AUTH, tiny_overrides
+from tests.kit.settings import AUTH, tiny_overrides
 from worker.train import train_arm
 
 

@@ -15,8 +15,9 @@ from orchestrator.db.session import session_scope
 from orchestrator.grids.service import GridCreate, create_grid
 from orchestrator.settings import Settings
 from orchestrator.vocabulary import TrackerName
-from tests.orchestrator.factories import tiny_overrides
-from tests.orchestrator.runs.tracker_files import (
+from tests.kit.polling import wait_for
+from tests.kit.settings import tiny_overrides
+from tests.orchestrator.trackers.tracker_files import (
     STOPPED_ARM,
     mlflow_runs,
     tb_text,
@@ -25,7 +26,6 @@ from tests.orchestrator.runs.tracker_files import (
     wait_closed,
     wandb_runs,
 )
-from tests.polling import wait_for
 
 TINY = tiny_overrides(30)
 

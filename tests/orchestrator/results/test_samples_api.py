@@ -19,7 +19,7 @@ from orchestrator.grids.arms import resolve
 from orchestrator.runs.ingest import insert_metrics
 from orchestrator.runs.storage import download_run
 from orchestrator.settings import Settings
-from tests.orchestrator.factories import tiny_overrides
+from tests.kit.settings import tiny_overrides
 from worker.train import train_arm
 
 TOKEN = "test-token"

@@ -1,0 +1,68 @@
+"""The dashboard served for real: the published A-D curves imported with `ablate import` (`grid_id`), the
+app on a free loopback port (`base_url`), and a headless Chromium (`browser_context`), one per module."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.orchestrator.dashboard.browser import CHROMIUM, FIXTURE
+
+
+@pytest.fixture(scope="module")
+def grid_id(database_url: str, ablate_cli) -> int:  # type: ignore[no-untyped-def]
+    out = ablate_cli(database_url, "import", str(FIXTURE), "--name", "published study A-D (2026)")
+    assert out.returncode == 0, out.stderr
+    return int(out.stdout.split()[1])  # "grid N 'name': ..."
+
+
+@pytest.fixture(scope="module")
+def base_url(database_url: str) -> Iterator[str]:
+    """The real app on a free loopback port, in a thread."""
+    import uvicorn
+
+    from orchestrator.app import create_app
+    from orchestrator.settings import Settings
+
+    app = create_app(Settings(database_url=database_url), api_token="test-token")
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not (server.started and server.servers):
+        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
+        time.sleep(0.05)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def browser_context(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    from playwright.sync_api import sync_playwright
+
+    profile = tmp_path_factory.mktemp("chromium-profile")
+    with sync_playwright() as pw:
+        context = pw.chromium.launch_persistent_context(
+            str(profile),
+            executable_path=CHROMIUM,
+            headless=True,
+            # Offline machine: without these Chromium stalls on refused background connections.
+            args=[
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+            ],
+            viewport={"width": 1440, "height": 900},
+            device_scale_factor=1,
+        )
+        yield context
+        context.close()
