@@ -37,7 +37,8 @@ from orchestrator.fleet.bootstrap import BootstrapConfig  # noqa: E402
 from orchestrator.fleet.providers.vast import VastProvider  # noqa: E402
 from orchestrator.sweeps.runner import SweepRunner  # noqa: E402
 from orchestrator.vocabulary import ACTIVE_SWEEP_STATES  # noqa: E402
-from tests.cluster.provider_sim import ProviderSim, vast_offer  # noqa: E402
+from tests.cluster.provider_sim import ProviderSim  # noqa: E402
+from tests.cluster.provider_wire import vast_offer  # noqa: E402
 from tests.cluster.rental import due_rented_night  # noqa: E402
 from tests.cluster.testbed import TestBed  # noqa: E402
 from tests.images.image_nodes import container_rental, image_hooks  # noqa: E402

@@ -44,7 +44,9 @@ from orchestrator.fleet.providers.request import NodeRequest  # noqa: E402
 from orchestrator.fleet.providers.vast import VastProvider  # noqa: E402
 from orchestrator.sweeps.runner import SweepRunner  # noqa: E402
 from orchestrator.vocabulary import ACTIVE_SWEEP_STATES, SweepState  # noqa: E402
-from tests.cluster.provider_sim import ProviderSim, bed_hooks, vast_offer  # noqa: E402
+from tests.cluster.provider_hooks import bed_hooks  # noqa: E402
+from tests.cluster.provider_sim import ProviderSim  # noqa: E402
+from tests.cluster.provider_wire import vast_offer  # noqa: E402
 from tests.cluster.rental import BED_REQUEST, bed_rental, due_rented_night, vast_runner  # noqa: E402
 from tests.cluster.rented_controller import controller_env  # noqa: E402
 from tests.cluster.testbed import TestBed  # noqa: E402

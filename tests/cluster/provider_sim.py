@@ -14,8 +14,7 @@ scoped to one instance (Vast's CONTAINER_API_KEY, RunPod's RUNPOD_API_KEY; `scop
 describe or destroy that instance (403 for anything else); `SimInstance.ended_by` says which key ended it.
 Instances bill per second from create until destroy at their hourly price (`bill()`). What creating an instance means is
 pluggable (`Hooks`): by default it only records it, at an address that answers nothing (TEST-NET-1);
-`ssh_banner_hooks` points instances at a loopback port that greets like sshd; in the namespace test
-bed (`bed_hooks`) each instance is a real namespace node with its own sshd, removed on destroy.
+tests/cluster/provider_hooks.py has the others (an SSH banner on loopback; a namespace node per instance).
 `create_faults` makes a create the provider accepted answer 500, or nothing until the client times out:
 the instance exists and bills, but its reply is lost.
 Everything behind this HTTP API (SSH, bootstrap, Ray) is real in the tests that use it.
@@ -26,7 +25,6 @@ from __future__ import annotations
 import json
 import re
 import secrets
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -34,6 +32,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+from tests.cluster.provider_wire import lowest_price, offer_matches, query_enum, query_field, query_number
 
 UNREACHABLE = ("192.0.2.1", 22)  # TEST-NET-1: routed nowhere, so SSH never answers
 HOLD = 0  # a route's "status" for a reply held back until the simulator closes (a create that times out)
@@ -87,52 +87,6 @@ class Hooks:
     on_ssh_key: Callable[[SimInstance, str], None] = lambda inst, key: None
     on_destroy: Callable[[SimInstance], None] = lambda inst: None
     on_preempt: Callable[[SimInstance], None] = lambda inst: None  # the machine goes down (not removed)
-
-
-def vast_offer(offer_id: int, gpu_name: str = "RTX 4090", gpus: int = 4, dph_total: float = 1.6, **extra: Any) -> dict:
-    """A Vast offer row with the fields the SDK's default filters and our provider read."""
-    row = {
-        "id": offer_id,
-        "ask_contract_id": offer_id,
-        "machine_id": 1000 + offer_id,
-        "gpu_name": gpu_name,
-        "num_gpus": gpus,
-        "dph_total": dph_total,
-        "min_bid": round(dph_total * 0.4, 4),
-        "reliability": 0.99,
-        "reliability2": 0.99,
-        "cuda_max_good": 12.4,
-        "disk_space": 500.0,
-        "gpu_ram": 24564,
-        "geolocation": "Sweden, SE",
-        "verified": True,
-        "external": False,
-        "rentable": True,
-        "rented": False,
-    }
-    row.update(extra)
-    return row
-
-
-def runpod_gpu(gpu_id: str = "NVIDIA GeForce RTX 4090", secure: float = 0.69, community: float = 0.34) -> dict:
-    """A RunPod GPU type with per-GPU prices in both clouds."""
-    return {
-        "id": gpu_id,
-        "displayName": gpu_id.replace("NVIDIA GeForce ", ""),
-        "memoryInGb": 24,
-        "maxGpuCount": 8,
-        "manufacturer": "Nvidia",
-        "cudaCores": 16384,
-        "secureCloud": secure is not None,
-        "communityCloud": community is not None,
-        "securePrice": secure,
-        "communityPrice": community,
-        "oneMonthPrice": None,
-        "threeMonthPrice": None,
-        "oneWeekPrice": None,
-        "communitySpotPrice": None,
-        "secureSpotPrice": None,
-    }
 
 
 class ProviderSim:
@@ -243,7 +197,7 @@ class ProviderSim:
     # -- Vast ------------------------------------------------------------------------------------------
 
     def vast_search(self, q: dict[str, Any]) -> dict:
-        rows = [o for o in self.vast_offers.values() if _matches(o, q)]
+        rows = [o for o in self.vast_offers.values() if offer_matches(o, q)]
         for col, direction in q.get("order") or []:
             rows.sort(key=lambda r, c=col: r.get(c) or 0, reverse=direction == "desc")
         if q.get("limit"):
@@ -305,24 +259,23 @@ class ProviderSim:
         if "podFindAndDeployOnDemand" in query:
             return self._runpod_deploy(query)
         if "podTerminate" in query:
-            pod_id = _field(query, "podId")
+            pod_id = query_field(query, "podId")
             inst = self.instances.get(pod_id or "")
             if inst is None or inst.provider != "runpod" or not inst.live:
                 return {"errors": [{"message": f"pod {pod_id} not found"}]}
             self._end(inst, self._by)
             return {"data": {"podTerminate": None}}
         if re.search(r"\bpod\(input:", query):
-            inst = self.instances.get(_field(query, "podId") or "")
+            inst = self.instances.get(query_field(query, "podId") or "")
             live = inst is not None and inst.provider == "runpod" and inst.live
             return {"data": {"pod": self._pod(inst) if live else None}}
         if "myself" in query and "pods" in query:
             pods = [self._pod(i) for i in self.instances.values() if i.provider == "runpod" and i.live]
             return {"data": {"myself": {"pods": pods}}}
         if "gpuTypes(input:" in query:
-            wanted = _field(query, "id")
-            return {
-                "data": {"gpuTypes": [{**g, "lowestPrice": _lowest(g)} for g in self.runpod_gpus if g["id"] == wanted]}
-            }
+            wanted = query_field(query, "id")
+            types = [{**g, "lowestPrice": lowest_price(g)} for g in self.runpod_gpus if g["id"] == wanted]
+            return {"data": {"gpuTypes": types}}
         if "gpuTypes" in query:
             return {
                 "data": {"gpuTypes": [{k: g[k] for k in ("id", "displayName", "memoryInGb")} for g in self.runpod_gpus]}
@@ -330,8 +283,8 @@ class ProviderSim:
         return {"errors": [{"message": "the provider simulator does not serve this query"}]}
 
     def _runpod_deploy(self, query: str) -> dict:
-        gpu_id, cloud = _field(query, "gpuTypeId"), _enum(query, "cloudType")
-        count = int(_number(query, "gpuCount") or 1)
+        gpu_id, cloud = query_field(query, "gpuTypeId"), query_enum(query, "cloudType")
+        count = int(query_number(query, "gpuCount") or 1)
         gpu = next((g for g in self.runpod_gpus if g["id"] == gpu_id), None)
         price = None if gpu is None else gpu["securePrice" if cloud == "SECURE" else "communityPrice"]
         if gpu is None or price is None or count > gpu["maxGpuCount"]:
@@ -344,13 +297,13 @@ class ProviderSim:
         inst = SimInstance(
             provider="runpod",
             id=secrets.token_hex(7),
-            label=_field(query, "name") or "",
+            label=query_field(query, "name") or "",
             gpu_name=gpu_id or "",
             gpus=count,
             price_per_hour=float(price) * count,
             offer_id=f"{cloud}:{gpu_id}",
-            image=_field(query, "imageName") or "",
-            disk_gb=float(_number(query, "containerDiskInGb") or 0),
+            image=query_field(query, "imageName") or "",
+            disk_gb=float(query_number(query, "containerDiskInGb") or 0),
             env=env,
             ssh_keys=[env["PUBLIC_KEY"]] if env.get("PUBLIC_KEY") else [],
         )
@@ -463,112 +416,9 @@ class _Handler(BaseHTTPRequestHandler):
         self._handle("DELETE")
 
 
-# -- Vast's filter language and RunPod's GraphQL text, as far as the SDK calls go ------------------------
-
-_OPS: dict[str, Callable[[Any, Any], bool]] = {
-    "eq": lambda a, b: a == b,
-    "neq": lambda a, b: a != b,
-    "gte": lambda a, b: a is not None and a >= b,
-    "lte": lambda a, b: a is not None and a <= b,
-    "gt": lambda a, b: a is not None and a > b,
-    "lt": lambda a, b: a is not None and a < b,
-    "in": lambda a, b: a in b,
-    "notin": lambda a, b: a not in b,
-}
-_NOT_FILTERS = {"order", "type", "limit", "allocated_storage", "disable_bundling"}
-
-
 def _only_about(inst: SimInstance, method: str, path: str, body: Any) -> bool:  # noqa: ANN401
     """Whether a request made with `inst`'s scoped key only describes or destroys `inst` itself."""
     if path == f"/api/v0/instances/{inst.id}/":
         return method in ("GET", "DELETE")
     query = body.get("query", "") if method == "POST" and path == "/graphql" and isinstance(body, dict) else ""
-    return bool(re.search(r"\b(podTerminate|pod)\(input:", query)) and _field(query, "podId") == inst.id
-
-
-def _matches(offer: dict, q: dict[str, Any]) -> bool:
-    for name, cond in q.items():
-        if name in _NOT_FILTERS or not isinstance(cond, dict):
-            continue
-        for op, want in cond.items():
-            if op not in _OPS or not _OPS[op](offer.get(name), want):
-                return False
-    return True
-
-
-def _field(query: str, name: str) -> str | None:
-    m = re.search(rf'\b{name}:\s*"([^"]*)"', query)
-    return m[1] if m else None
-
-
-def _number(query: str, name: str) -> str | None:
-    m = re.search(rf"\b{name}:\s*(\d+)", query)
-    return m[1] if m else None
-
-
-def _enum(query: str, name: str) -> str | None:
-    m = re.search(rf"\b{name}:\s*([A-Z_]+)", query)
-    return m[1] if m else None
-
-
-def _lowest(gpu: dict) -> dict:
-    prices = [p for p in (gpu["securePrice"], gpu["communityPrice"]) if p is not None]
-    return {"minimumBidPrice": None, "uninterruptablePrice": min(prices) if prices else None}
-
-
-# -- create hooks ------------------------------------------------------------------------------------------
-
-
-class SshBanner:
-    """A loopback TCP port that greets like sshd and closes: enough for "SSH answers" without root."""
-
-    def __init__(self) -> None:
-        self._sock = socket.create_server(("127.0.0.1", 0))
-        self._sock.settimeout(0.2)
-        self.port = self._sock.getsockname()[1]
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self._sock.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            with conn:
-                conn.sendall(b"SSH-2.0-provider-sim\r\n")
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=2)
-        self._sock.close()
-
-
-def ssh_banner_hooks(banner: SshBanner) -> Hooks:
-    return Hooks(on_create=lambda inst: ("127.0.0.1", banner.port))
-
-
-def bed_hooks(bed: Any, gpus: Callable[[SimInstance], int] = lambda inst: inst.gpus, scoped: bool = True) -> Hooks:
-    """Each created instance is a new node of the namespace test bed `bed` (tests/cluster/testbed.py):
-    its own network namespace, IP, login user and sshd; an attached SSH key is authorized for its user,
-    whose sessions see the instance's scoped key (`scoped`; False: a provider that gives none);
-    preemption takes the node down (every process of its user, its Ray with them; sshd too); destroy
-    removes the node."""
-
-    def on_create(inst: SimInstance) -> tuple[str, int]:
-        inst.handle = bed.add_node(gpus(inst))
-        return inst.handle.ip, inst.handle.port
-
-    def on_ssh_key(inst: SimInstance, key: str) -> None:
-        bed.authorize(inst.handle, key, env=inst.scoped_env() if scoped else None)  # as the container env
-
-    def on_destroy(inst: SimInstance) -> None:
-        bed.remove_node(inst.handle)
-
-    def on_preempt(inst: SimInstance) -> None:
-        bed._stop(inst.handle)  # what a reclaimed machine does: everything on it stops at once
-
-    return Hooks(on_create=on_create, on_ssh_key=on_ssh_key, on_destroy=on_destroy, on_preempt=on_preempt)
+    return bool(re.search(r"\b(podTerminate|pod)\(input:", query)) and query_field(query, "podId") == inst.id

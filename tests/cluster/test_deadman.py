@@ -29,7 +29,9 @@ from orchestrator.fleet.providers.request import NodeRequest
 from orchestrator.sweeps.rented import rent_nodes
 from orchestrator.sweeps.runner import SweepRunner
 from orchestrator.sweeps.schedules import ScheduleCreate, create_schedule
-from tests.cluster.provider_sim import ProviderSim, bed_hooks, runpod_gpu, vast_offer
+from tests.cluster.provider_hooks import bed_hooks
+from tests.cluster.provider_sim import ProviderSim
+from tests.cluster.provider_wire import runpod_gpu, vast_offer
 from tests.cluster.rental import DEADMAN_MARK, bed_rental
 from tests.cluster.testbed import TestBed
 from tests.kit.polling import wait_for

@@ -22,7 +22,9 @@ from orchestrator.db.models import Event, Grid, Run, Sweep
 from orchestrator.db.session import session_scope
 from orchestrator.grids.service import PathPolicy
 from orchestrator.vocabulary import RunState, SweepState
-from tests.cluster.provider_sim import ProviderSim, bed_hooks, vast_offer
+from tests.cluster.provider_hooks import bed_hooks
+from tests.cluster.provider_sim import ProviderSim
+from tests.cluster.provider_wire import vast_offer
 from tests.cluster.rental import bed_rental, due_rented_night, vast_runner
 from tests.cluster.testbed import TestBed
 from tests.kit.bed import launcher_process

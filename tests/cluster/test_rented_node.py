@@ -20,7 +20,9 @@ from orchestrator.fleet.providers.request import NodeRequest
 from orchestrator.fleet.providers.vast import VastProvider
 from orchestrator.fleet.shell import NodeShell
 from tests.cluster import testbed
-from tests.cluster.provider_sim import ProviderSim, bed_hooks, vast_offer
+from tests.cluster.provider_hooks import bed_hooks
+from tests.cluster.provider_sim import ProviderSim
+from tests.cluster.provider_wire import vast_offer
 from tests.cluster.testbed import TestBed
 
 # The SDKs install apart from the project (their declared requirements conflict; README's first command).

@@ -26,7 +26,9 @@ from sqlalchemy import select
 from orchestrator.db.models import Event, Grid, Metric, Node, RentedInstance, Sweep, utcnow
 from orchestrator.db.session import session_scope
 from orchestrator.vocabulary import RentedState, RunState, SweepState
-from tests.cluster.provider_sim import ProviderSim, SimInstance, bed_hooks, vast_offer
+from tests.cluster.provider_hooks import bed_hooks
+from tests.cluster.provider_sim import ProviderSim, SimInstance
+from tests.cluster.provider_wire import vast_offer
 from tests.cluster.rental import bed_rental, due_rented_night, vast_runner
 from tests.cluster.testbed import TestBed
 from tests.kit.bed import BUCKET, aws_profile, launcher_process

@@ -35,7 +35,9 @@ from orchestrator.db.session import session_scope
 from orchestrator.fleet.providers.base import InstanceLabel, LaunchSpec
 from orchestrator.fleet.providers.vast import VastProvider
 from orchestrator.vocabulary import RentedState, RunState, SweepState
-from tests.cluster.provider_sim import ProviderSim, SimInstance, bed_hooks, vast_offer
+from tests.cluster.provider_hooks import bed_hooks
+from tests.cluster.provider_sim import ProviderSim, SimInstance
+from tests.cluster.provider_wire import vast_offer
 from tests.cluster.rental import due_rented_night
 from tests.cluster.rented_controller import controller_env
 from tests.cluster.testbed import TestBed

@@ -26,7 +26,8 @@ from orchestrator.fleet.providers.vast import VastProvider
 from orchestrator.sweeps.runner import SweepRunner
 from orchestrator.vocabulary import RentedState, RunState, SweepState
 from tests.cluster import testbed
-from tests.cluster.provider_sim import ProviderSim, vast_offer
+from tests.cluster.provider_sim import ProviderSim
+from tests.cluster.provider_wire import vast_offer
 from tests.cluster.rental import due_rented_night
 from tests.cluster.testbed import TestBed
 from tests.images.image_nodes import container_rental, image_hooks

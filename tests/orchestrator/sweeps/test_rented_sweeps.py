@@ -36,7 +36,8 @@ from orchestrator.sweeps.rented import RentalConfig
 from orchestrator.sweeps.runner import SweepRunner
 from orchestrator.sweeps.schedules import ScheduleCreate, create_schedule, get_schedule
 from orchestrator.vocabulary import RentedState, RunState, SweepState
-from tests.cluster.provider_sim import UNREACHABLE, Hooks, ProviderSim, SimInstance, vast_offer
+from tests.cluster.provider_sim import UNREACHABLE, Hooks, ProviderSim, SimInstance
+from tests.cluster.provider_wire import vast_offer
 
 pytest.importorskip("vastai", reason="the vastai SDK: pip install --no-deps vastai==1.9.1 runpod==1.12.0")
 

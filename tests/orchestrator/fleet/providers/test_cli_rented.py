@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 from orchestrator.cli import _register, app
 from orchestrator.fleet.providers.base import InstanceLabel, LaunchSpec
 from orchestrator.fleet.providers.vast import VastProvider
-from tests.cluster.provider_sim import ProviderSim, vast_offer
+from tests.cluster.provider_sim import ProviderSim
+from tests.cluster.provider_wire import vast_offer
 
 # The SDKs install apart from the project (their declared requirements conflict; README's first command).
 pytest.importorskip("vastai", reason="the vastai SDK: pip install --no-deps vastai==1.9.1 runpod==1.12.0")

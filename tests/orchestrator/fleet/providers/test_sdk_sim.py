@@ -27,7 +27,9 @@ from orchestrator.fleet.providers.lifecycle import Timing, create_or_find, destr
 from orchestrator.fleet.providers.offers import choose_offers
 from orchestrator.fleet.providers.request import NodeRequest
 from orchestrator.settings import Settings
-from tests.cluster.provider_sim import ProviderSim, SshBanner, runpod_gpu, ssh_banner_hooks, vast_offer
+from tests.cluster.provider_hooks import SshBanner, ssh_banner_hooks
+from tests.cluster.provider_sim import ProviderSim
+from tests.cluster.provider_wire import runpod_gpu, vast_offer
 
 # The SDKs install apart from the project (their declared requirements conflict; README's first command).
 pytest.importorskip("vastai", reason="the vastai SDK: pip install --no-deps vastai==1.9.1 runpod==1.12.0")
