@@ -13,6 +13,8 @@ from orchestrator.fleet.inventory import get_node
 from orchestrator.web.deps import AUTH_RESPONSES, AuthDep, SessionDep
 
 router = APIRouter(prefix="/api/events", tags=["events"])
+# Every kind the controller writes ("checkpoint.stored"), so a NUL (which Postgres refuses) never reaches the DB.
+KIND_PATTERN = r"^[a-z][a-z0-9_.]*$"
 
 
 @router.get("", response_model=list[EventPublic], responses={**AUTH_RESPONSES, 404: {"description": "no such node"}})
@@ -22,7 +24,10 @@ def get_events(
     node: Annotated[str | None, Query(description="a registered node's name")] = None,
     run: Annotated[int | None, Query(ge=1, description="a run's id")] = None,
     grid: Annotated[int | None, Query(ge=1, description="a grid's id")] = None,
-    kind: Annotated[str | None, Query(max_length=64, description='a kind, or a prefix ending in "." ("node.")')] = None,
+    kind: Annotated[
+        str | None,
+        Query(max_length=64, pattern=KIND_PATTERN, description='a kind, or a prefix ending in "." ("node.")'),
+    ] = None,
     before: Annotated[int | None, Query(ge=1, description="only events older than this id (the next page)")] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_LISTED)] = 100,
 ) -> list[EventPublic]:

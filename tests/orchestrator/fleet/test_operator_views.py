@@ -69,6 +69,8 @@ def test_a_node_s_events_and_a_run_s_are_listed_by_rest_and_cli(database_url: st
         assert [e["id"] for e in page] == ids[2:4]
         missing = client.get("/api/events", params={"node": "no-such-node"}, headers=AUTH)
         assert missing.status_code == 404 and "ablate nodes list" in missing.json()["detail"]
+        nul = client.get("/api/events", params={"kind": "\x00"}, headers=AUTH)  # Postgres refuses NUL in text
+        assert nul.status_code == 422 and nul.json()["detail"][0]["loc"] == ["query", "kind"], nul.text
 
     shown = ablate(database_url, "events", "--node", name, "--kind", "node.")
     assert shown.returncode == 0, shown.stderr
