@@ -1,5 +1,6 @@
-"""The layout shows the architecture: dependencies point one way, no import circle, no file past 450 lines,
-in orchestrator/, worker/ and model/.
+"""The layout shows the architecture: dependencies point one way and no import circle, in orchestrator/,
+worker/ and model/; and no file past 450 lines (there, in tests/, bench/ and the dashboard's scripts) that
+is not named as one purpose.
 
 Read from the source with `ast` (lazy imports inside functions count too): a rule broken here is an
 import someone added, and the test names it.
@@ -17,7 +18,14 @@ ROOT = REPO / "orchestrator"
 PACKAGES = ("orchestrator", "worker", "model")
 # What each package must never import: data flows orchestrator -> worker -> model, never back.
 PACKAGE_FORBIDDEN = {"model": ("worker", "orchestrator"), "worker": ("orchestrator",), "orchestrator": ()}
+# A smell, not a target: a file past MAX_LINES is split where it divides by purpose, or named in ONE_PURPOSE
+# with why it is one; past HARD_MAX_LINES nothing is one purpose. Tests, bench scripts and the dashboard's
+# scripts are held to it as the packages are.
 MAX_LINES = 450
+HARD_MAX_LINES = 700
+ONE_PURPOSE = {
+    "tests/cluster/testbed.py": "one class, the namespace test bed: building, authorizing, stopping and removing nodes",
+}
 DOMAINS = ("grids", "runs", "results", "trackers", "fleet", "sweeps")
 SURFACES = ("api", "cli", "dashboard")
 SHARED = ("db", "settings", "vocabulary", "messages", "errors", "numbers", "web")
@@ -77,8 +85,13 @@ ALL_GRAPH = {module_name(p): imports_of(p, PACKAGES) for p in ALL_SOURCES}
 
 
 def test_no_file_is_over_the_limit() -> None:
-    long = {str(p.relative_to(REPO)): n for p in ALL_SOURCES if (n := len(p.read_text().splitlines())) > MAX_LINES}
-    assert long == {}, f"split these by purpose (at most {MAX_LINES} lines): {long}"
+    files = [*ALL_SOURCES, *(REPO / "tests").rglob("*.py"), *(REPO / "bench").rglob("*.py"),
+             *(ROOT / "dashboard" / "static").glob("*.js")]  # fmt: skip
+    lines = {str(p.relative_to(REPO)): len(p.read_text().splitlines()) for p in files}
+    long = {f: n for f, n in lines.items() if n > MAX_LINES and f not in ONE_PURPOSE}
+    assert long == {}, f"split these by purpose, or name them in ONE_PURPOSE with why each is one: {long}"
+    huge = {f: n for f, n in lines.items() if n > HARD_MAX_LINES}
+    assert huge == {}, f"past {HARD_MAX_LINES} lines no file is one purpose: {huge}"
 
 
 @pytest.mark.parametrize("package", PACKAGES)
