@@ -20,10 +20,10 @@ from orchestrator.grids.service import GridCreate, create_grid
 from orchestrator.vocabulary import RunState
 from tests.cluster.testbed import TestBed
 from tests.kit.bed import BUCKET, aws_profile, launcher_process, node_config, register_node
+from tests.kit.photos import SHARDS, photos
 from tests.kit.polling import wait_for
 from tests.kit.readers import all_ended
 from tests.kit.settings import bed_overrides
-from tests.worker.test_data_fetch import SHARDS, photos
 from worker.checkpoint_store import open_fs
 
 pytestmark = pytest.mark.bed(nodes=1)  # both arms land on its two GPUs and share its cache

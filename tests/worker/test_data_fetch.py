@@ -8,7 +8,6 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import importlib
-import io
 import json
 import multiprocessing
 import os
@@ -18,21 +17,18 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
-from PIL import Image
 
 from model.data import DatasetError, build_dataset
 from model.data.prepare import prepare
 from model.spec import ArmSpec
 from orchestrator.grids.arms import deep_merge, resolve
+from tests.kit.photos import SHARDS, photos
 from tests.kit.polling import done_reply, wait_for
 from tests.kit.settings import tiny_overrides
 from worker.actor import ArmWorker
 from worker.checkpoint_store import open_fs
 from worker.data_fetch import DataStore, Fetched, cache_path, fetch_prepared
-
-SHARDS = ["shard-00000.npy", "shard-00001.npy"]
 
 
 @pytest.fixture
@@ -42,19 +38,6 @@ def aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "ablate-test-secret")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     monkeypatch.delenv("AWS_PROFILE", raising=False)
-
-
-def photos(root: Path, n: int = 6) -> Path:
-    root.mkdir(parents=True)
-    lines = []
-    for i in range(n):
-        arr = np.random.default_rng(i).integers(0, 255, (30, 40, 3), dtype=np.uint8)
-        buf = io.BytesIO()
-        Image.fromarray(arr).save(buf, "PNG")
-        (root / f"img{i}.png").write_bytes(buf.getvalue())
-        lines.append(json.dumps({"file": f"img{i}.png", "caption": f"a photo number {i}"}))
-    (root / "captions.jsonl").write_text("\n".join(lines))
-    return root
 
 
 @pytest.fixture

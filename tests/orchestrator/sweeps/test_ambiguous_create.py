@@ -17,18 +17,10 @@ from orchestrator.db.session import session_scope
 from orchestrator.fleet.providers.vast import VastProvider
 from orchestrator.vocabulary import RentedState, SweepState
 from tests.cluster.provider_sim import ProviderSim
-from tests.orchestrator.sweeps.test_rented_sweeps import (  # noqa: F401 - `sim` and `_quiet_schedules` are fixtures
-    KEY,
-    _finish_runs,
-    _instances,
-    _quiet_schedules,
-    _runner,
-    _schedule,
-    _sweep,
-    sim,
-)
+from tests.orchestrator.sweeps.renting import KEY, due_schedule, finish_runs, instances_of, rented_runner, sweep_of
 
 pytest.importorskip("vastai", reason="the vastai SDK: pip install --no-deps vastai==1.9.1 runpod==1.12.0")
+pytestmark = pytest.mark.usefixtures("quiet_schedules")  # only this test's schedule fires
 
 
 @pytest.mark.parametrize(("fault", "said"), [("500", "500 Server Error"), ("timeout", "404 Client Error")])
@@ -42,13 +34,13 @@ def test_an_ambiguous_create_is_found_by_its_label_adopted_and_counted_in_the_sp
 ) -> None:
     sim.create_faults = [fault]  # the first create: made, then its reply is lost
     name = f"ambiguous-{fault}"
-    _schedule(database_url, name)
-    runner = _runner(database_url, sshd, sim, tmp_path, sshd.workdir / name)
+    due_schedule(database_url, name)
+    runner = rented_runner(database_url, sshd, sim, tmp_path, sshd.workdir / name)
     runner.rentals.providers["vast"] = VastProvider(KEY, server_url=sim.url, timeout_s=1.0)
     runner.tick()
-    sweep = _sweep(database_url, name)
+    sweep = sweep_of(database_url, name)
     assert sweep.state == SweepState.running, sweep.error
-    [instance] = _instances(database_url, sweep.id)  # the one the failed create made, no second rental
+    [instance] = instances_of(database_url, sweep.id)  # the one the failed create made, no second rental
     assert (instance.offer_id, instance.state) == ("302", RentedState.running)
     assert instance.label == f"ablate.night.s{sweep.id}"
     assert [i.id for i in sim.live()] == [instance.instance_id] and sweep.nodes == [f"vast-{instance.instance_id}"]
@@ -58,9 +50,9 @@ def test_an_ambiguous_create_is_found_by_its_label_adopted_and_counted_in_the_sp
     assert adopted.data["instance_id"] == instance.instance_id and said in adopted.message
     assert KEY not in adopted.message
 
-    _finish_runs(database_url, sweep.grid_id)
+    finish_runs(database_url, sweep.grid_id)
     runner.tick()
-    sweep = _sweep(database_url, name)
+    sweep = sweep_of(database_url, name)
     assert sweep.state == SweepState.completed, sweep.error
     assert sim.live() == []
     # The spend counts it from before the create that made it until its destroy was confirmed.

@@ -8,13 +8,7 @@ The runs' state changes the launcher makes are made directly in the DB, as in te
 
 from __future__ import annotations
 
-import itertools
 import json
-import os
-import pwd
-import sys
-from collections.abc import Iterator
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -22,105 +16,28 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from orchestrator.app import create_app
-from orchestrator.db.models import Event, Grid, Node, RentedInstance, Schedule, Sweep, utcnow
+from orchestrator.db.models import Event, Node, Schedule, Sweep, utcnow
 from orchestrator.db.session import session_scope
-from orchestrator.fleet.bootstrap import BootstrapConfig
-from orchestrator.fleet.deadman import DeadmanConfig
 from orchestrator.fleet.providers.base import InstanceLabel, LaunchSpec
-from orchestrator.fleet.providers.lifecycle import Timing
 from orchestrator.fleet.providers.offers import choose_offers
 from orchestrator.fleet.providers.request import NodeRequest
 from orchestrator.fleet.providers.vast import VastProvider
 from orchestrator.settings import Settings
-from orchestrator.sweeps.rented import RentalConfig
-from orchestrator.sweeps.runner import SweepRunner
-from orchestrator.sweeps.schedules import ScheduleCreate, create_schedule, get_schedule
-from orchestrator.vocabulary import RentedState, RunState, SweepState
+from orchestrator.vocabulary import RentedState, SweepState
 from tests.cluster.provider_sim import UNREACHABLE, Hooks, ProviderSim, SimInstance
-from tests.cluster.provider_wire import vast_offer
+from tests.orchestrator.sweeps.renting import (
+    KEY,
+    OFFERS,
+    due_schedule,
+    finish_runs,
+    instance_ids,
+    instances_of,
+    rented_runner,
+    sweep_of,
+)
 
 pytest.importorskip("vastai", reason="the vastai SDK: pip install --no-deps vastai==1.9.1 runpod==1.12.0")
-
-KEY = "sk-live-rented-sweeps-SECRET-0123456789"
-GRID = {"name": "rented", "arms": ["A", "B"], "overrides": {"model": {"size": "tiny"}}}
-FAST = Timing(reachable_s=2.0, poll_s=0.1, destroy_s=5.0, connect_s=0.5)
-OFFERS = [vast_offer(301, dph_total=1.6), vast_offer(302, dph_total=1.2), vast_offer(303, dph_total=1.4)]
-OFFERS.append(vast_offer(304, dph_total=1.5))
-_ids = itertools.count(7001, 100)  # instance ids stay unique across this module's simulators, as on Vast
-
-
-@pytest.fixture(autouse=True)
-def _quiet_schedules(database_url: str) -> None:
-    """Only this test's schedule fires: earlier tests' schedules are paused."""
-    with session_scope(database_url) as session:
-        for schedule in session.scalars(select(Schedule)):
-            schedule.paused = True
-
-
-@pytest.fixture
-def sim(sshd) -> Iterator[ProviderSim]:  # noqa: ANN001
-    """Every instance answers at the loopback sshd; the controller's key is the sshd's client key."""
-    first_id = next(_ids)
-    hooks = Hooks(lambda i: (sshd.host, sshd.port))
-    with ProviderSim(KEY, vast_offers=[dict(o) for o in OFFERS], hooks=hooks, first_vast_id=first_id) as s:
-        yield s
-
-
-def _runner(database_url: str, sshd, sim: ProviderSim, tmp_path: Path, remote: Path) -> SweepRunner:  # noqa: ANN001
-    rental = RentalConfig(
-        controller_id="night",
-        ssh_key=sshd.client_key,
-        known_hosts_dir=tmp_path / "known_hosts",
-        image="ablate/worker:test",
-        timing=FAST,
-        login_user=lambda instance: sshd.user,  # the loopback sshd admits only this user, not root
-        # The loopback sshd is this machine, perhaps as root: a dead-man's switch armed there would outlive
-        # the test (and its stop command is `poweroff`). tests/cluster/test_deadman.py tests the switch.
-        deadman=DeadmanConfig(enabled=False),
-    )
-    config = BootstrapConfig(
-        python=sys.executable,
-        remote_dir=remote.relative_to(pwd.getpwuid(os.getuid()).pw_dir).as_posix(),
-        install=["{python} -c 'import sys; print(sys.version)'"],
-        start=["echo {num_gpus} > {remote_dir}/joined"],
-        leave=["rm -f {remote_dir}/joined"],
-        command_timeout_s=60,
-    )
-    providers = {"vast": VastProvider(KEY, server_url=sim.url)}
-    return SweepRunner(
-        database_url, tmp_path / "storage", node_config=config, providers=providers, rental=rental, teardown_attempts=1
-    )
-
-
-def _schedule(database_url: str, name: str, **request: object) -> int:
-    body = ScheduleCreate(
-        name=name,
-        cron="0 22 * * *",
-        grid=GRID,
-        request={"provider": "vast", "gpu": "RTX_4090", "nodes": 1, "max_price_per_gpu_hour": 0.45, **request},
-    )
-    with session_scope(database_url) as session:
-        schedule = create_schedule(session, body)
-        schedule.next_fire_at = utcnow() - timedelta(seconds=1)  # due now, on the real clock
-        return schedule.id
-
-
-def _sweep(database_url: str, schedule: str) -> Sweep:
-    with session_scope(database_url) as session:
-        sid = get_schedule(session, schedule).id
-        return session.scalars(select(Sweep).where(Sweep.schedule_id == sid)).one()
-
-
-def _instances(database_url: str, sweep_id: int) -> list[RentedInstance]:
-    with session_scope(database_url) as session:
-        return list(session.scalars(select(RentedInstance).where(RentedInstance.sweep_id == sweep_id)))
-
-
-def _finish_runs(database_url: str, grid_id: int) -> None:
-    with session_scope(database_url) as session:
-        for run in session.get_one(Grid, grid_id).runs:
-            run.state = RunState.completed
-
+pytestmark = pytest.mark.usefixtures("quiet_schedules")  # only this test's schedule fires
 
 def test_a_request_sweep_rents_pins_runs_and_destroys_with_spend_equal_to_the_bill(
     database_url: str,
@@ -129,12 +46,12 @@ def test_a_request_sweep_rents_pins_runs_and_destroys_with_spend_equal_to_the_bi
     tmp_path: Path,
 ) -> None:
     remote = sshd.workdir / "rented"
-    _schedule(database_url, "rent-one")
-    runner = _runner(database_url, sshd, sim, tmp_path, remote)
+    due_schedule(database_url, "rent-one")
+    runner = rented_runner(database_url, sshd, sim, tmp_path, remote)
     runner.tick()  # fire: search, rent the cheapest fitting offer, pin, register, bootstrap
-    sweep = _sweep(database_url, "rent-one")
+    sweep = sweep_of(database_url, "rent-one")
     assert sweep.state == SweepState.running, sweep.error
-    [instance] = _instances(database_url, sweep.id)
+    [instance] = instances_of(database_url, sweep.id)
     assert (instance.offer_id, instance.state, instance.price_per_hour) == ("302", RentedState.running, 1.2)
     assert instance.label == f"ablate.night.s{sweep.id}" == sim.instances[instance.instance_id].label
     assert sweep.nodes == [f"vast-{instance.instance_id}"] and sweep.price_per_hour == 1.2
@@ -149,11 +66,11 @@ def test_a_request_sweep_rents_pins_runs_and_destroys_with_spend_equal_to_the_bi
     assert pinned.stat().st_mode & 0o077 == 0 and pinned.parent == tmp_path / "known_hosts"
     assert instance.host_key == pinned_event.data["fingerprint"] and instance.host_key in pinned_event.message
 
-    _finish_runs(database_url, sweep.grid_id)
+    finish_runs(database_url, sweep.grid_id)
     runner.tick()  # collect, tear down, destroy
-    sweep = _sweep(database_url, "rent-one")
+    sweep = sweep_of(database_url, "rent-one")
     assert sweep.state == SweepState.completed, sweep.error
-    [instance] = _instances(database_url, sweep.id)
+    [instance] = instances_of(database_url, sweep.id)
     assert instance.state == RentedState.destroyed and instance.destroy_confirmed_at is not None
     assert sim.live() == [] and not remote.exists()
     with session_scope(database_url) as session:  # the machine is gone: so is its node row
@@ -175,21 +92,21 @@ def test_an_offer_that_never_becomes_reachable_is_destroyed_and_the_next_one_ren
         return UNREACHABLE if len(made) == 1 else (sshd.host, sshd.port)
 
     offers = [dict(o) for o in OFFERS]
-    with ProviderSim(KEY, vast_offers=offers, hooks=Hooks(on_create), first_vast_id=next(_ids)) as sim:
+    with ProviderSim(KEY, vast_offers=offers, hooks=Hooks(on_create), first_vast_id=next(instance_ids)) as sim:
         remote = sshd.workdir / "replaced"
-        _schedule(database_url, "rent-replace")
-        runner = _runner(database_url, sshd, sim, tmp_path, remote)
+        due_schedule(database_url, "rent-replace")
+        runner = rented_runner(database_url, sshd, sim, tmp_path, remote)
         runner.tick()
-        sweep = _sweep(database_url, "rent-replace")
+        sweep = sweep_of(database_url, "rent-replace")
         assert sweep.state == SweepState.running, sweep.error
-        first, second = _instances(database_url, sweep.id)
+        first, second = instances_of(database_url, sweep.id)
         assert (first.offer_id, first.state) == ("302", RentedState.failed)  # the cheapest, never reachable
         assert "not reachable" in first.last_error and first.destroy_confirmed_at is not None
         assert (second.offer_id, second.state) == ("303", RentedState.running)  # the next cheapest
         assert [i.live for i in made] == [False, True]
-        _finish_runs(database_url, sweep.grid_id)
+        finish_runs(database_url, sweep.grid_id)
         runner.tick()
-        sweep = _sweep(database_url, "rent-replace")
+        sweep = sweep_of(database_url, "rent-replace")
         assert sweep.state == SweepState.completed and sim.live() == []
         # The failed rental billed too (create -> destroy): the spend counts both, as the provider does.
         assert sweep.spend >= sim.bill() and sweep.spend - sim.bill() <= (1.2 + 1.4) / 3600
@@ -211,7 +128,7 @@ def test_the_reaper_destroys_our_instances_no_live_sweep_owns_and_a_restart_leak
 
     # A controller killed mid-provisioning: its sweep is still provisioning, and it had created one
     # instance it never recorded. A finished sweep's instance whose destroy failed. Another controller's.
-    dead_schedule = _schedule(database_url, "rent-ended")
+    dead_schedule = due_schedule(database_url, "rent-ended")
     with session_scope(database_url) as session:
         session.get_one(Schedule, dead_schedule).paused = True
         dead = Sweep(schedule_id=dead_schedule, scheduled_for=utcnow(), fired_at=utcnow(), state=SweepState.failed)
@@ -220,10 +137,10 @@ def test_the_reaper_destroys_our_instances_no_live_sweep_owns_and_a_restart_leak
         dead_id = dead.id
     orphan = create(0, "night", dead_id)
     others = create(1, "day", dead_id)
-    _schedule(database_url, "rent-restart")
-    runner = _runner(database_url, sshd, sim, tmp_path, sshd.workdir / "restart")
+    due_schedule(database_url, "rent-restart")
+    runner = rented_runner(database_url, sshd, sim, tmp_path, sshd.workdir / "restart")
     runner.fire_due(utcnow())
-    interrupted_sweep = _sweep(database_url, "rent-restart").id
+    interrupted_sweep = sweep_of(database_url, "rent-restart").id
     half_made = create(2, "night", interrupted_sweep)  # offer 304: rented, never recorded
 
     runner.tick()  # the restarted controller's first tick
@@ -233,9 +150,9 @@ def test_the_reaper_destroys_our_instances_no_live_sweep_owns_and_a_restart_leak
     with session_scope(database_url) as session:
         reaped = session.scalars(select(Event).where(Event.kind == "rented.reaped")).all()
     assert [e.data["instance_id"] for e in reaped] == [orphan]
-    sweep = _sweep(database_url, "rent-restart")
+    sweep = sweep_of(database_url, "rent-restart")
     assert sweep.state == SweepState.running, sweep.error
-    [instance] = _instances(database_url, sweep.id)  # rented afresh, from what is still on offer
+    [instance] = instances_of(database_url, sweep.id)  # rented afresh, from what is still on offer
     assert instance.state == RentedState.running and instance.offer_id == "301"
     with session_scope(database_url) as session:
         session.get_one(Sweep, sweep.id).state = SweepState.failed  # as if it ended without its runner
@@ -251,11 +168,11 @@ def test_no_api_key_in_any_event_or_response(
     tmp_path: Path,
 ) -> None:
     # A sweep that rents and fails (bootstrap's start exits 3 on every offer) writes events of every kind.
-    runner = _runner(database_url, sshd, sim, tmp_path, sshd.workdir / "secret")
+    runner = rented_runner(database_url, sshd, sim, tmp_path, sshd.workdir / "secret")
     runner.node_config = runner.node_config.model_copy(update={"start": ["exit 3"]})  # type: ignore[union-attr]
-    _schedule(database_url, "rent-secret")
+    due_schedule(database_url, "rent-secret")
     runner.tick()
-    sweep = _sweep(database_url, "rent-secret")
+    sweep = sweep_of(database_url, "rent-secret")
     assert sweep.state == SweepState.failed and "3 rentals failed" in sweep.error and sim.live() == []
     with session_scope(database_url) as session:
         events = session.scalars(select(Event)).all()
@@ -275,18 +192,18 @@ def test_a_destroy_not_confirmed_is_red_on_the_dashboard_and_rest_until_the_reap
     sim: ProviderSim,
     tmp_path: Path,
 ) -> None:
-    runner = _runner(database_url, sshd, sim, tmp_path, sshd.workdir / "unconfirmed")
-    _schedule(database_url, "rent-red")
+    runner = rented_runner(database_url, sshd, sim, tmp_path, sshd.workdir / "unconfirmed")
+    due_schedule(database_url, "rent-red")
     runner.tick()
-    sweep = _sweep(database_url, "rent-red")
+    sweep = sweep_of(database_url, "rent-red")
     assert sweep.state == SweepState.running, sweep.error
     # The provider stops accepting the key before the end (revoked, an outage): destroy cannot be confirmed.
     runner.rentals.providers["vast"] = VastProvider("sk-revoked-000000000000", server_url=sim.url)
-    _finish_runs(database_url, sweep.grid_id)
+    finish_runs(database_url, sweep.grid_id)
     runner.tick()
-    sweep = _sweep(database_url, "rent-red")
+    sweep = sweep_of(database_url, "rent-red")
     assert sweep.state == SweepState.failed and "IT MAY STILL BE BILLING" in sweep.error
-    [instance] = _instances(database_url, sweep.id)
+    [instance] = instances_of(database_url, sweep.id)
     assert instance.state == RentedState.destroy_failed and len(sim.live()) == 1
 
     client = TestClient(create_app(Settings(database_url=database_url, home_dir=tmp_path), "tok"))
@@ -303,6 +220,6 @@ def test_a_destroy_not_confirmed_is_red_on_the_dashboard_and_rest_until_the_reap
     runner.rentals.providers["vast"] = VastProvider(KEY, server_url=sim.url)  # the key works again
     runner.tick()  # the reaper: labelled, and its sweep is not live
     assert sim.live() == []
-    [instance] = _instances(database_url, sweep.id)
+    [instance] = instances_of(database_url, sweep.id)
     assert instance.state == RentedState.destroyed and instance.destroy_confirmed_at is not None
     assert 'id="unconfirmed-destroys"' not in client.get("/").text

@@ -21,14 +21,7 @@ from orchestrator.sweeps.rented import rental_config
 from orchestrator.sweeps.runner import SweepRunner
 from orchestrator.vocabulary import RentedState, SweepState
 from tests.cluster.provider_sim import ProviderSim
-from tests.orchestrator.sweeps.test_rented_sweeps import (  # noqa: F401 - `sim` is a fixture
-    _finish_runs,
-    _instances,
-    _runner,
-    _schedule,
-    _sweep,
-    sim,
-)
+from tests.orchestrator.sweeps.renting import due_schedule, finish_runs, instances_of, rented_runner, sweep_of
 
 pytest.importorskip("vastai", reason="the vastai SDK: pip install --no-deps vastai==1.9.1 runpod==1.12.0")
 
@@ -39,7 +32,7 @@ def _controller(tag: str, sshd, provider_sim: ProviderSim, tmp_path: Path) -> tu
     upgrade(url)
     settings = Settings(database_url=url, home_dir=tmp_path / tag)  # type: ignore[call-arg]
     assert settings.controller_id is None  # nothing set: the installation's own id
-    runner = _runner(url, sshd, provider_sim, tmp_path / tag, sshd.workdir / f"two-{tag}")
+    runner = rented_runner(url, sshd, provider_sim, tmp_path / tag, sshd.workdir / f"two-{tag}")
     assert runner.rentals.config is not None
     runner.rentals.config = replace(runner.rentals.config, controller_id=rental_config(settings).controller_id)
     return url, runner
@@ -58,17 +51,17 @@ def test_two_controllers_on_one_account_never_reap_each_other(
     again = rental_config(Settings(database_url=first_db, home_dir=tmp_path / "first"))  # type: ignore[call-arg]
     assert again.controller_id == ids[0]
 
-    _schedule(first_db, "night-first")
+    due_schedule(first_db, "night-first")
     first.tick()
-    sweep_a = _sweep(first_db, "night-first")
+    sweep_a = sweep_of(first_db, "night-first")
     assert sweep_a.state == SweepState.running, sweep_a.error
-    [rented_a] = _instances(first_db, sweep_a.id)
+    [rented_a] = instances_of(first_db, sweep_a.id)
 
-    _schedule(second_db, "night-second")
+    due_schedule(second_db, "night-second")
     second.tick()  # its first tick reaps what no live sweep of its own owns, then rents
-    sweep_b = _sweep(second_db, "night-second")
+    sweep_b = sweep_of(second_db, "night-second")
     assert sweep_b.state == SweepState.running, sweep_b.error
-    [rented_b] = _instances(second_db, sweep_b.id)
+    [rented_b] = instances_of(second_db, sweep_b.id)
     assert sweep_a.id == sweep_b.id  # sweep 1 in both databases
     assert InstanceLabel.decode(sim.instances[rented_a.instance_id].label) == InstanceLabel(ids[0], sweep_a.id)
     assert InstanceLabel.decode(sim.instances[rented_b.instance_id].label) == InstanceLabel(ids[1], sweep_b.id)
@@ -81,11 +74,11 @@ def test_two_controllers_on_one_account_never_reap_each_other(
             assert session.scalars(select(Event).where(Event.kind == "rented.reaped")).all() == []
 
     # Each ends its own sweep and destroys its own instance only.
-    _finish_runs(first_db, sweep_a.grid_id)
+    finish_runs(first_db, sweep_a.grid_id)
     first.tick()
-    assert _sweep(first_db, "night-first").state == SweepState.completed
+    assert sweep_of(first_db, "night-first").state == SweepState.completed
     assert [i.id for i in sim.live()] == [rented_b.instance_id]
-    _finish_runs(second_db, sweep_b.grid_id)
+    finish_runs(second_db, sweep_b.grid_id)
     second.tick()
-    assert _sweep(second_db, "night-second").state == SweepState.completed and sim.live() == []
-    assert [i.state for i in _instances(second_db, sweep_b.id)] == [RentedState.destroyed]
+    assert sweep_of(second_db, "night-second").state == SweepState.completed and sim.live() == []
+    assert [i.state for i in instances_of(second_db, sweep_b.id)] == [RentedState.destroyed]
