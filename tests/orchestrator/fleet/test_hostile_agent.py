@@ -28,52 +28,7 @@ from tests.kit.readers import run_of
 from tests.kit.settings import tiny_overrides
 from worker.protocol import PollRequest, PollResult
 
-HOSTILE = r'''
-import json, os, pickle, sys, time
-mode, canary = sys.argv[1], sys.argv[2]
-
-
-class Payload:
-    def __reduce__(self):
-        return (os.system, (f"touch {canary}",))
-
-
-def send(data):
-    sys.stdout.buffer.write(data)
-    sys.stdout.buffer.flush()
-
-
-def reply(req, result):
-    send(json.dumps({"id": req["id"], "ok": True, "result": result}).encode() + b"\n")
-
-
-good = {"state": "running", "info": {"pid": 1, "node": "hostile"}, "records": [], "stopping": False}
-for line in sys.stdin:
-    req = json.loads(line)
-    if req["op"] == "hello":
-        reply(req, {"protocol": 2, "node": "hostile", "gpus": 1, "workers": []})
-    elif req["op"] != "poll":
-        reply(req, {"adopted": False} if req["op"] == "start" else {"found": True})
-    else:
-        name = next(iter(req["runs"]))
-        run_id = int(name.split("-")[2])
-        if mode == "pickle":
-            send(pickle.dumps(Payload()) + b"\n")
-        elif mode == "malformed":
-            send(b'{"id": %d, "ok": true, "result": {"runs": {\n' % req["id"])
-        elif mode == "huge":
-            reply(req, {"runs": {name: {**good, "error": "x" * (17 << 20)}}})
-        elif mode == "traversal":
-            reply(req, {"runs": {"../../etc/passwd": good, name: good}})
-        elif mode == "endless":
-            send(b'{"id": %d, "ok": true, "result": ' % req["id"])
-            while True:
-                send(b"[" * 65536)
-        elif mode == "other-run":
-            record = {"step": 1, "run_id": run_id + 1000, "loss": 0.1}
-            reply(req, {"runs": {name: {**good, "records": [record]}}})
-'''
-
+HOSTILE = Path(__file__).with_name("hostile_agent.py")  # the node agent: MODE CANARY
 REFUSED = {
     "pickle": "refused a reply that is not JSON",
     "malformed": "refused a reply that is not JSON",
@@ -84,22 +39,15 @@ REFUSED = {
 }
 
 
-@pytest.fixture
-def hostile(tmp_path: Path) -> Path:
-    script = tmp_path / "hostile_agent.py"
-    script.write_text(HOSTILE)
-    return script
-
-
 @pytest.mark.parametrize("mode", list(REFUSED))
 def test_what_a_hostile_node_sends_is_refused_and_nothing_executes(
-    mode: str, hostile: Path, database_url: str, tmp_path: Path
+    mode: str, database_url: str, tmp_path: Path
 ) -> None:
     canary = tmp_path / "canary"
     settings = Settings(
         database_url=database_url, home_dir=tmp_path / "storage", launcher_interval_s=0.2, max_retries=0
     )
-    launcher = Launcher(settings, local_agent=[sys.executable, str(hostile), mode, str(canary)])
+    launcher = Launcher(settings, local_agent=[sys.executable, str(HOSTILE), mode, str(canary)])
     with session_scope(database_url) as session:
         grid = create_grid(session, GridCreate(name=f"hostile-{mode}", arms=["A"], overrides=tiny_overrides(steps=4)))
         run_id = grid.runs[0].id
@@ -118,11 +66,9 @@ def test_what_a_hostile_node_sends_is_refused_and_nothing_executes(
 
 
 
-def test_a_reply_begun_and_never_ended_is_refused_at_the_deadline(hostile: Path, tmp_path: Path) -> None:
+def test_a_reply_begun_and_never_ended_is_refused_at_the_deadline(tmp_path: Path) -> None:
     """A trickle under the size limit: the link gives up at its deadline and says the reply never ended."""
-    slow = hostile.with_name("slow.py")
-    slow.write_text(hostile.read_text().replace('send(b"[" * 65536)', 'send(b"["); time.sleep(0.05)'))
-    stream = ProcessStream([sys.executable, str(slow), "endless", str(tmp_path / "canary")], {}, tmp_path / "log")
+    stream = ProcessStream([sys.executable, str(HOSTILE), "trickle", str(tmp_path / "canary")], {}, tmp_path / "log")
     link = AgentLink("slow", stream)
     try:
         assert link.hello().gpus == 1
@@ -136,7 +82,7 @@ def test_a_reply_begun_and_never_ended_is_refused_at_the_deadline(hostile: Path,
 
 
 def test_a_joined_node_whose_agent_sends_a_pickle_over_ssh_is_refused_and_marked(
-    hostile: Path, database_url: str, sshd, tmp_path: Path, monkeypatch: pytest.MonkeyPatch  # noqa: ANN001
+    database_url: str, sshd, tmp_path: Path, monkeypatch: pytest.MonkeyPatch  # noqa: ANN001
 ) -> None:
     """The same over a real SSH channel (the loopback OpenSSH server): the node's `agent` launcher is the
     hostile agent. The node is marked bootstrap_failed with what was refused, and its run fails."""
@@ -148,7 +94,7 @@ def test_a_joined_node_whose_agent_sends_a_pickle_over_ssh_is_refused_and_marked
     remote.mkdir()
     canary = tmp_path / "canary"
     launcher = remote / "agent"  # what bootstrap would have written: here, a hostile stand-in
-    launcher.write_text(f"#!/bin/sh\nexec {sys.executable} {hostile} pickle {canary}\n")
+    launcher.write_text(f"#!/bin/sh\nexec {sys.executable} {HOSTILE} pickle {canary}\n")
     launcher.chmod(0o700)
     monkeypatch.setenv("ABLATE_NODE_REMOTE_DIR", sshd.relative(remote))
     name = add_ssh_node(database_url, sshd, "hostile-node")

@@ -1,7 +1,7 @@
 """A node whose agent keeps the protocol and lies in its claims: the controller checks each claim against
 what it knows itself, or bounds it, and a lie moves nothing outside the liar's own runs.
 
-The liar is tests/orchestrator/fleet/claims_agent.py, driven by the real launcher: over pipes (the same
+The liar is tests/orchestrator/fleet/hostile_agent.py, driven by the real launcher: over pipes (the same
 AgentLink the controller uses over a node's SSH channel) for what a reply claims, and as a joined node's
 `agent` over the loopback OpenSSH server for what its hello claims (which workers it holds, how many GPUs).
 """
@@ -30,7 +30,7 @@ from tests.kit.settings import tiny_overrides
 from worker.protocol import STORAGE_LOG_MAX
 from worker.run_files import RECORDS_PER_POLL
 
-AGENT = Path(__file__).with_name("claims_agent.py")
+AGENT = Path(__file__).with_name("hostile_agent.py")
 
 # mode, its argument, and what the failed run's error must say was refused
 REFUSED: dict[str, tuple[str, str]] = {

@@ -24,27 +24,7 @@ from tests.kit.polling import wait_for
 from tests.kit.settings import tiny_overrides
 
 ESCAPES = "\x1b]52;c;cm0gLXJmIH4K\x07\x1b]0;pwned\x1b\\\x1b[2J\x1b[31m\x9b1m\u202e"
-AGENT = r'''
-import json, sys
-error = sys.argv[1]
-
-
-def reply(req, result):
-    sys.stdout.write(json.dumps({"id": req["id"], "ok": True, "result": result}) + "\n")
-    sys.stdout.flush()
-
-
-for line in sys.stdin:
-    req = json.loads(line)
-    if req["op"] == "hello":
-        reply(req, {"protocol": 2, "node": "hostile", "gpus": 1, "workers": []})
-    elif req["op"] != "poll":
-        reply(req, {"adopted": False} if req["op"] == "start" else {"found": True})
-    else:
-        name = next(iter(req["runs"]))
-        reply(req, {"runs": {name: {"state": "error", "error": error, "records": [], "stopping": False,
-                                     "info": {"pid": 1, "node": "hostile"}}}})
-'''
+AGENT = Path(__file__).with_name("hostile_agent.py")  # error-text MODE: its worker fails with ARG
 
 
 def test_a_node_s_terminal_escapes_never_reach_the_operator_s_terminal(
@@ -52,10 +32,9 @@ def test_a_node_s_terminal_escapes_never_reach_the_operator_s_terminal(
 ) -> None:
     remote = sshd.workdir / "escapes"
     remote.mkdir()
-    (remote / "hostile.py").write_text(AGENT)
     launcher = remote / "agent"  # what bootstrap would have written: here, the hostile stand-in
     error = f"RuntimeError: boom{ESCAPES} at step 3"
-    launcher.write_text(f"#!/bin/sh\nexec {sys.executable} {remote / 'hostile.py'} '{error}'\n")
+    launcher.write_text(f"#!/bin/sh\nexec {sys.executable} {AGENT} error-text '{error}'\n")
     launcher.chmod(0o700)
     monkeypatch.setenv("ABLATE_NODE_REMOTE_DIR", sshd.relative(remote))
     name = add_ssh_node(database_url, sshd, "escaping-node")

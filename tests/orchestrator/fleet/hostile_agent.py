@@ -1,9 +1,9 @@
-"""A node agent that keeps the protocol and lies in what it claims (tests/orchestrator/fleet/test_hostile_claims.py).
+"""A hostile node agent, for the tests of what the controller believes (tests/orchestrator/fleet/test_hostile_*.py).
 
-    python claims_agent.py MODE [ARG]
+    python hostile_agent.py MODE [ARG]
 
-It answers every request with well-formed JSON: hello, start (any name), stop, kill, and polls whose
-replies are valid by shape but claim what the controller must not believe. MODE picks the lie:
+It answers hello, start (any name), stop and kill with well-formed JSON; MODE picks what its polls send.
+Lies in valid replies (what the controller must not believe):
 
     quiet           polls: running, no records (the honest baseline)
     foreign         hello names the workers in ARG (comma-separated), which it was never given
@@ -19,14 +19,35 @@ replies are valid by shape but claim what the controller must not believe. MODE 
     silent          polls are never answered
     deep            a poll reply nested 100,000 deep
     bigint          a poll reply with an integer of 5,000 digits
+    other-run       a record that names another run
+    error-text      the worker failed, with ARG as its error (escape sequences, say)
+
+Replies that break the protocol (ARG: a canary file that appears only if something the node sent ran):
+
+    pickle          a pickle whose unpickling would create the canary
+    malformed       JSON cut off mid-object
+    huge            a reply over the size limit
+    traversal       a reply naming the worker "../../etc/passwd"
+    endless         a reply begun and never ended, sent as fast as the pipe takes it
+    trickle         the same, one byte every 50 ms (under the size limit: only a deadline ends it)
 
 The standard library only: it runs under any python3, over pipes or as a node's `agent` over SSH.
 """
 
 import json
+import os
+import pickle
 import sys
+import time
 
 mode, arg = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else "")
+
+
+class Payload:
+    """Unpickled, it would touch the canary file (ARG)."""
+
+    def __reduce__(self) -> tuple:
+        return (os.system, (f"touch {arg}",))
 
 
 def send(data: bytes) -> None:
@@ -52,6 +73,10 @@ def worker_reply(name: str) -> dict:
         out["records"] = [{**record, "step": step} for step in range(1, int(arg) + 2)]
     elif mode == "fallbacks":
         out["records"] = [{**record, "fallbacks": [f"note {i}" for i in range(int(arg))]}]
+    elif mode == "other-run":
+        out["records"] = [{**record, "run_id": run_id + 1000}]
+    elif mode == "error-text":
+        out.update(state="error", error=arg)
     elif mode.startswith("forged-") or mode in ("storage-flood", "storage-data"):
         kind = mode.removeprefix("forged-") if mode.startswith("forged-") else "checkpoint.stored"
         data = {"step": 1, "node_name": "elsewhere"} if mode == "storage-data" else {"step": 1}
@@ -74,5 +99,22 @@ for line in sys.stdin:
         send(b'{"id": %d, "ok": true, "result": ' % req["id"] + b"[" * 100_000 + b"]" * 100_000 + b"}\n")
     elif mode == "bigint":
         send(b'{"id": %d, "ok": true, "result": {"runs": {}, "n": %s}}\n' % (req["id"], b"7" * 5000))
+    elif mode == "pickle":
+        send(pickle.dumps(Payload()) + b"\n")
+    elif mode == "malformed":
+        send(b'{"id": %d, "ok": true, "result": {"runs": {\n' % req["id"])
+    elif mode == "huge":
+        reply(req, {"runs": {name: {**worker_reply(name), "error": "x" * (17 << 20)} for name in req["runs"]}})
+    elif mode == "traversal":
+        reply(req, {"runs": {"../../etc/passwd": worker_reply(next(iter(req["runs"]))), **{
+            name: worker_reply(name) for name in req["runs"]}}})
+    elif mode in ("endless", "trickle"):
+        send(b'{"id": %d, "ok": true, "result": ' % req["id"])
+        while True:
+            if mode == "endless":
+                send(b"[" * 65536)
+            else:
+                send(b"[")
+                time.sleep(0.05)
     else:
         reply(req, {"runs": {name: worker_reply(name) for name in req["runs"]}})
