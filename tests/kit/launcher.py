@@ -29,7 +29,7 @@ def launcher_settings_for(database_url: str, storage: Path, ray_address: str, **
     return Settings(
         **{
             "database_url": database_url,
-            "storage_dir": storage,
+            "home_dir": storage,
             "launcher_interval_s": 0.2,
             "worker_threads": 1,
             "ray_namespace": RAY_NAMESPACE,
