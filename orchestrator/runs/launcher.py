@@ -17,10 +17,10 @@ State machine per run: queued -> starting -> running -> completed | stopped | fa
   records after the last step in the DB; a run whose worker is on no node is re-queued (a retry counted).
 - Node loss: a node unreachable for node_lost_s, or one whose agent sent what the protocol refuses, loses
   its workers: their runs are re-queued like a dead worker's, with the reason.
-- Listeners (the server's and the demo's): after each stored reply the run id is handed to the tracker
-  forwarder (orchestrator/trackers/), and every housekeeping pass lets the report writer write the
-  reports of grids that ended;
-  whose threads send what is new to W&B, TensorBoard or MLflow; the loop never waits for a tracker.
+- Listeners (orchestrator/loop.py wires them for the server and the demo): after each stored reply the
+  run id is handed to the tracker forwarder (orchestrator/trackers/), whose threads send what is new to
+  W&B, TensorBoard or MLflow, so the loop never waits for a tracker; every housekeeping pass lets the
+  report writer write the reports of grids that ended.
 - Races with the API: queued -> starting and queued -> stopped are compare-and-set updates, so a
   user's stop and a launch never both win.
 
