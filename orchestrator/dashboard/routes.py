@@ -25,7 +25,7 @@ from orchestrator.dashboard.data import (
 from orchestrator.db.models import Grid
 from orchestrator.results.samples import KIND_LABELS
 from orchestrator.vocabulary import for_script
-from orchestrator.web.deps import SessionDep, SettingsDep, get_or_404
+from orchestrator.web.deps import MAX_ID, SessionDep, SettingsDep, get_or_404
 from orchestrator.web.guard import token_matches
 
 HERE = Path(__file__).parent
@@ -44,7 +44,7 @@ def _page(request: Request, name: str, **context: Any) -> HTMLResponse:
 
 
 Limit = Annotated[int, Query(ge=1, le=200)]
-Offset = Annotated[int, Query(ge=0, le=2**31 - 1)]
+Offset = Annotated[int, Query(ge=0, le=MAX_ID)]
 
 
 @router.get("/", response_class=HTMLResponse, include_in_schema=False)

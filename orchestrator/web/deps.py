@@ -49,13 +49,14 @@ AUTH_RESPONSES: dict[int | str, dict[str, Any]] = {401: {"description": "missing
 
 
 T = TypeVar("T")
-# Ids are 32-bit integer keys; anything outside that range cannot exist (and must not reach Postgres).
-_MAX_ID = 2**31 - 1
+# Ids (and offsets, event cursors) are 32-bit integers; anything outside that range cannot exist and must not
+# reach Postgres, which refuses the query (a 500).
+MAX_ID = 2**31 - 1
 
 
 def get_or_404(session: Session, model: type[T], obj_id: int) -> T:
     """The row with this id, or 404 naming what was not found."""
-    obj = session.get(model, obj_id) if 1 <= obj_id <= _MAX_ID else None
+    obj = session.get(model, obj_id) if 1 <= obj_id <= MAX_ID else None
     if obj is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no {model.__name__.lower()} with id {obj_id}")
     return obj

@@ -14,7 +14,7 @@ from orchestrator.db.models import Grid
 from orchestrator.grids.gpu_share import largest_node_gpus
 from orchestrator.grids.replicates import grid_cost
 from orchestrator.grids.service import PathPolicy, create_grid, gpu_memory_cap_gib, latest_metrics
-from orchestrator.web.deps import AUTH_RESPONSES, AuthDep, SessionDep, SettingsDep, get_or_404
+from orchestrator.web.deps import AUTH_RESPONSES, MAX_ID, AuthDep, SessionDep, SettingsDep, get_or_404
 
 router = APIRouter(prefix="/api/grids", tags=["grids"])
 
@@ -45,7 +45,7 @@ def submit_grid(body: GridCreate, session: SessionDep, settings: SettingsDep, _:
 def list_grids(
     session: SessionDep,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    offset: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
 ) -> list[GridPublic]:
     """Newest first."""
     grids = session.scalars(

@@ -71,6 +71,8 @@ def test_a_node_s_events_and_a_run_s_are_listed_by_rest_and_cli(database_url: st
         assert missing.status_code == 404 and "ablate nodes list" in missing.json()["detail"]
         nul = client.get("/api/events", params={"kind": "\x00"}, headers=AUTH)  # Postgres refuses NUL in text
         assert nul.status_code == 422 and nul.json()["detail"][0]["loc"] == ["query", "kind"], nul.text
+        past = client.get("/api/events", params={"before": 2**31}, headers=AUTH)  # past a 32-bit id: Postgres refuses
+        assert past.status_code == 422 and past.json()["detail"][0]["loc"] == ["query", "before"], past.text
 
     shown = ablate(database_url, "events", "--node", name, "--kind", "node.")
     assert shown.returncode == 0, shown.stderr
