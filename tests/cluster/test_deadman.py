@@ -138,10 +138,16 @@ def test_without_a_scoped_key_the_node_runs_the_stop_command(
         sweep_id, iid = _rent_one(database_url, testbed, sim, "vast", tmp_path)
         inst = sim.instances[iid]
         [node] = testbed.nodes
-        fired = node.home / DEADMAN_MARK
+        fired, log_path = node.home / DEADMAN_MARK, node.home / ".ablate-deadman.log"
         assert not fired.exists()
-        wait_for(fired.exists, "the stop command to run", RUNS_FOR_S + 60, 0.1)
-        log = (node.home / ".ablate-deadman.log").read_text()
+
+        def logged() -> str:
+            return log_path.read_text() if log_path.exists() else ""
+
+        # The mark appears while the command runs; its exit is logged just after: wait for both.
+        wait_for(lambda: fired.exists() and "the stop command exited" in logged(), "the stop command to run",
+                 RUNS_FOR_S + 60, 0.1)  # fmt: skip
+        log = logged()
         assert "no CONTAINER_API_KEY on this instance" in log and "the stop command exited 0" in log
         assert inst.live  # a stop is not a destroy: the controller's release (or reaper) still destroys it
         _no_account_key_on(testbed)
