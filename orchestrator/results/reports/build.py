@@ -23,7 +23,7 @@ from orchestrator.grids.arms import changes
 from orchestrator.numbers import finite_or_none, is_finite, number
 from orchestrator.results.judge import best_checkpoint, judge_metric, stored_spec
 from orchestrator.results.own_metrics import is_command_run, own_series
-from orchestrator.results.reports.effects import METRIC_WORDS, RunComparisons, grid_effects
+from orchestrator.results.reports.effects import METRIC_WORDS, RunComparisons, RunCost, grid_effects
 from orchestrator.results.reports.model import (
     ArmReport,
     Comparison,
@@ -93,7 +93,7 @@ def compare(arm: str, m: Metric, other_arm: str, o: Metric | None, metric: str, 
         text += f", {verdict}"
     return Comparison(
         **base, **values, diff=d.diff, se=d.se, low=d.low, high=d.high, pairing=d.pairing, n=d.n,
-        verdict=verdict, words=text,
+        verdict=verdict, words=text, samples=list(d.samples) if d.samples is not None else None,
     )  # fmt: skip
 
 
@@ -191,6 +191,24 @@ def _throughput(run: Run, ms: list[Metric], price: float | None) -> Throughput:
     )
 
 
+def run_cost(run: Run, ms: list[Metric]) -> RunCost:
+    """What `run` cost by its own records: its training hours (GPU-hours; wall hours where it ran on the
+    CPU, whose records say 0 GPU-hours) and its last evaluation pass in minutes on all its GPUs."""
+    last = ms[-1] if ms else None
+    gpu_hours = max((m.gpu_hours for m in ms if is_finite(m.gpu_hours)), default=None)
+    on_gpu = bool(gpu_hours) or bool(run.gpu_name)
+    hours = gpu_hours if on_gpu else max((m.wall_time_s for m in ms if is_finite(m.wall_time_s)), default=None)
+    if hours is not None and not on_gpu:
+        hours /= 3600
+    eval_s = (last.extra or {}).get("eval_time_s") if last is not None else None
+    gpus = (run.spec or {}).get("gpus") if on_gpu else 1
+    gpus = gpus if isinstance(gpus, int) and gpus > 0 else 1
+    timed = isinstance(eval_s, int | float) and not isinstance(eval_s, bool) and is_finite(eval_s)
+    minutes = eval_s * gpus / 60 if timed else None
+    n = last.val_flow_loss_n if last is not None else None
+    return RunCost(hours=hours, eval_minutes=minutes, n=n, on_gpu=on_gpu)
+
+
 class Pairing:
     """Who a run is compared with: seed s of its parent and of the control (one seed: the control, else
     the grid's first run, as before replicates)."""
@@ -242,7 +260,8 @@ def grid_effects_now(grid: Grid, metrics: dict[int, list[Metric]]) -> tuple[str,
                        for c in run_comparisons(r, other, against, metrics, (("final", final),))]  # fmt: skip
         standin = sorted({m.step for m in ms if m.lpips_backbone == STANDIN})
         rows.append(RunComparisons(arm=r.arm, seed=r.seed, comparisons=comparisons, standin_steps=standin))
-    return judge, grid_effects(rows, judge)
+    costs = {(r.arm, r.seed): run_cost(r, metrics.get(r.id, [])) for r in runs}
+    return judge, grid_effects(rows, judge, costs)
 
 
 def build_report(session: Session, grid: Grid, storage_options: dict[str, Any] | None = None) -> GridReport:
@@ -311,7 +330,7 @@ def build_report(session: Session, grid: Grid, storage_options: dict[str, Any] |
         )
     done = all(r.state in TERMINAL_STATES for r in runs) and bool(runs)
     control = pairing.control(0)
-    effects = grid_effects(arms, judge)
+    effects = grid_effects(arms, judge, {(r.arm, r.seed): run_cost(r, metrics[r.id]) for r in runs})
     return GridReport(
         grid_id=grid.id,
         name=grid.name,

@@ -4,20 +4,34 @@ the seeds it covers and what that interval can tell) and one forest plot per com
 script); its appendix: each seed's own interval and val_flow_loss's effect at each timestep.
 
 An effect over k seeds is the mean of the per-seed paired differences (seed s of the arm against seed s
-of the comparator, same held-out images and noise) with a t-interval on k - 1 degrees of freedom, which
-covers training noise (initialisation, data order, flow noise, routing) and evaluation noise alike. One
-seed measures one draw of the effect: its interval covers evaluation noise only, so it is never read
-"distinguishable" (Bouthillier et al. 2021, "Accounting for variance in machine learning benchmarks").
+of the comparator, same held-out images and noise). Its interval covers the training seeds and the
+evaluation images together where every seed pairs image by image (crossed.py: the seeds x images table's
+variance components), and each such row carries its noise budget: the shares of seeds, images and the
+rest, and what one more seed per arm or four times the images would narrow it to, at the runs' own
+measured cost. One seed measures one draw of the effect: its interval covers evaluation noise only, so it
+is never read "distinguishable" (Bouthillier et al. 2021, "Accounting for variance in machine learning
+benchmarks"; Miller 2024, "Adding error bars to evals").
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from html import escape
 
-from orchestrator.results.reports.model import Comparison, Effect, EffectReading, GridReport, SeedDiff, TimestepEffect
-from orchestrator.results.reports.stats import WEIGHTED_FLOW, Difference, across_seeds
+from orchestrator.results.reports.crossed import Components, budget_words
+from orchestrator.results.reports.model import (
+    Comparison,
+    Effect,
+    EffectReading,
+    GridReport,
+    Narrowing,
+    NoiseBudget,
+    SeedDiff,
+    TimestepEffect,
+)
+from orchestrator.results.reports.stats import WEIGHTED_FLOW, Difference, SeedEffect, across_seeds, t_quantile
 
 METRIC_WORDS = {WEIGHTED_FLOW: "held-out flow loss, timesteps weighted by inverse variance",
                 "val_flow_loss": "held-out flow loss (plain mean)",
@@ -38,10 +52,64 @@ def effect_reading(k: int, low: float | None, high: float | None) -> EffectReadi
     return "within noise" if low <= 0 <= high else "distinguishable across seeds"
 
 
-def noise_words(k: int) -> str:
-    if k < 2:
-        return "evaluation images and noise only (one training seed)"
-    return f"training seeds (k={k}, t on {k - 1} df) and evaluation images"
+def noise_words(e: SeedEffect) -> str:
+    """What the interval covers, row by row (the table's "interval covers")."""
+    df = f"t on {e.df:.1f} df" if e.df is not None else "normal"
+    if e.interval == "crossed":
+        return f"training seeds (k={e.k}) and evaluation images (n={e.n}), crossed; {df}"
+    if e.interval == "independent":
+        return (f"training seeds (k={e.k}) and evaluation images, independent SEs (no per-image values paired "
+                f"on every seed): conservative; {df}")  # fmt: skip
+    if e.interval == "seeds only":
+        return f"training seeds only (k={e.k}, {df}): the evaluation images' noise is not measured"
+    return "evaluation images and noise only (one training seed)"
+
+
+@dataclass(frozen=True)
+class RunCost:
+    """What one run cost, from its own records: the training (hours on its GPUs, or on the CPU where it
+    ran there) and one evaluation pass of its n images (minutes)."""
+
+    hours: float | None
+    eval_minutes: float | None
+    n: int | None  # the images that evaluation pass measured
+    on_gpu: bool
+
+
+FOUR_X = 4  # the images option: evaluate on this many times the images
+
+
+def _mean(values: Iterable[float | None]) -> float | None:
+    kept = [v for v in values if v is not None]
+    return sum(kept) / len(kept) if kept else None
+
+
+def noise_budget(comp: Components, df: float | None, arms: Sequence[RunCost]) -> NoiseBudget:
+    """The shares of a crossed effect's variance, and the two ways to narrow it with their projected
+    half-widths (t on today's df) and costs: +1 seed per arm (one run of each side) or an evaluation of
+    every seed's runs on 4x the images (priced per image from the runs' own evaluation passes)."""
+    seed, image, rest = comp.shares()
+    q = t_quantile(df)
+    on_gpu = all(c.on_gpu for c in arms)
+    where = "GPU" if on_gpu else "CPU"
+    per_run_hours = _mean(c.hours for c in arms)
+    seed_cost = 2 * per_run_hours if per_run_hours is not None else None  # one more run of each arm
+    per_image_min = _mean(c.eval_minutes / c.n if c.eval_minutes is not None and c.n else None for c in arms)
+    images_cost = (per_image_min * FOUR_X * comp.n * 2 * comp.k) if per_image_min is not None else None
+    seed_half = q * math.sqrt(comp.variance(k=comp.k + 1))
+    images_half = q * math.sqrt(comp.variance(n=FOUR_X * comp.n))
+
+    def cost(value: float | None, unit: str) -> str:
+        return f"about {value:.2g} {where}-{unit}" if value is not None else f"{where}-{unit} not measured"
+
+    options = [
+        Narrowing(action="seed", half_width=seed_half, cost=seed_cost, unit=f"{where}-h",
+                  words=f"+1 seed per arm: ±{seed_half:.4f}, {cost(seed_cost, 'h')}"),
+        Narrowing(action="images", half_width=images_half, cost=images_cost, unit=f"{where}-min",
+                  words=f"evaluate on {FOUR_X}x the images ({FOUR_X * comp.n}): ±{images_half:.4f}, "
+                        f"{cost(images_cost, 'min')}"),
+    ]  # fmt: skip
+    return NoiseBudget(seeds=seed, images=image, rest=rest, words=budget_words(comp), narrowing=options)
 
 
 def metric_order(judge: str) -> list[str]:
@@ -64,8 +132,11 @@ class RunComparisons:
     standin_steps: list[int]
 
 
-def grid_effects(arms: Sequence[RunComparisons], judge: str) -> list[Effect]:
-    """The effects across seeds, from each run's per-seed comparisons at its final checkpoint."""
+def grid_effects(arms: Sequence[RunComparisons], judge: str,
+                 costs: Mapping[tuple[str, int], RunCost] | None = None) -> list[Effect]:  # fmt: skip
+    """The effects across seeds, from each run's per-seed comparisons at its final checkpoint; `costs`,
+    by (arm, seed), price the noise budget's options."""
+    costs = costs or {}
     order = metric_order(judge)
     groups: dict[tuple[str, str, str], list[tuple[RunComparisons, int]]] = {}
     for a in arms:
@@ -81,18 +152,23 @@ def grid_effects(arms: Sequence[RunComparisons], judge: str) -> list[Effect]:
                 if not found:
                     continue
                 comps = [(a.seed, a.comparisons[i], a) for a, i in found]
-                diffs = [Difference(c.diff, c.se, c.low, c.high, c.pairing or "independent", c.n)  # type: ignore[arg-type]
+                diffs = [Difference(c.diff, c.se, c.low, c.high, c.pairing or "independent", c.n,  # type: ignore[arg-type]
+                                    tuple(c.samples) if c.samples is not None else None)
                          for _, c, _ in comps]  # fmt: skip
                 seff = across_seeds(diffs)
                 if seff is None:
                     continue
                 first = comps[0][1]
                 standin = metric in LPIPS_METRICS and any(c.step in a.standin_steps for _, c, a in comps)
+                budget = None
+                if seff.components is not None:
+                    sides = [costs[key] for s, c, _ in comps for key in ((arm, s), (c.other_arm, s)) if key in costs]
+                    budget = noise_budget(seff.components, seff.df, sides)
                 effects.append(Effect(
                     arm=arm, metric=metric, against=against, other_arm=first.other_arm, step=first.step,
                     diff=seff.diff, low=seff.low, high=seff.high, k=seff.k, seed_sd=seff.seed_sd,
-                    eval_se=seff.eval_se, noise=noise_words(seff.k),
-                    reading=effect_reading(seff.k, seff.low, seff.high), standin=standin,
+                    eval_se=seff.eval_se, noise=noise_words(seff), interval=seff.interval, se=seff.se, df=seff.df,
+                    n=seff.n, budget=budget, reading=effect_reading(seff.k, seff.low, seff.high), standin=standin,
                     per_seed=[SeedDiff(seed=s, diff=c.diff, low=c.low, high=c.high, n=c.n)  # type: ignore[arg-type]
                               for s, c, _ in comps],
                 ))  # fmt: skip
@@ -119,7 +195,16 @@ def _spread(e: Effect) -> str:
     return f"seed SD {e.seed_sd:.4f}{ev}"
 
 
-HEADER = ("arm", "metric", "vs", "step", "difference [95% CI]", "reading", "seeds", "n", "spread", "interval covers")
+HEADER = ("arm", "metric", "vs", "step", "difference [95% CI]", "reading", "seeds", "n", "spread", "interval covers",
+          "noise budget", "to narrow it")  # fmt: skip
+
+
+def budget_cells(e: Effect) -> tuple[str, str]:
+    """The noise budget's shares and its options, as two cells ("-" where the interval is not crossed)."""
+    if e.budget is None:
+        why = "one seed: training noise not measured" if e.k < 2 else "-"
+        return why, "-"
+    return e.budget.words, "; ".join(o.words for o in e.budget.narrowing)
 
 
 def _n(e: Effect) -> str:
@@ -128,7 +213,7 @@ def _n(e: Effect) -> str:
 
 def _rows(effects: Iterable[Effect]) -> list[list[str]]:
     return [[e.arm, _metric_label(e), e.against, str(e.step), effect_cell(e),
-             "stand-in" if e.standin else e.reading, str(e.k), _n(e), _spread(e), e.noise]
+             "stand-in" if e.standin else e.reading, str(e.k), _n(e), _spread(e), e.noise, *budget_cells(e)]
             for e in effects]  # fmt: skip
 
 
@@ -164,8 +249,13 @@ def seeds_words(report: GridReport) -> str:
                 "another seed can move an effect by more than that interval, so no difference here is read "
                 "as distinguishable. Submit the grid with `seeds: 3` (or more) to measure training noise.")  # fmt: skip
     return (f"{report.seeds} training seeds per arm on one held-out split: each difference is the mean of the "
-            "per-seed paired differences, its 95% interval a t-interval on k - 1 degrees of freedom over the "
-            "seeds (training and evaluation noise). Distinguishable across seeds: that interval excludes zero.")
+            "per-seed paired differences. Where every seed is paired image by image, its 95% interval covers the "
+            "training seeds and the evaluation images together (a seeds x images crossed interval: the held-out "
+            "images are a sample of the images the arms will meet, so which ones were drawn is noise too); the "
+            "column \"interval covers\" says what each row's covers. The noise budget says which noise "
+            "dominates and what narrows it: more images cost an evaluation pass (POST "
+            ".../evaluations, `ablate evaluate`), a seed a training run. Distinguishable across seeds: that "
+            "interval excludes zero.")
 
 
 def per_seed_markdown(report: GridReport) -> list[str]:

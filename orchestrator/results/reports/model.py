@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 Verdict = Literal["better", "worse", "no clear difference", "no interval"]
 
@@ -27,6 +27,8 @@ class Comparison(BaseModel):
     pairing: Literal["paired", "independent"] | None = None
     n: int | None = None
     verdict: Verdict | None = None  # None: not available (see words)
+    # The per-image differences (paired): one row of the effect's seeds x images table; not serialised.
+    samples: list[float] | None = Field(default=None, exclude=True)
     words: str
 
 
@@ -105,6 +107,28 @@ class SeedDiff(BaseModel):
     n: int | None
 
 
+class Narrowing(BaseModel):
+    """One way to narrow an effect's interval, projected from its variance components and priced from the
+    runs' own measured rates."""
+
+    action: Literal["seed", "images"]  # +1 seed per arm | evaluate on 4x the images (no training)
+    half_width: float  # the 95% interval's projected half-width (t on today's df)
+    cost: float | None  # GPU-hours (seed) or GPU-minutes (images); None where no rate was measured
+    unit: str  # "GPU-h" | "GPU-min" (or "CPU-h" | "CPU-min" where the runs ran on CPU)
+    words: str
+
+
+class NoiseBudget(BaseModel):
+    """Where a crossed effect's variance comes from (shares of the grand mean's variance) and what would
+    narrow it most per GPU-hour."""
+
+    seeds: float
+    images: float
+    rest: float  # the seed x image interaction and evaluation noise
+    words: str  # "seeds 8% · images 90% · rest 2%"
+    narrowing: list[Narrowing]
+
+
 EffectReading = Literal[
     "distinguishable across seeds", "within noise", "one seed: training noise not measured", "no interval"
 ]
@@ -112,8 +136,9 @@ EffectReading = Literal[
 
 class Effect(BaseModel):
     """An arm against its parent or the control on one metric at the final checkpoint, across the grid's
-    training seeds: the mean of the per-seed paired differences with a t-interval on k - 1 degrees of
-    freedom (covering training and evaluation noise); with one seed, that seed's evaluation interval."""
+    training seeds: the mean of the per-seed paired differences with the 95% interval `interval` names
+    (stats.SeedEffect: crossed seeds x images where every seed pairs image by image); with one seed, that
+    seed's evaluation interval."""
 
     arm: str
     metric: str
@@ -127,6 +152,11 @@ class Effect(BaseModel):
     seed_sd: float | None  # SD of the per-seed differences: the training noise (k >= 2)
     eval_se: float | None  # mean per-seed evaluation SE: what a single seed's interval covers
     noise: str  # what the interval covers, in words
+    interval: Literal["crossed", "independent", "seeds only", "one seed"] = "one seed"
+    se: float | None = None
+    df: float | None = None  # the t-interval's degrees of freedom (None: normal)
+    n: int | None = None  # evaluation images (crossed: the same n on every seed)
+    budget: NoiseBudget | None = None  # crossed only
     reading: EffectReading
     standin: bool = False  # a random stand-in LPIPS backbone: not a judgement of quality
     per_seed: list[SeedDiff]

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from orchestrator.db.models import Metric
 from orchestrator.numbers import finite_or_none, is_finite
+from orchestrator.results.reports.crossed import Components, crossed_interval
 
 # Quality metrics with stored standard errors, and which way is better (text_manip_delta: a larger
 # response to an edited caption is better; the detector's secondary policy says the same).
@@ -48,6 +49,7 @@ class Difference:
     high: float | None
     pairing: Pairing  # paired (per-sample values) | independent (SEs combined, or none stored)
     n: int | None  # pairs (paired) or the smaller arm's n (independent), when known
+    samples: tuple[float, ...] | None = None  # the per-image differences (paired): a row of the crossed table
 
 
 def difference(a: Metric, b: Metric, metric: str) -> Difference | None:
@@ -115,7 +117,7 @@ def _paired(d: list[float], value: float) -> Difference:
     mean = sum(d) / len(d)
     se = math.sqrt(sum((x - mean) ** 2 for x in d) / (len(d) - 1)) / math.sqrt(len(d))
     half = t_quantile(len(d) - 1) * se
-    return Difference(value, se, value - half, value + half, "paired", len(d))
+    return Difference(value, se, value - half, value + half, "paired", len(d), tuple(d))
 
 
 def _grid_pair(a: Metric, b: Metric) -> tuple[list[list[float]], list[list[float]]] | None:
@@ -160,30 +162,72 @@ def timestep_differences(a: Metric, b: Metric) -> list[Difference] | None:
     return out
 
 
+Interval = Literal["crossed", "independent", "seeds only", "one seed"]
+
+
 @dataclass(frozen=True)
 class SeedEffect:
-    """One comparison across training seeds: the mean of the per-seed paired differences (seed s of the arm
-    against seed s of the comparator) with a t-interval on k - 1 degrees of freedom. That interval is built
-    from the seed-to-seed spread, which already holds each seed's evaluation noise. With k = 1 the interval
-    is that one seed's evaluation interval: training noise is not measured."""
+    """One comparison across training seeds: the mean of the per-seed paired differences (seed s of the
+    arm against seed s of the comparator), with the 95% interval `interval` names:
+    - crossed: every seed paired image by image on the same images (per-image differences of one length
+      n on every seed): the seeds x images interval of crossed.py, covering both;
+    - independent: no per-image values to cross: the seeds' spread plus one seed's evaluation SE, on
+      Satterthwaite df (conservative: the rest is counted twice);
+    - seeds only: no evaluation SE either: a t-interval on k - 1 df that leaves the images' noise out;
+    - one seed: that seed's own evaluation interval; training noise is not measured."""
 
     diff: float
     low: float | None
     high: float | None
     k: int  # seeds with a difference on both sides
-    seed_sd: float | None  # SD of the per-seed differences (k >= 2): the training noise
+    seed_sd: float | None  # SD of the per-seed differences (k >= 2)
     eval_se: float | None  # the per-seed evaluation SEs' mean: what one seed's interval covers
+    interval: Interval = "one seed"
+    se: float | None = None  # of diff, by `interval`
+    df: float | None = None
+    n: int | None = None  # images (crossed), else the per-seed n where one
+    components: Components | None = None  # crossed only
+
+
+def _crossed_rows(per_seed: list[Difference]) -> list[tuple[float, ...]] | None:
+    rows = [d.samples for d in per_seed]
+    if any(r is None for r in rows) or len({len(r) for r in rows}) != 1:  # type: ignore[arg-type]
+        return None
+    return rows  # type: ignore[return-value]
 
 
 def across_seeds(per_seed: list[Difference]) -> SeedEffect | None:
     if not per_seed:
         return None
-    ses = [d.se for d in per_seed if d.se is not None]
+    ses = [d.se for d in per_seed if is_finite(d.se)]
     eval_se = sum(ses) / len(ses) if ses else None
     k = len(per_seed)
+    ns = {d.n for d in per_seed if d.n}
+    n = ns.pop() if len(ns) == 1 else None
     if k == 1:
         d = per_seed[0]
-        return SeedEffect(d.diff, d.low, d.high, 1, None, eval_se)
+        return SeedEffect(d.diff, d.low, d.high, 1, None, eval_se, "one seed", d.se, None, d.n)
     diffs = [d.diff for d in per_seed]
-    mean = _paired(diffs, sum(diffs) / k)  # the seeds' differences are the samples: t on k - 1 df
-    return SeedEffect(mean.diff, mean.low, mean.high, k, mean.se * math.sqrt(k), eval_se)  # type: ignore[operator]
+    mean = sum(diffs) / k
+    seed_sd = math.sqrt(sum((x - mean) ** 2 for x in diffs) / (k - 1))
+    rows = _crossed_rows(per_seed)
+    crossed = crossed_interval(rows, t_quantile) if rows is not None else None
+    if crossed is not None:
+        c = crossed.components
+        return SeedEffect(mean, crossed.low, crossed.high, k, seed_sd, eval_se, "crossed", crossed.se,
+                          c.df if math.isfinite(c.df) else None, c.n, c)  # fmt: skip
+    seeds_var = seed_sd**2 / k
+    if len(ses) == k:  # every seed's evaluation SE: add the images' noise the seeds' spread leaves out
+        eval_var = sum(s**2 for s in ses) / k  # type: ignore[operator]
+        var = seeds_var + eval_var
+        n_eval = min((d.n for d in per_seed if d.n), default=0)
+        spread = seeds_var**2 / (k - 1) + (eval_var**2 / (n_eval - 1) if n_eval > 1 else math.inf)
+        df = var**2 / spread if 0 < spread < math.inf else None  # normal where an evaluation's n is unknown
+        interval: Interval = "independent"
+    else:
+        var, df, interval = seeds_var, float(k - 1), "seeds only"
+    se = math.sqrt(var)
+    if not is_finite(se) or (se == 0 and interval == "independent"):
+        return SeedEffect(mean, None, None, k, seed_sd, eval_se, interval, None, None, n)
+    half = t_quantile(df) * se
+    return SeedEffect(mean, mean - half, mean + half, k, seed_sd, eval_se, interval, se, df, n)

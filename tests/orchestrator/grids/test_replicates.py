@@ -20,24 +20,30 @@ from orchestrator.results.reports.effects import effect_reading
 from orchestrator.results.reports.stats import Difference, across_seeds
 from orchestrator.runs.ingest import insert_metrics
 from orchestrator.settings import Settings
+from tests.kit.crossed_by_hand import crossed_by_hand
 from tests.kit.settings import AUTH, tiny_overrides
 from worker.train import train_arm
 
 
-def test_the_across_seed_interval_is_the_t_interval_of_the_per_seed_differences() -> None:
-    """By hand: three per-seed differences, mean and t(0.975, 2) x sd / sqrt(3); the seed-to-seed SD beside
-    the mean per-seed evaluation SE."""
-    per_seed = [Difference(-0.0356, 0.0085, -0.0523, -0.0190, "paired", 64),
-                Difference(-0.0103, 0.0070, -0.0241, 0.0035, "paired", 64),
-                Difference(-0.0067, 0.0061, -0.0187, 0.0054, "paired", 64)]  # fmt: skip
+def test_without_per_image_values_the_across_seed_interval_adds_one_seeds_evaluation_se() -> None:
+    """By hand: three per-seed differences with their evaluation SEs but no per-image values (an old grid, an
+    imported study): the seeds' spread of the mean plus the mean evaluation variance, t on Satterthwaite's
+    df, so the images' noise the seeds share is not left out; without SEs, the seeds-only interval says so."""
+    diffs, ses = (-0.0356, -0.0103, -0.0067), (0.0085, 0.0070, 0.0061)
+    per_seed = [Difference(d, se, d - 0.01, d + 0.01, "independent", 64) for d, se in zip(diffs, ses, strict=True)]
     effect = across_seeds(per_seed)
-    assert effect is not None and effect.k == 3
-    mean = (-0.0356 - 0.0103 - 0.0067) / 3
-    sd = math.sqrt(sum((d - mean) ** 2 for d in (-0.0356, -0.0103, -0.0067)) / 2)
-    half = 4.302652729911275 * sd / math.sqrt(3)  # scipy.stats.t.ppf(0.975, 2)
-    assert effect.diff == pytest.approx(mean)
+    assert effect is not None and effect.k == 3 and effect.interval == "independent"
+    mean = sum(diffs) / 3
+    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / 2)
+    seeds_var, eval_var = sd**2 / 3, sum(s**2 for s in ses) / 3
+    df = (seeds_var + eval_var) ** 2 / (seeds_var**2 / 2 + eval_var**2 / 63)
+    half = stats.t.ppf(0.975, df) * math.sqrt(seeds_var + eval_var)
+    assert effect.diff == pytest.approx(mean) and effect.df == pytest.approx(df)
     assert (effect.low, effect.high) == (pytest.approx(mean - half), pytest.approx(mean + half))
-    assert effect.seed_sd == pytest.approx(sd) and effect.eval_se == pytest.approx((0.0085 + 0.0070 + 0.0061) / 3)
+    assert effect.seed_sd == pytest.approx(sd) and effect.eval_se == pytest.approx(sum(ses) / 3)
+    bare = across_seeds([Difference(d, None, None, None, "independent", None) for d in diffs])
+    assert bare is not None and bare.interval == "seeds only"
+    assert bare.high - bare.low == pytest.approx(2 * 4.302652729911275 * sd / math.sqrt(3))  # type: ignore[operator]
     # The seed-0 interval alone excludes zero; across the three seeds it does not.
     assert effect_reading(1, -0.0523, -0.0190) == "one seed: training noise not measured"
     assert effect_reading(3, effect.low, effect.high) == "within noise"
@@ -108,7 +114,7 @@ def test_the_report_gives_each_effect_across_seeds(client: TestClient, grid: dic
     assert report["seeds"] == 2 and report["judge"] == "val_flow_loss"
     effect = next(e for e in report["effects"] if (e["arm"], e["metric"]) == ("B", "val_flow_loss"))
     assert effect["k"] == 2 and effect["against"] == "parent" and [s["seed"] for s in effect["per_seed"]] == [0, 1]
-    # By hand from the stored per-sample values: each seed's paired difference, then t on 1 df.
+    # By hand from the stored per-sample values: the 2 seeds x 4 images table of paired differences, crossed.
     with session_scope(settings.database_url) as session:
         runs = {(r.arm, r.seed): r.id for r in session.query(Run).filter(Run.grid_id == grid["created"]["id"])}
 
@@ -116,14 +122,20 @@ def test_the_report_gives_each_effect_across_seeds(client: TestClient, grid: dic
             m = session.query(Metric).filter(Metric.run_id == runs[(arm, seed)]).order_by(Metric.step.desc()).first()
             return m.extra["val_flow_loss_samples"]
 
-        diffs = [sum(b - a for a, b in zip(final("A", s), final("B", s), strict=True)) / 4 for s in (0, 1)]
-    mean, sd = sum(diffs) / 2, abs(diffs[0] - diffs[1]) / math.sqrt(2)
-    half = stats.t.ppf(0.975, 1) * sd / math.sqrt(2)
-    assert effect["diff"] == pytest.approx(mean) and effect["seed_sd"] == pytest.approx(sd)
-    assert (effect["low"], effect["high"]) == (pytest.approx(mean - half), pytest.approx(mean + half))
+        table = [[b - a for a, b in zip(final("A", s), final("B", s), strict=True)] for s in (0, 1)]
+    diffs = [sum(row) / 4 for row in table]
+    hand = crossed_by_hand(table)
+    assert effect["diff"] == pytest.approx(hand["mean"]) and effect["seed_sd"] == pytest.approx(
+        abs(diffs[0] - diffs[1]) / math.sqrt(2))
+    assert (effect["low"], effect["high"]) == (pytest.approx(hand["low"]), pytest.approx(hand["high"]))
+    assert effect["interval"] == "crossed" and effect["n"] == 4 and effect["df"] == pytest.approx(hand["df"])
+    shares = effect["budget"]
+    assert shares["seeds"] + shares["images"] + shares["rest"] == pytest.approx(1)
+    assert [o["action"] for o in shares["narrowing"]] == ["seed", "images"]
     assert effect["reading"] in ("within noise", "distinguishable across seeds")
     md = client.get(f"/api/grids/{grid['created']['id']}/report.md").text
-    assert "| B | held-out flow loss (plain mean) | parent | 20 | A: " in md and "training seeds (k=2, t on 1 df)" in md
+    assert "| B | held-out flow loss (plain mean) | parent | 20 | A: " in md
+    assert "training seeds (k=2) and evaluation images (n=4), crossed" in md and "+1 seed per arm: ±" in md
     assert "## Appendix: each seed's interval (evaluation noise only)" in md
     assert "## Appendix: held-out flow loss at each timestep" in md
     assert "## B, seed 1" in md
