@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 
@@ -49,13 +50,20 @@ def should_stop() -> bool:
     return Path(os.environ.get("ABLATE_STOP_FILE", run_dir() / "STOP")).exists()
 
 
-def report(step: int, checkpoint: str | Path | None = None, **metrics: float) -> None:
+def _number(value: float) -> float | str:
+    value = float(value)
+    return value if math.isfinite(value) else str(value)  # "nan", "inf": still strict JSON
+
+
+def report(step: int, checkpoint: str | Path | None = None, **metrics: float | Sequence[float]) -> None:
     """Append one metrics line. `checkpoint`: a file you just wrote under checkpoint_dir() (its name, or a
-    path), kept durably; the detector's best is kept as best.pt. Flushed and fsynced: a crash loses none."""
+    path), kept durably; the detector's best is kept as best.pt. Flushed and fsynced: a crash loses none.
+    A metric `m` may come with `m_samples`, its value on each held-out item (the same items, in the same
+    order, for every arm and seed of the grid): the report then compares arms on it with paired, across-seed
+    and seeds x items intervals, as on ablate's own metrics."""
     line: dict[str, object] = {"step": int(step)}
     for name, value in metrics.items():
-        value = float(value)
-        line[name] = value if math.isfinite(value) else str(value)  # "nan", "inf": still strict JSON
+        line[name] = [_number(v) for v in value] if isinstance(value, Sequence) else _number(value)
     if checkpoint is not None:
         path = Path(checkpoint)
         if path.is_absolute():

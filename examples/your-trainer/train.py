@@ -6,7 +6,11 @@ ABLATE_STOP_FILE (exists: save and exit 0), ABLATE_RESUMED ("1": continue from c
 it writes under ./ablate-run.
 
 It fits a small MLP to a fixed random function of 16 inputs (data generated from a seed, so a resumed run
-sees the same batches) and reports the held-out loss every --every steps. --diverge-at N raises the
+sees the same batches) and reports the held-out loss every --every steps, with `val_loss_samples`, the loss
+of each of the 512 held-out items (the same items for every arm and seed): with it ablate's report gives
+this arm's comparisons the same paired and seeds x items intervals as its own arms. A grid's `seeds: N`
+sets ABLATE_SEED (0 .. N-1): the model's initialisation and the batches' order follow it, the held-out
+items and the target function do not. --diverge-at N raises the
 learning rate 2x every 10 steps from step N on: the held-out loss rises and ablate's detector stops the arm.
 
     python train.py --lr 3e-4 --steps 2000 --every 50
@@ -29,16 +33,24 @@ METRICS = Path(os.environ.get("ABLATE_METRICS_FILE", RUN_DIR / "metrics.jsonl"))
 STOP = Path(os.environ.get("ABLATE_STOP_FILE", RUN_DIR / "STOP"))
 
 
-def batch(step: int, size: int, teacher: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
-    """The batch of `step` is a function of the step alone: a resume trains on exactly the same data."""
-    g = torch.Generator().manual_seed(1000 + step)
+SEED = int(os.environ.get("ABLATE_SEED", "0"))  # the replicate: training noise only
+
+
+def batch(step: int, size: int, teacher: nn.Module, seed: int = SEED) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batch of `step` is a function of the step and the seed alone: a resume trains on the same data."""
+    g = torch.Generator().manual_seed(1000 + step + 1_000_003 * seed)
     x = torch.randn(size, 16, generator=g)
     with torch.no_grad():
         return x, teacher(x)
 
 
-def report(step: int, checkpoint: str | None = None, **metrics: float) -> None:
-    line = {"step": step, **{k: (v if math.isfinite(v) else str(v)) for k, v in metrics.items()}}
+def _number(v: float) -> float | str:
+    return v if math.isfinite(v) else str(v)
+
+
+def report(step: int, checkpoint: str | None = None, **metrics: float | list[float]) -> None:
+    line = {"step": step, **{k: [_number(x) for x in v] if isinstance(v, list) else _number(v)
+                             for k, v in metrics.items()}}  # fmt: skip
     if checkpoint is not None:
         line["checkpoint"] = checkpoint  # relative to ABLATE_RUN_DIR, written before this line
     with METRICS.open("a") as fh:  # appended and synced per line: a crash loses no reported metric
@@ -67,8 +79,9 @@ def main() -> None:
     CKPTS.mkdir(parents=True, exist_ok=True)
     METRICS.parent.mkdir(parents=True, exist_ok=True)
 
-    torch.manual_seed(0)
+    torch.manual_seed(0)  # the task (the teacher) is the same for every arm and seed
     teacher = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 1))
+    torch.manual_seed(1 + SEED)
     model = nn.Sequential(nn.Linear(16, args.hidden), nn.GELU(), nn.Linear(args.hidden, 1))
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     start = 0
@@ -79,7 +92,7 @@ def main() -> None:
         opt.load_state_dict(state["opt"])
         start = state["step"]
         print(f"resumed from {found[-1].name} at step {start}", flush=True)
-    val_x, val_y = batch(-1, 512, teacher)
+    val_x, val_y = batch(-1, 512, teacher, seed=0)  # held-out items: the same for every seed
 
     for step in range(start + 1, args.steps + 1):
         # diverging: the rate doubles every 10 steps from --diverge-at on, so the held-out loss climbs
@@ -95,8 +108,9 @@ def main() -> None:
         stopping = STOP.exists()
         if step % args.every == 0 or step == args.steps or stopping:
             with torch.no_grad():
-                val = nn.functional.mse_loss(model(val_x), val_y).item()
-            report(step, save(step, model, opt), train_loss=loss.item(), val_loss=val, lr=lr)
+                per_item = ((model(val_x) - val_y) ** 2).mean(dim=1)
+            report(step, save(step, model, opt), train_loss=loss.item(), val_loss=per_item.mean().item(),
+                   val_loss_samples=per_item.tolist(), lr=lr)
         if stopping:  # ablate asked: the checkpoint above is the last, exit 0 within the grace period
             print(f"stop file seen at step {step}; exiting", flush=True)
             return

@@ -28,7 +28,7 @@ from orchestrator.results.data_feed import data_feed
 from orchestrator.results.judge import best_checkpoint, judge_metric, stored_spec
 from orchestrator.results.own_metrics import is_command_run, own_series
 from orchestrator.results.reports.build import Pairing, grid_effects_now
-from orchestrator.results.reports.effects import METRIC_WORDS
+from orchestrator.results.reports.effects import metric_words
 from orchestrator.results.reports.stats import QUALITY, paired_difference
 from orchestrator.results.samples import sample_index
 from orchestrator.results.views import RunSummary, SweepPublic
@@ -360,7 +360,7 @@ def grid_detail(session: Session, grid: Grid, alarm_minutes: float = 15.0) -> di
         "control": control.arm if control else None,
         "seeds": grid.seeds,
         "judge": judge,  # the metric the effects table leads with
-        "effects": [{**e.model_dump(mode="json"), "words": METRIC_WORDS[e.metric]} for e in effects],
+        "effects": [{**e.model_dump(mode="json"), "words": metric_words(e.metric)} for e in effects],
         "state": grid_state(r.state for r in runs),
         "live": any(r.state not in TERMINAL_STATES for r in runs),
         "created_at": _iso(grid.created_at),

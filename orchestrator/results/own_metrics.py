@@ -50,3 +50,13 @@ def own_series(metrics: Sequence[Metric]) -> dict[str, list[float | None]]:
             names.setdefault(key)
         rows.append(row)
     return {name: [row.get(name) for row in rows] for name in names}
+
+
+def own_evaluated(m: Metric) -> list[str]:
+    """A command arm's own metrics that its record measured on held-out items: a number reported beside its
+    per-item list `<name>_samples` or its standard error `<name>_se`. The report compares arms on these
+    (paired, across seeds, crossed where every seed reports the same items), as on the built-in metrics."""
+    extra = m.extra or {}
+    return [name for name, value in extra.items()
+            if name not in ABLATE_KEYS and _value(value) is not False
+            and (isinstance(extra.get(f"{name}_samples"), list) or f"{name}_se" in extra)]  # fmt: skip

@@ -266,18 +266,22 @@
     const body = document.querySelector("#effects tbody");
     body.replaceChildren();
     document.getElementById("effects-seeds").textContent = d.seeds > 1
-      ? `${d.seeds} training seeds per arm: mean of the per-seed paired differences, t-interval over the seeds`
+      ? `${d.seeds} training seeds per arm: mean of the per-seed paired differences; the interval covers what its row says (crossed: seeds and images)`
       : "one training seed per arm: intervals cover evaluation noise only (submit with seeds: 3 to measure training noise)";
     document.getElementById("effects-empty").hidden = d.effects.length > 0;
     for (const e of d.effects) {
       const interval = e.low !== null && e.high !== null ? ` [${signed(e.low)}, ${signed(e.high)}]` : "";
       const spread = e.seed_sd !== null ? `seed SD ${fmt(e.seed_sd, 4)}` : (e.eval_se !== null ? `eval SE ${fmt(e.eval_se, 4)}` : "—");
       const reading = e.standin ? "stand-in" : e.reading;
+      // The noise budget: where the variance is, and what narrows it most for its cost.
+      const budget = e.budget ? e.budget.words : (e.k < 2 ? "one seed: training noise not measured" : "—");
+      const narrow = e.budget ? e.budget.narrowing.map((o) => o.words).join("; ") : "—";
       body.append(el("tr", { "data-arm": e.arm, "data-metric": e.metric, "data-k": e.k },
         el("td", {}, e.arm), el("td", {}, e.words), el("td", {}, `${e.against} ${e.other_arm}`),
         el("td", { class: "num" }, `${signed(e.diff)}${interval}`),
         el("td", { class: `reading ${reading.split(":")[0].replace(/ /g, "-")}` }, reading),
-        el("td", { class: "num" }, e.k), el("td", { class: "num" }, spread)));
+        el("td", { class: "num" }, e.k), el("td", { class: "num" }, spread),
+        el("td", { class: "covers" }, e.noise), el("td", { class: "budget" }, budget), el("td", { class: "narrow" }, narrow)));
     }
   }
 

@@ -22,8 +22,8 @@ from orchestrator.db.models import Grid, Metric, Node, Run, Sweep
 from orchestrator.grids.arms import changes
 from orchestrator.numbers import finite_or_none, is_finite, number
 from orchestrator.results.judge import best_checkpoint, judge_metric, stored_spec
-from orchestrator.results.own_metrics import is_command_run, own_series
-from orchestrator.results.reports.effects import METRIC_WORDS, RunComparisons, RunCost, grid_effects
+from orchestrator.results.own_metrics import is_command_run, own_evaluated, own_series
+from orchestrator.results.reports.effects import RunComparisons, RunCost, grid_effects, metric_words
 from orchestrator.results.reports.model import (
     ArmReport,
     Comparison,
@@ -45,6 +45,7 @@ from orchestrator.results.reports.stats import (
     across_seeds,
     difference,
     timestep_differences,
+    value_of,
     weighted_flow_difference,
 )
 from orchestrator.results.samples import StepSamples, run_samples, sample_png
@@ -62,9 +63,14 @@ MAX_REPORT_IMAGE_BYTES = 64 << 20
 DIGITS = ".3f"  # how a report writes a metric value or difference
 
 
-def compare(arm: str, m: Metric, other_arm: str, o: Metric | None, metric: str, against: str, at: str) -> Comparison:
-    """One comparison with its sentence, e.g. "C vs B: recon LPIPS 0.070 lower (0.058 to 0.082), better"."""
+def compare(arm: str, m: Metric, other_arm: str, o: Metric | None, metric: str, against: str, at: str,
+            lower_is_better: bool | None = None) -> Comparison:  # fmt: skip
+    """One comparison with its sentence, e.g. "C vs B: recon LPIPS 0.070 lower (0.058 to 0.082), better".
+    `lower_is_better`: the metric's direction where it is not one of ablate's (a command arm's own)."""
+    if lower_is_better is None:
+        lower_is_better = LOWER_IS_BETTER.get(metric, True)
     label = f"{arm} vs {other_arm} ({against}, {at} step {m.step})"
+    words = metric_words(metric)
     base: dict[str, Any] = {"metric": metric, "against": against, "other_arm": other_arm, "at": at, "step": m.step}
     if o is None:
         return Comparison(**base, words=f"{label}: {other_arm} has no checkpoint at step {m.step}")
@@ -73,11 +79,11 @@ def compare(arm: str, m: Metric, other_arm: str, o: Metric | None, metric: str, 
         values: dict[str, Any] = {}
     else:
         d = difference(m, o, metric)
-        values = {"value": finite_or_none(getattr(m, metric)), "other_value": finite_or_none(getattr(o, metric))}
+        values = {"value": finite_or_none(value_of(m, metric)), "other_value": finite_or_none(value_of(o, metric))}
     if d is None:
-        return Comparison(**base, **values, words=f"{label}: {METRIC_WORDS[metric]} not measured on both")
+        return Comparison(**base, **values, words=f"{label}: {words} not measured on both")
     direction = "lower" if d.diff < 0 else "higher" if d.diff > 0 else "equal"
-    text = f"{label}: {METRIC_WORDS[metric]} {number(abs(d.diff), DIGITS)} {direction}"
+    text = f"{label}: {words} {number(abs(d.diff), DIGITS)} {direction}"
     if d.low is None or d.high is None:
         verdict = "no interval"
         why = "per-sample values" if d.pairing == "paired" else "per-sample values or standard errors"
@@ -89,7 +95,7 @@ def compare(arm: str, m: Metric, other_arm: str, o: Metric | None, metric: str, 
         if d.low <= 0 <= d.high:
             verdict = "no clear difference"
         else:
-            verdict = "better" if (d.diff < 0) == LOWER_IS_BETTER.get(metric, True) else "worse"
+            verdict = "better" if (d.diff < 0) == lower_is_better else "worse"
         text += f", {verdict}"
     return Comparison(
         **base, **values, diff=d.diff, se=d.se, low=d.low, high=d.high, pairing=d.pairing, n=d.n,
@@ -240,10 +246,25 @@ class Pairing:
 def run_comparisons(
     run: Run, other: Run, against: str, metrics: dict[int, list[Metric]], points: Iterable[tuple[str, Metric | None]]
 ) -> list[Comparison]:
-    """`run` against `other` on every compared metric at each (at, checkpoint) of `points`."""
+    """`run` against `other` on every compared metric at each (at, checkpoint) of `points`: ablate's, and a
+    command arm's own metrics measured on held-out items (own_metrics.own_evaluated)."""
     steps = {m.step: m for m in metrics[other.id]}
-    return [compare(run.arm, point, other.arm, steps.get(point.step), q, against, at)
-            for at, point in points if point is not None for q in COMPARED]  # fmt: skip
+    out = []
+    for at, point in points:
+        if point is None:
+            continue
+        own = own_evaluated(point) if is_command_run(run) else []
+        for q in (*COMPARED, *own):
+            lower = None if q in COMPARED else own_lower_is_better(run, q)
+            out.append(compare(run.arm, point, other.arm, steps.get(point.step), q, against, at, lower))
+    return out
+
+
+def own_lower_is_better(run: Run, metric: str) -> bool:
+    """A command arm's own metric: lower is better unless its detector judges it with metric_mode max."""
+    detector = (run.spec or {}).get("detector") or {}
+    judged = isinstance(detector, dict) and detector.get("metric") == metric
+    return not (judged and detector.get("metric_mode") == "max")
 
 
 def grid_effects_now(grid: Grid, metrics: dict[int, list[Metric]]) -> tuple[str, list[Effect]]:
@@ -402,7 +423,7 @@ def summarize(arms: list[ArmReport], effects: list[Effect], judge: str = PRIMARY
     if ranking and ranking[0].best_value is not None:
         top = ranking[0]
         best = number(top.best_value, DIGITS)
-        words.append(f"Best on {METRIC_WORDS[judge]}: {top.arm} ({best} at step {top.best_step}).")
+        words.append(f"Best on {metric_words(judge)}: {top.arm} ({best} at step {top.best_step}).")
     standin = list(dict.fromkeys(a.arm for a in arms if a.standin_steps))
     if standin:
         words.append(f"LPIPS of {', '.join(standin)} is the random stand-in backbone, which cannot tell arms apart: "

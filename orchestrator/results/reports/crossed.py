@@ -69,7 +69,8 @@ def components(table: Sequence[Sequence[float]]) -> Components | None:
     and every row has n finite values."""
     k = len(table)
     n = len(table[0]) if k else 0
-    if k < 2 or n < 2 or any(len(row) != n or not all(math.isfinite(x) for x in row) for row in table):
+    finite = all(isinstance(x, int | float) and math.isfinite(x) for row in table for x in row)
+    if k < 2 or n < 2 or any(len(row) != n for row in table) or not finite:
         return None
     grand = sum(map(sum, table)) / (k * n)
     rows = [sum(row) / n for row in table]

@@ -38,6 +38,11 @@ METRIC_WORDS = {WEIGHTED_FLOW: "held-out flow loss, timesteps weighted by invers
                 "recon_lpips": "recon LPIPS", "text_lpips": "text LPIPS",
                 "text_manip_delta": "text-manipulation delta"}  # fmt: skip
 LPIPS_METRICS = ("recon_lpips", "text_lpips", "text_manip_delta")
+
+
+def metric_words(metric: str) -> str:
+    """A metric in words; a command arm's own metric by its script's name."""
+    return METRIC_WORDS.get(metric, metric)
 AT = "final"  # the arm's final checkpoint, the other arm at the same step
 COMPARATORS = ("parent", "control")
 ONE_SEED: EffectReading = "one seed: training noise not measured"
@@ -137,12 +142,13 @@ def grid_effects(arms: Sequence[RunComparisons], judge: str,
     """The effects across seeds, from each run's per-seed comparisons at its final checkpoint; `costs`,
     by (arm, seed), price the noise budget's options."""
     costs = costs or {}
-    order = metric_order(judge)
     groups: dict[tuple[str, str, str], list[tuple[RunComparisons, int]]] = {}
     for a in arms:
         for i, c in enumerate(a.comparisons):
             if c.at == AT and c.diff is not None:
                 groups.setdefault((a.arm, c.metric, c.against), []).append((a, i))
+    order = metric_order(judge)
+    order += list(dict.fromkeys(metric for _, metric, _ in groups if metric not in order))  # a command arm's own
     effects = []
     arm_order = list(dict.fromkeys(a.arm for a in arms))
     for arm in arm_order:
@@ -185,7 +191,7 @@ def effect_cell(e: Effect) -> str:
 
 
 def _metric_label(e: Effect) -> str:
-    return METRIC_WORDS[e.metric] + (" (random stand-in: no verdict)" if e.standin else "")
+    return metric_words(e.metric) + (" (random stand-in: no verdict)" if e.standin else "")
 
 
 def _spread(e: Effect) -> str:
@@ -267,7 +273,7 @@ def per_seed_markdown(report: GridReport) -> list[str]:
     for e in rows:
         for s in e.per_seed:
             interval = f" [{_signed(s.low)}, {_signed(s.high)}]" if s.low is not None else ""
-            out.append(f"| {e.arm} | {METRIC_WORDS[e.metric]} | {e.other_arm} | {s.seed} | {_signed(s.diff)}{interval} "
+            out.append(f"| {e.arm} | {metric_words(e.metric)} | {e.other_arm} | {s.seed} | {_signed(s.diff)}{interval} "
                        f"| {s.n or '-'} |")  # fmt: skip
     return out
 
@@ -306,7 +312,7 @@ def forest_svg(report: GridReport, metric: str, against: str, width: int = 720, 
 
     who = "arm − its parent" if against == "parent" else f"arm − control ({report.control})"
     seeds = f"{report.seeds} seeds" if report.seeds > 1 else "one seed (evaluation noise only)"
-    title = f"{METRIC_WORDS[metric]}: {who} at the final checkpoint, 95% interval, {seeds}"
+    title = f"{metric_words(metric)}: {who} at the final checkpoint, 95% interval, {seeds}"
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class=forest data-metric="{escape(metric)}" '
              f'data-against="{against}" width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
              f'aria-label="{escape(title)}">',
@@ -334,5 +340,6 @@ def forest_svg(report: GridReport, metric: str, against: str, width: int = 720, 
 
 def forest_plots(report: GridReport) -> list[str]:
     """Every forest plot of the report: per metric in the table's order, one per comparator."""
-    return [svg for m in metric_order(report.judge) for against in COMPARATORS
-            if (svg := forest_svg(report, m, against))]  # fmt: skip
+    order = metric_order(report.judge)
+    order += list(dict.fromkeys(e.metric for e in report.effects if e.metric not in order))
+    return [svg for m in order for against in COMPARATORS if (svg := forest_svg(report, m, against))]

@@ -14,9 +14,10 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from orchestrator.db.models import Metric
+from orchestrator.db.models import METRIC_FIELDS, Metric
 from orchestrator.numbers import finite_or_none, is_finite
 from orchestrator.results.reports.crossed import Components, crossed_interval
+from worker.protocol import NONFINITE_TEXT
 
 # Quality metrics with stored standard errors, and which way is better (text_manip_delta: a larger
 # response to an edited caption is better; the detector's secondary policy says the same).
@@ -24,6 +25,15 @@ from orchestrator.results.reports.crossed import Components, crossed_interval
 QUALITY = ("recon_lpips", "text_lpips", "text_manip_delta", "val_flow_loss")
 LOWER_IS_BETTER = {"recon_lpips": True, "text_lpips": True, "text_manip_delta": False, "val_flow_loss": True}
 Pairing = Literal["paired", "independent", "none"]
+
+
+def value_of(m: Metric, name: str) -> float | None:
+    """A record's number `name`: its column, or (a command arm's own metric, its `_se` or `_n`) the number
+    in `extra`; None where missing or not a number (the text of a non-finite value reads as NaN)."""
+    value = getattr(m, name) if name in METRIC_FIELDS else (m.extra or {}).get(name)
+    if isinstance(value, str) and value in NONFINITE_TEXT:
+        return float(value)
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def per_sample(m: Metric, metric: str) -> list[float] | None:
@@ -55,15 +65,16 @@ class Difference:
 def difference(a: Metric, b: Metric, metric: str) -> Difference | None:
     """a - b on `metric` (None when either value is missing or non-finite), with a 95% interval: t with
     n-1 df for paired samples, Welch-Satterthwaite df for independent SEs with known n, else normal."""
-    a_val, b_val = getattr(a, metric), getattr(b, metric)
+    a_val, b_val = value_of(a, metric), value_of(b, metric)
     if not is_finite(a_val) or not is_finite(b_val):
         return None
     diff = a_val - b_val
     sa, sb = per_sample(a, metric), per_sample(b, metric)
     if sa and sb and len(sa) == len(sb) > 1:
         return _paired([x - y for x, y in zip(sa, sb, strict=True)], diff)
-    se_a, se_b = getattr(a, f"{metric}_se"), getattr(b, f"{metric}_se")
-    n_a, n_b = getattr(a, f"{metric}_n", None), getattr(b, f"{metric}_n", None)
+    se_a, se_b = value_of(a, f"{metric}_se"), value_of(b, f"{metric}_se")
+    n_a, n_b = value_of(a, f"{metric}_n"), value_of(b, f"{metric}_n")
+    n_a, n_b = (int(n_a) if n_a else None), (int(n_b) if n_b else None)
     n = min(n_a, n_b) if n_a and n_b else None
     if not is_finite(se_a) or not is_finite(se_b):
         return Difference(diff, None, None, None, "independent", n)
