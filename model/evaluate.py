@@ -29,6 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from model.flow import FlowMatching, euler_sample, interpolate, val_timesteps
+from model.flow_headline import headline_fields
 from model.spec import EvalSpec
 
 # Noise streams: recon and text-only share stream 0 (same noise per held-out image, so the two are
@@ -150,6 +151,8 @@ def flow_loss_metrics(grid: Tensor) -> dict[str, Any]:
         # recomputed from the records: 64 x 8 numbers per checkpoint
         "val_flow_loss_grid": grid.tolist(),
         "val_flow_definition": VAL_FLOW_DEFINITION,
+        # the headline (fixed timestep weights): what the detector judges and best.pt follows on the flow loss
+        **headline_fields(grid.tolist()),
     }
 
 

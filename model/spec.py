@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from model.command_spec import COMMAND_ENDS, MAX_ARM_GPUS, CommandEnd, CommandSpec  # noqa: F401 - part of the arm spec
+from model.flow_headline import HEADLINE
 from model.strict import Strict
 
 # Upper bounds are far above any real run and keep absurd values (hidden 4e21, steps 1e18) from
@@ -333,11 +334,11 @@ class DetectorPolicy(Strict):
         return self
 
     def judged_metric(self, lpips_standin: bool) -> str:
-        """The metric "auto" stands for (recon_lpips, or val_flow_loss where LPIPS is the random
-        stand-in), else the metric named: what the detector judges and what the trainer keeps best.pt by."""
+        """The metric "auto" stands for (recon_lpips, or the flow headline where LPIPS is the random stand-in),
+        else the metric named: what the detector judges and what the trainer keeps best.pt by."""
         if self.metric != "auto":
             return self.metric
-        return "val_flow_loss" if lpips_standin else "recon_lpips"
+        return HEADLINE if lpips_standin else "recon_lpips"
 
 
 class ArmSpec(Strict):

@@ -100,6 +100,7 @@ def _rows(settings: Settings, grid_id: int) -> list[dict[str, Any]]:
     from orchestrator.db.models import Metric, Run
     from orchestrator.db.session import session_scope
     from orchestrator.results.reports.effects import METRIC_WORDS
+    from orchestrator.results.reports.stats import value_of
     from orchestrator.runs.detector import projected_hours_saved, resolve_policy
 
     out = []
@@ -127,11 +128,11 @@ def _rows(settings: Settings, grid_id: int) -> list[dict[str, Any]]:
                 gpu=run.gpu_index,
                 steps=steps,
                 step=row["latest_step"],
-                first=getattr(metrics[0], judge) if metrics else None,
+                first=value_of(metrics[0], judge) if metrics else None,
                 first_step=metrics[0].step if metrics else None,
                 final=row[judge],
                 best=run.best_value,
-                best_se=getattr(best, f"{judge}_se") if best else None,
+                best_se=value_of(best, f"{judge}_se") if best else None,
                 hours_saved=saved,
                 iter_s=sum(rates) / len(rates) if rates else None,  # mean over checkpoints
                 backbone=row["lpips_backbone"],

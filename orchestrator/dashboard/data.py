@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
+from model.flow_headline import HEADLINE
 from model.spec import STANDIN
 from orchestrator.db.models import METRIC_FIELDS, Event, Grid, Metric, Node, RentedInstance, Run, Schedule, Sweep
 from orchestrator.grids.arms import LINEAGE_KEYS, ArmError, changes, flatten, resolve
@@ -29,7 +30,7 @@ from orchestrator.results.judge import best_checkpoint, judge_metric, stored_spe
 from orchestrator.results.own_metrics import is_command_run, own_series
 from orchestrator.results.reports.build import Pairing, grid_effects_now
 from orchestrator.results.reports.effects import metric_words
-from orchestrator.results.reports.stats import QUALITY, paired_difference
+from orchestrator.results.reports.stats import QUALITY, paired_difference, value_of
 from orchestrator.results.samples import sample_index
 from orchestrator.results.views import RunSummary, SweepPublic
 from orchestrator.runs.storage import STORAGE_EVENTS, storage_alarms
@@ -201,8 +202,9 @@ def grid_version(session: Session, grid_id: int, alarm_minutes: float = 15.0) ->
 
 def _series(metrics: list[Metric]) -> dict[str, list[Any]]:
     cols: dict[str, list[Any]] = {"step": [m.step for m in metrics]}
-    for name in METRIC_FIELDS:
-        values = [getattr(m, name) for m in metrics]
+    headline = (HEADLINE, f"{HEADLINE}_se")  # the flow headline, in `extra` (or from the grid): the detector's judge
+    for name in (*METRIC_FIELDS, *headline):
+        values = [value_of(m, name) if name in headline else getattr(m, name) for m in metrics]
         if any(v is not None for v in values):
             cols[name] = [finite_or_none(v) if isinstance(v, float) else v for v in values]
     return cols
@@ -321,7 +323,7 @@ def grid_detail(session: Session, grid: Grid, alarm_minutes: float = 15.0) -> di
             best_step, best_value = r.best_step, r.best_value
         else:  # nothing kept yet: the best judged value so far
             best = best_checkpoint(r, ms, judged)
-            best_step, best_value = (best.step, getattr(best, judged)) if best is not None else (None, None)
+            best_step, best_value = (best.step, value_of(best, judged)) if best is not None else (None, None)
         backbones = sorted({m.lpips_backbone for m in ms if m.lpips_backbone})
         row = RunSummary.from_row(r, ms[-1] if ms else None).model_dump(mode="json")  # NaN/Inf -> null
         own = own_series(ms) if is_command_run(r) else {}  # a command arm's metrics, plotted by their names
@@ -347,7 +349,7 @@ def grid_detail(session: Session, grid: Grid, alarm_minutes: float = 15.0) -> di
             samples=sample_index([(m.step, m.extra) for m in ms]).model_dump(),
             data=data_feed([(m.step, m.extra) for m in ms]).model_dump(),
             paired=(
-                {q: paired_difference(ms, metrics[ctrl.id], q) for q in QUALITY}
+                {q: paired_difference(ms, metrics[ctrl.id], q) for q in (HEADLINE, *QUALITY)}
                 if ctrl is not None and r.id != ctrl.id
                 else None
             ),

@@ -7,10 +7,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from model.flow_headline import HEADLINE
 from model.spec import ArmSpec, DetectorPolicy
 from orchestrator.db.models import METRIC_FIELDS, Metric, Run
 from orchestrator.numbers import is_finite
-from orchestrator.results.reports.stats import LOWER_IS_BETTER
+from orchestrator.results.reports.stats import LOWER_IS_BETTER, value_of
 from orchestrator.runs.detector import resolve_policy
 
 
@@ -39,8 +40,8 @@ def best_checkpoint(run: Run, ms: list[Metric], judge: str) -> Metric | None:
     by_step = {m.step: m for m in ms}
     if run.best_step is not None and run.best_step in by_step:
         return by_step[run.best_step]
-    if judge not in METRIC_FIELDS:
+    if judge not in METRIC_FIELDS and judge != HEADLINE:
         return None
-    scored = [m for m in ms if is_finite(getattr(m, judge))]
+    scored = [(v, m) for m in ms if is_finite(v := value_of(m, judge))]
     sign = 1 if LOWER_IS_BETTER.get(judge, True) else -1
-    return min(scored, key=lambda m: sign * getattr(m, judge)) if scored else None
+    return min(scored, key=lambda vm: sign * vm[0])[1] if scored else None

@@ -10,7 +10,9 @@ from typing import Annotated, Any, Self
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model, field_validator
 
+from model.flow_headline import HEADLINE
 from orchestrator.db.models import METRIC_FIELDS, Grid, Metric, Run
+from orchestrator.results.reports.stats import value_of
 from orchestrator.vocabulary import RentedState, SweepState
 
 
@@ -79,6 +81,9 @@ class RunSummary(MetricValues):  # type: ignore[misc, valid-type]
     started_at: datetime | None
     finished_at: datetime | None
     latest_step: int | None = None
+    # The flow headline (model/flow_headline.py): what the detector judges on the flow loss.
+    val_flow_ivw: float | None = None
+    val_flow_ivw_se: float | None = None
 
     @classmethod
     def from_row(cls, run: Run, latest: Metric | None) -> Self:
@@ -87,7 +92,8 @@ class RunSummary(MetricValues):  # type: ignore[misc, valid-type]
         if latest is None:
             return out
         metrics = {name: getattr(latest, name) for name in METRIC_FIELDS}
-        return out.model_copy(update={"latest_step": latest.step, **metrics})
+        headline = {name: value_of(latest, name) for name in (HEADLINE, f"{HEADLINE}_se")}
+        return out.model_copy(update={"latest_step": latest.step, **metrics, **headline})
 
 
 class GridDetail(GridPublic):

@@ -60,8 +60,8 @@ def test_db_upgrade_then_status(env: dict[str, str], tmp_path: Path) -> None:
 
 
 def test_status_leads_with_the_judged_metric_and_names_each_replicate(env: dict[str, str], tmp_path: Path) -> None:
-    """Where LPIPS is the random stand-in, `ablate status` leads with the flow loss the detector judges;
-    the stand-in's value follows, labelled, and replicates read "A s1"."""
+    """Where LPIPS is the random stand-in, `ablate status` leads with the flow loss's headline the detector
+    judges; the stand-in's value follows, labelled, and replicates read "A s1"."""
     from orchestrator.db.models import Metric
     from orchestrator.db.session import session_scope, upgrade
     from orchestrator.grids.service import GridCreate, create_grid
@@ -71,15 +71,16 @@ def test_status_leads_with_the_judged_metric_and_names_each_replicate(env: dict[
         grid = create_grid(session, GridCreate(name="seeds", arms=["A", "C"], seeds=2))
         for i, run in enumerate(grid.runs):
             session.add(Metric(run_id=run.id, step=100, recon_lpips=0.05, lpips_backbone="random_standin",
-                               val_flow_loss=1.5 + i, val_flow_loss_se=0.04))  # fmt: skip
+                               val_flow_loss=1.5 + i, val_flow_loss_se=0.04,
+                               extra={"val_flow_ivw": 1.2 + i, "val_flow_ivw_se": 0.03}))  # fmt: skip
         grid_id = grid.id
     proc = ablate("status", str(grid_id), env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     header = next(line for line in proc.stdout.splitlines() if "┃ run" in line)
-    assert header.index("held-out flow loss (plain mean) ± SE") < header.index("recon LPIPS")
+    assert header.index("held-out flow loss, timesteps weighted by inverse variance ± SE") < header.index("recon")
     rows = [[c.strip() for c in line.split("│")[1:-1]] for line in proc.stdout.splitlines() if line.count("│") > 5]
     assert [r[1] for r in rows] == ["A s0", "C s0", "A s1", "C s1"]
-    assert rows[3][4] == "4.5 ± 0.040" and rows[3][5] == "0.05 (stand-in)"
+    assert rows[3][4] == "4.2 ± 0.030" and rows[3][5] == "0.05 (stand-in)"
 
 
 def test_bad_spec_submit_is_one_line_exit_2(env: dict[str, str], tmp_path: Path) -> None:

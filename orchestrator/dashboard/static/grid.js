@@ -9,10 +9,12 @@
     { key: "recon_lpips", title: "Reconstruction LPIPS", primary: true },
     { key: "text_lpips", title: "Text-only LPIPS" },
     { key: "text_manip_delta", title: "Text-manipulation delta" },
-    // Needs no downloaded weights: judges where LPIPS is the random stand-in (the detector's "auto").
-    { key: "val_flow_loss", title: "Held-out flow loss", yLabel: "velocity MSE" },
+    // Needs no downloaded weights: its headline (timesteps weighted by fixed inverse variances) judges where
+    // LPIPS is the random stand-in (the detector's "auto"); the plain mean beside it.
+    { key: "val_flow_ivw", title: "Held-out flow loss (headline: timesteps weighted)", yLabel: "velocity MSE, weighted" },
+    { key: "val_flow_loss", title: "Held-out flow loss (plain mean)", yLabel: "velocity MSE" },
   ];
-  const FLOW = "val_flow_loss";
+  const FLOW = "val_flow_ivw";
   const SPEED = [
     { key: "iter_per_sec", title: "Iterations / s" },
     { key: "samples_per_sec", title: "Samples / s" },
@@ -71,7 +73,7 @@
         box.append(el("div", { class: "banner standin", "data-arm": r.arm },
           el("strong", {}, `${r.arm}: stand-in LPIPS. `),
           `${r.standin_steps.length} checkpoint(s) were scored with a random (untrained) LPIPS backbone: these values are not comparable with real LPIPS.`,
-          r.judge_metric === FLOW ? " The detector judges this arm on the held-out flow loss (val_flow_loss) instead: it needs no downloaded weights." : ""));
+          r.judge_metric === FLOW ? " The detector judges this arm on the held-out flow loss's headline (val_flow_ivw) instead: it needs no downloaded weights." : ""));
       }
       if (r.fallbacks.length) {
         box.append(el("div", { class: "banner fallback", "data-arm": r.arm },
@@ -216,11 +218,11 @@
       for (const q of QUALITY) {
         charts.push(chartCard(document.getElementById(rows[axis]), {
           key: q.key, axis, title: `${q.title}${axis === "hours" ? " vs GPU-hours" : ""}`,
-          note: q.key === FLOW ? judgeNote(d) : q.key !== "text_manip_delta" ? note : null,
+          note: q.key === FLOW ? judgeNote(d) : q.key.endsWith("lpips") ? note : null,
           xLabel, yLabel: q.yLabel || (q.key === "text_manip_delta" ? "LPIPS delta" : "LPIPS"),
           tables: d.runs.flatMap((r) => lineTables(r, xKey, q.key, `${q.key}_se`, 1)),
           markers: qualityMarkers(d, q, xKey),
-          refs: q.key !== "text_manip_delta" && q.key !== FLOW ? [{ y: 1.0, label: "LPIPS 1.0 (trivial baseline)" }] : [],
+          refs: q.key.endsWith("lpips") ? [{ y: 1.0, label: "LPIPS 1.0 (trivial baseline)" }] : [],
         }));
       }
     }

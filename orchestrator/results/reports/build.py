@@ -74,12 +74,9 @@ def compare(arm: str, m: Metric, other_arm: str, o: Metric | None, metric: str, 
     base: dict[str, Any] = {"metric": metric, "against": against, "other_arm": other_arm, "at": at, "step": m.step}
     if o is None:
         return Comparison(**base, words=f"{label}: {other_arm} has no checkpoint at step {m.step}")
-    if metric == WEIGHTED_FLOW:  # a difference of two runs, no value of its own
-        d = weighted_flow_difference(m, o)
-        values: dict[str, Any] = {}
-    else:
-        d = difference(m, o, metric)
-        values = {"value": finite_or_none(value_of(m, metric)), "other_value": finite_or_none(value_of(o, metric))}
+    # the flow headline: paired image by image from the stored grids (older records hold no per-image list)
+    d = weighted_flow_difference(m, o) if metric == WEIGHTED_FLOW else difference(m, o, metric)
+    values = {"value": finite_or_none(value_of(m, metric)), "other_value": finite_or_none(value_of(o, metric))}
     if d is None:
         return Comparison(**base, **values, words=f"{label}: {words} not measured on both")
     direction = "lower" if d.diff < 0 else "higher" if d.diff > 0 else "equal"
@@ -113,7 +110,7 @@ def judge_of(runs: list[Run], metrics: dict[int, list[Metric]]) -> str:
     where LPIPS is the random stand-in, unless a spec names one)."""
     judged = [judge_metric(r, any(m.lpips_backbone == STANDIN for m in metrics[r.id]))
               for r in runs if not is_command_run(r)]  # fmt: skip
-    known = [m for m in judged if m in QUALITY]
+    known = [m for m in judged if m in COMPARED]
     return max(dict.fromkeys(known), key=known.count) if known else PRIMARY
 
 
@@ -176,7 +173,7 @@ def _detector(run: Run, ms: list[Metric], best: Metric | None, price: float | No
         reason=run.decision_reason,
         stopped=stopped,
         kept_step=best.step if best is not None else None,
-        kept_value=finite_or_none(getattr(best, judge)) if best is not None else None,
+        kept_value=finite_or_none(value_of(best, judge)) if best is not None else None,
         kept_checkpoint=run.best_checkpoint,
         planned_steps=planned,
         gpu_hours_saved=saved,
@@ -334,10 +331,10 @@ def build_report(session: Session, grid: Grid, storage_options: dict[str, Any] |
                 changes=changes(mine, theirs) if mine is not None and theirs is not None else {},
                 state=r.state,
                 best_step=best_step,
-                best_value=finite_or_none(getattr(best, judge)) if best is not None else None,
+                best_value=finite_or_none(value_of(best, judge)) if best is not None else None,
                 final_step=final.step if final is not None else None,
-                final_value=finite_or_none(getattr(final, judge)) if final is not None else None,
-                series={"step": [float(m.step) for m in ms], judge: [finite_or_none(getattr(m, judge)) for m in ms],
+                final_value=finite_or_none(value_of(final, judge)) if final is not None else None,
+                series={"step": [float(m.step) for m in ms], judge: [finite_or_none(value_of(m, judge)) for m in ms],
                         **own},
                 own_metrics=list(own),
                 comparisons=comparisons,

@@ -14,6 +14,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from model.flow_headline import HEADLINE, headline_fields, weighted_row
 from orchestrator.db.models import METRIC_FIELDS, Metric
 from orchestrator.numbers import finite_or_none, is_finite
 from orchestrator.results.reports.crossed import Components, crossed_interval
@@ -23,14 +24,19 @@ from worker.protocol import NONFINITE_TEXT
 # response to an edited caption is better; the detector's secondary policy says the same).
 # val_flow_loss: velocity space for every arm, so x-prediction and AsymFlow arms compare on it.
 QUALITY = ("recon_lpips", "text_lpips", "text_manip_delta", "val_flow_loss")
-LOWER_IS_BETTER = {"recon_lpips": True, "text_lpips": True, "text_manip_delta": False, "val_flow_loss": True}
+LOWER_IS_BETTER = {"recon_lpips": True, "text_lpips": True, "text_manip_delta": False, "val_flow_loss": True,
+                   HEADLINE: True}  # fmt: skip
 Pairing = Literal["paired", "independent", "none"]
 
 
 def value_of(m: Metric, name: str) -> float | None:
-    """A record's number `name`: its column, or (a command arm's own metric, its `_se` or `_n`) the number
-    in `extra`; None where missing or not a number (the text of a non-finite value reads as NaN)."""
-    value = getattr(m, name) if name in METRIC_FIELDS else (m.extra or {}).get(name)
+    """A record's number `name`: its column, or (the flow headline, a command arm's own metric, their `_se`
+    or `_n`) the number in `extra`; None where missing or not a number (the text of a non-finite value reads
+    as NaN). A record from before the flow headline gets it from its stored grid."""
+    extra = m.extra or {}
+    if name.startswith(HEADLINE) and HEADLINE not in extra and isinstance(extra.get("val_flow_loss_grid"), list):
+        extra = headline_fields(extra["val_flow_loss_grid"])
+    value = getattr(m, name) if name in METRIC_FIELDS else extra.get(name)
     if isinstance(value, str) and value in NONFINITE_TEXT:
         return float(value)
     return value if isinstance(value, int | float) and not isinstance(value, bool) else None
@@ -104,12 +110,11 @@ def paired_difference(arm: list[Metric], control: list[Metric], metric: str) -> 
     return {"step": steps, "diff": diffs, "se": [finite_or_none(s) for s in ses], "se_method": method}
 
 
-# The flow-loss headline no single timestep owns, chosen by measurement (docs/benchmarks.md, issue 40):
-# per image, the arm - comparator loss difference averaged over the timesteps with weights 1 / (variance of
-# the comparator's loss at that timestep over the held-out images). The plain mean gives t = 1/16 most of
-# its weight (1/t^2 in velocity space for an x-prediction arm); these weights give each timestep what its
-# noise allows. Computed from the stored (image x time) grid.
-WEIGHTED_FLOW = "val_flow_ivw"
+# The flow-loss headline no single timestep owns (model/flow_headline.py): per image, the loss averaged over
+# the timesteps with fixed inverse-variance weights measured once. The same number ranks the runs, picks
+# the best checkpoint, is what the detector judges on the flow loss, and its paired difference is the
+# effects table's headline. Old records without it get it from their stored (image x time) grid.
+WEIGHTED_FLOW = HEADLINE
 
 
 def flow_grid(m: Metric) -> list[list[float]] | None:
@@ -140,23 +145,15 @@ def _grid_pair(a: Metric, b: Metric) -> tuple[list[list[float]], list[list[float
 
 
 def weighted_flow_difference(a: Metric, b: Metric) -> Difference | None:
-    """a - b on the inverse-variance-weighted flow loss, paired over the images. None without both grids
-    of one shape, or where the comparator's loss does not vary at some timestep."""
+    """a - b on the flow headline, paired over the images (each image's loss weighted over the timesteps by
+    the fixed weights). None without both grids of one shape, 8 timesteps wide."""
     grids = _grid_pair(a, b)
     if grids is None:
         return None
-    ga, gb = grids
-    weights = []
-    for t in range(len(gb[0])):
-        column = [row[t] for row in gb]
-        mean = sum(column) / len(column)
-        var = sum((x - mean) ** 2 for x in column) / (len(column) - 1)
-        if var <= 0:
-            return None
-        weights.append(1 / var)
-    total = sum(weights)
-    d = [sum(w * (x - y) for w, x, y in zip(weights, ra, rb, strict=True)) / total
-         for ra, rb in zip(ga, gb, strict=True)]  # fmt: skip
+    rows = [(weighted_row(ra), weighted_row(rb)) for ra, rb in zip(*grids, strict=True)]
+    if any(x is None or y is None for x, y in rows):
+        return None
+    d = [x - y for x, y in rows]  # type: ignore[operator]
     return _paired(d, sum(d) / len(d))
 
 

@@ -132,8 +132,8 @@ def _flow(step: int, loss: list[float], backbone: str) -> dict:
 
 
 def test_grid_detail_pairs_the_flow_loss_names_the_judge_and_keeps_the_per_time_means(database_url: str) -> None:
-    """Stand-in LPIPS: the dashboard says val_flow_loss judges; the loss's paired difference against the
-    control uses the per-image values; the per-time means of every checkpoint are there to draw."""
+    """Stand-in LPIPS: the dashboard says the flow headline (val_flow_ivw) judges; the loss's paired difference
+    against the control uses the per-image values; the per-time means of every checkpoint are there to draw."""
     with session_scope(database_url) as s:
         grid = create_grid(s, GridCreate(name="flow", arms=["A", "B"], overrides={"model": {"size": "tiny"}}))
         a, b = grid.runs
@@ -142,7 +142,7 @@ def test_grid_detail_pairs_the_flow_loss_names_the_judge_and_keeps_the_per_time_
         ingest(s, b, [_flow(10, [0.52, 0.63, 0.71, 0.83], "alexnet")], detect=False)
         s.flush()
         rows = {r["arm"]: r for r in grid_detail(s, grid)["runs"]}
-    assert rows["A"]["judge_metric"] == "val_flow_loss" and rows["B"]["judge_metric"] == "recon_lpips"
+    assert rows["A"]["judge_metric"] == "val_flow_ivw" and rows["B"]["judge_metric"] == "recon_lpips"
     paired = rows["B"]["paired"]["val_flow_loss"]
     d = [0.02, 0.03, 0.01, 0.03]
     mean = sum(d) / 4

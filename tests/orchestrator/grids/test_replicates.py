@@ -111,7 +111,7 @@ def test_seeds_differ_in_training_only(grid: dict, settings: Settings) -> None:
 
 def test_the_report_gives_each_effect_across_seeds(client: TestClient, grid: dict, settings: Settings) -> None:
     report = client.get(f"/api/grids/{grid['created']['id']}/report.json").json()
-    assert report["seeds"] == 2 and report["judge"] == "val_flow_loss"
+    assert report["seeds"] == 2 and report["judge"] == "val_flow_ivw"
     effect = next(e for e in report["effects"] if (e["arm"], e["metric"]) == ("B", "val_flow_loss"))
     assert effect["k"] == 2 and effect["against"] == "parent" and [s["seed"] for s in effect["per_seed"]] == [0, 1]
     # By hand from the stored per-sample values: the 2 seeds x 4 images table of paired differences, crossed.

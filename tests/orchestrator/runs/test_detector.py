@@ -240,9 +240,10 @@ def test_projected_hours_saved_is_the_untrained_steps_at_the_arms_own_pace() -> 
 
 
 def _flow_stream(lpips: list[float], loss: list[float], backbone: str) -> list[Checkpoint]:
+    """`loss` as both the flow headline (val_flow_ivw) and the plain mean, as a record carries both."""
     return [
         Checkpoint.from_mapping({"step": 100 * (i + 1), "recon_lpips": a, "val_flow_loss": b, "val_flow_loss_se": 0.01,
-                                 "lpips_backbone": backbone})
+                                 "val_flow_ivw": b, "val_flow_ivw_se": 0.01, "lpips_backbone": backbone})
         for i, (a, b) in enumerate(zip(lpips, loss, strict=True))
     ]  # fmt: skip
 
@@ -255,7 +256,11 @@ def test_auto_judges_the_flow_loss_where_lpips_is_the_standin() -> None:
     standin = _flow_stream(lpips, loss, "random_standin")
     assert kinds(standin, POLICY) == [C, C, C, C, C, X]
     verdict = decide(standin, POLICY, total_steps=600)
-    assert (verdict.metric, verdict.best_step, verdict.best_value) == ("val_flow_loss", 400, 0.60)
+    assert (verdict.metric, verdict.best_step, verdict.best_value) == ("val_flow_ivw", 400, 0.60)
+    # The headline is judged, not the plain mean: a plain mean that keeps falling does not save the arm.
+    falling = [Checkpoint(c.step, {**c.values, "val_flow_loss": 1.0 - 0.1 * i}, c.hours, c.lpips_standin)
+               for i, c in enumerate(standin)]  # fmt: skip
+    assert kinds(falling, POLICY) == [C, C, C, C, C, X]
     assert kinds(_flow_stream(lpips, loss, "alexnet"), POLICY) == [C] * 6
     assert decide(_flow_stream(lpips, loss, "alexnet"), POLICY, total_steps=600).metric == "recon_lpips"
     # a metric named in the spec is used whatever the backbone

@@ -50,9 +50,12 @@ def test_report_has_paired_intervals_and_embedded_samples(client: TestClient, gr
     assert {("target", 0), ("recon", 0), ("text", 0)} <= kinds
     assert all(i["data_uri"].startswith("data:image/png;base64,") for i in b["samples"]["images"])
     assert b["fallbacks"] and any("random_standin" in f for f in b["fallbacks"])  # the stand-in LPIPS, labelled
-    # Effects at the final checkpoint: the flow loss's weighted headline and its plain mean judge (LPIPS is
-    # the stand-in, listed but not counted); one seed, so each interval covers evaluation noise and says so.
-    assert report["judge"] == "val_flow_loss" and report["seeds"] == 1
+    # Effects at the final checkpoint: the flow loss's weighted headline judges and leads, its plain mean
+    # follows (LPIPS is the stand-in, listed but not counted); one seed, so each interval covers evaluation
+    # noise and says so. The ranking and each run's best are on the same headline.
+    assert report["judge"] == "val_flow_ivw" and report["seeds"] == 1
+    assert b["series"]["val_flow_ivw"][-1] == pytest.approx(b["final_value"])
+    assert report["summary"]["primary_metric"] == "val_flow_ivw"
     assert report["summary"]["comparisons"] == 2 and report["summary"]["with_interval"] == 2
     effects = {e["metric"]: e for e in report["effects"] if e["arm"] == "B"}
     assert list(effects)[:2] == ["val_flow_ivw", "val_flow_loss"]  # the judge leads, its headline first
