@@ -23,6 +23,7 @@ from orchestrator.grids.arms import changes
 from orchestrator.numbers import finite_or_none, is_finite, number
 from orchestrator.results.judge import best_checkpoint, judge_metric, stored_spec
 from orchestrator.results.own_metrics import is_command_run, own_series
+from orchestrator.results.record_lists import stored_list, unreadable_records
 from orchestrator.results.reports.effects import METRIC_WORDS, RunComparisons, grid_effects
 from orchestrator.results.reports.model import (
     ArmReport,
@@ -44,6 +45,7 @@ from orchestrator.results.reports.stats import (
     Difference,
     across_seeds,
     difference,
+    flow_grid,
     timestep_differences,
     weighted_flow_difference,
 )
@@ -80,8 +82,8 @@ def compare(arm: str, m: Metric, other_arm: str, o: Metric | None, metric: str, 
     text = f"{label}: {METRIC_WORDS[metric]} {number(abs(d.diff), DIGITS)} {direction}"
     if d.low is None or d.high is None:
         verdict = "no interval"
-        why = "per-sample values" if d.pairing == "paired" else "per-sample values or standard errors"
-        text += f" (independent; no interval: no {why} stored)"
+        why = d.missing or f"no per-sample values{'' if d.pairing == 'paired' else ' or standard errors'} stored"
+        text += f" ({d.pairing}; no interval: {why})"
     else:
         lo, hi = sorted((abs(d.low), abs(d.high))) if d.low * d.high > 0 else (d.low, d.high)
         n = f", n={d.n}" if d.n else ""
@@ -311,6 +313,8 @@ def build_report(session: Session, grid: Grid, storage_options: dict[str, Any] |
         )
     done = all(r.state in TERMINAL_STATES for r in runs) and bool(runs)
     control = pairing.control(0)
+    left_out = unreadable_records([(f"run {r.id} ({r.arm}, seed {r.seed})", m.step, m.extra)
+                                   for r in runs for m in metrics[r.id]])  # fmt: skip
     effects = grid_effects(arms, judge)
     return GridReport(
         grid_id=grid.id,
@@ -325,6 +329,7 @@ def build_report(session: Session, grid: Grid, storage_options: dict[str, Any] |
         effects=effects,
         timestep_effects=timestep_effects(pairs, metrics),
         arms=arms,
+        unreadable_records=left_out,
     )
 
 
@@ -341,9 +346,9 @@ def timestep_effects(pairs: list[tuple[Run, str, Run]], metrics: dict[int, list[
         diffs = timestep_differences(a, b)
         if diffs is None:
             continue
-        t = [float(x) for x in (a.extra or {}).get("val_flow_loss_t") or []] or t
-        means_a = [sum(col) / len(col) for col in zip(*(a.extra or {})["val_flow_loss_grid"], strict=True)]
-        means_b = [sum(col) / len(col) for col in zip(*(b.extra or {})["val_flow_loss_grid"], strict=True)]
+        t = stored_list(a.extra, "val_flow_loss_t") or t
+        means_a = [sum(col) / len(col) for col in zip(*flow_grid(a) or [], strict=True)]
+        means_b = [sum(col) / len(col) for col in zip(*flow_grid(b) or [], strict=True)]
         groups.setdefault((run.arm, against, other.arm), []).append((diffs, means_a, means_b))
     out = []
     for (arm, against, other_arm), seeds in groups.items():

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from orchestrator.db.models import Metric
 from orchestrator.numbers import finite_or_none, is_finite
+from orchestrator.results.record_lists import stored_list
 
 # Quality metrics with stored standard errors, and which way is better (text_manip_delta: a larger
 # response to an edited caption is better; the detector's secondary policy says the same).
@@ -26,9 +27,10 @@ Pairing = Literal["paired", "independent", "none"]
 
 
 def per_sample(m: Metric, metric: str) -> list[float] | None:
-    """Per-sample values, if the worker stored them in `extra` (enables a truly paired SE)."""
-    values = (m.extra or {}).get(f"{metric}_samples")
-    return values if isinstance(values, list) and values else None
+    """Per-sample values, if the worker stored them in `extra` (enables a truly paired SE): a list of
+    finite numbers, else None (a diverged sample, "nan" as stored, leaves the arms unpaired)."""
+    values = stored_list(m.extra, f"{metric}_samples")
+    return values if values and all(is_finite(x) for x in values) else None
 
 
 def t_quantile(df: float | None) -> float:
@@ -48,6 +50,7 @@ class Difference:
     high: float | None
     pairing: Pairing  # paired (per-sample values) | independent (SEs combined, or none stored)
     n: int | None  # pairs (paired) or the smaller arm's n (independent), when known
+    missing: str | None = None  # why there is no interval, where there is none
 
 
 def difference(a: Metric, b: Metric, metric: str) -> Difference | None:
@@ -63,14 +66,25 @@ def difference(a: Metric, b: Metric, metric: str) -> Difference | None:
     se_a, se_b = getattr(a, f"{metric}_se"), getattr(b, f"{metric}_se")
     n_a, n_b = getattr(a, f"{metric}_n", None), getattr(b, f"{metric}_n", None)
     n = min(n_a, n_b) if n_a and n_b else None
-    if not is_finite(se_a) or not is_finite(se_b):
-        return Difference(diff, None, None, None, "independent", n)
-    se = math.sqrt(se_a**2 + se_b**2)
+    if se_a is None or se_b is None:
+        return Difference(diff, None, None, None, "independent", n, "no per-sample values or standard errors stored")
+    if not is_finite(se_a) or not is_finite(se_b) or se_a < 0 or se_b < 0:
+        return Difference(diff, None, None, None, "independent", n, "a standard error is not a finite number >= 0")
+    se = math.hypot(se_a, se_b)  # no overflow or underflow of the squares
     df = None
     if n_a and n_b and n_a > 1 and n_b > 1 and se > 0:
-        df = se**4 / (se_a**4 / (n_a - 1) + se_b**4 / (n_b - 1))
-    half = t_quantile(df) * se
-    return Difference(diff, se, diff - half, diff + half, "independent", n)
+        # Welch-Satterthwaite on the SEs scaled to at most 1: SEs of 1e-100 underflow to a 0/0 otherwise
+        ra, rb = se_a / max(se_a, se_b), se_b / max(se_a, se_b)
+        df = (ra**2 + rb**2) ** 2 / (ra**4 / (n_a - 1) + rb**4 / (n_b - 1))
+    return _interval(Difference(diff, se, None, None, "independent", n), df)
+
+
+def _interval(d: Difference, df: float | None = None) -> Difference:
+    """`d` with its 95% interval from its SE, or none (and why) where the interval is not finite."""
+    half = t_quantile(df) * d.se if d.se is not None and is_finite(d.se) else math.inf
+    if not is_finite(d.diff) or not is_finite(half) or not is_finite(d.diff + half) or not is_finite(d.diff - half):
+        return Difference(d.diff, None, None, None, d.pairing, d.n, "the interval is not finite (values too large)")
+    return Difference(d.diff, d.se, d.diff - half, d.diff + half, d.pairing, d.n)
 
 
 def paired_difference(arm: list[Metric], control: list[Metric], metric: str) -> dict[str, Any]:
@@ -100,12 +114,10 @@ WEIGHTED_FLOW = "val_flow_ivw"
 
 
 def flow_grid(m: Metric) -> list[list[float]] | None:
-    """The stored (image x timestep) val_flow_loss grid (`extra["val_flow_loss_grid"]`), if any and rectangular."""
-    grid = (m.extra or {}).get("val_flow_loss_grid")
-    if not isinstance(grid, list) or not grid or not all(isinstance(row, list) for row in grid):
-        return None
-    width = len(grid[0])
-    if width == 0 or any(len(row) != width or not all(is_finite(x) for x in row) for row in grid):
+    """The stored (image x timestep) val_flow_loss grid (`extra["val_flow_loss_grid"]`), if any, rectangular
+    and finite (a diverged cell, "nan" as stored, leaves the grid out)."""
+    grid = stored_list(m.extra, "val_flow_loss_grid")
+    if not grid or not grid[0] or not all(is_finite(x) for row in grid for x in row):
         return None
     return grid
 
@@ -113,9 +125,8 @@ def flow_grid(m: Metric) -> list[list[float]] | None:
 def _paired(d: list[float], value: float) -> Difference:
     """`value` with the t-interval of the mean of the per-sample differences `d` (len >= 2)."""
     mean = sum(d) / len(d)
-    se = math.sqrt(sum((x - mean) ** 2 for x in d) / (len(d) - 1)) / math.sqrt(len(d))
-    half = t_quantile(len(d) - 1) * se
-    return Difference(value, se, value - half, value + half, "paired", len(d))
+    se = math.sqrt(sum((x - mean) * (x - mean) for x in d) / (len(d) - 1)) / math.sqrt(len(d))  # inf, not OverflowError
+    return _interval(Difference(value, se, None, None, "paired", len(d)), len(d) - 1)
 
 
 def _grid_pair(a: Metric, b: Metric) -> tuple[list[list[float]], list[list[float]]] | None:
@@ -137,8 +148,8 @@ def weighted_flow_difference(a: Metric, b: Metric) -> Difference | None:
     for t in range(len(gb[0])):
         column = [row[t] for row in gb]
         mean = sum(column) / len(column)
-        var = sum((x - mean) ** 2 for x in column) / (len(column) - 1)
-        if var <= 0:
+        var = sum((x - mean) * (x - mean) for x in column) / (len(column) - 1)
+        if not 0 < var < math.inf or not is_finite(1 / var):  # no spread, or past what a float holds
             return None
         weights.append(1 / var)
     total = sum(weights)
@@ -186,4 +197,5 @@ def across_seeds(per_seed: list[Difference]) -> SeedEffect | None:
         return SeedEffect(d.diff, d.low, d.high, 1, None, eval_se)
     diffs = [d.diff for d in per_seed]
     mean = _paired(diffs, sum(diffs) / k)  # the seeds' differences are the samples: t on k - 1 df
-    return SeedEffect(mean.diff, mean.low, mean.high, k, mean.se * math.sqrt(k), eval_se)  # type: ignore[operator]
+    seed_sd = mean.se * math.sqrt(k) if mean.se is not None else None
+    return SeedEffect(mean.diff, mean.low, mean.high, k, seed_sd, eval_se)
