@@ -275,13 +275,8 @@ class AdaLNSpec(Strict):
     lora_rank: PositiveInt = 8  # shared: per-block LoRA rank on the shared projection
 
 
-# Held-out samples one evaluation may score: each record carries one value per sample and metric
-# (`*_samples`, `val_flow_loss_grid`), which the node protocol bounds at this many (worker/protocol.py).
-MAX_EVAL_SAMPLES = 4096
-
-
 class EvalSpec(Strict):
-    num_samples: Annotated[int, Field(gt=0, le=MAX_EVAL_SAMPLES)] = 25  # n per metric (the study used 25)
+    num_samples: Annotated[int, Field(gt=0, le=4096)] = 25  # n per metric; le: protocol.MAX_EVAL_SAMPLES
     sampler_steps: PositiveInt = 50  # Euler steps
     seed: Seed = 1234  # per-sample noise is seeded from this and the sample index
     # alexnet: the lpips package's AlexNet; its backbone weights come from lpips_weights (a local file)

@@ -47,7 +47,7 @@ from pydantic import (
 )
 
 from model.command_spec import CommandEnd
-from model.spec import MAX_EVAL_SAMPLES, ArmSpec
+from model.spec import ArmSpec
 from worker.run_files import RECORDS_PER_POLL
 
 PROTOCOL = 2  # 2: a start request carries `args` (WorkerArgs), no longer `kwargs`
@@ -222,6 +222,7 @@ class WorkerInfo(BaseModel):
 
 # -- a record's lists: what a trainer writes per sample and per timestep (model/evaluate.py) -------------
 
+MAX_EVAL_SAMPLES = 4096  # values per `*_samples` list and grid rows: model/spec.py EvalSpec.num_samples' bound
 MAX_TIMESTEPS = 64  # timesteps of the held-out flow loss (model/evaluate.py VAL_TIMESTEPS is 8)
 MAX_SKIPPED_NAMES = 64  # names in a record's skipped_files (the trainer sends the first 10)
 SAMPLES_SUFFIX = "_samples"  # `<metric>_samples`: one value per held-out sample, any metric's

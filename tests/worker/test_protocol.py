@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from model.spec import EvalSpec
 from orchestrator.db.models import METRIC_FIELDS, Metric
 from worker.protocol import (
     LIST_SHAPES,
+    MAX_EVAL_SAMPLES,
     REQUEST,
     CheckpointRecord,
     Count,
@@ -94,6 +96,9 @@ def test_a_records_lists_have_declared_shapes_and_the_text_of_a_non_finite_value
     assert "loss_samples (a per-sample list)" in first_error(own.value)
     fields = CheckpointRecord.model_fields  # what a reader of stored records checks is what a node may send
     assert all(fields[name].annotation == shape | None for name, shape in LIST_SHAPES.items())
+    EvalSpec(num_samples=MAX_EVAL_SAMPLES)  # a spec asks for no more samples than a record may carry
+    with pytest.raises(ValidationError):
+        EvalSpec(num_samples=MAX_EVAL_SAMPLES + 1)
 
 
 def test_a_record_may_not_carry_the_controllers_own_bookkeeping() -> None:
