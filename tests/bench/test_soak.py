@@ -39,7 +39,8 @@ def test_the_soak_starts_its_controller_takes_a_grid_and_recovers_from_a_postgre
     assert report["records_stored"] == report["records_produced_by_completed_runs"] == 4 * 40
     assert report["records_lost_of_completed_runs"] == 0
     assert report["duplicated_checkpoint_events"] == 0
-    assert report["5xx"] == 0, report["5xx_samples"]
+    # 503 (with Retry-After) is the answer while the database restarts; any other 5xx is a bug
+    assert set(report["5xx_by_status"]) <= {"503"}, report["5xx_samples"]
     [fault] = report["faults"]
     assert fault["fault"].startswith("postgres restart")
     assert fault["api_ok_s"] is not None and fault["ingest_s"] is not None  # the API and ingest came back
