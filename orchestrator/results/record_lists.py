@@ -40,7 +40,7 @@ def _checked(extra: dict[str, Any] | None, key: str) -> tuple[list[Any] | None, 
     try:
         return _adapter(key).validate_python(value), None
     except ValidationError as exc:
-        return None, first_error(exc)
+        return None, first_error(exc).removeprefix("the value: ")
 
 
 def stored_list(extra: dict[str, Any] | None, key: str) -> list[Any] | None:
