@@ -56,7 +56,7 @@ def cell(rng: np.random.Generator, k: int, n: int, seed_sd: float, image_sd: flo
         table = (EFFECT + rng.normal(0, seed_sd, (k, 1)) + rng.normal(0, image_sd, (1, n))
                  + rng.normal(0, rest_sd, (k, n)))  # fmt: skip
         rows = table.tolist()
-        per_seed = [Difference(sum(r) / n, None, None, None, "paired", n, tuple(r)) for r in rows]
+        per_seed = [Difference(sum(r) / n, None, None, None, "paired", n, samples=tuple(r)) for r in rows]
         effect = across_seeds(per_seed)
         assert effect is not None and effect.interval == "crossed" and effect.low is not None
         hits_crossed += effect.low <= EFFECT <= effect.high  # type: ignore[operator]

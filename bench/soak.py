@@ -33,7 +33,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from soak_env import BENCH_DIR, REPO, Env, controller_main, free_port
+from soak_env import BENCH_DIR, REPO, Env, free_port
 from soak_load import (
     Stats,
     fault_controller,
@@ -229,8 +229,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["controller"]:
-        sys.path.insert(0, str(BENCH_DIR))
-        controller_main()
-    else:
-        main()
+    main()

@@ -28,7 +28,8 @@ __all__ = ["AUTH", "BENCH_DIR", "PG_BIN", "REPO", "SYNTHETIC", "TOKEN", "Env", "
 
 
 def controller_main() -> None:
-    """`python bench/soak.py controller`: the app `ablate serve` runs, its launcher on the synthetic stream."""
+    """`python bench/soak_env.py controller` (Env.start_controller): the app `ablate serve` runs, its launcher on
+    the synthetic stream."""
     import uvicorn
 
     from orchestrator.runs.launcher import Launcher
@@ -126,3 +127,9 @@ class Env:
                     self.rss_peak_kb = max(self.rss_peak_kb, kb)
         except OSError:
             pass
+
+
+if __name__ == "__main__":  # Env.start_controller runs this file: the entry point lives beside what starts it
+    if sys.argv[1:2] != ["controller"]:
+        raise SystemExit("usage: soak_env.py controller (bench/soak.py starts it; run bench/soak.py instead)")
+    controller_main()

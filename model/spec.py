@@ -277,7 +277,7 @@ class AdaLNSpec(Strict):
 
 
 class EvalSpec(Strict):
-    num_samples: PositiveInt = 25  # n per metric (the study used 25)
+    num_samples: Annotated[int, Field(gt=0, le=4096)] = 25  # n per metric; le: protocol.MAX_EVAL_SAMPLES
     sampler_steps: PositiveInt = 50  # Euler steps
     seed: Seed = 1234  # per-sample noise is seeded from this and the sample index
     # alexnet: the lpips package's AlexNet; its backbone weights come from lpips_weights (a local file)

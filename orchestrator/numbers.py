@@ -11,9 +11,9 @@ import math
 from typing import Any
 
 
-def is_finite(x: float | None) -> bool:
-    """A number that is neither None nor NaN/Inf."""
-    return x is not None and math.isfinite(x)
+def is_finite(x: object) -> bool:
+    """A number that is neither None nor NaN/Inf; anything else (the text "nan" a record stores) is not."""
+    return isinstance(x, int | float) and math.isfinite(x)
 
 
 def finite_or_none(x: float | None) -> float | None:

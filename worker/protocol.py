@@ -43,6 +43,7 @@ from pydantic import (
     StrictStr,
     TypeAdapter,
     ValidationError,
+    model_validator,
 )
 
 from model.command_spec import CommandEnd
@@ -219,12 +220,52 @@ class WorkerInfo(BaseModel):
     provenance: dict[str, Any] | None = None
 
 
+# -- a record's lists: what a trainer writes per sample and per timestep (model/evaluate.py) -------------
+
+MAX_EVAL_SAMPLES = 4096  # values per `*_samples` list and grid rows: model/spec.py EvalSpec.num_samples' bound
+MAX_TIMESTEPS = 64  # timesteps of the held-out flow loss (model/evaluate.py VAL_TIMESTEPS is 8)
+MAX_SKIPPED_NAMES = 64  # names in a record's skipped_files (the trainer sends the first 10)
+SAMPLES_SUFFIX = "_samples"  # `<metric>_samples`: one value per held-out sample, any metric's
+# Names the controller keeps in a stored record for its own bookkeeping (orchestrator/runs/ingest.py
+# metric_values: the non-finite values SQLite cannot hold): a node's record never carries them.
+CONTROLLER_FIELDS = ("nonfinite",)
+
+
+def _rectangular(grid: list[list[Any]]) -> list[list[Any]]:
+    if any(len(row) != len(grid[0]) for row in grid):
+        raise ValueError("rows of different lengths (expected one row per sample, one value per timestep)")
+    return grid
+
+
+PerSample = Annotated[list[Number], Field(max_length=MAX_EVAL_SAMPLES)]  # sample i of every arm pairs up
+PerTimestep = Annotated[list[Number], Field(max_length=MAX_TIMESTEPS)]
+FlowGrid = Annotated[list[PerTimestep], Field(max_length=MAX_EVAL_SAMPLES), AfterValidator(_rectangular)]
+Timesteps = Annotated[list[Annotated[StrictFloat, Field(ge=0, le=1)]], Field(max_length=MAX_TIMESTEPS)]
+FileNames = Annotated[list[Annotated[StrictStr, Field(max_length=4096)]], Field(max_length=MAX_SKIPPED_NAMES)]
+# Each list field of a record and its declared shape: CheckpointRecord's fields below, and what a reader of
+# stored records checks a list against (orchestrator/results/record_lists.py).
+LIST_SHAPES: dict[str, Any] = {
+    "recon_lpips_samples": PerSample,
+    "text_lpips_samples": PerSample,
+    "text_manip_delta_samples": PerSample,
+    "val_flow_loss_samples": PerSample,
+    "val_flow_loss_grid": FlowGrid,  # (sample x timestep) losses
+    "val_flow_loss_by_t": PerTimestep,  # the grid's mean per timestep
+    "val_flow_loss_t": Timesteps,  # the timesteps, in [0, 1]
+    "skipped_files": FileNames,  # unreadable images left out (the first few)
+}
+PER_SAMPLE: TypeAdapter[list[Any]] = TypeAdapter(PerSample, config=ConfigDict(strict=True))
+
+
 class CheckpointRecord(BaseModel):
     """One checkpoint's record (worker/train_record.py, or a command arm's metrics line) as it travels.
 
-    The known fields are typed: each metric column of the controller's table (tests hold the two together)
-    and what ablate itself sets. A command arm's own metrics are extra fields, any JSON value; what a value
-    may be (its range, a short list of notes) is the controller's check (orchestrator/runs/ingest.py)."""
+    The known fields are typed: each metric column of the controller's table (tests hold the two together),
+    the per-sample and per-timestep lists a trainer writes (bounded in length, each value a number or the
+    text of a non-finite one) and what ablate itself sets. A command arm's own metrics are extra fields, any
+    JSON value, except that `<name>_samples` is a per-sample list and CONTROLLER_FIELDS are refused. What a
+    value may be (its metric's range, a short list of notes) is the controller's check
+    (orchestrator/runs/ingest.py)."""
 
     model_config = ConfigDict(extra="allow", strict=True)
     step: int  # past the run's last one and at most MAX_STEP: `refused_records`
@@ -258,6 +299,28 @@ class CheckpointRecord(BaseModel):
     is_best: StrictBool | None = None
     samples: dict[str, Any] | None = None  # the step's sample images (worker/samples.py)
     fallbacks: list[StrictStr] | None = None  # what the trainer did instead of what was asked
+    # the list fields, as LIST_SHAPES declares them (a test holds the two together)
+    recon_lpips_samples: PerSample | None = None
+    text_lpips_samples: PerSample | None = None
+    text_manip_delta_samples: PerSample | None = None
+    val_flow_loss_samples: PerSample | None = None
+    val_flow_loss_grid: FlowGrid | None = None
+    val_flow_loss_by_t: PerTimestep | None = None
+    val_flow_loss_t: Timesteps | None = None
+    skipped_files: FileNames | None = None
+
+    @model_validator(mode="after")
+    def _extra_names(self) -> CheckpointRecord:
+        """A command arm's own fields: never the controller's bookkeeping; `<name>_samples` per sample."""
+        for key, value in (self.model_extra or {}).items():
+            if key in CONTROLLER_FIELDS:
+                raise ValueError(f"{key} is the controller's own field: a record may not carry it")
+            if key.endswith(SAMPLES_SUFFIX) and value is not None:
+                try:
+                    PER_SAMPLE.validate_python(value)
+                except ValidationError as exc:
+                    raise ValueError(f"{key} (a per-sample list): {first_error(exc)}") from None
+        return self
 
     def values(self) -> dict[str, Any]:
         """The record as the worker sent it: the fields it set, its extra ones included."""

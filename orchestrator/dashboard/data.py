@@ -28,6 +28,7 @@ from orchestrator.numbers import finite_or_none, is_finite
 from orchestrator.results.data_feed import data_feed
 from orchestrator.results.judge import best_checkpoint, judge_metric, stored_spec
 from orchestrator.results.own_metrics import is_command_run, own_series
+from orchestrator.results.record_lists import stored_list, unreadable_records
 from orchestrator.results.reports.build import Pairing, grid_effects_now
 from orchestrator.results.reports.effects import metric_words
 from orchestrator.results.reports.stats import QUALITY, paired_difference, value_of
@@ -293,12 +294,11 @@ def flow_by_t(metrics: list[Metric]) -> dict[str, Any]:
     t: list[float] = []
     steps, rows = [], []
     for m in metrics:
-        extra = m.extra or {}
-        by_t = extra.get("val_flow_loss_by_t")
-        if isinstance(by_t, list) and by_t:
-            t = [float(x) for x in extra.get("val_flow_loss_t") or [(i + 0.5) / len(by_t) for i in range(len(by_t))]]
+        by_t = stored_list(m.extra, "val_flow_loss_by_t")  # its declared shape, "nan" read as NaN
+        if by_t:
+            t = stored_list(m.extra, "val_flow_loss_t") or [(i + 0.5) / len(by_t) for i in range(len(by_t))]
             steps.append(m.step)
-            rows.append([finite_or_none(float(x)) if isinstance(x, int | float) else None for x in by_t])
+            rows.append([finite_or_none(x) for x in by_t])
     return {"t": t, "step": steps, "by_t": rows}
 
 
@@ -369,6 +369,9 @@ def grid_detail(session: Session, grid: Grid, alarm_minutes: float = 15.0) -> di
         "version": grid_version(session, grid.id, alarm_minutes),
         "runs": out_runs,
         "lineage": lineage(grid),
+        # records whose per-sample or per-timestep lists were left out of the curves and effects, named
+        "unreadable_records": unreadable_records([(f"run {r.id} ({r.arm}, seed {r.seed})", m.step, m.extra)
+                                                  for r in runs for m in metrics[r.id]]),  # fmt: skip
     }
 
 

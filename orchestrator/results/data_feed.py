@@ -12,6 +12,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from orchestrator.results.record_lists import stored_list
+
 # Above this share of its wall time waiting for batches an arm is flagged: the study's folder of JPEGs
 # decoded on the training thread waited ~70% (0.31x of the procedural set's speed, docs/benchmarks.md),
 # the loader with worker processes or prepared shards stays under 5% (docs/benchmarks.md).
@@ -54,7 +56,7 @@ def data_feed(records: list[tuple[int, dict[str, Any] | None]]) -> DataFeed:
     files: dict[str, None] = {}  # an insertion-ordered set
     for _, extra in records:
         most = max(most, _int((extra or {}).get("skipped_images")) or 0)
-        files.update(dict.fromkeys(str(f) for f in (extra or {}).get("skipped_files") or []))
+        files.update(dict.fromkeys(stored_list(extra, "skipped_files") or []))  # a list of names, else none
     wait = newest.get("data_wait_fraction")
     wait = float(wait) if isinstance(wait, int | float) and not isinstance(wait, bool) else None
     waiting = wait is not None and wait > DATA_WAIT_LIMIT

@@ -45,7 +45,8 @@ def own_series(metrics: Sequence[Metric]) -> dict[str, list[float | None]]:
             if value is not False:
                 row[key] = value  # type: ignore[assignment]
                 names.setdefault(key)
-        for key in (m.extra or {}).get("nonfinite", {}):
+        kept = (m.extra or {}).get("nonfinite")
+        for key in kept if isinstance(kept, dict) else ():  # ingest's own (a node's was refused: protocol)
             row[key] = None  # a column's NaN (SQLite stores it as NULL): a gap, as in the detector's eyes
             names.setdefault(key)
         rows.append(row)

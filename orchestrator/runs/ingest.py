@@ -28,7 +28,7 @@ from orchestrator.runs.detector import (
 )
 from orchestrator.runs.metric_ranges import ANY_METRIC_BOUND, out_of_range, overflowed
 from orchestrator.vocabulary import STOP_DECISIONS, RunDecision
-from worker.protocol import NONFINITE_TEXT  # how a node writes non-finite floats
+from worker.protocol import NONFINITE_TEXT, SAMPLES_SUFFIX  # how a node writes non-finite floats, per-sample lists
 
 # Bind parameters per INSERT: below SQLite's default limit (32766 since 3.32) and Postgres' (65535).
 MAX_BIND_PARAMS = 30_000
@@ -71,15 +71,38 @@ def _refused_number(name: str, value: Any) -> str | None:
     return out_of_range(name, float(value))
 
 
+def _list_metric(key: str) -> str | None:
+    """The metric whose range a list field's values take: `<metric>_samples`, and the flow loss's grid and
+    per-timestep means (their shapes are the protocol's: worker/protocol.py CheckpointRecord)."""
+    if key in ("val_flow_loss_grid", "val_flow_loss_by_t"):
+        return "val_flow_loss"
+    return key.removesuffix(SAMPLES_SUFFIX) if key.endswith(SAMPLES_SUFFIX) else None
+
+
+def _refused_list(key: str, values: Any) -> str | None:
+    """Why an item of list field `key` cannot be a value of its metric, or None."""
+    metric = _list_metric(key)
+    if metric is None or not isinstance(values, list):
+        return None
+    rows = values if key == "val_flow_loss_grid" else [values]
+    for row in rows:
+        for i, value in enumerate(row if isinstance(row, list) else [row]):
+            if why := _refused_number(metric, value):
+                return f"{key} holding {why} (item {i})"
+    return None
+
+
 def refused_metrics(records: list[dict[str, Any]]) -> str | None:
-    """Why a worker's records cannot be stored, or None. Every metric column and every other number is
-    checked against its range (runs/metric_ranges.py), and fallback notes are a short list of short
-    strings. Linear in the records' size."""
+    """Why a worker's records cannot be stored, or None. Every metric column, every other number and every
+    value of a per-sample or per-timestep list is checked against its range (runs/metric_ranges.py), and
+    fallback notes are a short list of short strings. Linear in the records' size."""
     for record in records:
         step = record.get("step")
         for key, value in record.items():
             numeric = isinstance(value, int | float) and not isinstance(value, bool)
             if (key in FLOAT_FIELDS or key in INT_FIELDS or numeric) and (why := _refused_number(key, value)):
+                return f"a record of step {step} with {why}"
+            if why := _refused_list(key, value):
                 return f"a record of step {step} with {why}"
         notes = record.get("fallbacks")
         if notes is not None and (
@@ -90,6 +113,14 @@ def refused_metrics(records: list[dict[str, Any]]) -> str | None:
             return (f"a record of step {step} whose fallbacks are not a list of at most {MAX_FALLBACKS} "
                     f"strings of {MAX_FALLBACK_CHARS} characters")
     return None
+
+
+def _kept(value: Any) -> Any:
+    """A value as `extra` keeps it: a float past the overflow bound as inf and a non-finite one as its text
+    ("nan", "inf"), inside lists too (a diverged arm's per-sample losses)."""
+    if isinstance(value, list):
+        return [_kept(v) for v in value]
+    return json_safe(overflowed(value) if isinstance(value, float) else value)
 
 
 def metric_values(record: dict[str, Any]) -> dict[str, Any]:
@@ -113,7 +144,7 @@ def metric_values(record: dict[str, Any]) -> dict[str, Any]:
         elif key in METRIC_FIELDS:
             values[key] = None if value is None else str(value)
         else:  # a non-finite float as "nan"/"inf": metric_series reads it back
-            extra[key] = json_safe(overflowed(value) if isinstance(value, float) else value)
+            extra[key] = _kept(value)
     if nonfinite:
         extra["nonfinite"] = nonfinite
     values["extra"] = extra
@@ -168,8 +199,10 @@ def metric_series(session: Session, run_id: int) -> list[dict[str, Any]]:
                 point[key] = value
             elif value in NONFINITE_TEXT:  # a command arm's own metric gone NaN
                 point[key] = float(value)
-        for key, text in (m.extra or {}).get("nonfinite", {}).items():
-            point[key] = float(text)
+        kept = (m.extra or {}).get("nonfinite")
+        for key, text in kept.items() if isinstance(kept, dict) else ():
+            if key in FLOAT_FIELDS and text in NONFINITE_TEXT:  # only what metric_values wrote there
+                point[key] = float(text)
         series.append(point)
     return series
 

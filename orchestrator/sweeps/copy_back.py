@@ -1,5 +1,5 @@
 """A sweep's results onto the controller: every run's metrics as JSON, its checkpoints from durable
-storage, or over SFTP from the node that ran it when storage holds none."""
+storage, or over SFTP from the node that ran it when storage holds none; the grid's report beside them."""
 
 from __future__ import annotations
 
@@ -65,13 +65,6 @@ def copy_back(
     (results / "metrics.json").write_text(
         json.dumps({"sweep_id": sweep_id, "grid_id": grid_id, "runs": export}, indent=1, default=str)
     )
-    if grid_id is not None:  # the report travels with the results (its samples read from storage)
-        try:
-            with session_scope(database_url) as session:
-                if (report_grid := session.get(Grid, grid_id)) is not None:
-                    write_report(session, report_grid, results / "report", checkpoint_options)
-        except Exception as exc:  # noqa: BLE001 - a report failure must not lose the copy-back
-            problems.append(f"writing the report into {results / 'report'}: {error_reason(exc)}")
     for url, local, owner, remote in stored:
         try:
             skipped: list[str] = []
@@ -93,6 +86,22 @@ def copy_back(
             failed.add(name)
             problems.append(f"copying results from {name}: {error_reason(exc)} (its files are kept on the node)")
     return problems, failed
+
+
+def results_report(database_url: str, checkpoint_options: dict[str, Any], grid_id: int | None,
+                   results: Path) -> str | None:  # fmt: skip
+    """The grid's report beside the copied-back results (its samples read from storage); why it could not
+    be written, or None. A report that fails leaves the results as they are: it is said, never a failed
+    sweep (`ablate report` writes it again once the cause is fixed)."""
+    if grid_id is None:
+        return None
+    try:
+        with session_scope(database_url) as session:
+            if (grid := session.get(Grid, grid_id)) is not None:
+                write_report(session, grid, results / "report", checkpoint_options)
+    except Exception as exc:  # noqa: BLE001 - whatever broke the report, the results stay
+        return f"the report could not be written into {results / 'report'}: {error_reason(exc)}"
+    return None
 
 
 def started_nodes(session: Session, run_ids: list[int]) -> dict[int, str]:

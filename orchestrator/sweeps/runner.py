@@ -39,7 +39,7 @@ from orchestrator.grids.gpu_share import sweep_node_gpus
 from orchestrator.grids.service import GridCreate, GridError, PathPolicy, create_grid, stop_run
 from orchestrator.settings import Settings
 from orchestrator.sweeps.budget import spend
-from orchestrator.sweeps.copy_back import copy_back
+from orchestrator.sweeps.copy_back import copy_back, results_report
 from orchestrator.sweeps.lock import runner_lock
 from orchestrator.sweeps.preemption import watch_preemption
 from orchestrator.sweeps.rented import RentalConfig, Rentals, rental_config
@@ -341,6 +341,7 @@ class SweepRunner:
         problems, failed_copies = copy_back(
             self.database_url, self.checkpoint_options, sweep_id, grid_id, names, results, self.copy_back_max_bytes
         )
+        report_problem = results_report(self.database_url, self.checkpoint_options, grid_id, results)
         problems += self._teardown(names, keep_files=failed_copies) + self.rentals.release(sweep_id)
         with session_scope(self.database_url) as session:
             sweep = session.get_one(Sweep, sweep_id)
@@ -352,12 +353,16 @@ class SweepRunner:
             sweep.state = (
                 SweepState.failed if sweep.error else SweepState.stopped if sweep.stop_reason else SweepState.completed
             )
+            if report_problem:  # the results are kept and the sweep's state is its runs': the report is said apart
+                record_sweep_event(session, sweep, "sweep.report_failed", f"sweep {sweep.id}: {report_problem}; "
+                                   f"the results in {results} are kept (`ablate report` writes it again)")  # fmt: skip
             record_sweep_event(
                 session,
                 sweep,
                 f"sweep.{sweep.state}",
                 f"sweep {sweep.id} {sweep.state}: spent {sweep.spend:.2f}; "
-                f"results in {results}" + (f"; {sweep.error}" if sweep.error else ""),
+                f"results in {results}" + (f"; {sweep.error}" if sweep.error else "")
+                + (f"; {report_problem}" if report_problem else ""),
             )
 
     def _teardown(self, names: list[str], keep_files: set[str]) -> list[str]:

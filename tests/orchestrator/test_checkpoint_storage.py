@@ -24,7 +24,7 @@ from orchestrator.db.models import Event, Grid, Metric, Run
 from orchestrator.db.session import session_scope
 from orchestrator.grids.service import GridCreate, create_grid
 from orchestrator.runs.storage import record_storage, seen_seq, storage_alarms
-from orchestrator.sweeps.copy_back import copy_back
+from orchestrator.sweeps.copy_back import copy_back, results_report
 from tests.kit.polling import wait_for
 from tests.kit.readers import all_ended, events_of, stored_step
 from tests.kit.settings import tiny_overrides
@@ -238,6 +238,7 @@ def test_sweep_copy_back_takes_checkpoints_from_storage(database_url: str, tmp_p
     assert (got / "best.pt").read_bytes() == b"best"
     assert not (results / "runs" / f"{ids[1]}-B").exists()
     # The grid's report travels with the results (ablate report / report.html, self-contained).
+    assert results_report(database_url, {}, grid_id, results) is None
     assert sorted(p.name for p in (results / "report").iterdir()) == ["report.html", "report.json", "report.md"]
 
 

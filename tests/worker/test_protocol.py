@@ -10,8 +10,11 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from model.spec import EvalSpec
 from orchestrator.db.models import METRIC_FIELDS, Metric
 from worker.protocol import (
+    LIST_SHAPES,
+    MAX_EVAL_SAMPLES,
     REQUEST,
     CheckpointRecord,
     Count,
@@ -71,6 +74,40 @@ def test_every_metric_column_is_a_typed_field_of_the_record() -> None:
         kind = Metric.__table__.columns[column].type.python_type
         wanted = {float: Number | None, int: Count | None, str: fields["lpips_backbone"].annotation}[kind]
         assert fields[column].annotation == wanted, column
+
+
+def test_a_records_lists_have_declared_shapes_and_the_text_of_a_non_finite_value() -> None:
+    """Finding 5: nothing checked a record's list fields, and a text grid, text timesteps, an integer
+    skipped_files or 4097 samples reached the controller's tables and broke the grid's pages."""
+    ok = {"step": 5, "val_flow_loss_samples": [0.5, "nan", 1e35], "val_flow_loss_grid": [[0.5, "inf"], [0.4, 0.6]],
+          "val_flow_loss_by_t": [0.45, "nan"], "val_flow_loss_t": [0.25, 0.75], "skipped_files": ["a.jpg"],
+          "recon_lpips_samples": [], "my_samples": [1, 2.5]}  # fmt: skip
+    assert CheckpointRecord.model_validate(ok).values() == {**ok, "my_samples": [1, 2.5]}
+    for field, value in (("val_flow_loss_grid", "text"), ("val_flow_loss_grid", [[0.1, 0.2], [0.3]]),
+                         ("val_flow_loss_t", "0.25,0.75"), ("val_flow_loss_t", [1.5]), ("skipped_files", 7),
+                         ("skipped_files", ["x"] * 65), ("recon_lpips_samples", [0.5] * 4097),
+                         ("text_lpips_samples", ["0.5"]), ("val_flow_loss_by_t", [True]),
+                         ("val_flow_loss_samples", [10**400])):  # fmt: skip
+        with pytest.raises(ValidationError) as bad:
+            CheckpointRecord.model_validate({"step": 5, field: value})
+        assert first_error(bad.value).startswith(field), (field, first_error(bad.value))
+    with pytest.raises(ValidationError) as own:  # a command arm's `<name>_samples` is a per-sample list too
+        CheckpointRecord.model_validate({"step": 5, "loss_samples": "many"})
+    assert "loss_samples (a per-sample list)" in first_error(own.value)
+    fields = CheckpointRecord.model_fields  # what a reader of stored records checks is what a node may send
+    assert all(fields[name].annotation == shape | None for name, shape in LIST_SHAPES.items())
+    EvalSpec(num_samples=MAX_EVAL_SAMPLES)  # a spec asks for no more samples than a record may carry
+    with pytest.raises(ValidationError):
+        EvalSpec(num_samples=MAX_EVAL_SAMPLES + 1)
+
+
+def test_a_record_may_not_carry_the_controllers_own_bookkeeping() -> None:
+    """Finding 6: `nonfinite` is where the controller keeps a record's NaN columns; sent by a node, its
+    values ("-1e300") skipped the ranges and reached the series, the detector and the trackers."""
+    for value in ({"recon_lpips": "-1e300"}, "x"):
+        with pytest.raises(ValidationError) as bad:
+            CheckpointRecord.model_validate({"step": 5, "recon_lpips": 0.5, "nonfinite": value})
+        assert "nonfinite is the controller's own field" in first_error(bad.value)
 
 
 def test_refused_records_name_a_step_out_of_order_or_another_run() -> None:

@@ -97,6 +97,11 @@
         box.append(el("div", { class: "banner failed", "data-arm": r.arm }, el("strong", {}, `${r.arm} failed: `), r.error));
       }
     }
+    // Stored records whose per-sample or per-timestep lists are not in the protocol's shape: named, left out.
+    if (d.unreadable_records && d.unreadable_records.length) {
+      box.append(el("div", { class: "banner failed unreadable" },
+        el("strong", {}, "Records left out of the curves and effects: "), d.unreadable_records.join("; ")));
+    }
   }
 
   function judgeTitle(r) {

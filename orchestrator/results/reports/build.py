@@ -23,7 +23,9 @@ from orchestrator.grids.arms import changes
 from orchestrator.numbers import finite_or_none, is_finite, number
 from orchestrator.results.judge import best_checkpoint, judge_metric, stored_spec
 from orchestrator.results.own_metrics import is_command_run, own_evaluated, own_series
-from orchestrator.results.reports.effects import RunComparisons, RunCost, grid_effects, metric_words
+from orchestrator.results.record_lists import stored_list, unreadable_records
+from orchestrator.results.reports.costs import run_cost
+from orchestrator.results.reports.effects import RunComparisons, grid_effects, metric_words
 from orchestrator.results.reports.model import (
     ArmReport,
     Comparison,
@@ -44,6 +46,7 @@ from orchestrator.results.reports.stats import (
     Difference,
     across_seeds,
     difference,
+    flow_grid,
     timestep_differences,
     value_of,
     weighted_flow_difference,
@@ -83,8 +86,8 @@ def compare(arm: str, m: Metric, other_arm: str, o: Metric | None, metric: str, 
     text = f"{label}: {words} {number(abs(d.diff), DIGITS)} {direction}"
     if d.low is None or d.high is None:
         verdict = "no interval"
-        why = "per-sample values" if d.pairing == "paired" else "per-sample values or standard errors"
-        text += f" (independent; no interval: no {why} stored)"
+        why = d.missing or f"no per-sample values{'' if d.pairing == 'paired' else ' or standard errors'} stored"
+        text += f" ({d.pairing}; no interval: {why})"
     else:
         lo, hi = sorted((abs(d.low), abs(d.high))) if d.low * d.high > 0 else (d.low, d.high)
         n = f", n={d.n}" if d.n else ""
@@ -192,24 +195,6 @@ def _throughput(run: Run, ms: list[Metric], price: float | None) -> Throughput:
         price_per_gpu_hour=price,
         gpu_name=run.gpu_name,
     )
-
-
-def run_cost(run: Run, ms: list[Metric]) -> RunCost:
-    """What `run` cost by its own records: its training hours (GPU-hours; wall hours where it ran on the
-    CPU, whose records say 0 GPU-hours) and its last evaluation pass in minutes on all its GPUs."""
-    last = ms[-1] if ms else None
-    gpu_hours = max((m.gpu_hours for m in ms if is_finite(m.gpu_hours)), default=None)
-    on_gpu = bool(gpu_hours) or bool(run.gpu_name)
-    hours = gpu_hours if on_gpu else max((m.wall_time_s for m in ms if is_finite(m.wall_time_s)), default=None)
-    if hours is not None and not on_gpu:
-        hours /= 3600
-    eval_s = (last.extra or {}).get("eval_time_s") if last is not None else None
-    gpus = (run.spec or {}).get("gpus") if on_gpu else 1
-    gpus = gpus if isinstance(gpus, int) and gpus > 0 else 1
-    timed = isinstance(eval_s, int | float) and not isinstance(eval_s, bool) and is_finite(eval_s)
-    minutes = eval_s * gpus / 60 if timed else None
-    n = last.val_flow_loss_n if last is not None else None
-    return RunCost(hours=hours, eval_minutes=minutes, n=n, on_gpu=on_gpu)
 
 
 class Pairing:
@@ -348,6 +333,8 @@ def build_report(session: Session, grid: Grid, storage_options: dict[str, Any] |
         )
     done = all(r.state in TERMINAL_STATES for r in runs) and bool(runs)
     control = pairing.control(0)
+    left_out = unreadable_records([(f"run {r.id} ({r.arm}, seed {r.seed})", m.step, m.extra)
+                                   for r in runs for m in metrics[r.id]])  # fmt: skip
     effects = grid_effects(arms, judge, {(r.arm, r.seed): run_cost(r, metrics[r.id]) for r in runs})
     return GridReport(
         grid_id=grid.id,
@@ -362,6 +349,7 @@ def build_report(session: Session, grid: Grid, storage_options: dict[str, Any] |
         effects=effects,
         timestep_effects=timestep_effects(pairs, metrics),
         arms=arms,
+        unreadable_records=left_out,
     )
 
 
@@ -378,9 +366,9 @@ def timestep_effects(pairs: list[tuple[Run, str, Run]], metrics: dict[int, list[
         diffs = timestep_differences(a, b)
         if diffs is None:
             continue
-        t = [float(x) for x in (a.extra or {}).get("val_flow_loss_t") or []] or t
-        means_a = [sum(col) / len(col) for col in zip(*(a.extra or {})["val_flow_loss_grid"], strict=True)]
-        means_b = [sum(col) / len(col) for col in zip(*(b.extra or {})["val_flow_loss_grid"], strict=True)]
+        t = stored_list(a.extra, "val_flow_loss_t") or t
+        means_a = [sum(col) / len(col) for col in zip(*flow_grid(a) or [], strict=True)]
+        means_b = [sum(col) / len(col) for col in zip(*flow_grid(b) or [], strict=True)]
         groups.setdefault((run.arm, against, other.arm), []).append((diffs, means_a, means_b))
     out = []
     for (arm, against, other_arm), seeds in groups.items():

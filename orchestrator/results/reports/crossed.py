@@ -60,8 +60,8 @@ class CrossedInterval:
 def _satterthwaite(terms: Sequence[tuple[float, float, int]]) -> float:
     """df of sum(c * MS) from (coefficient, mean square, its df); inf where the sum is exact (all zero)."""
     total = sum(c * ms for c, ms, _ in terms)
-    spread = sum((c * ms) ** 2 / df for c, ms, df in terms if df > 0)
-    return total**2 / spread if spread > 0 else math.inf
+    spread = sum(c * ms * c * ms / df for c, ms, df in terms if df > 0)
+    return total * total / spread if 0 < spread < math.inf else math.inf
 
 
 def components(table: Sequence[Sequence[float]]) -> Components | None:
@@ -75,9 +75,10 @@ def components(table: Sequence[Sequence[float]]) -> Components | None:
     grand = sum(map(sum, table)) / (k * n)
     rows = [sum(row) / n for row in table]
     cols = [sum(row[i] for row in table) / k for i in range(n)]
-    ms_seed = n * sum((r - grand) ** 2 for r in rows) / (k - 1)
-    ms_image = k * sum((c - grand) ** 2 for c in cols) / (n - 1)
-    ss_rest = sum((x - rows[s] - cols[i] + grand) ** 2 for s, row in enumerate(table) for i, x in enumerate(row))
+    sq = lambda x: x * x  # noqa: E731 - inf past a float's range, never OverflowError as ** raises
+    ms_seed = n * sum(sq(r - grand) for r in rows) / (k - 1)
+    ms_image = k * sum(sq(c - grand) for c in cols) / (n - 1)
+    ss_rest = sum(sq(x - rows[s] - cols[i] + grand) for s, row in enumerate(table) for i, x in enumerate(row))
     ms_rest = ss_rest / ((k - 1) * (n - 1))
     seed, image = max(ms_seed - ms_rest, 0.0) / n, max(ms_image - ms_rest, 0.0) / k
     # The grand mean's variance as a sum of the mean squares kept (a clipped component drops its MS and

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from html import escape
 
+from orchestrator.results.reports.costs import RunCost
 from orchestrator.results.reports.crossed import Components, budget_words
 from orchestrator.results.reports.model import (
     Comparison,
@@ -68,17 +69,6 @@ def noise_words(e: SeedEffect) -> str:
     if e.interval == "seeds only":
         return f"training seeds only (k={e.k}, {df}): the evaluation images' noise is not measured"
     return "evaluation images and noise only (one training seed)"
-
-
-@dataclass(frozen=True)
-class RunCost:
-    """What one run cost, from its own records: the training (hours on its GPUs, or on the CPU where it
-    ran there) and one evaluation pass of its n images (minutes)."""
-
-    hours: float | None
-    eval_minutes: float | None
-    n: int | None  # the images that evaluation pass measured
-    on_gpu: bool
 
 
 FOUR_X = 4  # the images option: evaluate on this many times the images
@@ -159,7 +149,7 @@ def grid_effects(arms: Sequence[RunComparisons], judge: str,
                     continue
                 comps = [(a.seed, a.comparisons[i], a) for a, i in found]
                 diffs = [Difference(c.diff, c.se, c.low, c.high, c.pairing or "independent", c.n,  # type: ignore[arg-type]
-                                    tuple(c.samples) if c.samples is not None else None)
+                                    samples=tuple(c.samples) if c.samples is not None else None)
                          for _, c, _ in comps]  # fmt: skip
                 seff = across_seeds(diffs)
                 if seff is None:

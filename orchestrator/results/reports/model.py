@@ -209,3 +209,5 @@ class GridReport(BaseModel):
     effects: list[Effect] = []
     timestep_effects: list[TimestepEffect] = []
     arms: list[ArmReport]
+    # stored records whose per-sample or per-timestep lists were left out, and why (results/record_lists.py)
+    unreadable_records: list[str] = []

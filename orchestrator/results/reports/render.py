@@ -22,6 +22,10 @@ def _num(x: float | None, digits: int = 3) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
 
 
+# Why a stored record's lists can be left out: written before ingest checked them, or imported.
+LEFT_OUT_WHY = "a per-sample or per-timestep list not in the shape the node protocol declares"
+
+
 def to_json(report: GridReport) -> str:
     return report.model_dump_json(indent=1)
 
@@ -33,6 +37,9 @@ def to_markdown(report: GridReport) -> str:
            f"Control arm: {report.control}. Generated {report.generated_at:%Y-%m-%d %H:%M} UTC.", ""]  # fmt: skip
     out += ["## Effects", "", *effects_markdown(report), "", seeds_words(report) + " Forest plots in report.html.", ""]
     out += ["## Summary", "", *[f"- {w}" for w in s.words], ""]
+    if report.unreadable_records:
+        out += [f"Records left out of the statistics ({LEFT_OUT_WHY}):", "",
+                *[f"- {r}" for r in report.unreadable_records], ""]  # fmt: skip
     out += [f"| rank | arm | best {s.primary_metric} | at step | final | state | decision |", "|---" * 7 + "|"]
     out += [f"| {r.rank} | {r.arm} | {_num(r.best_value)} | {r.best_step} | {_num(r.final_value)} | {r.state} | "
             f"{r.decision or '-'} |" for r in s.ranking]  # fmt: skip
@@ -167,6 +174,9 @@ def to_html(report: GridReport) -> str:
          f"<p class=muted>{escape(seeds_words(report))}</p>",
          *forest_plots(report),
          "<h2>Summary</h2><ul>", *[f"<li>{escape(w)}</li>" for w in s.words], "</ul>",
+         *([f"<p class=worse>Records left out of the statistics ({escape(LEFT_OUT_WHY)}):</p><ul>",
+            *[f"<li>{escape(r)}</li>" for r in report.unreadable_records], "</ul>"]
+           if report.unreadable_records else []),
          f"<table><tr><th>rank</th><th>arm</th><th>best {escape(s.primary_metric)}</th><th>at step</th><th>final</th>"
          "<th>state</th><th>decision</th></tr>"]  # fmt: skip
     h += [f"<tr><td>{r.rank}</td><td>{escape(r.arm)}</td><td>{_num(r.best_value)}</td><td>{r.best_step}</td>"

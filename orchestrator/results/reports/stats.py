@@ -17,6 +17,7 @@ from typing import Any, Literal
 from model.flow_headline import HEADLINE, headline_fields, weighted_row
 from orchestrator.db.models import METRIC_FIELDS, Metric
 from orchestrator.numbers import finite_or_none, is_finite
+from orchestrator.results.record_lists import stored_list
 from orchestrator.results.reports.crossed import Components, crossed_interval
 from worker.protocol import NONFINITE_TEXT
 
@@ -43,9 +44,10 @@ def value_of(m: Metric, name: str) -> float | None:
 
 
 def per_sample(m: Metric, metric: str) -> list[float] | None:
-    """Per-sample values, if the worker stored them in `extra` (enables a truly paired SE)."""
-    values = (m.extra or {}).get(f"{metric}_samples")
-    return values if isinstance(values, list) and values else None
+    """Per-sample values, if the worker stored them in `extra` (enables a truly paired SE): a list of
+    finite numbers, else None (a diverged sample, "nan" as stored, leaves the arms unpaired)."""
+    values = stored_list(m.extra, f"{metric}_samples")
+    return values if values and all(is_finite(x) for x in values) else None
 
 
 def t_quantile(df: float | None) -> float:
@@ -65,6 +67,7 @@ class Difference:
     high: float | None
     pairing: Pairing  # paired (per-sample values) | independent (SEs combined, or none stored)
     n: int | None  # pairs (paired) or the smaller arm's n (independent), when known
+    missing: str | None = None  # why there is no interval, where there is none
     samples: tuple[float, ...] | None = None  # the per-image differences (paired): a row of the crossed table
 
 
@@ -82,14 +85,26 @@ def difference(a: Metric, b: Metric, metric: str) -> Difference | None:
     n_a, n_b = value_of(a, f"{metric}_n"), value_of(b, f"{metric}_n")
     n_a, n_b = (int(n_a) if n_a else None), (int(n_b) if n_b else None)
     n = min(n_a, n_b) if n_a and n_b else None
-    if not is_finite(se_a) or not is_finite(se_b):
-        return Difference(diff, None, None, None, "independent", n)
-    se = math.sqrt(se_a**2 + se_b**2)
+    if se_a is None or se_b is None:
+        return Difference(diff, None, None, None, "independent", n, "no per-sample values or standard errors stored")
+    if not is_finite(se_a) or not is_finite(se_b) or se_a < 0 or se_b < 0:
+        return Difference(diff, None, None, None, "independent", n, "a standard error is not a finite number >= 0")
+    se = math.hypot(se_a, se_b)  # no overflow or underflow of the squares
     df = None
     if n_a and n_b and n_a > 1 and n_b > 1 and se > 0:
-        df = se**4 / (se_a**4 / (n_a - 1) + se_b**4 / (n_b - 1))
-    half = t_quantile(df) * se
-    return Difference(diff, se, diff - half, diff + half, "independent", n)
+        # Welch-Satterthwaite on the SEs scaled to at most 1: SEs of 1e-100 underflow to a 0/0 otherwise
+        ra, rb = se_a / max(se_a, se_b), se_b / max(se_a, se_b)
+        df = (ra**2 + rb**2) ** 2 / (ra**4 / (n_a - 1) + rb**4 / (n_b - 1))
+    return _interval(Difference(diff, se, None, None, "independent", n), df)
+
+
+def _interval(d: Difference, df: float | None = None) -> Difference:
+    """`d` with its 95% interval from its SE, or none (and why) where the interval is not finite."""
+    half = t_quantile(df) * d.se if d.se is not None and is_finite(d.se) else math.inf
+    if not is_finite(d.diff) or not is_finite(half) or not is_finite(d.diff + half) or not is_finite(d.diff - half):
+        return Difference(d.diff, None, None, None, d.pairing, d.n, "the interval is not finite (values too large)",
+                          d.samples)  # fmt: skip
+    return Difference(d.diff, d.se, d.diff - half, d.diff + half, d.pairing, d.n, samples=d.samples)
 
 
 def paired_difference(arm: list[Metric], control: list[Metric], metric: str) -> dict[str, Any]:
@@ -118,12 +133,10 @@ WEIGHTED_FLOW = HEADLINE
 
 
 def flow_grid(m: Metric) -> list[list[float]] | None:
-    """The stored (image x timestep) val_flow_loss grid (`extra["val_flow_loss_grid"]`), if any and rectangular."""
-    grid = (m.extra or {}).get("val_flow_loss_grid")
-    if not isinstance(grid, list) or not grid or not all(isinstance(row, list) for row in grid):
-        return None
-    width = len(grid[0])
-    if width == 0 or any(len(row) != width or not all(is_finite(x) for x in row) for row in grid):
+    """The stored (image x timestep) val_flow_loss grid (`extra["val_flow_loss_grid"]`), if any, rectangular
+    and finite (a diverged cell, "nan" as stored, leaves the grid out)."""
+    grid = stored_list(m.extra, "val_flow_loss_grid")
+    if not grid or not grid[0] or not all(is_finite(x) for row in grid for x in row):
         return None
     return grid
 
@@ -131,9 +144,8 @@ def flow_grid(m: Metric) -> list[list[float]] | None:
 def _paired(d: list[float], value: float) -> Difference:
     """`value` with the t-interval of the mean of the per-sample differences `d` (len >= 2)."""
     mean = sum(d) / len(d)
-    se = math.sqrt(sum((x - mean) ** 2 for x in d) / (len(d) - 1)) / math.sqrt(len(d))
-    half = t_quantile(len(d) - 1) * se
-    return Difference(value, se, value - half, value + half, "paired", len(d), tuple(d))
+    se = math.sqrt(sum((x - mean) * (x - mean) for x in d) / (len(d) - 1)) / math.sqrt(len(d))  # inf, not OverflowError
+    return _interval(Difference(value, se, None, None, "paired", len(d), samples=tuple(d)), len(d) - 1)
 
 
 def _grid_pair(a: Metric, b: Metric) -> tuple[list[list[float]], list[list[float]]] | None:
@@ -217,20 +229,20 @@ def across_seeds(per_seed: list[Difference]) -> SeedEffect | None:
         return SeedEffect(d.diff, d.low, d.high, 1, None, eval_se, "one seed", d.se, None, d.n)
     diffs = [d.diff for d in per_seed]
     mean = sum(diffs) / k
-    seed_sd = math.sqrt(sum((x - mean) ** 2 for x in diffs) / (k - 1))
+    seed_sd = math.sqrt(sum((x - mean) * (x - mean) for x in diffs) / (k - 1))  # inf, not OverflowError
     rows = _crossed_rows(per_seed)
     crossed = crossed_interval(rows, t_quantile) if rows is not None else None
     if crossed is not None:
         c = crossed.components
         return SeedEffect(mean, crossed.low, crossed.high, k, seed_sd, eval_se, "crossed", crossed.se,
                           c.df if math.isfinite(c.df) else None, c.n, c)  # fmt: skip
-    seeds_var = seed_sd**2 / k
+    seeds_var = seed_sd * seed_sd / k
     if len(ses) == k:  # every seed's evaluation SE: add the images' noise the seeds' spread leaves out
-        eval_var = sum(s**2 for s in ses) / k  # type: ignore[operator]
+        eval_var = sum(s * s for s in ses) / k  # type: ignore[operator]
         var = seeds_var + eval_var
         n_eval = min((d.n for d in per_seed if d.n), default=0)
-        spread = seeds_var**2 / (k - 1) + (eval_var**2 / (n_eval - 1) if n_eval > 1 else math.inf)
-        df = var**2 / spread if 0 < spread < math.inf else None  # normal where an evaluation's n is unknown
+        spread = seeds_var * seeds_var / (k - 1) + (eval_var * eval_var / (n_eval - 1) if n_eval > 1 else math.inf)
+        df = var * var / spread if 0 < spread < math.inf else None  # normal where an evaluation's n is unknown
         interval: Interval = "independent"
     else:
         var, df, interval = seeds_var, float(k - 1), "seeds only"
@@ -238,4 +250,6 @@ def across_seeds(per_seed: list[Difference]) -> SeedEffect | None:
     if not is_finite(se) or (se == 0 and interval == "independent"):
         return SeedEffect(mean, None, None, k, seed_sd, eval_se, interval, None, None, n)
     half = t_quantile(df) * se
+    if not is_finite(mean - half) or not is_finite(mean + half):
+        return SeedEffect(mean, None, None, k, seed_sd, eval_se, interval, None, None, n)
     return SeedEffect(mean, mean - half, mean + half, k, seed_sd, eval_se, interval, se, df, n)

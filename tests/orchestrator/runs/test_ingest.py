@@ -134,13 +134,15 @@ def test_a_batch_past_the_bind_parameter_limit_is_stored_whole(database_url: str
 
 def test_under_standin_lpips_the_flow_loss_judges_and_picks_the_best(database_url: str) -> None:
     """Stand-in LPIPS improves throughout while the flow loss collapses: the default policy ("auto")
-    stops the run on val_flow_loss and keeps its best; the same stream with real LPIPS runs on."""
+    stops the run on the flow headline (val_flow_ivw, which the trainer writes beside the plain mean) and
+    keeps its best; the same stream with real LPIPS runs on."""
     standin_id, real_id = _grid(database_url, ["A", {"parent": "A", "name": "A-real"}])
     loss = [0.90, 0.60, 0.50, 0.58, 0.70]
     for run_id, backbone in ((standin_id, "random_standin"), (real_id, "alexnet")):
         records = [
             _record(50 * (i + 1), 0.80 - 0.01 * i, lpips_backbone=backbone, val_flow_loss=v, val_flow_loss_se=0.01,
-                    val_flow_loss_n=64, val_flow_loss_samples=[v] * 64, val_flow_loss_by_t=[v] * 8)
+                    val_flow_loss_n=64, val_flow_loss_samples=[v] * 64, val_flow_loss_by_t=[v] * 8,
+                    val_flow_ivw=v, val_flow_ivw_se=0.01, val_flow_ivw_n=64)
             for i, v in enumerate(loss)
         ]  # fmt: skip
         with session_scope(database_url) as session:
@@ -149,7 +151,7 @@ def test_under_standin_lpips_the_flow_loss_judges_and_picks_the_best(database_ur
         standin, real = session.get(Run, standin_id), session.get(Run, real_id)
         assert (standin.decision, standin.decision_step) == ("collapse", 250)
         assert (standin.best_step, standin.best_value) == (150, 0.5)
-        assert "val_flow_loss worsened 2 checkpoints" in standin.decision_reason
+        assert "val_flow_ivw worsened 2 checkpoints" in standin.decision_reason
         assert real.decision is None and (real.best_step, real.best_value) == (250, 0.76)
         row = session.scalar(select(Metric).where(Metric.run_id == standin_id, Metric.step == 150))
         assert (row.val_flow_loss, row.val_flow_loss_se, row.val_flow_loss_n) == (0.5, 0.01, 64)
@@ -179,3 +181,38 @@ def test_judging_a_long_reply_costs_linear_time_in_the_series(database_url: str,
         new = ingest(session, session.get_one(Run, arm), [_record(s, 0.5) for s in range(601, 901)])
     assert new == list(range(601, 901))
     assert reads["get"] < 40 * (1200 + 900), reads
+
+
+def test_each_value_of_a_records_lists_is_ranged_and_an_overflow_is_stored_as_inf(database_url: str) -> None:
+    """Finding 5 at ingest: a list's values take their metric's range; past the overflow bound a diverging
+    arm's per-sample loss is stored as "inf" (text, as the protocol writes it), never as a number."""
+    assert "recon_lpips_samples holding recon_lpips 3 is outside its range" in refused_metrics(
+        [_record(50, 0.8, recon_lpips_samples=[0.5, 3.0])])
+    assert "val_flow_loss_grid holding val_flow_loss -1 is outside" in refused_metrics(
+        [_record(50, 0.8, val_flow_loss_grid=[[0.5, -1.0]])])
+    assert "integer of 401 digits" in refused_metrics([_record(50, 0.8, val_flow_loss_by_t=[10**400])])
+    flow = {"val_flow_loss_samples": [0.5, 1e200, "nan"], "val_flow_loss_grid": [[0.5, 1e35], [0.4, "inf"]]}
+    assert refused_metrics([_record(50, 0.8, **flow)]) is None
+    (run_id,) = _grid(database_url, ["A"])
+    with session_scope(database_url) as session:
+        ingest(session, session.get(Run, run_id), [_record(50, 0.8, **flow)])
+    with session_scope(database_url) as session:
+        extra = session.scalar(select(Metric.extra).where(Metric.run_id == run_id))
+        assert extra["val_flow_loss_samples"] == [0.5, "inf", "nan"]
+        assert extra["val_flow_loss_grid"] == [[0.5, "inf"], [0.4, "inf"]]
+
+
+def test_a_stored_nonfinite_that_ingest_did_not_write_is_ignored_by_the_series(database_url: str) -> None:
+    """Finding 6: a node's `nonfinite` (stored before the protocol refused it) put -1e300 into the series,
+    and a text one made metric_series raise: from the control, every other arm's ingest failed."""
+    control, arm = _grid(database_url, ["A", "B"], control="A")
+    with session_scope(database_url) as session:
+        run = session.get(Run, control)
+        for step, lie in ((50, {"recon_lpips": "-1e300", "train_loss": "nan"}), (100, "x")):
+            session.add(Metric(run_id=control, step=step, recon_lpips=0.5, extra={"nonfinite": lie}))
+        run.last_checkpoint_step = 100
+    with session_scope(database_url) as session:
+        series = metric_series(session, control)
+        assert [p["recon_lpips"] for p in series] == [0.5, 0.5]  # the lie is not a value
+        assert math.isnan(series[0]["train_loss"])  # what ingest itself writes there still reads
+        assert ingest(session, session.get(Run, arm), [_record(50, 0.8)]) == [50]  # judged against the control

@@ -197,6 +197,35 @@ def test_exception_while_collecting_fails_the_sweep_after_teardown(
         assert find_node(session, node_name).state == NodeState.registered
 
 
+def test_a_report_that_cannot_be_written_keeps_the_results_and_the_sweep_completes(
+    database_url: str,
+    sshd,  # noqa: ANN001
+    node_name: str,
+    tmp_path: Path,
+) -> None:
+    """Was: every run completed, the report failed (an honest diverged arm's "nan" once did it), and the
+    whole sweep was `failed`. Now the results are kept, the sweep is its runs' and the report's failure is said."""
+    remote = sshd.workdir / "reportfail"
+    runner, clock, sweep = _running_sweep(database_url, "reportfail", node_name, remote, tmp_path / "storage")
+    _finish_runs(database_url, sweep.grid_id)
+    results = tmp_path / "storage" / "sweeps" / str(sweep.id)
+    results.mkdir(parents=True)
+    (results / "report").write_text("in the way")  # the report's directory cannot be made
+    clock.now = DAY.replace(hour=23)
+    runner.tick()
+    sweep = _sweep(database_url, "reportfail")
+    assert (sweep.state, sweep.error) == (SweepState.completed, None)
+    assert (results / "metrics.json").exists() and sweep.results_dir == str(results)
+    with session_scope(database_url) as session:
+        [said] = session.scalars(select(Event.message).where(Event.kind == "sweep.report_failed",
+                                                             Event.grid_id == sweep.grid_id)).all()  # fmt: skip
+        [done] = session.scalars(select(Event.message).where(Event.kind == "sweep.completed",
+                                                             Event.grid_id == sweep.grid_id)).all()  # fmt: skip
+    assert f"the report could not be written into {results / 'report'}: FileExistsError" in said
+    assert "are kept" in said and "the report could not be written" in done
+    assert not remote.exists()  # torn down as any ended sweep
+
+
 def test_two_runners_never_advance_one_sweep_twice(
     database_url: str,
     sshd,  # noqa: ANN001

@@ -9,8 +9,9 @@ import math
 import pytest
 from scipy import stats
 
+from orchestrator.results.reports.costs import RunCost
 from orchestrator.results.reports.crossed import components
-from orchestrator.results.reports.effects import RunCost, noise_budget
+from orchestrator.results.reports.effects import noise_budget
 from orchestrator.results.reports.stats import Difference, across_seeds
 from tests.kit.crossed_by_hand import crossed_by_hand
 
@@ -23,7 +24,7 @@ TABLE = [
 
 
 def _per_seed(table: list[list[float]]) -> list[Difference]:
-    return [Difference(sum(r) / len(r), None, None, None, "paired", len(r), tuple(r)) for r in table]
+    return [Difference(sum(r) / len(r), None, None, None, "paired", len(r), samples=tuple(r)) for r in table]
 
 
 def test_the_crossed_interval_matches_a_hand_computation() -> None:
@@ -82,7 +83,7 @@ def test_a_negative_component_is_zero_not_a_discount() -> None:
 
 def test_unequal_image_counts_fall_back_and_say_so() -> None:
     per_seed = _per_seed(TABLE)
-    per_seed[1] = Difference(0.01, 0.004, 0.002, 0.018, "paired", 5, tuple(TABLE[1][:5]))
+    per_seed[1] = Difference(0.01, 0.004, 0.002, 0.018, "paired", 5, samples=tuple(TABLE[1][:5]))
     effect = across_seeds(per_seed)
     assert effect is not None and effect.interval == "seeds only" and effect.components is None
 
