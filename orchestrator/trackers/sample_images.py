@@ -5,8 +5,9 @@ taken once each and at most MAX_IMAGES of them, each read through results/sample
 run's folder, at most 16 MiB, a PNG by its chunks), and then its header's width and height are checked
 against the side this arm's trainer draws (a built-in arm: the smaller of SAMPLE_MAX_SIDE and its resolution;
 a command arm's own pictures: OWN_MAX_SIDE). An 8000x8000 all-black PNG is a few KB on disk and 192 MB of
-pixels; it is left out by its header, never decoded. What is left out is named, with why, for the run's
-events; the checkpoint goes out without it.
+pixels; it is left out by its header, never decoded. A file that cannot be read (refused, or its storage
+unreachable) is left out too. What is left out is named, with why, for the run's events; the checkpoint's
+numbers and its other images go out without it.
 """
 
 from __future__ import annotations
@@ -82,12 +83,13 @@ def checkpoint_images(run: Run, step: int, extra: dict[str, Any] | None, options
             continue
         try:
             png = sample_png(run, step, name, options)
-        except StoredFileRefused as exc:
-            out.left_out.append(f"{where} ({exc})")
+            if png is None:
+                continue  # listed but not written (a node's manifest may name anything): nothing to send
+            width, height = png_size(png)
+        except Exception as exc:  # noqa: BLE001 - refused (a link, too large, no PNG) or storage unreachable
+            why = str(exc) if isinstance(exc, StoredFileRefused) else f"{type(exc).__name__}: {exc}"
+            out.left_out.append(f"{where} ({why})")
             continue
-        if png is None:
-            continue  # listed but not written (a node's manifest may name anything): nothing to send
-        width, height = png_size(png)
         if max(width, height) > side:
             out.left_out.append(f"{where} ({width}x{height} pixels, over this arm's {side})")
         elif total + len(png) > MAX_BYTES:

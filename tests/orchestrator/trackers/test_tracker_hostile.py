@@ -142,6 +142,9 @@ def test_an_oversized_sample_is_refused_by_its_header_and_named_and_the_checkpoi
     ((wb,),) = wandb_runs(tmp_path / "wandb").values()
     last = next(row for row in wb.history if row["_step"] == LAST)
     assert "samples/recon_1" in last and "samples/recon_0" not in last
+    media = tmp_path / "wandb"  # W&B copied each PNG it was given into the run's media before the file went
+    assert (len(list(media.rglob("media/images/samples/recon_1_*.png"))),
+            len(list(media.rglob("media/images/samples/recon_0_*.png")))) == (3, 2)  # fmt: skip
 
 
 def test_a_checkpoint_forwards_each_sample_once_and_at_most_64(
