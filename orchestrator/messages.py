@@ -40,6 +40,16 @@ def masked_url(url: str) -> str:
     return make_url(url).render_as_string(hide_password=True)
 
 
+# `scheme://user:password@`: the password of any URL inside a text (a client's error quotes the URL it used).
+URL_PASSWORD = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^\s/:@]*:)[^\s/@]+@")
+
+
+def masked_text(text: str) -> str:
+    """`text` with the password of every URL in it shown as *** (`http://user:***@host`), for errors that
+    go into events and logs."""
+    return URL_PASSWORD.sub(r"\g<head>***@", text)
+
+
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 

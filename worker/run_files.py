@@ -40,6 +40,9 @@ SAMPLE_STEP_RE = re.compile(rf"^step_({STEP_PATTERN})$")
 # "own": a command arm's PNGs from ABLATE_RUN_DIR/samples/step_N/ (worker/command.py), its own pictures.
 SAMPLE_KINDS = ("target", "recon", "text", "caption", "edit", "own")
 SAMPLE_FILE_RE = re.compile(rf"^({'|'.join(SAMPLE_KINDS)})_\d{{1,3}}\.png$")
+# The longest side of a built-in arm's sample image (worker/samples.py downscales to it; never above the
+# arm's resolution): the controller decodes nothing larger from such an arm.
+SAMPLE_MAX_SIDE = 128
 
 
 # A command arm (worker/command.py): its ABLATE_RUN_DIR, and the checkpoints/ folder in it, stored whole.

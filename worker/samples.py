@@ -23,9 +23,9 @@ import numpy as np
 from PIL import Image
 from torch import Tensor
 
-from worker.run_files import SAMPLE_KINDS, sample_dir
+from worker.run_files import SAMPLE_KINDS, SAMPLE_MAX_SIDE, sample_dir
 
-MAX_SIDE = 128
+MAX_SIDE = SAMPLE_MAX_SIDE
 BUDGET_BYTES = 400_000  # per checkpoint: a 5000-step run with 20 evaluations stays under 8 MB
 MIN_SIDE = 16
 

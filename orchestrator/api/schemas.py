@@ -26,6 +26,7 @@ from orchestrator.results.views import (
     RunSummary,
     SweepPublic,
     UTCDatetime,
+    hide_grid_env,
 )
 from orchestrator.sweeps.schedules import ScheduleCreate
 from orchestrator.vocabulary import NodeState
@@ -139,6 +140,11 @@ class SchedulePublic(Public):
     next_fire_at: UTCDatetime | None
     created_at: UTCDatetime
     sweeps: list[SweepPublic] = Field(max_length=RECENT_SWEEPS)  # the most recent, newest first
+
+    @field_validator("grid")
+    @classmethod
+    def _hide_env(cls, grid: dict[str, Any]) -> dict[str, Any]:
+        return hide_grid_env(grid)  # the values go to the nodes of each sweep, never back to a reader
 
     @field_validator("sweeps", mode="before")
     @classmethod

@@ -126,6 +126,17 @@ def hide_env(spec: dict[str, Any]) -> dict[str, Any]:
     return {**spec, "command": {**command, "env": dict.fromkeys(command["env"], HIDDEN)}}
 
 
+def hide_grid_env(body: dict[str, Any]) -> dict[str, Any]:
+    """A grid body (a schedule's) with each command arm's `env` values replaced by HIDDEN, as hide_env does
+    for a run's spec: in a body a command arm is {"name", "code", "command", "env", ...}."""
+    arms = body.get("arms")
+    if not isinstance(arms, list):
+        return body
+    hidden = [{**arm, "env": dict.fromkeys(arm["env"], HIDDEN)} if isinstance(arm, dict) and isinstance(
+        arm.get("env"), dict) else arm for arm in arms]  # fmt: skip
+    return {**body, "arms": hidden}
+
+
 class RunPublic(RunSummary):
     """Everything stored about a run, including the exact resolved spec it trains."""
 

@@ -7,7 +7,11 @@ with its tracker's official client, imported only when that tracker is named.
 
 from __future__ import annotations
 
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from orchestrator.vocabulary import TrackerName
@@ -37,9 +41,21 @@ class Opened:
 
 @dataclass(frozen=True)
 class SampleImage:
+    """One sample PNG, checked (trackers/sample_images.py): a PNG within its arm's side, named once."""
+
     name: str  # the sample's file name (worker/run_files.py SAMPLE_FILE_RE)
     caption: str
     png: bytes
+
+
+@contextmanager
+def png_files(images: Sequence[SampleImage]) -> Iterator[Path]:
+    """A temporary folder holding each image as the file `<name>` (removed after): for a client that takes
+    files, so it is given the very bytes that were checked and decodes nothing it need not."""
+    with tempfile.TemporaryDirectory(prefix="ablate-samples-") as folder:
+        for image in images:
+            (Path(folder) / image.name).write_bytes(image.png)
+        yield Path(folder)
 
 
 @dataclass(frozen=True)

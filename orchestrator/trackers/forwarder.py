@@ -10,6 +10,12 @@ the one checkpoint in flight when it died) and a tracker that was down gets ever
 A tracker call is tried `tracker_retries` times; when all fail the run gets an event ("tracker wandb:
 unreachable, 3 retries: ...") once per outage, the lane leaves that run for a pause that doubles up to
 `tracker_backoff_max_s`, and the run itself never notices.
+
+Each run is forwarded on its own: what a node wrote for one run (a sample that is no PNG, one too large)
+is left out of its checkpoint and named in that run's events, and any other error in one run's forwarding
+is recorded on that run and paused like an outage; the pass goes on with the other runs. What leaves for a
+tracker is the spec as every reader sees it (`hide_env`: a command arm's env values never leave), and an
+error's text is stored and logged with the password of any URL in it masked (a tracker's URL often has one).
 """
 
 from __future__ import annotations
@@ -29,18 +35,20 @@ from model.spec import STANDIN
 from orchestrator.db.events import record_event
 from orchestrator.db.models import Event, Grid, Metric, Run, TrackerRun, utcnow
 from orchestrator.db.session import session_scope
+from orchestrator.messages import masked_text
 from orchestrator.results.judge import judge_metric
+from orchestrator.results.views import hide_env
 from orchestrator.settings import Settings
 from orchestrator.trackers.base import (
     Note,
     Opened,
     Point,
-    SampleImage,
     Sink,
     Status,
     TrackedRun,
     TrackerUnavailable,
 )
+from orchestrator.trackers.sample_images import checkpoint_images
 from orchestrator.vocabulary import TERMINAL_STATES, TrackerName
 
 log = logging.getLogger("ablate.trackers")
@@ -135,7 +143,7 @@ def read_due(session: Session, tracker: TrackerName, run_id: int) -> Due | None:
     notes = [(e.id, Note(e.kind, e.message, int((e.data or {}).get("step") or run.last_checkpoint_step or 0)))
              for e in events]  # fmt: skip
     judged = judge_metric(run, points[-1].get("lpips_backbone") == STANDIN) if points else None
-    spec = dict(run.spec or {})
+    spec = hide_env(dict(run.spec or {}))  # what every reader sees: env values stay on the run's node
     # Replicates of one arm are separate tracker runs (and TensorBoard folders): the arm and its seed.
     name = f"{run.arm}-s{run.seed}" if grid.seeds > 1 else run.arm
     tracked = TrackedRun(run.id, name, grid.id, grid.name, spec, cursor.external_id, group.external_id)
@@ -165,18 +173,6 @@ def scalars_of(point: dict[str, Any], judged: str) -> dict[str, float]:
     if judged in out:
         out["judged"] = out[judged]
     return out
-
-
-def sample_images(run: Run, step: int, extra: dict[str, Any] | None, options: dict[str, Any]) -> list[SampleImage]:
-    """The checkpoint's sample PNGs its manifest lists, from the run's folder or its checkpoint storage."""
-    from orchestrator.results.samples import sample_names, sample_png
-
-    images = []
-    for sample in sample_names(extra):
-        png = sample_png(run, step, sample.file, options)
-        if png is not None:
-            images.append(SampleImage(sample.file, sample.caption, png))
-    return images
 
 
 def due_runs(session: Session, tracker: TrackerName) -> list[int]:
@@ -273,8 +269,9 @@ class Forwarder:
                 break
             try:
                 self.forward(lane.name)
-            except Exception:  # a DB hiccup must not end the lane; the next pass retries
-                log.exception("tracker %s: forwarding pass failed", lane.name)
+            except Exception as exc:  # a DB hiccup must not end the lane; the next pass retries
+                error = masked_text(f"{type(exc).__name__}: {exc}")
+                log.error("tracker %s: forwarding pass failed: %s", lane.name, error)
 
     def forward(self, name: TrackerName) -> None:
         """One pass of tracker `name`: every due run, each as far as it goes (or until the tracker fails)."""
@@ -287,7 +284,11 @@ class Forwarder:
                 return
             if lane.retry_at.get(run_id, 0.0) > now:
                 continue
-            self._forward_run(lane, run_id)
+            try:
+                self._forward_run(lane, run_id)
+            except Exception as exc:  # noqa: BLE001 - one run's error is that run's, never the pass's
+                self._failed(lane, run_id, f"tracker {lane.name}: could not forward run {run_id}: "
+                             f"{type(exc).__name__}: {exc}")  # fmt: skip
 
     def _forward_run(self, lane: Lane, run_id: int) -> None:
         with session_scope(self.settings.database_url) as session:
@@ -297,7 +298,7 @@ class Forwarder:
         try:
             self._send(lane, due)
         except TrackerUnavailable as exc:
-            self._failed(lane, due.run, str(exc))
+            self._failed(lane, run_id, str(exc))
             return
         lane.retry_at.pop(run_id, None)
 
@@ -311,11 +312,17 @@ class Forwarder:
             lane.opened.add(run_id)
             self._save(lane, due, external_id=opened.external_id, group_id=opened.group_id)
         for step, point, extra in due.metrics:
-            judged = judge_metric(due.run, point.get("lpips_backbone") == STANDIN)
-            images = sample_images(due.run, step, extra, self.settings.checkpoint_options)
-            checkpoint = Point(step, scalars_of(point, judged), judged, tuple(images))
+            try:
+                judged = judge_metric(due.run, point.get("lpips_backbone") == STANDIN)
+                samples = checkpoint_images(due.run, step, extra, self.settings.checkpoint_options)
+                checkpoint = Point(step, scalars_of(point, judged), judged, tuple(samples.images))
+            except Exception as exc:  # noqa: BLE001 - a record a node wrote that this lane cannot read: its refusal
+                self._save(lane, due, step=step, note=f"tracker {lane.name}: step {step}: not forwarded: "
+                           f"{type(exc).__name__}: {exc}")  # fmt: skip
+                continue
             self._attempt(lane, f"step {step}", lambda c=checkpoint: sink.checkpoint(run_id, c))
-            self._save(lane, due, step=step)
+            refusal = samples.refusal()
+            self._save(lane, due, step=step, note=f"tracker {lane.name}: step {step}: {refusal}" if refusal else None)
         if due.notes or not due.opened or due.status.ended:
             self._attempt(lane, "the run's state", lambda: sink.status(run_id, due.status))
             last_event = due.notes[-1][0] if due.notes else None
@@ -334,15 +341,21 @@ class Forwarder:
                     raise TrackerUnavailable(
                         f"tracker {lane.name}: unreachable, {tries} retries ({what}): {type(exc).__name__}: {exc}"
                     ) from exc
-                log.info("tracker %s: %s failed (%s), trying again", lane.name, what, exc)
+                log.info("tracker %s: %s failed (%s), trying again", lane.name, what, masked_text(str(exc)))
                 self._halt.wait(min(FIRST_RETRY_WAIT_S * 2**i, self.settings.tracker_backoff_max_s))
         raise AssertionError("unreachable")  # tries >= 1 (settings)
 
-    def _save(self, lane: Lane, due: Due, **moved: Any) -> None:
-        """Move the run's cursor (and clear a failure streak, saying so on the run)."""
+    def _save(self, lane: Lane, due: Due, note: str | None = None, **moved: Any) -> None:
+        """Move the run's cursor (and clear a failure streak, saying so on the run); `note`: what the moved
+        past checkpoint left out, recorded on the run with the move."""
         group_id = moved.pop("group_id", None)
         with session_scope(self.settings.database_url) as session:
             cursor = _cursor(session, lane.name, due.tracked.grid_id, due.run.id)
+            if note is not None:
+                note = masked_text(note)
+                log.warning("%s (run %s)", note, due.run.id)
+                record_event(session, session.get_one(Run, due.run.id), TRACKER_EVENT, note[:1000],
+                             tracker=str(lane.name))  # fmt: skip
             if group_id is not None:
                 _cursor(session, lane.name, due.tracked.grid_id, None).external_id = group_id
             for key, value in moved.items():
@@ -356,33 +369,36 @@ class Forwarder:
                 cursor.failures, cursor.last_error = 0, None
             cursor.updated_at = utcnow()
 
-    def _failed(self, lane: Lane, run: Run, error: str) -> None:
+    def _failed(self, lane: Lane, run_id: int, error: str) -> None:
         """Record the outage on the run (its first failure only) and pause the run's forwarding."""
-        log.warning("%s (run %s)", error, run.id)
+        error = masked_text(error)
+        log.warning("%s (run %s)", error, run_id)
         with session_scope(self.settings.database_url) as session:
+            run = session.get(Run, run_id)
+            if run is None:
+                return
             cursor = _cursor(session, lane.name, run.grid_id, run.id)
             cursor.failures += 1
             cursor.last_error = error[:4000]
             cursor.updated_at = utcnow()
             failures = cursor.failures
             if failures == 1:
-                row = session.get(Run, run.id)
-                if row is not None:
-                    record_event(session, row, TRACKER_EVENT, error[:1000], tracker=str(lane.name))
+                record_event(session, run, TRACKER_EVENT, error[:1000], tracker=str(lane.name))
         pause = min(self.settings.tracker_backoff_max_s, FIRST_RETRY_WAIT_S * 2**failures)
-        lane.retry_at[run.id] = time.monotonic() + pause
-        if lane.sink is not None and run.id in lane.opened:
-            lane.opened.discard(run.id)  # reopen (resume) on the next try: the client may have dropped it
+        lane.retry_at[run_id] = time.monotonic() + pause
+        if lane.sink is not None and run_id in lane.opened:
+            lane.opened.discard(run_id)  # reopen (resume) on the next try: the client may have dropped it
             try:
-                lane.sink.close(run.id)
-            except Exception:  # noqa: BLE001 - it is down already; the reopen starts clean
-                log.debug("tracker %s: closing run %s after a failure failed", lane.name, run.id, exc_info=True)
+                lane.sink.close(run_id)
+            except Exception as exc:  # noqa: BLE001 - it is down already; the reopen starts clean
+                log.debug("tracker %s: closing run %s after a failure failed: %s", lane.name, run_id,
+                          masked_text(str(exc)))  # fmt: skip
 
     def _close_all(self, lane: Lane) -> None:
         for run_id in list(lane.opened):
             try:
                 if lane.sink is not None:
                     lane.sink.close(run_id)
-            except Exception:  # noqa: BLE001 - shutting down: nothing is lost, the cursor is in the database
-                log.warning("tracker %s: closing run %s failed", lane.name, run_id, exc_info=True)
+            except Exception as exc:  # noqa: BLE001 - shutting down: nothing is lost, the cursor is in the database
+                log.warning("tracker %s: closing run %s failed: %s", lane.name, run_id, masked_text(str(exc)))
         lane.opened.clear()

@@ -2,17 +2,17 @@
 
 Where runs go is MLflow's own configuration: MLFLOW_TRACKING_URI (a server, or a file store such as
 file:///srv/mlruns) and MLFLOW_EXPERIMENT_NAME (default "ablate"). A resumed run logs into the same MLflow
-run (its id is kept in the database); samples are artifacts under samples/step_<step>/.
+run (its id is kept in the database); samples are artifacts under samples/step_<step>/, logged as the
+PNG files they are (nothing is decoded).
 """
 
 from __future__ import annotations
 
-import io
 import os
 import time
 from typing import Any
 
-from orchestrator.trackers.base import Opened, Point, Status, TrackedRun
+from orchestrator.trackers.base import Opened, Point, Status, TrackedRun, png_files
 from orchestrator.vocabulary import RunState, TrackerName
 
 DEFAULT_EXPERIMENT = "ablate"
@@ -75,16 +75,15 @@ class MlflowSink:
 
     def checkpoint(self, run_id: int, point: Point) -> None:
         from mlflow.entities import Metric
-        from PIL import Image
 
         mlflow_run = self.runs[run_id]
         now = int(time.time() * 1000)
         metrics = [Metric(key, value, now, point.step) for key, value in point.scalars.items()]
         for start in range(0, len(metrics), 1000):
             self.client.log_batch(mlflow_run, metrics=metrics[start : start + 1000])
-        for image in point.images:
-            with Image.open(io.BytesIO(image.png)) as img:
-                self.client.log_image(mlflow_run, img.convert("RGB"), f"samples/step_{point.step:07d}/{image.name}")
+        if point.images:
+            with png_files(point.images) as folder:
+                self.client.log_artifacts(mlflow_run, str(folder), f"samples/step_{point.step:07d}")
         self.client.set_tag(mlflow_run, "ablate.judged_metric", point.judged_metric)
 
     def status(self, run_id: int, status: Status) -> None:

@@ -3,18 +3,18 @@
 W&B's own variables configure it on the controller: WANDB_PROJECT (default "ablate"), WANDB_ENTITY,
 WANDB_MODE (offline writes runs under WANDB_DIR for `wandb sync`), WANDB_API_KEY or `wandb login`. A
 resumed run continues the same W&B run (its id, kept in the database, with resume="allow"), and the
-forwarder's cursor keeps its steps increasing, as W&B requires.
+forwarder's cursor keeps its steps increasing, as W&B requires. Samples go as the PNG files they are
+(`wandb.Image` of a path; W&B reads their pixels, which the forwarder bounded by the header's size).
 """
 
 from __future__ import annotations
 
-import io
 import os
 import secrets
 from pathlib import Path
 from typing import Any
 
-from orchestrator.trackers.base import Opened, Point, Status, TrackedRun
+from orchestrator.trackers.base import Opened, Point, Status, TrackedRun, png_files
 from orchestrator.vocabulary import RunState, TrackerName
 
 DEFAULT_PROJECT = "ablate"
@@ -57,15 +57,13 @@ class WandbSink:
         return Opened(wandb_id)
 
     def checkpoint(self, run_id: int, point: Point) -> None:
-        from PIL import Image
-
         handle = self.runs[run_id]
         row: dict[str, Any] = dict(point.scalars)
-        for image in point.images:
-            with Image.open(io.BytesIO(image.png)) as img:
-                row["samples/" + image.name.removesuffix(".png")] = self.wandb.Image(img.convert("RGB"),
+        with png_files(point.images) as folder:  # log copies each file into the run's media before it returns
+            for image in point.images:
+                row["samples/" + image.name.removesuffix(".png")] = self.wandb.Image(str(folder / image.name),
                                                                                      caption=image.caption)
-        handle.log(row, step=point.step)
+            handle.log(row, step=point.step)
         handle.summary["judged_metric"] = point.judged_metric
 
     def status(self, run_id: int, status: Status) -> None:

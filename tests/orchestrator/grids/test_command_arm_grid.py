@@ -105,3 +105,25 @@ def test_a_command_arm_s_env_values_are_never_echoed_back(allowed: TestClient, d
 
     with session_scope(database_url) as session:  # the node that runs the arm still gets it
         assert session.get_one(Run, run["id"]).spec["command"]["env"] == {"WANDB_API_KEY": secret}
+
+
+def test_a_schedule_s_command_arm_env_values_are_never_echoed_back(allowed: TestClient, database_url: str) -> None:
+    secret = "wandb-key-0123456789abcdef"
+    request = {"provider": "vast", "gpu": "RTX_4090", "gpus_per_node": 1, "nodes": 1, "max_price_per_gpu_hour": 0.5}
+    grid = {"name": "g", "arms": [mine(env={"WANDB_API_KEY": secret}), "A"]}
+    created = allowed.post("/api/schedules", json={"name": "nightly", "cron": "0 2 * * *", "grid": grid,
+                                                   "request": request}, headers=AUTH)  # fmt: skip
+    assert created.status_code == 201, created.text
+    reads = [allowed.get("/api/schedules", headers=AUTH), allowed.get("/api/schedules/nightly", headers=AUTH),
+             allowed.post("/api/schedules/nightly/pause", headers=AUTH)]
+    assert [r.status_code for r in reads] == [200, 200, 200]
+    for got in (created, *reads):
+        assert secret not in got.text and '"WANDB_API_KEY":"<hidden>"' in got.text
+    from sqlalchemy import select
+
+    from orchestrator.db.models import Schedule
+    from orchestrator.db.session import session_scope
+
+    with session_scope(database_url) as session:  # each sweep's grid still gets it
+        row = session.scalars(select(Schedule).where(Schedule.name == "nightly")).one()
+        assert row.grid["arms"][0]["env"] == {"WANDB_API_KEY": secret} and row.grid["arms"][1] == "A"
