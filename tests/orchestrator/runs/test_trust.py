@@ -1,0 +1,64 @@
+"""Whose values may stop an arm (runs/trust.py): the stall rule against the control stops an arm only on
+values from the arm's own node or a trusted one; elsewhere it is a warning with the evidence. On a real
+database, through ingest."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import select
+
+from orchestrator.db.models import Event, Node, Run
+from orchestrator.db.session import session_scope
+from orchestrator.fleet.inventory import LOCAL
+from orchestrator.grids.service import GridCreate, create_grid
+from orchestrator.runs.ingest import ingest
+from orchestrator.vocabulary import RunState
+
+OVERRIDES = {"schedule": {"steps": 100}, "detector": {"metric": "recon_lpips", "stall_margin": 0.1}}
+
+
+def _node(name: str, trusted: bool) -> Node:
+    return Node(name=name, host="203.0.113.9", user="u", key_path="/k", trusted=trusted, declared_gpus=1)
+
+
+def _stall(database_url: str, control_node: str, arm_node: str, trusted: bool = False) -> tuple[Run, list[str]]:
+    """The control's node reports an in-range lie far better than the honest arm; the arm's verdict and
+    the warnings recorded on it."""
+    with session_scope(database_url) as session:
+        for node in {control_node, arm_node} - {LOCAL}:
+            if session.scalar(select(Node).where(Node.name == node)) is None:
+                session.add(_node(node, trusted=trusted and node == control_node))
+        grid = create_grid(session, GridCreate(name="trust", arms=["A", "B"], overrides=OVERRIDES, control="A"))
+        control, arm = grid.runs
+        control.node, control.nodes, control.state = control_node, [control_node], RunState.running
+        arm.node, arm.nodes, arm.state = arm_node, [arm_node], RunState.running
+        ingest(session, control, [{"step": 90, "recon_lpips": 0.02}])  # the lie: within LPIPS' range
+        ingest(session, arm, [{"step": 90, "recon_lpips": 0.5}])
+        warnings = [
+            w for e in session.scalars(select(Event).where(Event.run_id == arm.id, Event.kind == "warning"))
+            for w in (e.data or {}).get("warnings", [])
+        ]
+        session.expunge(arm)
+        return arm, warnings
+
+
+
+
+def test_a_control_on_an_untrusted_node_never_stops_an_arm_on_another(database_url: str) -> None:
+    arm, warnings = _stall(database_url, "rented-a", "rented-b")
+    assert arm.decision is None and not arm.being_stopped, arm.decision_reason
+    (warning,) = warnings
+    # The evidence: the gap, the control's value and the node it came from.
+    assert "stall not acted on" in warning and "0.0200" in warning and "rented-a" in warning, warning
+
+
+@pytest.mark.parametrize(
+    ("control_node", "arm_node", "trusted"),
+    [("trusted-a", "rented-c", True), (LOCAL, "rented-d", False), ("rented-e", "rented-e", False)],
+    ids=["trusted node", "controller's own machine", "the arm's own node"],
+)
+def test_a_control_on_a_trusted_or_the_arm_s_own_node_stops_a_stalled_arm(
+    database_url: str, control_node: str, arm_node: str, trusted: bool
+) -> None:
+    arm, _ = _stall(database_url, control_node, arm_node, trusted)
+    assert arm.decision == "stalled", arm.decision_reason
