@@ -64,6 +64,15 @@ class NodeCreate(BaseModel):
             raise ValueError(f"not a usable file path: {exc}") from None
 
 
+class NodeUpdate(BaseModel):
+    """What PATCH /api/nodes/{name} and `ablate nodes set` change: the operator's word on a node."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gpus: int | None = Field(default=None, ge=1, le=MAX_NODE_GPUS)
+    trusted: bool | None = None
+
+
 def key_path_problems(body: NodeCreate, allowed_dirs: Sequence[Path]) -> dict[str, str]:
     """Field -> what is wrong, for key_path / known_hosts_path: each must be an existing file under one
     of `allowed_dirs` (ABLATE_SSH_KEY_DIRS). A path outside them is refused without looking at it, so
@@ -93,6 +102,17 @@ def add_node(session: Session, body: NodeCreate, key_dirs: Sequence[Path] | None
         raise NodeConflict(f"a node named {body.name!r} already exists; remove it first or pick another name")
     node = Node(**body.model_dump(exclude={"gpus"}), declared_gpus=body.gpus)
     session.add(node)
+    session.flush()
+    return node
+
+
+def update_node(session: Session, name: str, body: NodeUpdate) -> Node:
+    """Set what the operator declares of a node (its GPU count, whether its values are trusted). Flushes."""
+    node = get_node(session, name)
+    if body.gpus is not None:
+        node.declared_gpus = body.gpus
+    if body.trusted is not None:
+        node.trusted = body.trusted
     session.flush()
     return node
 

@@ -47,3 +47,13 @@ def untrusted_control(session: Session, run: Run, control: Run) -> str | None:
         f"the control's values come from node {', '.join(foreign)}, not this arm's node and not trusted "
         f"(mark it with `ablate nodes set NAME --trusted`, or give the grid control_on_trusted)"
     )
+
+
+def trusted_only(session: Session, run: Run, free: dict[str, int]) -> dict[str, int]:
+    """The free GPUs per node that `run` may be placed on: only the trusted nodes' for the control arm of
+    a grid with control_on_trusted (it waits for one), every node's otherwise."""
+    grid = run.grid
+    if not grid.control_on_trusted or run.arm != grid.control_arm:
+        return free
+    trusted = trusted_nodes(session)
+    return {node: gpus for node, gpus in free.items() if node in trusted}

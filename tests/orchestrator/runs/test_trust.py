@@ -62,3 +62,41 @@ def test_a_control_on_a_trusted_or_the_arm_s_own_node_stops_a_stalled_arm(
 ) -> None:
     arm, _ = _stall(database_url, control_node, arm_node, trusted)
     assert arm.decision == "stalled", arm.decision_reason
+
+
+def test_the_operator_marks_a_node_trusted_through_the_api(database_url: str, tmp_path) -> None:  # noqa: ANN001
+    """PATCH /api/nodes/{name} {"trusted": true}: from then on the control's node may stop other arms."""
+    from fastapi.testclient import TestClient
+
+    from orchestrator.app import create_app
+    from orchestrator.settings import Settings
+
+    arm, _ = _stall(database_url, "api-a", "api-b")
+    assert arm.decision is None
+    with TestClient(create_app(Settings(database_url=database_url, home_dir=tmp_path), "tok")) as client:
+        auth = {"Authorization": "Bearer tok"}
+        assert client.patch("/api/nodes/api-a", json={"trusted": True}).status_code == 401
+        resp = client.patch("/api/nodes/api-a", json={"trusted": True, "gpus": 2}, headers=auth)
+        assert resp.status_code == 200, resp.text
+        assert (resp.json()["trusted"], resp.json()["declared_gpus"]) == (True, 2)
+        bad = client.patch("/api/nodes/api-a", json={"gpus": 0}, headers=auth)
+        assert bad.status_code == 422 and bad.json()["detail"][0]["loc"][-1] == "gpus", bad.text
+    with session_scope(database_url) as session:
+        arm = session.get_one(Run, arm.id)
+        ingest(session, arm, [{"step": 95, "recon_lpips": 0.5}])
+        assert arm.decision == "stalled", arm.decision_reason
+
+
+def test_a_grid_may_ask_for_its_control_on_a_trusted_node(database_url: str) -> None:
+    from orchestrator.runs.trust import trusted_only
+
+    free = {LOCAL: 1, "plain": 4, "vouched": 2}
+    with session_scope(database_url) as session:
+        session.add_all([_node("plain", trusted=False), _node("vouched", trusted=True)])
+        grid = create_grid(session, GridCreate(name="placed", arms=["A", "B"], overrides=OVERRIDES, control="A",
+                                               control_on_trusted=True))
+        control, arm = grid.runs
+        assert trusted_only(session, control, free) == {LOCAL: 1, "vouched": 2}
+        assert trusted_only(session, arm, free) == free  # only the control is held to it
+        grid.control_on_trusted = False
+        assert trusted_only(session, control, free) == free
