@@ -5,8 +5,11 @@ anything there: a symbolic link to the reader's own files (in a `file://` or `sf
 with nodes), a link to another run's files, a file of any size. Every read of a stored file, on the
 controller (a sample image, the report, a sweep's copy-back) and on a resuming node, goes through here:
 
-- the file must be a regular file, not a symbolic link (O_NOFOLLOW on local disk, lstat over SFTP);
-- its real path must lie inside the prefix (links in the directories above it are resolved and checked);
+- the path must lie inside the prefix, and no part of it below the prefix may be a symbolic link: on
+  local disk each directory is opened from the one above it (`dir_fd`, O_NOFOLLOW at every level), so a
+  node that swaps a parent directory for a link between a check and the open gains nothing; over SFTP
+  each component is lstat'ed (see `_open_sftp` for the window that remains);
+- the file must be a regular file;
 - at most `max_bytes` are read; more is refused, not cut short.
 
 Object stores (s3://, gs://, memory://) have no links; there the path is only checked to stay under
@@ -15,6 +18,7 @@ the prefix. Imports nothing of torch.
 
 from __future__ import annotations
 
+import errno
 import os
 import posixpath
 import stat
@@ -39,37 +43,96 @@ def _inside(root: str, path: str) -> bool:
     return path != root and (path.startswith(root.rstrip("/") + "/") or root == "/")
 
 
+def _parts(root: str, path: str) -> list[str]:
+    """The components of `path` below `root` (lexically, nothing resolved); refused when it is not below."""
+    if not _inside(root, path):
+        raise StoredFileRefused(f"{path} is outside the run's prefix {root}")
+    rel = posixpath.relpath(posixpath.normpath(path), posixpath.normpath(root))
+    return rel.split("/")
+
+
+def _link(path: str) -> StoredFileRefused:
+    return StoredFileRefused(f"{path} is a symbolic link, or lies under one; stored files are never followed")
+
+
+def _open_local(root: str, path: str) -> IO[bytes]:
+    """Open `path` one component at a time from the prefix down, each with O_NOFOLLOW relative to the
+    directory above it: the file read is the one under the prefix, whatever a node renames meanwhile.
+    The prefix itself is the caller's (the storage URL's) and is opened as named."""
+    parts = _parts(root, path)
+    nofollow = os.O_RDONLY | os.O_NOFOLLOW
+    directory = getattr(os, "O_DIRECTORY", 0)
+    here = os.open(root, os.O_RDONLY | directory)
+    try:
+        walked = root
+        for part in parts[:-1]:
+            walked = posixpath.join(walked, part)
+            try:
+                below = os.open(part, nofollow | directory, dir_fd=here)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR) and _is_link(part, here):
+                    raise _link(walked) from None
+                raise
+            os.close(here)
+            here = below
+        try:
+            fd = os.open(parts[-1], nofollow | getattr(os, "O_NONBLOCK", 0), dir_fd=here)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP or _is_link(parts[-1], here):  # O_NOFOLLOW's answer to a link
+                raise _link(path) from None
+            raise
+    finally:
+        os.close(here)
+    fh = os.fdopen(fd, "rb")
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        fh.close()
+        raise StoredFileRefused(f"{path} is not a regular file")
+    return fh
+
+
+def _is_link(name: str, dir_fd: int) -> bool:
+    try:
+        return stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+
+
+def _open_sftp(sftp: Any, root: str, path: str) -> IO[bytes]:
+    """Open `path` over SFTP after an lstat of every component below the prefix refuses links, then lstat
+    them again once the file is open. SFTP has no openat and no O_NOFOLLOW, so a window remains: a node
+    that swaps a parent for a link after the first walk and back before the second could have the open
+    follow it. The second walk makes that take two well-timed renames instead of one."""
+    parts = _parts(root, path)
+
+    def walk() -> None:
+        walked = root.rstrip("/") or "/"
+        for i, part in enumerate(parts):
+            walked = posixpath.join(walked, part)
+            mode = sftp.lstat(walked).st_mode or 0
+            if stat.S_ISLNK(mode):
+                raise _link(walked)
+            if i < len(parts) - 1 and not stat.S_ISDIR(mode):
+                raise StoredFileRefused(f"{walked} is not a directory")
+            if i == len(parts) - 1 and not stat.S_ISREG(mode):
+                raise StoredFileRefused(f"{path} is not a regular file")
+
+    walk()
+    fh = sftp.open(path, "rb")
+    try:
+        walk()
+    except BaseException:
+        fh.close()
+        raise
+    return fh
+
+
 def open_stored(fs: Any, root: str, path: str) -> IO[bytes]:
     """`path` under the prefix `root` of `fs`, opened for reading; raises StoredFileRefused with the reason."""
     proto = _protocol(fs)
     if proto in ("file", "local"):
-        if os.path.islink(path):
-            raise StoredFileRefused(f"{path} is a symbolic link; stored files are never followed")
-        real_root, real = os.path.realpath(root), os.path.realpath(path)
-        if not _inside(real_root, real):
-            raise StoredFileRefused(f"{path} resolves to {real}, outside the run's prefix {root}")
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
-        except OSError:
-            if os.path.islink(path):  # O_NOFOLLOW's ELOOP: a link swapped in since the check
-                raise StoredFileRefused(f"{path} is a symbolic link; stored files are never followed") from None
-            raise
-        fh = os.fdopen(fd, "rb")
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            fh.close()
-            raise StoredFileRefused(f"{path} is not a regular file")
-        return fh
+        return _open_local(root, path)
     if proto in ("sftp", "ssh"):
-        sftp = fs.ftp  # paramiko's SFTPClient: lstat and the server's realpath
-        mode = sftp.lstat(path).st_mode or 0
-        if stat.S_ISLNK(mode):
-            raise StoredFileRefused(f"{path} is a symbolic link; stored files are never followed")
-        if not stat.S_ISREG(mode):
-            raise StoredFileRefused(f"{path} is not a regular file")
-        real, real_root = sftp.normalize(path), sftp.normalize(root)
-        if not _inside(real_root, real):
-            raise StoredFileRefused(f"{path} resolves to {real}, outside the run's prefix {root}")
-        return sftp.open(path, "rb")
+        return _open_sftp(fs.ftp, root, path)  # paramiko's SFTPClient
     if not _inside(root.strip("/"), path.strip("/")):
         raise StoredFileRefused(f"{path} is outside the run's prefix {root}")
     return fs.open(path, "rb")

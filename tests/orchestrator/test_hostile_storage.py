@@ -125,6 +125,23 @@ def test_an_sftp_store_serves_no_link(sshd, database_url, tmp_path) -> None:  # 
     assert any("symbolic link" in s for s in skipped), skipped
 
 
+def test_an_sftp_store_refuses_a_parent_directory_that_is_a_link(sshd, tmp_path) -> None:  # noqa: ANN001
+    """A step directory swapped for a link (here into the prefix itself, which resolving and checking the
+    real path lets through) is refused: every component is lstat'ed on the way down."""
+    from worker.checkpoint_store import open_fs
+    from worker.stored_file import StoredFileRefused, read_stored
+
+    prefix = sshd.workdir / "store" / "run-3"
+    (prefix / STEP_DIR).mkdir(parents=True)
+    (prefix / STEP_DIR / "target_0.png").write_bytes(png())
+    (prefix / "samples" / "step_0000030").symlink_to(prefix / STEP_DIR, target_is_directory=True)
+    options = {"key_filename": str(sshd.client_key), "known_hosts": str(sshd.known_hosts)}
+    fs, root = open_fs(f"sftp://{sshd.user}@{sshd.host}:{sshd.port}{prefix}", options)
+    assert read_stored(fs, root, f"{root}/{STEP_DIR}/target_0.png", 1 << 20) == png()
+    with pytest.raises(StoredFileRefused, match="symbolic link"):
+        read_stored(fs, root, f"{root}/samples/step_0000030/target_0.png", 1 << 20)
+
+
 def test_sizes_are_the_controller_s_not_the_node_s(client, database_url, tmp_path) -> None:
     prefix = tmp_path / "store" / "run-3"
     (prefix / STEP_DIR).mkdir(parents=True)
