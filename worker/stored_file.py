@@ -29,7 +29,14 @@ CHUNK = 1 << 20
 
 
 class StoredFileRefused(Exception):
-    """A stored file the reader will not read (a link, outside the prefix, not a file, too large)."""
+    """A stored file the reader will not read (a link, outside the prefix, not a file, too large).
+
+    The message names the path, for the operator's log; `why` says the same without any path, for a
+    client who may not learn where the controller keeps its files."""
+
+    def __init__(self, message: str, why: str = "refused by the controller") -> None:
+        super().__init__(message)
+        self.why = why
 
 
 def _protocol(fs: Any) -> str:
@@ -46,13 +53,14 @@ def _inside(root: str, path: str) -> bool:
 def _parts(root: str, path: str) -> list[str]:
     """The components of `path` below `root` (lexically, nothing resolved); refused when it is not below."""
     if not _inside(root, path):
-        raise StoredFileRefused(f"{path} is outside the run's prefix {root}")
+        raise StoredFileRefused(f"{path} is outside the run's prefix {root}", "outside the run's folder")
     rel = posixpath.relpath(posixpath.normpath(path), posixpath.normpath(root))
     return rel.split("/")
 
 
 def _link(path: str) -> StoredFileRefused:
-    return StoredFileRefused(f"{path} is a symbolic link, or lies under one; stored files are never followed")
+    return StoredFileRefused(f"{path} is a symbolic link, or lies under one; stored files are never followed",
+                             "a symbolic link, or under one")
 
 
 def _open_local(root: str, path: str) -> IO[bytes]:
@@ -86,7 +94,7 @@ def _open_local(root: str, path: str) -> IO[bytes]:
     fh = os.fdopen(fd, "rb")
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         fh.close()
-        raise StoredFileRefused(f"{path} is not a regular file")
+        raise StoredFileRefused(f"{path} is not a regular file", "not a regular file")
     return fh
 
 
@@ -112,9 +120,9 @@ def _open_sftp(sftp: Any, root: str, path: str) -> IO[bytes]:
             if stat.S_ISLNK(mode):
                 raise _link(walked)
             if i < len(parts) - 1 and not stat.S_ISDIR(mode):
-                raise StoredFileRefused(f"{walked} is not a directory")
+                raise StoredFileRefused(f"{walked} is not a directory", "under something that is not a directory")
             if i == len(parts) - 1 and not stat.S_ISREG(mode):
-                raise StoredFileRefused(f"{path} is not a regular file")
+                raise StoredFileRefused(f"{path} is not a regular file", "not a regular file")
 
     walk()
     fh = sftp.open(path, "rb")
@@ -134,7 +142,7 @@ def open_stored(fs: Any, root: str, path: str) -> IO[bytes]:
     if proto in ("sftp", "ssh"):
         return _open_sftp(fs.ftp, root, path)  # paramiko's SFTPClient
     if not _inside(root.strip("/"), path.strip("/")):
-        raise StoredFileRefused(f"{path} is outside the run's prefix {root}")
+        raise StoredFileRefused(f"{path} is outside the run's prefix {root}", "outside the run's folder")
     return fs.open(path, "rb")
 
 
@@ -143,7 +151,8 @@ def read_stored(fs: Any, root: str, path: str, max_bytes: int) -> bytes:
     with open_stored(fs, root, path) as fh:
         data = fh.read(max_bytes + 1)
     if len(data) > max_bytes:
-        raise StoredFileRefused(f"{path} is over {max_bytes} bytes, the most read of such a file")
+        raise StoredFileRefused(f"{path} is over {max_bytes} bytes, the most read of such a file",
+                               f"over {max_bytes} bytes")
     return data
 
 
@@ -157,7 +166,8 @@ def get_stored(fs: Any, root: str, path: str, dest: Path, max_bytes: int | None 
             while chunk := src.read(CHUNK):
                 size += len(chunk)
                 if max_bytes is not None and size > max_bytes:
-                    raise StoredFileRefused(f"{path} is over {max_bytes} bytes, the most copied")
+                    raise StoredFileRefused(f"{path} is over {max_bytes} bytes, the most copied",
+                                            f"over {max_bytes} bytes")
                 out.write(chunk)
     except BaseException:
         tmp.unlink(missing_ok=True)

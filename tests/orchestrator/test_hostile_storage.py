@@ -81,6 +81,8 @@ def assert_served_only_the_png(client: TestClient, database_url: str, run_id: in
     assert "symbolic link" in link.json()["detail"] or "outside" in link.json()["detail"], link.json()
     html = client.get(f"/api/runs/{run_id}/samples/10/text_0.png")
     assert html.status_code == 404 and "not a PNG" in html.json()["detail"], html.json()
+    # Anyone may read samples: a refusal says why, never where the controller keeps the file.
+    assert "/" not in link.json()["detail"] and "/" not in html.json()["detail"], (link.json(), html.json())
     with session_scope(database_url) as session:
         grid = session.get_one(Grid, session.get_one(Run, run_id).grid_id)
         images = {i.kind: i for i in build_report(session, grid, options).arms[0].samples.images}  # type: ignore[union-attr]
