@@ -23,6 +23,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from model.spec import STATE_BYTES_PER_PARAM, ArmSpec, estimate_params
 from orchestrator.db.events import record_event
 from orchestrator.db.models import Event, Metric, Run
 from orchestrator.settings import Settings
@@ -185,6 +186,25 @@ def storage_alarms(
             "alarm": since is not None and waited >= minutes,
         }
     return out
+
+
+# What a copy-back may take of one run by default (ABLATE_COPY_BACK_MAX_BYTES unset): its kept checkpoints
+# (keep_last periodic ones and best.pt), each the size of the arm's model in fp32 with its EMA and two
+# optimizer moments (the training state less the gradients), with a quarter to spare, plus room for its
+# samples, records and logs. A command arm's checkpoints are its trainer's own: a fixed allowance.
+CHECKPOINT_BYTES_PER_PARAM = STATE_BYTES_PER_PARAM - 4  # no gradients in a checkpoint
+COPY_BACK_SPARE = 1.25
+COPY_BACK_EXTRAS = 1 << 30  # samples, records.jsonl, logs
+COMMAND_ARM_COPY_BACK = 16 << 30
+
+
+def copy_back_bytes(spec: dict[str, Any], keep_last: int) -> int:
+    """The most bytes a copy-back takes of a run with this spec when the operator set no cap."""
+    arm = ArmSpec.model_validate(spec)
+    if arm.command is not None:
+        return COMMAND_ARM_COPY_BACK
+    checkpoint = estimate_params(arm) * CHECKPOINT_BYTES_PER_PARAM
+    return int((keep_last + 1) * checkpoint * COPY_BACK_SPARE) + COPY_BACK_EXTRAS
 
 
 def download_run(url: str, options: dict[str, Any], local: Path, max_bytes: int,

@@ -242,6 +242,36 @@ def test_sweep_copy_back_takes_checkpoints_from_storage(database_url: str, tmp_p
     assert sorted(p.name for p in (results / "report").iterdir()) == ["report.html", "report.json", "report.md"]
 
 
+def test_copy_back_takes_by_default_what_a_run_s_kept_checkpoints_need(
+    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ABLATE_COPY_BACK_MAX_BYTES unset: each run's cap is its keep_last + 1 checkpoints at its model's
+    size (a quarter spare) plus room for samples, not 64 GiB; a node's larger file is refused, named."""
+    from model.spec import ArmSpec, estimate_params
+    from orchestrator.runs import storage
+    from orchestrator.settings import Settings
+
+    assert Settings(database_url=database_url).copy_back_max_bytes is None
+    seed = storage.copy_back_bytes(ArmSpec().model_dump(mode="json"), keep_last=2)
+    checkpoint = estimate_params(ArmSpec()) * 16  # fp32 weights, EMA and two optimizer moments
+    assert 3 * checkpoint < seed < 20 << 30, seed
+    monkeypatch.setattr(storage, "COPY_BACK_EXTRAS", 0)  # the tiny arm's cap: its checkpoints alone
+    store = tmp_path / "store" / "run-big"
+    store.mkdir(parents=True)
+    with session_scope(database_url) as session:
+        run = create_grid(session, GridCreate(name="capped", arms=["A"], overrides=TINY)).runs[0]
+        run.checkpoint_url = f"file://{store}"
+        cap, grid_id = storage.copy_back_bytes(run.spec, keep_last=2), run.grid_id
+    (store / "best.pt").write_bytes(b"w" * (cap // 2))
+    with (store / "huge.bin").open("wb") as f:
+        f.truncate(cap + 1)  # sparse: a node's file past the run's cap
+    results = tmp_path / "results" / "sweeps" / "2"
+    results.mkdir(parents=True)
+    problems, _ = copy_back(database_url, {}, 2, grid_id, [], results, None, keep_last=2)
+    assert len(problems) == 1 and "huge.bin" in problems[0] and f"over {cap - cap // 2}" in problems[0], problems
+    assert any((results / "runs").rglob("best.pt"))
+
+
 # -- the dashboard's alarm ------------------------------------------------------------------------------------------
 
 
