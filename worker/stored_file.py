@@ -22,6 +22,7 @@ import errno
 import os
 import posixpath
 import stat
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -63,46 +64,45 @@ def _link(path: str) -> StoredFileRefused:
                              "a symbolic link, or under one")
 
 
-def _open_local(root: str, path: str) -> IO[bytes]:
-    """Open `path` one component at a time from the prefix down, each with O_NOFOLLOW relative to the
-    directory above it: the file read is the one under the prefix, whatever a node renames meanwhile.
-    The prefix itself is the caller's (the storage URL's) and is opened as named."""
-    parts = _parts(root, path)
-    nofollow = os.O_RDONLY | os.O_NOFOLLOW
-    directory = getattr(os, "O_DIRECTORY", 0)
-    here = os.open(root, os.O_RDONLY | directory)
+def open_beneath(dir_fd: int, parts: Sequence[str]) -> int:
+    """A descriptor of the file `parts` below the directory `dir_fd`, each directory opened from the one
+    above it and every part with O_NOFOLLOW: no link is followed at any level, whatever is renamed
+    meanwhile. Raises OSError: ELOOP where a part is a link, ENOTDIR where a directory part is not one."""
+    here = dir_fd
     try:
-        walked = root
         for part in parts[:-1]:
-            walked = posixpath.join(walked, part)
-            try:
-                below = os.open(part, nofollow | directory, dir_fd=here)
-            except OSError as exc:
-                if exc.errno in (errno.ELOOP, errno.ENOTDIR) and _is_link(part, here):
-                    raise _link(walked) from None
-                raise
-            os.close(here)
+            below = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=here)
+            if here != dir_fd:
+                os.close(here)
             here = below
-        try:
-            fd = os.open(parts[-1], nofollow | getattr(os, "O_NONBLOCK", 0), dir_fd=here)
-        except OSError as exc:
-            if exc.errno == errno.ELOOP or _is_link(parts[-1], here):  # O_NOFOLLOW's answer to a link
-                raise _link(path) from None
-            raise
+        return os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=here)
     finally:
-        os.close(here)
+        if here != dir_fd:
+            os.close(here)
+
+
+def _open_local(root: str, path: str) -> IO[bytes]:
+    """`path` opened from the prefix down (open_beneath). The prefix itself is the caller's (the storage
+    URL's) and is opened as named."""
+    parts = _parts(root, path)
+    root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fd = open_beneath(root_fd, parts)
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.ENOTDIR):  # O_NOFOLLOW's answers (a link as a directory: ENOTDIR)
+            raise
+        walked = [posixpath.join(root, *parts[: i + 1]) for i in range(len(parts))]
+        if any(os.path.islink(p) for p in walked):  # only to say which: the open above already refused it
+            raise _link(path) from None
+        raise StoredFileRefused(f"{path} lies under something that is not a directory",
+                                "under something that is not a directory") from None
+    finally:
+        os.close(root_fd)
     fh = os.fdopen(fd, "rb")
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         fh.close()
         raise StoredFileRefused(f"{path} is not a regular file", "not a regular file")
     return fh
-
-
-def _is_link(name: str, dir_fd: int) -> bool:
-    try:
-        return stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
-    except OSError:
-        return False
 
 
 def _open_sftp(sftp: Any, root: str, path: str) -> IO[bytes]:
