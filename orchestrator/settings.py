@@ -139,8 +139,8 @@ class Settings(BaseSettings):
     checkpoint_flush_timeout_s: Annotated[float, Field(gt=0)] = 900.0
     # The most bytes a sweep's copy-back takes of one run (from storage or its node): a node writes what is
     # there, and the controller's disk is not its to fill. Unset: sized to each run's kept checkpoints
-    # (keep_last + best.pt at the arm's model size, a quarter spare, 1 GiB for samples and records: about
-    # 15 GB for the seed arm; 16 GiB for a command arm): orchestrator/runs/storage.py copy_back_bytes.
+    # (keep_last + best.pt + one being replaced, at the arm's model size, a tenth spare, 1 GiB for samples
+    # and records: about 18 GB for a seed-size arm; 16 GiB for a command arm): runs/storage.py copy_back_bytes.
     copy_back_max_bytes: int | None = Field(default=None, gt=0)
     # Request bodies above this many bytes answer 413 before they are parsed (a grid spec is a few KB).
     max_body_bytes: Annotated[int, Field(ge=1024)] = 1 << 20

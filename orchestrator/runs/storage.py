@@ -189,11 +189,12 @@ def storage_alarms(
 
 
 # What a copy-back may take of one run by default (ABLATE_COPY_BACK_MAX_BYTES unset): its kept checkpoints
-# (keep_last periodic ones and best.pt), each the size of the arm's model in fp32 with its EMA and two
-# optimizer moments (the training state less the gradients), with a quarter to spare, plus room for its
-# samples, records and logs. A command arm's checkpoints are its trainer's own: a fixed allowance.
+# (keep_last periodic ones and best.pt, and one more: a new one is uploaded before the oldest is pruned),
+# each the size of the arm's model in fp32 with its EMA and two optimizer moments (the training state less
+# the gradients; docs/operations.md measures 3.82 GB for arm A at seed size), a tenth to spare, plus room
+# for its samples, records and logs. A command arm's checkpoints are its trainer's own: a fixed allowance.
 CHECKPOINT_BYTES_PER_PARAM = STATE_BYTES_PER_PARAM - 4  # no gradients in a checkpoint
-COPY_BACK_SPARE = 1.25
+COPY_BACK_SPARE = 1.1
 COPY_BACK_EXTRAS = 1 << 30  # samples, records.jsonl, logs
 COMMAND_ARM_COPY_BACK = 16 << 30
 
@@ -204,7 +205,7 @@ def copy_back_bytes(spec: dict[str, Any], keep_last: int) -> int:
     if arm.command is not None:
         return COMMAND_ARM_COPY_BACK
     checkpoint = estimate_params(arm) * CHECKPOINT_BYTES_PER_PARAM
-    return int((keep_last + 1) * checkpoint * COPY_BACK_SPARE) + COPY_BACK_EXTRAS
+    return int((keep_last + 2) * checkpoint * COPY_BACK_SPARE) + COPY_BACK_EXTRAS
 
 
 def download_run(url: str, options: dict[str, Any], local: Path, max_bytes: int,

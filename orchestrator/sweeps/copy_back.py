@@ -33,8 +33,8 @@ def copy_back(
 ) -> tuple[list[str], set[str]]:
     """Metrics from the DB to metrics.json; each run's checkpoints from durable storage, or from the
     node that ran it when storage holds none (or cannot be read). At most `max_bytes` per run (None: sized
-    to the run's `keep_last` + 1 kept checkpoints, runs/storage.py copy_back_bytes), and no link a node
-    left is followed: what is refused is named in the problems."""
+    to the checkpoints the run keeps, `keep_last` of them and best.pt: runs/storage.py copy_back_bytes),
+    and no link a node left is followed: what is refused is named in the problems."""
     problems: list[str] = []
     failed: set[str] = set()
     wanted: dict[str, list[tuple[str, Path, int]]] = {}  # node -> (its dir, local, most bytes)
