@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import struct
 import zlib
 from collections.abc import Iterator
@@ -179,15 +180,18 @@ def wandb_runs_curves(paths: list[Path]) -> dict[str, Any]:
 
 def wandb_csv_curves(path: Path) -> dict[str, Any]:
     """A curves document from a W&B CSV export (a run's history, or a chart's export of several runs)."""
-    with path.open(newline="") as fh:
-        reader = csv.DictReader(fh)
-        columns = reader.fieldnames or []
-        table = list(reader)
+    try:
+        with path.open(newline="") as fh:
+            reader = csv.DictReader(fh)
+            columns = reader.fieldnames or []
+            table = list(reader)
+    except (csv.Error, UnicodeDecodeError) as exc:  # a field past csv's limit, bytes that are not text
+        raise CurvesError(f"{path}: not a readable CSV file: {exc}"[:2000]) from None
     if "_step" in columns:  # one run's history
         rows: dict[int, dict[str, float]] = {}
         for i, line in enumerate(table):
             step = _number(line["_step"])
-            if step is None or step < 0 or step != int(step):
+            if step is None or not math.isfinite(step) or step < 0 or step != int(step):
                 raise CurvesError(f"{path}: line {i + 2}: _step must be a non-negative integer, got {line['_step']!r}")
             values = {_metric_name(k): _number(v) for k, v in line.items() if k and not k.startswith("_")}
             rows.setdefault(int(step), {}).update({k: v for k, v in values.items() if v is not None})
@@ -196,7 +200,7 @@ def wandb_csv_curves(path: Path) -> dict[str, Any]:
         runs: dict[str, dict[int, dict[str, float]]] = {}
         for i, line in enumerate(table):
             step = _number(line["Step"])
-            if step is None or step < 0 or step != int(step):
+            if step is None or not math.isfinite(step) or step < 0 or step != int(step):
                 raise CurvesError(f"{path}: line {i + 2}: Step must be a non-negative integer, got {line['Step']!r}")
             for column, cell in line.items():
                 if not column or column == "Step" or " - " not in column or column.endswith(("__MIN", "__MAX")):

@@ -117,3 +117,18 @@ def test_a_tensorboard_record_claiming_a_tebibyte_is_one_line_naming_the_file(
     assert str(events) in str(caught.value)
     out = ablate_cli(database_url, "import", str(tmp_path / "tb"), "--name", "huge")
     assert out.returncode == 2 and str(events) in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [("_step,loss\ninf,0.5\n", "_step must be a non-negative integer"),
+     ("Step,A - loss\nnan,0.5\n", "Step must be a non-negative integer"),
+     ("_step,loss\n1," + "x" * 200_000 + "\n", "not a readable CSV file")],
+    ids=["an infinite step", "a step that is not a number", "a field past csv's limit"],
+)
+def test_a_malformed_csv_export_is_one_line_naming_the_file(tmp_path: Path, text: str, said: str) -> None:
+    path = tmp_path / "export.csv"
+    path.write_text(text)
+    with pytest.raises(CurvesError, match=said) as caught:
+        tracker_export_curves(path)
+    assert str(path) in str(caught.value)
