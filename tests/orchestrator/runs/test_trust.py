@@ -100,3 +100,32 @@ def test_a_grid_may_ask_for_its_control_on_a_trusted_node(database_url: str) -> 
         assert trusted_only(session, arm, free) == free  # only the control is held to it
         grid.control_on_trusted = False
         assert trusted_only(session, control, free) == free
+
+
+def test_the_operator_declares_gpus_and_trust_from_the_cli(
+    database_url: str, tmp_path, monkeypatch: pytest.MonkeyPatch  # noqa: ANN001
+) -> None:
+    from typer.testing import CliRunner
+
+    from orchestrator.cli import _register as register_commands
+    from orchestrator.cli import app
+
+    register_commands()
+    monkeypatch.setenv("ABLATE_DATABASE_URL", database_url)
+    key = tmp_path / "id_ed25519"
+    key.write_text("k")
+    runner = CliRunner()
+    add = ["nodes", "add", "cli-trust", "--host", "203.0.113.5", "--user", "u", "--key", str(key)]
+    missing = runner.invoke(app, add)
+    assert missing.exit_code == 2 and "--gpus" in missing.output, missing.output
+    assert runner.invoke(app, [*add, "--gpus", "4", "--trusted"]).exit_code == 0
+    with session_scope(database_url) as session:
+        node = session.scalar(select(Node).where(Node.name == "cli-trust"))
+        assert (node.declared_gpus, node.trusted) == (4, True)
+    changed = runner.invoke(app, ["nodes", "set", "cli-trust", "--gpus", "2", "--untrusted"])
+    assert changed.exit_code == 0 and "2 GPUs declared, not trusted" in changed.output, changed.output
+    with session_scope(database_url) as session:
+        node = session.scalar(select(Node).where(Node.name == "cli-trust"))
+        assert (node.declared_gpus, node.trusted) == (2, False)
+    local = runner.invoke(app, ["nodes", "add", LOCAL, "--host", "h", "--user", "u", "--key", str(key), "--gpus", "1"])
+    assert local.exit_code != 0 and "controller's own machine" in local.output + str(local.exception)
