@@ -107,27 +107,32 @@ def _open_local(root: str, path: str) -> IO[bytes]:
 
 def _open_sftp(sftp: Any, root: str, path: str) -> IO[bytes]:
     """Open `path` over SFTP after an lstat of every component below the prefix refuses links, then lstat
-    them again once the file is open. SFTP has no openat and no O_NOFOLLOW, so a window remains: a node
-    that swaps a parent for a link after the first walk and back before the second could have the open
-    follow it. The second walk makes that take two well-timed renames instead of one."""
+    them again once the file is open and check that the open file is the one walked to (size, time and
+    owner). SFTP has no openat and no O_NOFOLLOW, so a window remains: a node that swaps a parent for a
+    link after the first walk and back before the second, to a file of the same size, time and owner,
+    could have the open follow it. The second walk makes that take two well-timed renames instead of one."""
     parts = _parts(root, path)
 
-    def walk() -> None:
-        walked = root.rstrip("/") or "/"
+    def walk() -> Any:  # noqa: ANN401 - paramiko's SFTPAttributes of the file
+        walked, attrs = root.rstrip("/") or "/", None
         for i, part in enumerate(parts):
             walked = posixpath.join(walked, part)
-            mode = sftp.lstat(walked).st_mode or 0
+            attrs = sftp.lstat(walked)
+            mode = attrs.st_mode or 0
             if stat.S_ISLNK(mode):
                 raise _link(walked)
             if i < len(parts) - 1 and not stat.S_ISDIR(mode):
                 raise StoredFileRefused(f"{walked} is not a directory", "under something that is not a directory")
             if i == len(parts) - 1 and not stat.S_ISREG(mode):
                 raise StoredFileRefused(f"{path} is not a regular file", "not a regular file")
+        return attrs
 
     walk()
     fh = sftp.open(path, "rb")
     try:
-        walk()
+        walked, opened = walk(), fh.stat()
+        if any(getattr(walked, a) != getattr(opened, a) for a in ("st_size", "st_mtime", "st_uid")):
+            raise _link(path)  # the open reached another file than the walk: through a link swapped in
     except BaseException:
         fh.close()
         raise
