@@ -138,8 +138,10 @@ class Settings(BaseSettings):
     # How long a finishing worker waits for its last upload (and a resuming one for a failing store).
     checkpoint_flush_timeout_s: Annotated[float, Field(gt=0)] = 900.0
     # The most bytes a sweep's copy-back takes of one run (from storage or its node): a node writes what is
-    # there, and the controller's disk is not its to fill. Checkpoints kept (keep_last + best) fit well under.
-    copy_back_max_bytes: int = Field(default=64 << 30, gt=0)
+    # there, and the controller's disk is not its to fill. Unset: sized to each run's kept checkpoints
+    # (keep_last + best.pt + one being replaced, at the arm's model size, a tenth spare, 1 GiB for samples
+    # and records: about 18 GB for a seed-size arm; 16 GiB for a command arm): runs/storage.py copy_back_bytes.
+    copy_back_max_bytes: int | None = Field(default=None, gt=0)
     # Request bodies above this many bytes answer 413 before they are parsed (a grid spec is a few KB).
     max_body_bytes: Annotated[int, Field(ge=1024)] = 1 << 20
     # True: grid, run and dashboard reads need the token too (nodes and schedules always do).

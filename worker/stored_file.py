@@ -5,8 +5,11 @@ anything there: a symbolic link to the reader's own files (in a `file://` or `sf
 with nodes), a link to another run's files, a file of any size. Every read of a stored file, on the
 controller (a sample image, the report, a sweep's copy-back) and on a resuming node, goes through here:
 
-- the file must be a regular file, not a symbolic link (O_NOFOLLOW on local disk, lstat over SFTP);
-- its real path must lie inside the prefix (links in the directories above it are resolved and checked);
+- the path must lie inside the prefix, and no part of it below the prefix may be a symbolic link: on
+  local disk each directory is opened from the one above it (`dir_fd`, O_NOFOLLOW at every level), so a
+  node that swaps a parent directory for a link between a check and the open gains nothing; over SFTP
+  each component is lstat'ed (see `_open_sftp` for the window that remains);
+- the file must be a regular file;
 - at most `max_bytes` are read; more is refused, not cut short.
 
 Object stores (s3://, gs://, memory://) have no links; there the path is only checked to stay under
@@ -15,9 +18,11 @@ the prefix. Imports nothing of torch.
 
 from __future__ import annotations
 
+import errno
 import os
 import posixpath
 import stat
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -25,7 +30,14 @@ CHUNK = 1 << 20
 
 
 class StoredFileRefused(Exception):
-    """A stored file the reader will not read (a link, outside the prefix, not a file, too large)."""
+    """A stored file the reader will not read (a link, outside the prefix, not a file, too large).
+
+    The message names the path, for the operator's log; `why` says the same without any path, for a
+    client who may not learn where the controller keeps its files."""
+
+    def __init__(self, message: str, why: str = "refused by the controller") -> None:
+        super().__init__(message)
+        self.why = why
 
 
 def _protocol(fs: Any) -> str:
@@ -39,39 +51,103 @@ def _inside(root: str, path: str) -> bool:
     return path != root and (path.startswith(root.rstrip("/") + "/") or root == "/")
 
 
+def _parts(root: str, path: str) -> list[str]:
+    """The components of `path` below `root` (lexically, nothing resolved); refused when it is not below."""
+    if not _inside(root, path):
+        raise StoredFileRefused(f"{path} is outside the run's prefix {root}", "outside the run's folder")
+    rel = posixpath.relpath(posixpath.normpath(path), posixpath.normpath(root))
+    return rel.split("/")
+
+
+def _link(path: str) -> StoredFileRefused:
+    return StoredFileRefused(f"{path} is a symbolic link, or lies under one; stored files are never followed",
+                             "a symbolic link, or under one")
+
+
+def open_beneath(dir_fd: int, parts: Sequence[str]) -> int:
+    """A descriptor of the file `parts` below the directory `dir_fd`, each directory opened from the one
+    above it and every part with O_NOFOLLOW: no link is followed at any level, whatever is renamed
+    meanwhile. Raises OSError: ELOOP where a part is a link, ENOTDIR where a directory part is not one."""
+    here = dir_fd
+    try:
+        for part in parts[:-1]:
+            below = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=here)
+            if here != dir_fd:
+                os.close(here)
+            here = below
+        return os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=here)
+    finally:
+        if here != dir_fd:
+            os.close(here)
+
+
+def _open_local(root: str, path: str) -> IO[bytes]:
+    """`path` opened from the prefix down (open_beneath). The prefix itself is the caller's (the storage
+    URL's) and is opened as named."""
+    parts = _parts(root, path)
+    root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fd = open_beneath(root_fd, parts)
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.ENOTDIR):  # O_NOFOLLOW's answers (a link as a directory: ENOTDIR)
+            raise
+        walked = [posixpath.join(root, *parts[: i + 1]) for i in range(len(parts))]
+        if any(os.path.islink(p) for p in walked):  # only to say which: the open above already refused it
+            raise _link(path) from None
+        raise StoredFileRefused(f"{path} lies under something that is not a directory",
+                                "under something that is not a directory") from None
+    finally:
+        os.close(root_fd)
+    fh = os.fdopen(fd, "rb")
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        fh.close()
+        raise StoredFileRefused(f"{path} is not a regular file", "not a regular file")
+    return fh
+
+
+def _open_sftp(sftp: Any, root: str, path: str) -> IO[bytes]:
+    """Open `path` over SFTP after an lstat of every component below the prefix refuses links, then lstat
+    them again once the file is open and check that the open file is the one walked to (size, time and
+    owner). SFTP has no openat and no O_NOFOLLOW, so a window remains: a node that swaps a parent for a
+    link after the first walk and back before the second, to a file of the same size, time and owner,
+    could have the open follow it. The second walk makes that take two well-timed renames instead of one."""
+    parts = _parts(root, path)
+
+    def walk() -> Any:  # noqa: ANN401 - paramiko's SFTPAttributes of the file
+        walked, attrs = root.rstrip("/") or "/", None
+        for i, part in enumerate(parts):
+            walked = posixpath.join(walked, part)
+            attrs = sftp.lstat(walked)
+            mode = attrs.st_mode or 0
+            if stat.S_ISLNK(mode):
+                raise _link(walked)
+            if i < len(parts) - 1 and not stat.S_ISDIR(mode):
+                raise StoredFileRefused(f"{walked} is not a directory", "under something that is not a directory")
+            if i == len(parts) - 1 and not stat.S_ISREG(mode):
+                raise StoredFileRefused(f"{path} is not a regular file", "not a regular file")
+        return attrs
+
+    walk()
+    fh = sftp.open(path, "rb")
+    try:
+        walked, opened = walk(), fh.stat()
+        if any(getattr(walked, a) != getattr(opened, a) for a in ("st_size", "st_mtime", "st_uid")):
+            raise _link(path)  # the open reached another file than the walk: through a link swapped in
+    except BaseException:
+        fh.close()
+        raise
+    return fh
+
+
 def open_stored(fs: Any, root: str, path: str) -> IO[bytes]:
     """`path` under the prefix `root` of `fs`, opened for reading; raises StoredFileRefused with the reason."""
     proto = _protocol(fs)
     if proto in ("file", "local"):
-        if os.path.islink(path):
-            raise StoredFileRefused(f"{path} is a symbolic link; stored files are never followed")
-        real_root, real = os.path.realpath(root), os.path.realpath(path)
-        if not _inside(real_root, real):
-            raise StoredFileRefused(f"{path} resolves to {real}, outside the run's prefix {root}")
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
-        except OSError:
-            if os.path.islink(path):  # O_NOFOLLOW's ELOOP: a link swapped in since the check
-                raise StoredFileRefused(f"{path} is a symbolic link; stored files are never followed") from None
-            raise
-        fh = os.fdopen(fd, "rb")
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            fh.close()
-            raise StoredFileRefused(f"{path} is not a regular file")
-        return fh
+        return _open_local(root, path)
     if proto in ("sftp", "ssh"):
-        sftp = fs.ftp  # paramiko's SFTPClient: lstat and the server's realpath
-        mode = sftp.lstat(path).st_mode or 0
-        if stat.S_ISLNK(mode):
-            raise StoredFileRefused(f"{path} is a symbolic link; stored files are never followed")
-        if not stat.S_ISREG(mode):
-            raise StoredFileRefused(f"{path} is not a regular file")
-        real, real_root = sftp.normalize(path), sftp.normalize(root)
-        if not _inside(real_root, real):
-            raise StoredFileRefused(f"{path} resolves to {real}, outside the run's prefix {root}")
-        return sftp.open(path, "rb")
+        return _open_sftp(fs.ftp, root, path)  # paramiko's SFTPClient
     if not _inside(root.strip("/"), path.strip("/")):
-        raise StoredFileRefused(f"{path} is outside the run's prefix {root}")
+        raise StoredFileRefused(f"{path} is outside the run's prefix {root}", "outside the run's folder")
     return fs.open(path, "rb")
 
 
@@ -80,7 +156,8 @@ def read_stored(fs: Any, root: str, path: str, max_bytes: int) -> bytes:
     with open_stored(fs, root, path) as fh:
         data = fh.read(max_bytes + 1)
     if len(data) > max_bytes:
-        raise StoredFileRefused(f"{path} is over {max_bytes} bytes, the most read of such a file")
+        raise StoredFileRefused(f"{path} is over {max_bytes} bytes, the most read of such a file",
+                               f"over {max_bytes} bytes")
     return data
 
 
@@ -94,7 +171,8 @@ def get_stored(fs: Any, root: str, path: str, dest: Path, max_bytes: int | None 
             while chunk := src.read(CHUNK):
                 size += len(chunk)
                 if max_bytes is not None and size > max_bytes:
-                    raise StoredFileRefused(f"{path} is over {max_bytes} bytes, the most copied")
+                    raise StoredFileRefused(f"{path} is over {max_bytes} bytes, the most copied",
+                                            f"over {max_bytes} bytes")
                 out.write(chunk)
     except BaseException:
         tmp.unlink(missing_ok=True)

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, field_validator
 
-from orchestrator.fleet.inventory import NodeCreate
+from orchestrator.fleet.inventory import NodeCreate, NodeUpdate
 from orchestrator.grids.service import GridCreate
 from orchestrator.results.views import (
     GridDetail,
@@ -44,6 +44,7 @@ __all__ = [
     "MetricValues",
     "NodeCreate",
     "NodePublic",
+    "NodeUpdate",
     "ProbeResult",
     "RentedInstancePublic",
     "RunPublic",
@@ -99,6 +100,9 @@ class NodePublic(Public):
     state: NodeState
     state_detail: str | None
     gpus: list[Gpu]
+    declared_gpus: int | None  # the operator's count; the node uses the lower of this and its probe
+    usable_gpus: int
+    trusted: bool  # its values may stop arms on other nodes (docs/security.md)
     last_probe: dict[str, Any]
     created_at: UTCDatetime
 

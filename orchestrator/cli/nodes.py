@@ -25,11 +25,17 @@ def add(
     host: Annotated[str, typer.Option(help="Host name or IP address")],
     user: Annotated[str, typer.Option(help="SSH user")],
     key: Annotated[Path, typer.Option(help="Private key file on this machine")],
+    gpus: Annotated[
+        int, typer.Option(help="GPUs the node has: it uses the lower of this and its probe (its own nvidia-smi)")
+    ],
     port: Annotated[int, typer.Option(help="SSH port")] = 22,
     known_hosts: Annotated[
         Path | None, typer.Option(help="known_hosts file holding the node's host key (default ~/.ssh/known_hosts)")
     ] = None,
     price_per_hour: Annotated[float, typer.Option(help="What the node costs per hour (budget units)")] = 0.0,
+    trusted: Annotated[
+        bool, typer.Option(help="Its values may stop arms on other nodes (the stall rule against its control)")
+    ] = False,
 ) -> None:
     """Register a node. Its host key must already be in the known-hosts file (`ssh-keyscan`)."""
     from orchestrator.db.session import session_scope
@@ -38,6 +44,8 @@ def add(
 
     with service_errors():
         body = NodeCreate(
+            gpus=gpus,
+            trusted=trusted,
             name=name,
             host=host,
             port=port,
@@ -53,6 +61,26 @@ def add(
         with session_scope(migrated_database_url()) as session:
             add_node(session, body)
     typer.echo(f"registered node {name} ({user}@{host}:{port}); check it with `ablate nodes probe {name}`")
+
+
+@nodes_app.command("set")
+def set_(
+    name: Annotated[str, typer.Argument(help="Node name")],
+    gpus: Annotated[int | None, typer.Option(help="GPUs the node has (it uses the lower of this and its probe)")] = (
+        None
+    ),
+    trusted: Annotated[
+        bool | None, typer.Option("--trusted/--untrusted", help="Whether its values may stop arms on other nodes")
+    ] = None,
+) -> None:
+    """Declare what you know of a registered node: its GPU count, whether its values are trusted."""
+    from orchestrator.db.session import session_scope
+    from orchestrator.fleet.inventory import NodeUpdate, update_node
+
+    with service_errors(), session_scope(migrated_database_url()) as session:
+        node = update_node(session, name, NodeUpdate(gpus=gpus, trusted=trusted))
+        shown = f"{node.declared_gpus or 'no'} GPUs declared, {'trusted' if node.trusted else 'not trusted'}"
+    typer.echo(f"node {name}: {shown}")
 
 
 @nodes_app.command("list")
@@ -74,6 +102,7 @@ def list_() -> None:
         for n in list_nodes(session):
             gpus = ", ".join(sorted({g["name"] for g in n.gpus}))
             gpus = f"{len(n.gpus)}x {gpus}" if n.gpus else "-"
+            gpus += f" (declared {n.declared_gpus or '-'})" + (", trusted" if n.trusted else "")
             rows.append(
                 [
                     n.name,

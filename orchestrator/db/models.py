@@ -17,6 +17,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
     or_,
 )
 from sqlalchemy.ext.hybrid import hybrid_property
@@ -55,6 +56,9 @@ class Grid(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     # TrackerNames its runs are forwarded to (orchestrator/trackers/); None on rows before 0009.
     trackers: Mapped[list[Any] | None] = mapped_column(default=list)
+    # Its control arm runs only on a trusted node (the controller's machine or one marked `trusted`), so
+    # the stall rule may stop the other arms on the control's values wherever they run.
+    control_on_trusted: Mapped[bool] = mapped_column(default=False, server_default=false())
 
     runs: Mapped[list[Run]] = relationship(back_populates="grid", order_by="Run.position")
 
@@ -234,6 +238,16 @@ class Node(Base):
     gpus: Mapped[list[Any]] = mapped_column(default=list)  # from the last probe
     last_probe: Mapped[dict[str, Any]] = mapped_column(default=dict)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # The operator's word: its values may stop arms on other nodes (the stall rule against its control).
+    trusted: Mapped[bool] = mapped_column(default=False, server_default=false())
+    # The GPUs the operator (or the rental) says it has; None: not declared, so it takes no arm.
+    declared_gpus: Mapped[int | None] = mapped_column(Integer)
+
+    @property
+    def usable_gpus(self) -> int:
+        """The GPUs it may use: the lower of its last probe (the node's own nvidia-smi, its word) and what
+        the operator declared; none while nothing is declared."""
+        return min(len(self.gpus or []), self.declared_gpus or 0)
 
 
 class Schedule(Base):

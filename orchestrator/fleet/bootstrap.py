@@ -248,7 +248,11 @@ def bootstrap_node(database_url: str, name: str, config: BootstrapConfig | None 
             found = probe(shell)
             if not found["gpus"]:
                 raise NodeError(f"node {name!r}: nvidia-smi lists no GPUs")
-            ready = bootstrap(shell, config, num_gpus=len(found["gpus"]))
+            if not node.declared_gpus:
+                raise NodeError(f"node {name!r}: no GPU count declared; declare it with "
+                                f"`ablate nodes set {name} --gpus N` (the probe is the node's own word)")
+            # Its Ray gets no more GPUs than the operator declared: the probe is the node's word.
+            ready = bootstrap(shell, config, num_gpus=min(len(found["gpus"]), node.declared_gpus))
     except Exception as exc:
         # Marked on the node (the dashboard and `ablate nodes list` say so), then raised as before.
         detail = failure_detail(exc)

@@ -17,6 +17,8 @@ from orchestrator.fleet.errors import NodeConflict, NodeInvalid, NodeNotFound
 from orchestrator.vocabulary import NodeState
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"  # node and schedule names
+LOCAL = "local"  # the controller's own machine, as a node name (no registered node may take it)
+MAX_NODE_GPUS = 1024
 Named = TypeVar("Named", Node, Schedule)
 
 
@@ -34,6 +36,18 @@ class NodeCreate(BaseModel):
     known_hosts_path: str | None = Field(default=None, min_length=1, max_length=4096)
     # What the provider charges per hour for the whole node; the sweep budget sums these.
     price_per_hour: float = Field(default=0.0, ge=0, le=1e6)
+    # The GPUs the operator says the node has. Its probe (the node's own nvidia-smi) is its word; the node
+    # uses the lower of the two, so a probe listing more draws no more arms.
+    gpus: int = Field(ge=1, le=MAX_NODE_GPUS, description="GPUs the node has, as the operator knows it")
+    # Its values may stop arms on other nodes (the stall rule against a control it runs): docs/security.md.
+    trusted: bool = False
+
+    @field_validator("name")
+    @classmethod
+    def _not_local(cls, v: str) -> str:
+        if v == LOCAL:
+            raise ValueError(f"{LOCAL!r} is the controller's own machine; pick another name")
+        return v
 
     @field_validator("key_path", "known_hosts_path")
     @classmethod
@@ -48,6 +62,15 @@ class NodeCreate(BaseModel):
             return str(Path(v).expanduser().resolve())
         except (OSError, RuntimeError) as exc:  # name too long, ~unknownuser, ...
             raise ValueError(f"not a usable file path: {exc}") from None
+
+
+class NodeUpdate(BaseModel):
+    """What PATCH /api/nodes/{name} and `ablate nodes set` change: the operator's word on a node."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gpus: int | None = Field(default=None, ge=1, le=MAX_NODE_GPUS)
+    trusted: bool | None = None
 
 
 def key_path_problems(body: NodeCreate, allowed_dirs: Sequence[Path]) -> dict[str, str]:
@@ -77,8 +100,19 @@ def add_node(session: Session, body: NodeCreate, key_dirs: Sequence[Path] | None
         raise NodeInvalid([{"loc": [field], "msg": msg, "type": "value_error"} for field, msg in problems.items()])
     if find_node(session, body.name) is not None:
         raise NodeConflict(f"a node named {body.name!r} already exists; remove it first or pick another name")
-    node = Node(**body.model_dump())
+    node = Node(**body.model_dump(exclude={"gpus"}), declared_gpus=body.gpus)
     session.add(node)
+    session.flush()
+    return node
+
+
+def update_node(session: Session, name: str, body: NodeUpdate) -> Node:
+    """Set what the operator declares of a node (its GPU count, whether its values are trusted). Flushes."""
+    node = get_node(session, name)
+    if body.gpus is not None:
+        node.declared_gpus = body.gpus
+    if body.trusted is not None:
+        node.trusted = body.trusted
     session.flush()
     return node
 

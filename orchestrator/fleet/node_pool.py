@@ -37,6 +37,7 @@ from orchestrator.fleet.agent_link import (
     open_link,
 )
 from orchestrator.fleet.errors import NodeError, error_reason
+from orchestrator.fleet.inventory import LOCAL
 from orchestrator.settings import Settings
 from orchestrator.vocabulary import NodeState
 from worker.protocol import Found, Started, WorkerArgs, WorkerLost, WorkerReply
@@ -44,7 +45,6 @@ from worker.protocol import Found, Started, WorkerArgs, WorkerLost, WorkerReply
 log = logging.getLogger("ablate.nodes")
 Answer = TypeVar("Answer")
 
-LOCAL = "local"  # the controller's own machine, as a node name
 RECONNECT_S = 5.0  # between attempts to reopen a failed link
 # How long past its wait a poll may go without the first byte of its reply (an agent answers within the
 # wait plus a second): a silent node holds up a pass no longer than this, and is refused once its polls
@@ -118,14 +118,14 @@ class NodePool:
 
     def found_gpus(self, row: Node) -> int:
         """The GPUs the controller itself found on a joined node: the rental's count when it is rented,
-        else its last probe's."""
+        else the lower of its last probe's and the operator's declared count (Node.usable_gpus)."""
         with session_scope(self.settings.database_url) as session:
             rented = session.scalar(
                 select(RentedInstance.gpus)
                 .where(RentedInstance.node_name == row.name)
                 .order_by(RentedInstance.id.desc())
             )
-        return rented if rented is not None else len(row.gpus or [])
+        return rented if rented is not None else row.usable_gpus
 
     def refresh(self) -> dict[str, str]:
         """Open links to new nodes, reopen failed ones, drop nodes that left; the dropped, with why."""

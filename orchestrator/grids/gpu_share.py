@@ -3,8 +3,9 @@ than any node has (a 422 naming the arm), and `gpus_per_arm: auto`, which spread
 the grid's arms when GPUs outnumber arms (two arms on a quad node: two GPUs each).
 
 An arm trains on the GPUs of one node (worker/ranks.py), so what matters is the largest node: the
-joined and probed nodes' GPU lists, the controller's own machine (its logical GPUs, else the GPUs its
-driver lists). None known (no node probed yet, no GPU here): nothing is refused and auto means one.
+joined and probed nodes' GPU lists (never past what the operator declared for each: a probe is the
+node's word), the controller's own machine (its logical GPUs, else the GPUs its driver lists).
+None known (no node probed yet, no GPU here): nothing is refused and auto means one.
 """
 
 from __future__ import annotations
@@ -32,20 +33,21 @@ def local_gpus(settings: Settings) -> int:
 
 
 def largest_node_gpus(session: Session, settings: Settings) -> int | None:
-    """The most GPUs one node has (the local machine, the probed nodes that may run arms); None: unknown."""
+    """The most GPUs one node may use (the local machine; the probed nodes that may run arms, each at the
+    lower of its probe and the operator's declared count); None: unknown."""
     from orchestrator.db.models import Node
 
     usable = (NodeState.registered, NodeState.ready, NodeState.joined)
-    probed = [len(gpus or []) for gpus in session.scalars(select(Node.gpus).where(Node.state.in_(usable)))]
+    probed = [node.usable_gpus for node in session.scalars(select(Node).where(Node.state.in_(usable)))]
     largest = max([local_gpus(settings), *probed])
     return largest or None
 
 
 def sweep_node_gpus(session: Session, names: list[str]) -> int | None:
-    """The most GPUs one of a sweep's nodes has (their last probe); None: unknown."""
+    """The most GPUs one of a sweep's nodes may use (their last probe, capped at what was declared); None: unknown."""
     from orchestrator.db.models import Node
 
-    counts = [len(gpus or []) for gpus in session.scalars(select(Node.gpus).where(Node.name.in_(names)))]
+    counts = [node.usable_gpus for node in session.scalars(select(Node).where(Node.name.in_(names)))]
     return max(counts, default=0) or None
 
 

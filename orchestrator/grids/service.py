@@ -66,6 +66,9 @@ class GridCreate(BaseModel):
     overrides: dict[str, Any] = Field(default_factory=dict)
     # The arm the stall rule compares against; default: the first arm.
     control: str | None = Field(default=None, examples=["A"])
+    # Place the control only on a trusted node (the controller's machine, or one marked `trusted`), so the
+    # stall rule may stop the other arms wherever they run (runs/trust.py); else it waits for such a node.
+    control_on_trusted: bool = False
     # Training seeds per arm (replicates): each arm runs this many times, seeds 0..N-1 on one held-out
     # split, so the report's effects include training noise (orchestrator/grids/replicates.py).
     seeds: int = Field(default=1, ge=1, le=MAX_SEEDS, examples=[3])
@@ -361,6 +364,7 @@ def create_grid(
         overrides=body.overrides,
         source=source,
         seeds=body.seeds,
+        control_on_trusted=body.control_on_trusted,
         trackers=grid_trackers(body.trackers, default_trackers) if source != GridSource.imported else [],
     )
     grid.runs = [

@@ -195,4 +195,4 @@ def check_png(data: bytes, what: str) -> None:
         with Image.open(io.BytesIO(data), formats=["PNG"]) as image:
             image.verify()  # the chunks' CRCs, without decoding the pixels
     except Exception as exc:  # noqa: BLE001 - Pillow raises many kinds for a broken file
-        raise StoredFileRefused(f"{what} is not a PNG ({type(exc).__name__}: {exc})") from None
+        raise StoredFileRefused(f"{what} is not a PNG ({type(exc).__name__}: {exc})", "not a PNG") from None

@@ -46,6 +46,7 @@ class GridPublic(Public):
     id: int
     name: str
     control: str | None  # Grid.control_arm
+    control_on_trusted: bool  # the control runs only on a trusted node
     source: str  # a GridSource
     seeds: int  # training seeds per arm (each arm has this many runs)
     created_at: datetime

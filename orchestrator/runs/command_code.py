@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.fleet.node_pool import LOCAL
+from worker.stored_file import open_beneath
 
 if TYPE_CHECKING:
     from orchestrator.fleet.node_pool import NodePool
@@ -64,14 +65,9 @@ def _entries(root: Path) -> list[Path]:
 def _read_inside(root_fd: int, rel: Path, size: int) -> bytes:
     """The bytes of regular file `rel` under the directory `root_fd`, no link followed at any part; raises
     CodeRefused when it is not the regular file of `size` bytes it was listed as."""
-    fds = []
+    fd = None
     try:
-        fd = root_fd
-        for part in rel.parts[:-1]:
-            fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-            fds.append(fd)
-        fd = os.open(rel.parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
-        fds.append(fd)
+        fd = open_beneath(root_fd, rel.parts)
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_size != size:
             raise OSError(f"no longer the regular file of {size} bytes it was")
@@ -82,8 +78,8 @@ def _read_inside(root_fd: int, rel: Path, size: int) -> bytes:
         raise CodeRefused(f"command.code file {rel} changed while it was packed ({exc}): not shipped; "
                           "submit again once the code is still") from None
     finally:
-        for opened in fds:
-            os.close(opened)
+        if fd is not None:
+            os.close(fd)
     if len(data) != size:
         raise CodeRefused(f"command.code file {rel} changed size while it was packed: not shipped")
     return data

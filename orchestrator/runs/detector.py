@@ -208,7 +208,8 @@ def judge(
     decides: policy off; diverged (NaN/Inf in the primary,
     a secondary or a divergence field at this checkpoint); primary missing here (continue, with a
     warning); ceiling crossed; monotone collapse over k checkpoints past the margin; stalled behind
-    the control's best up to this step (only past stall_grace_fraction of total_steps). Else continue.
+    the control's best up to this step (only past stall_grace_fraction of total_steps; a warning, not a
+    stop, where the control's values are `untrusted`). Else continue.
     """
     policy = resolve_policy(policy, series.standin)
     now, name, direction = series.now, policy.metric, policy.metric_mode
@@ -266,11 +267,13 @@ def judge(
             if ctrl is None:
                 warnings.append(f"stall check skipped: control has no {name} up to step {now.step}")
             elif (gap := worse(best_value, ctrl[1], direction)) > policy.stall_margin:  # type: ignore[arg-type]
-                return result(
-                    DecisionKind.STALLED,
+                stall = (
                     f"best {name} {best_value:.4f} @{best_step} is {gap:.4f} worse than the control's best "
-                    f"{ctrl[1]:.4f} @{ctrl[0]} at step {now.step} (> stall_margin {policy.stall_margin:g})",
+                    f"{ctrl[1]:.4f} @{ctrl[0]} at step {now.step} (> stall_margin {policy.stall_margin:g})"
                 )
+                if not control.untrusted:
+                    return result(DecisionKind.STALLED, stall)
+                warnings.append(f"stall not acted on: {stall}; {control.untrusted}")
 
     return result(
         DecisionKind.CONTINUE,

@@ -27,6 +27,7 @@ from orchestrator.runs.detector import (
     resolve_policy,
 )
 from orchestrator.runs.metric_ranges import ANY_METRIC_BOUND, out_of_range, overflowed
+from orchestrator.runs.trust import untrusted_control
 from orchestrator.vocabulary import STOP_DECISIONS, RunDecision
 from worker.protocol import NONFINITE_TEXT, SAMPLES_SUFFIX  # how a node writes non-finite floats, per-sample lists
 
@@ -243,15 +244,20 @@ def _record_warnings(session: Session, run: Run, verdict: Decision, judging: Jud
         judging.recorded(verdict)
 
 
-def _control_series(session: Session, run: Run) -> list[dict[str, Any]] | None:
+def _control_bests(session: Session, run: Run) -> ControlBests | None:
+    """The control's bests for the stall rule, marked untrusted where its node may not stop this run
+    (runs/trust.py); None without a control."""
     grid = session.get(Grid, run.grid_id)
     if grid is None or not grid.control_arm or grid.control_arm == run.arm:
         return None
     # The control's replicate of the same training seed: seeds pair, as in the report's effects.
-    control_id = session.scalar(
-        select(Run.id).where(Run.grid_id == run.grid_id, Run.arm == grid.control_arm, Run.seed == run.seed)
+    control = session.scalar(
+        select(Run).where(Run.grid_id == run.grid_id, Run.arm == grid.control_arm, Run.seed == run.seed)
     )
-    return metric_series(session, control_id) if control_id is not None else None
+    if control is None:
+        return None
+    points = [Checkpoint.from_mapping(p) for p in metric_series(session, control.id)]
+    return ControlBests(points, untrusted_control(session, run, control)) if points else None
 
 
 def _kept_checkpoint(record: dict[str, Any]) -> str | None:
@@ -285,9 +291,8 @@ def _policy(run: Run) -> DetectorPolicy:
 
 def judging_for(session: Session, run: Run) -> Judging:
     """The detector's bookkeeping for the run, nothing fed yet: its control's series read from the DB."""
-    control = [Checkpoint.from_mapping(p) for p in _control_series(session, run) or []]
     total_steps = ((run.spec or {}).get("schedule") or {}).get("steps")
-    return Judging(Series(), ControlBests(control) if control else None, total_steps)
+    return Judging(Series(), _control_bests(session, run), total_steps)
 
 
 def apply_detector(session: Session, run: Run, judging: Judging | None = None) -> str | None:

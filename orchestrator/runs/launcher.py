@@ -61,6 +61,7 @@ from orchestrator.runs.placement import (
     worker_args,
 )
 from orchestrator.runs.storage import record_storage, run_storage_url, seen_seq
+from orchestrator.runs.trust import trusted_only
 from orchestrator.settings import Settings
 from orchestrator.vocabulary import ACTIVE_STATES, TERMINAL_STATES, GridSource, RunState
 from worker.protocol import WorkerLost, WorkerReply, refused_records, worker_name
@@ -238,7 +239,7 @@ class Launcher:
                     self._finish_queued_stop(session, run)
                     continue
                 need = arm_gpus(run.spec)
-                node = choose_node(free, need)
+                node = choose_node(trusted_only(session, run, free), need)
                 if node is None:
                     continue  # later runs may still fit, or be stops to finish
                 if self._launch(session, run, node):

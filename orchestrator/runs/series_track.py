@@ -86,9 +86,14 @@ class Series:
 
 class ControlBests:
     """The control arm's best value of a metric up to any step, in O(log n) after one pass per metric.
-    Only values within the metric's range count: a control's refused value never stops another arm."""
+    Only values within the metric's range count: a control's refused value never stops another arm.
 
-    def __init__(self, control: Sequence[Checkpoint]) -> None:
+    `untrusted`: why these values may not stop the arm judged (they came from a node that is neither the
+    arm's own nor trusted by the operator), or None. Then a stall is a warning with the evidence, not a stop:
+    an in-range lie from the control's node must not stop arms on other nodes."""
+
+    def __init__(self, control: Sequence[Checkpoint], untrusted: str | None = None) -> None:
+        self.untrusted = untrusted
         self.points = sorted(control, key=lambda cp: cp.step)
         self.steps = [cp.step for cp in self.points]
         self._prefix: dict[tuple[str, Direction], list[tuple[int, float] | None]] = {}

@@ -20,14 +20,21 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from model.spec import STATE_BYTES_PER_PARAM, ArmSpec, estimate_params
 from orchestrator.db.events import record_event
-from orchestrator.db.models import Event, Run
+from orchestrator.db.models import Event, Metric, Run
 from orchestrator.settings import Settings
 from worker.protocol import HELD_EVENTS, STORAGE_EVENTS, StorageStatus
 from worker.run_files import COMMAND_CHECKPOINTS, COMMAND_RUN_DIR, SAMPLE_FILE_RE, SAMPLE_STEP_RE, SAMPLES_DIR
+
+# Upload-log entries stored per run. An honest run logs a few per checkpoint (stored, a failed try, fetched
+# on resume); a node's log is bounded per reply (worker/protocol.py) but not over a run, and each entry may
+# hold about 12 KB: uncapped, a node raising its entry numbers every poll wrote gigabytes an hour.
+MAX_STORAGE_EVENTS = 2000
+LOG_CAPPED = "storage.log_capped"  # the controller's own event, never an entry of a node's log
 
 
 def run_storage_url(settings: Settings, run: Run) -> str:
@@ -75,15 +82,61 @@ def seen_seq(session: Session, run_id: int, attempt: int) -> int:
 
 
 def record_storage(session: Session, run: Run, attempt: int, status: StorageStatus | None, seen: int) -> int:
-    """One event per upload-log entry newer than `seen`, of the entry's storage kind; returns the new `seen`."""
-    for entry in status.log if status is not None else []:
-        if entry.seq <= seen:
-            continue
+    """One event per upload-log entry newer than `seen`, of the entry's storage kind; returns the new `seen`.
+
+    At most MAX_STORAGE_EVENTS per run: past them only an entry that says a newer checkpoint of the run
+    is held is stored (what the storage alarm needs), and one `storage.log_capped` event says so."""
+    entries = [e for e in (status.log if status is not None else []) if e.seq > seen]
+    if not entries:
+        return seen
+    stored = session.scalar(
+        select(func.count()).select_from(Event).where(Event.run_id == run.id, Event.kind.in_(STORAGE_EVENTS))
+    ) or 0
+    capped: _Capped | None = None
+    for entry in entries:
+        seen = entry.seq
+        if stored >= MAX_STORAGE_EVENTS:
+            capped = capped or _Capped.read(session, run)
+            if not capped.admits(entry):
+                continue
         data = {**entry.data.model_dump(exclude_none=True), "seq": entry.seq, "attempt": attempt,
                 "worker_time": entry.time}
         record_event(session, run, entry.kind, entry.message, **data)
-        seen = entry.seq
+        stored += 1
     return seen
+
+
+class _Capped:
+    """A run past MAX_STORAGE_EVENTS: what it may still store (a held step newer than the newest held
+    one, of a checkpoint the run has), and whether its `storage.log_capped` event is recorded."""
+
+    def __init__(self, held: int, checkpoints: set[int], noted: bool, session: Session, run: Run) -> None:
+        self.held, self.checkpoints, self.noted = held, checkpoints, noted
+        self.session, self.run = session, run
+
+    @classmethod
+    def read(cls, session: Session, run: Run) -> _Capped:
+        rows = session.scalars(
+            select(Event.data).where(Event.run_id == run.id, Event.kind.in_(HELD_EVENTS))
+        ).all()
+        held = max((int(d["step"]) for d in rows if d and isinstance(d.get("step"), int)), default=-1)
+        checkpoints = set(session.scalars(select(Metric.step).where(Metric.run_id == run.id, Metric.step > held)))
+        noted = session.scalar(
+            select(Event.id).where(Event.run_id == run.id, Event.kind == LOG_CAPPED).limit(1)
+        ) is not None
+        return cls(held, checkpoints, noted, session, run)
+
+    def admits(self, entry: Any) -> bool:
+        step = entry.data.step
+        if entry.kind in HELD_EVENTS and step is not None and step > self.held and step in self.checkpoints:
+            self.held = step
+            return True
+        if not self.noted:
+            self.noted = True
+            record_event(self.session, self.run, LOG_CAPPED,
+                         f"the node's upload log passed {MAX_STORAGE_EVENTS} entries for this run: later entries "
+                         "are not stored, except one per newer checkpoint held in storage", limit=MAX_STORAGE_EVENTS)
+        return False
 
 
 def _aware(t: datetime) -> datetime:
@@ -133,6 +186,26 @@ def storage_alarms(
             "alarm": since is not None and waited >= minutes,
         }
     return out
+
+
+# What a copy-back may take of one run by default (ABLATE_COPY_BACK_MAX_BYTES unset): its kept checkpoints
+# (keep_last periodic ones and best.pt, and one more: a new one is uploaded before the oldest is pruned),
+# each the size of the arm's model in fp32 with its EMA and two optimizer moments (the training state less
+# the gradients; docs/operations.md measures 3.82 GB for arm A at seed size), a tenth to spare, plus room
+# for its samples, records and logs. A command arm's checkpoints are its trainer's own: a fixed allowance.
+CHECKPOINT_BYTES_PER_PARAM = STATE_BYTES_PER_PARAM - 4  # no gradients in a checkpoint
+COPY_BACK_SPARE = 1.1
+COPY_BACK_EXTRAS = 1 << 30  # samples, records.jsonl, logs
+COMMAND_ARM_COPY_BACK = 16 << 30
+
+
+def copy_back_bytes(spec: dict[str, Any], keep_last: int) -> int:
+    """The most bytes a copy-back takes of a run with this spec when the operator set no cap."""
+    arm = ArmSpec.model_validate(spec)
+    if arm.command is not None:
+        return COMMAND_ARM_COPY_BACK
+    checkpoint = estimate_params(arm) * CHECKPOINT_BYTES_PER_PARAM
+    return int((keep_last + 2) * checkpoint * COPY_BACK_SPARE) + COPY_BACK_EXTRAS
 
 
 def download_run(url: str, options: dict[str, Any], local: Path, max_bytes: int,

@@ -18,7 +18,7 @@ from orchestrator.fleet.safe_fetch import fetch_tree
 from orchestrator.fleet.shell import NodeShell
 from orchestrator.results.reports.write import write_report
 from orchestrator.results.views import MetricPublic, RunPublic
-from orchestrator.runs.storage import download_run
+from orchestrator.runs.storage import copy_back_bytes, download_run
 
 
 def copy_back(
@@ -28,15 +28,17 @@ def copy_back(
     grid_id: int | None,
     names: list[str],
     results: Path,
-    max_bytes: int,
+    max_bytes: int | None,
+    keep_last: int = 2,
 ) -> tuple[list[str], set[str]]:
     """Metrics from the DB to metrics.json; each run's checkpoints from durable storage, or from the
-    node that ran it when storage holds none (or cannot be read). At most `max_bytes` per run, and no
-    link a node left is followed: what is refused is named in the problems."""
+    node that ran it when storage holds none (or cannot be read). At most `max_bytes` per run (None: sized
+    to the checkpoints the run keeps, `keep_last` of them and best.pt: runs/storage.py copy_back_bytes),
+    and no link a node left is followed: what is refused is named in the problems."""
     problems: list[str] = []
     failed: set[str] = set()
-    wanted: dict[str, list[tuple[str, Path]]] = {}
-    stored: list[tuple[str, Path, str | None, str | None]] = []  # url, local, owner node, its dir
+    wanted: dict[str, list[tuple[str, Path, int]]] = {}  # node -> (its dir, local, most bytes)
+    stored: list[tuple[str, Path, str | None, str | None, int]] = []  # url, local, owner node, its dir, most bytes
     with session_scope(database_url) as session:
         grid = session.get(Grid, grid_id) if grid_id is not None else None
         nodes = {n.name: n for n in session.scalars(select(Node).where(Node.name.in_(names)))}
@@ -56,32 +58,33 @@ def copy_back(
             export.append({**view.model_dump(mode="json"), "metrics": metrics})
             owner = aliases.get(started_on.get(run.id, "")) or aliases.get(run.node or "")
             local = results / "runs" / f"{run.id}-{path_part(run.arm)}"
+            most = max_bytes if max_bytes is not None else copy_back_bytes(run.spec, keep_last)
             if run.checkpoint_url:
-                stored.append((run.checkpoint_url, local, owner, run.checkpoint_dir))
+                stored.append((run.checkpoint_url, local, owner, run.checkpoint_dir, most))
             elif owner and run.checkpoint_dir:
-                wanted.setdefault(owner, []).append((run.checkpoint_dir, local))
+                wanted.setdefault(owner, []).append((run.checkpoint_dir, local, most))
         for n in nodes.values():
             session.expunge(n)
     (results / "metrics.json").write_text(
         json.dumps({"sweep_id": sweep_id, "grid_id": grid_id, "runs": export}, indent=1, default=str)
     )
-    for url, local, owner, remote in stored:
+    for url, local, owner, remote, most in stored:
         try:
             skipped: list[str] = []
-            download_run(url, checkpoint_options, local, max_bytes, skipped)
+            download_run(url, checkpoint_options, local, most, skipped)
             if skipped:
                 problems.append(f"copying {url} from checkpoint storage refused {len(skipped)} files: "
                                 + "; ".join(skipped[:10]))
         except Exception as exc:  # noqa: BLE001 - storage down or empty: the node may still have them
             if owner and remote:
-                wanted.setdefault(owner, []).append((remote, local))
+                wanted.setdefault(owner, []).append((remote, local, most))
             if not isinstance(exc, FileNotFoundError):
                 problems.append(f"copying {url} from checkpoint storage: {error_reason(exc)}")
     for name, copies in wanted.items():
         try:
             with NodeShell.open(nodes[name], database_url) as shell:
-                for remote, local in copies:
-                    fetch_tree(shell, remote, local, max_bytes=max_bytes)
+                for remote, local, most in copies:
+                    fetch_tree(shell, remote, local, max_bytes=most)
         except Exception as exc:  # noqa: BLE001 - SFTP PermissionError, ENOSPC, SSHException: keep going
             failed.add(name)
             problems.append(f"copying results from {name}: {error_reason(exc)} (its files are kept on the node)")

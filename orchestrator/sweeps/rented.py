@@ -201,6 +201,7 @@ def _rent_one(
                     key_path=str(config.ssh_key),
                     known_hosts_path=str(pinned.path),
                     price_per_hour=ready.price_per_hour,
+                    gpus=max(1, offer.gpus),  # what the controller rented, never the node's own word
                 ),
             )
             row = session.get_one(RentedInstance, row_id)

@@ -78,7 +78,8 @@ class SweepRunner:
         teardown_attempts: int = 4,
         teardown_backoff_s: float = 5.0,
         checkpoint_options: dict[str, Any] | None = None,
-        copy_back_max_bytes: int = Settings.model_fields["copy_back_max_bytes"].default,
+        copy_back_max_bytes: int | None = None,  # per run; None: sized to its checkpoints
+        checkpoint_keep_last: int = Settings.model_fields["checkpoint_keep_last"].default,
         providers: Mapping[str, Provider] | None = None,
         rental: RentalConfig | None = None,
         paths: PathPolicy | None = None,  # the operator's policy a fired grid is held to (commands too)
@@ -92,6 +93,7 @@ class SweepRunner:
         self.teardown_backoff_s = teardown_backoff_s
         self.checkpoint_options = checkpoint_options or {}  # fsspec options of checkpoint storage
         self.copy_back_max_bytes = copy_back_max_bytes  # per run
+        self.checkpoint_keep_last = checkpoint_keep_last
         self.home_dir = Path(home_dir)
         self.clock = clock
         self.node_config = node_config
@@ -108,6 +110,7 @@ class SweepRunner:
             settings.home_dir,
             checkpoint_options=settings.checkpoint_options,
             copy_back_max_bytes=settings.copy_back_max_bytes,
+            checkpoint_keep_last=settings.checkpoint_keep_last,
             providers=configured_providers(settings),
             rental=rental_config(settings),
             paths=PathPolicy.from_settings(settings),
@@ -339,7 +342,8 @@ class SweepRunner:
         results = self.home_dir / "sweeps" / str(sweep_id)
         results.mkdir(parents=True, exist_ok=True)
         problems, failed_copies = copy_back(
-            self.database_url, self.checkpoint_options, sweep_id, grid_id, names, results, self.copy_back_max_bytes
+            self.database_url, self.checkpoint_options, sweep_id, grid_id, names, results, self.copy_back_max_bytes,
+            keep_last=self.checkpoint_keep_last,
         )
         report_problem = results_report(self.database_url, self.checkpoint_options, grid_id, results)
         problems += self._teardown(names, keep_files=failed_copies) + self.rentals.release(sweep_id)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import struct
 import zlib
 from collections.abc import Iterator
@@ -31,6 +32,8 @@ RECORD_HEADER = struct.Struct("<IHB")  # crc32 of (type, data), data length, typ
 BLOCK = 32768
 FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
 TB_EVENTS = "events.out.tfevents."
+TFRECORD_HEADER = struct.Struct("<Q")  # a TFRecord's data length
+TFRECORD_MAX = 64 << 20  # more than any scalar or image summary a trainer writes
 
 
 @dataclass
@@ -47,14 +50,15 @@ class WandbRun:
 
 
 def _wandb_records(path: Path) -> Iterator[bytes]:
-    """The records of a .wandb file, each checked against its CRC."""
+    """The records of a .wandb file, each checked against its CRC. A record's chunks are gathered in a
+    list and joined once: appending each to the bytes so far took time quadratic in a record's chunks."""
     data = path.read_bytes()
     if len(data) < WANDB_HEADER.size:
         raise CurvesError(f"{path}: not a W&B run file (too short)")
     ident, magic, version = WANDB_HEADER.unpack_from(data)
     if ident != b":W&B" or magic != WANDB_MAGIC or version != 0:
         raise CurvesError(f"{path}: not a W&B run file (header {data[:7]!r})")
-    pos, pending = WANDB_HEADER.size, b""
+    pos, pending = WANDB_HEADER.size, []
     while pos + RECORD_HEADER.size <= len(data):
         if BLOCK - pos % BLOCK < RECORD_HEADER.size:  # a block's tail too short for a header is padding
             pos += BLOCK - pos % BLOCK
@@ -69,17 +73,19 @@ def _wandb_records(path: Path) -> Iterator[bytes]:
         if kind == FULL:
             yield chunk
         elif kind == FIRST:
-            pending = chunk
+            pending = [chunk]
         elif kind == MIDDLE:
-            pending += chunk
+            pending.append(chunk)
         elif kind == LAST:
-            yield pending + chunk
+            yield b"".join([*pending, chunk])
+            pending = []
         else:
             raise CurvesError(f"{path}: unknown record type {kind} at byte {pos}")
 
 
 def _items(items: Any) -> dict[str, Any]:  # noqa: ANN401 - repeated wandb protobuf items
-    """Items as a dict; a nested key (an image's fields) becomes nested dicts."""
+    """Items as a dict; a nested key (an image's fields) becomes nested dicts. ValueError when a nested
+    key lies under a value that is not a dict."""
     out: dict[str, Any] = {}
     for item in items:
         value = json.loads(item.value_json)
@@ -90,32 +96,43 @@ def _items(items: Any) -> dict[str, Any]:  # noqa: ANN401 - repeated wandb proto
             node = out
             for part in parents:
                 node = node.setdefault(part, {})
+                if not isinstance(node, dict):
+                    raise ValueError(f"nested key {'.'.join(item.nested_key)!r} lies under a value that is not a dict")
             node[last] = value
     return out
+
+
+def _apply(run: WandbRun, record: Any) -> None:  # noqa: ANN401 - a wandb protobuf Record
+    kind = record.WhichOneof("record_type")
+    if kind == "run":
+        run.run_id, run.name, run.group = record.run.run_id, record.run.display_name, record.run.run_group
+        run.config.update(_items(record.run.config.update))
+    elif kind == "config":
+        run.config.update(_items(record.config.update))
+    elif kind == "summary":
+        run.summary.update(_items(record.summary.update))
+    elif kind == "history":
+        row = _items(record.history.item)
+        row["_step"] = int(row.get("_step", record.history.step.num))
+        run.history.append(row)
 
 
 def read_wandb_run(path: Path) -> WandbRun:
     """A `run-<id>.wandb` file read back: needs the `wandb` package (its protobuf records)."""
     try:
+        from google.protobuf.message import DecodeError
         from wandb.proto import wandb_internal_pb2
     except ImportError:
         raise CurvesError(f"{path}: reading a W&B run needs its client: pip install 'ablate[wandb]'") from None
     run = WandbRun(path)
-    for raw in _wandb_records(path):
+    for index, raw in enumerate(_wandb_records(path)):
         record = wandb_internal_pb2.Record()
-        record.ParseFromString(raw)
-        kind = record.WhichOneof("record_type")
-        if kind == "run":
-            run.run_id, run.name, run.group = record.run.run_id, record.run.display_name, record.run.run_group
-            run.config.update(_items(record.run.config.update))
-        elif kind == "config":
-            run.config.update(_items(record.config.update))
-        elif kind == "summary":
-            run.summary.update(_items(record.summary.update))
-        elif kind == "history":
-            row = _items(record.history.item)
-            row["_step"] = int(row.get("_step", record.history.step.num))
-            run.history.append(row)
+        try:
+            record.ParseFromString(raw)
+            _apply(run, record)
+        # A crafted file: not protobuf, a value that is not JSON, a step that is no integer, too deep.
+        except (DecodeError, ValueError, TypeError, OverflowError, RecursionError) as exc:
+            raise CurvesError(f"{path}: record {index} is malformed: {type(exc).__name__}: {exc}"[:2000]) from None
     return run
 
 
@@ -163,15 +180,18 @@ def wandb_runs_curves(paths: list[Path]) -> dict[str, Any]:
 
 def wandb_csv_curves(path: Path) -> dict[str, Any]:
     """A curves document from a W&B CSV export (a run's history, or a chart's export of several runs)."""
-    with path.open(newline="") as fh:
-        reader = csv.DictReader(fh)
-        columns = reader.fieldnames or []
-        table = list(reader)
+    try:
+        with path.open(newline="") as fh:
+            reader = csv.DictReader(fh)
+            columns = reader.fieldnames or []
+            table = list(reader)
+    except (csv.Error, UnicodeDecodeError) as exc:  # a field past csv's limit, bytes that are not text
+        raise CurvesError(f"{path}: not a readable CSV file: {exc}"[:2000]) from None
     if "_step" in columns:  # one run's history
         rows: dict[int, dict[str, float]] = {}
         for i, line in enumerate(table):
             step = _number(line["_step"])
-            if step is None or step < 0 or step != int(step):
+            if step is None or not math.isfinite(step) or step < 0 or step != int(step):
                 raise CurvesError(f"{path}: line {i + 2}: _step must be a non-negative integer, got {line['_step']!r}")
             values = {_metric_name(k): _number(v) for k, v in line.items() if k and not k.startswith("_")}
             rows.setdefault(int(step), {}).update({k: v for k, v in values.items() if v is not None})
@@ -180,7 +200,7 @@ def wandb_csv_curves(path: Path) -> dict[str, Any]:
         runs: dict[str, dict[int, dict[str, float]]] = {}
         for i, line in enumerate(table):
             step = _number(line["Step"])
-            if step is None or step < 0 or step != int(step):
+            if step is None or not math.isfinite(step) or step < 0 or step != int(step):
                 raise CurvesError(f"{path}: line {i + 2}: Step must be a non-negative integer, got {line['Step']!r}")
             for column, cell in line.items():
                 if not column or column == "Step" or " - " not in column or column.endswith(("__MIN", "__MAX")):
@@ -203,8 +223,14 @@ def tensorboard_curves(path: Path) -> dict[str, Any]:
     folders = sorted({p.parent for p in root.rglob(f"{TB_EVENTS}*")}) if path.is_dir() else [path.parent]
     doc: dict[str, Any] = {}
     for folder in folders:
+        for events in sorted(folder.glob(f"{TB_EVENTS}*")):
+            _check_tfrecords(events)
         acc = EventAccumulator(str(folder), size_guidance={"scalars": 0})
-        acc.Reload()
+        try:
+            acc.Reload()
+        except Exception as exc:  # noqa: BLE001 - TensorBoard's reader raises many kinds on a crafted file
+            why = f"{type(exc).__name__}: {exc}"
+            raise CurvesError(f"{folder}: TensorBoard could not read its events: {why}"[:2000]) from None
         rows: dict[int, dict[str, float]] = {}
         for tag in acc.Tags()["scalars"]:
             for event in acc.Scalars(tag):
@@ -213,6 +239,24 @@ def tensorboard_curves(path: Path) -> dict[str, Any]:
         if rows:
             doc[key] = {"label": key, "checkpoints": _checkpoints(rows)}
     return doc
+
+
+def _check_tfrecords(path: Path) -> None:
+    """Walk an events file's record headers (a length, its CRC, the data, the data's CRC) without reading the
+    data: a record past the end of the file that claims more than TFRECORD_MAX is refused here, where
+    TensorBoard's reader would allocate it (a header claiming 1 TiB was a MemoryError). A shorter one cut
+    off at the end is what a writer that died leaves: TensorBoard's reader skips it."""
+    size = path.stat().st_size
+    with path.open("rb") as fh:
+        pos = 0
+        while pos + TFRECORD_HEADER.size <= size:
+            fh.seek(pos)
+            (length,) = TFRECORD_HEADER.unpack(fh.read(TFRECORD_HEADER.size))
+            end = pos + TFRECORD_HEADER.size + 4 + length + 4  # the length's CRC, the data, the data's CRC
+            if end > size and length > TFRECORD_MAX:
+                raise CurvesError(f"{path}: the record at byte {pos} claims {length} bytes, past the end of the "
+                                  f"file ({size} bytes)")
+            pos = end
 
 
 def tracker_export_curves(path: Path) -> dict[str, Curve] | None:

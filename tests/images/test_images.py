@@ -94,7 +94,7 @@ def test_a_grid_runs_through_the_controller_image_on_a_worker_image(
             wait_for(lambda: _listens(api_port), "the controller's API", timeout=120)
             node = {
                 "name": "worker-image", "host": "127.0.0.1", "port": ssh_port, "user": "root",
-                "key_path": "/ssh/key", "known_hosts_path": "/ssh/known_hosts",
+                "key_path": "/ssh/key", "known_hosts_path": "/ssh/known_hosts", "gpus": 2,
             }
             added = api.post("/api/nodes", json=node)
             assert added.status_code == 201, added.text

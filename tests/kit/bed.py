@@ -77,6 +77,7 @@ def register_node(database_url: str, node: BedNode, name: str | None = None, pri
                 key_path=str(node.client_key),
                 known_hosts_path=str(node.known_hosts),
                 price_per_hour=price_per_hour,
+                gpus=node.gpus,
             ),
         )
     return name

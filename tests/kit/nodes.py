@@ -25,6 +25,7 @@ def add_ssh_node(
         key_path=str(sshd.client_key),
         known_hosts_path=str(known_hosts or sshd.known_hosts),
         price_per_hour=price_per_hour,
+        gpus=4,  # what the loopback server's stand-in nvidia-smi lists
     )
     with session_scope(database_url) as session:
         add_node(session, body)

@@ -23,7 +23,8 @@ from orchestrator.db.events import record_event
 from orchestrator.db.models import Event, Grid, Metric, Run
 from orchestrator.db.session import session_scope
 from orchestrator.grids.service import GridCreate, create_grid
-from orchestrator.runs.storage import record_storage, seen_seq, storage_alarms
+from orchestrator.runs.ingest import ingest
+from orchestrator.runs.storage import LOG_CAPPED, MAX_STORAGE_EVENTS, record_storage, seen_seq, storage_alarms
 from orchestrator.sweeps.copy_back import copy_back, results_report
 from tests.kit.polling import wait_for
 from tests.kit.readers import all_ended, events_of, stored_step
@@ -242,6 +243,36 @@ def test_sweep_copy_back_takes_checkpoints_from_storage(database_url: str, tmp_p
     assert sorted(p.name for p in (results / "report").iterdir()) == ["report.html", "report.json", "report.md"]
 
 
+def test_copy_back_takes_by_default_what_a_run_s_kept_checkpoints_need(
+    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ABLATE_COPY_BACK_MAX_BYTES unset: each run's cap is the checkpoints it keeps at its model's size
+    (keep_last, best.pt, one being replaced) plus room for samples, not 64 GiB; a larger file is refused."""
+    from model.spec import ArmSpec, estimate_params
+    from orchestrator.runs import storage
+    from orchestrator.settings import Settings
+
+    assert Settings(database_url=database_url).copy_back_max_bytes is None
+    seed = storage.copy_back_bytes(ArmSpec().model_dump(mode="json"), keep_last=2)
+    checkpoint = estimate_params(ArmSpec()) * 16  # fp32 weights, EMA and two optimizer moments
+    assert 4 * checkpoint < seed < 20 << 30, seed
+    monkeypatch.setattr(storage, "COPY_BACK_EXTRAS", 0)  # the tiny arm's cap: its checkpoints alone
+    store = tmp_path / "store" / "run-big"
+    store.mkdir(parents=True)
+    with session_scope(database_url) as session:
+        run = create_grid(session, GridCreate(name="capped", arms=["A"], overrides=TINY)).runs[0]
+        run.checkpoint_url = f"file://{store}"
+        cap, grid_id = storage.copy_back_bytes(run.spec, keep_last=2), run.grid_id
+    (store / "best.pt").write_bytes(b"w" * (cap // 2))
+    with (store / "huge.bin").open("wb") as f:
+        f.truncate(cap + 1)  # sparse: a node's file past the run's cap
+    results = tmp_path / "results" / "sweeps" / "2"
+    results.mkdir(parents=True)
+    problems, _ = copy_back(database_url, {}, 2, grid_id, [], results, None, keep_last=2)
+    assert len(problems) == 1 and "huge.bin" in problems[0] and f"over {cap - cap // 2}" in problems[0], problems
+    assert any((results / "runs").rglob("best.pt"))
+
+
 # -- the dashboard's alarm ------------------------------------------------------------------------------------------
 
 
@@ -277,6 +308,34 @@ def test_dashboard_flags_a_run_whose_checkpoints_are_not_stored(database_url: st
     with session_scope(database_url) as session:
         (status,) = storage_alarms(session, [session.get(Run, run_id)], minutes=15).values()
         assert status["alarm"] is False and status["stored_step"] == 20 and status["failed_attempts"] == 0
+
+
+def test_a_node_raising_its_log_numbers_every_poll_stores_a_bounded_number_of_entries(database_url: str) -> None:
+    """A node may send 64 new upload-log entries with every poll, each up to a few KB: per run, at most
+    MAX_STORAGE_EVENTS become events (plus one note), and past them a newer checkpoint held in storage
+    still counts for the alarm."""
+    def flood(first: int) -> StorageStatus:
+        entries = [{"seq": s, "kind": "checkpoint.store_failed", "message": "x" * 4000, "data": {"error": "y" * 4000}}
+                   for s in range(first, first + 64)]
+        return StorageStatus.model_validate({"log": entries})
+
+    with session_scope(database_url) as session:
+        run = create_grid(session, GridCreate(name="flood", arms=["A"], overrides=TINY)).runs[0]
+        run.checkpoint_url = "memory://flood"
+        session.flush()
+        ingest(session, run, [{"step": 10}])
+        seen = 0
+        for _ in range(MAX_STORAGE_EVENTS // 64 + 8):
+            seen = record_storage(session, run, 0, flood(seen + 1), seen)
+        held = {"seq": seen + 1, "kind": "checkpoint.stored", "message": "", "data": {"step": 10}}
+        record_storage(session, run, 0, StorageStatus.model_validate({"log": [held]}), seen)
+        run_id = run.id
+    events = events_of(database_url, run_id)
+    assert sum(e.kind.startswith("checkpoint.") for e in events) == MAX_STORAGE_EVENTS + 1, len(events)
+    assert [e.kind for e in events].count(LOG_CAPPED) == 1
+    with session_scope(database_url) as session:
+        (status,) = storage_alarms(session, [session.get_one(Run, run_id)], minutes=15).values()
+    assert status["stored_step"] == 10
 
 
 def test_upload_log_entries_become_events_once_across_polls_restarts_and_attempts(database_url: str) -> None:

@@ -71,7 +71,7 @@ def test_nodes_list_into_a_pipe_on_a_fresh_database(tmp_path: Path) -> None:
         "COLUMNS": "80",
     }
     host = "ceon1-very-long-hostname.internal.example"
-    add = [exe, "nodes", "add", "ceon1", "--host", host, "--user", "ceon1", "--key", str(key)]
+    add = [exe, "nodes", "add", "ceon1", "--host", host, "--user", "ceon1", "--key", str(key), "--gpus", "4"]
     added = subprocess.run(add, env=env, capture_output=True, text=True, timeout=120)
     assert added.returncode == 0, added.stderr
     listed = subprocess.run([exe, "nodes", "list"], env=env, capture_output=True, text=True, timeout=120)

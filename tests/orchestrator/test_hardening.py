@@ -111,7 +111,8 @@ def test_failed_commit_is_never_reported_as_success(database_url: str, storage: 
     key.write_text("k")
     hosts.write_text("")
     app = make_app(database_url, storage, ssh_key_dirs=[tmp_path])
-    node = {"name": "commit-node", "host": "h", "user": "u", "key_path": str(key), "known_hosts_path": str(hosts)}
+    node = {"name": "commit-node", "host": "h", "user": "u", "key_path": str(key), "known_hosts_path": str(hosts),
+            "gpus": 1}
     schedule = {"name": "commit-sched", "cron": "0 2 * * *", "grid": {"name": "g", "arms": ["A"], "overrides": TINY},
                 "nodes": ["commit-node2"]}
     with TestClient(app) as c:
@@ -334,7 +335,7 @@ def test_node_route_errors_are_clear_not_500(database_url: str, storage: Path, t
     hosts.write_text("[127.0.0.1]:1 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl\n")
     with TestClient(make_app(database_url, storage, ssh_key_dirs=[tmp_path]), raise_server_exceptions=False) as c:
         node = {"name": "err-node", "host": "127.0.0.1", "port": 1, "user": "u",
-                "key_path": str(key), "known_hosts_path": str(hosts)}
+                "key_path": str(key), "known_hosts_path": str(hosts), "gpus": 1}
         assert c.post("/api/nodes", json=node, headers=AUTH).status_code == 201
         monkeypatch.setenv("ABLATE_NODE_COMMAND_TIMEOUT_S", "soon")  # an operator's typo in the node settings
         resp = c.post("/api/nodes/err-node/bootstrap", headers=AUTH)

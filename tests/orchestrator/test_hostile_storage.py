@@ -81,6 +81,8 @@ def assert_served_only_the_png(client: TestClient, database_url: str, run_id: in
     assert "symbolic link" in link.json()["detail"] or "outside" in link.json()["detail"], link.json()
     html = client.get(f"/api/runs/{run_id}/samples/10/text_0.png")
     assert html.status_code == 404 and "not a PNG" in html.json()["detail"], html.json()
+    # Anyone may read samples: a refusal says why, never where the controller keeps the file.
+    assert "/" not in link.json()["detail"] and "/" not in html.json()["detail"], (link.json(), html.json())
     with session_scope(database_url) as session:
         grid = session.get_one(Grid, session.get_one(Run, run_id).grid_id)
         images = {i.kind: i for i in build_report(session, grid, options).arms[0].samples.images}  # type: ignore[union-attr]
@@ -123,6 +125,23 @@ def test_an_sftp_store_serves_no_link(sshd, database_url, tmp_path) -> None:  # 
     download_run(url, options, local, 1 << 20, skipped)
     assert SECRET not in [p.read_bytes() for p in local.rglob("*") if p.is_file()]
     assert any("symbolic link" in s for s in skipped), skipped
+
+
+def test_an_sftp_store_refuses_a_parent_directory_that_is_a_link(sshd, tmp_path) -> None:  # noqa: ANN001
+    """A step directory swapped for a link (here into the prefix itself, which resolving and checking the
+    real path lets through) is refused: every component is lstat'ed on the way down."""
+    from worker.checkpoint_store import open_fs
+    from worker.stored_file import StoredFileRefused, read_stored
+
+    prefix = sshd.workdir / "store" / "run-3"
+    (prefix / STEP_DIR).mkdir(parents=True)
+    (prefix / STEP_DIR / "target_0.png").write_bytes(png())
+    (prefix / "samples" / "step_0000030").symlink_to(prefix / STEP_DIR, target_is_directory=True)
+    options = {"key_filename": str(sshd.client_key), "known_hosts": str(sshd.known_hosts)}
+    fs, root = open_fs(f"sftp://{sshd.user}@{sshd.host}:{sshd.port}{prefix}", options)
+    assert read_stored(fs, root, f"{root}/{STEP_DIR}/target_0.png", 1 << 20) == png()
+    with pytest.raises(StoredFileRefused, match="symbolic link"):
+        read_stored(fs, root, f"{root}/samples/step_0000030/target_0.png", 1 << 20)
 
 
 def test_sizes_are_the_controller_s_not_the_node_s(client, database_url, tmp_path) -> None:

@@ -1,4 +1,5 @@
-"""Nodes: rented GPU machines reached over SSH. Register, list, probe, bootstrap, drain, tear down, remove.
+"""Nodes: rented GPU machines reached over SSH. Register, declare (GPUs, trust), list, probe, bootstrap, drain,
+tear down, remove.
 
 SSH work runs in the request (FastAPI's thread pool); a node that cannot be reached or whose host key
 is refused answers 424 with the reason (fingerprint and how to trust it included). Errors are mapped
@@ -12,10 +13,10 @@ from typing import Any
 
 from fastapi import APIRouter, Response, status
 
-from orchestrator.api.schemas import NodeCreate, NodePublic, ProbeResult
+from orchestrator.api.schemas import NodeCreate, NodePublic, NodeUpdate, ProbeResult
 from orchestrator.fleet.bootstrap import BootstrapConfig, bootstrap_node, drain_node, teardown_node
 from orchestrator.fleet.errors import remote_errors
-from orchestrator.fleet.inventory import add_node, get_node, list_nodes, remove_node
+from orchestrator.fleet.inventory import add_node, get_node, list_nodes, remove_node, update_node
 from orchestrator.fleet.probe import probe_node
 from orchestrator.web.deps import AUTH_RESPONSES, AuthDep, SessionDep, SettingsDep
 
@@ -38,13 +39,21 @@ def get_nodes(session: SessionDep, _: AuthDep) -> list[NodePublic]:
 )
 def post_node(body: NodeCreate, session: SessionDep, settings: SettingsDep, _: AuthDep) -> NodePublic:
     """Register a node. Its host key must already be in the known-hosts file (`ssh-keyscan`); its key
-    and known-hosts files must lie under ABLATE_SSH_KEY_DIRS on the controller."""
+    and known-hosts files must lie under ABLATE_SSH_KEY_DIRS on the controller. `gpus` is required: the
+    node uses the lower of it and its probe."""
     return NodePublic.model_validate(add_node(session, body, key_dirs=settings.ssh_key_dirs))
 
 
 @router.get("/{name}", response_model=NodePublic, responses={**AUTH_RESPONSES, **_404})
 def get_node_by_name(name: str, session: SessionDep, _: AuthDep) -> NodePublic:
     return NodePublic.model_validate(get_node(session, name))
+
+
+@router.patch("/{name}", response_model=NodePublic, responses={**AUTH_RESPONSES, **_404})
+def patch_node(name: str, body: NodeUpdate, session: SessionDep, _: AuthDep) -> NodePublic:
+    """Declare the node's GPUs (it uses the lower of these and its probe) or whether its values are
+    trusted to stop arms on other nodes."""
+    return NodePublic.model_validate(update_node(session, name, body))
 
 
 @router.delete(

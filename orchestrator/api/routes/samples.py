@@ -4,6 +4,8 @@ the report show them."""
 
 from __future__ import annotations
 
+import logging
+
 from fastapi import APIRouter, HTTPException, Path, Response, status
 
 from orchestrator.db.models import Run
@@ -11,6 +13,7 @@ from orchestrator.results.samples import StepSamples, run_samples, sample_png
 from orchestrator.web.deps import SessionDep, SettingsDep, get_or_404
 from worker.stored_file import StoredFileRefused
 
+log = logging.getLogger(__name__)
 router = APIRouter(prefix="/api/runs", tags=["samples"])
 
 _404 = {404: {"description": "no such run, step or image"}}
@@ -39,8 +42,10 @@ def get_sample(
     try:
         data = sample_png(run, step, name, dict(settings.checkpoint_options))
     except StoredFileRefused as exc:  # a node wrote it: a link, too large, not a PNG
+        # The path goes to the operator's log only: the answer may reach anonymous clients.
+        log.warning("run %s: sample %s at step %s not served: %s", run_id, name, step, exc)
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"run {run_id}'s sample {name!r} at step "
-                            f"{step} is not served: {exc}") from None
+                            f"{step} is not served: it is {exc.why}") from None
     if data is None:
         raise HTTPException(
             status.HTTP_404_NOT_FOUND,

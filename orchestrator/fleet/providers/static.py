@@ -56,7 +56,7 @@ class StaticProvider:
             status=str(node.state),
             label=None,
             price_per_hour=float(node.price_per_hour),
-            gpus=len(node.gpus or []),
+            gpus=node.usable_gpus,
             gpu_name=_gpu_name(node),
             ssh_host=node.host,
             ssh_port=int(node.port),
@@ -77,12 +77,13 @@ def _gpu_name(node: Any) -> str:
 
 
 def _offer(node: Any) -> Offer:
-    # An unprobed node has no GPU list yet: 0 GPUs, which fits no request until `ablate nodes probe`.
+    # An unprobed node has no GPU list yet: 0 GPUs, which fits no request until `ablate nodes probe`; a
+    # probe never counts past what the operator declared (Node.usable_gpus).
     return Offer(
         provider=NAME,
         offer_id=node.name,
         gpu_name=_gpu_name(node),
-        gpus=len(node.gpus or []),
+        gpus=node.usable_gpus,
         price_per_hour=float(node.price_per_hour),
         capacity=1,
         where=node.host,

@@ -282,6 +282,7 @@ def test_cli_add_list_probe_remove(database_url: str, sshd, monkeypatch: pytest.
     runner = CliRunner()
     args = ["nodes", "add", "cli-node", "--host", sshd.host, "--port", str(sshd.port), "--user", sshd.user]
     args += ["--key", str(sshd.client_key), "--known-hosts", str(sshd.known_hosts), "--price-per-hour", "3.2"]
+    args += ["--gpus", "4"]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     listed = runner.invoke(app, ["nodes", "list"])
@@ -290,7 +291,8 @@ def test_cli_add_list_probe_remove(database_url: str, sshd, monkeypatch: pytest.
     assert probed.exit_code == 0, probed.output
     assert len(json.loads(probed.output)["gpus"]) == 4
 
-    bad = runner.invoke(app, ["nodes", "add", "x", "--host", "h", "--user", "u", "--key", "/nonexistent/key"])
+    bad = runner.invoke(app, ["nodes", "add", "x", "--host", "h", "--user", "u", "--key", "/nonexistent/key",
+                              "--gpus", "1"])
     assert bad.exit_code != 0 and "key_path" in str(bad.exception) + bad.output
 
     removed = runner.invoke(app, ["nodes", "remove", "cli-node"])
@@ -316,6 +318,7 @@ def test_nodes_over_rest(database_url: str, sshd, tmp_path: Path) -> None:  # no
         "key_path": str(sshd.client_key),
         "known_hosts_path": str(sshd.known_hosts),
         "price_per_hour": 1.5,
+        "gpus": 4,
     }
     assert client.post("/api/nodes", json=body).status_code == 401
     missing = client.post("/api/nodes", json={**body, "key_path": str(sshd.client_key) + ".gone"}, headers=auth)

@@ -87,7 +87,7 @@ def test_a_node_s_events_and_a_run_s_are_listed_by_rest_and_cli(database_url: st
 def test_a_refused_connect_says_why(database_url: str, sshd, tmp_path: Path) -> None:  # noqa: ANN001
     closed = free_port()  # nothing listens there
     body = NodeCreate(name="refusing", host="127.0.0.1", port=closed, user=sshd.user, key_path=str(sshd.client_key),
-                      known_hosts_path=str(sshd.known_hosts))  # fmt: skip
+                      known_hosts_path=str(sshd.known_hosts), gpus=4)  # fmt: skip
     with session_scope(database_url) as session:
         add_node(session, body)
     with pytest.raises(Exception, match="Connection refused"):

@@ -99,7 +99,7 @@ def test_a_batch_that_does_not_split_over_the_gpus_is_a_422(quad: TestClient) ->
 
 def test_a_probed_node_with_more_gpus_counts(quad: TestClient, database_url: str) -> None:
     with session_scope(database_url) as session:
-        session.add(Node(name="octo", host="10.0.0.8", user="u", key_path="/k", state=NodeState.joined,
+        session.add(Node(name="octo", host="10.0.0.8", user="u", key_path="/k", state=NodeState.joined, declared_gpus=8,
                          gpus=[{"index": i} for i in range(8)]))
     resp = submit(quad, {"arms": ["A"], "overrides": {**TINY, "gpus": 8}})
     assert resp.status_code == 201, resp.text
@@ -111,3 +111,22 @@ def test_choose_node_needs_all_of_an_arms_gpus_on_one_node() -> None:
     assert choose_node(free, 2) == "b"
     assert choose_node({"local": 1, "a": 2}, 2) == "a"
     assert choose_node({"local": 1, "a": 1}, 2) is None  # two free GPUs, but never on one node
+
+
+def test_a_node_s_probe_never_counts_past_the_gpus_the_operator_declared(quad: TestClient, database_url: str) -> None:
+    """A joined node whose nvidia-smi lists 64 GPUs, declared with 8: `auto` spreads 8 over four arms (2
+    each), not 64 (16 each, every arm then fitting only on the liar)."""
+    with session_scope(database_url) as session:
+        session.add(Node(name="liar", host="10.0.0.9", user="u", key_path="/k", state=NodeState.joined,
+                         gpus=[{"index": i} for i in range(64)], declared_gpus=8))
+    overrides = {**TINY, "schedule": {"batch_size": 64}}
+    resp = submit(quad, {"arms": ["A", "B", "C", "D"], "gpus_per_arm": "auto", "overrides": overrides})
+    assert resp.status_code == 201, resp.text
+    assert gpus_of(database_url, resp.json()["id"]) == {"A": 2, "B": 2, "C": 2, "D": 2}
+
+
+def test_registering_a_node_without_its_gpu_count_is_a_422_naming_the_field(quad: TestClient) -> None:
+    body = {"name": "undeclared", "host": "10.0.0.10", "user": "u", "key_path": "/k"}
+    resp = quad.post("/api/nodes", json=body, headers=AUTH)
+    assert resp.status_code == 422, resp.text
+    assert any(e["loc"][-1] == "gpus" for e in resp.json()["detail"]), resp.text

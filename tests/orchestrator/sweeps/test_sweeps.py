@@ -53,7 +53,8 @@ def node_name(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> st
     """A registered node that is never contacted: the tests that only fire schedules need no SSH server."""
     key = tmp_path_factory.mktemp("keys") / "unused_ed25519"
     key.write_text("never read: no test using this node opens a connection\n")
-    body = NodeCreate(name="paper-node", host="192.0.2.1", user="nobody", key_path=str(key), price_per_hour=2.0)
+    body = NodeCreate(name="paper-node", host="192.0.2.1", user="nobody", key_path=str(key), price_per_hour=2.0,
+                      gpus=4)
     with session_scope(database_url) as session:
         add_node(session, body)
     return body.name
