@@ -92,8 +92,7 @@ class SweepRunner:
         self.teardown_attempts = teardown_attempts
         self.teardown_backoff_s = teardown_backoff_s
         self.checkpoint_options = checkpoint_options or {}  # fsspec options of checkpoint storage
-        self.copy_back_max_bytes = copy_back_max_bytes  # per run
-        self.checkpoint_keep_last = checkpoint_keep_last
+        self.copy_back_max_bytes, self.checkpoint_keep_last = copy_back_max_bytes, checkpoint_keep_last  # per run
         self.home_dir = Path(home_dir)
         self.clock = clock
         self.node_config = node_config
@@ -341,10 +340,8 @@ class SweepRunner:
             names, grid_id = list(sweep.nodes), sweep.grid_id
         results = self.home_dir / "sweeps" / str(sweep_id)
         results.mkdir(parents=True, exist_ok=True)
-        problems, failed_copies = copy_back(
-            self.database_url, self.checkpoint_options, sweep_id, grid_id, names, results, self.copy_back_max_bytes,
-            keep_last=self.checkpoint_keep_last,
-        )
+        problems, failed_copies = copy_back(self.database_url, self.checkpoint_options, sweep_id, grid_id, names,
+                                            results, self.copy_back_max_bytes, keep_last=self.checkpoint_keep_last)
         report_problem = results_report(self.database_url, self.checkpoint_options, grid_id, results)
         problems += self._teardown(names, keep_files=failed_copies) + self.rentals.release(sweep_id)
         with session_scope(self.database_url) as session:
