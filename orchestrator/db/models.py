@@ -55,6 +55,9 @@ class Grid(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     # TrackerNames its runs are forwarded to (orchestrator/trackers/); None on rows before 0009.
     trackers: Mapped[list[Any] | None] = mapped_column(default=list)
+    # The night plan (orchestrator/grids/night.py PlanPublic), as submitted and as last redrawn by the
+    # launcher; None: no node's GPUs were known, or a row before 0010.
+    plan: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
 
     runs: Mapped[list[Run]] = relationship(back_populates="grid", order_by="Run.position")
 

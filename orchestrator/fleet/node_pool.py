@@ -38,13 +38,13 @@ from orchestrator.fleet.agent_link import (
 )
 from orchestrator.fleet.errors import NodeError, error_reason
 from orchestrator.settings import Settings
-from orchestrator.vocabulary import NodeState
+from orchestrator.vocabulary import LOCAL_NODE, NodeState
 from worker.protocol import Found, Started, WorkerArgs, WorkerLost, WorkerReply
 
 log = logging.getLogger("ablate.nodes")
 Answer = TypeVar("Answer")
 
-LOCAL = "local"  # the controller's own machine, as a node name
+LOCAL = LOCAL_NODE
 RECONNECT_S = 5.0  # between attempts to reopen a failed link
 # How long past its wait a poll may go without the first byte of its reply (an agent answers within the
 # wait plus a second): a silent node holds up a pass no longer than this, and is refused once its polls
