@@ -42,10 +42,13 @@ def gpus_of(database_url: str, grid_id: int) -> dict[str, int]:
         return {r.arm: r.spec.get("command", {}).get("gpus") if r.spec.get("command") else r.spec["gpus"] for r in runs}
 
 
-def test_auto_spreads_a_quad_node_over_two_arms(quad: TestClient, database_url: str) -> None:
-    resp = submit(quad, {"arms": ["A", "D"], "gpus_per_arm": "auto"})
+def test_auto_spreads_a_quad_node_over_two_equal_arms(quad: TestClient, database_url: str) -> None:
+    resp = submit(quad, {"arms": ["A", {"parent": "A", "name": "A2"}], "gpus_per_arm": "auto"})
     assert resp.status_code == 201, resp.text
-    assert gpus_of(database_url, resp.json()["id"]) == {"A": 2, "D": 2}
+    assert gpus_of(database_url, resp.json()["id"]) == {"A": 2, "A2": 2}
+    # unequal arms (D routes a quarter of the tiny model's token work away): one after the other on all four
+    resp = submit(quad, {"arms": ["A", "D"], "gpus_per_arm": "auto"})
+    assert gpus_of(database_url, resp.json()["id"]) == {"A": 4, "D": 4}
 
 
 def test_auto_shares_the_gpus_over_every_replicate(quad: TestClient, database_url: str) -> None:
