@@ -38,6 +38,11 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+def aware(t: datetime) -> datetime:
+    """A stored time as UTC: SQLite hands timezone-aware columns back naive."""
+    return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
+
+
 class Base(DeclarativeBase):
     type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON, datetime: DateTime(timezone=True)}
 

@@ -9,6 +9,7 @@ says `gpus_per_arm: auto` and the arm names no `gpus`; otherwise the count it ha
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 
 from pydantic import BaseModel
 
@@ -39,7 +40,10 @@ class PlanPublic(BaseModel):
     scaling_source: str  # measured | given | default
     gpu_model: str | None  # whose measured rates were used
     auto: bool  # the grid's GPU counts are the plan's (gpus_per_arm: auto): the launcher re-plans them
+    moldable: list[str] = []  # the arms whose GPU count the plan chooses (auto, and no `gpus` named)
     unplanned: list[str]  # command arms (not projected) and runs no node can hold
+    # When the launcher last redrew it (runs/replan.py); start_h and end_h count from then. None: as submitted.
+    drawn_at: datetime | None = None
 
     def last_line(self) -> str:
         return f"night {self.night_h:.2f} h; lower bound {self.lower_bound_h:.2f} h"
@@ -111,5 +115,6 @@ def plan_grid(
         scaling_source="given" if scaling else MEASURED if measured_scaling else "default",
         gpu_model=rates.gpu_model,
         auto=auto,
+        moldable=[label for label, spec in resolved if auto and moldable(spec)],
         unplanned=[*unplanned, *plan.unplaced],
     )
