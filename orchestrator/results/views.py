@@ -11,6 +11,7 @@ from typing import Annotated, Any, Self
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model, field_validator
 
 from orchestrator.db.models import METRIC_FIELDS, Grid, Metric, Run
+from orchestrator.grids.night import PlanPublic
 from orchestrator.vocabulary import RentedState, SweepState
 
 
@@ -94,6 +95,9 @@ class GridDetail(GridPublic):
     overrides: dict[str, Any]
     trackers: list[str]  # the experiment trackers its runs are forwarded to
     runs: list[RunSummary]
+    # The night plan as submitted, or as the launcher last redrew it (drawn_at); None when no node's GPUs
+    # were known at submission.
+    plan: PlanPublic | None = None
 
     @field_validator("trackers", mode="before")
     @classmethod

@@ -69,6 +69,7 @@ def test_auto_takes_the_plans_counts_and_keeps_what_an_arm_names(quad: TestClien
     assert plan["night_h"] < max(plan["hours"].values()) * 0.8
     assert plan["sources"] == {"A": "estimated", "B": "estimated", "C": "estimated"}
     assert plan["auto"] and plan["search"] == "exhaustive"
+    assert quad.get(f"/api/grids/{resp.json()['id']}").json()["plan"] == plan  # the grid keeps it
     # one arm, batch 6: four GPUs do not split it evenly, two do; an arm naming its gpus keeps them
     six = {"parent": "A", "name": "six", "schedule": {"batch_size": 6}}
     resp = submit(quad, {"arms": [six], "gpus_per_arm": "auto"})
