@@ -47,12 +47,17 @@ def largest_node_gpus(session: Session, settings: Settings) -> int | None:
     return max(node_gpus(session, settings).values(), default=0) or None
 
 
-def sweep_node_gpus(session: Session, names: list[str]) -> int | None:
-    """The most GPUs one of a sweep's nodes has (their last probe); None: unknown."""
+def sweep_nodes(session: Session, names: list[str]) -> dict[str, int]:
+    """Each of a sweep's nodes with its GPUs (their last probe); none probed: empty."""
     from orchestrator.db.models import Node
 
-    counts = [len(gpus or []) for gpus in session.scalars(select(Node.gpus).where(Node.name.in_(names)))]
-    return max(counts, default=0) or None
+    rows = session.execute(select(Node.name, Node.gpus).where(Node.name.in_(names)))
+    return {name: len(gpus or []) for name, gpus in rows if gpus}
+
+
+def sweep_node_gpus(session: Session, names: list[str]) -> int | None:
+    """The most GPUs one of a sweep's nodes has (their last probe); None: unknown."""
+    return max(sweep_nodes(session, names).values(), default=0) or None
 
 
 def splits(spec: ArmSpec, gpus: int) -> bool:

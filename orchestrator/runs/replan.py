@@ -118,11 +118,12 @@ class Replanner:
         stored = PlanPublic.model_validate(grid.plan)
         scaling = {int(g): s for g, s in stored.scaling.items()}
         largest = max(nodes.values())
-        plan_runs = []
+        plan_runs, unprojected = [], []
         for run in runs:
             hours = stored.hours.get(run.arm)
             if hours is None:
-                continue  # a command arm: launched as any queued run is
+                unprojected.append(_name(run))  # a command arm: launched as any queued run is
+                continue
             plan_runs.append(PlanRun(_name(run), hours, run_choices(run, stored, largest)))
         plan_nodes = [PlanNode(n, g, tuple(t for t in busy[n] if t > 0)[:g]) for n, g in nodes.items() if g]
         plan = plan_night(plan_runs, plan_nodes, scaling)
@@ -142,7 +143,7 @@ class Replanner:
             "night_h": round(plan.night, 4),
             "lower_bound_h": round(plan.lower_bound, 4),
             "search": plan.search,
-            "unplanned": list(plan.unplaced),
+            "unplanned": [*unprojected, *plan.unplaced],
             "drawn_at": now,
         })  # fmt: skip
         basis = (frozenset(r.id for r in runs), frozenset(r.id for r in mine), tuple(sorted(nodes.items())))
