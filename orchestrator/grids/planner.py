@@ -10,8 +10,8 @@ then list scheduling of the runs, longest first, each where it can start earlies
 - Allotment search. Runs with the same hours and choices are interchangeable, so a class of k such runs
   counts how many take each GPU count (a multiset), not k-tuples. When the classes' multisets number at
   most EXHAUSTIVE_LIMIT, every allotment is tried. Past it, a greedy improvement starts from one GPU each
-  and moves one run of one class to the next GPU count up or down while the night shortens: a local
-  optimum, and the plan says `search="greedy"`.
+  and takes each move of one run of one class to the next GPU count up or down that shortens the night: a local
+  optimum, and the plan says `search="greedy"` (`"greedy (capped)"` where GREEDY_PLACEMENTS cut it short).
 - List scheduling. Each node is a list of the times its GPUs free (0: now; a running run's projected end).
   A run of g GPUs goes to the node where its end is earliest, on that node's g earliest-free GPUs. Two
   orders are tried (longest first; most GPUs first, then longest) and the shorter night kept.
@@ -29,6 +29,9 @@ from dataclasses import dataclass, field
 
 DEFAULT_EFFICIENCY = 0.98  # data-parallel efficiency per doubling of GPUs until a GPU model's is measured
 EXHAUSTIVE_LIMIT = 4000  # allotments tried one by one; past it the greedy improvement (a few ms per try)
+# The greedy improvement's work cap, in runs placed (a try of n runs places n): about a second of Python,
+# so a grid of 64 arms x 16 seeds is answered at submission; a plan cut short says "greedy (capped)".
+GREEDY_PLACEMENTS = 300_000
 Scaling = Mapping[int, float]  # GPUs -> speedup over one GPU, as measured (1 -> 1.0 implied)
 
 
@@ -79,7 +82,7 @@ class Plan:
     slots: tuple[Slot, ...]  # in start order
     night: float  # hours from now until the last planned run ends (or the last busy GPU frees)
     lower_bound: float
-    search: str  # "exhaustive" | "greedy"
+    search: str  # "exhaustive" | "greedy" | "greedy (capped)"
     unplaced: tuple[str, ...] = field(default=())  # runs no node is large enough for
 
     def slot(self, run: str) -> Slot | None:
@@ -158,8 +161,8 @@ def plan_night(runs: Iterable[PlanRun], nodes: Sequence[PlanNode], scaling: Scal
         search = "exhaustive"
         score, slots, night = min((evaluate(picks) for picks in itertools.product(*per_class)), key=lambda e: e[0])
     else:
-        search = "greedy"
-        score, slots, night = _greedy(per_class, evaluate)
+        (score, slots, night), capped = _greedy(per_class, evaluate, GREEDY_PLACEMENTS // len(members))
+        search = "greedy (capped)" if capped else "greedy"
     bound = max(
         (busy_hours + sum(r.hours * min(g / speedup(g, scaling) for g in r.choices) for r in placeable)) / total_gpus,
         max(r.hours / speedup(max(r.choices), scaling) for r in placeable),
@@ -169,24 +172,30 @@ def plan_night(runs: Iterable[PlanRun], nodes: Sequence[PlanNode], scaling: Scal
     return Plan(ordered, night, bound, search, tuple(unplaced))
 
 
-def _greedy(per_class: list[list[tuple[int, ...]]], evaluate: Callable[[Sequence[tuple[int, ...]]], Scored]) -> Scored:
-    """From one GPU each (each class's first multiset), move to the best neighbour (one run of one class
-    one GPU count up or down) while the score improves."""
+def _greedy(
+    per_class: list[list[tuple[int, ...]]], evaluate: Callable[[Sequence[tuple[int, ...]]], Scored], tries: int
+) -> tuple[Scored, bool]:
+    """From one GPU each (each class's first multiset), move to a better neighbour (one run of one class
+    one GPU count up or down) while one shortens the night, for at most `tries` evaluations; the best
+    found and whether the cap cut it short."""
     index = [0] * len(per_class)
     current = evaluate([options[0] for options in per_class])
-    while True:
-        best, best_index = current, None
+    tries -= 1
+    improved = True
+    while improved:  # first improvement: a move is taken as soon as it shortens the night
+        improved = False
         for c, options in enumerate(per_class):
             for j in _neighbours(options, index[c]):
+                if tries <= 0:
+                    return current, True
+                tries -= 1
                 trial = [options[k] for options, k in zip(per_class, index, strict=True)]
                 trial[c] = options[j]
                 found = evaluate(trial)
-                if found[0] < best[0]:
-                    best, best_index = found, (c, j)
-        if best_index is None:
-            return current
-        index[best_index[0]] = best_index[1]
-        current = best
+                if found[0] < current[0]:
+                    current, index[c], improved = found, j, True
+                    break
+    return current, False
 
 
 def _neighbours(options: list[tuple[int, ...]], at: int) -> list[int]:

@@ -80,7 +80,7 @@ class Replanner:
 
     def __init__(self, now: Callable[[], datetime] = utcnow) -> None:
         self.now = now
-        self._drawn: dict[int, tuple[object, ...]] = {}  # grid id -> what its last plan rested on
+        self._drawn: dict[int, tuple[object, PlanPublic]] = {}  # grid id -> (what it rested on, the plan)
 
     def redraw(self, session: Session, queued: Sequence[Run], nodes: Mapping[str, int],
                held: Mapping[int, Held]) -> Redraws:
@@ -115,6 +115,13 @@ class Replanner:
     def _redraw_grid(self, session: Session, grid: Grid, runs: list[Run], nodes: Mapping[str, int],
                      busy: Mapping[str, list[float]], live: Mapping[int, Run], held: Mapping[int, Held],
                      now: datetime) -> PlanPublic:
+        mine = [live[i] for i in held if i in live and live[i].grid_id == grid.id]
+        # What the plan rests on: while none of it changes, the last drawing stands (a slot later than now
+        # stays later until a run ends or a node comes or goes), so a pass costs no search.
+        basis = (frozenset(r.id for r in runs), frozenset(held), tuple(sorted(nodes.items())))
+        last = self._drawn.get(grid.id)
+        if last is not None and last[0] == basis:
+            return last[1]
         stored = PlanPublic.model_validate(grid.plan)
         scaling = {int(g): s for g, s in stored.scaling.items()}
         largest = max(nodes.values())
@@ -127,7 +134,6 @@ class Replanner:
             plan_runs.append(PlanRun(_name(run), hours, run_choices(run, stored, largest)))
         plan_nodes = [PlanNode(n, g, tuple(t for t in busy[n] if t > 0)[:g]) for n, g in nodes.items() if g]
         plan = plan_night(plan_runs, plan_nodes, scaling)
-        mine = [live[i] for i in held if i in live and live[i].grid_id == grid.id]
         started = [
             SlotPublic(run=_name(r), arm=r.arm, seed=r.seed, gpus=held[r.id].gpus, node=held[r.id].node,
                        start_h=round(-_elapsed_h(r, now), 4), end_h=round(remaining_hours(r, held[r.id].gpus, now), 4))
@@ -146,17 +152,23 @@ class Replanner:
             "unplanned": [*unprojected, *plan.unplaced],
             "drawn_at": now,
         })  # fmt: skip
-        basis = (frozenset(r.id for r in runs), frozenset(r.id for r in mine), tuple(sorted(nodes.items())))
-        if self._drawn.get(grid.id) != basis:
-            if grid.id in self._drawn:  # something changed since this controller last drew it
-                message = (f"plan redrawn: {len(runs)} queued, {len(mine)} running on {sum(nodes.values())} GPUs; "
-                           f"{redrawn.last_line()} from now")
-                session.add(Event(grid_id=grid.id, kind="grid.replanned", message=message,
-                                  data={"night_h": redrawn.night_h, "lower_bound_h": redrawn.lower_bound_h}))
-                log.info("grid %s: %s", grid.id, message)
-            self._drawn[grid.id] = basis
-            grid.plan = redrawn.model_dump(mode="json")
+        if last is not None and _news(last[0], basis):  # not only its own launches since the last drawing
+            message = (f"plan redrawn: {len(runs)} queued, {len(mine)} running on {sum(nodes.values())} GPUs; "
+                       f"{redrawn.last_line()} from now")
+            session.add(Event(grid_id=grid.id, kind="grid.replanned", message=message,
+                              data={"night_h": redrawn.night_h, "lower_bound_h": redrawn.lower_bound_h}))
+            log.info("grid %s: %s", grid.id, message)
+        self._drawn[grid.id] = (basis, redrawn)
+        grid.plan = redrawn.model_dump(mode="json")
         return redrawn
+
+
+def _news(before: tuple, after: tuple) -> bool:  # type: ignore[type-arg]
+    """A run ended or left the queue, or was re-queued, or a node joined or left: what a redraw is worth
+    an event for (a queued run starting as planned is not)."""
+    (queued0, held0, nodes0), (queued1, held1, nodes1) = before, after
+    gone = (queued0 | held0) - (queued1 | held1)  # ended, or stopped before it started
+    return nodes0 != nodes1 or bool(gone) or bool(queued1 - queued0)
 
 
 def _name(run: Run) -> str:

@@ -89,6 +89,12 @@ class Night:
         return grid.plan
 
 
+def replanned(night: Night) -> list[Event]:
+    return list(night.session.scalars(
+        select(Event).where(Event.grid_id == night.grid_id, Event.kind == "grid.replanned")
+    ))
+
+
 @pytest.fixture
 def night_factory(database_url: str) -> Iterator:  # type: ignore[type-arg]
     with session_scope(database_url) as session:
@@ -109,6 +115,8 @@ def test_the_quad_night_played_out_lasts_what_the_plan_said(night_factory) -> No
     projected = night.plan()["night_h"]
     assert projected == pytest.approx(16.2 / 4, rel=0.02)
     assert sum(g for _, g in first) == 4 and len(first) < 4  # one run waits for its slot, on more GPUs
+    assert night.launch_pass() == []  # nothing ended: the others wait for their slots
+    assert not replanned(night)  # runs starting as planned are no news
     assert night.play_to_the_end() == pytest.approx(projected, rel=1e-3)
 
 
@@ -125,10 +133,8 @@ def test_a_run_stopped_early_frees_its_gpus_to_the_queue_and_the_plan_is_redrawn
     assert started, "the freed GPUs went to no queued run"
     assert sum(night.held[r.id].gpus for r in started) <= freed
     assert sum(h.gpus for h in night.held.values()) == 4  # no GPU idle
-    replanned = night.session.scalars(
-        select(Event).where(Event.grid_id == night.grid_id, Event.kind == "grid.replanned")
-    ).all()
-    assert len(replanned) == 1 and "10 queued, 1 running on 4 GPUs" in replanned[0].message
+    events = replanned(night)
+    assert len(events) == 1 and "10 queued, 1 running on 4 GPUs" in events[0].message
     after = night.plan()
     assert after["drawn_at"] is not None
     # the redrawn night counts from the stop, and a run's hours are gone from it
