@@ -107,6 +107,9 @@ ACTIVE_SWEEP_STATES = frozenset(
 )
 
 
+LOCAL_NODE = "local"  # the controller's own machine, as a node name
+
+
 class NodeState(StrEnum):
     """registered -> ready (probed, environment installed) -> joined (its own Ray and agent running) -> drained."""
 

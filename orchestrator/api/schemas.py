@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import BaseModel, Field, field_validator
 
 from orchestrator.fleet.inventory import NodeCreate, NodeUpdate
+from orchestrator.grids.night import PlanPublic
 from orchestrator.grids.service import GridCreate
 from orchestrator.results.views import (
     GridDetail,
@@ -64,6 +65,8 @@ class GridCreated(BaseModel):
     # A rough projection (orchestrator/grids/replicates.py); None when a command arm cannot be projected.
     projected_gpu_hours: float | None
     cost: str  # the same in words, e.g. "2 arms x 3 seeds = 6 runs, about 1.2 GPU-hours (...)"
+    # The night plan over the known nodes (orchestrator/grids/night.py); None: no node's GPUs are known.
+    plan: PlanPublic | None = None
 
 
 class ArmPublic(BaseModel):

@@ -83,6 +83,7 @@ def _register() -> None:
         importer,  # noqa: F401
         model_info,  # noqa: F401
         nodes,  # noqa: F401
+        plan,  # noqa: F401
         rented,  # noqa: F401
         replay,  # noqa: F401
         report,  # noqa: F401

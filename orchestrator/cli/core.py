@@ -88,7 +88,8 @@ def submit(
                      "overrides the file's `seeds`"),
     ] = None,
 ) -> None:
-    """Submit a grid to the running server; prints the new grid's id (and, with several seeds, its cost first)."""
+    """Submit a grid to the running server; prints the new grid's id (and on stderr, with several seeds, its
+    cost first, then the server's night plan for it)."""
     import httpx
 
     from orchestrator.grids.replicates import grid_cost
@@ -128,7 +129,13 @@ def submit(
         raise CLIError(f"{grid_file}: {errors_text(detail, root='(grid)', skip=1)}")
     if resp.status_code != 201:
         raise CLIError(f"{base} answered {resp.status_code}: {resp.text[:200]}")
-    typer.echo(resp.json()["id"])
+    created = resp.json()
+    if created.get("plan"):  # the server's plan over its nodes, on stderr: stdout stays the id alone
+        from orchestrator.cli.plan_table import print_plan
+        from orchestrator.grids.night import PlanPublic
+
+        print_plan(PlanPublic.model_validate(created["plan"]), Console(stderr=True))
+    typer.echo(created["id"])
 
 
 @app.command()

@@ -197,7 +197,9 @@ def grid_version(session: Session, grid_id: int, alarm_minutes: float = 15.0) ->
     )
     grid_runs = session.scalars(select(Run).where(Run.grid_id == grid_id)).all()
     alarms = sorted(rid for rid, a in storage_alarms(session, list(grid_runs), alarm_minutes).items() if a["alarm"])
-    blob = json.dumps([[list(r) for r in runs], list(metrics), flagged, stored, alarms], default=str)
+    plan = session.scalar(select(Grid.plan).where(Grid.id == grid_id)) or {}  # redrawn by the launcher
+    drawn = [plan.get("drawn_at"), plan.get("night_h")]
+    blob = json.dumps([[list(r) for r in runs], list(metrics), flagged, stored, alarms, drawn], default=str)
     return hashlib.sha1(blob.encode()).hexdigest()[:16]
 
 
@@ -372,6 +374,7 @@ def grid_detail(session: Session, grid: Grid, alarm_minutes: float = 15.0) -> di
         # records whose per-sample or per-timestep lists were left out of the curves and effects, named
         "unreadable_records": unreadable_records([(f"run {r.id} ({r.arm}, seed {r.seed})", m.step, m.extra)
                                                   for r in runs for m in metrics[r.id]]),  # fmt: skip
+        "plan": grid.plan,  # the night plan (orchestrator/grids/night.py PlanPublic), None without one
     }
 
 

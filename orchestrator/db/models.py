@@ -39,6 +39,11 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+def aware(t: datetime) -> datetime:
+    """A stored time as UTC: SQLite hands timezone-aware columns back naive."""
+    return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
+
+
 class Base(DeclarativeBase):
     type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON, datetime: DateTime(timezone=True)}
 
@@ -59,6 +64,9 @@ class Grid(Base):
     # Its control arm runs only on a trusted node (the controller's machine or one marked `trusted`), so
     # the stall rule may stop the other arms on the control's values wherever they run.
     control_on_trusted: Mapped[bool] = mapped_column(default=False, server_default=false())
+    # The night plan (orchestrator/grids/night.py PlanPublic), as submitted and as last redrawn by the
+    # launcher; None: no node's GPUs were known, or a row before 0011.
+    plan: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
 
     runs: Mapped[list[Run]] = relationship(back_populates="grid", order_by="Run.position")
 

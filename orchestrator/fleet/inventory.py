@@ -14,10 +14,10 @@ from sqlalchemy.orm import Session
 
 from orchestrator.db.models import Node, Schedule
 from orchestrator.fleet.errors import NodeConflict, NodeInvalid, NodeNotFound
-from orchestrator.vocabulary import NodeState
+from orchestrator.vocabulary import LOCAL_NODE, NodeState
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"  # node and schedule names
-LOCAL = "local"  # the controller's own machine, as a node name (no registered node may take it)
+LOCAL = LOCAL_NODE  # the controller's own machine, as a node name (no registered node may take it)
 MAX_NODE_GPUS = 1024
 Named = TypeVar("Named", Node, Schedule)
 

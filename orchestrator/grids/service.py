@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path, PurePosixPath
@@ -24,7 +24,9 @@ from orchestrator.db.transitions import transition
 from orchestrator.errors import Conflict, InvalidBody
 from orchestrator.grids.arms import LINEAGE_KEYS, ArmError, arm_files, resolve
 from orchestrator.grids.command_arms import command_errors, is_command_arm, resolve_command_arm
-from orchestrator.grids.gpu_share import gpu_count_errors, spread_gpus
+from orchestrator.grids.gpu_share import gpu_count_errors
+from orchestrator.grids.night import plan_grid, planned_spec
+from orchestrator.grids.projection import measured_rates
 from orchestrator.grids.replicates import MAX_SEEDS, replicate_spec
 from orchestrator.grids.tracker_choice import grid_trackers, tracker_errors
 from orchestrator.settings import Settings
@@ -74,8 +76,8 @@ class GridCreate(BaseModel):
     seeds: int = Field(default=1, ge=1, le=MAX_SEEDS, examples=[3])
     # Experiment trackers the controller forwards the runs to (docs/trackers.md); unset: ABLATE_TRACKERS.
     trackers: list[TrackerName] | None = Field(default=None, max_length=len(TrackerName), examples=[["tensorboard"]])
-    # auto: when the largest node's GPUs outnumber the arms, each built-in arm that does not name its own
-    # `gpus` trains on node GPUs // arms of them, data-parallel (grids/gpu_share.py); None: one GPU each.
+    # auto: each built-in arm that does not name its own `gpus` trains on as many GPUs of one node as the
+    # night plan gives it (grids/night.py, grids/planner.py), data-parallel; None: one GPU each.
     gpus_per_arm: Literal["auto"] | None = None
 
     @field_validator("name")
@@ -334,6 +336,7 @@ def create_grid(
     paths: PathPolicy | None = None,
     default_trackers: Sequence[TrackerName] = (),
     node_gpus: int | None = None,
+    nodes: Mapping[str, int] | None = None,
 ) -> Grid:
     """Store the grid and one queued run per arm and training seed with its fully resolved spec; flushes,
     no commit. Seed-major order: every arm's seed 0 is queued before any seed 1, so a night cut short
@@ -344,12 +347,17 @@ def create_grid(
     command arm is refused unless `paths` allows commands (without it, none is allowed). A grid that names
     no trackers forwards to `default_trackers` (ABLATE_TRACKERS); a tracker whose client is not installed
     is a GridError naming its extra. `node_gpus`: the largest node's GPUs (grids/gpu_share.py
-    largest_node_gpus): an arm asking for more is a GridError, and `gpus_per_arm: auto` spreads them; None
-    (unknown) checks nothing and gives each arm its own count.
+    largest_node_gpus): an arm asking for more is a GridError; None (unknown) checks nothing and gives each
+    arm its own count. `nodes`: each node's GPUs (gpu_share.node_gpus; default one node of `node_gpus`):
+    the grid's night plan (grids/night.py) is drawn over them and stored, and with `gpus_per_arm: auto`
+    each run takes the GPU count the plan gives it.
     """
     resolved = resolve_grid(body)
-    if body.gpus_per_arm == "auto":
-        resolved = spread_gpus(resolved, node_gpus, body.seeds)
+    if nodes is None and node_gpus:
+        nodes = {"node": node_gpus}
+    node_gpus = node_gpus or max((nodes or {}).values(), default=0) or None
+    auto = body.gpus_per_arm == "auto"
+    plan = plan_grid(resolved, body.seeds, nodes, measured_rates(session, None), auto) if nodes else None
     errors = memory_errors(body, resolved, max_gpu_memory_gib) + tracker_errors(body.trackers, default_trackers)
     errors += gpu_count_errors(body.arms, body.overrides, resolved, node_gpus)
     if paths is not None:
@@ -367,9 +375,11 @@ def create_grid(
         control_on_trusted=body.control_on_trusted,
         trackers=grid_trackers(body.trackers, default_trackers) if source != GridSource.imported else [],
     )
+    grid.plan = plan.model_dump(mode="json") if plan is not None else None
     grid.runs = [
         Run(position=seed * len(resolved) + i, arm=label, seed=seed,
-            spec=(replicate_spec(spec, seed) if body.seeds > 1 else spec).model_dump(mode="json"),
+            spec=(replicate_spec(planned_spec(spec, plan, label, seed, body.seeds), seed) if body.seeds > 1
+                  else planned_spec(spec, plan, label, seed, 1)).model_dump(mode="json"),
             state=RunState.queued)
         for seed in range(body.seeds)
         for i, (label, spec) in enumerate(resolved)

@@ -12,6 +12,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model,
 
 from model.flow_headline import HEADLINE
 from orchestrator.db.models import METRIC_FIELDS, Grid, Metric, Run
+from orchestrator.grids.night import PlanPublic
 from orchestrator.results.reports.stats import value_of
 from orchestrator.vocabulary import RentedState, SweepState
 
@@ -101,6 +102,9 @@ class GridDetail(GridPublic):
     overrides: dict[str, Any]
     trackers: list[str]  # the experiment trackers its runs are forwarded to
     runs: list[RunSummary]
+    # The night plan as submitted, or as the launcher last redrew it (drawn_at); None when no node's GPUs
+    # were known at submission.
+    plan: PlanPublic | None = None
 
     @field_validator("trackers", mode="before")
     @classmethod

@@ -4,7 +4,8 @@ State machine per run: queued -> starting -> running -> completed | stopped | fa
 - Nodes (orchestrator/fleet/node_pool.py): the controller's own machine and every joined node, each with
   its own Ray, reached through its agent (worker/agent.py) over its SSH connection or pipes, in JSON.
 - Launch: queued runs FIFO within a grid, grids in submission order, each on the node with the most GPUs
-  that none of our workers hold, if it has as many as the arm asks for (`gpus`: all of one node's). Each
+  that none of our workers hold, if it has as many as the arm asks for (`gpus`: all of one node's); an
+  auto grid's runs when, where and as wide as its night plan, redrawn each pass, says (runs/replan.py). Each
   run is a named, detached actor of the node's Ray (`ablate-run-<id>-<attempt>` in the settings'
   namespace) with the arm's GPUs (Ray sets CUDA_VISIBLE_DEVICES) and num_cpus=0.
 - Ingest (orchestrator/runs/ingest.py): every record the worker yields is stored idempotently on
@@ -51,7 +52,6 @@ from orchestrator.runs.ingest import ingest, last_step, refused_metrics
 from orchestrator.runs.placement import (
     Worker,
     arm_gpus,
-    choose_node,
     claim_for_launch,
     mark_running,
     nonempty,
@@ -60,6 +60,7 @@ from orchestrator.runs.placement import (
     run_dir,
     worker_args,
 )
+from orchestrator.runs.replan import Held, Replanner
 from orchestrator.runs.storage import record_storage, run_storage_url, seen_seq
 from orchestrator.runs.trust import trusted_only
 from orchestrator.settings import Settings
@@ -97,6 +98,7 @@ class Launcher:
         train_fn: str = "worker.train:train_arm",
         local_agent: list[str] | None = None,
         listeners: Sequence[LoopListener] = (),
+        replanner: Replanner | None = None,
     ) -> None:
         self.settings = settings
         self.train_fn = train_fn  # what the workers run; benchmarks pass a synthetic stream
@@ -107,6 +109,7 @@ class Launcher:
         self._last_housekeeping = 0.0
         self._warned_no_gpu = False
         self.listeners = tuple(listeners)  # trackers and reports: each in threads or passes of its own
+        self.replanner = replanner or Replanner()  # the auto grids' night plans, redrawn each launch pass
 
     # lifecycle ---------------------------------------------------------------------------------------
 
@@ -229,19 +232,23 @@ class Launcher:
     def _launch_queued(self) -> None:
         free = self.free_gpus()
         with session_scope(self.settings.database_url) as session:
-            for run in session.scalars(
+            queued = session.scalars(
                 select(Run)
                 .join(Grid)
                 .where(Run.state == RunState.queued, Grid.source != GridSource.imported)
                 .order_by(Grid.created_at, Grid.id, Run.position, Run.id)
-            ).all():
+            ).all()
+            # The auto grids' plans, redrawn from now: their runs start when and as their slot says.
+            plans = self.replanner.redraw(session, queued, {n: e.gpus for n, e in self.pool.placeable().items()},
+                                          {w.run_id: Held(w.node, w.gpus) for w in self.workers.values()})
+            for run in queued:
                 if run.being_stopped:  # e.g. re-queued after its worker died while stopping
                     self._finish_queued_stop(session, run)
                     continue
-                need = arm_gpus(run.spec)
-                node = choose_node(trusted_only(session, run, free), need)
+                node = plans.node_for(run, trusted_only(session, run, free))
                 if node is None:
-                    continue  # later runs may still fit, or be stops to finish
+                    continue  # held back by its plan, or later runs may still fit, or be stops to finish
+                need = arm_gpus(run.spec)
                 if self._launch(session, run, node):
                     free[node] -= need
 
@@ -294,14 +301,8 @@ class Launcher:
             gpus=arm_gpus(run.spec),
         )
         if run.last_checkpoint_step is not None:
-            record_event(
-                session,
-                run,
-                "resumed",
-                f"attempt {run.retries} resumes from step {run.last_checkpoint_step}",
-                step=run.last_checkpoint_step,
-                attempt=run.retries,
-            )
+            record_event(session, run, "resumed", f"attempt {run.retries} resumes from step {run.last_checkpoint_step}",
+                         step=run.last_checkpoint_step, attempt=run.retries)
         log.info("launched run %s (%s) as %s on node %s", run.id, run.arm, name, node)
         return True
 

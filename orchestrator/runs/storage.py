@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 
 from model.spec import STATE_BYTES_PER_PARAM, ArmSpec, estimate_params
 from orchestrator.db.events import record_event
-from orchestrator.db.models import Event, Metric, Run
+from orchestrator.db.models import Event, Metric, Run, aware
 from orchestrator.settings import Settings
 from worker.protocol import HELD_EVENTS, STORAGE_EVENTS, StorageStatus
 from worker.run_files import COMMAND_CHECKPOINTS, COMMAND_RUN_DIR, SAMPLE_FILE_RE, SAMPLE_STEP_RE, SAMPLES_DIR
@@ -139,17 +139,13 @@ class _Capped:
         return False
 
 
-def _aware(t: datetime) -> datetime:
-    return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
-
-
 def storage_alarms(
     session: Session, runs: list[Run], minutes: float, now: datetime | None = None
 ) -> dict[int, dict[str, Any]]:
     """Per run with a storage prefix: the newest stored step, since when its newest checkpoints are
     not stored (the ingest time of the first checkpoint past the stored one), the last error, and
     `alarm` when that has lasted `minutes` or more."""
-    now = _aware(now or datetime.now(UTC))
+    now = aware(now or datetime.now(UTC))
     ids = [r.id for r in runs if r.checkpoint_url]
     out: dict[int, dict[str, Any]] = {}
     if not ids:
@@ -172,7 +168,7 @@ def storage_alarms(
             e for e in evs
             if e.kind == "checkpoint" and (stored_step is None or int((e.data or {}).get("step", 0)) > stored_step)
         ]
-        since = _aware(unstored[0].time) if unstored else None
+        since = aware(unstored[0].time) if unstored else None
         failures = [e for e in evs if e.kind in ("checkpoint.store_failed", "checkpoint.store_abandoned")
                     and e.id > last_held]
         waited = (now - since).total_seconds() / 60 if since else 0.0

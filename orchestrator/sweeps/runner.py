@@ -35,7 +35,7 @@ from orchestrator.fleet.inventory import set_state
 from orchestrator.fleet.providers.base import Provider
 from orchestrator.fleet.providers.request import NodeRequest
 from orchestrator.fleet.shell import NodeShell
-from orchestrator.grids.gpu_share import sweep_node_gpus
+from orchestrator.grids.gpu_share import sweep_nodes
 from orchestrator.grids.service import GridCreate, GridError, PathPolicy, create_grid, stop_run
 from orchestrator.settings import Settings
 from orchestrator.sweeps.budget import spend
@@ -285,7 +285,7 @@ class SweepRunner:
                 grid = create_grid(
                     session, GridCreate.model_validate(grid_body), source=GridSource.schedule, paths=self.paths,
                     default_trackers=self.trackers,
-                    node_gpus=sweep_node_gpus(session, names),  # the sweep's own nodes: its arms run there
+                    nodes=sweep_nodes(session, names) or None,  # the sweep's own nodes: its arms run there
                 )
             except (ValidationError, GridError) as exc:
                 # Arms changed since the schedule was created: nothing can run, so give the nodes back.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -13,7 +14,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from orchestrator.app import create_app
+from orchestrator.db.models import Node
+from orchestrator.db.session import session_scope
 from orchestrator.settings import Settings
+from orchestrator.vocabulary import NodeState
 from tests.kit.net import free_port
 
 
@@ -167,17 +171,23 @@ def stop_server(proc: subprocess.Popen[str]) -> str:
 
 
 def test_serve_submit_restart(env: dict[str, str], tmp_path: Path) -> None:
-    """The issue's done-when: `ablate serve`, `ablate submit` A-D, stop the server: the four queued runs remain."""
+    """The issue's done-when: `ablate serve`, `ablate submit` A-D, stop the server: the four queued runs remain.
+    A probed quad node (never joined: nothing launches) gives the submission a night plan, shown on stderr."""
     env = {**env, "ABLATE_PORT": str(free_port())}
     grid = tmp_path / "grid.yaml"
-    grid.write_text("name: study\narms: [A, B, C, D]\ncontrol: A\n")
+    grid.write_text("name: study\narms: [A, B, C, D]\ncontrol: A\ngpus_per_arm: auto\n")
     server = start_server(env, tmp_path)
     try:
+        with session_scope(env["ABLATE_DATABASE_URL"]) as session:
+            session.add(Node(name="quad", host="10.0.0.4", user="u", key_path="/k", state=NodeState.registered,
+                             gpus=[{"index": i} for i in range(4)]))
         token_file = Path(env["ABLATE_HOME_DIR"]) / "api_token"
         assert token_file.stat().st_mode & 0o077 == 0  # generated, owner-only
         proc = ablate("submit", str(grid), env=env, cwd=tmp_path)
         assert proc.returncode == 0, proc.stderr
         grid_id = int(proc.stdout.strip())
+        assert re.fullmatch(r"night \d+\.\d\d h; lower bound \d+\.\d\d h", proc.stderr.splitlines()[-1]), proc.stderr
+        assert "│ A " in proc.stderr and "estimated" in proc.stderr
     finally:
         log = stop_server(server)
     assert "Authorization: Bearer" in log and "Traceback" not in log, log

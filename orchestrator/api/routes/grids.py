@@ -11,7 +11,8 @@ from sqlalchemy.orm import selectinload
 from model.spec import ArmSpec
 from orchestrator.api.schemas import GridCreate, GridCreated, GridDetail, GridPublic
 from orchestrator.db.models import Grid
-from orchestrator.grids.gpu_share import largest_node_gpus
+from orchestrator.grids.gpu_share import node_gpus
+from orchestrator.grids.night import PlanPublic
 from orchestrator.grids.replicates import grid_cost
 from orchestrator.grids.service import PathPolicy, create_grid, gpu_memory_cap_gib, latest_metrics
 from orchestrator.web.deps import AUTH_RESPONSES, MAX_ID, AuthDep, SessionDep, SettingsDep, get_or_404
@@ -27,18 +28,19 @@ router = APIRouter(prefix="/api/grids", tags=["grids"])
 )
 def submit_grid(body: GridCreate, session: SessionDep, settings: SettingsDep, _: AuthDep) -> GridCreated:
     """Store the grid and queue one run per arm and training seed (`seeds`, 1-16); the answer says what it
-    costs: runs and projected GPU-hours. Invalid arms, arms whose estimated peak GPU memory exceeds
+    costs: runs and projected GPU-hours, and the night plan (each run's GPUs, start and end, the night and
+    its lower bound) when any node's GPUs are known. Invalid arms, arms whose estimated peak GPU memory exceeds
     ABLATE_MAX_GPU_MEMORY_GIB or that ask for more GPUs than the largest node has, and trackers whose
     client is not installed answer 422 naming the field path (and the estimate, or the extra to install)."""
     cap = gpu_memory_cap_gib(session, settings.max_gpu_memory_gib)
     paths = PathPolicy.from_settings(settings)
-    node_gpus = largest_node_gpus(session, settings)
+    nodes = node_gpus(session, settings)
     grid = create_grid(session, body, max_gpu_memory_gib=cap, paths=paths, default_trackers=settings.trackers,
-                       node_gpus=node_gpus)
+                       nodes=nodes or None)
     session.commit()  # committed before the 201 goes out, so the id is durable when the client sees it
     cost = grid_cost([ArmSpec.model_validate(r.spec) for r in grid.runs if r.seed == 0], grid.seeds)
     return GridCreated(id=grid.id, runs=cost.runs, seeds=cost.seeds, projected_gpu_hours=cost.gpu_hours,
-                       cost=cost.text())
+                       cost=cost.text(), plan=None if grid.plan is None else PlanPublic.model_validate(grid.plan))
 
 
 @router.get("", response_model=list[GridPublic])

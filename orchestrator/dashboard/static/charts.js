@@ -66,7 +66,7 @@ window.AblateCharts = function (page) {
   }
 
   // --- series tables -> one aligned uPlot data array ---
-  // A "table" is {run, xs, ys, lo, hi, after}: one line (+ optional band) of one arm.
+  // A "table" is {run, xs, ys, lo, hi, after, width?}: one line (+ optional band) of one arm.
   function lineTables(run, xKey, yKey, seKey, seScale) {
     const s = run.series;
     if (!s[yKey] || !s[xKey]) return [];
@@ -133,10 +133,10 @@ window.AblateCharts = function (page) {
       series.push({
         label: label(t.run),
         stroke: t.after ? alpha(c, 0.45) : c,
-        width: t.after ? 1.5 : 2,
+        width: t.width ?? (t.after ? 1.5 : 2),  // a table may set its own (a plan's slots are bars)
         dash: t.after ? [5, 4] : dash(t.run),
         spanGaps: true,
-        points: { show: true, size: t.after ? 4 : 5, fill: t.after ? alpha(c, 0.45) : c, stroke: t.after ? alpha(c, 0.45) : c },
+        points: { show: !t.width, size: t.after ? 4 : 5, fill: t.after ? alpha(c, 0.45) : c, stroke: t.after ? alpha(c, 0.45) : c },
         _arm: t.run.arm, _main: !t.after,
         _steps: column(t, t.steps),  // the checkpoint step of each point, for a click to pick (x may be GPU-hours)
       });
@@ -225,8 +225,11 @@ window.AblateCharts = function (page) {
     ctx.restore();
   }
 
+  const STEP_AXES = new Set(["step", "paired"]);  // charts whose x is the step: the gallery's step shows there
+
   function chartCard(container, spec) {
-    const { title, note, tables, xLabel, yLabel, markers = [], refs = [], key, axis, fmtY = fmt } = spec;
+    // afterWord: what a faded (non-main) line is in the readout: the part after a stop, or a plan's slot.
+    const { title, note, tables, xLabel, yLabel, markers = [], refs = [], key, axis, fmtY = fmt, afterWord = "after stop" } = spec;
     const visible = tables.filter((t) => !hidden.has(t.run.arm));
     const arms = Array.from(new Map(tables.map((t) => [t.run.arm, t.run])).values());
     const legend = el("ul", { class: "legend" }, arms.map((r) =>
@@ -258,7 +261,7 @@ window.AblateCharts = function (page) {
         draw: [(u) => {
           refs.forEach((r) => refLine(u, r.y, r.label));
           placeMarkers(u, markers.filter((m) => !hidden.has(m.run.arm)));
-          placeSelected(u, axis !== "hours" && axis !== "t");
+          placeSelected(u, STEP_AXES.has(axis));
           // Which arms have a drawn line: read by the browser test next to the canvas pixels.
           card.dataset.bands = String(bands.length);
           card.dataset.drawn = Array.from(new Set(u.series.filter((s, i) => i > 0 && s._main && s.show && u.data[i].some((v) => v !== null)).map((s) => s._arm))).join(",");
@@ -267,13 +270,13 @@ window.AblateCharts = function (page) {
           const i = u.cursor.idx;
           if (i === null || i === undefined) { readout.textContent = "\u00a0"; return; }
           const parts = [`${xLabel} ${fmt(u.data[0][i])}`];
-          u.series.forEach((s, k) => { if (k > 0 && s._arm && u.data[k][i] !== null) parts.push(`${s._arm}${s._main ? "" : " (after stop)"} ${fmtY(u.data[k][i])}`); });
+          u.series.forEach((s, k) => { if (k > 0 && s._arm && u.data[k][i] !== null) parts.push(`${s._arm}${s._main ? "" : ` (${afterWord})`} ${fmtY(u.data[k][i])}`); });
           readout.textContent = parts.join("   ");
         }],
       },
     };
     const chart = new uPlot(opts, cols, plot);
-    chart._xIsStep = axis !== "hours" && axis !== "t";
+    chart._xIsStep = STEP_AXES.has(axis);
     let down = null;
     chart.over.addEventListener("mousedown", (e) => { down = [e.clientX, e.clientY]; });
     chart.over.addEventListener("click", (e) => {

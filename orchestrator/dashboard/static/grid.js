@@ -32,6 +32,7 @@
   const { el, armIndex, colour, dash, label, alpha, fmt, pct, signed, stopped, valueAt, fallbackText, lineTables, pairedTables, align, placeMarkers, placeSelected, clickedStep, refLine, chartCard, rangeWithZero } = window.AblateCharts({
     hidden, selectedStep: () => selectedStep, onSelect: (step) => gallery.select(step),
   });
+  const nightPlan = window.AblatePlan({ el, chartCard, fmt });
 
   // --- page sections ---
   function badge(state, extra) {
@@ -216,6 +217,7 @@
   function renderCharts(d) {
     charts.forEach((c) => c && c.destroy());
     charts = [];
+    charts.push(nightPlan.render(d, document.getElementById("row-plan"), document.getElementById("plan")));
     const rows = { step: "row-step", hours: "row-hours", paired: "row-paired", speed: "row-speed" };
     for (const id of Object.values(rows)) document.getElementById(id).replaceChildren();
     const note = standinNote(d);

@@ -1,6 +1,6 @@
 """GPUs per arm at submission, through the real API and database: an arm asking for more GPUs than the
-largest node has is a 422 naming it, `gpus_per_arm: auto` spreads a node's GPUs over the arms; and the
-launcher's choice of node for an arm of N GPUs."""
+largest node has is a 422 naming it, `gpus_per_arm: auto` takes each run's GPUs from the night plan that
+the answer carries; and the launcher's choice of node for an arm of N GPUs."""
 
 from __future__ import annotations
 
@@ -42,10 +42,13 @@ def gpus_of(database_url: str, grid_id: int) -> dict[str, int]:
         return {r.arm: r.spec.get("command", {}).get("gpus") if r.spec.get("command") else r.spec["gpus"] for r in runs}
 
 
-def test_auto_spreads_a_quad_node_over_two_arms(quad: TestClient, database_url: str) -> None:
-    resp = submit(quad, {"arms": ["A", "D"], "gpus_per_arm": "auto"})
+def test_auto_spreads_a_quad_node_over_two_equal_arms(quad: TestClient, database_url: str) -> None:
+    resp = submit(quad, {"arms": ["A", {"parent": "A", "name": "A2"}], "gpus_per_arm": "auto"})
     assert resp.status_code == 201, resp.text
-    assert gpus_of(database_url, resp.json()["id"]) == {"A": 2, "D": 2}
+    assert gpus_of(database_url, resp.json()["id"]) == {"A": 2, "A2": 2}
+    # unequal arms (D routes a quarter of the tiny model's token work away): one after the other on all four
+    resp = submit(quad, {"arms": ["A", "D"], "gpus_per_arm": "auto"})
+    assert gpus_of(database_url, resp.json()["id"]) == {"A": 4, "D": 4}
 
 
 def test_auto_shares_the_gpus_over_every_replicate(quad: TestClient, database_url: str) -> None:
@@ -57,20 +60,26 @@ def test_auto_shares_the_gpus_over_every_replicate(quad: TestClient, database_ur
         assert [(r.seed, r.spec["gpus"]) for r in runs] == [(0, 2), (1, 2)]
 
 
-def test_auto_gives_one_each_when_arms_outnumber_half_the_gpus_and_keeps_what_an_arm_names(
-    quad: TestClient, database_url: str
-) -> None:
+def test_auto_takes_the_plans_counts_and_keeps_what_an_arm_names(quad: TestClient, database_url: str) -> None:
     resp = submit(quad, {"arms": ["A", "B", "C"], "gpus_per_arm": "auto"})
-    assert gpus_of(database_url, resp.json()["id"]) == {"A": 1, "B": 1, "C": 1}
-    # one arm, batch 6: four GPUs do not split it evenly, three do; an arm naming its gpus keeps them
+    assert resp.status_code == 201, resp.text
+    plan = resp.json()["plan"]
+    assert gpus_of(database_url, resp.json()["id"]) == {s["arm"]: s["gpus"] for s in plan["slots"]}
+    # three arms on four GPUs: one GPU each would leave one idle the whole night; the plan uses all four
+    assert plan["night_h"] < max(plan["hours"].values()) * 0.8
+    assert plan["sources"] == {"A": "estimated", "B": "estimated", "C": "estimated"}
+    assert plan["auto"] and plan["search"] == "exhaustive"
+    assert quad.get(f"/api/grids/{resp.json()['id']}").json()["plan"] == plan  # the grid keeps it
+    # one arm, batch 6: four GPUs do not split it evenly, two do; an arm naming its gpus keeps them
     six = {"parent": "A", "name": "six", "schedule": {"batch_size": 6}}
     resp = submit(quad, {"arms": [six], "gpus_per_arm": "auto"})
-    assert gpus_of(database_url, resp.json()["id"]) == {"six": 3}
+    assert gpus_of(database_url, resp.json()["id"]) == {"six": 2}
     resp = submit(quad, {"arms": [{"parent": "A", "name": "one", "gpus": 1}, "D"], "gpus_per_arm": "auto"})
     assert gpus_of(database_url, resp.json()["id"]) == {"one": 1, "D": 2}
-    # without auto every arm keeps one GPU
+    # without auto every arm keeps one GPU, and the plan says so
     resp = submit(quad, {"arms": ["A", "D"]})
     assert gpus_of(database_url, resp.json()["id"]) == {"A": 1, "D": 1}
+    assert {s["gpus"] for s in resp.json()["plan"]["slots"]} == {1}
 
 
 @pytest.mark.parametrize(

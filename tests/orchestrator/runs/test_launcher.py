@@ -91,6 +91,27 @@ def test_an_arm_on_two_gpus_trains_data_parallel_beside_two_one_gpu_arms(
     assert {m.extra["ranks"] for m in metrics_of(database_url, two.id)} == {2}
 
 
+def test_an_auto_grids_run_starts_as_wide_as_the_launchers_redrawn_plan_says(
+    launcher: Launcher, database_url: str
+) -> None:
+    """P names one GPU; Q is the plan's to size. With an hour each on four GPUs the plan from now puts Q
+    on two beside P (both end by 1 h, Q sooner). Q is queued at one GPU: the launcher's redraw widens it."""
+    with session_scope(database_url) as session:
+        arms = [{"parent": "A", "name": "P", "gpus": 1}, {"parent": "A", "name": "Q"}]
+        grid = create_grid(session, GridCreate(name="auto", arms=arms, overrides=TINY, gpus_per_arm="auto"),
+                           nodes={"local": 4})
+        grid.plan = {**grid.plan, "hours": {"P": 1.0, "Q": 1.0}}
+        p, q = grid.runs
+        q.spec = {**q.spec, "gpus": 1}
+        ids = [p.id, q.id]
+    wait_for(lambda: all_ended(database_url, ids), "the auto grid to finish", timeout=200)
+    p_run, q_run = runs_of(database_url, ids)
+    assert [r.state for r in (p_run, q_run)] == ["completed"] * 2, [(r.state, r.error) for r in (p_run, q_run)]
+    assert (p_run.spec["gpus"], q_run.spec["gpus"]) == (1, 2)
+    assert {m.extra["ranks"] for m in metrics_of(database_url, q_run.id)} == {2}
+    assert len(q_run.gpu_index.split(",")) == 2
+
+
 def test_kill_9_of_a_worker_resumes_from_its_checkpoint(launcher: Launcher, database_url: str) -> None:
     overrides = {**TINY, "schedule": {**TINY["schedule"], "steps": 80}}
     (run_id,) = submit(database_url, ["A"], overrides)

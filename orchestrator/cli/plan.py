@@ -1,0 +1,104 @@
+"""`ablate plan`: the night plan of a grid file before it is submitted, and what-ifs on its projections."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from pydantic import ValidationError
+
+from orchestrator.cli import CLIError, app
+from orchestrator.cli.core import load_grid_file
+from orchestrator.cli.plan_table import print_plan
+from orchestrator.messages import database_error_text, validation_text
+from orchestrator.settings import load_settings
+
+if TYPE_CHECKING:
+    from orchestrator.grids.projection import Rates
+
+def parse_pairs(text: str | None, option: str, key_kind: str) -> dict[str, float]:
+    """`A=3.2,B=1.5` as {"A": 3.2, "B": 1.5}; each value a positive number, else a CLIError naming it."""
+    pairs: dict[str, float] = {}
+    for part in (text or "").split(","):
+        if not part.strip():
+            continue
+        key, sep, value = part.partition("=")
+        try:
+            number = float(value)
+        except ValueError:
+            number = float("nan")
+        if not sep or not key.strip() or not number > 0 or number == float("inf"):
+            raise CLIError(f"{option}: {part.strip()!r} is not {key_kind}=NUMBER with a positive number, "
+                           f"e.g. {option} {'A=6.66,B=3.2' if key_kind == 'ARM' else '2=2.04,4=3.98'}")
+        pairs[key.strip()] = number
+    return pairs
+
+
+def stored_rates(gpu_model: str | None) -> Rates:
+    """The measured rates in the configured database; none (a note on stderr) when it cannot be read."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from orchestrator.db.session import session_scope
+    from orchestrator.grids.projection import Rates, measured_rates
+
+    settings = load_settings()
+    try:
+        with session_scope(settings.database_url) as session:
+            return measured_rates(session, gpu_model)
+    except SQLAlchemyError as exc:
+        typer.echo(f"no measured rates read ({database_error_text(exc)}): every cost is the FLOP estimate",
+                   err=True)
+        return Rates(None, {})
+
+
+@app.command()
+def plan(
+    grid_file: Annotated[Path, typer.Argument(help="YAML grid, as `ablate submit` takes it")],
+    gpus: Annotated[int, typer.Option(min=1, max=64, help="GPUs of the one node to plan for")],
+    seeds: Annotated[
+        int | None, typer.Option(min=1, max=16, help="Training seeds per arm (overrides the file's)")
+    ] = None,
+    hours: Annotated[
+        str | None, typer.Option(help="What-if: single-GPU hours per run of arms, e.g. A=6.66,B=3.2")
+    ] = None,
+    scaling: Annotated[
+        str | None, typer.Option(help="What-if: speedup on G GPUs over one, e.g. 2=2.04,4=3.98")
+    ] = None,
+    gpu_model: Annotated[
+        str | None, typer.Option(help="Whose measured rates to use (default: the GPU model most runs recorded)")
+    ] = None,
+) -> None:
+    """Print the night plan: each run's GPUs, start and end, the night and its lower bound (total GPU-hours
+    over GPUs). Runs take the GPU counts the plan chooses where the grid says `gpus_per_arm: auto`."""
+    from orchestrator.grids.night import plan_grid
+    from orchestrator.grids.service import GridCreate, GridError, resolve_grid
+
+    data = load_grid_file(grid_file)
+    if seeds is not None:
+        data = {**data, "seeds": seeds}
+    try:
+        body = GridCreate.model_validate(data)
+        resolved = resolve_grid(body)
+    except ValidationError as exc:
+        raise CLIError(f"{grid_file}: {validation_text(exc, root='(grid)')}") from None
+    except GridError as exc:
+        raise CLIError(f"{grid_file}: {exc.message()}") from None
+    given_hours = parse_pairs(hours, "--hours", "ARM")
+    unknown = sorted(set(given_hours) - {label for label, _ in resolved})
+    if unknown:
+        raise CLIError(f"--hours: {', '.join(unknown)} is not an arm of {grid_file} "
+                       f"(its arms: {', '.join(label for label, _ in resolved)})")
+    given_scaling: dict[int, float] = {}
+    for key, value in parse_pairs(scaling, "--scaling", "GPUS").items():
+        if not key.isdigit() or int(key) < 2:
+            raise CLIError(f"--scaling: {key!r} is not a GPU count of 2 or more, e.g. --scaling 2=2.04,4=3.98")
+        given_scaling[int(key)] = value
+    auto = body.gpus_per_arm == "auto"
+    if not auto:
+        typer.echo(f"{grid_file} names no gpus_per_arm: auto, so each arm keeps its own GPU count; "
+                   "add it to let the plan choose", err=True)
+    found = plan_grid(resolved, body.seeds, {"node": gpus}, stored_rates(gpu_model), auto,
+                      hours=given_hours, scaling=given_scaling)
+    assert found is not None  # one node of `gpus` >= 1
+    print_plan(found)

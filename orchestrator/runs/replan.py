@@ -1,0 +1,210 @@
+"""The night plan redrawn as the night goes: a `gpus_per_arm: auto` grid's queued runs start when, where and
+on as many GPUs as the plan drawn from now says (grids/planner.py), and that plan is drawn again whenever
+what it rests on changes: a run ended (completed, or early: stopped, failed), a run was re-queued (its
+node left), or a node joined or left.
+
+- What is planned: the queued runs of each auto grid, oldest grid first. A run that never started takes
+  the GPU counts its batch divides into; one that started before (re-queued, resuming from its checkpoint)
+  keeps its count: a checkpoint resumes at the world size it was written at.
+- What is busy: every live worker holds its GPUs until its projected end (its run's single-GPU hours from
+  its grid's plan, or the FLOP estimate, over the speedup, less the time since it started; never below
+  now), and an earlier grid's runs due now hold theirs for as long as they are planned to take.
+- What starts: the runs whose slot starts now. The others wait for theirs, so a run the plan puts on all
+  four GPUs once A ends is not started early on one.
+- What is kept: the redrawn plan is stored on the grid (`Grid.plan`, with `drawn_at`), slots of its live
+  runs included, and an event says the night it now projects.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from model.spec import ArmSpec
+from orchestrator.db.models import Event, Grid, Run, aware, utcnow
+from orchestrator.grids.gpu_share import splits
+from orchestrator.grids.night import PlanPublic, SlotPublic, run_name
+from orchestrator.grids.planner import PlanNode, PlanRun, gpu_choices, plan_night, speedup
+from orchestrator.grids.replicates import projected_gpu_hours
+from orchestrator.runs.placement import arm_gpus, choose_node
+from orchestrator.vocabulary import RunState
+
+log = logging.getLogger("ablate.replan")
+
+DUE_H = 1e-6  # a slot starting within this many hours of now starts now
+
+
+@dataclass(frozen=True)
+class Held:
+    """A live worker's place: its node and its GPUs."""
+
+    node: str
+    gpus: int
+
+
+@dataclass(frozen=True)
+class Due:
+    """Where and on how many GPUs a planned run starts now."""
+
+    node: str
+    gpus: int
+
+
+@dataclass
+class Redraws:
+    """The launch pass's answer: the runs that start now, and the runs the plans hold back."""
+
+    due: dict[int, Due]
+    planned: set[int]  # every queued run a plan placed (due now or later)
+
+    def node_for(self, run: Run, free: Mapping[str, int]) -> str | None:
+        """The node a queued run starts on now, its spec resized to its slot's GPUs; None: its slot starts
+        later, or no node has room. A run no plan holds goes where it fits (runs/placement.py)."""
+        if run.id in self.planned and run.id not in self.due:
+            return None
+        due = self.due.get(run.id)
+        if due is not None:
+            resize(run, due.gpus)
+            if free.get(due.node, 0) >= due.gpus:
+                return due.node
+        return choose_node(free, arm_gpus(run.spec))
+
+
+class Replanner:
+    """Redraws the auto grids' plans for each launch pass; `now` is the clock (tests pass a fake one)."""
+
+    def __init__(self, now: Callable[[], datetime] = utcnow) -> None:
+        self.now = now
+        self._drawn: dict[int, tuple[object, PlanPublic]] = {}  # grid id -> (what it rested on, the plan)
+
+    def redraw(self, session: Session, queued: Sequence[Run], nodes: Mapping[str, int],
+               held: Mapping[int, Held]) -> Redraws:
+        """The plans of the auto grids with queued runs, from now, over `nodes` (name -> GPUs) with the
+        `held` workers' GPUs (run id -> place) busy until their projected ends."""
+        out = Redraws({}, set())
+        grids: dict[int, list[Run]] = {}
+        for run in queued:
+            if run.grid.plan and run.grid.plan.get("auto") and not run.being_stopped:
+                grids.setdefault(run.grid_id, []).append(run)
+        if not grids or not any(nodes.values()):
+            return out
+        now = self.now()
+        live = {r.id: r for r in session.scalars(select(Run).where(Run.id.in_(list(held)))).all()} if held else {}
+        busy: dict[str, list[float]] = {name: [] for name in nodes}
+        for run_id, place in held.items():
+            if place.node in busy and run_id in live:
+                busy[place.node] += [remaining_hours(live[run_id], place.gpus, now)] * place.gpus
+        for runs in grids.values():
+            grid = runs[0].grid
+            plan = self._redraw_grid(session, grid, runs, nodes, busy, live, held, now)
+            for slot in plan.slots:
+                run = next((r for r in runs if _name(r) == slot.run), None)
+                if run is None:
+                    continue
+                out.planned.add(run.id)
+                if slot.start_h <= DUE_H:
+                    out.due[run.id] = Due(slot.node, slot.gpus)
+                    busy[slot.node] += [slot.end_h] * slot.gpus  # held for the next grid's plan
+        return out
+
+    def _redraw_grid(self, session: Session, grid: Grid, runs: list[Run], nodes: Mapping[str, int],
+                     busy: Mapping[str, list[float]], live: Mapping[int, Run], held: Mapping[int, Held],
+                     now: datetime) -> PlanPublic:
+        mine = [live[i] for i in held if i in live and live[i].grid_id == grid.id]
+        # What the plan rests on: while none of it changes, the last drawing stands (a slot later than now
+        # stays later until a run ends or a node comes or goes), so a pass costs no search.
+        basis = (frozenset(r.id for r in runs), frozenset(held), tuple(sorted(nodes.items())))
+        last = self._drawn.get(grid.id)
+        if last is not None and last[0] == basis:
+            return last[1]
+        stored = PlanPublic.model_validate(grid.plan)
+        scaling = {int(g): s for g, s in stored.scaling.items()}
+        largest = max(nodes.values())
+        plan_runs, unprojected = [], []
+        for run in runs:
+            hours = stored.hours.get(run.arm)
+            if hours is None:
+                unprojected.append(_name(run))  # a command arm: launched as any queued run is
+                continue
+            plan_runs.append(PlanRun(_name(run), hours, run_choices(run, stored, largest)))
+        plan_nodes = [PlanNode(n, g, tuple(t for t in busy[n] if t > 0)[:g]) for n, g in nodes.items() if g]
+        plan = plan_night(plan_runs, plan_nodes, scaling)
+        started = [
+            SlotPublic(run=_name(r), arm=r.arm, seed=r.seed, gpus=held[r.id].gpus, node=held[r.id].node,
+                       start_h=round(-_elapsed_h(r, now), 4), end_h=round(remaining_hours(r, held[r.id].gpus, now), 4))
+            for r in mine
+        ]  # fmt: skip
+        owner = {_name(r): r for r in runs}
+        redrawn = stored.model_copy(update={
+            "slots": started + [
+                SlotPublic(run=s.run, arm=owner[s.run].arm, seed=owner[s.run].seed, gpus=s.gpus, node=s.node,
+                           start_h=round(s.start, 4), end_h=round(s.end, 4))
+                for s in plan.slots
+            ],
+            "night_h": round(plan.night, 4),
+            "lower_bound_h": round(plan.lower_bound, 4),
+            "search": plan.search,
+            "unplanned": [*unprojected, *plan.unplaced],
+            "drawn_at": now,
+        })  # fmt: skip
+        if last is not None and _news(last[0], basis):  # not only its own launches since the last drawing
+            message = (f"plan redrawn: {len(runs)} queued, {len(mine)} running on {sum(nodes.values())} GPUs; "
+                       f"{redrawn.last_line()} from now")
+            session.add(Event(grid_id=grid.id, kind="grid.replanned", message=message,
+                              data={"night_h": redrawn.night_h, "lower_bound_h": redrawn.lower_bound_h}))
+            log.info("grid %s: %s", grid.id, message)
+        self._drawn[grid.id] = (basis, redrawn)
+        grid.plan = redrawn.model_dump(mode="json")
+        return redrawn
+
+
+def _news(before: tuple, after: tuple) -> bool:  # type: ignore[type-arg]
+    """A run ended or left the queue, or was re-queued, or a node joined or left: what a redraw is worth
+    an event for (a queued run starting as planned is not)."""
+    (queued0, held0, nodes0), (queued1, held1, nodes1) = before, after
+    gone = (queued0 | held0) - (queued1 | held1)  # ended, or stopped before it started
+    return nodes0 != nodes1 or bool(gone) or bool(queued1 - queued0)
+
+
+def _name(run: Run) -> str:
+    return run_name(run.arm, run.seed, run.grid.seeds)
+
+
+def run_choices(run: Run, plan: PlanPublic, largest: int) -> tuple[int, ...]:
+    """The GPU counts a queued run may take: those its batch divides into when its arm is the plan's to
+    size and it never started; else the count it has."""
+    spec = ArmSpec.model_validate(run.spec)
+    started = run.retries > 0 or run.last_checkpoint_step is not None
+    if run.arm not in plan.moldable or started:
+        return (spec.gpu_count(),)
+    return tuple(g for g in gpu_choices(largest) if splits(spec, g))
+
+
+def _elapsed_h(run: Run, now: datetime) -> float:
+    return max((aware(now) - aware(run.started_at)).total_seconds() / 3600, 0.0) if run.started_at else 0.0
+
+
+def remaining_hours(run: Run, gpus: int, now: datetime) -> float:
+    """A live run's projected hours left: its single-GPU hours (its grid's plan, else the FLOP estimate)
+    over the speedup, less the time it has run; 0 once past its projection."""
+    plan = run.grid.plan or {}
+    hours = (plan.get("hours") or {}).get(run.arm)
+    if hours is None:
+        spec = ArmSpec.model_validate(run.spec)
+        hours = projected_gpu_hours(spec) if spec.command is None else None
+    if hours is None:
+        return 0.0
+    scaling = {int(g): s for g, s in (plan.get("scaling") or {}).items()}
+    return max(hours / speedup(gpus, scaling) - _elapsed_h(run, now), 0.0)
+
+
+def resize(run: Run, gpus: int) -> None:
+    """A queued run's spec at the GPU count its plan gives it (never a started run's: see run_choices)."""
+    if run.state == RunState.queued and run.spec.get("gpus") != gpus:
+        run.spec = {**run.spec, "gpus": gpus}
+

@@ -1,0 +1,75 @@
+"""Projected cost from the product's own records: an arm key's steady-state rate on one GPU model, the
+scaling a 2-GPU twin implies, the FLOP estimate where nothing was measured, and the plan saying which."""
+
+from __future__ import annotations
+
+import pytest
+
+from model.spec import ArmSpec
+from orchestrator.db.models import Grid, Metric, Run
+from orchestrator.db.session import session_scope
+from orchestrator.grids.projection import ESTIMATED, MEASURED, arm_key, measured_rates, project
+from orchestrator.grids.replicates import projected_gpu_hours
+from orchestrator.grids.service import GridCreate, create_grid
+from orchestrator.vocabulary import RunState
+
+H100 = "NVIDIA H100 80GB HBM3"
+TINY = {"model": {"size": "tiny"}, "schedule": {"batch_size": 8, "steps": 3600}}
+
+
+def a_spec(**changes: object) -> ArmSpec:
+    body = ArmSpec().model_dump(mode="json")
+    body["model"]["size"] = "tiny"
+    body["schedule"].update(batch_size=8, steps=3600)
+    for key, value in changes.items():
+        body[key] = value
+    return ArmSpec.model_validate(body)
+
+
+def store_run(session, spec: ArmSpec, gpu: str, rates: list[float]) -> None:  # type: ignore[no-untyped-def]
+    grid = Grid(name="past", control_arm="A", overrides={}, seeds=1)
+    run = Run(position=0, arm="A", spec=spec.model_dump(mode="json"), state=RunState.completed, gpu_name=gpu)
+    run.metrics = [Metric(step=10 * (i + 1), iter_per_sec=r) for i, r in enumerate(rates)]
+    grid.runs = [run]
+    session.add(grid)
+
+
+def test_the_arm_key_ignores_seed_steps_gpus_and_detector_but_not_the_model() -> None:
+    a = a_spec()
+    same = a.model_copy(update={"gpus": 2, "data": a.data.model_copy(update={"seed": 5}),
+                                "schedule": a.schedule.model_copy(update={"steps": 10})})
+    assert arm_key(same) == arm_key(a)
+    assert arm_key(a_spec(model={"size": "small"})) != arm_key(a)
+
+
+def test_measured_rates_beat_the_estimate_and_a_twin_gives_the_scaling(database_url: str) -> None:
+    a = a_spec()
+    with session_scope(database_url) as session:
+        assert project(a, measured_rates(session, H100)).source == ESTIMATED  # nothing measured yet
+        store_run(session, a, H100, [0.2, 2.0, 2.0, 2.1])  # the first record carries the compile
+        store_run(session, a.model_copy(update={"gpus": 2}), H100, [0.3, 4.0, 4.0])
+        store_run(session, a, "NVIDIA A100-SXM4-80GB", [9.0, 9.0])  # another GPU model: not ours
+    with session_scope(database_url) as session:
+        rates = measured_rates(session, H100)
+        assert rates.scaling() == {2: pytest.approx(2.0)}
+        projection = project(a, rates)
+        assert projection.source == MEASURED
+        assert projection.hours == pytest.approx(3600 / 2.0 / 3600)  # 3600 steps at 2 steps/s
+        other = a_spec(model={"size": "small"})
+        assert project(other, rates).hours == pytest.approx(projected_gpu_hours(other))
+        assert project(other, rates).source == ESTIMATED
+
+        grid = create_grid(session, GridCreate(name="g", arms=["A", "B"], overrides=TINY, gpus_per_arm="auto"),
+                           nodes={"quad": 4})
+        assert grid.plan is not None
+        assert grid.plan["sources"] == {"A": MEASURED, "B": ESTIMATED}
+        assert grid.plan["scaling"] == {"2": pytest.approx(2.0)}
+        assert grid.plan["scaling_source"] == MEASURED
+        assert grid.plan["gpu_model"] == H100  # the GPU model most runs recorded
+
+
+def test_only_the_named_gpu_models_rates_count(database_url: str) -> None:
+    with session_scope(database_url) as session:
+        rates = measured_rates(session, "NVIDIA A100-SXM4-80GB")
+        assert rates.scaling() == {}
+        assert rates.steps_per_s == {(arm_key(a_spec()), 1): 9.0}
