@@ -23,6 +23,7 @@ State machine per run: queued -> starting -> running -> completed | stopped | fa
   report writer write the reports of grids that ended.
 - Races with the API: queued -> starting and queued -> stopped are compare-and-set updates, so a
   user's stop and a launch never both win.
+- Evaluation jobs (runs/evaluation_jobs.py: checkpoints evaluated again) take the GPUs runs leave free.
 
 Nothing here imports Ray or unpickles anything a node sends: replies are validated JSON.
 """
@@ -47,6 +48,7 @@ from orchestrator.db.transitions import transition
 from orchestrator.fleet.node_pool import NodePool
 from orchestrator.messages import strip_ansi
 from orchestrator.runs.command_code import CodeRefused, ship_code
+from orchestrator.runs.evaluation_jobs import EvaluationJobs, evaluation_not_placed
 from orchestrator.runs.ingest import ingest, last_step, refused_metrics
 from orchestrator.runs.placement import (
     Worker,
@@ -63,7 +65,7 @@ from orchestrator.runs.placement import (
 from orchestrator.runs.storage import record_storage, run_storage_url, seen_seq
 from orchestrator.settings import Settings
 from orchestrator.vocabulary import ACTIVE_STATES, TERMINAL_STATES, GridSource, RunState
-from worker.protocol import WorkerLost, WorkerReply, refused_records, worker_name
+from worker.protocol import WorkerLost, WorkerReply, parse_evaluation_name, refused_records, worker_name
 
 log = logging.getLogger("ablate.launcher")
 
@@ -101,6 +103,7 @@ class Launcher:
         self.train_fn = train_fn  # what the workers run; benchmarks pass a synthetic stream
         self.pool = NodePool(settings, local_agent, self._not_placed)  # local_agent: tests put a hostile agent there
         self.workers: dict[int, Worker] = {}
+        self.evaluations = EvaluationJobs(settings, self.pool)  # evaluation jobs' workers, beside the runs'
         self._halt = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_housekeeping = 0.0
@@ -153,27 +156,33 @@ class Launcher:
         groups: dict[str, dict[str, int | None]] = {}
         for worker in self.workers.values():
             groups.setdefault(worker.node, {})[worker.name] = worker.after_step
+        self.evaluations.poll_groups(groups)
         replies = self.pool.poll(groups, self.settings.launcher_interval_s) if groups else {}
         if not replies:  # nothing polled (no workers, or their nodes are down): the agents did not wait
             self._halt.wait(self.settings.launcher_interval_s)
         freed = False
-        by_name = {w.name: w for w in self.workers.values()}
+        by_name, jobs = {w.name: w for w in self.workers.values()}, self.evaluations.by_name()
         for answers in replies.values():
             for name, reply in answers.items():
                 if name in by_name:
                     freed |= self._collect_isolated(by_name[name], reply)
+                elif name in jobs:
+                    freed |= self.evaluations.collect(jobs[name], reply)
         now = time.monotonic()
         if freed or now - self._last_housekeeping >= self.settings.launcher_interval_s:
             self._last_housekeeping = now
             self._expire_unplaced(now)
+            self.evaluations.expire_unplaced(now)
             self._send_stops()
             self._launch_queued()
+            self.evaluations.launch(self.free_gpus())  # the GPUs queued runs left free
             for listener in self.listeners:
                 listener.housekeeping()  # the report writer: grids that ended since the last pass
 
     def _lose_node(self, node: str, why: str) -> None:
         for worker in [w for w in self.workers.values() if w.node == node]:
             self._worker_died(worker, RuntimeError(why))
+        self.evaluations.lose_node(node, why)
 
     # reconcile ---------------------------------------------------------------------------------------
 
@@ -206,11 +215,14 @@ class Launcher:
                     continue
                 if self.pool.all_heard():  # else its node may still answer: wait
                     self._requeue(session, run, f"worker {name} not found on any node after a controller restart")
+        self.evaluations.reconcile()
 
     def _not_placed(self, node: str, names: list[str]) -> list[str]:
         """The workers a node's hello names that the controller never placed there (the pool refuses them)."""
+        jobs = [n for n in names if parse_evaluation_name(n) is not None]
         with session_scope(self.settings.database_url) as session:
-            return not_placed(session, node, names)
+            runs = not_placed(session, node, [n for n in names if n not in jobs])
+            return runs + evaluation_not_placed(session, node, jobs)
 
     # launch ------------------------------------------------------------------------------------------
 
@@ -219,7 +231,8 @@ class Launcher:
         still freeing)."""
         free = {}
         for name, entry in self.pool.placeable().items():
-            free[name] = entry.gpus - sum(w.gpus for w in self.workers.values() if w.node == name)
+            held = sum(w.gpus for w in self.workers.values() if w.node == name) + self.evaluations.gpus_held(name)
+            free[name] = entry.gpus - held
         if self.pool.up() and not any(e.gpus for e in self.pool.up().values()) and not self._warned_no_gpu:
             self._warned_no_gpu = True
             log.warning("no node has GPUs; set ABLATE_LOGICAL_GPUS=N to declare N logical ones on this machine")
@@ -293,14 +306,8 @@ class Launcher:
             gpus=arm_gpus(run.spec),
         )
         if run.last_checkpoint_step is not None:
-            record_event(
-                session,
-                run,
-                "resumed",
-                f"attempt {run.retries} resumes from step {run.last_checkpoint_step}",
-                step=run.last_checkpoint_step,
-                attempt=run.retries,
-            )
+            record_event(session, run, "resumed", f"attempt {run.retries} resumes from step {run.last_checkpoint_step}",
+                         step=run.last_checkpoint_step, attempt=run.retries)
         log.info("launched run %s (%s) as %s on node %s", run.id, run.arm, name, node)
         return True
 
@@ -406,13 +413,8 @@ class Launcher:
             self._finish(session, run, RunState.failed, run.error)
             return
         run.state = RunState.queued
-        record_event(
-            session,
-            run,
-            "worker_lost",
-            f"{why}; re-queued, retry {run.retries}/{self.settings.max_retries}",
-            attempt=run.retries,
-        )
+        record_event(session, run, "worker_lost", f"{why}; re-queued, retry {run.retries}/{self.settings.max_retries}",
+                     attempt=run.retries)
 
     def _expire_unplaced(self, now: float) -> None:
         """Kill workers that Ray has not placed (no poll reply) within start_timeout_s; each counts as died."""
