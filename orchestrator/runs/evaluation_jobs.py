@@ -32,7 +32,7 @@ from orchestrator.db.models import Evaluation, EvaluationResult, utcnow
 from orchestrator.db.session import session_scope
 from orchestrator.fleet.node_pool import NodePool
 from orchestrator.runs.ingest import metric_values, refused_metrics
-from orchestrator.runs.placement import choose_node, run_dir
+from orchestrator.runs.placement import choose_node, not_placed, run_dir
 from orchestrator.runs.storage import worker_data_store, worker_storage
 from orchestrator.settings import Settings
 from orchestrator.vocabulary import EvaluationState
@@ -87,16 +87,16 @@ def evaluation_args(settings: Settings, job: EvaluationResult) -> WorkerArgs:
     )  # fmt: skip
 
 
-def evaluation_not_placed(session: Session, node: str, names: list[str]) -> list[str]:
-    """The evaluation workers among `names` that the controller did not place on `node` (that job's
-    current attempt on that node), in their order."""
-    out = []
-    for name in names:
-        parsed = parse_evaluation_name(name)
-        job = session.get(EvaluationResult, parsed[0]) if parsed else None
-        if job is None or parsed is None or (job.node, job.attempt) != (node, parsed[1]):
-            out.append(name)
-    return out
+def not_placed_workers(session: Session, node: str, names: list[str]) -> list[str]:
+    """The workers among `names` that the controller did not place on `node`: a run's attempt
+    (placement.not_placed), or an evaluation job's current attempt (its `node` and `attempt`)."""
+    jobs = {name: parsed for name in names if (parsed := parse_evaluation_name(name)) is not None}
+    refused = not_placed(session, node, [n for n in names if n not in jobs])
+    for name, (job_id, attempt) in jobs.items():
+        job = session.get(EvaluationResult, job_id)
+        if job is None or (job.node, job.attempt) != (node, attempt):
+            refused.append(name)
+    return refused
 
 
 def settle(evaluation: Evaluation) -> None:

@@ -48,7 +48,7 @@ from orchestrator.db.transitions import transition
 from orchestrator.fleet.node_pool import NodePool
 from orchestrator.messages import strip_ansi
 from orchestrator.runs.command_code import CodeRefused, ship_code
-from orchestrator.runs.evaluation_jobs import EvaluationJobs, evaluation_not_placed
+from orchestrator.runs.evaluation_jobs import EvaluationJobs, not_placed_workers
 from orchestrator.runs.ingest import ingest, last_step, refused_metrics
 from orchestrator.runs.placement import (
     Worker,
@@ -57,7 +57,6 @@ from orchestrator.runs.placement import (
     claim_for_launch,
     mark_running,
     nonempty,
-    not_placed,
     record_placement,
     run_dir,
     worker_args,
@@ -65,7 +64,7 @@ from orchestrator.runs.placement import (
 from orchestrator.runs.storage import record_storage, run_storage_url, seen_seq
 from orchestrator.settings import Settings
 from orchestrator.vocabulary import ACTIVE_STATES, TERMINAL_STATES, GridSource, RunState
-from worker.protocol import WorkerLost, WorkerReply, parse_evaluation_name, refused_records, worker_name
+from worker.protocol import WorkerLost, WorkerReply, refused_records, worker_name
 
 log = logging.getLogger("ablate.launcher")
 
@@ -219,10 +218,8 @@ class Launcher:
 
     def _not_placed(self, node: str, names: list[str]) -> list[str]:
         """The workers a node's hello names that the controller never placed there (the pool refuses them)."""
-        jobs = [n for n in names if parse_evaluation_name(n) is not None]
         with session_scope(self.settings.database_url) as session:
-            runs = not_placed(session, node, [n for n in names if n not in jobs])
-            return runs + evaluation_not_placed(session, node, jobs)
+            return not_placed_workers(session, node, names)
 
     # launch ------------------------------------------------------------------------------------------
 

@@ -1,0 +1,81 @@
+"""A grid's evaluations (its stored checkpoints evaluated again on more held-out images) as views, and the
+largest completed one, whose per-run rows the report's effects use in place of the training records'.
+
+An `EvaluationResult` row carries the same metric columns, `extra` and `step` as a `Metric` row, so the
+report's statistics read it unchanged.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Self
+
+from pydantic import BaseModel
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from orchestrator.db.models import Evaluation, EvaluationResult, Grid
+from orchestrator.results.views import MetricValues, Public, UTCDatetime
+from orchestrator.vocabulary import EvaluationState
+
+
+class EvaluationRun(MetricValues):  # type: ignore[misc, valid-type]
+    """One run's job of an evaluation: where it stands and, once completed, what it measured."""
+
+    id: int
+    run_id: int
+    step: int  # the checkpoint evaluated
+    state: str  # an EvaluationState
+    attempt: int
+    node: str | None
+    error: str | None
+    gpu_seconds: float | None  # the node's measured time on its GPU
+
+
+class EvaluationView(Public):
+    """GET /api/grids/{id}/evaluations/{eid}: the evaluation, what it cost so far, each run's job."""
+
+    id: int
+    grid_id: int
+    images: int
+    step: str  # as asked: "final", "best" or a step number
+    state: str  # an EvaluationState
+    error: str | None
+    created_at: UTCDatetime
+    finished_at: UTCDatetime | None
+    gpu_seconds: float  # the jobs' measured GPU time, summed over those that reported
+    runs: list[EvaluationRun]
+
+    @classmethod
+    def from_row(cls, evaluation: Evaluation) -> Self:
+        runs = [EvaluationRun.model_validate(r) for r in evaluation.results]
+        cost = sum(r.gpu_seconds or 0.0 for r in evaluation.results)
+        return cls(
+            id=evaluation.id, grid_id=evaluation.grid_id, images=evaluation.images, step=evaluation.step,
+            state=evaluation.state, error=evaluation.error, created_at=evaluation.created_at,
+            finished_at=evaluation.finished_at, gpu_seconds=cost, runs=runs,
+        )  # fmt: skip
+
+
+class EvaluationInfo(BaseModel):
+    """Which evaluation a report's effects use."""
+
+    id: int
+    images: int
+    step: str
+    finished_at: datetime | None = None
+
+
+def largest_evaluation(session: Session, grid: Grid) -> tuple[EvaluationInfo | None, dict[int, EvaluationResult]]:
+    """The grid's completed evaluation with the most images (the newest of equals) and its row per run id;
+    (None, {}) when the grid has none."""
+    found = session.scalars(
+        select(Evaluation)
+        .where(Evaluation.grid_id == grid.id, Evaluation.state == EvaluationState.completed)
+        .order_by(Evaluation.images.desc(), Evaluation.id.desc())
+        .limit(1)
+    ).first()
+    if found is None:
+        return None, {}
+    info = EvaluationInfo(id=found.id, images=found.images, step=found.step, finished_at=found.finished_at)
+    return info, {r.run_id: r for r in found.results if r.state == EvaluationState.completed}
