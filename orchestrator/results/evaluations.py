@@ -7,14 +7,13 @@ report's statistics read it unchanged.
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Self
 
-from pydantic import BaseModel
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from orchestrator.db.models import Evaluation, EvaluationResult, Grid
+from orchestrator.db.models import Evaluation, EvaluationResult, Grid, Metric
+from orchestrator.results.reports.model import EvaluationUsed
 from orchestrator.results.views import MetricValues, Public, UTCDatetime
 from orchestrator.vocabulary import EvaluationState
 
@@ -57,16 +56,7 @@ class EvaluationView(Public):
         )  # fmt: skip
 
 
-class EvaluationInfo(BaseModel):
-    """Which evaluation a report's effects use."""
-
-    id: int
-    images: int
-    step: str
-    finished_at: datetime | None = None
-
-
-def largest_evaluation(session: Session, grid: Grid) -> tuple[EvaluationInfo | None, dict[int, EvaluationResult]]:
+def largest_evaluation(session: Session, grid: Grid) -> tuple[EvaluationUsed | None, dict[int, EvaluationResult]]:
     """The grid's completed evaluation with the most images (the newest of equals) and its row per run id;
     (None, {}) when the grid has none."""
     found = session.scalars(
@@ -77,5 +67,16 @@ def largest_evaluation(session: Session, grid: Grid) -> tuple[EvaluationInfo | N
     ).first()
     if found is None:
         return None, {}
-    info = EvaluationInfo(id=found.id, images=found.images, step=found.step, finished_at=found.finished_at)
+    info = EvaluationUsed(id=found.id, images=found.images, step=found.step)
     return info, {r.run_id: r for r in found.results if r.state == EvaluationState.completed}
+
+
+def with_evaluation(metrics: dict[int, list[Metric]], evaluated: dict[int, EvaluationResult]) -> dict[int, list]:
+    """Each run's checkpoint rows with its evaluated checkpoint's row in place of the training row of that
+    step, so a comparison at that step pairs two evaluation rows (the same images, the same noise)."""
+    out: dict[int, list] = {}
+    for run_id, rows in metrics.items():
+        row = evaluated.get(run_id)
+        kept = [m for m in rows if row is None or m.step != row.step]
+        out[run_id] = sorted([*kept, row], key=lambda m: m.step) if row is not None else kept
+    return out

@@ -22,6 +22,13 @@ def _num(x: float | None, digits: int = 3) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
 
 
+def evaluation_words(report: GridReport) -> str:
+    e = report.evaluation
+    assert e is not None
+    return (f"The effects use evaluation {e.id}: each run's {e.step} checkpoint evaluated again on {e.images} "
+            "held-out images (the same per-image noise for every run), not the training-time evaluation.")
+
+
 def to_json(report: GridReport) -> str:
     return report.model_dump_json(indent=1)
 
@@ -32,6 +39,7 @@ def to_markdown(report: GridReport) -> str:
     out = [f"# Report: grid {report.grid_id} {report.name!r} ({report.state})", "",
            f"Control arm: {report.control}. Generated {report.generated_at:%Y-%m-%d %H:%M} UTC.", ""]  # fmt: skip
     out += ["## Effects", "", *effects_markdown(report), "", seeds_words(report) + " Forest plots in report.html.", ""]
+    out += [evaluation_words(report), ""] if report.evaluation is not None else []
     out += ["## Summary", "", *[f"- {w}" for w in s.words], ""]
     out += [f"| rank | arm | best {s.primary_metric} | at step | final | state | decision |", "|---" * 7 + "|"]
     out += [f"| {r.rank} | {r.arm} | {_num(r.best_value)} | {r.best_step} | {_num(r.final_value)} | {r.state} | "
@@ -165,6 +173,7 @@ def to_html(report: GridReport) -> str:
          f"<p>Control arm {escape(str(report.control))}; generated {report.generated_at:%Y-%m-%d %H:%M} UTC.</p>",
          "<h2>Effects</h2>", effects_html(report),
          f"<p class=muted>{escape(seeds_words(report))}</p>",
+         f"<p class=muted>{escape(evaluation_words(report))}</p>" if report.evaluation is not None else "",
          *forest_plots(report),
          "<h2>Summary</h2><ul>", *[f"<li>{escape(w)}</li>" for w in s.words], "</ul>",
          f"<table><tr><th>rank</th><th>arm</th><th>best {escape(s.primary_metric)}</th><th>at step</th><th>final</th>"
