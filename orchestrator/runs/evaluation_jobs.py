@@ -109,7 +109,8 @@ def settle(evaluation: Evaluation) -> None:
             if job.state == EvaluationState.queued:
                 job.state, job.error = EvaluationState.failed, "not run: another run's job failed"
         evaluation.state = EvaluationState.failed
-        evaluation.error = f"run {failed[0].run_id}: {failed[0].error}"[:4000]
+        first_line = ((failed[0].error or "").splitlines() or [""])[0]  # the job keeps the whole text
+        evaluation.error = f"run {failed[0].run_id}: {first_line}"[:4000]
     elif all(j.state == EvaluationState.completed for j in jobs):
         evaluation.state = EvaluationState.completed
     elif any(j.state != EvaluationState.queued for j in jobs):

@@ -4,7 +4,12 @@ report's effects use it. A 2-arm x 2-seed tiny grid trained on the CPU in this p
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,12 +24,14 @@ from orchestrator.runs.launcher import Launcher
 from orchestrator.runs.placement import run_dir
 from orchestrator.settings import Settings
 from tests.kit.launcher import launcher_settings_for
+from tests.kit.net import served
 from tests.kit.polling import wait_for
 from tests.kit.settings import AUTH, tiny_overrides
 from worker.run_files import CKPT_GLOB
 from worker.train import train_arm
 
 HELD_OUT, TRAINED_ON, STEPS = 16, 4, 20
+CLI_TOKEN = "evaluations-test-token"  # the command's settings take a token of 16 characters or more
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +48,21 @@ def grid(client: TestClient, settings: Settings) -> int:
             ingest(session, run, list(train_arm(ArmSpec.model_validate(run.spec), out)), detect=False)
             run.checkpoint_dir, run.state = str(out), "completed"
     return grid_id
+
+
+@pytest.fixture(scope="module")
+def base_url(settings: Settings) -> Iterator[str]:
+    """The API served for real, for the `ablate` command."""
+    from orchestrator.app import create_app
+
+    with served(create_app(settings, CLI_TOKEN)) as url:
+        yield url
+
+
+def ablate_evaluate(base_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "ABLATE_API_TOKEN": CLI_TOKEN, "COLUMNS": "200", "NO_COLOR": "1"}
+    cmd = [sys.executable, "-m", "orchestrator.cli", "evaluate", *args, "--url", base_url]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
 
 
 def snapshot(database_url: str, grid_id: int) -> dict:
@@ -65,7 +87,7 @@ def wait_ended(client: TestClient, grid_id: int, eid: int) -> dict:
         got = client.get(f"/api/grids/{grid_id}/evaluations/{eid}").json()
         return got if got["state"] in ("completed", "failed") else None
 
-    return wait_for(ended, f"evaluation {eid} to end", timeout=240)
+    return wait_for(ended, f"evaluation {eid} to end", timeout=240, interval=0.5)
 
 
 def test_images_past_the_held_out_split_are_a_422_naming_images_and_the_splits_size(
@@ -100,8 +122,20 @@ def test_a_grid_or_evaluation_that_does_not_exist_is_a_404(client: TestClient, g
     assert client.get(f"/api/grids/{grid}/evaluations/999999").status_code == 404
 
 
+def test_the_command_says_what_is_wrong_in_one_line(base_url: str, grid: int) -> None:
+    too_many = ablate_evaluate(base_url, str(grid), "--images", str(HELD_OUT + 1))
+    assert too_many.returncode == 2 and "Traceback" not in too_many.stderr
+    assert too_many.stderr.startswith(f"error: --images: {HELD_OUT + 1} images asked for, but the held-out split "
+                                      f"has {HELD_OUT}"), too_many.stderr  # fmt: skip
+    bad_step = ablate_evaluate(base_url, str(grid), "--images", "4", "--step", "last")
+    assert bad_step.returncode == 2
+    assert bad_step.stderr.strip() == "error: --step 'last': give final, best or a step number"
+    missing = ablate_evaluate(base_url, "999999", "--images", "4")
+    assert missing.returncode == 2 and missing.stderr.strip() == f"error: no grid with id 999999 on {base_url}"
+
+
 def test_an_evaluation_of_16_images_changes_the_reports_n_and_no_runs_step(
-    client: TestClient, grid: int, settings: Settings, ray_cluster: str, tmp_path: Path
+    client: TestClient, grid: int, settings: Settings, ray_cluster: str, tmp_path: Path, base_url: str
 ) -> None:
     before = snapshot(settings.database_url, grid)
     assert effect_ns(client, grid) == {TRAINED_ON}
@@ -137,19 +171,23 @@ def test_an_evaluation_of_16_images_changes_the_reports_n_and_no_runs_step(
         assert f"The effects use evaluation {eid}: each run's final checkpoint evaluated again on {HELD_OUT}" in (
             client.get(f"/api/grids/{grid}/report.md").text)
 
-        # A node that cannot do the job (one run's checkpoints gone) fails it with the reason; the report
-        # keeps the larger completed evaluation.
+        # A node that cannot do the job (one run's checkpoints gone) fails it with the reason, which the
+        # command, having waited with progress, says; the report keeps the larger completed evaluation.
         with session_scope(settings.database_url) as session:
-            gone = Path(session.scalars(select(Run).where(Run.grid_id == grid)).first().checkpoint_dir)
+            first = session.scalars(select(Run).where(Run.grid_id == grid).order_by(Run.id)).first()
+            gone, first_id = Path(first.checkpoint_dir), first.id
         aside = gone.with_name(gone.name + ".aside")
         gone.rename(aside)
         try:
-            failing = client.post(f"/api/grids/{grid}/evaluations", json={"images": 8}, headers=AUTH).json()["id"]
-            failed = wait_ended(client, grid, failing)
+            failed = ablate_evaluate(base_url, str(grid), "--images", "8")
         finally:
             shutil.rmtree(gone, ignore_errors=True)
             aside.rename(gone)
-        assert failed["state"] == "failed" and f"no checkpoint of step {STEPS} in {gone}" in failed["error"], failed
+        *progress, error = failed.stderr.strip().splitlines()
+        assert failed.returncode == 2 and progress and all(re.fullmatch(r"(queued|running|failed): [0-3]/4 runs "
+                                                                        r"evaluated", p) for p in progress), progress
+        assert error.startswith(f"error: evaluation {eid + 1} failed: run {first_id}: "), error
+        assert f"no checkpoint of step {STEPS} in {gone}" in error
         assert client.get(f"/api/grids/{grid}/report.json").json()["evaluation"]["id"] == eid
     finally:
         launcher.stop()
