@@ -82,6 +82,8 @@ def evaluate_arm(
     t0 = time.perf_counter()
     path = find_checkpoint(Path(evaluation["source_dir"]), step, evaluation.get("storage"), out_dir)
     state = ckpt.load(path, map_location="cpu")
+    if path.name == SOURCE_NAME:  # a copy from storage, as large as the checkpoint: read, not kept
+        path.unlink(missing_ok=True)
     spec = spec.model_copy(update={"eval": spec.eval.model_copy(update={"num_samples": images})})
     dev = torch.device(device)
     pin = (state.get("record") or {}).get("data_manifest_sha256")  # the prepared data the run trained on
