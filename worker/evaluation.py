@@ -42,6 +42,7 @@ def _stored_copy(storage: dict[str, Any], step: int, out_dir: Path) -> Path | No
     fs, root = open_fs(config.url, config.options)
     for name in (ckpt_name(step), BEST_NAME):
         if fs.exists(f"{root}/{name}"):
+            out_dir.mkdir(parents=True, exist_ok=True)
             dest = out_dir / SOURCE_NAME
             get_stored(fs, root, f"{root}/{name}", dest)
             state = ckpt.load(dest)
@@ -52,7 +53,9 @@ def _stored_copy(storage: dict[str, Any], step: int, out_dir: Path) -> Path | No
 
 def find_checkpoint(source_dir: Path, step: int, storage: dict[str, Any] | None, out_dir: Path) -> Path:
     """The checkpoint file of `step`: in the run's directory, else copied from storage; NoCheckpoint else."""
-    for path in (source_dir / ckpt_name(step), source_dir / BEST_NAME, out_dir / SOURCE_NAME):
+    if (periodic := source_dir / ckpt_name(step)).is_file():  # its name says its step
+        return periodic
+    for path in (source_dir / BEST_NAME, out_dir / SOURCE_NAME):  # read to learn their step
         if path.is_file() and ckpt.load(path).get("step") == step:
             return path
     found = _stored_copy(storage, step, out_dir) if storage else None
@@ -110,5 +113,5 @@ def evaluate_arm(
         "eval_weights": "ema" if use_ema else "live",
         "wall_time_s": time.perf_counter() - t0,  # what the job took on its GPU: the evaluation's cost
         "evaluated_images": images,
-        "checkpoint": str(path),
+        "evaluated_from": str(path),  # the run's file, or the copy from storage (read, then removed)
     }
