@@ -7,7 +7,7 @@ report's statistics read it unchanged.
 
 from __future__ import annotations
 
-from typing import Self
+from typing import Any, Self
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -80,3 +80,13 @@ def with_evaluation(metrics: dict[int, list[Metric]], evaluated: dict[int, Evalu
         kept = [m for m in rows if row is None or m.step != row.step]
         out[run_id] = sorted([*kept, row], key=lambda m: m.step) if row is not None else kept
     return out
+
+
+def evaluated_points(rows: list, best: Metric | None, final: Metric | EvaluationResult | None) -> list[tuple[str, Any]]:
+    """The report's ("best", row) and ("final", row), each the row of `rows` (with_evaluation's) at its
+    step: the evaluation's where it measured that step."""
+
+    def at(point: Any) -> Any:
+        return None if point is None else next((m for m in rows if m.step == point.step), point)
+
+    return [("best", at(best)), ("final", at(final))]

@@ -21,7 +21,7 @@ from model.spec import STANDIN
 from orchestrator.db.models import Grid, Metric, Node, Run, Sweep
 from orchestrator.grids.arms import changes
 from orchestrator.numbers import finite_or_none, is_finite, number
-from orchestrator.results.evaluations import largest_evaluation, with_evaluation
+from orchestrator.results.evaluations import evaluated_points, largest_evaluation, with_evaluation
 from orchestrator.results.judge import best_checkpoint, judge_metric, stored_spec
 from orchestrator.results.own_metrics import is_command_run, own_series
 from orchestrator.results.reports.effects import METRIC_WORDS, RunComparisons, grid_effects
@@ -277,8 +277,7 @@ def build_report(session: Session, grid: Grid, storage_options: dict[str, Any] |
         comparisons: list[Comparison] = []
         for against, other in pairing.comparators(r):
             pairs.append((r, against, other))
-            points = [(at, next((m for m in compared[r.id] if m.step == p.step), p) if p is not None else None)
-                      for at, p in (("best", best), ("final", evaluated.get(r.id, final)))]  # fmt: skip
+            points = evaluated_points(compared[r.id], best, evaluated.get(r.id, final))
             comparisons += run_comparisons(r, other, against, compared, points)
         mine, theirs = stored_spec(r.spec), stored_spec(parent.spec) if parent is not None else None
         standin = sorted({m.step for m in ms if m.lpips_backbone == STANDIN})
