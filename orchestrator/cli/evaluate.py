@@ -12,6 +12,8 @@ import typer
 from orchestrator.cli import CLIError, app
 from orchestrator.cli.core import call, server
 
+QUEUED_HINT_S = 60.0  # how long an evaluation waits queued before the command says why it may
+
 
 def _step(text: str) -> str | int:
     if text in ("final", "best"):
@@ -59,7 +61,7 @@ def evaluate_command(
         return
     grid = call(httpx.get, base, f"/api/grids/{grid_id}", headers=headers).json()
     runs = {r["id"]: f"{r['arm']} s{r['seed']}" for r in grid.get("runs", [])}
-    shown = None
+    shown, asked_at, hinted = None, time.monotonic(), False
     while True:
         evaluation = call(httpx.get, base, f"/api/grids/{grid_id}/evaluations/{eid}", headers=headers).json()
         done = sum(1 for j in evaluation["runs"] if j["state"] == "completed")
@@ -69,6 +71,10 @@ def evaluate_command(
             typer.echo(f"{evaluation['state']}: {done}/{len(evaluation['runs'])} runs evaluated", err=True)
         if evaluation["state"] in ("completed", "failed"):
             break
+        if evaluation["state"] == "queued" and not hinted and time.monotonic() - asked_at > QUEUED_HINT_S:
+            hinted = True  # the jobs run where `ablate serve`'s launcher finds a free GPU
+            typer.echo("still queued: every GPU is busy, or no node is up (ablate status, ablate nodes list); "
+                       "Ctrl-C leaves it to run on the server", err=True)
         time.sleep(2.0)
     if evaluation["state"] == "failed":
         raise CLIError(f"evaluation {eid} failed: {evaluation['error']}")
