@@ -89,6 +89,16 @@ class GridState(StrEnum):
 LIVE_GRID_STATES = frozenset({GridState.queued, GridState.running})
 
 
+class EvaluationState(StrEnum):
+    """An evaluation of a grid's stored checkpoints, and each run's job in it: queued -> running ->
+    completed | failed (orchestrator/runs/evaluation_jobs.py)."""
+
+    queued = "queued"
+    running = "running"
+    completed = "completed"
+    failed = "failed"
+
+
 class SweepState(StrEnum):
     """provisioning -> running -> (stopping) -> collecting -> completed | stopped | failed."""
 

@@ -100,6 +100,8 @@ class ArmWorker:
             SHA-256); None: the spec's `code` directory is read where it is.
         compile_cache: worker.compile_cache.CompileCache as a dict: the node's compile cache directory and
             the store compiled arms share; handed to train_fn only when set.
+        evaluation: worker.protocol.EvaluationArgs (or its dict): this worker evaluates a stored checkpoint
+            again (train_fn worker.evaluation:evaluate_arm, handed it) and trains nothing.
     """
 
     def __init__(
@@ -114,6 +116,7 @@ class ArmWorker:
         data_store: dict[str, Any] | None = None,
         code_archive: str | None = None,
         compile_cache: dict[str, Any] | None = None,
+        evaluation: Any = None,
     ) -> None:
         self.run_id = run_id
         self.out_dir = Path(out_dir)
@@ -123,6 +126,7 @@ class ArmWorker:
         self._data_store = data_store
         self._code_archive = Path(code_archive) if code_archive else None
         self._compile_cache = compile_cache
+        self._evaluation = evaluation.model_dump() if hasattr(evaluation, "model_dump") else evaluation
         self._cond = threading.Condition()
         self._records: list[dict[str, Any]] = []
         self._state = "running"  # running | done | error
@@ -174,6 +178,8 @@ class ArmWorker:
             data: dict[str, Any] = {"data_store": self._data_store} if spec.data.url is not None else {}
             if self._compile_cache is not None:
                 data["compile_cache"] = self._compile_cache
+            if self._evaluation is not None:
+                data["evaluation"] = self._evaluation
             command = None
             if spec.command is not None:  # the researcher's own trainer, with train_arm's record contract
                 from worker.command import CommandArm

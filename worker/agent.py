@@ -87,9 +87,9 @@ class Agent:
     def hello(self, request: HelloRequest) -> Hello:
         import ray
 
-        from worker.protocol import PROTOCOL, WORKER_PREFIX, Hello
+        from worker.protocol import PROTOCOL, WORKER_PREFIXES, Hello
 
-        names = [n for n in ray.util.list_named_actors() if n.startswith(WORKER_PREFIX)]
+        names = [n for n in ray.util.list_named_actors() if n.startswith(WORKER_PREFIXES)]
         return Hello(
             protocol=PROTOCOL,
             node=socket.gethostname(),

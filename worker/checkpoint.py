@@ -18,9 +18,8 @@ from typing import Any
 
 import torch
 
-from worker.run_files import BEST_NAME, CKPT_GLOB, CKPT_RE, METRICS_NAME, ckpt_name
+from worker.run_files import BEST_NAME, CKPT_GLOB, CKPT_RE, KEEP_PERIODIC, METRICS_NAME, ckpt_name
 
-KEEP_PERIODIC = 2
 _REPO = Path(__file__).resolve().parents[1]
 
 

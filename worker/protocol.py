@@ -9,7 +9,8 @@ One JSON object per line. Requests: {"id": n, "op": ..., ...} (`Request`); repli
 "result": {...}} or {"id": n, "ok": false, "error": "..."}. Ops and their results:
 
     hello                          Hello
-    start  name, args (WorkerArgs) Started: the worker is created unless it exists (then adopted)
+    start  name, args (WorkerArgs) Started: the worker is created unless it exists (then adopted); with
+           args.evaluation it evaluates a stored checkpoint again and trains nothing
     poll   runs {name: after}, wait_s   PollResult: each worker's WorkerReply, or WorkerLost
            (a worker whose reply is not ready within wait_s is left out and answered on a later poll)
     stop   name                    Found: a graceful stop (a final checkpoint) was asked
@@ -67,8 +68,11 @@ class Op(StrEnum):
 
 # -- worker names -------------------------------------------------------------------------------------
 
-WORKER_PREFIX = "ablate-run-"  # every worker of ablate's on a node's Ray; the agent lists only these
+WORKER_PREFIX = "ablate-run-"  # a run's worker on a node's Ray
+EVALUATION_PREFIX = "ablate-eval-"  # an evaluation job's worker: one run's checkpoint evaluated again
+WORKER_PREFIXES = (WORKER_PREFIX, EVALUATION_PREFIX)  # every worker of ablate's; the agent lists only these
 _WORKER_NAME = re.compile(rf"^{WORKER_PREFIX}([0-9]{{1,18}})-([0-9]{{1,9}})$")
+_EVALUATION_NAME = re.compile(rf"^{EVALUATION_PREFIX}([0-9]{{1,18}})-([0-9]{{1,9}})$")
 
 
 def worker_name(run_id: int, attempt: int) -> str:
@@ -82,9 +86,21 @@ def parse_worker_name(name: str) -> tuple[int, int] | None:
     return (int(found[1]), int(found[2])) if found else None
 
 
+def evaluation_worker_name(job_id: int, attempt: int) -> str:
+    """An evaluation job's worker (orchestrator/runs/evaluation_jobs.py): a new attempt gets a new name."""
+    return f"{EVALUATION_PREFIX}{job_id}-{attempt}"
+
+
+def parse_evaluation_name(name: str) -> tuple[int, int] | None:
+    """(evaluation job id, attempt) of an evaluation worker's name; None for any other name."""
+    found = _EVALUATION_NAME.match(name)
+    return (int(found[1]), int(found[2])) if found else None
+
+
 def _is_worker_name(name: str) -> str:
-    if parse_worker_name(name) is None:
-        raise ValueError(f"not a worker name ({WORKER_PREFIX}<run id>-<attempt>)")
+    if parse_worker_name(name) is None and parse_evaluation_name(name) is None:
+        raise ValueError(f"not a worker name ({WORKER_PREFIX}<run id>-<attempt> or "
+                         f"{EVALUATION_PREFIX}<job id>-<attempt>)")
     return name
 
 
@@ -131,6 +147,15 @@ class _Strict(BaseModel):
 # -- requests ------------------------------------------------------------------------------------------
 
 
+class EvaluationArgs(_Strict):
+    """A worker that evaluates one stored checkpoint again instead of training (worker/evaluation.py)."""
+
+    step: _Step  # the checkpoint evaluated; its record carries this step
+    source_dir: Path_  # the run's directory (its checkpoints where this node holds them)
+    images: Annotated[int, Field(ge=1, le=1_000_000)]  # the first N held-out images, each with its own seeded noise
+    storage: dict[str, Any] | None = None  # the run's worker.checkpoint_store.StoreConfig: where else to find it
+
+
 class WorkerArgs(_Strict):
     """What a node builds a run's worker from (worker/actor.py ArmWorker's arguments)."""
 
@@ -144,6 +169,7 @@ class WorkerArgs(_Strict):
     data_store: dict[str, Any] | None = None  # worker.data_fetch.DataStore as a dict
     code_archive: Path_ | None = None  # a command arm's code as shipped to this node (None: read in place)
     compile_cache: dict[str, Any] | None = None  # worker.compile_cache.CompileCache as a dict
+    evaluation: EvaluationArgs | None = None  # set: evaluate a stored checkpoint, no training step
 
 
 class OpRequest(_Strict):

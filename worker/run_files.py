@@ -27,6 +27,9 @@ STEP_PATTERN = r"\d{7,}"
 CKPT_GLOB = "ckpt_*.pt"
 CKPT_RE = re.compile(rf"^ckpt_({STEP_PATTERN})\.pt$")
 BEST_NAME = "best.pt"
+# Periodic checkpoints a run's directory keeps besides best.pt (worker/checkpoint.py prune); the controller
+# accepts an evaluation of these steps only (orchestrator/grids/evaluations.py).
+KEEP_PERIODIC = 2
 METRICS_NAME = "metrics.jsonl"
 RECORDS_NAME = "records.jsonl"
 RECORD_FILES = (METRICS_NAME, RECORDS_NAME)

@@ -3,7 +3,7 @@ evaluates, writes the samples, appends the record to metrics.jsonl and saves the
 
 A record carries the metrics, the throughput and memory, the data fetch and wait, the fallbacks and the
 provenance of the run; a checkpoint file holds everything a bit-identical resume needs (`_state`,
-`_restore`). Imports model/ and worker/ only.
+`restore_parts`). Imports model/ and worker/ only.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def _state(parts: Parts, step: int, gens: dict[str, torch.Generator], extra: dic
     }
 
 
-def _restore(parts: Parts, state: dict[str, Any], gens: dict[str, torch.Generator]) -> None:
+def restore_parts(parts: Parts, state: dict[str, Any], gens: dict[str, torch.Generator]) -> None:
     parts.model.load_state_dict(state["model"])
     for k, e in parts.emas.items():
         e.load_state_dict(state["ema"][k])
@@ -171,7 +171,7 @@ class Checkpoints:
     def restore(self, state: dict[str, Any], write: bool = True) -> int:
         """Load a checkpoint into the parts and this bookkeeping; returns its step. write=False (a rank
         other than 0 of a data-parallel arm): metrics.jsonl is rank 0's to cut back."""
-        _restore(self.parts, state, self.gens)
+        restore_parts(self.parts, state, self.gens)
         self.resumed_from, self.wall_before = state["step"], state["wall_time_s"]
         self.last_record, self.best = state["record"], state["best"]
         if self.skips is not None:  # the count goes on from where the run left it, not from 0

@@ -79,6 +79,7 @@ def _register() -> None:
         core,  # noqa: F401
         data,  # noqa: F401
         demo,  # noqa: F401
+        evaluate,  # noqa: F401
         events,  # noqa: F401
         importer,  # noqa: F401
         model_info,  # noqa: F401

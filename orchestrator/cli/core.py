@@ -78,6 +78,32 @@ def load_grid_file(path: Path) -> dict[str, Any]:
     return data
 
 
+def server(url: str | None) -> tuple[str, dict[str, str]]:
+    """The running server's base URL (`url`, else ABLATE_HOST:ABLATE_PORT) and its token's header."""
+    from orchestrator.server import read_token
+
+    settings = load_settings()
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
+    token = read_token(settings)
+    if token is None:
+        raise CLIError(f"no API token: set ABLATE_API_TOKEN or start the server once (it writes {settings.token_file})")
+    return (url or f"http://{host}:{settings.port}").rstrip("/"), {"Authorization": f"Bearer {token}"}
+
+
+def call(method: Any, base: str, path: str, **kwargs: Any) -> Any:
+    """One request to the server: unreachable or a rejected token is one clear line."""
+    import httpx
+
+    try:
+        resp = method(f"{base}{path}", timeout=30, **kwargs)
+    except httpx.HTTPError:
+        raise CLIError(f"no ablate server reachable at {base}: start one with `ablate serve` or pass --url") from None
+    if resp.status_code == 401:
+        token_file = load_settings().token_file
+        raise CLIError(f"{base} rejected the API token: use the server's (ABLATE_API_TOKEN or {token_file})")
+    return resp
+
+
 @app.command()
 def submit(
     grid_file: Annotated[Path, typer.Argument(help="YAML grid: name, arms, overrides, control (see arms/demo.yaml)")],
@@ -94,7 +120,6 @@ def submit(
 
     from orchestrator.grids.replicates import grid_cost
     from orchestrator.grids.service import GridCreate, GridError, resolve_grid
-    from orchestrator.server import read_token
 
     data = load_grid_file(grid_file)
     if seeds is not None:
@@ -110,20 +135,8 @@ def submit(
     if body.seeds > 1:  # what replicates cost, said before anything is queued
         typer.echo(f"submitting {grid_cost([spec for _, spec in resolved], body.seeds).text()}", err=True)
 
-    settings = load_settings()
-    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
-    base = (url or f"http://{host}:{settings.port}").rstrip("/")
-    token = read_token(settings)
-    if token is None:
-        raise CLIError(f"no API token: set ABLATE_API_TOKEN or start the server once (it writes {settings.token_file})")
-    try:
-        resp = httpx.post(
-            f"{base}/api/grids", json=data, headers={"Authorization": f"Bearer {token}"}, timeout=30
-        )
-    except httpx.HTTPError:
-        raise CLIError(f"no ablate server reachable at {base}: start one with `ablate serve` or pass --url") from None
-    if resp.status_code == 401:
-        raise CLIError(f"{base} rejected the API token: use the server's (ABLATE_API_TOKEN or {settings.token_file})")
+    base, headers = server(url)
+    resp = call(httpx.post, base, "/api/grids", json=data, headers=headers)
     if resp.status_code == 422:
         detail = resp.json().get("detail", [])
         raise CLIError(f"{grid_file}: {errors_text(detail, root='(grid)', skip=1)}")

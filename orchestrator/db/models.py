@@ -27,6 +27,7 @@ from orchestrator.vocabulary import (
     ACTIVE_SWEEP_STATES,
     DETECTOR_STOPS,
     STOP_DECISIONS,
+    EvaluationState,
     GridSource,
     NodeState,
     RentedState,
@@ -143,16 +144,10 @@ class Run(Base):
         return default
 
 
-class Metric(Base):
-    """One checkpoint of one run. Unique per (run, step): a re-sent checkpoint never duplicates."""
+class MetricColumns:
+    """The metric columns of one checkpoint's measurement: a training record's (Metric) and an evaluation's
+    of the same checkpoint on more images (EvaluationResult), so the report reads either the same way."""
 
-    __tablename__ = "metrics"
-    __table_args__ = (UniqueConstraint("run_id", "step", name="uq_metrics_run_step"),)
-
-    id: Mapped[int] = mapped_column(primary_key=True)
-    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
-    step: Mapped[int] = mapped_column(Integer)
-    created_at: Mapped[datetime] = mapped_column(default=utcnow)
     train_loss: Mapped[float | None] = mapped_column(Float)
     grad_norm: Mapped[float | None] = mapped_column(Float)
     lr: Mapped[float | None] = mapped_column(Float)
@@ -180,12 +175,65 @@ class Metric(Base):
     lpips_backbone: Mapped[str | None] = mapped_column(String(32))
     extra: Mapped[dict[str, Any]] = mapped_column(default=dict)
 
+
+class Metric(MetricColumns, Base):
+    """One checkpoint of one run. Unique per (run, step): a re-sent checkpoint never duplicates."""
+
+    __tablename__ = "metrics"
+    __table_args__ = (UniqueConstraint("run_id", "step", name="uq_metrics_run_step"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    step: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
     run: Mapped[Run] = relationship(back_populates="metrics")
 
 
 METRIC_FIELDS = tuple(
     c.name for c in Metric.__table__.columns if c.name not in {"id", "run_id", "step", "created_at", "extra"}
 )
+
+
+class Evaluation(Base):
+    """A request to evaluate every run's stored checkpoint of a grid again on `images` held-out images
+    (POST /api/grids/{id}/evaluations): one EvaluationResult per run, beside its training records."""
+
+    __tablename__ = "evaluations"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    grid_id: Mapped[int] = mapped_column(ForeignKey("grids.id", ondelete="CASCADE"), index=True)
+    images: Mapped[int] = mapped_column(Integer)
+    step: Mapped[str] = mapped_column(String(16))  # as asked: "final", "best" or a step number
+    state: Mapped[str] = mapped_column(String(16), default=EvaluationState.queued)  # an EvaluationState
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column()
+
+    results: Mapped[list[EvaluationResult]] = relationship(back_populates="evaluation", order_by="EvaluationResult.id")
+
+
+class EvaluationResult(MetricColumns, Base):
+    """One run's job of an evaluation (a worker on a node, placed like a run) and, once completed, what it
+    measured: the same columns and `extra` as the run's Metric row of that step, never written over it."""
+
+    __tablename__ = "evaluation_results"
+    __table_args__ = (UniqueConstraint("evaluation_id", "run_id", name="uq_evaluation_results_evaluation_run"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    evaluation_id: Mapped[int] = mapped_column(ForeignKey("evaluations.id", ondelete="CASCADE"), index=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    step: Mapped[int] = mapped_column(Integer)  # the checkpoint evaluated
+    state: Mapped[str] = mapped_column(String(16), default=EvaluationState.queued, index=True)
+    attempt: Mapped[int] = mapped_column(Integer, default=0)  # a worker lost re-queues it with attempt + 1
+    node: Mapped[str | None] = mapped_column(String(200))  # where the current attempt is placed
+    error: Mapped[str | None] = mapped_column(Text)
+    gpu_seconds: Mapped[float | None] = mapped_column(Float)  # the node's measured time times the job's GPUs
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column()
+
+    evaluation: Mapped[Evaluation] = relationship(back_populates="results")
+    run: Mapped[Run] = relationship()
 
 
 class Event(Base):

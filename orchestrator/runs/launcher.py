@@ -24,6 +24,7 @@ State machine per run: queued -> starting -> running -> completed | stopped | fa
   report writer write the reports of grids that ended.
 - Races with the API: queued -> starting and queued -> stopped are compare-and-set updates, so a
   user's stop and a launch never both win.
+- Evaluation jobs (runs/evaluation_jobs.py: checkpoints evaluated again) take the GPUs runs leave free.
 
 Nothing here imports Ray or unpickles anything a node sends: replies are validated JSON.
 """
@@ -48,6 +49,7 @@ from orchestrator.db.transitions import transition
 from orchestrator.fleet.node_pool import NodePool
 from orchestrator.messages import strip_ansi
 from orchestrator.runs.command_code import CodeRefused, ship_code
+from orchestrator.runs.evaluation_jobs import EvaluationJobs, not_placed_workers
 from orchestrator.runs.ingest import ingest, last_step, refused_metrics
 from orchestrator.runs.placement import (
     Worker,
@@ -55,12 +57,12 @@ from orchestrator.runs.placement import (
     claim_for_launch,
     mark_running,
     nonempty,
-    not_placed,
     record_placement,
     run_dir,
     worker_args,
 )
 from orchestrator.runs.replan import Held, Replanner
+from orchestrator.runs.run_end import finish_run, requeue_run
 from orchestrator.runs.storage import record_storage, run_storage_url, seen_seq
 from orchestrator.runs.trust import trusted_only
 from orchestrator.settings import Settings
@@ -104,6 +106,7 @@ class Launcher:
         self.train_fn = train_fn  # what the workers run; benchmarks pass a synthetic stream
         self.pool = NodePool(settings, local_agent, self._not_placed)  # local_agent: tests put a hostile agent there
         self.workers: dict[int, Worker] = {}
+        self.evaluations = EvaluationJobs(settings, self.pool)  # evaluation jobs' workers, beside the runs'
         self._halt = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_housekeeping = 0.0
@@ -157,27 +160,33 @@ class Launcher:
         groups: dict[str, dict[str, int | None]] = {}
         for worker in self.workers.values():
             groups.setdefault(worker.node, {})[worker.name] = worker.after_step
+        self.evaluations.poll_groups(groups)
         replies = self.pool.poll(groups, self.settings.launcher_interval_s) if groups else {}
         if not replies:  # nothing polled (no workers, or their nodes are down): the agents did not wait
             self._halt.wait(self.settings.launcher_interval_s)
         freed = False
-        by_name = {w.name: w for w in self.workers.values()}
+        by_name, jobs = {w.name: w for w in self.workers.values()}, self.evaluations.by_name()
         for answers in replies.values():
             for name, reply in answers.items():
                 if name in by_name:
                     freed |= self._collect_isolated(by_name[name], reply)
+                elif name in jobs:
+                    freed |= self.evaluations.collect(jobs[name], reply)
         now = time.monotonic()
         if freed or now - self._last_housekeeping >= self.settings.launcher_interval_s:
             self._last_housekeeping = now
             self._expire_unplaced(now)
+            self.evaluations.expire_unplaced(now)
             self._send_stops()
             self._launch_queued()
+            self.evaluations.launch(self.free_gpus())  # the GPUs queued runs left free
             for listener in self.listeners:
                 listener.housekeeping()  # the report writer: grids that ended since the last pass
 
     def _lose_node(self, node: str, why: str) -> None:
         for worker in [w for w in self.workers.values() if w.node == node]:
             self._worker_died(worker, RuntimeError(why))
+        self.evaluations.lose_node(node, why)
 
     # reconcile ---------------------------------------------------------------------------------------
 
@@ -209,12 +218,14 @@ class Launcher:
                     log.info("adopted worker %s of run %s on node %s", name, run.id, node)
                     continue
                 if self.pool.all_heard():  # else its node may still answer: wait
-                    self._requeue(session, run, f"worker {name} not found on any node after a controller restart")
+                    requeue_run(session, run, f"worker {name} not found on any node after a controller restart",
+                                self.settings.max_retries)
+        self.evaluations.reconcile()
 
     def _not_placed(self, node: str, names: list[str]) -> list[str]:
         """The workers a node's hello names that the controller never placed there (the pool refuses them)."""
         with session_scope(self.settings.database_url) as session:
-            return not_placed(session, node, names)
+            return not_placed_workers(session, node, names)
 
     # launch ------------------------------------------------------------------------------------------
 
@@ -223,7 +234,8 @@ class Launcher:
         still freeing)."""
         free = {}
         for name, entry in self.pool.placeable().items():
-            free[name] = entry.gpus - sum(w.gpus for w in self.workers.values() if w.node == name)
+            held = sum(w.gpus for w in self.workers.values() if w.node == name) + self.evaluations.gpus_held(name)
+            free[name] = entry.gpus - held
         if self.pool.up() and not any(e.gpus for e in self.pool.up().values()) and not self._warned_no_gpu:
             self._warned_no_gpu = True
             log.warning("no node has GPUs; set ABLATE_LOGICAL_GPUS=N to declare N logical ones on this machine")
@@ -286,14 +298,16 @@ class Launcher:
                 code_archive = ship_code(self.settings, self.pool, node, run.spec)
             except CodeRefused as exc:  # no retry can fix it: too large, or outside the allowed directories
                 run.error = str(exc)
-                self._finish(session, run, RunState.failed, run.error)
+                finish_run(session, run, RunState.failed, run.error)
                 return False
             except Exception as exc:  # noqa: BLE001 - the node's link: retried like a failed start
-                self._requeue(session, run, f"node {node}: copying the code failed: {type(exc).__name__}: {exc}")
+                requeue_run(session, run, f"node {node}: copying the code failed: {type(exc).__name__}: {exc}",
+                            self.settings.max_retries)
                 return False
             args = worker_args(self.settings, run, out_dir, self.train_fn, code_archive)
             if self.pool.start(node, name, args) is None:
-                self._requeue(session, run, f"node {node} could not start worker {name}: {self.pool.nodes[node].error}")
+                requeue_run(session, run, f"node {node} could not start worker {name}: {self.pool.nodes[node].error}",
+                            self.settings.max_retries)
                 return False
         after = last_step(session, run.id)
         self.workers[run.id] = Worker(
@@ -335,7 +349,7 @@ class Launcher:
             run = session.get(Run, worker.run_id)
             if run is not None and run.state in ACTIVE_STATES:
                 run.error = message[:4000]
-                self._finish(session, run, RunState.failed, message.splitlines()[0][:500])
+                finish_run(session, run, RunState.failed, message.splitlines()[0][:500])
 
     def _collect(self, worker: Worker, reply: WorkerReply | WorkerLost) -> bool:
         """Handle one validated poll reply; True when the worker is gone (its GPU is free)."""
@@ -365,13 +379,13 @@ class Launcher:
             how = f"; {COMMAND_ENDS[reply.ended_by]}" if reply.ended_by else ""
             if reply.state == "done":
                 if run.being_stopped or reply.stopping:
-                    self._finish(session, run, RunState.stopped, run.stop_reason() + how, **ended)
+                    finish_run(session, run, RunState.stopped, run.stop_reason() + how, **ended)
                 else:
                     message = f"finished at step {run.last_checkpoint_step}{how}"
-                    self._finish(session, run, RunState.completed, message, **ended)
+                    finish_run(session, run, RunState.completed, message, **ended)
             elif reply.state == "error":
                 run.error = reply.error
-                self._finish(session, run, RunState.failed, ((reply.error or "").splitlines() or [""])[0])
+                finish_run(session, run, RunState.failed, ((reply.error or "").splitlines() or [""])[0])
             else:
                 gone = False
         # Only once committed: a failed commit leaves both to the next poll (the records are re-sent).
@@ -394,27 +408,7 @@ class Launcher:
             run = session.get(Run, worker.run_id)
             if run is None:
                 return
-            self._requeue(session, run, f"worker {worker.name} died ({message})")
-
-    def _requeue(self, session: Session, run: Run, why: str) -> None:
-        """The run's worker is gone: stopped if it was being stopped, else queued again to resume from
-        its checkpoint (retries + 1), or failed once retries pass max_retries."""
-        if run.being_stopped:
-            self._finish(session, run, RunState.stopped, f"{run.stop_reason()}; {why}")
-            return
-        run.retries += 1
-        if run.retries > self.settings.max_retries:
-            run.error = f"worker lost {run.retries} times; last: {why}"
-            self._finish(session, run, RunState.failed, run.error)
-            return
-        run.state = RunState.queued
-        record_event(
-            session,
-            run,
-            "worker_lost",
-            f"{why}; re-queued, retry {run.retries}/{self.settings.max_retries}",
-            attempt=run.retries,
-        )
+            requeue_run(session, run, f"worker {worker.name} died ({message})", self.settings.max_retries)
 
     def _expire_unplaced(self, now: float) -> None:
         """Kill workers that Ray has not placed (no poll reply) within start_timeout_s; each counts as died."""
@@ -422,12 +416,6 @@ class Launcher:
         for worker in list(self.workers.values()):
             if not worker.started and now - worker.launched_at > limit:  # _worker_died kills it
                 self._worker_died(worker, TimeoutError(f"not started within start_timeout_s={limit:g} s"))
-
-    def _finish(self, session: Session, run: Run, state: RunState, message: str, **data: object) -> None:
-        run.state = state
-        run.finished_at = utcnow()
-        record_event(session, run, state.value, message, step=run.last_checkpoint_step, decision=run.decision, **data)
-        log.info("run %s %s: %s", run.id, state, message)
 
     def _kill(self, worker: Worker) -> None:
         self.workers.pop(worker.run_id, None)

@@ -1,6 +1,12 @@
-"""A port free on loopback (or another address of this machine) now."""
+"""A port free on loopback (or another address of this machine) now; an app served for real in a thread."""
 
 from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 from orchestrator.cli import free_port as port_if_free
 
@@ -11,3 +17,22 @@ def free_port(host: str = "127.0.0.1") -> int:
     port = port_if_free(host, 0)
     assert port is not None, f"binding port 0 on {host} failed"
     return port
+
+
+@contextmanager
+def served(app: Any) -> Iterator[str]:  # noqa: ANN401 - an ASGI app
+    """`app` on a free loopback port in a thread (uvicorn), as its base URL; stopped on exit."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not (server.started and server.servers):
+        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)

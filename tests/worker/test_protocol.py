@@ -21,8 +21,10 @@ from worker.protocol import (
     Number,
     PollResult,
     StartRequest,
+    evaluation_worker_name,
     first_error,
     jsonable,
+    parse_evaluation_name,
     parse_worker_name,
     refused_records,
     worker_name,
@@ -34,6 +36,15 @@ def test_a_worker_name_round_trips_and_a_foreign_one_is_none() -> None:
     assert parse_worker_name(worker_name(12, 3)) == (12, 3)
     for foreign in ("ablate-run-x-0", "ablate-run-1", "other-run-1-0", "ablate-run-1-0-extra", "../ablate-run-1-0"):
         assert parse_worker_name(foreign) is None, foreign
+
+
+def test_an_evaluation_workers_name_is_its_own_and_a_run_name_is_not_one() -> None:
+    assert evaluation_worker_name(7, 1) == "ablate-eval-7-1" and parse_evaluation_name("ablate-eval-7-1") == (7, 1)
+    assert parse_worker_name("ablate-eval-7-1") is None and parse_evaluation_name(worker_name(7, 1)) is None
+    assert REQUEST.validate_python({"id": 1, "op": "kill", "name": "ablate-eval-7-1"}).name == "ablate-eval-7-1"
+    for foreign in ("ablate-eval-7", "ablate-eval-x-1", "ablate-evaluation-7-1"):
+        with pytest.raises(ValidationError):
+            REQUEST.validate_python({"id": 1, "op": "kill", "name": foreign})
 
 
 def test_a_request_for_a_foreign_name_or_an_unknown_op_is_refused_naming_the_field() -> None:

@@ -21,6 +21,7 @@ from model.spec import STANDIN
 from orchestrator.db.models import Grid, Metric, Node, Run, Sweep
 from orchestrator.grids.arms import changes
 from orchestrator.numbers import finite_or_none, is_finite, number
+from orchestrator.results.evaluations import evaluated_points, largest_evaluation, with_evaluation
 from orchestrator.results.judge import best_checkpoint, judge_metric, stored_spec
 from orchestrator.results.own_metrics import is_command_run, own_evaluated, own_series
 from orchestrator.results.record_lists import stored_list, unreadable_records
@@ -282,6 +283,9 @@ def build_report(session: Session, grid: Grid, storage_options: dict[str, Any] |
     samples = {r.id: run_samples(session, r) for r in runs}
     judge = judge_of(runs, metrics)
     pairing = Pairing(grid)
+    # The largest completed evaluation (more images, no retraining): its rows stand for the checkpoints it measured.
+    evaluation, evaluated = largest_evaluation(session, grid)
+    compared = with_evaluation(metrics, evaluated)
     budget = _ImageBudget(MAX_REPORT_IMAGE_BYTES)
     price = price_per_gpu_hour(session, grid)
     arms = []
@@ -295,7 +299,8 @@ def build_report(session: Session, grid: Grid, storage_options: dict[str, Any] |
         comparisons: list[Comparison] = []
         for against, other in pairing.comparators(r):
             pairs.append((r, against, other))
-            comparisons += run_comparisons(r, other, against, metrics, (("best", best), ("final", final)))
+            points = evaluated_points(compared[r.id], best, evaluated.get(r.id, final))
+            comparisons += run_comparisons(r, other, against, compared, points)
         mine, theirs = stored_spec(r.spec), stored_spec(parent.spec) if parent is not None else None
         standin = sorted({m.step for m in ms if m.lpips_backbone == STANDIN})
         fallbacks = [str(f) for f in (r.fallbacks or [])]
@@ -347,7 +352,8 @@ def build_report(session: Session, grid: Grid, storage_options: dict[str, Any] |
         judge=judge,
         summary=summarize(arms, effects, judge, grid.seeds),
         effects=effects,
-        timestep_effects=timestep_effects(pairs, metrics),
+        timestep_effects=timestep_effects(pairs, compared),
+        evaluation=evaluation,
         arms=arms,
         unreadable_records=left_out,
     )

@@ -196,6 +196,14 @@ class Summary(BaseModel):
     words: list[str]
 
 
+class EvaluationUsed(BaseModel):
+    """The evaluation whose rows the effects use (its checkpoints on more images, results/evaluations.py)."""
+
+    id: int
+    images: int
+    step: str  # as asked: "final", "best" or a step number
+
+
 class GridReport(BaseModel):
     grid_id: int
     name: str
@@ -208,6 +216,7 @@ class GridReport(BaseModel):
     summary: Summary
     effects: list[Effect] = []
     timestep_effects: list[TimestepEffect] = []
+    evaluation: EvaluationUsed | None = None  # None: the effects use the training records' evaluations
     arms: list[ArmReport]
     # stored records whose per-sample or per-timestep lists were left out, and why (results/record_lists.py)
     unreadable_records: list[str] = []

@@ -24,6 +24,11 @@ def _num(x: float | None, digits: int = 3) -> str:
 
 # Why a stored record's lists can be left out: written before ingest checked them, or imported.
 LEFT_OUT_WHY = "a per-sample or per-timestep list not in the shape the node protocol declares"
+def evaluation_words(report: GridReport) -> str:
+    e = report.evaluation
+    assert e is not None
+    return (f"The effects use evaluation {e.id}: each run's {e.step} checkpoint evaluated again on {e.images} "
+            "held-out images (the same per-image noise for every run), not the training-time evaluation.")
 
 
 def to_json(report: GridReport) -> str:
@@ -36,6 +41,7 @@ def to_markdown(report: GridReport) -> str:
     out = [f"# Report: grid {report.grid_id} {report.name!r} ({report.state})", "",
            f"Control arm: {report.control}. Generated {report.generated_at:%Y-%m-%d %H:%M} UTC.", ""]  # fmt: skip
     out += ["## Effects", "", *effects_markdown(report), "", seeds_words(report) + " Forest plots in report.html.", ""]
+    out += [evaluation_words(report), ""] if report.evaluation is not None else []
     out += ["## Summary", "", *[f"- {w}" for w in s.words], ""]
     if report.unreadable_records:
         out += [f"Records left out of the statistics ({LEFT_OUT_WHY}):", "",
@@ -172,6 +178,7 @@ def to_html(report: GridReport) -> str:
          f"<p>Control arm {escape(str(report.control))}; generated {report.generated_at:%Y-%m-%d %H:%M} UTC.</p>",
          "<h2>Effects</h2>", effects_html(report),
          f"<p class=muted>{escape(seeds_words(report))}</p>",
+         f"<p class=muted>{escape(evaluation_words(report))}</p>" if report.evaluation is not None else "",
          *forest_plots(report),
          "<h2>Summary</h2><ul>", *[f"<li>{escape(w)}</li>" for w in s.words], "</ul>",
          *([f"<p class=worse>Records left out of the statistics ({escape(LEFT_OUT_WHY)}):</p><ul>",

@@ -3,12 +3,11 @@ app on a free loopback port (`base_url`), and a headless Chromium (`browser_cont
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterator
 
 import pytest
 
+from tests.kit.net import served
 from tests.orchestrator.dashboard.browser import CHROMIUM, FIXTURE
 
 
@@ -22,23 +21,11 @@ def grid_id(database_url: str, ablate_cli) -> int:  # type: ignore[no-untyped-de
 @pytest.fixture(scope="module")
 def base_url(database_url: str) -> Iterator[str]:
     """The real app on a free loopback port, in a thread."""
-    import uvicorn
-
     from orchestrator.app import create_app
     from orchestrator.settings import Settings
 
-    app = create_app(Settings(database_url=database_url), api_token="test-token")
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not (server.started and server.servers):
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.05)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=10)
+    with served(create_app(Settings(database_url=database_url), api_token="test-token")) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ from orchestrator.db.session import session_factory, session_scope
 from orchestrator.grids.service import GridCreate, create_grid, stop_run
 from orchestrator.runs.launcher import Launcher
 from orchestrator.runs.placement import Worker, claim_for_launch
+from orchestrator.runs.run_end import requeue_run
 from orchestrator.settings import Settings
 from orchestrator.vocabulary import RunState
 
@@ -99,15 +100,14 @@ def test_a_user_stopped_run_whose_worker_dies_is_finished_not_relaunched(databas
 
 def test_every_lost_worker_counts_a_retry_until_the_run_fails(database_url: str, tmp_path: Path) -> None:
     run_id = _run(database_url, RunState.running)
-    launcher = _launcher(database_url, tmp_path, max_retries=1)
     with session_scope(database_url) as session:
-        launcher._requeue(session, session.get(Run, run_id), "worker w not found after a controller restart")
+        requeue_run(session, session.get(Run, run_id), "worker w not found after a controller restart", 1)
     with session_scope(database_url) as session:
         run = session.get(Run, run_id)
         assert (run.state, run.retries) == (RunState.queued, 1)
         run.state = RunState.running
     with session_scope(database_url) as session:
-        launcher._requeue(session, session.get(Run, run_id), "worker w not found after a controller restart")
+        requeue_run(session, session.get(Run, run_id), "worker w not found after a controller restart", 1)
     with session_scope(database_url) as session:
         run = session.get(Run, run_id)
         assert (run.state, run.retries) == (RunState.failed, 2)

@@ -1,0 +1,267 @@
+"""Evaluation jobs on nodes: each run's stored checkpoint evaluated again on more held-out images.
+
+An evaluation (orchestrator/grids/evaluations.py) is one job per run (an `EvaluationResult` row), and a
+job is a run-like worker: the launcher places it on a node with a free GPU (the run's own node first,
+where its checkpoints are on disk), through the same node pool, agent and `start` op as a run, with
+`WorkerArgs.evaluation` set; the worker (worker/evaluation.py) yields one record, the checkpoint's
+metrics on the asked images, and trains nothing. States: queued -> running -> completed | failed.
+
+- Placement is on record (the job's `node` and `attempt`, committed) before the node is asked, so a
+  node's hello that names an evaluation worker is checked like a run's (`not_placed`).
+- Resumable: a restarted controller adopts a job's live worker by name (`ablate-eval-<job>-<attempt>`)
+  or, once every node has answered, queues the job again with attempt + 1.
+- Refusable: a node that refuses the start, a worker that fails, or a reply the protocol or the metric
+  ranges refuse fails the job with the reason; a lost worker is queued again up to max_retries.
+- Stored beside the training records (the job's own row), never over the run's Metric rows or its step.
+
+Nothing here imports Ray: replies are validated JSON.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from sqlalchemy import select
+from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.orm import Session
+
+from model.spec import ArmSpec
+from orchestrator.db.models import Evaluation, EvaluationResult, utcnow
+from orchestrator.db.session import session_scope
+from orchestrator.fleet.node_pool import NodePool
+from orchestrator.runs.ingest import metric_values, refused_metrics
+from orchestrator.runs.placement import choose_node, not_placed, run_dir
+from orchestrator.runs.storage import worker_data_store, worker_storage
+from orchestrator.settings import Settings
+from orchestrator.vocabulary import EvaluationState
+from worker.protocol import (
+    EvaluationArgs,
+    WorkerArgs,
+    WorkerLost,
+    WorkerReply,
+    evaluation_worker_name,
+    parse_evaluation_name,
+    refused_records,
+)
+
+log = logging.getLogger("ablate.evaluations")
+
+EVALUATE_FN = "worker.evaluation:evaluate_arm"
+JOB_GPUS = 1  # an evaluation is one process on one GPU, whatever the arm trained on
+
+
+@dataclass
+class JobWorker:
+    """A live evaluation worker of ours (on `node`, through its agent)."""
+
+    job_id: int
+    name: str
+    node: str
+    started: bool = False
+    launched_at: float = field(default_factory=time.monotonic)
+
+
+def evaluation_dir(settings: Settings, job_id: int) -> str:
+    """The job's own directory on the node (its records; a checkpoint copied from storage)."""
+    return str(settings.home_dir.resolve() / "evaluations" / str(job_id))
+
+
+def evaluation_args(settings: Settings, job: EvaluationResult) -> WorkerArgs:
+    """What the node's agent builds the job's worker from: the run's spec on one GPU, its checkpoint's step."""
+    run = job.run
+    source = run.checkpoint_dir or str(run_dir(settings, run.id))
+    return WorkerArgs(
+        run_id=run.id,
+        spec=ArmSpec.model_validate({**run.spec, "gpus": JOB_GPUS}),
+        out_dir=evaluation_dir(settings, job.id),
+        lpips_weights=str(settings.lpips_weights.resolve()) if settings.lpips_weights else None,
+        torch_threads=settings.worker_threads,
+        train_fn=EVALUATE_FN,
+        data_store=worker_data_store(settings),
+        evaluation=EvaluationArgs(
+            step=job.step, source_dir=source, images=job.evaluation.images,
+            storage=worker_storage(settings, run.checkpoint_url) if run.checkpoint_url else None,
+        ),
+    )  # fmt: skip
+
+
+def not_placed_workers(session: Session, node: str, names: list[str]) -> list[str]:
+    """The workers among `names` that the controller did not place on `node`: a run's attempt
+    (placement.not_placed), or an evaluation job's current attempt (its `node` and `attempt`)."""
+    jobs = {name: parsed for name in names if (parsed := parse_evaluation_name(name)) is not None}
+    refused = not_placed(session, node, [n for n in names if n not in jobs])
+    for name, (job_id, attempt) in jobs.items():
+        job = session.get(EvaluationResult, job_id)
+        if job is None or (job.node, job.attempt) != (node, attempt):
+            refused.append(name)
+    return refused
+
+
+def settle(evaluation: Evaluation) -> None:
+    """The evaluation's state from its jobs': failed once one failed (the jobs still queued with it),
+    completed once all completed, running once one was placed."""
+    jobs = evaluation.results
+    failed = [j for j in jobs if j.state == EvaluationState.failed]
+    if failed:
+        for job in jobs:
+            if job.state == EvaluationState.queued:
+                job.state, job.error = EvaluationState.failed, "not run: another run's job failed"
+        evaluation.state = EvaluationState.failed
+        first_line = ((failed[0].error or "").splitlines() or [""])[0]  # the job keeps the whole text
+        evaluation.error = f"run {failed[0].run_id}: {first_line}"[:4000]
+    elif all(j.state == EvaluationState.completed for j in jobs):
+        evaluation.state = EvaluationState.completed
+    elif any(j.state != EvaluationState.queued for j in jobs):
+        evaluation.state = EvaluationState.running
+    if evaluation.state in (EvaluationState.failed, EvaluationState.completed) and evaluation.finished_at is None:
+        evaluation.finished_at = utcnow()
+
+
+class EvaluationJobs:
+    """The launcher's evaluation workers: launch, poll replies, adopt after a restart, re-queue or fail."""
+
+    def __init__(self, settings: Settings, pool: NodePool) -> None:
+        self.settings = settings
+        self.pool = pool
+        self.workers: dict[int, JobWorker] = {}  # job id -> its live worker
+
+    def gpus_held(self, node: str) -> int:
+        return JOB_GPUS * sum(1 for w in self.workers.values() if w.node == node)
+
+    def poll_groups(self, groups: dict[str, dict[str, int | None]]) -> None:
+        """Add our workers to the launcher's poll (each asked for all its records: it has one)."""
+        for worker in self.workers.values():
+            groups.setdefault(worker.node, {})[worker.name] = None
+
+    def by_name(self) -> dict[str, JobWorker]:
+        return {w.name: w for w in self.workers.values()}
+
+    # launch -----------------------------------------------------------------------------------------
+
+    def launch(self, free: dict[str, int]) -> None:
+        """Queued jobs in order, each on its run's node when that has a GPU free, else any node with one."""
+        with session_scope(self.settings.database_url) as session:
+            queued = session.scalars(
+                select(EvaluationResult).where(EvaluationResult.state == EvaluationState.queued)
+                .order_by(EvaluationResult.id)
+            ).all()  # fmt: skip
+            for job in queued:
+                home = job.run.node
+                node = home if home is not None and free.get(home, 0) >= JOB_GPUS else choose_node(free, JOB_GPUS)
+                if node is None:
+                    return
+                if self._start(session, job, node):
+                    free[node] -= JOB_GPUS
+
+    def _start(self, session: Session, job: EvaluationResult, node: str) -> bool:
+        name = evaluation_worker_name(job.id, job.attempt)
+        job.state, job.node = EvaluationState.running, node
+        settle(job.evaluation)
+        session.commit()  # on record before the node holds it (a restart adopts it; a hello is checked)
+        try:
+            args = evaluation_args(self.settings, job)
+        except ValueError as exc:  # a stored spec this version no longer accepts
+            self._fail(session, job, f"its run's spec cannot be evaluated: {exc}")
+            return False
+        if self.pool.start(node, name, args) is None:
+            self._fail(session, job, f"node {node} could not start evaluation worker {name}: "
+                                     f"{self.pool.nodes[node].error}")
+            return False
+        self.workers[job.id] = JobWorker(job.id, name, node)
+        log.info("evaluation job %s (run %s, step %s) on node %s as %s", job.id, job.run_id, job.step, node, name)
+        return True
+
+    # replies ----------------------------------------------------------------------------------------
+
+    def collect(self, worker: JobWorker, reply: WorkerReply | WorkerLost) -> bool:
+        """Handle one validated poll reply; True when the worker is gone (its GPU is free)."""
+        try:
+            return self._collect(worker, reply)
+        except (OperationalError, InterfaceError):
+            log.warning("database unreachable while storing evaluation job %s; retrying", worker.job_id, exc_info=True)
+            return False
+
+    def _collect(self, worker: JobWorker, reply: WorkerReply | WorkerLost) -> bool:
+        worker.started = True
+        with session_scope(self.settings.database_url) as session:
+            job = session.get(EvaluationResult, worker.job_id)
+            if job is None or job.state != EvaluationState.running:  # deleted with its grid, or already ended
+                self._kill(worker)
+                return True
+            if isinstance(reply, WorkerLost):
+                self._requeue(session, job, f"worker {worker.name} lost ({reply.error})")
+                self._kill(worker)
+                return True
+            records = [r.values() for r in reply.records]
+            refused = refused_records(reply.records, job.run_id, None) or refused_metrics(records)
+            if refused is None and any(r["step"] != job.step for r in records):
+                refused = f"a record of step {records[0]['step']}, not the step {job.step} asked for"
+            if refused is not None:
+                self._fail(session, job, f"node {worker.node} sent {refused}: refused, nothing stored")
+            elif records:
+                self._store(job, records[-1])
+                settle(job.evaluation)
+            elif reply.state == "error":
+                self._fail(session, job, reply.error or "the worker failed without a message")
+            elif reply.state == "done":
+                self._fail(session, job, "the worker ended without a record")
+            else:
+                return False
+        self._kill(worker)
+        return True
+
+    @staticmethod
+    def _store(job: EvaluationResult, record: dict) -> None:
+        for key, value in metric_values(record).items():
+            setattr(job, key, value)
+        job.gpu_seconds = (job.wall_time_s or 0.0) * JOB_GPUS
+        job.state, job.finished_at = EvaluationState.completed, utcnow()
+
+    def _fail(self, session: Session, job: EvaluationResult, why: str) -> None:
+        job.state, job.error, job.finished_at = EvaluationState.failed, why[:4000], utcnow()
+        settle(job.evaluation)
+        log.warning("evaluation job %s (run %s) failed: %s", job.id, job.run_id, why.splitlines()[0][:300])
+
+    def _requeue(self, session: Session, job: EvaluationResult, why: str) -> None:
+        job.attempt += 1
+        if job.attempt > self.settings.max_retries:
+            self._fail(session, job, f"worker lost {job.attempt} times; last: {why}")
+            return
+        job.state, job.node = EvaluationState.queued, None
+        log.info("evaluation job %s re-queued (attempt %s): %s", job.id, job.attempt, why)
+
+    def _kill(self, worker: JobWorker) -> None:
+        self.workers.pop(worker.job_id, None)
+        self.pool.kill(worker.node, worker.name)
+
+    # restart, lost nodes, unplaced workers ------------------------------------------------------------
+
+    def reconcile(self) -> None:
+        """Adopt the live workers of running jobs we do not track; re-queue those on no node."""
+        with session_scope(self.settings.database_url) as session:
+            running = session.scalars(
+                select(EvaluationResult).where(EvaluationResult.state == EvaluationState.running)
+            ).all()
+            for job in running:
+                if job.id in self.workers:
+                    continue
+                name = evaluation_worker_name(job.id, job.attempt)
+                node = self.pool.find(name)
+                if node is not None:
+                    self.workers[job.id] = JobWorker(job.id, name, node)
+                    log.info("adopted evaluation worker %s on node %s", name, node)
+                elif self.pool.all_heard():
+                    self._requeue(session, job, f"worker {name} not found on any node after a controller restart")
+
+    def lose_node(self, node: str, why: str) -> None:
+        for worker in [w for w in self.workers.values() if w.node == node]:
+            self.collect(worker, WorkerLost(state="lost", error=why))
+
+    def expire_unplaced(self, now: float) -> None:
+        """A worker Ray has not placed within start_timeout_s counts as lost."""
+        limit = self.settings.start_timeout_s
+        for worker in [w for w in self.workers.values() if not w.started and now - w.launched_at > limit]:
+            self.collect(worker, WorkerLost(state="lost", error=f"not started within start_timeout_s={limit:g} s"))
+

@@ -1,0 +1,117 @@
+"""Evaluate one stored checkpoint of a run again, on more held-out images, without a training step.
+
+A run-like job (orchestrator/runs/evaluation_jobs.py places it like a run): the node's agent starts an
+`ArmWorker` whose args carry `evaluation` (worker/protocol.py EvaluationArgs), and the worker runs
+`evaluate_arm` in place of `train_arm`. It yields one record, the checkpoint's step with the metrics
+`model/evaluate.py` computes on the first `images` held-out images, each with the noise seeded by its index,
+so image i is measured with the same noise in every arm, seed and evaluation, and in training's own.
+
+The checkpoint is read from the run's directory where this node holds it (`ckpt_<step>.pt`, or `best.pt`
+when that is the step), else from the run's checkpoint storage, copied into this job's own directory.
+Nothing of the run's directory is written.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from model.evaluate import evaluate
+from model.spec import ArmSpec
+from worker import checkpoint as ckpt
+from worker.run_files import BEST_NAME, ckpt_name
+from worker.train_parts import build
+from worker.train_record import EVAL_BATCH, restore_parts
+
+SOURCE_NAME = "source.pt"  # a checkpoint copied from storage into the job's directory
+
+
+class NoCheckpoint(FileNotFoundError):
+    """The step asked for is neither in the run's directory on this node nor in its storage."""
+
+
+def _stored_copy(storage: dict[str, Any], step: int, out_dir: Path) -> Path | None:
+    from worker.checkpoint_store import StoreConfig, open_fs
+    from worker.stored_file import get_stored
+
+    config = StoreConfig.from_dict(storage)
+    fs, root = open_fs(config.url, config.options)
+    for name in (ckpt_name(step), BEST_NAME):
+        if fs.exists(f"{root}/{name}"):
+            out_dir.mkdir(parents=True, exist_ok=True)
+            dest = out_dir / SOURCE_NAME
+            get_stored(fs, root, f"{root}/{name}", dest)
+            state = ckpt.load(dest)
+            if state.get("step") == step:
+                return dest
+    return None
+
+
+def find_checkpoint(source_dir: Path, step: int, storage: dict[str, Any] | None, out_dir: Path) -> Path:
+    """The checkpoint file of `step`: in the run's directory, else copied from storage; NoCheckpoint else."""
+    if (periodic := source_dir / ckpt_name(step)).is_file():  # its name says its step
+        return periodic
+    for path in (source_dir / BEST_NAME, out_dir / SOURCE_NAME):  # read to learn their step
+        if path.is_file() and ckpt.load(path).get("step") == step:
+            return path
+    found = _stored_copy(storage, step, out_dir) if storage else None
+    if found is None:
+        where = f"{source_dir}" + (f" or {storage['url']}" if storage else "")
+        raise NoCheckpoint(f"no checkpoint of step {step} in {where} (pruned, or the run's node is gone)")
+    return found
+
+
+def evaluate_arm(
+    spec: ArmSpec,
+    out_dir: Path,
+    device: str = "cpu",
+    should_stop: Callable[[], bool] | None = None,
+    lpips_weights: Path | None = None,
+    *,
+    evaluation: dict[str, Any],
+    data_store: dict[str, Any] | None = None,
+    compile_cache: dict[str, Any] | None = None,
+) -> Iterator[dict[str, Any]]:
+    """One record: the evaluation metrics of checkpoint `evaluation["step"]` on `evaluation["images"]`
+    held-out images (train_arm's signature, so the actor runs it in train_arm's place)."""
+    del should_stop, compile_cache  # one pass, nothing compiled: the record is the whole job
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    step, images = int(evaluation["step"]), int(evaluation["images"])
+    t0 = time.perf_counter()
+    path = find_checkpoint(Path(evaluation["source_dir"]), step, evaluation.get("storage"), out_dir)
+    state = ckpt.load(path, map_location="cpu")
+    if path.name == SOURCE_NAME:  # a copy from storage, as large as the checkpoint: read, not kept
+        path.unlink(missing_ok=True)
+    spec = spec.model_copy(update={"eval": spec.eval.model_copy(update={"num_samples": images})})
+    dev = torch.device(device)
+    pin = (state.get("record") or {}).get("data_manifest_sha256")  # the prepared data the run trained on
+    fetched = None
+    if spec.data.url is not None:
+        from worker.data_fetch import DataStore, fetch_prepared
+
+        fetched = fetch_prepared(spec.data.url, DataStore.from_dict(data_store), pin=pin)
+    parts = build(
+        spec, dev, lpips_weights, fp8_linears=state.get("fp8_linears"), micro_batch=state.get("micro_batch"),
+        data_root=Path(fetched.path) if fetched is not None else None, data_pin=pin,
+    )  # fmt: skip
+    restore_parts(parts, state, {})
+    use_ema = spec.eval.use_ema and "model" in parts.emas
+    metrics = evaluate(
+        parts.emas["model"].module if use_ema else parts.model,
+        parts.emas["text_encoder"].module if use_ema and "text_encoder" in parts.emas else parts.text_encoder,
+        parts.flow, parts.dataset, spec.eval, parts.lpips, parts.device,
+        batch_size=EVAL_BATCH, autocast=parts.autocast,
+    )  # fmt: skip
+    yield {
+        "step": step,
+        **metrics,
+        "eval_weights": "ema" if use_ema else "live",
+        "wall_time_s": time.perf_counter() - t0,  # what the job took on its GPU: the evaluation's cost
+        "evaluated_images": images,
+        "evaluated_from": str(path),  # the run's file, or the copy from storage (read, then removed)
+    }
