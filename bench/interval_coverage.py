@@ -9,7 +9,7 @@ images): the weighted headline's difference (seed SD 0.00097, image SD 0.0114, r
 plain mean's (0.0083, 0.044, 0.0106), and the corners: no image noise, no seed noise, seeds dominant.
 
     python bench/interval_coverage.py            # 4000 tables a cell (coverage SE about 0.35%)
-    python bench/interval_coverage.py --quick    # 600 a cell, a few minutes on 2 cores
+    python bench/interval_coverage.py --quick    # 2000 a cell: about half a minute on 2 cores
 
 The last line reads `crossed coverage <lowest over the cells with k >= 3> (seed-only <lowest>)`; the
 k = 2 cells are printed too and their lowest named on its own line.
@@ -68,10 +68,10 @@ def cell(rng: np.random.Generator, k: int, n: int, seed_sd: float, image_sd: flo
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="600 tables a cell instead of 4000")
+    ap.add_argument("--quick", action="store_true", help="2000 tables a cell instead of 4000")
     ap.add_argument("--reps", type=int, help="tables a cell (overrides --quick)")
     args = ap.parse_args()
-    reps = args.reps or (600 if args.quick else 4000)
+    reps = args.reps or (2000 if args.quick else 4000)
     rng = np.random.default_rng(47)
     print(f"{reps} tables a cell, true effect {EFFECT}, 95% nominal")
     print("| profile | seed SD | image SD | rest SD | k | n | crossed | seed-only | width ratio |")
