@@ -26,6 +26,7 @@ from orchestrator.db.models import METRIC_FIELDS, Event, Grid, Metric, Node, Ren
 from orchestrator.grids.arms import LINEAGE_KEYS, ArmError, changes, flatten, resolve
 from orchestrator.numbers import finite_or_none, is_finite
 from orchestrator.results.data_feed import data_feed
+from orchestrator.results.evaluations import largest_evaluation
 from orchestrator.results.judge import best_checkpoint, judge_metric, stored_spec
 from orchestrator.results.own_metrics import is_command_run, own_series
 from orchestrator.results.record_lists import stored_list, unreadable_records
@@ -313,7 +314,8 @@ def grid_detail(session: Session, grid: Grid, alarm_minutes: float = 15.0) -> di
     warnings = latest_warnings(session, [r.id for r in runs])
     pairing = Pairing(grid)  # seed s of an arm against seed s of the control
     control = pairing.control(0)
-    judge, effects = grid_effects_now(grid, metrics)
+    evaluation, evaluated = largest_evaluation(session, grid)  # more images, no retraining: what the effects use
+    judge, effects = grid_effects_now(grid, metrics, evaluated)
     arm_index = {arm: i for i, arm in enumerate(dict.fromkeys(r.arm for r in runs))}
     out_runs = []
     for r in runs:
@@ -364,6 +366,7 @@ def grid_detail(session: Session, grid: Grid, alarm_minutes: float = 15.0) -> di
         "control": control.arm if control else None,
         "seeds": grid.seeds,
         "judge": judge,  # the metric the effects table leads with
+        "evaluation": evaluation.model_dump(mode="json") if evaluation is not None else None,
         "effects": [{**e.model_dump(mode="json"), "words": metric_words(e.metric)} for e in effects],
         "state": grid_state(r.state for r in runs),
         "live": any(r.state not in TERMINAL_STATES for r in runs),

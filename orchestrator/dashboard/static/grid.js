@@ -274,9 +274,12 @@
   function renderEffects(d) {
     const body = document.querySelector("#effects tbody");
     body.replaceChildren();
-    document.getElementById("effects-seeds").textContent = d.seeds > 1
+    const evaluated = d.evaluation
+      ? ` · on evaluation ${d.evaluation.id}: each run's ${d.evaluation.step} checkpoint on ${d.evaluation.images} held-out images`
+      : "";
+    document.getElementById("effects-seeds").textContent = (d.seeds > 1
       ? `${d.seeds} training seeds per arm: mean of the per-seed paired differences; the interval covers what its row says (crossed: seeds and images)`
-      : "one training seed per arm: intervals cover evaluation noise only (submit with seeds: 3 to measure training noise)";
+      : "one training seed per arm: intervals cover evaluation noise only (submit with seeds: 3 to measure training noise)") + evaluated;
     document.getElementById("effects-empty").hidden = d.effects.length > 0;
     for (const e of d.effects) {
       const interval = e.low !== null && e.high !== null ? ` [${signed(e.low)}, ${signed(e.high)}]` : "";

@@ -250,18 +250,21 @@ def own_lower_is_better(run: Run, metric: str) -> bool:
     return not (judged and detector.get("metric_mode") == "max")
 
 
-def grid_effects_now(grid: Grid, metrics: dict[int, list[Metric]]) -> tuple[str, list[Effect]]:
+def grid_effects_now(grid: Grid, metrics: dict[int, list[Metric]],
+                     evaluated: dict[int, Any] | None = None) -> tuple[str, list[Effect]]:  # fmt: skip
     """The judged metric and the effects table of `grid` at each run's final checkpoint, without the
-    report's samples (the dashboard polls this)."""
+    report's samples (the dashboard polls this); `evaluated`: the largest completed evaluation's row per
+    run id (results/evaluations.py), which stands for the checkpoint it measured, as in the report."""
     runs = list(grid.runs)
     judge = judge_of(runs, metrics)
     pairing = Pairing(grid)
+    compared = with_evaluation(metrics, evaluated or {})
     rows = []
     for r in runs:
         ms = metrics.get(r.id, [])
-        final = ms[-1] if ms else None
+        final = (evaluated or {}).get(r.id, ms[-1] if ms else None)
         comparisons = [c for against, other in pairing.comparators(r)
-                       for c in run_comparisons(r, other, against, metrics, (("final", final),))]  # fmt: skip
+                       for c in run_comparisons(r, other, against, compared, (("final", final),))]  # fmt: skip
         standin = sorted({m.step for m in ms if m.lpips_backbone == STANDIN})
         rows.append(RunComparisons(arm=r.arm, seed=r.seed, comparisons=comparisons, standin_steps=standin))
     costs = {(r.arm, r.seed): run_cost(r, metrics.get(r.id, [])) for r in runs}

@@ -170,6 +170,9 @@ def test_an_evaluation_of_16_images_changes_the_reports_n_and_no_runs_step(
         assert report["evaluation"] == {"id": eid, "images": HELD_OUT, "step": "final"}
         assert f"The effects use evaluation {eid}: each run's final checkpoint evaluated again on {HELD_OUT}" in (
             client.get(f"/api/grids/{grid}/report.md").text)
+        # The dashboard's live effects table uses the same evaluation and names it.
+        live = client.get(f"/api/dashboard/grids/{grid}").json()
+        assert live["evaluation"]["id"] == eid and {e["n"] for e in live["effects"] if e["n"]} == {HELD_OUT}
 
         # A node that cannot do the job (one run's checkpoints gone) fails it with the reason, which the
         # command, having waited with progress, says; the report keeps the larger completed evaluation.
