@@ -81,7 +81,7 @@ def test_status_leads_with_the_judged_metric_and_names_each_replicate(env: dict[
     proc = ablate("status", str(grid_id), env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     header = next(line for line in proc.stdout.splitlines() if "┃ run" in line)
-    assert header.index("held-out flow loss, timesteps weighted by inverse variance ± SE") < header.index("recon")
+    assert header.index("held-out flow loss (weighted headline) ± SE") < header.index("recon LPIPS")
     rows = [[c.strip() for c in line.split("│")[1:-1]] for line in proc.stdout.splitlines() if line.count("│") > 5]
     assert [r[1] for r in rows] == ["A s0", "C s0", "A s1", "C s1"]
     assert rows[3][4] == "4.2 ± 0.030" and rows[3][5] == "0.05 (stand-in)"
@@ -180,7 +180,7 @@ def test_serve_submit_restart(env: dict[str, str], tmp_path: Path) -> None:
     try:
         with session_scope(env["ABLATE_DATABASE_URL"]) as session:
             session.add(Node(name="quad", host="10.0.0.4", user="u", key_path="/k", state=NodeState.registered,
-                             gpus=[{"index": i} for i in range(4)]))
+                             gpus=[{"index": i} for i in range(4)], declared_gpus=4))
         token_file = Path(env["ABLATE_HOME_DIR"]) / "api_token"
         assert token_file.stat().st_mode & 0o077 == 0  # generated, owner-only
         proc = ablate("submit", str(grid), env=env, cwd=tmp_path)

@@ -34,7 +34,7 @@ from orchestrator.results.reports.model import (
 )
 from orchestrator.results.reports.stats import WEIGHTED_FLOW, Difference, SeedEffect, across_seeds, t_quantile
 
-METRIC_WORDS = {WEIGHTED_FLOW: "held-out flow loss, timesteps weighted by inverse variance",
+METRIC_WORDS = {WEIGHTED_FLOW: "held-out flow loss (weighted headline)",
                 "val_flow_loss": "held-out flow loss (plain mean)",
                 "recon_lpips": "recon LPIPS", "text_lpips": "text LPIPS",
                 "text_manip_delta": "text-manipulation delta"}  # fmt: skip

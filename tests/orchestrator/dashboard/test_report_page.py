@@ -30,6 +30,7 @@ def test_report_and_flow_loss_in_the_browser(  # type: ignore[no-untyped-def]
     assert page.locator("svg text", has_text="5000").count() >= 1  # the last step's label, drawn
     page.screenshot(path=str(tmp_path / "report.png"), full_page=True)
 
+    from model.flow_headline import HEADLINE, headline_fields
     from orchestrator.db.models import Metric
     from orchestrator.db.session import session_scope
     from orchestrator.grids.service import GridCreate, create_grid
@@ -37,10 +38,12 @@ def test_report_and_flow_loss_in_the_browser(  # type: ignore[no-untyped-def]
 
     def checkpoint(run_id: int, step: int, shift: float) -> Metric:
         loss = [0.5 + shift + 0.01 * i - step / 1000 for i in range(8)]
+        grid = [[x + 0.1 * (k - 4) for k in range(8)] for x in loss]  # 8 images x 8 timesteps
         by_t = [sum(loss) / 8 + 0.1 * (k - 4) for k in range(8)]
         return Metric(run_id=run_id, step=step, recon_lpips=0.2, lpips_backbone="random_standin",
                       val_flow_loss=sum(loss) / 8, val_flow_loss_se=0.01, val_flow_loss_n=8,
-                      extra={"val_flow_loss_samples": loss, "val_flow_loss_by_t": by_t})  # fmt: skip
+                      extra={"val_flow_loss_samples": loss, "val_flow_loss_by_t": by_t, "val_flow_loss_grid": grid,
+                             **headline_fields(grid)})  # fmt: skip
 
     with session_scope(database_url) as s:
         grid = create_grid(s, GridCreate(name="flow", arms=["A", "B"], overrides={"model": {"size": "tiny"}}))
@@ -50,13 +53,15 @@ def test_report_and_flow_loss_in_the_browser(  # type: ignore[no-untyped-def]
         gid = grid.id
     page.goto(f"{base_url}/grids/{gid}")
     page.wait_for_selector("main#grid[data-ready='true']")
-    chart = "figure.chart[data-key='val_flow_loss'][data-axis='step']"
+    chart = "figure.chart[data-key='val_flow_ivw'][data-axis='step']"  # the headline: the detector's judge
     assert page.get_attribute(chart, "data-bands") == "2"
     assert "the detector's judge for A, B" in page.inner_text(chart)
+    assert page.get_attribute("figure.chart[data-key='val_flow_loss'][data-axis='step']", "data-bands") == "2"
     assert "held-out flow loss" in page.inner_text("#banners")
     assert page.get_attribute("figure.chart[data-key='paired_val_flow_loss']", "data-drawn") == "B"
-    # The judge leads: the arms table shows the flow loss, and the effects table reads one seed as such.
-    assert page.inner_text("#arms tr[data-arm='A'] td.judged").startswith("0.385")
+    # The judge leads: the arms table shows the flow headline, and the effects table reads one seed as such.
+    judged = headline_fields([[0.35 + 0.01 * i + 0.1 * (k - 4) for k in range(8)] for i in range(8)])[HEADLINE]
+    assert page.inner_text("#arms tr[data-arm='A'] td.judged").startswith(f"{judged:.4f}"[:5])
     effect = page.inner_text("#effects tbody tr[data-arm='B'][data-metric='val_flow_loss']")
     assert "one seed: training noise not measured" in effect and "distinguishable" not in effect
     assert "stand-in" in page.inner_text("#effects tbody tr[data-arm='B'][data-metric='recon_lpips']")
