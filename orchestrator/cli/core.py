@@ -104,6 +104,23 @@ def call(method: Any, base: str, path: str, **kwargs: Any) -> Any:
     return resp
 
 
+def resolved_grid_file(grid_file: Path, seeds: int | None) -> tuple[dict[str, Any], Any, list[Any]]:
+    """A grid file read (`seeds` over the file's), validated and its arms resolved: (the data, the
+    GridCreate, its (label, ArmSpec) pairs); a CLIError naming the file and the field otherwise."""
+    from orchestrator.grids.service import GridCreate, GridError, resolve_grid
+
+    data = load_grid_file(grid_file)
+    if seeds is not None:
+        data = {**data, "seeds": seeds}
+    try:
+        body = GridCreate.model_validate(data)
+        return data, body, resolve_grid(body)
+    except ValidationError as exc:
+        raise CLIError(f"{grid_file}: {validation_text(exc, root='(grid)')}") from None
+    except GridError as exc:
+        raise CLIError(f"{grid_file}: {exc.message()}") from None
+
+
 @app.command()
 def submit(
     grid_file: Annotated[Path, typer.Argument(help="YAML grid: name, arms, overrides, control (see arms/demo.yaml)")],
@@ -119,19 +136,9 @@ def submit(
     import httpx
 
     from orchestrator.grids.replicates import grid_cost
-    from orchestrator.grids.service import GridCreate, GridError, resolve_grid
 
-    data = load_grid_file(grid_file)
-    if seeds is not None:
-        data = {**data, "seeds": seeds}
-    try:
-        # Checked here first so a bad spec fails at once, with its path, even without a server.
-        body = GridCreate.model_validate(data)
-        resolved = resolve_grid(body)
-    except ValidationError as exc:
-        raise CLIError(f"{grid_file}: {validation_text(exc, root='(grid)')}") from None
-    except GridError as exc:
-        raise CLIError(f"{grid_file}: {exc.message()}") from None
+    # Checked here first so a bad spec fails at once, with its path, even without a server.
+    data, body, resolved = resolved_grid_file(grid_file, seeds)
     if body.seeds > 1:  # what replicates cost, said before anything is queued
         typer.echo(f"submitting {grid_cost([spec for _, spec in resolved], body.seeds).text()}", err=True)
 

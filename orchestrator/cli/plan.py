@@ -6,12 +6,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from pydantic import ValidationError
 
 from orchestrator.cli import CLIError, app
-from orchestrator.cli.core import load_grid_file
+from orchestrator.cli.core import resolved_grid_file
 from orchestrator.cli.plan_table import print_plan
-from orchestrator.messages import database_error_text, validation_text
+from orchestrator.messages import database_error_text
 from orchestrator.settings import load_settings
 
 if TYPE_CHECKING:
@@ -72,18 +71,7 @@ def plan(
     """Print the night plan: each run's GPUs, start and end, the night and its lower bound (total GPU-hours
     over GPUs). Runs take the GPU counts the plan chooses where the grid says `gpus_per_arm: auto`."""
     from orchestrator.grids.night import plan_grid
-    from orchestrator.grids.service import GridCreate, GridError, resolve_grid
-
-    data = load_grid_file(grid_file)
-    if seeds is not None:
-        data = {**data, "seeds": seeds}
-    try:
-        body = GridCreate.model_validate(data)
-        resolved = resolve_grid(body)
-    except ValidationError as exc:
-        raise CLIError(f"{grid_file}: {validation_text(exc, root='(grid)')}") from None
-    except GridError as exc:
-        raise CLIError(f"{grid_file}: {exc.message()}") from None
+    _, body, resolved = resolved_grid_file(grid_file, seeds)
     given_hours = parse_pairs(hours, "--hours", "ARM")
     unknown = sorted(set(given_hours) - {label for label, _ in resolved})
     if unknown:
