@@ -232,7 +232,7 @@ def across_seeds(per_seed: list[Difference]) -> SeedEffect | None:
     seed_sd = math.sqrt(sum((x - mean) * (x - mean) for x in diffs) / (k - 1))  # inf, not OverflowError
     rows = _crossed_rows(per_seed)
     crossed = crossed_interval(rows, t_quantile) if rows is not None else None
-    if crossed is not None:
+    if crossed is not None and is_finite(crossed.low) and is_finite(crossed.high):  # else past a float's range
         c = crossed.components
         return SeedEffect(mean, crossed.low, crossed.high, k, seed_sd, eval_se, "crossed", crossed.se,
                           c.df if math.isfinite(c.df) else None, c.n, c)  # fmt: skip
