@@ -27,9 +27,9 @@ from tests.kit.net import free_port
 from tests.kit.settings import tiny_overrides
 from tests.orchestrator.trackers.tracker_files import (
     mlflow_runs,
+    settings_for,
     tb_text,
     tensorboard_runs,
-    tracker_environment,
     wandb_runs,
 )
 from worker.run_files import sample_dir
@@ -58,16 +58,6 @@ def alone(database_url: str) -> Iterator[None]:
     yield
     with session_scope(database_url) as session:
         session.execute(update(Grid).values(trackers=[]))
-
-
-@pytest.fixture
-def tracker_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    tracker_environment(tmp_path, monkeypatch)
-    return tmp_path
-
-
-def settings_for(database_url: str, tmp_path: Path, **kw: Any) -> Settings:
-    return Settings(database_url=database_url, home_dir=tmp_path, launcher_interval_s=0.2, **kw)
 
 
 def running_grid(database_url: str, trackers: list[str], folder: Path, records: list[dict[str, Any]],

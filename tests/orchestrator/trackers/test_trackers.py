@@ -19,7 +19,6 @@ from orchestrator.db.session import session_scope
 from orchestrator.grids.arms import resolve
 from orchestrator.grids.service import GridCreate, GridError, create_grid
 from orchestrator.runs.ingest import ingest
-from orchestrator.settings import Settings
 from orchestrator.trackers.base import Opened, Point, Status, TrackedRun
 from orchestrator.trackers.forwarder import Forwarder
 from orchestrator.vocabulary import RunState, TrackerName
@@ -29,9 +28,9 @@ from tests.kit.settings import tiny_overrides
 from tests.orchestrator.trackers.tracker_files import (
     STOPPED_ARM,
     mlflow_runs,
+    settings_for,
     tb_text,
     tensorboard_runs,
-    tracker_environment,
     wait_closed,
     wandb_runs,
 )
@@ -43,16 +42,6 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[s
     """One tiny arm's real run folder and records (checkpoints 10, 20, 30, with sample images)."""
     out = tmp_path_factory.mktemp("run")
     return out, list(train_arm(resolve("A", TINY), out))
-
-
-@pytest.fixture
-def tracker_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    tracker_environment(tmp_path, monkeypatch)
-    return tmp_path
-
-
-def settings_for(database_url: str, tmp_path: Path, **kw: Any) -> Settings:
-    return Settings(database_url=database_url, home_dir=tmp_path, launcher_interval_s=0.2, **kw)
 
 
 def submit(database_url: str, trackers: list[str], out: Path, arms: list | None = None) -> list[int]:

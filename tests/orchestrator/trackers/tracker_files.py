@@ -11,6 +11,7 @@ from sqlalchemy import select
 
 from orchestrator.db.models import TrackerRun
 from orchestrator.db.session import session_scope
+from orchestrator.settings import Settings
 from tests.kit.polling import wait_for
 
 # An arm whose detector stops it at its first lower flow loss, by taking higher as better (a sign flip the
@@ -28,6 +29,11 @@ def tracker_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setenv("MLFLOW_TRACKING_URI", (tmp_path / "mlruns").as_uri())
     monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "ablate-test")
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 keeps its file store for those who ask
+
+
+def settings_for(database_url: str, tmp_path: Path, **kw: Any) -> Settings:
+    """A controller's settings for a tracker test: its database, home under tmp_path, a fast launcher."""
+    return Settings(database_url=database_url, home_dir=tmp_path, launcher_interval_s=0.2, **kw)
 
 
 def tensorboard_runs(root: Path) -> dict[str, Any]:
