@@ -27,11 +27,15 @@ def judge_metric(run: Run, standin: bool) -> str:
     """The metric the detector judges `run` on: its spec's policy with "auto" made concrete (val_flow_loss
     where LPIPS is the random stand-in, `standin`); a command arm's own metric by its name. A policy that
     no longer validates judges as the default does."""
+    return resolve_policy(stored_policy(run), standin).metric
+
+
+def stored_policy(run: Run) -> DetectorPolicy:
+    """The run's detector policy as stored; one that no longer validates reads as the default."""
     try:
-        policy = DetectorPolicy.model_validate((run.spec or {}).get("detector") or {})
+        return DetectorPolicy.model_validate((run.spec or {}).get("detector") or {})
     except ValidationError:
-        policy = DetectorPolicy()
-    return resolve_policy(policy, standin).metric
+        return DetectorPolicy()
 
 
 def best_checkpoint(run: Run, ms: list[Metric], judge: str) -> Metric | None:

@@ -22,7 +22,7 @@ from orchestrator.db.models import Grid, Metric, Node, Run, Sweep
 from orchestrator.grids.arms import changes
 from orchestrator.numbers import finite_or_none, is_finite, number
 from orchestrator.results.evaluations import evaluated_points, largest_evaluation, with_evaluation
-from orchestrator.results.judge import best_checkpoint, judge_metric, stored_spec
+from orchestrator.results.judge import best_checkpoint, judge_metric, stored_policy, stored_spec
 from orchestrator.results.own_metrics import is_command_run, own_evaluated, own_series
 from orchestrator.results.record_lists import stored_list, unreadable_records
 from orchestrator.results.reports.costs import run_cost
@@ -245,9 +245,8 @@ def run_comparisons(
 
 def own_lower_is_better(run: Run, metric: str) -> bool:
     """A command arm's own metric: lower is better unless its detector judges it with metric_mode max."""
-    detector = (run.spec or {}).get("detector") or {}
-    judged = isinstance(detector, dict) and detector.get("metric") == metric
-    return not (judged and detector.get("metric_mode") == "max")
+    policy = stored_policy(run)
+    return not (policy.metric == metric and policy.metric_mode == "max")
 
 
 def grid_effects_now(grid: Grid, metrics: dict[int, list[Metric]],
