@@ -13,7 +13,8 @@ if TYPE_CHECKING:
 
 PLAN_COLUMNS = [Column("run"), Column("GPUs", justify="right"), Column("node", priority=2),
                 Column("start h", justify="right"), Column("end h", justify="right"),
-                Column("GPU-h / run", priority=1, justify="right"), Column("cost from", priority=1)]
+                Column("GPU-h / run", priority=1, justify="right"), Column("fixed h", priority=1, justify="right"),
+                Column("cost from", priority=1)]
 
 
 def print_plan(plan: PlanPublic, console: Console | None = None) -> None:
@@ -21,7 +22,8 @@ def print_plan(plan: PlanPublic, console: Console | None = None) -> None:
     console = console or Console()
     rows = [
         [s.run, str(s.gpus), s.node, f"{s.start_h:.2f}", f"{s.end_h:.2f}",
-         f"{plan.hours[s.arm]:.2f}" if plan.hours.get(s.arm) is not None else "-", plan.sources.get(s.arm, "-")]
+         f"{plan.hours[s.arm]:.2f}" if plan.hours.get(s.arm) is not None else "-",
+         f"{plan.fixed_h.get(s.arm, 0.0):.2f}", plan.sources.get(s.arm, "-")]
         for s in plan.slots
     ]  # fmt: skip
     scaling = ", ".join(f"{g} GPUs {s:.2f}x" for g, s in sorted(plan.scaling.items())) or "none measured"

@@ -34,7 +34,9 @@ class PlanPublic(BaseModel):
     night_h: float
     lower_bound_h: float
     search: str  # exhaustive | greedy (grids/planner.py)
-    hours: dict[str, float | None]  # each arm's single-GPU hours per run
+    hours: dict[str, float | None]  # each arm's single-GPU hours of training per run
+    # each arm's hours per run that no GPU count shortens (start, compile, evaluations); 0 for given hours
+    fixed_h: dict[str, float] = {}
     sources: dict[str, str]  # each arm's: measured | estimated | given
     scaling: dict[int, float]  # GPUs -> speedup used where measured or given; others 0.98 per doubling
     scaling_source: str  # measured | given | default
@@ -87,6 +89,7 @@ def plan_grid(
     if not any(nodes.values()):
         return None
     projections = {
+        # a given figure is a whole run: no fixed part on top of it
         label: Projection(hours[label], GIVEN) if hours and label in hours else project(spec, rates)
         for label, spec in resolved
     }
@@ -100,7 +103,7 @@ def plan_grid(
             if h is None:
                 unplanned.append(name)
                 continue
-            runs.append(PlanRun(name, h, arm_choices(spec, largest, auto)))
+            runs.append(PlanRun(name, h, arm_choices(spec, largest, auto), projections[label].fixed_hours))
     plan = plan_night(runs, [PlanNode(n, g) for n, g in nodes.items()], used)
     owner = {run_name(label, seed, seeds): (label, seed) for seed in range(seeds) for label, _ in resolved}
     return PlanPublic(
@@ -110,6 +113,7 @@ def plan_grid(
         lower_bound_h=round(plan.lower_bound, 4),
         search=plan.search,
         hours={label: p.hours for label, p in projections.items()},
+        fixed_h={label: round(p.fixed_hours, 4) for label, p in projections.items()},
         sources={label: p.source for label, p in projections.items()},
         scaling=used,
         scaling_source="given" if scaling else MEASURED if measured_scaling else "default",

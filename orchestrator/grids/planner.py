@@ -2,8 +2,10 @@
 when the last run ends) is as short as it can be made. Pure and torch-free: grid submission, `ablate plan`
 and the launcher's re-planning (orchestrator/runs/replan.py) all call `plan_night`.
 
-A run of h single-GPU hours on g GPUs of one node takes h / speedup(g) hours (data-parallel, same global
-batch). Choosing each job's GPU count to shorten the whole is moldable-task scheduling (Turek, Wolf, Yu,
+A run of h single-GPU hours on g GPUs of one node takes f + h / speedup(g) hours (data-parallel, same
+global batch), where f is what it pays whatever its GPUs: starting, compiling, evaluating at each checkpoint
+(grids/projection.py). f is a few percent of a 5000-step run, but most of a 160-step one, where it makes one
+GPU each beat a wide allotment. Choosing each job's GPU count to shorten the whole is moldable-task scheduling (Turek, Wolf, Yu,
 "Approximate algorithms for scheduling parallelizable tasks", SPAA 1992): an allotment (each run's g) and
 then list scheduling of the runs, longest first, each where it can start earliest.
 
@@ -17,11 +19,12 @@ then list scheduling of the runs, longest first, each where it can start earlies
   orders are tried (longest first; most GPUs first, then longest) and the shorter night kept.
 - Lower bound. No plan beats the GPU-hours of the runs, each at its cheapest GPU count (one GPU, unless a
   measured speedup is above linear, as 2.04x on 2 GPUs is), plus the busy GPUs' remaining hours, spread over
-  all GPUs; nor the longest run on its most GPUs; nor the last busy GPU.
+  all GPUs; nor the longest run at its fastest GPU count; nor the last busy GPU.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -52,11 +55,16 @@ def gpu_choices(largest_node: int) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class PlanRun:
-    """One run to plan: `hours` on one GPU; `choices`, the GPU counts it may take (one: fixed)."""
+    """One run to plan: `hours` of training on one GPU; `choices`, the GPU counts it may take (one: fixed);
+    `fixed`, the hours it takes whatever its GPUs (start, compile, evaluations), held on each of them."""
 
     name: str
     hours: float
     choices: tuple[int, ...] = (1,)
+    fixed: float = 0.0
+
+    def duration(self, gpus: int, scaling: Scaling | None = None) -> float:
+        return self.fixed + self.hours / speedup(gpus, scaling)
 
 
 @dataclass(frozen=True)
@@ -97,7 +105,7 @@ def _schedule(
 ) -> tuple[list[Slot], float]:
     """List scheduling of one allotment: the best of two orders; the slots and the night."""
     best: tuple[list[Slot], float] | None = None
-    durations = [r.hours / speedup(g, scaling) for r, g in zip(runs, gpus, strict=True)]
+    durations = [r.duration(g, scaling) for r, g in zip(runs, gpus, strict=True)]
     orders = (
         sorted(range(len(runs)), key=lambda i: (-durations[i], -gpus[i], i)),
         sorted(range(len(runs)), key=lambda i: (-gpus[i], -durations[i], i)),
@@ -138,7 +146,7 @@ def plan_night(runs: Iterable[PlanRun], nodes: Sequence[PlanNode], scaling: Scal
     for run in runs:
         choices = tuple(sorted({g for g in run.choices if g <= largest}))
         if choices:
-            placeable.append(PlanRun(run.name, run.hours, choices))
+            placeable.append(dataclasses.replace(run, choices=choices))
         else:
             unplaced.append(run.name)
     busy_hours = sum(t for n in nodes for t in n.busy)
@@ -146,11 +154,11 @@ def plan_night(runs: Iterable[PlanRun], nodes: Sequence[PlanNode], scaling: Scal
     if not placeable:
         night = max((t for n in nodes for t in n.busy), default=0.0)
         return Plan((), night, night, "exhaustive", tuple(unplaced))
-    classes: dict[tuple[float, tuple[int, ...]], list[PlanRun]] = {}
+    classes: dict[tuple[float, float, tuple[int, ...]], list[PlanRun]] = {}
     for run in placeable:
-        classes.setdefault((run.hours, run.choices), []).append(run)
+        classes.setdefault((run.hours, run.fixed, run.choices), []).append(run)
     members = [run for group in classes.values() for run in group]
-    per_class = [_class_allotments(len(group), key[1]) for key, group in classes.items()]
+    per_class = [_class_allotments(len(group), key[2]) for key, group in classes.items()]
 
     def evaluate(picks: Sequence[tuple[int, ...]]) -> Scored:
         gpus = [g for pick in picks for g in pick]
@@ -164,8 +172,8 @@ def plan_night(runs: Iterable[PlanRun], nodes: Sequence[PlanNode], scaling: Scal
         (score, slots, night), capped = _greedy(per_class, evaluate, GREEDY_PLACEMENTS // len(members))
         search = "greedy (capped)" if capped else "greedy"
     bound = max(
-        (busy_hours + sum(r.hours * min(g / speedup(g, scaling) for g in r.choices) for r in placeable)) / total_gpus,
-        max(r.hours / speedup(max(r.choices), scaling) for r in placeable),
+        (busy_hours + sum(min(g * r.duration(g, scaling) for g in r.choices) for r in placeable)) / total_gpus,
+        max(min(r.duration(g, scaling) for g in r.choices) for r in placeable),
         max((t for n in nodes for t in n.busy), default=0.0),
     )
     ordered = tuple(sorted(slots, key=lambda s: (s.start, -s.gpus, s.run)))

@@ -4,6 +4,10 @@ FLOP-based estimate (grids/replicates.py projected_gpu_hours), and which of the 
 - Measured rate: the steps per second of earlier runs of the same arm key (the spec's training content:
   model, data, optimizer, schedule shape; not its seed, steps, GPUs or detector) on the same GPU model,
   at steady state (the median of a run's records after its first, which carries the compile).
+- Fixed cost: what a run pays whatever its GPUs: starting and compiling, then an evaluation at every
+  checkpoint. Measured from the same runs (a run's wall time at its last record less its steps at the steady
+  rate, the evaluations' own timings split out), else estimated: START_S, and an evaluation's forward passes
+  at a third of a training step's cost per image at the reference rate.
 - Scaling: where a run of an arm key on 2 or 4 GPUs has a 1-GPU twin of the same key and GPU model, its
   rate over the twin's; per GPU count, the median over arm keys. Unmeasured counts use the planner's
   default (0.98 per doubling).
@@ -13,18 +17,25 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from model.spec import ArmSpec
-from orchestrator.grids.replicates import projected_gpu_hours
+from orchestrator.grids.replicates import projected_gpu_hours, tokens_per_image, tokens_per_s_of
 
 MEASURED = "measured"  # from this product's own records of the arm key on the GPU model
 ESTIMATED = "estimated"  # from FLOPs at arm A's reference rate (replicates.py)
 GIVEN = "given"  # a what-if: `ablate plan --hours`
+# A run's start before its first step, estimated: the process, the data, and a cold compile (55-60 s on an
+# H200 at seed size, docs/benchmarks.md; 17 s from the stored compile cache) where it compiles.
+START_S = {True: 60.0, False: 15.0}
+SAMPLER_PASSES = 4  # an evaluation generates each held-out image 4 times (recon, text-only, an edit pair)
+FLOW_TIMES = 8  # and scores the flow loss at 8 fixed times (model/evaluate.py)
 
 
 def arm_key(spec: ArmSpec) -> str:
@@ -44,6 +55,8 @@ class Rates:
 
     gpu_model: str | None
     steps_per_s: dict[tuple[str, int], float]
+    # arm key -> (start seconds, seconds per evaluation), measured
+    fixed_s: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     def scaling(self) -> dict[int, float]:
         """GPUs -> measured speedup over one GPU, the median over arm keys with a 1-GPU twin."""
@@ -57,7 +70,8 @@ class Rates:
 
 def measured_rates(session: Session, gpu_model: str | None) -> Rates:
     """The rates of every finished or running built-in run on `gpu_model` (None: the most common GPU
-    model the runs record), each the median of its records' iter/s after the first."""
+    model the runs record), each the median of its records' iter/s after the first; and each arm key's
+    fixed cost, from the runs that never resumed (a resume restarts the wall clock)."""
     from orchestrator.db.models import Metric, Run
 
     if gpu_model is None:
@@ -66,24 +80,36 @@ def measured_rates(session: Session, gpu_model: str | None) -> Rates:
     if gpu_model is None:
         return Rates(None, {})
     rows = session.execute(
-        select(Run.id, Run.spec, Metric.iter_per_sec)
+        select(Run.id, Run.spec, Metric.iter_per_sec, Metric.step, Metric.wall_time_s,
+               Metric.extra["eval_time_s"].as_float(), Metric.extra["resumed_from_step"].as_integer())
         .join(Metric, Metric.run_id == Run.id)
         .where(Run.gpu_name == gpu_model, Metric.iter_per_sec.is_not(None))
         .order_by(Run.id, Metric.step)
     ).all()
-    per_run: dict[int, tuple[ArmSpec, list[float]]] = {}
-    for run_id, spec, rate in rows:
+    per_run: dict[int, tuple[ArmSpec, list[Any]]] = {}
+    for run_id, spec, *record in rows:
         if run_id not in per_run:
             parsed = _built_in(spec)
             if parsed is None:
                 continue
             per_run[run_id] = (parsed, [])
-        per_run[run_id][1].append(float(rate))
+        per_run[run_id][1].append(record)
     found: dict[tuple[str, int], list[float]] = {}
-    for spec, rates in per_run.values():
-        steady = rates[1:] or rates
-        found.setdefault((arm_key(spec), spec.gpu_count()), []).append(statistics.median(steady))
-    return Rates(gpu_model, {key: statistics.median(v) for key, v in found.items()})
+    fixed: dict[str, list[tuple[float, float]]] = {}
+    for spec, records in per_run.values():
+        steady = statistics.median(float(r[0]) for r in (records[1:] or records))
+        key = arm_key(spec)
+        found.setdefault((key, spec.gpu_count()), []).append(steady)
+        evals = [r[3] for r in records if r[3] is not None]
+        step, wall = records[-1][1], records[-1][2]
+        if evals and wall is not None and steady > 0 and not any(r[4] for r in records):
+            eval_s = statistics.median(evals)
+            fixed.setdefault(key, []).append((max(wall - step / steady - len(records) * eval_s, 0.0), eval_s))
+    return Rates(
+        gpu_model,
+        {key: statistics.median(v) for key, v in found.items()},
+        {key: (statistics.median(s for s, _ in v), statistics.median(e for _, e in v)) for key, v in fixed.items()},
+    )
 
 
 def _built_in(spec: dict) -> ArmSpec | None:  # type: ignore[type-arg]
@@ -96,16 +122,19 @@ def _built_in(spec: dict) -> ArmSpec | None:  # type: ignore[type-arg]
 
 @dataclass(frozen=True)
 class Projection:
-    hours: float | None  # on one GPU; None: a command arm, which nothing projects
+    hours: float | None  # of training on one GPU; None: a command arm, which nothing projects
     source: str  # MEASURED | ESTIMATED | GIVEN
+    fixed_hours: float = 0.0  # what the run pays whatever its GPUs: start, compile, evaluations
+    fixed_source: str = ESTIMATED
 
 
 def project(spec: ArmSpec, rates: Rates) -> Projection:
     """One run's single-GPU hours: measured where the arm key ran on one GPU of this model (or on several,
-    divided by the measured speedup), else the FLOP estimate."""
+    divided by the measured speedup), else the FLOP estimate; and its fixed cost, likewise."""
     if spec.command is not None:
         return Projection(None, ESTIMATED)
     key = arm_key(spec)
+    fixed_h, fixed_source = fixed_cost(spec, rates.fixed_s.get(key))
     single = rates.steps_per_s.get((key, 1))
     if single is None:
         scaling = rates.scaling()
@@ -114,5 +143,18 @@ def project(spec: ArmSpec, rates: Rates) -> Projection:
                 single = rate / scaling[gpus]
                 break
     if single:
-        return Projection(spec.schedule.steps / single / 3600, MEASURED)
-    return Projection(projected_gpu_hours(spec), ESTIMATED)
+        return Projection(spec.schedule.steps / single / 3600, MEASURED, fixed_h, fixed_source)
+    return Projection(projected_gpu_hours(spec), ESTIMATED, fixed_h, fixed_source)
+
+
+def fixed_cost(spec: ArmSpec, measured: tuple[float, float] | None) -> tuple[float, str]:
+    """A run's start plus an evaluation at each checkpoint (every checkpoint_every steps and the last), in
+    hours: measured where the arm key has run here, else estimated."""
+    evaluations = math.ceil(spec.schedule.steps / spec.schedule.checkpoint_every)
+    if measured is not None:
+        start_s, eval_s = measured
+        return (start_s + evaluations * eval_s) / 3600, MEASURED
+    compiles = spec.precision.compile is not False  # None: on for CUDA, where the night runs
+    images = spec.eval.num_samples * (SAMPLER_PASSES * spec.eval.sampler_steps + FLOW_TIMES)
+    eval_s = images * tokens_per_image(spec) / 3 / tokens_per_s_of(spec)  # a forward pass: ~1/3 of a step
+    return (START_S[compiles] + evaluations * eval_s) / 3600, ESTIMATED

@@ -36,11 +36,19 @@ def projected_gpu_hours(spec: ArmSpec) -> float | None:
     the researcher's)."""
     if spec.command is not None:
         return None
+    tokens_per_step = spec.schedule.batch_size * tokens_per_image(spec)
+    return spec.schedule.steps * tokens_per_step * block_share(spec) / tokens_per_s_of(spec) / 3600
+
+
+def tokens_per_image(spec: ArmSpec) -> int:
+    return (spec.resolution() // spec.model.dims().patch) ** 2
+
+
+def tokens_per_s_of(spec: ArmSpec) -> float:
+    """The training rate the projection assumes for this arm on one GPU: the reference rate scaled by
+    parameters."""
     reference = estimate_params(ArmSpec())  # the defaults: arm A at seed size
-    d = spec.model.dims()
-    tokens_per_step = spec.schedule.batch_size * (spec.resolution() // d.patch) ** 2
-    rate = REFERENCE_TOKENS_PER_S * reference / max(estimate_params(spec), 1)
-    return spec.schedule.steps * tokens_per_step * block_share(spec) / rate / 3600
+    return REFERENCE_TOKENS_PER_S * reference / max(estimate_params(spec), 1)
 
 
 def block_share(spec: ArmSpec) -> float:

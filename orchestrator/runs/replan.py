@@ -131,7 +131,8 @@ class Replanner:
             if hours is None:
                 unprojected.append(_name(run))  # a command arm: launched as any queued run is
                 continue
-            plan_runs.append(PlanRun(_name(run), hours, run_choices(run, stored, largest)))
+            fixed = stored.fixed_h.get(run.arm, 0.0)
+            plan_runs.append(PlanRun(_name(run), hours, run_choices(run, stored, largest), fixed))
         plan_nodes = [PlanNode(n, g, tuple(t for t in busy[n] if t > 0)[:g]) for n, g in nodes.items() if g]
         plan = plan_night(plan_runs, plan_nodes, scaling)
         started = [
@@ -190,8 +191,8 @@ def _elapsed_h(run: Run, now: datetime) -> float:
 
 
 def remaining_hours(run: Run, gpus: int, now: datetime) -> float:
-    """A live run's projected hours left: its single-GPU hours (its grid's plan, else the FLOP estimate)
-    over the speedup, less the time it has run; 0 once past its projection."""
+    """A live run's projected hours left: its fixed hours plus its single-GPU hours over the speedup (its
+    grid's plan, else the FLOP estimate without the fixed part), less the time it has run; 0 once past."""
     plan = run.grid.plan or {}
     hours = (plan.get("hours") or {}).get(run.arm)
     if hours is None:
@@ -200,7 +201,8 @@ def remaining_hours(run: Run, gpus: int, now: datetime) -> float:
     if hours is None:
         return 0.0
     scaling = {int(g): s for g, s in (plan.get("scaling") or {}).items()}
-    return max(hours / speedup(gpus, scaling) - _elapsed_h(run, now), 0.0)
+    fixed = (plan.get("fixed_h") or {}).get(run.arm, 0.0)
+    return max(fixed + hours / speedup(gpus, scaling) - _elapsed_h(run, now), 0.0)
 
 
 def resize(run: Run, gpus: int) -> None:

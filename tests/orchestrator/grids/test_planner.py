@@ -100,3 +100,19 @@ def test_many_distinct_runs_use_the_bounded_greedy_search(monkeypatch: pytest.Mo
     greedy = plan_night(small, QUAD, MEASURED)
     assert greedy.search == "greedy"
     assert greedy.night <= exhaustive.night * 1.10  # the bounded search stays close to the best
+
+
+def test_a_short_run_whose_fixed_cost_dominates_takes_one_gpu_and_a_long_one_spreads() -> None:
+    """The fixed part (start, compile, evaluations) is paid on every GPU a run holds and no GPU count
+    shortens it: at 160 steps (0.06 h fixed, 0.03 h of training) one GPU each beats any wide allotment;
+    at 5000 steps the same fixed part barely moves the quad night off its bound."""
+    short = [PlanRun(arm, 0.03 if arm != "A" else 0.06, ANY, fixed=0.06) for arm in "ABCD"]
+    plan = plan_night(short, QUAD, MEASURED)
+    assert {s.gpus for s in plan.slots} == {1}
+    assert plan.night == pytest.approx(0.06 + 0.06)
+    assert plan.lower_bound <= plan.night
+    # the same runs without their fixed part: the plan spreads them (as it did on the GPU machine, where
+    # the runs then took 274 s against its 27 s)
+    assert max(s.gpus for s in plan_night([PlanRun(r.name, r.hours, ANY) for r in short], QUAD, MEASURED).slots) > 1
+    long = [PlanRun(r.name, r.hours, r.choices, fixed=0.1) for r in night_runs(1)]
+    assert plan_night(long, QUAD, MEASURED).night == pytest.approx((16.2 + 0.4) / 4, rel=0.03)

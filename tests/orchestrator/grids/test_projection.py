@@ -26,12 +26,13 @@ def a_spec(**changes: object) -> ArmSpec:
     return ArmSpec.model_validate(body)
 
 
-def store_run(session, spec: ArmSpec, gpu: str, rates: list[float]) -> None:  # type: ignore[no-untyped-def]
+def store_run(session, spec: ArmSpec, gpu: str, rates: list[float]) -> Run:  # type: ignore[no-untyped-def]
     grid = Grid(name="past", control_arm="A", overrides={}, seeds=1)
     run = Run(position=0, arm="A", spec=spec.model_dump(mode="json"), state=RunState.completed, gpu_name=gpu)
     run.metrics = [Metric(step=10 * (i + 1), iter_per_sec=r) for i, r in enumerate(rates)]
     grid.runs = [run]
     session.add(grid)
+    return run
 
 
 def test_the_arm_key_ignores_seed_steps_gpus_and_detector_but_not_the_model() -> None:
@@ -73,3 +74,26 @@ def test_only_the_named_gpu_models_rates_count(database_url: str) -> None:
         rates = measured_rates(session, "NVIDIA A100-SXM4-80GB")
         assert rates.scaling() == {}
         assert rates.steps_per_s == {(arm_key(a_spec()), 1): 9.0}
+
+
+def test_the_fixed_cost_is_measured_from_a_run_s_wall_time_with_its_evaluations_split_out(database_url: str) -> None:
+    """A run of 40 steps at 2 steps/s that took 80 s to its last record with 4 evaluations of 5 s each
+    spent 80 - 20 - 20 = 40 s starting; a planned run of 3600 steps (checkpoint_every 500: 8 evaluations)
+    then costs 40 + 8 x 5 = 80 s fixed. A resumed run (its wall clock restarted) is not read."""
+    a = a_spec()
+    with session_scope(database_url) as session:
+        run = store_run(session, a, H100, [2.0, 2.0, 2.0, 2.0])
+        for i, metric in enumerate(run.metrics):
+            metric.wall_time_s = 20.0 * (i + 1) if i < 3 else 80.0
+            metric.extra = {"eval_time_s": 5.0}
+        resumed = store_run(session, a, H100, [2.0, 2.0])
+        for metric in resumed.metrics:
+            metric.wall_time_s, metric.extra = 1.0, {"eval_time_s": 50.0, "resumed_from_step": 10}
+    with session_scope(database_url) as session:
+        rates = measured_rates(session, H100)
+    projection = project(a, rates)
+    assert projection.fixed_source == MEASURED
+    assert projection.fixed_hours * 3600 == pytest.approx(40 + 8 * 5)
+    estimated = project(a_spec(model={"size": "small"}), rates)
+    assert estimated.fixed_source == ESTIMATED
+    assert estimated.fixed_hours > 0

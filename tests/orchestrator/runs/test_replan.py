@@ -102,7 +102,8 @@ def night_factory(database_url: str) -> Iterator:  # type: ignore[type-arg]
         def make(seeds: int, nodes: dict[str, int]) -> Night:
             body = GridCreate(name="quad", arms=["A", "B", "C", "D"], overrides=TINY, seeds=seeds, gpus_per_arm="auto")
             grid = create_grid(session, body, nodes=nodes)
-            grid.plan = {**grid.plan, "hours": HOURS, "scaling": {str(g): s for g, s in SCALING.items()}}
+            # the measured hours are whole runs: no fixed part on top of them
+            grid.plan = {**grid.plan, "hours": HOURS, "fixed_h": {}, "scaling": {str(g): s for g, s in SCALING.items()}}
             session.flush()
             return Night(session, grid.id, nodes)
 
