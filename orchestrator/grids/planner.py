@@ -5,9 +5,10 @@ and the launcher's re-planning (orchestrator/runs/replan.py) all call `plan_nigh
 A run of h single-GPU hours on g GPUs of one node takes f + h / speedup(g) hours (data-parallel, same
 global batch), where f is what it pays whatever its GPUs: starting, compiling, evaluating at each checkpoint
 (grids/projection.py). f is a few percent of a 5000-step run, but most of a 160-step one, where it makes one
-GPU each beat a wide allotment. Choosing each job's GPU count to shorten the whole is moldable-task scheduling (Turek, Wolf, Yu,
-"Approximate algorithms for scheduling parallelizable tasks", SPAA 1992): an allotment (each run's g) and
-then list scheduling of the runs, longest first, each where it can start earliest.
+GPU each beat a wide allotment. Choosing each job's GPU count to shorten the whole is moldable-task
+scheduling (Turek, Wolf, Yu, "Approximate algorithms for scheduling parallelizable tasks", SPAA 1992):
+an allotment (each run's g) and then list scheduling of the runs, longest first, each where it can start
+earliest.
 
 - Allotment search. Runs with the same hours and choices are interchangeable, so a class of k such runs
   counts how many take each GPU count (a multiset), not k-tuples. When the classes' multisets number at
