@@ -50,10 +50,12 @@ def grid_body(args: argparse.Namespace) -> dict[str, Any]:
 def plan_lines(plan: dict[str, Any] | None) -> list[str]:
     if not plan:
         return ["(no plan in the submit answer)"]
-    out = ["| run | GPUs | node | start h | end h | hours (1 GPU) | source |", "|---|---|---|---|---|---|---|"]
+    out = ["| run | GPUs | node | start h | end h | hours (1 GPU) | fixed h | source |",
+           "|---|---|---|---|---|---|---|---|"]
     for s in plan["slots"]:
         out.append(f"| {s['run']} | {s['gpus']} | {s['node']} | {s['start_h']:.4f} | {s['end_h']:.4f} | "
-                   f"{plan['hours'].get(s['arm'], 0):.4f} | {plan['sources'].get(s['arm'], '-')} |")
+                   f"{plan['hours'].get(s['arm'], 0):.4f} | {plan.get('fixed_h', {}).get(s['arm'], 0):.4f} | "
+                   f"{plan['sources'].get(s['arm'], '-')} |")
     out.append(f"night {plan['night_h']:.4f} h; lower bound {plan['lower_bound_h']:.4f} h ({plan['search']})")
     return out
 
