@@ -140,6 +140,8 @@ def main() -> None:
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text("\n".join(lines) + "\n")
             shutil.copy(home / "serve.log", args.out.with_suffix(".serve.log"))
+            for agent_log in home.rglob("agent.log"):  # the local node agent's stderr (Ray, the workers)
+                shutil.copy(agent_log, args.out.with_suffix(".agent.log"))
 
 
 if __name__ == "__main__":
