@@ -13,6 +13,8 @@ State machine per run: queued -> starting -> running -> completed | stopped | fa
   the run gracefully.
 - Worker death: the run is re-queued (retries + 1) and resumes from its last checkpoint; past
   max_retries it fails with the error. A run being stopped (user or detector) is finished as stopped.
+- Growth (runs/grow.py): GPUs left free go to a running auto arm when that shortens its grid's night; its
+  worker stops at its next step and the run resumes first, on the same node, on more GPUs.
   A worker that Ray cannot place within start_timeout_s is killed and counts as died.
 - Restart: a new controller asks every node's agent for its workers by name and polls each for the
   records after the last step in the DB; a run whose worker is on no node is re-queued (a retry counted).
