@@ -66,23 +66,26 @@ def measured_rates(session: Session, gpu_model: str | None) -> Rates:
     if gpu_model is None:
         return Rates(None, {})
     rows = session.execute(
-        select(Run.id, Run.spec, Metric.iter_per_sec)
+        select(Run.id, Run.spec, Metric.iter_per_sec, Metric.extra["ranks"].as_integer())
         .join(Metric, Metric.run_id == Run.id)
         .where(Run.gpu_name == gpu_model, Metric.iter_per_sec.is_not(None))
         .order_by(Run.id, Metric.step)
     ).all()
-    per_run: dict[int, tuple[ArmSpec, list[float]]] = {}
-    for run_id, spec, rate in rows:
-        if run_id not in per_run:
-            parsed = _built_in(spec)
-            if parsed is None:
-                continue
-            per_run[run_id] = (parsed, [])
-        per_run[run_id][1].append(float(rate))
+    # Per run and GPU count: a run grown onto more GPUs (runs/grow.py) has records at each count, its
+    # records' `ranks` says which (older records name none: the spec's count).
+    per_run: dict[tuple[int, int], tuple[ArmSpec, list[float]]] = {}
+    specs: dict[int, ArmSpec | None] = {}
+    for run_id, spec, rate, ranks in rows:
+        if run_id not in specs:
+            specs[run_id] = _built_in(spec)
+        parsed = specs[run_id]
+        if parsed is None:
+            continue
+        per_run.setdefault((run_id, ranks or parsed.gpu_count()), (parsed, []))[1].append(float(rate))
     found: dict[tuple[str, int], list[float]] = {}
-    for spec, rates in per_run.values():
-        steady = rates[1:] or rates
-        found.setdefault((arm_key(spec), spec.gpu_count()), []).append(statistics.median(steady))
+    for (_, gpus), (spec, rates) in per_run.items():
+        steady = rates[1:] or rates  # the first record of each count carries its (re)start
+        found.setdefault((arm_key(spec), gpus), []).append(statistics.median(steady))
     return Rates(gpu_model, {key: statistics.median(v) for key, v in found.items()})
 
 
