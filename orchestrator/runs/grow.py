@@ -11,7 +11,7 @@ arithmetic (worker/micro_batch.py resumed_micro_batch): growing is a stop and a 
   grid's queued runs placed around it) ends the grid's night earlier than the plan with it kept, by more
   than the growth costs. The cost is `grow_resume_s` (the restart from the stored compile cache: about
   17 s) plus the evaluation of the checkpoint the stop writes (the run's last `eval_time_s`). Of several
-  arms on one node, the one whose growth shortens the night most; one growth per node at a time.
+  arms on one node, the one whose growth shortens its night most: one growth per node and launch pass.
 - How: its spec takes the new count and the freed GPUs count as its worker's (nothing else takes them),
   a `grow_requested` event says from, to and why, and its worker is asked to stop as a user's stop does:
   at its next step, a checkpoint written. The worker ends "stopping" although no one stopped the run; the
@@ -142,20 +142,22 @@ class Grower:
             live = [LiveArm(r.id, r.grid_id, workers[r.id].node, workers[r.id].gpus,
                             remaining_hours(r, workers[r.id].gpus, now), growable(r, nodes.get(workers[r.id].node, 0)))
                     for r in runs.values()]  # fmt: skip
-            left = dict(free)
-            for arm in sorted(live, key=lambda a: a.run_id):
+            found = []
+            for arm in live:
                 run = runs[arm.run_id]
-                if not arm.choices or arm.run_id not in candidates or left.get(arm.node, 0) <= 0:
+                if not arm.choices or arm.run_id not in candidates:
                     continue
                 plan = run.grid.plan or {}
                 scaling = {int(g): s for g, s in (plan.get("scaling") or {}).items()}
                 choice = grow_choice(arm, live, queued_runs(session, run, max(nodes.values())), nodes,
-                                     left[arm.node], scaling, self.cost_s(session, run) / 3600)
-                if choice is None:
-                    continue
-                left[arm.node] -= choice.to_gpus - choice.from_gpus
-                self._ask(session, run, workers[run.id], choice)
-                grown.append(choice)
+                                     free[arm.node], scaling, self.cost_s(session, run) / 3600)
+                if choice is not None:
+                    found.append(choice)
+            # One growth per node and pass (the others' plans assumed its GPUs free): the one that gains most.
+            for choice in sorted(found, key=lambda c: (c.grown_night_h - c.night_h, c.run_id)):
+                if all(g.node != choice.node for g in grown):
+                    self._ask(session, runs[choice.run_id], workers[choice.run_id], choice)
+                    grown.append(choice)
         for choice in grown:  # once committed: a stop asked is a growth on record
             stop(workers[choice.run_id])
         return grown
@@ -207,7 +209,9 @@ class Grower:
         self.reserved[run.id] = node
 
     def first(self, queued: Sequence[Run]) -> list[Run]:
-        """The queue with the grown runs in front: their GPUs are free because they freed them."""
+        """The queue with the grown runs in front: their GPUs are free because they freed them. (A grown run
+        that left the queue otherwise, stopped, holds nothing any more.)"""
+        self.reserved = {run.id: self.reserved[run.id] for run in queued if run.id in self.reserved}
         return sorted(queued, key=lambda r: r.id not in self.reserved)
 
     def node_for(self, run: Run, free: Mapping[str, int]) -> str | None:

@@ -150,3 +150,25 @@ def test_a_stop_asked_by_the_user_meanwhile_wins_over_the_growth(database_url: s
         assert run is not None and grower.asked(session, run) is not None
         run.stop_requested = True
         assert grower.asked(session, run) is None  # the launcher then finishes it as stopped
+
+
+def test_of_two_arms_that_would_grow_on_one_node_the_one_that_gains_most_does(
+    database_url: str, tmp_path: Path
+) -> None:
+    settings = Settings(database_url=database_url, home_dir=tmp_path)
+    workers = {}
+    with session_scope(database_url) as session:
+        for name, hours in (("short", 1.0), ("long", 3.0)):  # two grids: each arm holds its own night
+            grid = create_grid(session, GridCreate(name=name, arms=[{"parent": "A", "name": "Q"}], overrides=TINY,
+                                                   gpus_per_arm="auto"), nodes=QUAD)
+            grid.plan = {**grid.plan, "hours": {"Q": hours}, "scaling": {str(g): s for g, s in SCALING.items()}}
+            (q,) = grid.runs
+            q.state, q.spec, q.started_at = RunState.running, {**q.spec, "gpus": 1}, START
+            session.flush()
+            workers[name] = Worker(q.id, f"ablate-run-{name}-0", "quad", None, started=True, gpus=1)
+    stops: list[Worker] = []
+    grower = Grower(settings, lambda: {"quad": Node(4)}, FakeClock(START))
+    by_id = {w.run_id: w for w in workers.values()}
+    (growth,) = grower.offer(by_id, {"quad": 1}, stops.append)  # one GPU free: 3 h -> 1.47 h beats 1 h -> 0.49 h
+    assert growth.run_id == workers["long"].run_id and growth.to_gpus == 2 and stops == [workers["long"]]
+    assert workers["short"].gpus == 1
