@@ -19,8 +19,9 @@ arithmetic (worker/micro_batch.py resumed_micro_batch): growing is a stop and a 
   event says from, to and the step, and it is launched first, on the same node, where it resumes from that
   checkpoint at the new count. Its records continue its series (ingest keeps one record per step).
 
-A controller that restarts between the stop and the resume keeps the GPUs held (the adopted worker holds
-its spec's count) but not the place in front of the queue: the run is then launched as its plan says.
+A controller that restarts between the growth and the resume keeps the GPUs held (the adopted worker holds
+its spec's count, and its stop is sent again) but not the place in front of the queue: the run is then
+launched as its plan says.
 """
 
 from __future__ import annotations
@@ -132,11 +133,14 @@ class Grower:
         candidates = {w.run_id for w in workers.values() if w.started and not w.stop_sent and w.node in open_nodes}
         basis = (tuple(sorted((w.run_id, w.node, w.gpus, w.started, w.stop_sent) for w in workers.values())),
                  tuple(sorted(free.items())), tuple(sorted(nodes.items())))
-        if not candidates or basis == self._tried:
+        if basis == self._tried:
             return []
         self._tried = basis
         grown: list[Growth] = []
         with session_scope(self.settings.database_url) as session:
+            self._stop_asked(session, workers, stop)
+            if not candidates:
+                return []
             runs = {r.id: r for r in session.scalars(select(Run).where(Run.id.in_(list(workers)))).all()}
             now = self.now()
             live = [LiveArm(r.id, r.grid_id, workers[r.id].node, workers[r.id].gpus,
@@ -161,6 +165,18 @@ class Grower:
         for choice in grown:  # once committed: a stop asked is a growth on record
             stop(workers[choice.run_id])
         return grown
+
+    def _stop_asked(self, session: Session, workers: Mapping[int, Worker], stop: Callable[[Worker], None]) -> None:
+        """Stop the workers whose growth is on record but whose stop may never have been sent: a controller
+        that ended between the two adopts them (holding the grown count) and would else hold GPUs idle."""
+        unsent = {w.run_id: w for w in workers.values() if not w.stop_sent}
+        if not unsent:
+            return
+        asked = select(Event.run_id, Event.data).where(Event.run_id.in_(list(unsent)), Event.kind == ASKED)
+        rows = session.execute(asked)
+        for run_id, data in rows:
+            if (data or {}).get("attempt") == unsent[run_id].attempt and not unsent[run_id].stop_sent:
+                stop(unsent[run_id])
 
     def cost_s(self, session: Session, run: Run) -> float:
         """What growing costs the run: the restart, and the evaluation of the checkpoint its stop writes."""

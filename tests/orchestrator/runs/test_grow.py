@@ -115,6 +115,10 @@ def test_the_grower_stops_the_arm_for_its_growth_and_queues_it_again_on_its_node
     assert worker.gpus == 4  # the freed GPUs are its own until it resumes
     worker.stop_sent = True
     assert grower.offer({q_id: worker}, {"quad": 0}, stops.append) == [] and len(stops) == 1
+    # A controller that restarted before the stop went out adopts the worker at its grown count, unstopped:
+    adopted = Worker(q_id, "ablate-run-q-0", "quad", 10, started=True, gpus=4)
+    assert Grower(settings, lambda: {"quad": Node(4)}, clock).offer({q_id: adopted}, {"quad": 0}, stops.append) == []
+    assert stops == [worker, adopted]  # its stop is sent again
     with session_scope(database_url) as session:
         run = session.get(Run, q_id)
         assert run is not None and run.spec["gpus"] == 4
