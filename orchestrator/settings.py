@@ -108,6 +108,10 @@ class Settings(BaseSettings):
     logical_gpus: Annotated[int, Field(ge=0)] = 0
     # How often the run launcher looks for queued runs and free GPUs, in seconds (was scheduler_interval_s).
     launcher_interval_s: Annotated[float, Field(gt=0)] = 0.5
+    # What growing a running arm onto freed GPUs costs beyond the evaluation of the checkpoint its stop
+    # writes, in seconds: the restart, compiled from the stored compile cache (runs/grow.py). An arm grows
+    # only when its grid's night ends earlier by more than that.
+    grow_resume_s: Annotated[float, Field(ge=0)] = 17.0
     # How many times a run whose worker died is re-queued before it is marked failed.
     max_retries: Annotated[int, Field(ge=0)] = 2
     # Seconds a launched worker may wait for Ray to place it (no first reply) before it is killed and

@@ -109,6 +109,20 @@ def _trial(
         torch.cuda.empty_cache()
 
 
+def resumed_micro_batch(saved: int | None, saved_ranks: int, spec: ArmSpec) -> int | None:
+    """The micro-batch a checkpoint resumes with: the one it trained with, or, resumed on another number of
+    GPUs (an arm grown onto freed ones), the images one micro-batch spanned over all its ranks split among
+    the new ranks, so every step's micro-batches, noise and identity draws are the uninterrupted run's
+    (model/data/loader.py StepBatches). None (chosen afresh, as at a start) where that split is not whole,
+    or would put more images on a GPU than it held before (fewer GPUs: what fits is measured again)."""
+    if saved is None or saved_ranks == spec.gpus:
+        return saved
+    images = saved * saved_ranks
+    if images % spec.gpus or images // spec.gpus > saved:
+        return None
+    return images // spec.gpus
+
+
 def choose_micro_batch(
     spec: ArmSpec,
     device: torch.device,

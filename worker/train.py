@@ -32,7 +32,7 @@ from model.spec import ArmSpec
 from worker import checkpoint as ckpt
 from worker.compile_cache import CompileCache, cache_key
 from worker.data_fetch import DataStore, fetch_prepared
-from worker.micro_batch import oom_message
+from worker.micro_batch import oom_message, resumed_micro_batch
 from worker.train_parts import (  # noqa: F401 - LPIPS_STANDIN_FALLBACK and REPA_STANDIN_FALLBACK: read through here
     LPIPS_STANDIN_FALLBACK,
     REPA_STANDIN_FALLBACK,
@@ -182,7 +182,8 @@ def _train(
             dev,
             lpips_weights,
             fp8_linears=saved.get("fp8_linears"),
-            micro_batch=saved.get("micro_batch"),
+            # written on as many GPUs, or on fewer (an arm grown since): the same images per micro-batch
+            micro_batch=resumed_micro_batch(saved.get("micro_batch"), (saved.get("spec") or {}).get("gpus", 1), spec),
             data_root=Path(fetched.path) if fetched is not None else None,
             data_pin=pin,
             world=world,

@@ -36,8 +36,11 @@ PCA_SEED = 0
 CPU_BF16_FALLBACK = "bf16 autocast not used on CPU (about 2x slower than fp32 there): fp32"
 REPA_STANDIN_FALLBACK = f"repa teacher: {STANDIN} (no pretrained teacher; REPA aligns to a frozen random network)"
 LPIPS_STANDIN_FALLBACK = f"lpips backbone: {STANDIN} (metrics are not comparable with real LPIPS)"
-# Spec sections that may change between a checkpoint and its resume (they do not touch training).
-RESUMABLE_CHANGES = {"name", "description", "detector"}
+# Spec sections that may change between a checkpoint and its resume (they do not touch training). `gpus`:
+# every rank draws the whole global batch and its noise and takes its slice (worker/world.py), so a
+# checkpoint written on g GPUs resumes on g' with the same global batch (the spec checks that g' divides
+# it) and the same arithmetic: an arm grown onto freed GPUs (orchestrator/runs/grow.py).
+RESUMABLE_CHANGES = {"name", "description", "detector", "gpus"}
 
 
 

@@ -160,6 +160,7 @@ class Checkpoints:
     gens: dict[str, torch.Generator]
     resumed_from: int = 0
     wall_before: float = 0.0  # seconds trained by earlier processes of this run
+    gpu_hours_before: float = 0.0  # their GPU-hours, each at its own world size (an arm may have grown since)
     last_record: dict[str, Any] | None = None
     best: dict[str, Any] = field(default_factory=lambda: {"step": None})  # and the judged metric's value
     t_start: float = field(default_factory=time.perf_counter)
@@ -174,6 +175,8 @@ class Checkpoints:
         restore_parts(self.parts, state, self.gens)
         self.resumed_from, self.wall_before = state["step"], state["wall_time_s"]
         self.last_record, self.best = state["record"], state["best"]
+        before = (self.last_record or {}).get("gpu_hours")
+        self.gpu_hours_before = before if isinstance(before, int | float) else 0.0
         if self.skips is not None:  # the count goes on from where the run left it, not from 0
             self.skips.add(state.get("unreadable") or [])
         if write:
@@ -236,7 +239,9 @@ class Checkpoints:
             "tokens_per_sec": ips * sched.batch_size * tokens_per_image if ips else None,
             "peak_memory_gb": peak_memory_gb(parts.device),
             "wall_time_s": elapsed,
-            "gpu_hours": elapsed / 3600 * parts.world.size if parts.device.type == "cuda" else 0.0,
+            # earlier processes' GPU-hours, and this one's wall time on this many GPUs
+            "gpu_hours": self.gpu_hours_before + (elapsed - self.wall_before) / 3600 * parts.world.size
+            if parts.device.type == "cuda" else 0.0,
             "eval_time_s": eval_s,
             "samples": samples,
             "checkpoint": str(path),

@@ -80,26 +80,31 @@ def measured_rates(session: Session, gpu_model: str | None) -> Rates:
     if gpu_model is None:
         return Rates(None, {})
     rows = session.execute(
-        select(Run.id, Run.spec, Metric.iter_per_sec, Metric.step, Metric.wall_time_s,
-               Metric.extra["eval_time_s"].as_float(), Metric.extra["resumed_from_step"].as_integer())
+        select(Run.id, Run.spec, Metric.iter_per_sec, Metric.extra["ranks"].as_integer(), Metric.step,
+               Metric.wall_time_s, Metric.extra["eval_time_s"].as_float(),
+               Metric.extra["resumed_from_step"].as_integer())
         .join(Metric, Metric.run_id == Run.id)
         .where(Run.gpu_name == gpu_model, Metric.iter_per_sec.is_not(None))
         .order_by(Run.id, Metric.step)
     ).all()
-    per_run: dict[int, tuple[ArmSpec, list[Any]]] = {}
-    for run_id, spec, *record in rows:
-        if run_id not in per_run:
-            parsed = _built_in(spec)
-            if parsed is None:
-                continue
-            per_run[run_id] = (parsed, [])
-        per_run[run_id][1].append(record)
+    # Per run and GPU count: a run grown onto more GPUs (runs/grow.py) has records at each count, its
+    # records' `ranks` says which (older records name none: the spec's count).
+    per_run: dict[tuple[int, int], tuple[ArmSpec, list[Any]]] = {}
+    specs: dict[int, ArmSpec | None] = {}
+    for run_id, spec, rate, ranks, *record in rows:
+        if run_id not in specs:
+            specs[run_id] = _built_in(spec)
+        parsed = specs[run_id]
+        if parsed is None:
+            continue
+        per_run.setdefault((run_id, ranks or parsed.gpu_count()), (parsed, []))[1].append((float(rate), *record))
     found: dict[tuple[str, int], list[float]] = {}
     fixed: dict[str, list[tuple[float, float]]] = {}
-    for spec, records in per_run.values():
-        steady = statistics.median(float(r[0]) for r in (records[1:] or records))
+    for (_, gpus), (spec, records) in per_run.items():
+        steady = statistics.median(r[0] for r in (records[1:] or records))  # the first carries its (re)start
         key = arm_key(spec)
-        found.setdefault((key, spec.gpu_count()), []).append(steady)
+        found.setdefault((key, gpus), []).append(steady)
+        # the fixed cost from runs that never resumed (a resume, a growth too, restarts the wall clock)
         evals = [r[3] for r in records if r[3] is not None]
         step, wall = records[-1][1], records[-1][2]
         if evals and wall is not None and steady > 0 and not any(r[4] for r in records):

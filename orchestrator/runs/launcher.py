@@ -13,6 +13,8 @@ State machine per run: queued -> starting -> running -> completed | stopped | fa
   the run gracefully.
 - Worker death: the run is re-queued (retries + 1) and resumes from its last checkpoint; past
   max_retries it fails with the error. A run being stopped (user or detector) is finished as stopped.
+- Growth (runs/grow.py): GPUs left free go to a running auto arm when that shortens its grid's night; its
+  worker stops at its next step and the run resumes first, on the same node, on more GPUs.
   A worker that Ray cannot place within start_timeout_s is killed and counts as died.
 - Restart: a new controller asks every node's agent for its workers by name and polls each for the
   records after the last step in the DB; a run whose worker is on no node is re-queued (a retry counted).
@@ -50,6 +52,7 @@ from orchestrator.fleet.node_pool import NodePool
 from orchestrator.messages import strip_ansi
 from orchestrator.runs.command_code import CodeRefused, ship_code
 from orchestrator.runs.evaluation_jobs import EvaluationJobs, not_placed_workers
+from orchestrator.runs.grow import Grower
 from orchestrator.runs.ingest import ingest, last_step, refused_metrics
 from orchestrator.runs.placement import (
     Worker,
@@ -113,6 +116,7 @@ class Launcher:
         self._warned_no_gpu = False
         self.listeners = tuple(listeners)  # trackers and reports: each in threads or passes of its own
         self.replanner = replanner or Replanner()  # the auto grids' night plans, redrawn each launch pass
+        self.grower = Grower(settings, self.pool.placeable, self.replanner.now)  # running arms onto freed GPUs
 
     # lifecycle ---------------------------------------------------------------------------------------
 
@@ -179,7 +183,8 @@ class Launcher:
             self.evaluations.expire_unplaced(now)
             self._send_stops()
             self._launch_queued()
-            self.evaluations.launch(self.free_gpus())  # the GPUs queued runs left free
+            self.grower.offer(self.workers, self.free_gpus(), self._request_stop)
+            self.evaluations.launch(self.free_gpus())  # the GPUs queued runs and growths left free
             for listener in self.listeners:
                 listener.housekeeping()  # the report writer: grids that ended since the last pass
 
@@ -244,12 +249,12 @@ class Launcher:
     def _launch_queued(self) -> None:
         free = self.free_gpus()
         with session_scope(self.settings.database_url) as session:
-            queued = session.scalars(
+            queued = self.grower.first(session.scalars(  # grown runs first: on the GPUs they freed
                 select(Run)
                 .join(Grid)
                 .where(Run.state == RunState.queued, Grid.source != GridSource.imported)
                 .order_by(Grid.created_at, Grid.id, Run.position, Run.id)
-            ).all()
+            ).all())
             # The auto grids' plans, redrawn from now: their runs start when and as their slot says.
             plans = self.replanner.redraw(session, queued, {n: e.gpus for n, e in self.pool.placeable().items()},
                                           {w.run_id: Held(w.node, w.gpus) for w in self.workers.values()})
@@ -257,7 +262,7 @@ class Launcher:
                 if run.being_stopped:  # e.g. re-queued after its worker died while stopping
                     self._finish_queued_stop(session, run)
                     continue
-                node = plans.node_for(run, trusted_only(session, run, free))
+                node = self.grower.node_for(run, free) or plans.node_for(run, trusted_only(session, run, free))
                 if node is None:
                     continue  # held back by its plan, or later runs may still fit, or be stops to finish
                 need = arm_gpus(run.spec)
@@ -377,7 +382,9 @@ class Launcher:
             # A command arm's end (stop file, SIGTERM, SIGKILL) is said in the final event and kept in its data.
             ended = {"ended_by": reply.ended_by} if reply.ended_by else {}
             how = f"; {COMMAND_ENDS[reply.ended_by]}" if reply.ended_by else ""
-            if reply.state == "done":
+            if reply.state == "done" and reply.stopping and (growth := self.grower.asked(session, run)):
+                self.grower.ended(session, run, worker.node, growth)  # back in the queue on more GPUs
+            elif reply.state == "done":
                 if run.being_stopped or reply.stopping:
                     finish_run(session, run, RunState.stopped, run.stop_reason() + how, **ended)
                 else:

@@ -5,7 +5,8 @@ node left), or a node joined or left.
 
 - What is planned: the queued runs of each auto grid, oldest grid first. A run that never started takes
   the GPU counts its batch divides into; one that started before (re-queued, resuming from its checkpoint)
-  keeps its count: a checkpoint resumes at the world size it was written at.
+  keeps its count: the one it had, or the one it grew to (runs/grow.py: a running arm grows onto GPUs
+  others freed when that shortens the night, its checkpoint resumed at the larger world size).
 - What is busy: every live worker holds its GPUs until its projected end (its run's single-GPU hours from
   its grid's plan, or the FLOP estimate, over the speedup, less the time since it started; never below
   now), and an earlier grid's runs due now hold theirs for as long as they are planned to take.

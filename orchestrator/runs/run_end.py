@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import logging
 
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from orchestrator.db.events import record_event
-from orchestrator.db.models import Run, utcnow
+from orchestrator.db.models import Event, Run, utcnow
 from orchestrator.vocabulary import RunState
 
 log = logging.getLogger("ablate.launcher")
+GROWN = "grown"  # a run's event: re-queued to resume on more GPUs (runs/grow.py); a new attempt, not a retry
 
 
 def finish_run(session: Session, run: Run, state: RunState, message: str, **data: object) -> None:
@@ -23,15 +25,21 @@ def finish_run(session: Session, run: Run, state: RunState, message: str, **data
 
 def requeue_run(session: Session, run: Run, why: str, max_retries: int) -> None:
     """The run's worker is gone: stopped if it was being stopped, else queued again to resume from its
-    checkpoint (retries + 1), or failed once retries pass max_retries."""
+    checkpoint (retries + 1), or failed once retries pass max_retries (attempts begun by a growth are
+    not retries)."""
     if run.being_stopped:
         finish_run(session, run, RunState.stopped, f"{run.stop_reason()}; {why}")
         return
     run.retries += 1
-    if run.retries > max_retries:
-        run.error = f"worker lost {run.retries} times; last: {why}"
+    if (lost := run.retries - growths(session, run)) > max_retries:
+        run.error = f"worker lost {lost} times; last: {why}"
         finish_run(session, run, RunState.failed, run.error)
         return
     run.state = RunState.queued
-    record_event(session, run, "worker_lost", f"{why}; re-queued, retry {run.retries}/{max_retries}",
+    record_event(session, run, "worker_lost", f"{why}; re-queued, retry {lost}/{max_retries}",
                  attempt=run.retries)
+
+
+def growths(session: Session, run: Run) -> int:
+    """How many of the run's attempts began with a growth (runs/grow.py)."""
+    return session.scalar(select(func.count()).where(Event.run_id == run.id, Event.kind == GROWN)) or 0

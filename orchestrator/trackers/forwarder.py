@@ -56,7 +56,8 @@ log = logging.getLogger("ablate.trackers")
 # The run events a tracker gets as notes: state changes and the detector's word. Not `checkpoint` (the
 # metrics are the checkpoint) nor `tracker` (its own outages).
 FORWARDED_EVENTS = frozenset(
-    {"started", "resumed", "worker_lost", "stop_requested", "warning", "decision", "stopped", "completed", "failed"}
+    {"started", "resumed", "worker_lost", "grown", "stop_requested", "warning", "decision", "stopped", "completed",
+     "failed"}
 )
 TRACKER_EVENT = "tracker"
 CHECKPOINTS_PER_PASS = 100  # a long run's backlog goes out in slices, each cursor move committed

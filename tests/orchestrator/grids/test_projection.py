@@ -26,10 +26,13 @@ def a_spec(**changes: object) -> ArmSpec:
     return ArmSpec.model_validate(body)
 
 
-def store_run(session, spec: ArmSpec, gpu: str, rates: list[float]) -> Run:  # type: ignore[no-untyped-def]
+def store_run(  # type: ignore[no-untyped-def]
+    session, spec: ArmSpec, gpu: str, rates: list[float], ranks: list[int] | None = None
+) -> Run:
     grid = Grid(name="past", control_arm="A", overrides={}, seeds=1)
     run = Run(position=0, arm="A", spec=spec.model_dump(mode="json"), state=RunState.completed, gpu_name=gpu)
-    run.metrics = [Metric(step=10 * (i + 1), iter_per_sec=r) for i, r in enumerate(rates)]
+    run.metrics = [Metric(step=10 * (i + 1), iter_per_sec=r, extra={"ranks": ranks[i]} if ranks else {})
+                   for i, r in enumerate(rates)]
     grid.runs = [run]
     session.add(grid)
     return run
@@ -97,3 +100,15 @@ def test_the_fixed_cost_is_measured_from_a_run_s_wall_time_with_its_evaluations_
     estimated = project(a_spec(model={"size": "small"}), rates)
     assert estimated.fixed_source == ESTIMATED
     assert estimated.fixed_hours > 0
+
+
+def test_a_grown_runs_rates_count_at_the_gpus_each_record_ran_on(database_url: str) -> None:
+    """A run grown from 1 GPU to 2 (runs/grow.py): its spec says 2, its records say which count each ran on."""
+    a = a_spec(model={"size": "small"})
+    with session_scope(database_url) as session:
+        grown = a.model_copy(update={"gpus": 2})
+        store_run(session, grown, "grown GPU", [0.2, 1.0, 1.0, 0.3, 2.0, 2.0], ranks=[1, 1, 1, 2, 2, 2])
+    with session_scope(database_url) as session:
+        rates = measured_rates(session, "grown GPU")
+        assert rates.steps_per_s == {(arm_key(a), 1): 1.0, (arm_key(a), 2): 2.0}  # each count's first left out
+        assert rates.scaling() == {2: pytest.approx(2.0)}

@@ -95,7 +95,10 @@ def test_an_auto_grids_run_starts_as_wide_as_the_launchers_redrawn_plan_says(
     launcher: Launcher, database_url: str
 ) -> None:
     """P names one GPU; Q is the plan's to size. With an hour each on four GPUs the plan from now puts Q
-    on two beside P (both end by 1 h, Q sooner). Q is queued at one GPU: the launcher's redraw widens it."""
+    on two beside P (both end by 1 h, Q sooner). Q is queued at one GPU: the launcher's redraw widens it.
+    Growing a running arm is off here (a restart dearer than any night): P ends long before its hour, and Q
+    would grow onto the GPUs it frees if still running (tests/orchestrator/runs/test_grow_launcher.py)."""
+    launcher.grower.settings = launcher.settings.model_copy(update={"grow_resume_s": 1e9})
     with session_scope(database_url) as session:
         arms = [{"parent": "A", "name": "P", "gpus": 1}, {"parent": "A", "name": "Q"}]
         grid = create_grid(session, GridCreate(name="auto", arms=arms, overrides=TINY, gpus_per_arm="auto"),
