@@ -20,6 +20,7 @@ from pathlib import Path
 
 DISTRIBUTION = "ablate-dit"  # `ablate` on the index is another project; the command is still `ablate`
 TREE = Path(__file__).resolve().parents[1]  # the folder holding orchestrator/, worker/, model/ and arms/
+UNKNOWN = "unknown"  # only ever in "source tree, commit unknown"
 _COMMIT = re.compile(r"\+g([0-9a-f]{7,40})|commit ([0-9a-f]{7,40})")
 
 
@@ -30,7 +31,7 @@ def version_text() -> str:
     if installed is not None:
         commit = _file_commit()
         return f"{installed} (commit {commit})" if commit and commit_of(installed) is None else installed
-    return f"source tree, commit {_git_commit() or _file_commit() or 'unknown'}"
+    return f"source tree, commit {_git_commit() or _file_commit() or UNKNOWN}"
 
 
 def commit_of(text: str) -> str | None:
@@ -41,9 +42,10 @@ def commit_of(text: str) -> str | None:
 
 def same_code(a: str, b: str) -> bool:
     """Whether two version texts name the same code: equal, or naming one commit (a wheel built from commit
-    1a2b3c4 says `0.1.dev3+g1a2b3c4`, the tree it was built from "source tree, commit 1a2b3c4d")."""
+    1a2b3c4 says `0.1.dev3+g1a2b3c4`, the tree it was built from "source tree, commit 1a2b3c4d"). Two trees
+    whose commits are unknown may hold anything: never the same."""
     if a == b:
-        return True
+        return not a.endswith(f"commit {UNKNOWN}")
     first, second = commit_of(a), commit_of(b)
     return first is not None and second is not None and (first.startswith(second) or second.startswith(first))
 
