@@ -52,10 +52,10 @@ STOCK = "localhost/ablate-node:bench"
 
 def wheelhouse(into: Path) -> tuple[Path, Path]:
     """This project's wheel and its whole dependency closure as wheels (CPU torch: this machine's pip)."""
-    if not any(into.glob("ablate-*.whl")):
+    if not any(into.glob("ablate_dit-*.whl")):
         subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "-w", str(into), ".", "torch==2.13.0"],
                        cwd=ROOT, check=True, timeout=1800)
-    return next(into.glob("ablate-*.whl")), into
+    return next(into.glob("ablate_dit-*.whl")), into
 
 
 def night(podman: Podman, image: str, config: BootstrapConfig, tmp: Path, tag: str) -> dict[str, float]:

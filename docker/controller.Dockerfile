@@ -29,16 +29,22 @@ RUN --mount=type=cache,target=/root/.cache/pip pip install $PIP_ARGS $TORCH_PIP_
 
 # Dependencies before the source, so an edit to the code rebuilds only the last layers: with only
 # pyproject.toml present, `pip install .` installs the requirements and an empty package. No build
-# isolation: setuptools came with torch, and an isolated build would not see PIP_ARGS.
+# isolation (an isolated build would not see PIP_ARGS): the build requirements (pyproject.toml) first.
 WORKDIR /src
 COPY pyproject.toml README.md ./
-RUN --mount=type=cache,target=/root/.cache/pip pip install $PIP_ARGS --no-build-isolation "$TORCH" .
+RUN --mount=type=cache,target=/root/.cache/pip pip install $PIP_ARGS "setuptools>=69" "setuptools-scm>=8" \
+    && pip install $PIP_ARGS --no-build-isolation "$TORCH" .
 COPY orchestrator ./orchestrator
 COPY worker ./worker
 COPY model ./model
 COPY arms ./arms
 COPY migrations ./migrations
-RUN pip install --no-deps --no-build-isolation --force-reinstall . && pip check
+# The version the image reports (`ablate --version`, /healthz): the build context has no .git, so it is
+# given as setuptools-scm would say it: `--build-arg ABLATE_VERSION=$(python -m setuptools_scm)`; unset: 0.0.
+# Declared here, so a new version rebuilds only this layer.
+ARG ABLATE_VERSION=0.0
+RUN SETUPTOOLS_SCM_PRETEND_VERSION_FOR_ABLATE_DIT="$ABLATE_VERSION" \
+    pip install --no-deps --no-build-isolation --force-reinstall . && pip check
 # The provider SDKs after the check: installed without their declared requirements, which conflict with ours
 # (pyproject.toml lists what they import); `pip check` would flag exactly those pins.
 RUN --mount=type=cache,target=/root/.cache/pip pip install $PIP_ARGS --no-deps vastai==1.9.1 runpod==1.12.0

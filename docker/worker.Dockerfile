@@ -41,13 +41,19 @@ RUN --mount=type=cache,target=/root/.cache/pip pip install $PIP_ARGS $TORCH_PIP_
 # Dependencies before the source (see controller.Dockerfile).
 WORKDIR /src
 COPY pyproject.toml README.md ./
-RUN --mount=type=cache,target=/root/.cache/pip pip install $PIP_ARGS --no-build-isolation "$TORCH" .
+RUN --mount=type=cache,target=/root/.cache/pip pip install $PIP_ARGS "setuptools>=69" "setuptools-scm>=8" \
+    && pip install $PIP_ARGS --no-build-isolation "$TORCH" .
 COPY orchestrator ./orchestrator
 COPY worker ./worker
 COPY model ./model
 COPY arms ./arms
 COPY migrations ./migrations
-RUN pip install --no-deps --no-build-isolation --force-reinstall . && pip check \
+# The version the image reports (`ablate --version`, /healthz): the build context has no .git, so it is
+# given as setuptools-scm would say it: `--build-arg ABLATE_VERSION=$(python -m setuptools_scm)`; unset: 0.0.
+# Declared here, so a new version rebuilds only this layer.
+ARG ABLATE_VERSION=0.0
+RUN SETUPTOOLS_SCM_PRETEND_VERSION_FOR_ABLATE_DIT="$ABLATE_VERSION" \
+    pip install --no-deps --no-build-isolation --force-reinstall . && pip check \
     && echo "$VIRTUAL_ENV" > /etc/ablate-node
 
 # Checkpoints land under the same absolute path as on the controller, so sweeps can copy them back.

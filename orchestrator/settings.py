@@ -180,7 +180,7 @@ class Settings(BaseSettings):
     offline: bool = False
     # -- experiment trackers (orchestrator/trackers/): the controller forwards what it ingests --
     # Trackers every grid forwards to unless its body names its own ("trackers": [...]): wandb, tensorboard,
-    # mlflow, as a JSON list or comma-separated. Each needs its extra (pip install 'ablate[wandb]'); their own
+    # mlflow, as a JSON list or comma-separated. Each needs its extra (pip install 'ablate-dit[wandb]'); their own
     # settings come from their usual variables (WANDB_PROJECT, WANDB_ENTITY, WANDB_MODE, MLFLOW_TRACKING_URI,
     # MLFLOW_EXPERIMENT_NAME). Nodes never see any of them.
     trackers: Annotated[list[TrackerName], NoDecode] = []

@@ -102,7 +102,7 @@ def provenance() -> dict[str, Any]:
     """Library versions and the code version (git commit + dirty flag) that produced a checkpoint."""
     # str(): torch.__version__ is a TorchVersion, which weights_only loading (see `load`) would refuse.
     versions = {"python": platform.python_version(), "torch": str(torch.__version__)}
-    for pkg in ("torchao", "lpips", "torchvision", "numpy", "ablate"):
+    for pkg in ("torchao", "lpips", "torchvision", "numpy", "ablate-dit"):  # ablate-dit: this project
         try:
             versions[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:

@@ -80,7 +80,7 @@ class ArmPublic(BaseModel):
 class Health(BaseModel):
     status: str
     database: str
-    version: str
+    version: str  # as `ablate --version` says it (orchestrator/version.py): never a bare "unknown"
 
 
 class Gpu(BaseModel):

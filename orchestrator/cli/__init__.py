@@ -9,11 +9,31 @@ import socket
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Annotated
 
 import typer
 from pydantic import ValidationError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Ablation orchestration for DiT training.")
+
+
+def _print_version(asked: bool) -> None:
+    if asked:
+        from orchestrator.version import DISTRIBUTION, version_text
+
+        typer.echo(f"{DISTRIBUTION} {version_text()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True,
+                     help="Print the version (and the commit where known), as /healthz and the report say it"),
+    ] = False,
+) -> None:
+    pass
 
 
 class CLIError(RuntimeError):

@@ -7,7 +7,8 @@ controller drives it through its agent (worker/agent.py) over the same SSH conne
 the agent's launcher, `{remote_dir}/agent`, with the node's Python environment and `env` in it.
 
 A node started from the worker image (docker/worker.Dockerfile) names its environment in /etc/ablate-node;
-when that environment already holds this controller's version of ablate, the install is skipped."""
+when that environment already holds this controller's code (orchestrator/version.py `same_code`: the same
+version, or the same commit), the install is skipped."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ import re
 import shlex
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from importlib.metadata import version
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -28,11 +28,12 @@ from orchestrator.fleet.errors import NodeError, error_reason
 from orchestrator.fleet.inventory import get_node, set_state
 from orchestrator.fleet.probe import probe
 from orchestrator.fleet.shell import CommandFailed, NodeShell
+from orchestrator.version import same_code, version_text
 from orchestrator.vocabulary import NodeState
 
 NODE_MARKER = "/etc/ablate-node"  # written by the worker image: the path of its Python environment
 _ENV_PATH = re.compile(r"/[A-Za-z0-9._/-]+")  # what a marker may name (the node is not trusted)
-_VERSION = "from importlib.metadata import version; print(version('ablate'))"
+_VERSION = "from orchestrator.version import version_text; print(version_text())"
 
 
 class BootstrapConfig(BaseSettings):
@@ -148,9 +149,10 @@ def image_environment(shell: NodeShell) -> str | None:
 
 def holds_this_version(shell: NodeShell, venv: str) -> bool:
     """Whether the node's environment `venv` (ABLATE_NODE_VENV, or the one the image names) holds this
-    controller's version of ablate: its own Python says, the marker only says where to look."""
+    controller's code: its own Python says (an environment without orchestrator.version is older), the marker
+    only says where to look."""
     found = shell.run(f"{shlex.quote(venv)}/bin/python -c {shlex.quote(_VERSION)}", 60, check=False)
-    return found.exit_code == 0 and found.stdout.strip() == version("ablate")
+    return found.exit_code == 0 and same_code(found.stdout.strip(), version_text())
 
 
 def agent_launcher(config: BootstrapConfig) -> str:
@@ -266,7 +268,7 @@ def bootstrap_node(database_url: str, name: str, config: BootstrapConfig | None 
         row.gpus, row.last_probe = found["gpus"], found
         row.state, row.state_detail = NodeState.joined, None
         if ready is not None:
-            what = f"ablate {version('ablate')} is already installed in {ready} on the node: install skipped"
+            what = f"ablate {version_text()} is already installed in {ready} on the node: install skipped"
             session.add(Event(node_id=row.id, kind="node.install_skipped", message=what, data={"venv": ready}))
     return found
 

@@ -1,6 +1,6 @@
 """Which client each tracker needs, and a grid's tracker list checked against what is installed.
 
-The clients are optional extras (`pip install 'ablate[wandb]'`): a tracker whose package is missing is
+The clients are optional extras (`pip install 'ablate-dit[wandb]'`): a tracker whose package is missing is
 refused when a grid names it (HTTP 422 naming the extra), never found missing while a run trains.
 """
 
@@ -19,7 +19,7 @@ CLIENT_PACKAGES = {TrackerName.wandb: "wandb", TrackerName.tensorboard: "tensorb
 def missing_client(name: TrackerName) -> str | None:
     """Why `name` cannot be used on this controller (its extra to install), or None when it can."""
     if importlib.util.find_spec(CLIENT_PACKAGES[name]) is None:
-        return f"the {name} tracker needs its client on the controller: pip install 'ablate[{name}]'"
+        return f"the {name} tracker needs its client on the controller: pip install 'ablate-dit[{name}]'"
     return None
 
 

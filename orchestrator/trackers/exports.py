@@ -123,7 +123,7 @@ def read_wandb_run(path: Path) -> WandbRun:
         from google.protobuf.message import DecodeError
         from wandb.proto import wandb_internal_pb2
     except ImportError:
-        raise CurvesError(f"{path}: reading a W&B run needs its client: pip install 'ablate[wandb]'") from None
+        raise CurvesError(f"{path}: reading a W&B run needs its client: pip install 'ablate-dit[wandb]'") from None
     run = WandbRun(path)
     for index, raw in enumerate(_wandb_records(path)):
         record = wandb_internal_pb2.Record()
@@ -218,7 +218,7 @@ def tensorboard_curves(path: Path) -> dict[str, Any]:
     try:
         from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     except ImportError:
-        raise CurvesError(f"{path}: reading TensorBoard events needs: pip install 'ablate[tensorboard]'") from None
+        raise CurvesError(f"{path}: reading TensorBoard events needs: pip install 'ablate-dit[tensorboard]'") from None
     root = path if path.is_dir() else path.parent
     folders = sorted({p.parent for p in root.rglob(f"{TB_EVENTS}*")}) if path.is_dir() else [path.parent]
     doc: dict[str, Any] = {}

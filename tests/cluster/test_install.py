@@ -37,7 +37,7 @@ def test_default_install_from_a_wheelhouse_with_no_index(database_url: str, test
         check=True,
         timeout=300,
     )
-    [wheel] = wheelhouse.glob("ablate-*.whl")
+    [wheel] = wheelhouse.glob("ablate_dit-*.whl")
     node = testbed.nodes[0]
     probe = "import socket; socket.create_connection(('pypi.org', 443), 3)"
     unreachable = testbed.in_node(node, sys.executable, "-c", probe)
@@ -57,7 +57,7 @@ def test_default_install_from_a_wheelhouse_with_no_index(database_url: str, test
 
     venv = node.home / "ablate" / "venv"
     assert (node.home / "ablate" / "wheelhouse" / wheel.name).is_file()  # copied over SFTP
-    installed = list((venv / "lib").glob("python3*/site-packages/ablate-*.dist-info"))
+    installed = list((venv / "lib").glob("python3*/site-packages/ablate_dit-*.dist-info"))
     assert len(installed) == 1
     assert "start-head" in (node.home / "ablate" / "helper.txt").read_text()  # ran from the fresh venv
 

@@ -5,7 +5,8 @@
 - `local_base`: a Debian bookworm root filesystem made by `debootstrap --variant=minbase` with Debian's
   Python, imported as a local image (no base can be pulled here); made once, then reused from Podman's store.
 - `build_images`: both images from the repository with CPU torch (the wheel pip finds on this machine),
-  through every pip install's options (`PIP_ARGS`): this machine's CA bundle, for a TLS-intercepting proxy.
+  through every pip install's options (`PIP_ARGS`): this machine's CA bundle, for a TLS-intercepting proxy;
+  the tree's version from setuptools-scm (`ABLATE_VERSION`: the build context has no .git).
 
 Usable from pytest (tests/images/test_images.py) and from bench/ scripts (bench/images.py).
 """
@@ -132,6 +133,10 @@ def build_images(podman: Podman) -> dict[str, Built]:
         "TORCH": f"torch=={torch_version}",
         "TORCH_PIP_ARGS": "--find-links /wheels",
         "PIP_ARGS": "--cert /run/host-ca.pem",
+        # The tree's version as a wheel built here would carry it: a node from the worker image then holds
+        # the code of a controller run from this tree (same commit) and bootstrap skips its install.
+        "ABLATE_VERSION": subprocess.run([sys.executable, "-m", "setuptools_scm"], cwd=ROOT, capture_output=True,
+                                         text=True, check=True, timeout=60).stdout.strip(),
     }
     volumes = [f"{wheels}:/wheels:ro", f"{ca}:/run/host-ca.pem:ro"]
     return {

@@ -29,7 +29,7 @@ ONE_PURPOSE = {
 }
 DOMAINS = ("grids", "runs", "results", "trackers", "fleet", "sweeps")
 SURFACES = ("api", "cli", "dashboard")
-SHARED = ("db", "settings", "vocabulary", "messages", "errors", "numbers", "web")
+SHARED = ("db", "settings", "vocabulary", "messages", "errors", "numbers", "version", "web")
 # What each part of orchestrator/ must never import (docs/architecture.md, "Layers").
 FORBIDDEN = {
     "grids": ("runs", "results", "trackers", "fleet", "sweeps", *SURFACES),

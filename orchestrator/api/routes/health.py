@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
-
 from fastapi import APIRouter, Response, status
 from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 
 from orchestrator.api.schemas import Health
+from orchestrator.version import version_text
 from orchestrator.web.deps import SessionDep
-
-try:
-    VERSION = version("ablate")
-except PackageNotFoundError:  # running from a checkout that was never pip-installed
-    VERSION = "unknown"
 
 router = APIRouter(tags=["health"])
 
@@ -25,5 +19,5 @@ def healthz(session: SessionDep, response: Response) -> Health:
         session.execute(text("SELECT 1"))
     except SQLAlchemyError as exc:
         response.status_code = status.HTTP_503_SERVICE_UNAVAILABLE
-        return Health(status="degraded", database=f"unreachable: {type(exc).__name__}", version=VERSION)
-    return Health(status="ok", database="ok", version=VERSION)
+        return Health(status="degraded", database=f"unreachable: {type(exc).__name__}", version=version_text())
+    return Health(status="ok", database="ok", version=version_text())

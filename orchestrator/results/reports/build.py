@@ -53,6 +53,7 @@ from orchestrator.results.reports.stats import (
     weighted_flow_difference,
 )
 from orchestrator.results.samples import StepSamples, run_samples, sample_png
+from orchestrator.version import version_text
 from orchestrator.vocabulary import DETECTOR_STOPS, TERMINAL_STATES
 from worker.stored_file import StoredFileRefused
 
@@ -350,6 +351,7 @@ def build_report(session: Session, grid: Grid, storage_options: dict[str, Any] |
         control=control.arm if control is not None else None,
         state="finished" if done else "in progress",
         generated_at=datetime.now(UTC),
+        version=version_text(),
         seeds=grid.seeds,
         judge=judge,
         summary=summarize(arms, effects, judge, grid.seeds),

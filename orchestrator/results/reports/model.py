@@ -211,6 +211,7 @@ class GridReport(BaseModel):
     control: str | None
     state: str
     generated_at: datetime
+    version: str  # the code that wrote it (orchestrator/version.py), as `ablate --version` says it
     seeds: int = 1  # training seeds per arm
     judge: str = "recon_lpips"  # the metric the table leads with: what the detector judged
     summary: Summary

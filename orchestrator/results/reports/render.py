@@ -14,6 +14,7 @@ from orchestrator.results.reports.effects import (
     timestep_markdown,
 )
 from orchestrator.results.reports.model import ArmReport, GridReport, SampleRow
+from orchestrator.version import DISTRIBUTION
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#7f7f7f", "#17becf")
 
@@ -39,7 +40,8 @@ def to_markdown(report: GridReport) -> str:
     """Numbers and sentences; the pictures are in the HTML (and at the API URLs listed)."""
     s = report.summary
     out = [f"# Report: grid {report.grid_id} {report.name!r} ({report.state})", "",
-           f"Control arm: {report.control}. Generated {report.generated_at:%Y-%m-%d %H:%M} UTC.", ""]  # fmt: skip
+           f"Control arm: {report.control}. Generated {report.generated_at:%Y-%m-%d %H:%M} UTC "
+           f"by {DISTRIBUTION} {report.version}.", ""]  # fmt: skip
     out += ["## Effects", "", *effects_markdown(report), "", seeds_words(report) + " Forest plots in report.html.", ""]
     out += [evaluation_words(report), ""] if report.evaluation is not None else []
     out += ["## Summary", "", *[f"- {w}" for w in s.words], ""]
@@ -175,7 +177,8 @@ def to_html(report: GridReport) -> str:
     h = [f"<!doctype html><html><head><meta charset=utf-8><title>ablate report: grid {report.grid_id}</title>",
          f"<style>{CSS}</style></head><body>",
          f"<h1>Grid {report.grid_id}: {escape(report.name)} <small class=muted>({escape(report.state)})</small></h1>",
-         f"<p>Control arm {escape(str(report.control))}; generated {report.generated_at:%Y-%m-%d %H:%M} UTC.</p>",
+         f"<p>Control arm {escape(str(report.control))}; generated {report.generated_at:%Y-%m-%d %H:%M} UTC by "
+         f"{escape(DISTRIBUTION + ' ' + report.version)}.</p>",
          "<h2>Effects</h2>", effects_html(report),
          f"<p class=muted>{escape(seeds_words(report))}</p>",
          f"<p class=muted>{escape(evaluation_words(report))}</p>" if report.evaluation is not None else "",

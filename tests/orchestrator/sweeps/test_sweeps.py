@@ -282,7 +282,7 @@ def test_provisioning_error_other_than_node_error_fails_the_sweep_once(
     tmp_path: Path,
 ) -> None:
     remote = sshd.workdir / "upload"
-    package = tmp_path / "ablate-0.1-py3-none-any.whl"
+    package = tmp_path / "ablate_dit-0.1-py3-none-any.whl"
     package.write_bytes(b"not really a wheel")
     # A directory where the package upload goes: SFTP's open fails with an OSError, not a NodeError.
     (remote / package.name).mkdir(parents=True)

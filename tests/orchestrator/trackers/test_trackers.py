@@ -85,7 +85,7 @@ def test_a_grid_names_its_trackers_and_a_missing_client_is_refused_naming_the_ex
     with session_scope(database_url) as session, pytest.raises(GridError) as err:
         create_grid(session, GridCreate(name="t", arms=["A"], trackers=["tensorboard", "wandb", "tensorboard"]))
     problems = {tuple(e["loc"]): e["msg"] for e in err.value.errors}
-    assert "pip install 'ablate[wandb]'" in problems[("trackers", 1)]
+    assert "pip install 'ablate-dit[wandb]'" in problems[("trackers", 1)]
     assert "named twice" in problems[("trackers", 2)]
     with session_scope(database_url) as session, pytest.raises(GridError) as err:  # the installation's default
         create_grid(session, GridCreate(name="t", arms=["A"]), default_trackers=[TrackerName.wandb])
@@ -114,7 +114,7 @@ def test_submission_answers_422_naming_the_extra_and_the_grid_shows_its_trackers
         assert refused.status_code == 422
         assert refused.json()["detail"] == [{"loc": ["body", "trackers", 0], "type": "value_error",
                                              "msg": "the mlflow tracker needs its client on the controller: "
-                                                    "pip install 'ablate[mlflow]'"}]  # fmt: skip
+                                                    "pip install 'ablate-dit[mlflow]'"}]  # fmt: skip
         unknown = client.post("/api/grids", json={"name": "t", "arms": ["A"], "trackers": ["comet"]}, headers=auth)
         assert unknown.status_code == 422 and unknown.json()["detail"][0]["loc"] == ["body", "trackers", 0]
         created = client.post("/api/grids", json={"name": "t", "arms": ["A"]}, headers=auth)  # ABLATE_TRACKERS
