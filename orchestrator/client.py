@@ -27,6 +27,7 @@ from orchestrator.api.schemas import (
     RunPublic,
     RunStopped,
 )
+from orchestrator.grids.stopping import nothing_to_ask
 from orchestrator.messages import errors_text
 from orchestrator.results.reports.model import GridReport
 
@@ -129,8 +130,12 @@ class Client:
         return done
 
     def _stop_run(self, run_id: int) -> RunStopped:
+        before = self.run(run_id)  # an unknown id is a 404 here, before anything is asked
+        standing = nothing_to_ask(before.state, before.stop_requested)
+        if standing is not None:
+            return RunStopped.of(before, standing)
         resp = self._request("POST", f"/api/runs/{run_id}/stop", allow=(409,))
-        if resp.status_code == 409:  # it ended before: nothing to stop, and no error
+        if resp.status_code == 409:  # it ended since it was read: nothing to stop, and no error
             return RunStopped.of(self.run(run_id), "already_ended")
         run = self._parse(resp, RunPublic)
         return RunStopped.of(run, "stopped" if run.state == "stopped" else "stop_requested")

@@ -58,12 +58,20 @@ class GridStopped(BaseModel):
     runs: list[RunStopped]
 
 
+def nothing_to_ask(state: str, stop_requested: bool) -> StopOutcome | None:
+    """Why a run in `state` needs no stop request (it ended, or it is being stopped), or None: ask."""
+    if state in TERMINAL_STATES:
+        return "already_ended"
+    if stop_requested and state != RunState.queued:
+        return "already_stopping"
+    return None
+
+
 def stop_each(session: Session, run: Run) -> RunStopped:
     """Stop `run` unless it ended or is being stopped already; flushes, no commit."""
-    if run.state in TERMINAL_STATES:
-        return RunStopped.of(run, "already_ended")
-    if run.stop_requested and run.state != RunState.queued:
-        return RunStopped.of(run, "already_stopping")
+    standing = nothing_to_ask(run.state, run.stop_requested)
+    if standing is not None:
+        return RunStopped.of(run, standing)
     try:
         stop_run(session, run)
     except RunConflict:  # it ended between the read above and the stop (the launcher's compare-and-set won)

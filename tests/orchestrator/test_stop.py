@@ -107,19 +107,23 @@ def test_ablate_stop_runs_stops_each_and_names_an_unknown_id_in_one_line(
     base: str, database_url: str, tmp_path: Path
 ) -> None:
     _, ids = grid_in_every_state(base, database_url)
-    proc = ablate("stop", str(ids[0]), "987654", str(ids[1]), str(ids[3]), "--url", base, home=tmp_path)
+    proc = ablate("stop", str(ids[0]), "987654", *(str(i) for i in ids[1:]), "--url", base, home=tmp_path)
     assert proc.returncode == 2
     assert proc.stdout.splitlines() == [
         f"run {ids[0]} (A s0): stopped before it started",
         f"run {ids[1]} (B s0): stop requested: it stops at its next step, keeping a checkpoint",
+        f"run {ids[2]} (C s0): already being stopped: it stops at its next step, keeping a checkpoint",
         f"run {ids[3]} (D s0): already completed: nothing to stop",
     ]
     assert proc.stderr.strip() == f"error: no run with id 987654 on {base}"  # the others were stopped all the same
     with session_scope(database_url) as s:
         assert (s.get_one(Run, ids[0]).state, s.get_one(Run, ids[1]).stop_requested) == ("stopped", True)
+        assert s.query(Event).filter(Event.run_id == ids[2], Event.kind == "stop_requested").count() == 0
 
 
-def test_ablate_stop_without_a_server_a_token_or_a_target_is_one_line(base: str, tmp_path: Path) -> None:
+def test_ablate_stop_without_a_server_a_token_or_a_target_is_one_line(
+    base: str, database_url: str, tmp_path: Path
+) -> None:
     assert ablate("stop", "--grid", "987654", "--url", base, home=tmp_path).stderr.strip() == (
         f"error: no grid with id 987654 on {base}")
     nothing = ablate("stop", "--url", base, home=tmp_path)
@@ -127,6 +131,11 @@ def test_ablate_stop_without_a_server_a_token_or_a_target_is_one_line(base: str,
     dead = ablate("stop", "1", "--url", "http://127.0.0.1:9", home=tmp_path)
     assert (dead.returncode, dead.stderr.strip()) == (
         2, "error: no ablate server reachable at http://127.0.0.1:9: start one with `ablate serve` or pass --url")
-    wrong = ablate("stop", "1", "--url", base, home=tmp_path, token="a-wrong-token-of-some-length")
-    assert (wrong.returncode, wrong.stderr.strip()) == (2, f"error: {base} rejected the API token: use the server's "
-                                                           f"(ABLATE_API_TOKEN or {tmp_path}/api_token)")
+    grid_id, ids = grid_in_every_state(base, database_url)
+    rejected = f"error: {base} rejected the API token: use the server's (ABLATE_API_TOKEN or {tmp_path}/api_token)"
+    for target in ([str(ids[1])], ["--grid", str(grid_id)]):
+        wrong = ablate("stop", *target, "--url", base, home=tmp_path, token="a-wrong-token-of-some-length")
+        assert (wrong.returncode, wrong.stderr.strip()) == (2, rejected)
+    with session_scope(database_url) as s:
+        assert [(s.get_one(Run, i).state, s.get_one(Run, i).stop_requested) for i in ids[:2]] == [
+            ("queued", False), ("running", False)]  # nothing was stopped
