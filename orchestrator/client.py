@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 import httpx
-from pydantic import BaseModel, TypeAdapter
+from pydantic import TypeAdapter
 
 from orchestrator.api.schemas import (
     GridCreate,
@@ -86,7 +86,7 @@ class Client:
 
     def grids(self, limit: int = 100) -> list[GridPublic]:
         """The grids, newest first."""
-        return self._get(f"/api/grids?limit={limit}", list[GridPublic])
+        return self._parse(self._request("GET", "/api/grids", params={"limit": limit}), list[GridPublic])
 
     def grid(self, grid_id: int) -> GridDetail:
         """One grid with its runs and their latest metrics."""
@@ -156,7 +156,6 @@ class Client:
 
     @staticmethod
     def _parse(resp: httpx.Response, model: type[T] | Any) -> T:  # noqa: ANN401 - a model or a list of one
-        if isinstance(model, type) and issubclass(model, BaseModel):
-            return model.model_validate_json(resp.content)  # type: ignore[return-value]
+        """The answer validated by the API's own model (a pydantic ValidationError if it does not fit)."""
         return TypeAdapter(model).validate_json(resp.content)
 
