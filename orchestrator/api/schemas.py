@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field, field_validator
 from orchestrator.fleet.inventory import NodeCreate, NodeUpdate
 from orchestrator.grids.night import PlanPublic
 from orchestrator.grids.service import GridCreate
+from orchestrator.grids.stopping import GridStopped, RunStopped
 from orchestrator.results.views import (
     GridDetail,
     GridPublic,
@@ -39,6 +40,7 @@ __all__ = [
     "GridCreated",
     "GridDetail",
     "GridPublic",
+    "GridStopped",
     "Gpu",
     "Health",
     "MetricPublic",
@@ -49,6 +51,7 @@ __all__ = [
     "ProbeResult",
     "RentedInstancePublic",
     "RunPublic",
+    "RunStopped",
     "RunSummary",
     "ScheduleCreate",
     "SchedulePublic",

@@ -109,6 +109,7 @@ def _register() -> None:
         replay,  # noqa: F401
         report,  # noqa: F401
         schedules,  # noqa: F401
+        stop,  # noqa: F401
         train,  # noqa: F401
     )
 

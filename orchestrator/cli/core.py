@@ -78,8 +78,8 @@ def load_grid_file(path: Path) -> dict[str, Any]:
     return data
 
 
-def server(url: str | None) -> tuple[str, dict[str, str]]:
-    """The running server's base URL (`url`, else ABLATE_HOST:ABLATE_PORT) and its token's header."""
+def server_and_token(url: str | None) -> tuple[str, str]:
+    """The running server's base URL (`url`, else ABLATE_HOST:ABLATE_PORT) and its API token."""
     from orchestrator.server import read_token
 
     settings = load_settings()
@@ -87,7 +87,13 @@ def server(url: str | None) -> tuple[str, dict[str, str]]:
     token = read_token(settings)
     if token is None:
         raise CLIError(f"no API token: set ABLATE_API_TOKEN or start the server once (it writes {settings.token_file})")
-    return (url or f"http://{host}:{settings.port}").rstrip("/"), {"Authorization": f"Bearer {token}"}
+    return (url or f"http://{host}:{settings.port}").rstrip("/"), token
+
+
+def server(url: str | None) -> tuple[str, dict[str, str]]:
+    """The running server's base URL and its token's header."""
+    base, token = server_and_token(url)
+    return base, {"Authorization": f"Bearer {token}"}
 
 
 def call(method: Any, base: str, path: str, **kwargs: Any) -> Any:
@@ -97,11 +103,18 @@ def call(method: Any, base: str, path: str, **kwargs: Any) -> Any:
     try:
         resp = method(f"{base}{path}", timeout=30, **kwargs)
     except httpx.HTTPError:
-        raise CLIError(f"no ablate server reachable at {base}: start one with `ablate serve` or pass --url") from None
+        raise CLIError(unreachable_text(base)) from None
     if resp.status_code == 401:
-        token_file = load_settings().token_file
-        raise CLIError(f"{base} rejected the API token: use the server's (ABLATE_API_TOKEN or {token_file})")
+        raise CLIError(token_rejected_text(base))
     return resp
+
+
+def unreachable_text(base: str) -> str:
+    return f"no ablate server reachable at {base}: start one with `ablate serve` or pass --url"
+
+
+def token_rejected_text(base: str) -> str:
+    return f"{base} rejected the API token: use the server's (ABLATE_API_TOKEN or {load_settings().token_file})"
 
 
 def resolved_grid_file(grid_file: Path, seeds: int | None) -> tuple[dict[str, Any], Any, list[Any]]:

@@ -91,6 +91,18 @@ class Status:
     judged_metric: str | None
     ended: bool  # a final state: the tracker run is finished after this
     notes: tuple[Note, ...] = field(default=())  # the run's events since the last status, oldest first
+    events: tuple[Note, ...] = field(default=())  # every event of the run so far (the notes among them)
+
+
+@dataclass(frozen=True)
+class GroupEnd:
+    """A grid whose runs all ended and were finished in the tracker: its own tracker run (an MLflow parent
+    run) is finished now. `state` is a RunState for the whole grid (orchestrator/trackers/grid_end.py)."""
+
+    grid_id: int
+    external_id: str  # the tracker's id of the grid (Opened.group_id)
+    state: str
+    counts: str  # its runs' end states in words: "2 completed, 1 stopped"
 
 
 class TrackerUnavailable(RuntimeError):
@@ -117,4 +129,8 @@ class Sink(Protocol):
 
     def close(self, run_id: int) -> None:
         """Let go of the run (flush), without marking it finished in the tracker (the controller stops)."""
+        ...
+
+    def finish_group(self, group: GroupEnd) -> None:
+        """Finish the grid's own tracker run, when the sink opened one (`Opened.group_id`)."""
         ...

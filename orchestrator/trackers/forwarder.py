@@ -48,6 +48,7 @@ from orchestrator.trackers.base import (
     TrackedRun,
     TrackerUnavailable,
 )
+from orchestrator.trackers.grid_end import ended_groups
 from orchestrator.trackers.sample_images import checkpoint_images
 from orchestrator.vocabulary import TERMINAL_STATES, TrackerName
 
@@ -127,11 +128,10 @@ def read_due(session: Session, tracker: TrackerName, run_id: int) -> Due | None:
         return None
     # Events, then the run's state, then its checkpoints, each read after the one before: a final event
     # seen here is matched by a final state, and every checkpoint committed before it is read too.
-    events = session.scalars(
-        select(Event)
-        .where(Event.run_id == run.id, Event.id > (cursor.event_id or 0), Event.kind.in_(FORWARDED_EVENTS))
-        .order_by(Event.id)
-    ).all()
+    history = session.scalars(
+        select(Event).where(Event.run_id == run.id, Event.kind.in_(FORWARDED_EVENTS)).order_by(Event.id)
+    ).all()  # every event so far: a tracker keeps the whole list, the new ones are the notes
+    events = [e for e in history if e.id > (cursor.event_id or 0)]
     session.refresh(run)
     after = cursor.step if cursor.step is not None else -1
     pending = [p for p in metric_series(session, run.id) if p["step"] > after]
@@ -141,8 +141,9 @@ def read_due(session: Session, tracker: TrackerName, run_id: int) -> Due | None:
     )
     if not points and not events and cursor.external_id is not None:
         return None
-    notes = [(e.id, Note(e.kind, e.message, int((e.data or {}).get("step") or run.last_checkpoint_step or 0)))
-             for e in events]  # fmt: skip
+    noted = {e.id: Note(e.kind, e.message, int((e.data or {}).get("step") or run.last_checkpoint_step or 0))
+             for e in history}  # fmt: skip
+    notes = [(e.id, noted[e.id]) for e in events]
     judged = judge_metric(run, points[-1].get("lpips_backbone") == STANDIN) if points else None
     spec = hide_env(dict(run.spec or {}))  # what every reader sees: env values stay on the run's node
     # Replicates of one arm are separate tracker runs (and TensorBoard folders): the arm and its seed.
@@ -159,6 +160,7 @@ def read_due(session: Session, tracker: TrackerName, run_id: int) -> Due | None:
         judged_metric=judged,
         ended=run.state in TERMINAL_STATES and caught_up,
         notes=tuple(note for _, note in notes),
+        events=tuple(noted.values()),
     )
     metrics = [(p["step"], p, extras.get(p["step"]) or {}) for p in points]
     return Due(run, tracked, cursor.external_id is not None, metrics, notes, status)
@@ -290,6 +292,25 @@ class Forwarder:
             except Exception as exc:  # noqa: BLE001 - one run's error is that run's, never the pass's
                 self._failed(lane, run_id, f"tracker {lane.name}: could not forward run {run_id}: "
                              f"{type(exc).__name__}: {exc}")  # fmt: skip
+        self._finish_groups(lane)
+
+    def _finish_groups(self, lane: Lane) -> None:
+        """Finish the tracker run of each grid that ended (an MLflow parent run); one that fails is tried again
+        on the next pass."""
+        with session_scope(self.settings.database_url) as session:
+            ended = ended_groups(session, lane.name)
+        for group in ended:
+            if self._halt.is_set():
+                return
+            try:
+                if lane.sink is None:  # a restarted controller: the grid's runs were all finished before
+                    lane.sink = self._attempt(lane, "starting its client", lambda: build_sink(lane.name, self.settings))
+                self._attempt(lane, f"finishing grid {group.grid_id}", lambda s=lane.sink, g=group: s.finish_group(g))
+            except TrackerUnavailable as exc:
+                log.warning("%s (grid %s)", masked_text(str(exc)), group.grid_id)
+                continue
+            with session_scope(self.settings.database_url) as session:
+                _cursor(session, lane.name, group.grid_id, None).closed = True
 
     def _forward_run(self, lane: Lane, run_id: int) -> None:
         with session_scope(self.settings.database_url) as session:

@@ -3,7 +3,8 @@
 Where runs go is MLflow's own configuration: MLFLOW_TRACKING_URI (a server, or a file store such as
 file:///srv/mlruns) and MLFLOW_EXPERIMENT_NAME (default "ablate"). A resumed run logs into the same MLflow
 run (its id is kept in the database); samples are artifacts under samples/step_<step>/, logged as the
-PNG files they are (nothing is decoded).
+PNG files they are (nothing is decoded). Every event of an arm is its artifact events.json (the latest
+also the tag ablate.last_event); the grid's parent run is terminated when the grid ends.
 """
 
 from __future__ import annotations
@@ -12,13 +13,14 @@ import os
 import time
 from typing import Any
 
-from orchestrator.trackers.base import Opened, Point, Status, TrackedRun, png_files
+from orchestrator.trackers.base import GroupEnd, Opened, Point, Status, TrackedRun, png_files
 from orchestrator.vocabulary import RunState, TrackerName
 
 DEFAULT_EXPERIMENT = "ablate"
 PARAM_VALUE_MAX = 6000  # MLflow's limit on a param's value
 BATCH_MAX = 100  # params per log_batch (MLflow's limit); metrics go in batches of 1000
 END_STATUS = {RunState.completed: "FINISHED", RunState.stopped: "KILLED", RunState.failed: "FAILED"}
+EVENTS_ARTIFACT = "events.json"  # every event of the run, oldest first: [{"step", "kind", "message"}]
 
 
 def flat_params(spec: dict[str, Any], prefix: str = "") -> dict[str, str]:
@@ -102,9 +104,20 @@ class MlflowSink:
         from mlflow.entities import RunTag
 
         self.client.log_batch(mlflow_run, tags=[RunTag(k, v) for k, v in tags.items()])
+        if status.notes:  # every event so far, rewritten whole: a restarted controller loses none of the list
+            events = [{"step": n.step, "kind": n.kind, "message": n.message} for n in status.events]
+            self.client.log_dict(mlflow_run, events, EVENTS_ARTIFACT)
         if status.ended:
             self.client.set_terminated(mlflow_run, status=END_STATUS.get(RunState(status.state), "FINISHED"))
             self.runs.pop(run_id, None)
 
     def close(self, run_id: int) -> None:
         self.runs.pop(run_id, None)  # nothing held open: each call is one request
+
+    def finish_group(self, group: GroupEnd) -> None:
+        """The grid's parent run: its end state as a tag, then terminated (FINISHED, KILLED or FAILED)."""
+        from mlflow.entities import RunTag
+
+        tags = [RunTag("ablate.state", group.state), RunTag("ablate.runs", group.counts)]
+        self.client.log_batch(group.external_id, tags=tags)
+        self.client.set_terminated(group.external_id, status=END_STATUS.get(RunState(group.state), "FINISHED"))

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from orchestrator.trackers.base import Opened, Point, Status, TrackedRun
+from orchestrator.trackers.base import GroupEnd, Opened, Point, Status, TrackedRun
 from orchestrator.vocabulary import TrackerName
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -79,3 +79,6 @@ class TensorBoardSink:
         writer = self.writers.pop(run_id, None)
         if writer is not None:
             writer.close()
+
+    def finish_group(self, group: GroupEnd) -> None:
+        pass  # the grid is a folder of run folders: nothing to finish

@@ -5,6 +5,7 @@ WANDB_MODE (offline writes runs under WANDB_DIR for `wandb sync`), WANDB_API_KEY
 resumed run continues the same W&B run (its id, kept in the database, with resume="allow"), and the
 forwarder's cursor keeps its steps increasing, as W&B requires. Samples go as the PNG files they are
 (`wandb.Image` of a path; W&B reads their pixels, which the forwarder bounded by the header's size).
+Every event of an arm is the summary's `events` table (the latest also `last_event`).
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-from orchestrator.trackers.base import Opened, Point, Status, TrackedRun, png_files
+from orchestrator.trackers.base import GroupEnd, Opened, Point, Status, TrackedRun, png_files
 from orchestrator.vocabulary import RunState, TrackerName
 
 DEFAULT_PROJECT = "ablate"
+EVENT_COLUMNS = ("step", "kind", "message")  # the summary's `events` table: every event of the run
 
 
 def group_name(run: TrackedRun) -> str:
@@ -76,6 +78,9 @@ class WandbSink:
             summary |= {"best_step": status.best_step, "best_value": status.best_value}
         if status.notes:
             summary["last_event"] = f"{status.notes[-1].kind}: {status.notes[-1].message}"
+            # Every event so far, as one table replaced whole: a restarted controller loses none of the list.
+            rows = [[n.step, n.kind, n.message] for n in status.events]
+            summary["events"] = self.wandb.Table(columns=list(EVENT_COLUMNS), data=rows)
         handle.summary.update(summary)
         if status.ended:
             handle.finish(exit_code=1 if status.state == RunState.failed else 0)
@@ -85,3 +90,6 @@ class WandbSink:
         handle = self.runs.pop(run_id, None)
         if handle is not None:
             handle.finish()
+
+    def finish_group(self, group: GroupEnd) -> None:
+        pass  # a W&B group is a label on its runs, not a run: nothing to finish

@@ -28,7 +28,7 @@ ONE_PURPOSE = {
     "model/spec.py": "the arm spec: one model per section of the contract every layer validates against",
 }
 DOMAINS = ("grids", "runs", "results", "trackers", "fleet", "sweeps")
-SURFACES = ("api", "cli", "dashboard")
+SURFACES = ("api", "cli", "dashboard", "client")
 SHARED = ("db", "settings", "vocabulary", "messages", "errors", "numbers", "version", "web")
 # What each part of orchestrator/ must never import (docs/architecture.md, "Layers").
 FORBIDDEN = {

@@ -1,4 +1,4 @@
-"""Grids: submit one (one queued run per arm), list them, show one with its runs' latest metrics."""
+"""Grids: submit one (one queued run per arm), list them, show one with its runs' latest metrics, stop one."""
 
 from __future__ import annotations
 
@@ -9,12 +9,13 @@ from sqlalchemy import select
 from sqlalchemy.orm import selectinload
 
 from model.spec import ArmSpec
-from orchestrator.api.schemas import GridCreate, GridCreated, GridDetail, GridPublic
+from orchestrator.api.schemas import GridCreate, GridCreated, GridDetail, GridPublic, GridStopped
 from orchestrator.db.models import Grid
 from orchestrator.grids.gpu_share import node_gpus
 from orchestrator.grids.night import PlanPublic
 from orchestrator.grids.replicates import grid_cost
 from orchestrator.grids.service import PathPolicy, create_grid, gpu_memory_cap_gib, latest_metrics
+from orchestrator.grids.stopping import stop_grid
 from orchestrator.web.deps import AUTH_RESPONSES, MAX_ID, AuthDep, SessionDep, SettingsDep, get_or_404
 
 router = APIRouter(prefix="/api/grids", tags=["grids"])
@@ -60,3 +61,18 @@ def list_grids(
 def get_grid(grid_id: int, session: SessionDep) -> GridDetail:
     grid = get_or_404(session, Grid, grid_id)
     return GridDetail.from_rows(grid, latest_metrics(session, [r.id for r in grid.runs]))
+
+
+@router.post(
+    "/{grid_id}/stop",
+    response_model=GridStopped,
+    responses={**AUTH_RESPONSES, 404: {"description": "no such grid"}},
+)
+def request_grid_stop(grid_id: int, session: SessionDep, _: AuthDep) -> GridStopped:
+    """Stop every run of the grid, as POST /api/runs/{id}/stop stops one: queued runs at once (decision
+    "user"), starting/running ones at their next step with a checkpoint kept (the launcher stops them).
+    Idempotent: runs already ended or already being stopped are left as they are; the answer says, per run,
+    what the request did (`stopped`, `stop_requested`, `already_stopping`, `already_ended`)."""
+    stopped = stop_grid(session, get_or_404(session, Grid, grid_id))
+    session.commit()
+    return stopped

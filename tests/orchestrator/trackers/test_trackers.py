@@ -27,11 +27,14 @@ from tests.kit.polling import wait_for
 from tests.kit.settings import tiny_overrides
 from tests.orchestrator.trackers.tracker_files import (
     STOPPED_ARM,
+    forwarded_events,
+    mlflow_events,
     mlflow_runs,
     settings_for,
     tb_text,
     tensorboard_runs,
     wait_closed,
+    wandb_events,
     wandb_runs,
 )
 from worker.train import train_arm
@@ -172,6 +175,14 @@ def test_every_arm_reaches_all_three_trackers_with_metrics_samples_and_the_decis
     flipped = runs["A-flipped"]
     assert flipped.data.tags["ablate.decision"] == "collapse" and flipped.data.tags["ablate.decision_reason"] == reason
     assert (flipped.info.status, runs["A"].info.status) == ("KILLED", "FINISHED")
+    # Every event of each arm (started, the decision, the end), not only the latest; the grid's parent run is
+    # closed once both arms ended (a detector's stop is a grid's normal end).
+    events = {arm: forwarded_events(database_url, run_id) for arm, run_id in zip(("A", "A-flipped"), ids, strict=True)}
+    assert [kind for kind, _ in events["A-flipped"]] == ["started", "decision", "stopped"]
+    for arm in ("A", "A-flipped"):
+        assert [(e["kind"], e["message"]) for e in mlflow_events(runs[arm].info.run_id)] == events[arm]
+    assert runs["tracked grid"].info.status == "FINISHED" and runs["tracked grid"].info.end_time is not None
+    assert runs["tracked grid"].data.tags["ablate.runs"] == "1 completed, 1 stopped"
 
     # W&B (offline): a run per arm in the grid's group, history at its steps, images, the decision in the summary.
     wb = wandb_runs(tmp_path / "wandb")
@@ -186,6 +197,8 @@ def test_every_arm_reaches_all_three_trackers_with_metrics_samples_and_the_decis
         assert run.config["model"]["size"] == "tiny"
     summary = wb["A-flipped"][0].summary
     assert (summary["decision"], summary["decision_reason"], summary["state"]) == ("collapse", reason, "stopped")
+    for arm, (run,) in wb.items():
+        assert [(kind, message) for _, kind, message in wandb_events(run)] == events[arm]
 
 
 def test_a_restarted_controller_continues_each_tracker_run_without_duplicating_points(
@@ -197,6 +210,7 @@ def test_a_restarted_controller_continues_each_tracker_run_without_duplicating_p
     first = Forwarder(settings_for(database_url, tmp_path))
     forward(first, *TrackerName)
     first.stop()  # the controller goes away; the arm trains on
+    assert mlflow_runs()["tracked grid"].info.status == "RUNNING"  # the grid goes on: its parent run too
     with session_scope(database_url) as session:  # a cursor left behind the last point: the one in flight
         cursor = session.scalar(select(TrackerRun).where(TrackerRun.run_id == ids[0], TrackerRun.tracker == "mlflow"))
         assert cursor.step == records[1]["step"]
@@ -225,6 +239,45 @@ def test_a_restarted_controller_continues_each_tracker_run_without_duplicating_p
     (parts,) = wandb_runs(tmp_path / "wandb").values()
     assert {p.run_id for p in parts} == {ids_before["wandb"]} and len(parts) == 2  # the same W&B run, resumed
     assert sorted(row["_step"] for p in parts for row in p.history) == steps
+    # The event list survives the restart: what the first controller sent is still in what the second wrote.
+    events = forwarded_events(database_url, ids[0])
+    assert [kind for kind, _ in events] == ["started", "resumed", "completed"]
+    assert [(e["kind"], e["message"]) for e in mlflow_events(mlflow_run.info.run_id)] == events
+    assert [(kind, message) for _, kind, message in wandb_events(parts[-1])] == events
+    assert mlflow_runs()["tracked grid"].info.status == "FINISHED"
+
+
+def test_mlflow_closes_the_grids_parent_run_only_when_its_last_run_ended(
+    database_url: str, tmp_path: Path, tracker_env: Path, trained: tuple[Path, list[dict[str, Any]]]
+) -> None:
+    from orchestrator.db.models import Grid
+    from orchestrator.grids.stopping import stop_grid
+
+    out, records = trained
+    ids = submit(database_url, ["mlflow"], out, arms=["A", "B"])
+    ingest_and_end(database_url, ids[:1], records, end=True)  # A ended; B still trains
+    forwarder = Forwarder(settings_for(database_url, tmp_path))
+    try:
+        forward(forwarder, TrackerName.mlflow)
+        assert mlflow_runs()["tracked grid"].info.status == "RUNNING"
+        with session_scope(database_url) as session:  # the user stops the grid; B's worker ends after its step
+            grid_id = session.get_one(Run, ids[1]).grid_id
+            stop_grid(session, session.get_one(Grid, grid_id))
+            b = session.get_one(Run, ids[1])
+            b.state = RunState.stopped
+            record_event(session, b, "stopped", "stopped by the user at step 0")
+        forward(forwarder, TrackerName.mlflow)
+    finally:
+        forwarder.stop()
+    parent = mlflow_runs()["tracked grid"]
+    assert (parent.info.status, parent.data.tags["ablate.state"]) == ("KILLED", "stopped")
+    assert parent.data.tags["ablate.runs"] == "1 completed, 1 stopped"
+    assert [e["kind"] for e in mlflow_events(mlflow_runs()["B"].info.run_id)] == ["started", "stop_requested",
+                                                                                 "stopped"]  # fmt: skip
+    with session_scope(database_url) as session:
+        group = session.scalar(select(TrackerRun).where(TrackerRun.grid_id == grid_id, TrackerRun.run_id.is_(None),
+                                                        TrackerRun.tracker == "mlflow"))  # fmt: skip
+        assert group.closed
 
 
 class BlockedSink:

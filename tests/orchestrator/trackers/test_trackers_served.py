@@ -19,11 +19,14 @@ from tests.kit.polling import wait_for
 from tests.kit.settings import tiny_overrides
 from tests.orchestrator.trackers.tracker_files import (
     STOPPED_ARM,
+    forwarded_events,
+    mlflow_events,
     mlflow_runs,
     tb_text,
     tensorboard_runs,
     tracker_environment,
     wait_closed,
+    wandb_events,
     wandb_runs,
 )
 
@@ -67,6 +70,7 @@ def test_a_grid_run_by_the_launcher_reaches_three_trackers_and_no_tracker_key_re
         for run_id in ids:
             for tracker in TrackerName:
                 wait_closed(database_url, run_id, tracker)
+        wait_for(lambda: mlflow_runs()["served grid"].info.status == "FINISHED", "the grid's MLflow parent run to end")
     finally:
         launcher.stop()
     with session_scope(database_url) as session:
@@ -91,3 +95,8 @@ def test_a_grid_run_by_the_launcher_reaches_three_trackers_and_no_tracker_key_re
     assert {arm: [row["_step"] for part in parts for row in part.history] for arm, parts in wb.items()} == {
         "A": steps[ids[0]], "A-flipped": steps[ids[1]]}  # fmt: skip
     assert wb["A-flipped"][-1].summary["decision"] == "collapse"
+    for arm, run_id in (("A", ids[0]), ("A-flipped", ids[1])):  # every event, not only the latest
+        events = forwarded_events(database_url, run_id)
+        assert len(events) >= 2 and events[0][0] == "started" and events[-1][0] in ("completed", "stopped")
+        assert [(kind, message) for _, kind, message in wandb_events(wb[arm][-1])] == events
+        assert [(e["kind"], e["message"]) for e in mlflow_events(mlflow[arm].info.run_id)] == events

@@ -3,6 +3,7 @@ W&B offline runs), and the tracker environment of a test: shared by the tracker 
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,35 @@ def wandb_runs(root: Path) -> dict[str, Any]:
         run = read_wandb_run(path)
         runs.setdefault(run.name, []).append(run)
     return runs
+
+
+def wandb_events(run: Any) -> list[list[Any]]:  # noqa: ANN401 - a WandbRun read back
+    """The rows of the run's summary `events` table, from the table file the offline run wrote."""
+    import json
+
+    table = run.summary["events"]
+    assert table["_type"] == "table-file"
+    return json.loads((run.path.parent / "files" / table["path"]).read_text())["data"]
+
+
+def mlflow_events(run_id: str) -> list[dict[str, Any]]:
+    """The MLflow run's events.json artifact, read back through MlflowClient."""
+    import json
+
+    from mlflow.tracking import MlflowClient
+
+    with tempfile.TemporaryDirectory() as folder:
+        return json.loads(Path(MlflowClient().download_artifacts(run_id, "events.json", folder)).read_text())
+
+
+def forwarded_events(database_url: str, run_id: int) -> list[tuple[str, str]]:
+    """(kind, message) of every event of the run a tracker is sent (FORWARDED_EVENTS), oldest first."""
+    from orchestrator.db.models import Event
+    from orchestrator.trackers.forwarder import FORWARDED_EVENTS
+
+    with session_scope(database_url) as session:
+        return [(e.kind, e.message) for e in session.scalars(
+            select(Event).where(Event.run_id == run_id, Event.kind.in_(FORWARDED_EVENTS)).order_by(Event.id))]
 
 
 def wait_closed(database_url: str, run_id: int, tracker: str) -> None:

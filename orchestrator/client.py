@@ -1,0 +1,161 @@
+"""A Python client of the REST API, for notebooks and scripts: `Client(url, token)`.
+
+    from orchestrator.client import Client
+    ablate = Client("http://127.0.0.1:8000", token)
+    ablate.effects(3)  # the grid's effects as a pandas DataFrame
+
+Every answer is validated with the API's own models (`orchestrator.api.schemas`, the report's
+`GridReport`), so a field is named once, server and client alike. `metrics` and `effects` are tables: pandas
+DataFrames when pandas is installed (`pip install 'ablate-dit[notebook]'`), else lists of dicts. An error answer
+raises `ApiError` naming the status and the API's own message.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import httpx
+from pydantic import TypeAdapter
+
+from orchestrator.api.schemas import (
+    GridCreate,
+    GridCreated,
+    GridDetail,
+    GridPublic,
+    GridStopped,
+    MetricPublic,
+    RunPublic,
+    RunStopped,
+)
+from orchestrator.grids.stopping import nothing_to_ask
+from orchestrator.messages import errors_text
+from orchestrator.results.reports.model import GridReport
+
+T = TypeVar("T")
+TIMEOUT_S = 30.0
+# An effect's nested parts (the noise budget, each seed's difference) stay on the report; a table row is flat.
+EFFECT_NESTED = frozenset({"budget", "per_seed"})
+
+
+class ApiError(RuntimeError):
+    """The API answered an error: `status` and the API's own message (a 422's field paths included)."""
+
+    def __init__(self, method: str, path: str, status: int, message: str) -> None:
+        self.status, self.message = status, message
+        super().__init__(f"{method} {path}: HTTP {status}: {message}")
+
+
+def api_message(resp: httpx.Response) -> str:
+    """The API's message of an error answer: its `detail` text, or a 422's fields as `arms.1: ...; ...`."""
+    try:
+        detail = resp.json().get("detail")
+    except (ValueError, AttributeError):
+        return resp.text[:300] or resp.reason_phrase
+    if isinstance(detail, list):
+        return errors_text(detail, root="(body)", skip=1)
+    return str(detail) if detail is not None else resp.text[:300]
+
+
+def table(rows: list[dict[str, Any]]) -> Any:  # noqa: ANN401 - a DataFrame, or the rows without pandas
+    """`rows` as a pandas DataFrame when pandas is installed, else as they are."""
+    try:
+        import pandas
+    except ImportError:
+        return rows
+    return pandas.DataFrame.from_records(rows)
+
+
+class Client:
+    """One ablate server. `token` is needed for what changes something (submit, stop); reads go without."""
+
+    def __init__(self, url: str, token: str | None = None, timeout: float = TIMEOUT_S) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.url = url.rstrip("/")
+        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    # -- what the API holds -----------------------------------------------------------------------------
+
+    def grids(self, limit: int = 100) -> list[GridPublic]:
+        """The grids, newest first."""
+        return self._parse(self._request("GET", "/api/grids", params={"limit": limit}), list[GridPublic])
+
+    def grid(self, grid_id: int) -> GridDetail:
+        """One grid with its runs and their latest metrics."""
+        return self._get(f"/api/grids/{grid_id}", GridDetail)
+
+    def run(self, run_id: int) -> RunPublic:
+        return self._get(f"/api/runs/{run_id}", RunPublic)
+
+    def report(self, grid_id: int) -> GridReport:
+        """The grid's report (what `effects` reads), as GET /api/grids/{id}/report.json has it now."""
+        return self._get(f"/api/grids/{grid_id}/report.json", GridReport)
+
+    def metrics(self, run_id: int) -> Any:  # noqa: ANN401 - a DataFrame, or a list of dicts
+        """Every checkpoint of the run, one row per step (metrics, their SEs and n; `extra` left out)."""
+        points = self._get(f"/api/runs/{run_id}/metrics", list[MetricPublic])
+        return table([p.model_dump(exclude={"extra"}) for p in points])
+
+    def effects(self, grid_id: int) -> Any:  # noqa: ANN401 - a DataFrame, or a list of dicts
+        """The grid's effects, one row per arm x comparator x metric (diff, its 95% interval, the reading)."""
+        return table([e.model_dump(exclude=EFFECT_NESTED) for e in self.report(grid_id).effects])
+
+    # -- what changes something (the token) -------------------------------------------------------------
+
+    def submit(self, body: GridCreate | dict[str, Any]) -> GridCreated:
+        """Submit a grid (the body of POST /api/grids, as `ablate submit`'s file holds it)."""
+        if isinstance(body, GridCreate):
+            body = body.model_dump(mode="json", exclude_unset=True)
+        return self._parse(self._request("POST", "/api/grids", json=body), GridCreated)
+
+    def stop(self, run_ids: list[int] | tuple[int, ...] = (), grid: int | None = None) -> list[RunStopped]:
+        """Stop runs gracefully (queued: at once; running: at the next step, a checkpoint kept): every run of
+        `grid`, and each of `run_ids`. Stopping what ended or is being stopped already is no error: each
+        run's `outcome` says what the request did."""
+        if not run_ids and grid is None:
+            raise ValueError("stop what? give run_ids, grid or both")
+        done: list[RunStopped] = []
+        if grid is not None:
+            done += self._parse(self._request("POST", f"/api/grids/{grid}/stop"), GridStopped).runs
+        for run_id in run_ids:
+            done.append(self._stop_run(run_id))
+        return done
+
+    def _stop_run(self, run_id: int) -> RunStopped:
+        before = self.run(run_id)  # an unknown id is a 404 here, before anything is asked
+        standing = nothing_to_ask(before.state, before.stop_requested)
+        if standing is not None:
+            return RunStopped.of(before, standing)
+        resp = self._request("POST", f"/api/runs/{run_id}/stop", allow=(409,))
+        if resp.status_code == 409:  # it ended since it was read: nothing to stop, and no error
+            return RunStopped.of(self.run(run_id), "already_ended")
+        run = self._parse(resp, RunPublic)
+        return RunStopped.of(run, "stopped" if run.state == "stopped" else "stop_requested")
+
+    # -- one request ------------------------------------------------------------------------------------
+
+    def _get(self, path: str, model: type[T] | Any) -> T:  # noqa: ANN401 - a model or a list of one
+        return self._parse(self._request("GET", path), model)
+
+    def _request(self, method: str, path: str, allow: tuple[int, ...] = (), **kwargs: Any) -> httpx.Response:
+        try:
+            resp = self.http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise ApiError(method, path, 0, f"no ablate server reachable at {self.url}: {exc}") from None
+        if resp.is_error and resp.status_code not in allow:
+            raise ApiError(method, path, resp.status_code, api_message(resp))
+        return resp
+
+    @staticmethod
+    def _parse(resp: httpx.Response, model: type[T] | Any) -> T:  # noqa: ANN401 - a model or a list of one
+        """The answer validated by the API's own model (a pydantic ValidationError if it does not fit)."""
+        return TypeAdapter(model).validate_json(resp.content)
+
