@@ -29,7 +29,7 @@ from tests.orchestrator.dashboard.browser import first_screen, launch_chromium  
 
 WIDTH, HEIGHT = 1400, 900
 # Worker-side keys a stored record does not need to be read again (paths of files left on the node).
-DROPPED = {"samples", "checkpoint", "val_flow_loss_grid", "val_flow_definition", "nonfinite"}
+DROPPED = {"samples", "checkpoint", "val_flow_definition", "nonfinite"}
 
 
 def _rounded(value: Any) -> Any:  # noqa: ANN401 - any JSON value

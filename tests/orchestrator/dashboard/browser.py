@@ -52,7 +52,7 @@ FIRST_SCREEN_JS = """(judge) => {
         judged_chart: all(`figure.chart[data-key='${judge}'][data-axis='step']`),
         judged_effects: all(`#effects tbody tr[data-metric='${judge}']`),
         warning_lines: all("#banners details.notice > summary"),
-        lpips_charts: all("figure.chart[data-key$='lpips'], figure.chart[data-key='text_manip_delta']"),
+        lpips_charts: all("figure.chart[data-key$='lpips'], figure.chart[data-key$='text_manip_delta']"),
         standin_effects: all("table.effects tbody tr td.stand-in"),
     };
 }"""
