@@ -43,8 +43,11 @@ def launch_chromium(pw, profile: str, width: int = 1440, height: int = 900):  # 
 FIRST_SCREEN_JS = """(judge) => {
     window.scrollTo(0, 0);
     const shown = (e) => e.checkVisibility();  // false inside a closed <details> too
-    const box = (e) => { const r = e.getBoundingClientRect(); return {top: Math.round(r.top), bottom: Math.round(r.bottom),
-        left: Math.round(r.left), right: Math.round(r.right)}; };
+    const box = (e) => {
+        const r = e.getBoundingClientRect();
+        const [top, bottom, left, right] = [r.top, r.bottom, r.left, r.right].map(Math.round);
+        return {top, bottom, left, right};
+    };
     const all = (sel) => [...document.querySelectorAll(sel)].filter(shown).map(box);
     return {
         scroll_width: document.scrollingElement.scrollWidth,
