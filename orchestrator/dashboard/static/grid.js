@@ -11,7 +11,7 @@
     { key: "text_manip_delta", title: "Text-manipulation delta" },
     // Needs no downloaded weights: its headline (timesteps weighted by fixed inverse variances) judges where
     // LPIPS is the random stand-in (the detector's "auto"); the plain mean beside it.
-    { key: "val_flow_ivw", title: "Held-out flow loss (headline: timesteps weighted)", yLabel: "velocity MSE, weighted" },
+    { key: "val_flow_ivw", title: "Held-out flow loss (headline: timesteps weighted)", yLabel: "weighted MSE" },
     { key: "val_flow_loss", title: "Held-out flow loss (plain mean)", yLabel: "velocity MSE" },
   ];
   const FLOW = "val_flow_ivw";

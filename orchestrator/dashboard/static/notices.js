@@ -28,10 +28,11 @@ window.AblateNotices = function (kit) {
     const out = [];
     for (const r of d.runs) {
       if (r.standin_steps.length) {
-        const judge = r.judge_metric === "val_flow_ivw" ? "the detector judges val_flow_ivw instead" : `the detector still judges ${judgeTitle(r)}`;
+        const judge = r.judge_metric === "val_flow_ivw"
+          ? "the detector judges the held-out flow loss (val_flow_ivw)" : `the detector still judges ${judgeTitle(r)}`;
         out.push({ kind: "standin", key: r.judge_metric, title: "Stand-in LPIPS",
-          message: `no LPIPS weights here, so LPIPS is a random network's and cannot tell arms apart; ${judge} (held-out flow loss); ${WEIGHTS_HOW}.`,
-          arm: r.arm, detail: `${r.standin_steps.length} checkpoint(s) scored with the random (untrained) LPIPS backbone.` });
+          message: `no LPIPS weights here (set ABLATE_LPIPS_WEIGHTS=alexnet.pth or run once online); ${judge}.`,
+          arm: r.arm, detail: `${r.standin_steps.length} checkpoint(s) scored with the random (untrained) LPIPS backbone, which cannot tell arms apart.` });
       }
       for (const f of r.fallbacks) {
         if (isLpipsFallback(r, f)) continue;
