@@ -73,18 +73,24 @@ window.AblateNotices = function (kit) {
   }
 
   function warningLine(g) {
-    return el("details", { class: `notice ${g.kind}`, "data-kind": g.kind.split(" ")[0], "data-arms": g.arms.join(",") },
+    return el("details", { class: `notice ${g.kind}`, "data-kind": g.kind.split(" ")[0], "data-arms": g.arms.join(","), "data-key": `${g.kind}|${g.key}` },
       el("summary", { title: g.message }, el("strong", {}, `${g.title} (${g.arms.join(", ")}): `), g.message),
       el("ul", {}, g.details.map(([arm, text]) => el("li", { "data-arm": arm }, el("strong", {}, `${arm}: `), text))));
   }
 
   function render(d, box) {
+    // A live grid redraws on each new checkpoint: the lines the reader opened stay open.
+    const opened = new Set(Array.from(box.querySelectorAll("details[open]"), (x) => x.dataset.key));
     box.replaceChildren();
     for (const r of d.runs) if (stopped(r)) box.append(stopLine(r));
-    for (const g of group(warningsOf(d))) box.append(warningLine(g));
+    for (const g of group(warningsOf(d))) {
+      const line = warningLine(g);
+      line.open = opened.has(line.dataset.key);
+      box.append(line);
+    }
     // Stored records whose per-sample or per-timestep lists are not in the protocol's shape: named, left out.
     if (d.unreadable_records && d.unreadable_records.length) {
-      box.append(el("details", { class: "notice failed unreadable", "data-kind": "unreadable" },
+      box.append(el("details", { class: "notice failed unreadable", "data-kind": "unreadable", "data-key": "unreadable", open: opened.has("unreadable") },
         el("summary", {}, el("strong", {}, "Records left out of the curves and effects: "), `${d.unreadable_records.length} record(s)`),
         el("ul", {}, d.unreadable_records.map((t) => el("li", {}, t)))));
     }

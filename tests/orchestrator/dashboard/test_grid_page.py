@@ -197,7 +197,9 @@ def test_live_grid_updates_and_labels_standins(  # type: ignore[no-untyped-def]
     assert "stand-in LPIPS" in page.inner_text("#arms tr[data-arm='A']")
     standin = "#banners details.notice[data-kind='standin'][data-arms='A,B']"
     assert "random (untrained) LPIPS backbone" in page.text_content(f"{standin} li[data-arm='A']")
-    assert "compile: off" in page.inner_text("#banners details.notice[data-kind='fallback'][data-arms='B'] summary")
+    fallback = "#banners details.notice[data-kind='fallback'][data-arms='B']"
+    assert "compile: off" in page.inner_text(f"{fallback} summary")
+    page.click(f"{fallback} summary")  # opened by the reader: it stays open when the page redraws below
     assert "1 fallback" in page.inner_text("#arms tr[data-arm='B'] .tag.fallback")
     # Stand-in LPIPS charts: folded, drawn once opened (with SE bands where SEs exist).
     recon = "figure.chart[data-key='recon_lpips'][data-axis='step']"
@@ -217,6 +219,7 @@ def test_live_grid_updates_and_labels_standins(  # type: ignore[no-untyped-def]
         latest.extra = {"samples": write_samples(tmp_path, 150, drawn_samples(0, 150))}
         s.add(latest)
     page.wait_for_function(f"document.querySelector(\"{step_cell}\").textContent === '150'", timeout=20_000)
+    assert page.get_attribute(fallback, "open") is not None
     # The new checkpoint's images, in A's column (the newest step, still training); B has none yet.
     assert page.inner_text("#gallery-label") == "step 150"
     images = gallery_images(page)
