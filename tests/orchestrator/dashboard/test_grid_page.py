@@ -119,7 +119,7 @@ def test_grid_page_draws_four_arms_and_b_stop(  # type: ignore[no-untyped-def]
     assert page.locator("#banners [data-arm='C'], #banners [data-arm='D']").count() == 0
     assert page.locator("#arms tr[data-arm='C'] .badge").first.inner_text() == "completed"
 
-    # What a laptop screen shows first, plus the row against GPU-hours.
+    # What a laptop screen shows first: the stop, the judged chart and its difference, the effects.
     shot = tmp_path / "grid.png"
     page.screenshot(path=str(shot), full_page=True, clip={"x": 0, "y": 0, "width": 1440, "height": 1090})
     assert shot.read_bytes().startswith(b"\x89PNG")
