@@ -247,7 +247,7 @@ window.AblateCharts = function (page) {
     const { cols, series, bands } = align(visible);
     const width = Math.max(280, card.clientWidth - 16);
     const opts = {
-      width, height: 230,
+      width, height: spec.height || 230,
       legend: { show: false },
       cursor: { drag: { x: true, y: false }, points: { size: 7 } },
       series,

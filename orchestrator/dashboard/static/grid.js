@@ -11,10 +11,13 @@
     { key: "text_manip_delta", title: "Text-manipulation delta" },
     // Needs no downloaded weights: its headline (timesteps weighted by fixed inverse variances) judges where
     // LPIPS is the random stand-in (the detector's "auto"); the plain mean beside it.
-    { key: "val_flow_ivw", title: "Held-out flow loss (headline: timesteps weighted)", yLabel: "velocity MSE, weighted" },
+    { key: "val_flow_ivw", title: "Held-out flow loss (headline: timesteps weighted)", yLabel: "weighted MSE" },
     { key: "val_flow_loss", title: "Held-out flow loss (plain mean)", yLabel: "velocity MSE" },
   ];
   const FLOW = "val_flow_ivw";
+  const STANDIN_KEYS = new Set(["recon_lpips", "text_lpips", "text_manip_delta"]);  // what a stand-in LPIPS scores
+  const FIRST_HEIGHT = 180;  // the first screen's two charts: lower, so the effects under them show too
+  const FIRST_AND_FOLDED = ["row-judged", "row-standin-step", "row-standin-hours", "row-standin-paired"];
   const SPEED = [
     { key: "iter_per_sec", title: "Iterations / s" },
     { key: "samples_per_sec", title: "Samples / s" },
@@ -33,6 +36,8 @@
     hidden, selectedStep: () => selectedStep, onSelect: (step) => gallery.select(step),
   });
   const nightPlan = window.AblatePlan({ el, chartCard, fmt });
+  const notices = window.AblateNotices({ el, colour, fmt, pct, stopped, fallbackText, vocab: VOCAB, judgeTitle });
+  const effects = window.AblateEffects({ el, fmt, signed, WEIGHTS_HOW: notices.WEIGHTS_HOW });
 
   // --- page sections ---
   function badge(state, extra) {
@@ -46,8 +51,12 @@
     st.textContent = d.state;
     const hours = d.runs.map((r) => lastOf(r.series.gpu_hours)).filter((v) => v !== null);
     const total = hours.length ? hours.reduce((a, b) => a + b, 0) : null;
-    document.getElementById("grid-meta").textContent =
-      `${d.runs.length} arms · control ${d.control ?? "—"} · ${d.source}` + (total !== null ? ` · ${total.toFixed(1)} GPU-hours` : "");
+    // How many runs are in each state: the grid's state at a glance, beside its one word.
+    const counts = new Map();
+    for (const r of d.runs) counts.set(r.state, (counts.get(r.state) || 0) + 1);
+    st.title = Array.from(counts, ([state, n]) => `${n} ${state}`).join(", ");
+    document.getElementById("grid-meta").textContent = `${d.runs.length} arms (${st.title}) · control ${d.control ?? "—"} · ${d.source}` +
+      (total !== null ? ` · ${total.toFixed(1)} GPU-hours` : "");
     document.getElementById("control-name").textContent = d.control ? `(${d.control})` : "";
     const live = document.getElementById("live");
     live.hidden = !d.live;
@@ -58,51 +67,6 @@
     if (!arr) return null;
     for (let i = arr.length - 1; i >= 0; i--) if (arr[i] !== null) return arr[i];
     return null;
-  }
-
-  function renderBanners(d) {
-    const box = document.getElementById("banners");
-    box.replaceChildren();
-    for (const r of d.runs) {
-      if (stopped(r)) {
-        box.append(el("div", { class: "banner stop", "data-arm": r.arm, style: `--c:${colour(r)}` },
-          el("strong", {}, `${r.arm} stopped at step ${r.decision_step} (${r.decision}). `),
-          r.decision_reason || "",
-          r.best_step !== null ? ` Best checkpoint kept: step ${r.best_step}, ${judgeTitle(r)} ${fmt(r.best_value, 4)}.` : ""));
-      }
-      if (r.standin_steps.length) {
-        box.append(el("div", { class: "banner standin", "data-arm": r.arm },
-          el("strong", {}, `${r.arm}: stand-in LPIPS. `),
-          `${r.standin_steps.length} checkpoint(s) were scored with a random (untrained) LPIPS backbone: these values are not comparable with real LPIPS.`,
-          r.judge_metric === FLOW ? " The detector judges this arm on the held-out flow loss's headline (val_flow_ivw) instead: it needs no downloaded weights." : ""));
-      }
-      if (r.fallbacks.length) {
-        box.append(el("div", { class: "banner fallback", "data-arm": r.arm },
-          el("strong", {}, `${r.arm} fallbacks: `), r.fallbacks.map(fallbackText).join("; ")));
-      }
-      if (r.storage && r.storage.alarm) {
-        const st = r.storage;
-        box.append(el("div", { class: "banner failed storage", "data-arm": r.arm },
-          el("strong", {}, `${r.arm}: checkpoints not stored for ${fmt(st.minutes_unstored, 0)} min. `),
-          st.stored_step !== null ? `Newest checkpoint in storage: step ${st.stored_step}. ` : "No checkpoint in storage yet. ",
-          st.failed_attempts ? `${st.failed_attempts} failed upload(s); last: ${st.last_error}. ` : "",
-          `A lost node would lose what came after (${st.url}).`));
-      }
-      // The GPU waiting for batches (orchestrator/results/data_feed.py decides and words the fix).
-      if (r.data.waiting) {
-        box.append(el("div", { class: "banner data-wait", "data-arm": r.arm },
-          el("strong", {}, `${r.arm} waits for data ${pct(r.data.wait_fraction)} of its time. `),
-          `Fix: ${r.data.fix}.`));
-      }
-      if (r.state === VOCAB.run_state.failed && r.error) {
-        box.append(el("div", { class: "banner failed", "data-arm": r.arm }, el("strong", {}, `${r.arm} failed: `), r.error));
-      }
-    }
-    // Stored records whose per-sample or per-timestep lists are not in the protocol's shape: named, left out.
-    if (d.unreadable_records && d.unreadable_records.length) {
-      box.append(el("div", { class: "banner failed unreadable" },
-        el("strong", {}, "Records left out of the curves and effects: "), d.unreadable_records.join("; ")));
-    }
   }
 
   function judgeTitle(r) {
@@ -117,7 +81,9 @@
       const s = r.series;
       const notes = [];
       if (r.standin_steps.length) notes.push(el("span", { class: "tag standin", title: "LPIPS from a random stand-in backbone" }, "stand-in LPIPS"));
-      for (const f of r.fallbacks) notes.push(el("span", { class: "tag fallback", title: fallbackText(f) }, "fallback: " + fallbackText(f)));
+      // Fallbacks folded into one tag (their words are in the warnings above and in its title).
+      const fallbacks = r.fallbacks.filter((f) => !notices.isLpipsFallback(r, f)).map(fallbackText);
+      if (fallbacks.length) notes.push(el("span", { class: "tag fallback", title: fallbacks.join("\n") }, `${fallbacks.length} fallback${fallbacks.length > 1 ? "s" : ""}`));
       // Detector warnings (e.g. a secondary metric worsening): flagged, but the arm was not stopped for them.
       for (const w of r.warnings) notes.push(el("span", { class: "tag warning", title: `detector warning (not a stop): ${w}` }, `⚠ ${w.split(/[;(]/)[0].trim()}`));
       if (r.stop_requested && !stopped(r)) notes.push(el("span", { class: "tag" }, "stop requested"));
@@ -144,7 +110,7 @@
         el("td", { class: `num data-wait${r.data.waiting ? " alarm" : ""}` }, pct(r.data.wait_fraction)),
         el("td", { class: "num micro", title: r.data.loader_workers !== null ? `${r.data.loader_workers} loader workers` : null },
           r.data.micro_batch !== null ? `${r.data.micro_batch} × ${r.data.grad_accum ?? 1}` : "—"),
-        el("td", {}, notes));
+        el("td", { class: "notes" }, notes));
       body.append(row);
     }
   }
@@ -219,12 +185,26 @@
     charts = [];
     charts.push(nightPlan.render(d, document.getElementById("row-plan"), document.getElementById("plan")));
     const rows = { step: "row-step", hours: "row-hours", paired: "row-paired", speed: "row-speed" };
-    for (const id of Object.values(rows)) document.getElementById(id).replaceChildren();
+    for (const id of [...Object.values(rows), ...FIRST_AND_FOLDED]) document.getElementById(id).replaceChildren();
     const note = standinNote(d);
+    const fold = document.getElementById("standin-charts");
+    fold.hidden = note === null;
+    if (note !== null) {
+      fold.querySelector("summary").textContent = `Stand-in LPIPS charts, folded (${note.replace("⚠ ", "")}): ` +
+        `a random LPIPS backbone (no real weights here) cannot tell arms apart; ${notices.WEIGHTS_HOW}.`;
+    }
+    // Where a chart goes: the judged metric by step leads the page; a stand-in LPIPS chart waits folded
+    // (drawn once opened: a closed <details> has no width to draw in); the rest in their rows.
+    const place = (key, axis) => {
+      if ((axis === "step" || axis === "paired") && key === d.judge) return document.getElementById("row-judged");
+      if (note !== null && STANDIN_KEYS.has(key)) return fold.open ? document.getElementById(`row-standin-${axis}`) : null;
+      return document.getElementById(rows[axis]);
+    };
     for (const [axis, xKey, xLabel] of [["step", "step", "step"], ["hours", "gpu_hours", "GPU-hours"]]) {
       for (const q of QUALITY) {
-        charts.push(chartCard(document.getElementById(rows[axis]), {
-          key: q.key, axis, title: `${q.title}${axis === "hours" ? " vs GPU-hours" : ""}`,
+        if (place(q.key, axis) === null) continue;
+        charts.push(chartCard(place(q.key, axis), {
+          key: q.key, axis, height: q.key === d.judge && axis === "step" ? FIRST_HEIGHT : undefined, title: `${q.title}${axis === "hours" ? " vs GPU-hours" : ""}`,
           note: q.key === FLOW ? judgeNote(d) : q.key.endsWith("lpips") ? note : null,
           xLabel, yLabel: q.yLabel || (q.key === "text_manip_delta" ? "LPIPS delta" : "LPIPS"),
           tables: d.runs.flatMap((r) => lineTables(r, xKey, q.key, `${q.key}_se`, 1)),
@@ -246,13 +226,14 @@
     renderByT(d);
     const others = d.runs.filter((r) => r.paired);
     for (const q of QUALITY) {
+      if (place(q.key, "paired") === null) continue;
       const tables = others.flatMap((r) => pairedTables(r, q.key));
       const methods = new Set(tables.map((t) => t.seMethod));
       const seNote = methods.has("paired") ? "±2 SE of per-sample paired differences"
         : methods.has("independent") ? "±2 SE from the two arms' SEs (independent: conservative)"
         : "no SE stored: no bands";
-      charts.push(chartCard(document.getElementById(rows.paired), {
-        key: `paired_${q.key}`, axis: "paired", title: `Δ ${q.title} vs ${d.control}`, note: seNote,
+      charts.push(chartCard(place(q.key, "paired"), {
+        key: `paired_${q.key}`, axis: "paired", height: q.key === d.judge ? FIRST_HEIGHT : undefined, title: `Δ ${q.title} vs ${d.control}`, note: seNote,
         xLabel: "step", yLabel: "Δ", tables, fmtY: (v) => signed(v).replace(/0+$/, "").replace(/\.$/, ""),
         yRange: rangeWithZero, refs: [{ y: 0, label: `= ${d.control}` }],
         markers: others.filter(stopped).map((r) => ({ kind: "stop-line", run: r, step: r.decision_step, x: r.decision_step, y: null,
@@ -269,38 +250,10 @@
     }
   }
 
-  // The effects table: each arm against its parent and the control across the grid's training seeds; with
-  // one seed an interval covers evaluation noise only, and says so instead of "distinguishable".
-  function renderEffects(d) {
-    const body = document.querySelector("#effects tbody");
-    body.replaceChildren();
-    const evaluated = d.evaluation
-      ? ` · on evaluation ${d.evaluation.id}: each run's ${d.evaluation.step} checkpoint on ${d.evaluation.images} held-out images`
-      : "";
-    document.getElementById("effects-seeds").textContent = (d.seeds > 1
-      ? `${d.seeds} training seeds per arm: mean of the per-seed paired differences; the interval covers what its row says (crossed: seeds and images)`
-      : "one training seed per arm: intervals cover evaluation noise only (submit with seeds: 3 to measure training noise)") + evaluated;
-    document.getElementById("effects-empty").hidden = d.effects.length > 0;
-    for (const e of d.effects) {
-      const interval = e.low !== null && e.high !== null ? ` [${signed(e.low)}, ${signed(e.high)}]` : "";
-      const spread = e.seed_sd !== null ? `seed SD ${fmt(e.seed_sd, 4)}` : (e.eval_se !== null ? `eval SE ${fmt(e.eval_se, 4)}` : "—");
-      const reading = e.standin ? "stand-in" : e.reading;
-      // The noise budget: where the variance is, and what narrows it most for its cost.
-      const budget = e.budget ? e.budget.words : (e.k < 2 ? "one seed: training noise not measured" : "—");
-      const narrow = e.budget ? e.budget.narrowing.map((o) => o.words).join("; ") : "—";
-      body.append(el("tr", { "data-arm": e.arm, "data-metric": e.metric, "data-k": e.k },
-        el("td", {}, e.arm), el("td", {}, e.words), el("td", {}, `${e.against} ${e.other_arm}`),
-        el("td", { class: "num" }, `${signed(e.diff)}${interval}`),
-        el("td", { class: `reading ${reading.split(":")[0].replace(/ /g, "-")}` }, reading),
-        el("td", { class: "num" }, e.k), el("td", { class: "num" }, spread),
-        el("td", { class: "covers" }, e.noise), el("td", { class: "budget" }, budget), el("td", { class: "narrow" }, narrow)));
-    }
-  }
-
   function render(d) {
     renderHeader(d);
-    renderBanners(d);
-    renderEffects(d);
+    notices.render(d, document.getElementById("banners"));
+    effects.render(d);
     renderArms(d);
     renderCharts(d);
     gallery.update(d);
@@ -341,7 +294,7 @@
     },
   });
 
-  document.getElementById("flow-by-t").addEventListener("toggle", () => data && renderCharts(data));
+  for (const id of ["flow-by-t", "standin-charts"]) document.getElementById(id).addEventListener("toggle", () => data && renderCharts(data));
 
   let resizeTimer = null;
   window.addEventListener("resize", () => {

@@ -1,5 +1,6 @@
-"""What the dashboard's browser tests share: Chromium on PATH, the published curves, the screenshots the
-README shows, and sample images drawn in the shape evaluate() keeps them."""
+"""What the dashboard's browser tests share: Chromium on PATH and how it is started, the published curves,
+the screenshots the README shows, what a grid page's first screen shows, and sample images drawn in the
+shape evaluate() keeps them."""
 
 from __future__ import annotations
 
@@ -13,6 +14,56 @@ FIXTURE = Path(__file__).parents[2] / "fixtures" / "published_ablation_a_to_d.js
 SCREENSHOTS = Path(__file__).parents[3] / "docs" / "screenshots"
 
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="needs chromium on PATH (apt-get install chromium)")
+
+
+def launch_chromium(pw, profile: str, width: int = 1440, height: int = 900):  # type: ignore[no-untyped-def]
+    """A headless Chromium context (Playwright's `pw`) with its own profile, at width x height CSS pixels."""
+    return pw.chromium.launch_persistent_context(
+        profile,
+        executable_path=CHROMIUM,
+        headless=True,
+        # Offline machine: without these Chromium stalls on refused background connections.
+        args=[
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+        ],
+        viewport={"width": width, "height": height},
+        device_scale_factor=1,
+    )
+
+
+# Where the grid page's answers are, in CSS pixels from the top of the viewport (scrolled to the top):
+# each stop line, the judged metric's chart by step, the judged metric's effect rows, the warning lines
+# (one <summary> each), and whatever LPIPS chart or stand-in effect row is displayed.
+FIRST_SCREEN_JS = """(judge) => {
+    window.scrollTo(0, 0);
+    const shown = (e) => e.checkVisibility();  // false inside a closed <details> too
+    const box = (e) => {
+        const r = e.getBoundingClientRect();
+        const [top, bottom, left, right] = [r.top, r.bottom, r.left, r.right].map(Math.round);
+        return {top, bottom, left, right};
+    };
+    const all = (sel) => [...document.querySelectorAll(sel)].filter(shown).map(box);
+    return {
+        scroll_width: document.scrollingElement.scrollWidth,
+        stops: all("#banners .banner.stop"),
+        judged_chart: all(`figure.chart[data-key='${judge}'][data-axis='step']`),
+        judged_effects: all(`#effects tbody tr[data-metric='${judge}']`),
+        warning_lines: all("#banners details.notice > summary"),
+        lpips_charts: all("figure.chart[data-key$='lpips'], figure.chart[data-key$='text_manip_delta']"),
+        standin_effects: all("table.effects tbody tr td.stand-in"),
+    };
+}"""
+
+
+def first_screen(page, judge: str) -> dict:  # type: ignore[no-untyped-def]
+    """What the grid page shows where (FIRST_SCREEN_JS) and the document's scroll width."""
+    return page.evaluate(FIRST_SCREEN_JS, judge)
 
 
 def drawn_samples(arm_index: int, step: int) -> dict:

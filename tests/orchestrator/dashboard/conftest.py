@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.kit.net import served
-from tests.orchestrator.dashboard.browser import CHROMIUM, FIXTURE
+from tests.orchestrator.dashboard.browser import FIXTURE, launch_chromium
 
 
 @pytest.fixture(scope="module")
@@ -34,22 +34,6 @@ def browser_context(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object
 
     profile = tmp_path_factory.mktemp("chromium-profile")
     with sync_playwright() as pw:
-        context = pw.chromium.launch_persistent_context(
-            str(profile),
-            executable_path=CHROMIUM,
-            headless=True,
-            # Offline machine: without these Chromium stalls on refused background connections.
-            args=[
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--no-first-run",
-            ],
-            viewport={"width": 1440, "height": 900},
-            device_scale_factor=1,
-        )
+        context = launch_chromium(pw, str(profile))
         yield context
         context.close()

@@ -119,7 +119,7 @@ def test_grid_page_draws_four_arms_and_b_stop(  # type: ignore[no-untyped-def]
     assert page.locator("#banners [data-arm='C'], #banners [data-arm='D']").count() == 0
     assert page.locator("#arms tr[data-arm='C'] .badge").first.inner_text() == "completed"
 
-    # What a laptop screen shows first, plus the row against GPU-hours.
+    # What a laptop screen shows first: the stop, the judged chart and its difference, the effects.
     shot = tmp_path / "grid.png"
     page.screenshot(path=str(shot), full_page=True, clip={"x": 0, "y": 0, "width": 1440, "height": 1090})
     assert shot.read_bytes().startswith(b"\x89PNG")
@@ -194,11 +194,19 @@ def test_live_grid_updates_and_labels_standins(  # type: ignore[no-untyped-def]
     assert page.is_visible("#live")
     step_cell = "#arms tr[data-arm='A'] td:nth-child(3)"
     assert page.inner_text(step_cell) == "100"
-    assert page.get_attribute("figure.chart[data-key='recon_lpips'][data-axis='step']", "data-bands") == "2"
     assert "stand-in LPIPS" in page.inner_text("#arms tr[data-arm='A']")
-    assert "random (untrained) LPIPS backbone" in page.inner_text("#banners")
-    assert "compile: off" in page.inner_text("#banners .banner.fallback[data-arm='B']")
-    assert "stand-in LPIPS backbone: A, B" in page.inner_text("figure.chart[data-key='recon_lpips'][data-axis='step']")
+    standin = "#banners details.notice[data-kind='standin'][data-arms='A,B']"
+    assert "random (untrained) LPIPS backbone" in page.text_content(f"{standin} li[data-arm='A']")
+    fallback = "#banners details.notice[data-kind='fallback'][data-arms='B']"
+    assert "compile: off" in page.inner_text(f"{fallback} summary")
+    page.click(f"{fallback} summary")  # opened by the reader: it stays open when the page redraws below
+    assert "1 fallback" in page.inner_text("#arms tr[data-arm='B'] .tag.fallback")
+    # Stand-in LPIPS charts: folded, drawn once opened (with SE bands where SEs exist).
+    recon = "figure.chart[data-key='recon_lpips'][data-axis='step']"
+    assert page.locator(recon).count() == 0
+    page.click("#standin-charts > summary")
+    assert page.get_attribute(recon, "data-bands") == "2"
+    assert "stand-in LPIPS backbone: A, B" in page.inner_text(recon)
     # The lineage table diffs B against A in this grid (both tiny): only TREAD differs.
     assert page.inner_text("#lineage tr[data-arm='B'] ul.changes").strip() == "tread.enabled = true"
 
@@ -211,6 +219,7 @@ def test_live_grid_updates_and_labels_standins(  # type: ignore[no-untyped-def]
         latest.extra = {"samples": write_samples(tmp_path, 150, drawn_samples(0, 150))}
         s.add(latest)
     page.wait_for_function(f"document.querySelector(\"{step_cell}\").textContent === '150'", timeout=20_000)
+    assert page.get_attribute(fallback, "open") is not None
     # The new checkpoint's images, in A's column (the newest step, still training); B has none yet.
     assert page.inner_text("#gallery-label") == "step 150"
     images = gallery_images(page)
@@ -260,10 +269,12 @@ def test_unstored_checkpoints_and_a_second_node_are_shown(base_url: str, databas
     page = browser_context.new_page()
     page.goto(f"{base_url}/grids/{gid}")
     page.wait_for_selector("main#grid[data-ready='true']")
-    banner = page.inner_text("#banners .banner.storage[data-arm='A']")
+    storage = "#banners details.notice[data-kind='storage']"
+    assert page.get_attribute(storage, "data-arms") == "A"  # B's checkpoint is stored
+    assert "Checkpoints not stored (A)" in page.inner_text(f"{storage} summary")
+    banner = page.text_content(f"{storage} li[data-arm='A']")
     assert "checkpoints not stored for 22 min" in banner and "bucket unreachable" in banner
     assert "No checkpoint in storage yet" in banner
-    assert page.query_selector("#banners .banner.storage[data-arm='B']") is None  # B's checkpoint is stored
     assert "checkpoints unstored 22 min" in page.inner_text("#arms tr[data-arm='A']")
     assert "nodes: node0 (10.1.0.11) → node1 (10.1.0.12)" in page.inner_text("#arms tr[data-arm='B']")
     page.close()
@@ -295,9 +306,10 @@ def test_an_arm_waiting_for_data_is_flagged_with_the_fix(base_url: str, database
     assert page.inner_text("#arms tr[data-arm='A'] td.data-wait") == "2.1%"
     assert page.inner_text("#arms tr[data-arm='B'] td.data-wait") == "37%"
     assert page.inner_text("#arms tr[data-arm='A'] td.micro") == "8 × 32"
-    assert page.query_selector("#banners .banner.data-wait[data-arm='A']") is None
-    banner = page.inner_text("#banners .banner.data-wait[data-arm='B']")
-    assert "B waits for data 37% of its time" in banner and DATA_WAIT_FIX in banner
+    waiting = "#banners details.notice[data-kind='data-wait']"
+    assert page.get_attribute(waiting, "data-arms") == "B"  # A waits 2.1%: no warning
+    assert DATA_WAIT_FIX in page.inner_text(f"{waiting} summary")
+    assert "B: waits for data 37% of its time" in page.text_content(f"{waiting} li[data-arm='B']")
     assert page.inner_text("#arms tr[data-arm='B'] .tag.skipped") == "3 images skipped"
     assert page.query_selector("#arms tr[data-arm='A'] .tag.skipped") is None
     page.close()

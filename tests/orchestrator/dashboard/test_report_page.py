@@ -64,7 +64,9 @@ def test_report_and_flow_loss_in_the_browser(  # type: ignore[no-untyped-def]
     assert page.inner_text("#arms tr[data-arm='A'] td.judged").startswith(f"{judged:.4f}"[:5])
     effect = page.inner_text("#effects tbody tr[data-arm='B'][data-metric='val_flow_loss']")
     assert "one seed: training noise not measured" in effect and "distinguishable" not in effect
-    assert "stand-in" in page.inner_text("#effects tbody tr[data-arm='B'][data-metric='recon_lpips']")
+    # A stand-in LPIPS row is folded away from them, under a line that says why.
+    assert page.locator("#effects tbody tr[data-metric='recon_lpips']").count() == 0
+    assert "stand-in" in page.text_content("#effects-standin tbody tr[data-arm='B'][data-metric='recon_lpips']")
     assert page.locator("figure.chart[data-key='val_flow_loss_by_t']").count() == 0  # on demand only
     page.click("#flow-by-t summary")
     by_t = "figure.chart[data-key='val_flow_loss_by_t']"

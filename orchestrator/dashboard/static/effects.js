@@ -1,0 +1,69 @@
+// The grid page's effects table: each arm against its parent and the control across the grid's training
+// seeds. The judged metric's rows lead (the first screen shows them), the other real metrics follow, and
+// the stand-in LPIPS rows, which can carry no verdict, are folded under one line that says why. One
+// column list (COLUMNS) draws the header and every row of both tables: a new column is one entry.
+"use strict";
+
+window.AblateEffects = function (kit) {
+  const { el, fmt, signed, WEIGHTS_HOW } = kit;
+
+  const COLUMNS = [
+    { key: "arm", title: "arm", cell: (e) => e.arm },
+    { key: "metric", title: "metric", cell: (e) => e.words },
+    { key: "vs", title: "vs", cell: (e) => `${e.against} ${e.other_arm}` },
+    { key: "difference", title: "difference [95% CI]", num: true, cell: (e) =>
+      `${signed(e.diff)}${e.low !== null && e.high !== null ? ` [${signed(e.low)}, ${signed(e.high)}]` : ""}` },
+    { key: "reading", title: "reading", cls: (e) => `reading ${reading(e).split(":")[0].replace(/ /g, "-")}`, cell: reading },
+    { key: "seeds", title: "seeds", num: true, cell: (e) => e.k },
+    { key: "spread", title: "spread", num: true, cell: (e) =>
+      (e.seed_sd !== null ? `seed SD ${fmt(e.seed_sd, 4)}` : (e.eval_se !== null ? `eval SE ${fmt(e.eval_se, 4)}` : "—")) },
+    { key: "covers", title: "interval covers", cell: (e) => e.noise },
+    // The noise budget: where the variance is, and what narrows it most for its cost.
+    { key: "budget", title: "noise budget", cell: (e) => (e.budget ? e.budget.words : (e.k < 2 ? "one seed: training noise not measured" : "—")) },
+    { key: "narrow", title: "to narrow it", cell: (e) => (e.budget ? e.budget.narrowing.map((o) => o.words).join("; ") : "—") },
+  ];
+
+  function reading(e) {
+    return e.standin ? "stand-in" : e.reading;
+  }
+
+  function head(table) {
+    table.querySelector("thead").replaceChildren(el("tr", {}, COLUMNS.map((c) => el("th", { class: c.num ? "num" : null, "data-col": c.key }, c.title))));
+  }
+
+  function row(e, judge) {
+    return el("tr", { "data-arm": e.arm, "data-metric": e.metric, "data-k": e.k, class: e.metric === judge ? "judged" : null },
+      COLUMNS.map((c) => {
+        const text = String(c.cell(e));
+        return el("td", { class: [c.num ? "num" : null, c.cls ? c.cls(e) : c.key].filter(Boolean).join(" "), title: text }, text);
+      }));
+  }
+
+  function render(d) {
+    const evaluated = d.evaluation
+      ? ` · on evaluation ${d.evaluation.id}: each run's ${d.evaluation.step} checkpoint on ${d.evaluation.images} held-out images`
+      : "";
+    document.getElementById("effects-seeds").textContent = (d.seeds > 1
+      ? `${d.seeds} training seeds per arm: mean of the per-seed paired differences; the interval covers what its row says (crossed: seeds and images)`
+      : "one training seed per arm: intervals cover evaluation noise only (submit with seeds: 3 to measure training noise)") + evaluated;
+    const judge = document.getElementById("effects-judge");
+    judge.textContent = d.judge ? `judged: ${d.effects.find((e) => e.metric === d.judge)?.words || d.judge}` : "";
+    const main = document.getElementById("effects");
+    const folded = document.getElementById("effects-standin");
+    head(main);
+    head(folded.querySelector("table"));
+    // The judged metric first, then the others in the order the server gives them.
+    const real = d.effects.filter((e) => !e.standin);
+    const ordered = [...real.filter((e) => e.metric === d.judge), ...real.filter((e) => e.metric !== d.judge)];
+    main.querySelector("tbody").replaceChildren(...ordered.map((e) => row(e, d.judge)));
+    const standin = d.effects.filter((e) => e.standin);
+    folded.querySelector("tbody").replaceChildren(...standin.map((e) => row(e, d.judge)));
+    folded.hidden = standin.length === 0;
+    folded.querySelector("summary").textContent =
+      `${standin.length} stand-in LPIPS row(s) folded: scored with a random LPIPS backbone (no real weights here), they can carry no verdict; ${WEIGHTS_HOW}.`;
+    main.hidden = real.length === 0;
+    document.getElementById("effects-empty").hidden = d.effects.length > 0;
+  }
+
+  return { render, COLUMNS };
+};
