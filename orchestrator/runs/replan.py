@@ -7,7 +7,8 @@ node left), or a node joined or left.
   the GPU counts its batch divides into; one that started before (re-queued, resuming from its checkpoint)
   keeps its count: the one it had, or the one it grew to (runs/grow.py: a running arm grows onto GPUs
   others freed when that shortens the night, its checkpoint resumed at the larger world size).
-- What is busy: every live worker holds its GPUs until its projected end (its run's single-GPU hours from
+- What is busy: every live worker holds its GPUs until its projected end (from its own last record: the
+  steps left at that window's rate and its evaluations left; before its first record, its run's hours from
   its grid's plan, or the FLOP estimate, over the speedup, less the time since it started; never below
   now), and an earlier grid's runs due now hold theirs for as long as they are planned to take.
 - What starts: the runs whose slot starts now. The others wait for theirs, so a run the plan puts on all
@@ -19,15 +20,16 @@ node left), or a node joined or left.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, object_session
 
 from model.spec import ArmSpec
-from orchestrator.db.models import Event, Grid, Run, aware, utcnow
+from orchestrator.db.models import Event, Grid, Metric, Run, aware, utcnow
 from orchestrator.grids.gpu_share import splits
 from orchestrator.grids.night import PlanPublic, SlotPublic, run_name
 from orchestrator.grids.planner import PlanNode, PlanRun, gpu_choices, plan_night, speedup
@@ -192,18 +194,48 @@ def _elapsed_h(run: Run, now: datetime) -> float:
 
 
 def remaining_hours(run: Run, gpus: int, now: datetime) -> float:
-    """A live run's projected hours left: its fixed hours plus its single-GPU hours over the speedup (its
-    grid's plan, else the FLOP estimate without the fixed part), less the time it has run; 0 once past."""
+    """A live run's projected hours left on `gpus` GPUs; 0 once past its projection.
+
+    Once it has a record, from its own progress: the steps left at its last window's rate (scaled from the
+    GPUs that record ran on), an evaluation per checkpoint left at its last evaluation's time, less the time
+    since that record. Before it, from the plan: its fixed hours plus its single-GPU hours over the speedup
+    (the grid's plan, else the FLOP estimate without the fixed part), less the time it has run. The plan's
+    projection of a short run is far off (on two H200s a run projected 74 s from its end had 150 s left),
+    and a growth judged on it is wrongly declined."""
     plan = run.grid.plan or {}
+    scaling = {int(g): s for g, s in (plan.get("scaling") or {}).items()}
+    measured = _from_progress(run, gpus, now, scaling)
+    if measured is not None:
+        return measured
     hours = (plan.get("hours") or {}).get(run.arm)
     if hours is None:
         spec = ArmSpec.model_validate(run.spec)
         hours = projected_gpu_hours(spec) if spec.command is None else None
     if hours is None:
         return 0.0
-    scaling = {int(g): s for g, s in (plan.get("scaling") or {}).items()}
     fixed = (plan.get("fixed_h") or {}).get(run.arm, 0.0)
     return max(fixed + hours / speedup(gpus, scaling) - _elapsed_h(run, now), 0.0)
+
+
+def _from_progress(run: Run, gpus: int, now: datetime, scaling: Mapping[int, float]) -> float | None:
+    """The hours left from the run's last record (see remaining_hours); None without a record with a rate."""
+    session = object_session(run)
+    schedule = run.spec.get("schedule") or {}
+    steps, every = schedule.get("steps"), schedule.get("checkpoint_every")
+    if session is None or not isinstance(steps, int) or not isinstance(every, int) or every < 1:
+        return None
+    last = session.scalars(
+        select(Metric).where(Metric.run_id == run.id, Metric.iter_per_sec > 0).order_by(Metric.step.desc()).limit(1)
+    ).first()
+    if last is None or last.iter_per_sec is None:
+        return None
+    ranks = last.extra.get("ranks") if isinstance(last.extra.get("ranks"), int) else run.spec.get("gpus") or 1
+    rate = last.iter_per_sec * speedup(gpus, scaling) / speedup(max(ranks, 1), scaling)
+    eval_s = last.extra.get("eval_time_s")
+    eval_s = float(eval_s) if isinstance(eval_s, int | float) and eval_s >= 0 else 0.0
+    left = max(steps - last.step, 0)
+    since_h = max((aware(now) - aware(last.created_at)).total_seconds() / 3600, 0.0)
+    return max((left / rate + math.ceil(left / every) * eval_s) / 3600 - since_h, 0.0)
 
 
 def resize(run: Run, gpus: int) -> None:

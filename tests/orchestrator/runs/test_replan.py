@@ -161,3 +161,29 @@ def test_a_node_that_leaves_mid_plan_loses_no_run(night_factory) -> None:  # typ
     night.play_to_the_end()  # every run completes on the node that stayed
     for run in on_b:
         assert run.spec["gpus"] == widths[run.id]  # resumed at the world size its checkpoint was written at
+
+
+def test_a_live_run_with_a_record_is_projected_from_its_own_progress(night_factory) -> None:  # type: ignore[no-untyped-def]
+    """On two H200s a run projected 74 s from its end by the plan had 150 s left, and the growth judged on
+    it was declined: once a run has a record, its hours left are its own (steps left at that window's rate,
+    scaled to the GPUs asked about, and an evaluation per checkpoint left), less the time since the record."""
+    from orchestrator.db.models import Metric
+    from orchestrator.runs.replan import remaining_hours
+
+    night = night_factory(1, {"quad": 4})
+    night.launch_pass()
+    run = next(r for r in night.runs() if r.id in night.held)
+    run.spec = {**run.spec, "schedule": {**run.spec["schedule"], "steps": 500, "checkpoint_every": 250}}
+    gpus = night.held[run.id].gpus
+    planned = remaining_hours(run, gpus, night.clock())
+    night.session.add(Metric(run_id=run.id, step=250, iter_per_sec=1.25, created_at=night.clock(),
+                             extra={"ranks": gpus, "eval_time_s": 20.0}))
+    night.session.flush()
+    left_s = 250 / 1.25 + 20  # 250 steps at 1.25 it/s, then the last checkpoint's evaluation
+    assert remaining_hours(run, gpus, night.clock()) * 3600 == pytest.approx(left_s)
+    assert remaining_hours(run, gpus, night.clock()) != pytest.approx(planned)
+    on_more = 2 * gpus  # the same steps on twice the GPUs, at the measured scaling
+    expected = 250 / (1.25 * speedup(on_more, SCALING) / speedup(gpus, SCALING)) + 20
+    assert remaining_hours(run, on_more, night.clock()) * 3600 == pytest.approx(expected)
+    night.clock.now = night.clock() + timedelta(seconds=100)
+    assert remaining_hours(run, gpus, night.clock()) * 3600 == pytest.approx(left_s - 100)
