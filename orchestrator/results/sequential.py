@@ -97,6 +97,32 @@ def mean_variance(v: VarianceComponents, k: int, n: int) -> float:
     return v.seed / k + v.image / n + v.rest / (k * n)
 
 
+SEED_DF_QUANTILE = 0.5  # the seed mean square's upper confidence bound decision_df takes (see there)
+
+
+def decision_df(v: VarianceComponents, k: int, n: int, quantile: float = SEED_DF_QUANTILE) -> float:
+    """Degrees of freedom for a decision: Satterthwaite's over the crossed mean's mean squares (as the
+    report's), but with the seed mean square at its upper confidence bound (k-1) MS / chi2_{k-1}(quantile).
+    Why: with few seeds the seed mean square has k - 1 df, and a draw where it is small by chance gets both
+    a smaller SE and, by Satterthwaite, many df, so its t is read too far out; the bound keeps the seeds'
+    weight in the df (a clipped seed component counts at the rest's mean square). The SE is not changed.
+    inf where the variance is exactly zero."""
+    from scipy.special import chdtri  # lazily: the API imports this module and must start fast
+
+    ms_rest = v.rest
+    ms_seed = (v.rest + n * v.seed) * (k - 1) / float(chdtri(k - 1, 1 - quantile)) if k > 1 else math.inf
+    ms_image = v.rest + k * v.image
+    # Var * k n = MS_seed + MS_image - MS_rest with both components kept; the terms as crossed.py drops them
+    terms = [(ms_seed, k - 1)]
+    terms += [(ms_image, n - 1)] if v.image > 0 else []
+    coef_rest = 1.0 - len(terms)
+    total = sum(ms for ms, _ in terms) + coef_rest * ms_rest
+    spread = sum(ms * ms / df for ms, df in terms) + (coef_rest * ms_rest) ** 2 / max((k - 1) * (n - 1), 1)
+    if not math.isfinite(ms_seed):
+        return math.inf
+    return total * total / spread if spread > 0 else math.inf
+
+
 def information_fraction(v: VarianceComponents, k: int, n: int, max_seeds: int, max_images: int) -> float:
     """This look's information over the budget's, both from the same components: Var(budget)/Var(k, n),
     at most 1. 1 where the components are all zero."""
