@@ -22,7 +22,7 @@ Costs: training per seed A 6.66, B 3.15, C 3.16, D 3.23 GPU-h (seed-size rates o
 held-out images available.
 
     python bench/decide_sim.py              # 10,000 studies a cell, the table in docs/benchmarks.md
-    python bench/decide_sim.py --quick      # 2,000 a cell; ends with the one line below
+    python bench/decide_sim.py --quick      # 1,000 a cell; ends with the one line below
 
 The last line reads `type_I <max over cells and looks> power <min ratio to fixed> gpu_hours_vs_fixed3
 <ratio>`: type I is the cumulative rejection rate of the null comparisons by each look, its largest; power
@@ -45,13 +45,16 @@ import numpy as np
 from orchestrator.results.reports.crossed import crossed_interval
 from orchestrator.results.reports.stats import t_quantile
 from orchestrator.results.sequential import (
+    FUTILITY,
     SEED_DF_QUANTILE,
     Costs,
+    Variance,
     Verdict,
     choose_action,
     decide,
     decision_df,
     information_fraction,
+    mean_variance,
     plan_wave,
 )
 
@@ -72,8 +75,9 @@ class Design:
     max_seeds: int = 3
     images: int = 64  # what every run is evaluated on first
     max_images: int = 256
-    futility: float = 0.1
+    futility: float = FUTILITY
     seed_df_quantile: float = SEED_DF_QUANTILE
+    borrow_df: float = 0.0  # the stretch (--borrow): > 0 borrows the seed variance, on this many df (below)
 
 
 @dataclass(frozen=True)
@@ -91,7 +95,7 @@ class Tally:
     power: dict[str, int] = field(default_factory=dict)
     power_fixed: dict[str, int] = field(default_factory=dict)
     hours: float = 0.0
-    seeds_added: int = 0  # arm-seeds past min_seeds
+    seeds_added: int = 0  # arm-seeds past two a arm (negative where arms stayed at one)
 
 
 def merged(a: Tally, b: Tally) -> Tally:
@@ -125,8 +129,46 @@ def correct(pair: tuple[str, str], low: float, high: float) -> bool:
     return high < 0 if pair in (("C", "B"), ("C", "A"), ("D", "A")) else False
 
 
-def study(values: dict[str, np.ndarray], design: Design, tally: Tally) -> None:
+@dataclass(frozen=True)
+class Reading:
+    mean: float
+    se: float
+    df: float
+    variance: Variance  # what the fraction and the action are projected from
+
+
+def read(diff: np.ndarray, design: Design, prior_seed: float) -> Reading:
+    """A comparison's k x n differences read for a decision: the report's crossed interval with
+    decision_df; with --borrow, the seed variance pooled with a prior (an earlier grid's measurement of
+    these arms, on design.borrow_df df), which also reads one seed (k = 1: the report has no interval)."""
+    k, n = diff.shape
+    if design.borrow_df <= 0:
+        ci = crossed_interval(diff.tolist(), t_quantile)
+        assert ci is not None
+        comp = ci.components
+        return Reading(ci.mean, ci.se, decision_df(comp, k, n, design.seed_df_quantile),
+                       Variance(comp.seed, comp.image, comp.rest))  # fmt: skip
+    df0 = design.borrow_df
+    if k == 1:
+        row = diff[0]
+        v = Variance(prior_seed, float(row.var(ddof=1)), 0.0)  # the rest folds into the images' spread
+        seed_df = df0
+    else:
+        ci = crossed_interval(diff.tolist(), t_quantile)
+        assert ci is not None
+        comp = ci.components
+        pooled = (df0 * prior_seed + (k - 1) * comp.seed) / (df0 + k - 1)
+        v, seed_df = Variance(pooled, comp.image, comp.rest), df0 + k - 1
+    var = mean_variance(v, k, n)
+    terms = [(v.seed / k, seed_df), (v.image / n, n - 1), (v.rest / (k * n), max((k - 1) * (n - 1), 1))]
+    spread = sum(x * x / d for x, d in terms)
+    return Reading(float(diff.mean()), math.sqrt(var), var * var / spread if spread > 0 else math.inf, v)
+
+
+def study(values: dict[str, np.ndarray], design: Design, tally: Tally, prior_seed: float = 0.0) -> None:
     seeds = dict.fromkeys(ARMS, design.min_seeds)
+    if design.borrow_df > 0:  # one seed of each arm but the control, whose replicates stay at min_seeds
+        seeds.update(dict.fromkeys(ARMS[1:], 1))
     evaluated = dict.fromkeys(ARMS, design.images)
     history: dict[tuple[str, str], list[float]] = {p: [] for p in COMPARISONS}
     open_ = list(COMPARISONS)
@@ -134,18 +176,14 @@ def study(values: dict[str, np.ndarray], design: Design, tally: Tally) -> None:
         actions = {}
         for p in list(open_):
             k, n = min(seeds[p[0]], seeds[p[1]]), min(evaluated[p[0]], evaluated[p[1]])
-            table = (values[p[0]][:k, :n] - values[p[1]][:k, :n]).tolist()
-            ci = crossed_interval(table, t_quantile)
-            assert ci is not None
-            comp = ci.components
-            history[p].append(information_fraction(comp, k, n, design.max_seeds, design.max_images))
+            r = read(values[p[0]][:k, :n] - values[p[1]][:k, :n], design, prior_seed)
+            history[p].append(information_fraction(r.variance, k, n, design.max_seeds, design.max_images))
             last = k >= design.max_seeds and n >= design.max_images
-            df = decision_df(comp, k, n, design.seed_df_quantile)
-            look = decide(ci.mean, ci.se, df, history[p], k=k, n=n, alpha=ALPHA, last=last,
+            look = decide(r.mean, r.se, r.df, history[p], k=k, n=n, alpha=ALPHA, last=last,
                           futility=design.futility)  # fmt: skip
             if look.decision == Verdict.OPEN:
                 costs = Costs(SEED_HOURS[p[0]], SEED_HOURS[p[1]], IMAGE_HOURS)
-                actions[p] = choose_action(comp, k, n, costs, max_seeds=design.max_seeds,
+                actions[p] = choose_action(r.variance, k, n, costs, max_seeds=design.max_seeds,
                                            max_images=design.max_images)  # fmt: skip
                 continue
             open_.remove(p)
@@ -161,7 +199,7 @@ def study(values: dict[str, np.ndarray], design: Design, tally: Tally) -> None:
         for arm, n in wave.images.items():
             evaluated[arm] = max(evaluated[arm], n)
     tally.hours += sum(seeds[a] * (SEED_HOURS[a] + evaluated[a] * IMAGE_HOURS) for a in ARMS)
-    tally.seeds_added += sum(seeds[a] - design.min_seeds for a in ARMS)
+    tally.seeds_added += sum(seeds[a] - 2 for a in ARMS)
     for p in COMPARISONS:  # the fixed design on the same study
         table = (values[p[0]][:FIXED_SEEDS, :FIXED_IMAGES] - values[p[1]][:FIXED_SEEDS, :FIXED_IMAGES]).tolist()
         ci = crossed_interval(table, t_quantile)
@@ -177,8 +215,9 @@ def run_cell(args: tuple[Cell, Design, int, int]) -> tuple[Cell, Tally]:
     cell, design, studies, seed = args
     rng = np.random.default_rng(seed)
     tally = Tally(studies=studies)
+    prior_seed = PROFILES[cell.profile][0] ** 2  # the measured (1x) seed variance of a difference
     for _ in range(studies):
-        study(draw(rng, cell, design), design, tally)
+        study(draw(rng, cell, design), design, tally, prior_seed)
     return cell, tally
 
 
@@ -188,15 +227,24 @@ def cells() -> list[Cell]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="2,000 studies a cell instead of 10,000")
+    ap.add_argument("--quick", action="store_true", help="1,000 studies a cell instead of 10,000")
     ap.add_argument("--studies", type=int, help="studies a cell (overrides --quick)")
     ap.add_argument("--workers", type=int, default=2, help="cells simulated in parallel")
     ap.add_argument("--max-seeds", type=int, default=Design.max_seeds)
     ap.add_argument("--futility", type=float, default=Design.futility)
     ap.add_argument("--seed-df-quantile", type=float, default=Design.seed_df_quantile)
+    ap.add_argument(
+        "--borrow",
+        type=float,
+        default=0.0,
+        metavar="DF",
+        help="the stretch: one seed of B-D, the seed variance borrowed from an earlier grid on DF df",
+    )
     args = ap.parse_args()
-    studies = args.studies or (2000 if args.quick else 10_000)
-    design = Design(max_seeds=args.max_seeds, futility=args.futility, seed_df_quantile=args.seed_df_quantile)
+    studies = args.studies or (1000 if args.quick else 10_000)
+    design = Design(
+        max_seeds=args.max_seeds, futility=args.futility, seed_df_quantile=args.seed_df_quantile, borrow_df=args.borrow
+    )
     start = time.monotonic()
     chunk = 250  # studies a job: each (cell, chunk) has its own RNG seed, so the table is the same however many workers
     jobs = [(c, design, min(chunk, studies - lo), 50_000 + 1000 * i + lo // chunk)

@@ -97,7 +97,9 @@ def mean_variance(v: VarianceComponents, k: int, n: int) -> float:
     return v.seed / k + v.image / n + v.rest / (k * n)
 
 
-SEED_DF_QUANTILE = 0.5  # the seed mean square's upper confidence bound decision_df takes (see there)
+SEED_DF_QUANTILE = 0.1  # the seed mean square's upper confidence bound decision_df takes (see there): with
+# 0.5 and 0.25 the simulation's null comparisons were called 8% to 12% of the time (bench/decide_sim.py)
+FUTILITY = 0.2  # the conditional power under which the simulation closes an open comparison undecided
 
 
 def decision_df(v: VarianceComponents, k: int, n: int, quantile: float = SEED_DF_QUANTILE) -> float:
