@@ -13,11 +13,16 @@ chapters 2, 7, 9 and 11):
   (almost nothing early, nearly the whole alpha at the budget), or Pocock type, alpha ln(1 + (e-1) t) in all.
   The two-sided boundary of each look follows by the recursive numerical integration of Armitage, McPherson
   and Rowe (1969) over the continuation region (J&T chapter 19), for any increasing fractions (spending.py).
-- The estimate's SE is itself estimated (Satterthwaite df, often small with few seeds), so each look's
-  normal boundary is turned into its nominal two-sided level and read off Student's t on the look's df
-  (J&T 11.5: the "significance level" approach). The interval mean +- that t quantile x SE is the look's
-  repeated confidence interval (J&T chapter 9): together the looks' intervals cover the true effect with
-  probability 1 - alpha, which is what every decision below rests on.
+- The estimate's SE is itself estimated, so each look's normal boundary is turned into its nominal
+  two-sided level and read off Student's t on the look's df (J&T 11.5: the "significance level"
+  approach). The interval mean +- that t quantile x SE is the look's repeated confidence interval (J&T
+  chapter 9): together the looks' intervals cover the true effect with probability 1 - alpha, which is
+  what every decision below rests on. The df is `decision_df`, not the report's Satterthwaite df: with 2
+  or 3 seeds the seed mean square has 1 or 2 df, and early looks test at small nominal levels (0.003 and
+  below with O'Brien-Fleming) where the report's df put 2 to 20 times the nominal rate of null draws past
+  the boundary once seeds held half the variance or more; in bench/decide_sim.py the report's df called
+  8% to 12% of null comparisons. decision_df holds every simulated cell at or under alpha, at the price
+  of deciding little on two seeds (docs/benchmarks.md, issue 50).
 - Decisions: better or worse when the interval excludes zero (the sign read by the judged metric's
   direction: for a loss, lower is better), else equivalent when a margin is set and the interval lies
   inside +-margin, else undecided at the last look (the budget: the whole remaining alpha spent), else
@@ -26,6 +31,13 @@ chapters 2, 7, 9 and 11):
 - The error rate is per comparison by default: each effect's chance of a wrong better/worse over all its
   looks is at most alpha. `comparison_alpha(..., "familywise")` gives Bonferroni's alpha/m instead, so the
   chance of any wrong call across m comparisons is at most alpha. Every `Look` names which held.
+
+A grid uses it wave by wave: for each open comparison, the crossed interval of its k x n table
+(reports/crossed.py), `information_fraction` of it appended to the fractions recorded at its earlier looks,
+`decide(mean, se, decision_df(components, k, n), fractions, k=k, n=n, last=<at max_seeds and max_images>,
+futility=FUTILITY, direction=<the judged metric's>)`; for each still open, `choose_action`; `plan_wave` over
+them says which arms get a seed and which runs are evaluated on more images (arms absent get nothing).
+`worst_case_gpu_hours` and `expected_gpu_hours` answer a submit.
 
 Libraries considered (on the package index, 2026-11):
 - gsdesign 0.1.5 (MIT, numpy only): a port of R gsDesign's three integration primitives (gridpts, h1,
@@ -333,11 +345,13 @@ def worst_case_gpu_hours(seed_hours: Mapping[str, float], comparisons: Sequence[
 def expected_gpu_hours(seed_hours: Mapping[str, float], comparisons: Sequence[tuple[str, str]], *,
                        min_seeds: int, max_seeds: int, images: int, max_images: int, image_hours: float,
                        alpha: float = 0.05, futility: float = 0.0, variance: VarianceComponents = MEASURED,
-                       effect: float = 0.0, studies: int = 400, seed: int = 0) -> float:  # fmt: skip
+                       effect: float = 0.0, studies: int = 200, seed: int = 0) -> float:  # fmt: skip
     """The mean GPU-hours over `studies` simulated grids (numpy, well under a second): every comparison's
-    differences with `variance` (the measured headline's by default) and true `effect` (0: no arm differs,
-    the case that runs longest), its estimate drawn with the known variance (z, not t), decided and acted
-    on by the functions above; comparisons draw independently (arms shared for cost only)."""
+    mean drawn with `variance` (the measured headline's by default) and true `effect` (0: no arm differs),
+    decided (on decision_df of the given components) and acted on by the functions above; comparisons draw
+    independently (arms shared for cost only). The SE is taken as known (the variance's own draw is left
+    out), so this approximates what bench/decide_sim.py measures with the variance estimated as a grid
+    does (docs/benchmarks.md, issue 50)."""
     rng = np.random.default_rng(seed)
     pairs = list(comparisons)
     total = 0.0
@@ -357,7 +371,8 @@ def expected_gpu_hours(seed_hours: Mapping[str, float], comparisons: Sequence[tu
                 state[p] = (score, info)
                 history[p].append(information_fraction(variance, k, n, max_seeds, max_images))
                 at_budget = k >= max_seeds and n >= max_images
-                look = decide(score / info, 1 / math.sqrt(info), None, history[p], k=k, n=n, alpha=alpha,
+                df = decision_df(variance, k, n)  # on the given components: the df the decision would read
+                look = decide(score / info, 1 / math.sqrt(info), df, history[p], k=k, n=n, alpha=alpha,
                               last=at_budget, futility=futility)  # fmt: skip
                 if look.decision != Verdict.OPEN:
                     open_.discard(p)
