@@ -190,22 +190,20 @@ def _t_upper_quantile(p: float, df: float) -> float:
 
 
 def _fractions_for(fractions: Sequence[float], last: bool) -> tuple[float, ...]:
-    """The recorded fractions made usable: clipped to (0, 1], each above the one before (a look whose
-    projected fraction fell, as re-estimated components can make it, spends next to nothing), the last
-    look at 1."""
+    """The recorded fractions made usable: each within (0, 1), above the one before (a look whose projected
+    fraction fell, as re-estimated components can make it, spends next to nothing), and only the last look
+    (at the budget) at 1, so a look before the budget never spends the whole alpha."""
+    cap = 1.0 - 1e-3
     out: list[float] = []
     for t in fractions:
-        t = min(max(float(t), 1e-6), 1.0)
+        t = min(max(float(t), 1e-6), cap)
         if out and t <= out[-1]:
-            t = min(out[-1] + 1e-6, 1.0)
+            t = out[-1] + 1e-6
         out.append(t)
     if not out:
         raise ValueError("fractions must hold this look's information fraction (and every earlier look's)")
     if last:
         out[-1] = 1.0
-    if len(out) > 1 and out[-1] <= out[-2]:  # an earlier look already at 1: nothing left to spend
-        out[-1] = out[-2]
-        return tuple(out[:-1]) + (out[-2],)
     return tuple(out)
 
 
@@ -227,8 +225,7 @@ def decide(estimate: float, se: float, df: float | None, fractions: Sequence[flo
         raise ValueError(f"estimate and se must be finite and se > 0, got estimate={estimate}, se={se}")
     ts = _fractions_for(fractions, last)
     j = len(ts)
-    bounds = boundaries(ts, alpha, spending) if len(set(ts)) == j else (math.inf,) * j
-    c = bounds[-1]
+    c = boundaries(ts, alpha, spending)[-1]
     level = 2 * upper_tail(c) if math.isfinite(c) else 0.0
     exact = df is None or not math.isfinite(df) or df <= 0
     crit = c if exact or not math.isfinite(c) else _t_upper_quantile(level / 2, float(df))  # type: ignore[arg-type]
@@ -244,7 +241,7 @@ def decide(estimate: float, se: float, df: float | None, fractions: Sequence[flo
         return Look(decision=verdict, reason=f"the interval excludes zero at look {j}", **common)
     if margin is not None and margin > 0 and -margin < low and high < margin:
         return Look(decision=Verdict.EQUIVALENT, reason=f"the interval lies inside +-{margin:g}", **common)
-    if ts[-1] >= 1.0:
+    if last:
         return Look(decision=Verdict.UNDECIDED, reason="at the budget, neither excluded nor inside the margin",
                     **common)  # fmt: skip
     if futility > 0:

@@ -119,6 +119,15 @@ def test_the_last_look_spends_the_rest_and_closes_what_is_left() -> None:
     assert last.error_rate == "per-comparison"
 
 
+def test_a_look_before_the_budget_never_spends_the_whole_alpha() -> None:
+    # a projected fraction of 1 before the budget (re-estimated components) keeps the comparison open
+    early = decide(0.0005, 0.001, None, [0.5, 1.0], k=2, n=256)
+    assert early.decision == Verdict.OPEN and early.alpha_spent < 0.05
+    # a fraction that fell is kept above the one before it, spending next to nothing
+    fell = decide(0.0025, 0.001, None, [0.6, 0.5], k=2, n=256)
+    assert fell.fraction > 0.6 and fell.decision == Verdict.OPEN
+
+
 def test_equivalence_needs_the_whole_interval_inside_the_margin() -> None:
     # the look's interval is +-2.963 SE at half the information
     assert look(0.0005, margin=0.004) == Verdict.EQUIVALENT  # -0.0025..0.0035
