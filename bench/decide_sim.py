@@ -28,8 +28,8 @@ The last line reads `type_I <max over cells and looks> power <min ratio to fixed
 <ratio>`: type I is the cumulative rejection rate of the null comparisons by each look, its largest; power
 the share of studies where a non-null comparison is called in the right direction, as a ratio to the fixed
 design's on the same studies (the lowest over cells and comparisons); GPU-hours the mean over studies as a
-fraction of the fixed design's, for the weighted headline's cells (the metric a grid decides on; the plain
-mean's are in the table).
+fraction of the fixed design's, the largest over the weighted headline's cells (the metric a grid decides
+on; the plain mean's are in the table). `--borrow DF` runs the stretch (docs/benchmarks.md, issue 50).
 """
 
 from __future__ import annotations
