@@ -123,17 +123,17 @@ def decision_df(v: VarianceComponents, k: int, n: int, quantile: float = SEED_DF
     inf where the variance is exactly zero."""
     from scipy.special import chdtri  # lazily: the API imports this module and must start fast
 
+    if k < 2 or n < 2:
+        raise ValueError(f"decision_df needs k >= 2 seeds and n >= 2 images (a seeds x images table), got k={k}, n={n}")
     ms_rest = v.rest
-    ms_seed = (v.rest + n * v.seed) * (k - 1) / float(chdtri(k - 1, 1 - quantile)) if k > 1 else math.inf
+    ms_seed = (v.rest + n * v.seed) * (k - 1) / float(chdtri(k - 1, 1 - quantile))
     ms_image = v.rest + k * v.image
     # Var * k n = MS_seed + MS_image - MS_rest with both components kept; the terms as crossed.py drops them
     terms = [(ms_seed, k - 1)]
     terms += [(ms_image, n - 1)] if v.image > 0 else []
     coef_rest = 1.0 - len(terms)
     total = sum(ms for ms, _ in terms) + coef_rest * ms_rest
-    spread = sum(ms * ms / df for ms, df in terms) + (coef_rest * ms_rest) ** 2 / max((k - 1) * (n - 1), 1)
-    if not math.isfinite(ms_seed):
-        return math.inf
+    spread = sum(ms * ms / df for ms, df in terms) + (coef_rest * ms_rest) ** 2 / ((k - 1) * (n - 1))
     return total * total / spread if spread > 0 else math.inf
 
 
@@ -368,7 +368,7 @@ def expected_gpu_hours(seed_hours: Mapping[str, float], comparisons: Sequence[tu
                 state[p] = (score, info)
                 history[p].append(information_fraction(variance, k, n, max_seeds, max_images))
                 at_budget = k >= max_seeds and n >= max_images
-                df = decision_df(variance, k, n)  # on the given components: the df the decision would read
+                df = decision_df(variance, k, n) if k > 1 else None  # the df the decision would read
                 look = decide(score / info, 1 / math.sqrt(info), df, history[p], k=k, n=n, alpha=alpha,
                               last=at_budget, futility=futility)  # fmt: skip
                 if look.decision != Verdict.OPEN:

@@ -169,6 +169,8 @@ def test_decision_df_keeps_the_seeds_weight_when_their_mean_square_is_small() ->
     assert comp is not None
     assert decision_df(comp, 2, 256, 0.5) < comp.df  # the report's df, from the draw, is larger
     assert decision_df(comp, 2, 256, 0.1) < decision_df(comp, 2, 256, 0.5)  # a lower quantile, fewer df
+    with pytest.raises(ValueError, match="k >= 2"):
+        decision_df(comp, 1, 256)  # one seed: no seed mean square to bound
 
 
 COSTS = Costs(seed_a=6.66, seed_b=3.15, image=10 / 64 / 3600)
