@@ -1,0 +1,288 @@
+"""Does a grid that decides hold its error rate, at the fixed design's power, for fewer GPU-hours? Simulated
+studies of arms A-D with the lineage comparisons (B-A, C-B, C-A, D-C, D-A), each run the way the launcher
+runs a grid with `decide`: every arm starts with min_seeds seeds evaluated on 64 images; after each wave
+every open comparison is read by the report's own crossed interval (orchestrator/results/reports/crossed.py)
+and decided at its look by orchestrator/results/sequential.py `decide`; each still open takes
+`choose_action` (evaluate on more images, or one more seed of both arms), `plan_wave` gathers them, and
+the study ends when no comparison is open. The fixed design to beat reads the same studies' first 3 seeds
+and 64 images with the report's 95% crossed interval.
+
+Each arm's value on seed s and image i is mean + seed_s + image_i + rest_si (all normal, per arm), so a
+comparison's table of paired differences has the measured components of the difference: seed SD
+(each arm seed_sd/sqrt 2), image SD (each arm's own response to an image, image_sd/sqrt 2; what all arms
+share cancels) and rest SD; comparisons that share an arm are correlated as in a real grid. Profiles: the
+weighted headline's components measured on H100s (seed 0.001, image 0.011, rest 0.0018) and the plain
+mean's (0.0083, 0.044, 0.0106), each with equal seed SDs and with arm D's seed SD 3x the others (a shortcut
+pooling seed variance across arms would undercover D-C, a null comparison). True means: A = B = 0 and
+C = D = -effect (lower is better), so B-A and D-C are null and C-B, C-A, D-A differ by the effect, 0.0075 or
+0.002 (with two null comparisons among these five the other three differ by the same amount).
+
+Costs: training per seed A 6.66, B 3.15, C 3.16, D 3.23 GPU-h (seed-size rates on one H100); evaluation
+10 s per 64 images (issue 33's evaluation passes at small size on one H100, docs/benchmarks.md), 256
+held-out images available.
+
+    python bench/decide_sim.py              # 10,000 studies a cell, the table in docs/benchmarks.md
+    python bench/decide_sim.py --quick      # 1,000 a cell; ends with the one line below
+
+The last line reads `type_I <max over cells and looks> power <min ratio to fixed> gpu_hours_vs_fixed3
+<ratio>`: type I is the cumulative rejection rate of the null comparisons by each look, its largest; power
+the share of studies where a non-null comparison is called in the right direction, as a ratio to the fixed
+design's on the same studies (the lowest over cells and comparisons); GPU-hours the mean over studies as a
+fraction of the fixed design's, the largest over the weighted headline's cells (the metric a grid decides
+on; the plain mean's are in the table). `--borrow DF` runs the stretch (docs/benchmarks.md, issue 50).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from orchestrator.results.reports.crossed import crossed_interval
+from orchestrator.results.reports.stats import t_quantile
+from orchestrator.results.sequential import (
+    FUTILITY,
+    SEED_DF_QUANTILE,
+    Costs,
+    Variance,
+    Verdict,
+    choose_action,
+    decide,
+    decision_df,
+    information_fraction,
+    mean_variance,
+    plan_wave,
+)
+
+ARMS = ("A", "B", "C", "D")
+COMPARISONS = (("B", "A"), ("C", "B"), ("C", "A"), ("D", "C"), ("D", "A"))
+NULL = (("B", "A"), ("D", "C"))
+SEED_HOURS = {"A": 6.66, "B": 3.15, "C": 3.16, "D": 3.23}
+IMAGE_HOURS = 10.0 / 64 / 3600  # one image evaluated on one run
+FIXED_SEEDS, FIXED_IMAGES = 3, 64
+PROFILES = {"headline": (0.001, 0.011, 0.0018), "plain mean": (0.0083, 0.044, 0.0106)}
+EFFECTS = (0.0075, 0.002)
+ALPHA = 0.05
+
+
+@dataclass(frozen=True)
+class Design:
+    min_seeds: int = 2
+    max_seeds: int = 3
+    images: int = 64  # what every run is evaluated on first
+    max_images: int = 256
+    futility: float = FUTILITY
+    seed_df_quantile: float = SEED_DF_QUANTILE
+    borrow_df: float = 0.0  # the stretch (--borrow): > 0 borrows the seed variance, on this many df (below)
+
+
+@dataclass(frozen=True)
+class Cell:
+    profile: str
+    spread: float  # arm D's seed SD over the others'
+    effect: float
+
+
+@dataclass
+class Tally:
+    studies: int = 0
+    null_by_look: dict[int, int] = field(default_factory=dict)  # first rejection of a null comparison, by look
+    null_fixed: int = 0
+    power: dict[str, int] = field(default_factory=dict)
+    power_fixed: dict[str, int] = field(default_factory=dict)
+    hours: float = 0.0
+    seeds_added: int = 0  # arm-seeds past two a arm (negative where arms stayed at one)
+
+
+def merged(a: Tally, b: Tally) -> Tally:
+    def plus(x: dict, y: dict) -> dict:
+        return {key: x.get(key, 0) + y.get(key, 0) for key in {*x, *y}}
+
+    return Tally(a.studies + b.studies, plus(a.null_by_look, b.null_by_look), a.null_fixed + b.null_fixed,
+                 plus(a.power, b.power), plus(a.power_fixed, b.power_fixed), a.hours + b.hours,
+                 a.seeds_added + b.seeds_added)  # fmt: skip
+
+
+def fixed_hours() -> float:
+    return sum(FIXED_SEEDS * (SEED_HOURS[a] + FIXED_IMAGES * IMAGE_HOURS) for a in ARMS)
+
+
+def draw(rng: np.random.Generator, cell: Cell, design: Design) -> dict[str, np.ndarray]:
+    """Each arm's seeds x images values (max_seeds x max_images)."""
+    seed_sd, image_sd, rest_sd = PROFILES[cell.profile]
+    k, n = max(design.max_seeds, FIXED_SEEDS), design.max_images
+    out = {}
+    for arm in ARMS:
+        mean = -cell.effect if arm in ("C", "D") else 0.0
+        s_sd = seed_sd / math.sqrt(2) * (cell.spread if arm == "D" else 1.0)
+        out[arm] = (mean + rng.normal(0, s_sd, (k, 1)) + rng.normal(0, image_sd / math.sqrt(2), (1, n))
+                    + rng.normal(0, rest_sd / math.sqrt(2), (k, n)))  # fmt: skip
+    return out
+
+
+def correct(pair: tuple[str, str], low: float, high: float) -> bool:
+    """Called in the right direction: C and D are better (lower) than A and B."""
+    return high < 0 if pair in (("C", "B"), ("C", "A"), ("D", "A")) else False
+
+
+@dataclass(frozen=True)
+class Reading:
+    mean: float
+    se: float
+    df: float
+    variance: Variance  # what the fraction and the action are projected from
+
+
+def read(diff: np.ndarray, design: Design, prior_seed: float) -> Reading:
+    """A comparison's k x n differences read for a decision: the report's crossed interval with
+    decision_df; with --borrow, the seed variance pooled with a prior (an earlier grid's measurement of
+    these arms, on design.borrow_df df), which also reads one seed (k = 1: the report has no interval)."""
+    k, n = diff.shape
+    if design.borrow_df <= 0:
+        ci = crossed_interval(diff.tolist(), t_quantile)
+        assert ci is not None
+        comp = ci.components
+        return Reading(ci.mean, ci.se, decision_df(comp, k, n, design.seed_df_quantile),
+                       Variance(comp.seed, comp.image, comp.rest))  # fmt: skip
+    df0 = design.borrow_df
+    if k == 1:
+        row = diff[0]
+        v = Variance(prior_seed, float(row.var(ddof=1)), 0.0)  # the rest folds into the images' spread
+        seed_df = df0
+    else:
+        ci = crossed_interval(diff.tolist(), t_quantile)
+        assert ci is not None
+        comp = ci.components
+        pooled = (df0 * prior_seed + (k - 1) * comp.seed) / (df0 + k - 1)
+        v, seed_df = Variance(pooled, comp.image, comp.rest), df0 + k - 1
+    var = mean_variance(v, k, n)
+    terms = [(v.seed / k, seed_df), (v.image / n, n - 1), (v.rest / (k * n), max((k - 1) * (n - 1), 1))]
+    spread = sum(x * x / d for x, d in terms)
+    return Reading(float(diff.mean()), math.sqrt(var), var * var / spread if spread > 0 else math.inf, v)
+
+
+def study(values: dict[str, np.ndarray], design: Design, tally: Tally, prior_seed: float = 0.0) -> None:
+    seeds = dict.fromkeys(ARMS, design.min_seeds)
+    if design.borrow_df > 0:  # one seed of each arm but the control, whose replicates stay at min_seeds
+        seeds.update(dict.fromkeys(ARMS[1:], 1))
+    evaluated = dict.fromkeys(ARMS, design.images)
+    history: dict[tuple[str, str], list[float]] = {p: [] for p in COMPARISONS}
+    open_ = list(COMPARISONS)
+    while open_:
+        actions = {}
+        for p in list(open_):
+            k, n = min(seeds[p[0]], seeds[p[1]]), min(evaluated[p[0]], evaluated[p[1]])
+            r = read(values[p[0]][:k, :n] - values[p[1]][:k, :n], design, prior_seed)
+            history[p].append(information_fraction(r.variance, k, n, design.max_seeds, design.max_images))
+            last = k >= design.max_seeds and n >= design.max_images
+            look = decide(r.mean, r.se, r.df, history[p], k=k, n=n, alpha=ALPHA, last=last,
+                          futility=design.futility)  # fmt: skip
+            if look.decision == Verdict.OPEN:
+                costs = Costs(SEED_HOURS[p[0]], SEED_HOURS[p[1]], IMAGE_HOURS)
+                actions[p] = choose_action(r.variance, k, n, costs, max_seeds=design.max_seeds,
+                                           max_images=design.max_images)  # fmt: skip
+                continue
+            open_.remove(p)
+            if look.decision in (Verdict.BETTER, Verdict.WORSE):
+                if p in NULL:
+                    tally.null_by_look[look.look] = tally.null_by_look.get(look.look, 0) + 1
+                elif correct(p, look.low, look.high):
+                    key = "-".join(p)
+                    tally.power[key] = tally.power.get(key, 0) + 1
+        wave = plan_wave(actions)
+        for arm, k in wave.seeds.items():
+            seeds[arm] = max(seeds[arm], k)
+        for arm, n in wave.images.items():
+            evaluated[arm] = max(evaluated[arm], n)
+    tally.hours += sum(seeds[a] * (SEED_HOURS[a] + evaluated[a] * IMAGE_HOURS) for a in ARMS)
+    tally.seeds_added += sum(seeds[a] - 2 for a in ARMS)
+    for p in COMPARISONS:  # the fixed design on the same study
+        table = (values[p[0]][:FIXED_SEEDS, :FIXED_IMAGES] - values[p[1]][:FIXED_SEEDS, :FIXED_IMAGES]).tolist()
+        ci = crossed_interval(table, t_quantile)
+        assert ci is not None
+        if p in NULL:
+            tally.null_fixed += ci.low > 0 or ci.high < 0
+        elif correct(p, ci.low, ci.high):
+            key = "-".join(p)
+            tally.power_fixed[key] = tally.power_fixed.get(key, 0) + 1
+
+
+def run_cell(args: tuple[Cell, Design, int, int]) -> tuple[Cell, Tally]:
+    cell, design, studies, seed = args
+    rng = np.random.default_rng(seed)
+    tally = Tally(studies=studies)
+    prior_seed = PROFILES[cell.profile][0] ** 2  # the measured (1x) seed variance of a difference
+    for _ in range(studies):
+        study(draw(rng, cell, design), design, tally, prior_seed)
+    return cell, tally
+
+
+def cells() -> list[Cell]:
+    return [Cell(p, s, e) for p in PROFILES for s in (1.0, 3.0) for e in EFFECTS]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="1,000 studies a cell instead of 10,000")
+    ap.add_argument("--studies", type=int, help="studies a cell (overrides --quick)")
+    ap.add_argument("--workers", type=int, default=2, help="cells simulated in parallel")
+    ap.add_argument("--max-seeds", type=int, default=Design.max_seeds)
+    ap.add_argument("--futility", type=float, default=Design.futility)
+    ap.add_argument("--seed-df-quantile", type=float, default=Design.seed_df_quantile)
+    ap.add_argument(
+        "--borrow",
+        type=float,
+        default=0.0,
+        metavar="DF",
+        help="the stretch: one seed of B-D, the seed variance borrowed from an earlier grid on DF df",
+    )
+    args = ap.parse_args()
+    studies = args.studies or (1000 if args.quick else 10_000)
+    design = Design(
+        max_seeds=args.max_seeds, futility=args.futility, seed_df_quantile=args.seed_df_quantile, borrow_df=args.borrow
+    )
+    start = time.monotonic()
+    chunk = 250  # studies a job: each (cell, chunk) has its own RNG seed, so the table is the same however many workers
+    jobs = [(c, design, min(chunk, studies - lo), 50_000 + 1000 * i + lo // chunk)
+            for i, c in enumerate(cells()) for lo in range(0, studies, chunk)]  # fmt: skip
+    with ProcessPoolExecutor(max_workers=args.workers) as pool:
+        parts = list(pool.map(run_cell, jobs))
+    by_cell: dict[Cell, Tally] = {}
+    for cell, tally in parts:
+        by_cell[cell] = merged(by_cell[cell], tally) if cell in by_cell else tally
+    results = list(by_cell.items())
+    fixed = fixed_hours()
+    print(f"{studies} studies a cell; {design}; fixed design: {FIXED_SEEDS} seeds x {FIXED_IMAGES} images, "
+          f"{fixed:.1f} GPU-h; alpha {ALPHA} per comparison")  # fmt: skip
+    print("| profile | D's seed SD | effect | type I by look (cumulative; fixed) | power C-B / C-A / D-A "
+          "(fixed) | GPU-h vs fixed | seeds added per study |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
+    worst_type1, worst_ratio, headline_hours = 0.0, math.inf, []
+    for cell, t in results:
+        nulls = len(NULL) * t.studies
+        cumulative, run = [], 0
+        for j in range(1, max(t.null_by_look, default=0) + 1):
+            run += t.null_by_look.get(j, 0)
+            cumulative.append(run / nulls)
+        worst_type1 = max([worst_type1, *cumulative])
+        powers = []
+        for p in ("C-B", "C-A", "D-A"):
+            seq, fix = t.power.get(p, 0) / t.studies, t.power_fixed.get(p, 0) / t.studies
+            powers.append(f"{seq:.3f} ({fix:.3f})")
+            worst_ratio = min(worst_ratio, seq / fix if fix > 0 else math.inf)
+        ratio = t.hours / t.studies / fixed
+        if cell.profile == "headline":
+            headline_hours.append(ratio)
+        looks = " / ".join(f"{x:.4f}" for x in cumulative) or "0"
+        print(f"| {cell.profile} | {cell.spread:g}x | {cell.effect} | {looks} ({t.null_fixed / nulls:.4f}) | "
+              f"{' / '.join(powers)} | {ratio:.3f} | {t.seeds_added / t.studies:.2f} |", flush=True)  # fmt: skip
+    print(f"({time.monotonic() - start:.0f} s)")
+    print(f"type_I {worst_type1:.4f} power {worst_ratio:.3f} gpu_hours_vs_fixed3 {max(headline_hours):.3f}")
+
+
+if __name__ == "__main__":
+    main()

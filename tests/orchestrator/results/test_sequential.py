@@ -1,0 +1,218 @@
+"""The group-sequential maths (orchestrator/results/spending.py, sequential.py) against published values,
+and the decision, the action and the wave on hand-made cases."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy.optimize import brentq
+
+from orchestrator.results.reports.crossed import components
+from orchestrator.results.sequential import (
+    Action,
+    Costs,
+    Variance,
+    Verdict,
+    choose_action,
+    comparison_alpha,
+    decide,
+    decision_df,
+    expected_gpu_hours,
+    information_fraction,
+    mean_variance,
+    plan_wave,
+    worst_case_gpu_hours,
+)
+from orchestrator.results.spending import boundaries, exit_probabilities, spent
+
+
+def equal(k: int) -> list[float]:
+    return [(i + 1) / k for i in range(k)]
+
+
+# Lan-DeMets spending, alpha = 0.05 two-sided (0.025 a side), equally spaced looks: R ldbounds
+# `bounds(t, iuse = c(1, 1), alpha = c(0.025, 0.025))` and gsDesign `gsDesign(k, test.type = 2, sfu = sfLDOF)`
+# print these (Reboussin, DeMets, Kim & Lan 2000, Controlled Clinical Trials 21:190-207, the ldbounds method).
+LD_OBF = {
+    2: (2.963, 1.969),
+    3: (3.710, 2.511, 1.993),
+    4: (4.333, 2.963, 2.359, 2.014),
+    5: (4.877, 3.357, 2.680, 2.290, 2.031),
+}
+# Lan-DeMets Pocock type, alpha ln(1 + (e - 1) t), same source and convention.
+LD_POCOCK = {5: (2.438, 2.427, 2.410, 2.397, 2.386)}
+# The classical designs' constants at alpha = 0.05 two-sided, Jennison & Turnbull (2000) Table 2.1 (Pocock,
+# C_P(K, alpha): c_k = C_P) and Table 2.3 (O'Brien & Fleming, C_B(K, alpha): c_k = C_B sqrt(K / k)).
+POCOCK_CP = {2: 2.178, 3: 2.289, 4: 2.361, 5: 2.413}
+OBF_CB = {2: 1.977, 3: 2.004, 4: 2.024, 5: 2.040}
+
+
+@pytest.mark.parametrize("k", sorted(LD_OBF))
+def test_obrien_fleming_spending_boundaries_match_ldbounds(k: int) -> None:
+    assert boundaries(equal(k)) == pytest.approx(LD_OBF[k], abs=1.5e-3)
+
+
+def test_pocock_spending_boundaries_match_ldbounds() -> None:
+    assert boundaries(equal(5), spending="pocock") == pytest.approx(LD_POCOCK[5], abs=1.5e-3)
+
+
+@pytest.mark.parametrize("k", [2, 3, 4, 5])
+def test_classical_pocock_and_obrien_fleming_constants(k: int) -> None:
+    """The integration's crossing probabilities give J&T's constants: the constant whose boundaries
+    exit with probability alpha under the null."""
+    ts = equal(k)
+    pocock = brentq(lambda c: sum(exit_probabilities([c] * k, ts)) - 0.05, 1.5, 4.0)
+    obf = brentq(lambda c: sum(exit_probabilities([c * math.sqrt(k / (i + 1)) for i in range(k)], ts)) - 0.05,
+                 1.5, 4.0)  # fmt: skip
+    assert pocock == pytest.approx(POCOCK_CP[k], abs=1.5e-3)
+    assert obf == pytest.approx(OBF_CB[k], abs=1.5e-3)
+
+
+def test_repeated_testing_at_1_96_inflates_as_published() -> None:
+    """Testing at the unadjusted 1.96 at K equally spaced looks: one side's crossing probability is 0.042
+    (K = 2), 0.063 (4), 0.097 (10) (Armitage, McPherson & Rowe 1969; gsDesign's unit test
+    test.Deming.gsProb)."""
+    for k, published in ((2, 0.042), (4, 0.063), (10, 0.097)):
+        assert sum(exit_probabilities([1.96] * k, equal(k))) / 2 == pytest.approx(published, abs=6e-4)
+
+
+@pytest.mark.parametrize("spending", ["obf", "pocock"])
+def test_each_look_spends_what_the_function_says_and_all_of_alpha(spending: str) -> None:
+    ts = [0.13, 0.4, 0.41, 0.77, 1.0]  # unequal, one pair close together
+    bounds = boundaries(ts, 0.05, spending)  # type: ignore[arg-type]
+    exits = exit_probabilities(bounds, ts)
+    increments = np.diff([0.0] + [spent(t, 0.05, spending) for t in ts])  # type: ignore[arg-type]
+    assert exits == pytest.approx(list(increments), abs=2e-6)
+    assert sum(exits) == pytest.approx(0.05, abs=1e-6)
+    assert spent(1.0, 0.05, spending) == pytest.approx(0.05)  # type: ignore[arg-type]
+
+
+def test_fractions_must_increase() -> None:
+    with pytest.raises(ValueError, match="increase"):
+        boundaries([0.5, 0.4, 1.0])
+
+
+def look(estimate: float, se: float = 0.001, fractions: tuple[float, ...] = (0.5,), **kw) -> Verdict:
+    return decide(estimate, se, None, list(fractions), k=2, n=64, **kw).decision
+
+
+def test_decision_maps_the_sign_by_the_metric_direction() -> None:
+    # z = 4 clears look 1 at half the information (boundary 2.963)
+    assert look(-0.004) == Verdict.BETTER  # a loss: the arm lower than its comparator
+    assert look(0.004) == Verdict.WORSE
+    assert look(-0.004, direction="higher") == Verdict.WORSE  # a score: lower is worse
+    assert look(0.004, direction="higher") == Verdict.BETTER
+    assert look(0.0025) == Verdict.OPEN  # z = 2.5: below 2.963 at this look
+
+
+def test_the_last_look_spends_the_rest_and_closes_what_is_left() -> None:
+    # z = 2.5 at the second of two equally spaced looks: above 1.969 when last, still open when the budget
+    # is projected further away
+    assert look(0.0025, fractions=(0.5, 1.0)) == Verdict.WORSE
+    assert look(0.0025, fractions=(0.5, 0.6)) == Verdict.OPEN
+    assert look(0.0025, fractions=(0.5, 0.6), last=True) == Verdict.WORSE  # last: fraction taken as 1
+    assert look(0.0005, fractions=(0.5, 0.6), last=True) == Verdict.UNDECIDED
+    last = decide(0.0005, 0.001, None, [0.5, 0.6], k=3, n=256, last=True)
+    assert last.alpha_spent == pytest.approx(0.05) and last.look == 2 and (last.k, last.n) == (3, 256)
+    assert last.error_rate == "per-comparison"
+
+
+def test_a_look_before_the_budget_never_spends_the_whole_alpha() -> None:
+    # a projected fraction of 1 before the budget (re-estimated components) keeps the comparison open
+    early = decide(0.0005, 0.001, None, [0.5, 1.0], k=2, n=256)
+    assert early.decision == Verdict.OPEN and early.alpha_spent < 0.05
+    # a fraction that fell is kept above the one before it, spending next to nothing
+    fell = decide(0.0025, 0.001, None, [0.6, 0.5], k=2, n=256)
+    assert fell.fraction > 0.6 and fell.decision == Verdict.OPEN
+
+
+def test_equivalence_needs_the_whole_interval_inside_the_margin() -> None:
+    # the look's interval is +-2.963 SE at half the information
+    assert look(0.0005, margin=0.004) == Verdict.EQUIVALENT  # -0.0025..0.0035
+    assert look(0.0015, margin=0.004) == Verdict.OPEN  # up to 0.0045
+    assert look(0.0005) == Verdict.OPEN  # no margin: never equivalent
+    assert look(0.0005, margin=0.0) == Verdict.OPEN
+
+
+def test_small_df_widens_the_boundary() -> None:
+    normal = decide(0.0035, 0.001, None, [0.5], k=2, n=64)
+    few = decide(0.0035, 0.001, 4.0, [0.5], k=2, n=64)
+    assert normal.decision == Verdict.WORSE and few.decision == Verdict.OPEN
+    assert few.boundary > few.z_boundary == pytest.approx(normal.boundary)
+    assert few.level == pytest.approx(normal.level)  # the same nominal level, read on t(4)
+
+
+def test_futility_closes_a_hopeless_comparison_only_when_asked() -> None:
+    assert look(0.0001, fractions=(0.8,), futility=0.1) == Verdict.UNDECIDED
+    assert look(0.0001, fractions=(0.8,)) == Verdict.OPEN
+    assert look(0.0018, fractions=(0.8,), futility=0.1) == Verdict.OPEN  # z = 1.8 late: worth finishing
+
+
+def test_familywise_alpha_is_bonferroni() -> None:
+    assert comparison_alpha(0.05, 5) == 0.05
+    assert comparison_alpha(0.05, 5, "familywise") == pytest.approx(0.01)
+
+
+def test_information_fraction_is_the_variance_ratio_to_the_budget() -> None:
+    v = Variance(seed=1e-6, image=1.21e-4, rest=3.24e-6)
+    assert information_fraction(v, 2, 64, 8, 256) == pytest.approx(mean_variance(v, 8, 256) / mean_variance(v, 2, 64))
+    assert information_fraction(v, 8, 256, 8, 256) == 1.0
+    assert 0 < information_fraction(v, 2, 64, 8, 256) < information_fraction(v, 2, 256, 8, 256) < 1
+
+
+def test_decision_df_keeps_the_seeds_weight_when_their_mean_square_is_small() -> None:
+    rng = np.random.default_rng(3)
+    table = rng.normal(0, 0.011, (1, 256)) + rng.normal(0, 0.0018, (2, 256))  # no seed noise drawn
+    comp = components(table.tolist())
+    assert comp is not None
+    assert decision_df(comp, 2, 256, 0.5) < comp.df  # the report's df, from the draw, is larger
+    assert decision_df(comp, 2, 256, 0.1) < decision_df(comp, 2, 256, 0.5)  # a lower quantile, fewer df
+    with pytest.raises(ValueError, match="k >= 2"):
+        decision_df(comp, 1, 256)  # one seed: no seed mean square to bound
+
+
+COSTS = Costs(seed_a=6.66, seed_b=3.15, image=10 / 64 / 3600)
+
+
+def test_images_when_the_images_dominate() -> None:
+    v = Variance(seed=1e-6, image=1.21e-4, rest=3.24e-6)  # the weighted headline's
+    act = choose_action(v, 2, 64, COSTS, max_seeds=8, max_images=256)
+    assert (act.kind, act.k, act.n) == ("images", 2, 256)
+    assert act.gpu_hours == pytest.approx(192 * 4 * COSTS.image)
+
+
+def test_a_seed_when_the_seeds_dominate() -> None:
+    v = Variance(seed=1e-4, image=1e-6, rest=1e-6)
+    act = choose_action(v, 2, 64, COSTS, max_seeds=8, max_images=256)
+    assert (act.kind, act.k, act.n) == ("seed", 3, 64)
+
+
+def test_the_action_never_passes_the_budget() -> None:
+    v = Variance(seed=1e-6, image=1.21e-4, rest=3.24e-6)
+    assert choose_action(v, 2, 100, COSTS, max_seeds=8, max_images=256).n == 256  # 4x capped
+    assert choose_action(v, 2, 256, COSTS, max_seeds=3, max_images=256).kind == "seed"
+    assert choose_action(v, 3, 256, COSTS, max_seeds=3, max_images=256).kind == "none"
+    seeds_only = Variance(seed=1e-4, image=0.0, rest=1e-6)
+    assert choose_action(seeds_only, 3, 64, COSTS, max_seeds=3, max_images=256).kind == "images"
+
+
+def test_a_wave_seeds_only_the_arms_an_open_comparison_needs() -> None:
+    seed = Action("seed", 3, 64, 9.8, 0.0, 0.0, "")
+    images = Action("images", 2, 256, 0.1, 0.0, 0.0, "")
+    wave = plan_wave({("C", "B"): seed, ("D", "C"): images})
+    assert wave.seeds == {"C": 3, "B": 3}
+    assert wave.images == {"C": 256, "B": 64, "D": 256}
+    assert "A" not in wave.seeds and "D" not in wave.seeds
+
+
+def test_costs_for_the_submit_answer() -> None:
+    hours = {"A": 6.66, "B": 3.15, "C": 3.16, "D": 3.23}
+    pairs = [("B", "A"), ("C", "B"), ("C", "A"), ("D", "C"), ("D", "A")]
+    worst = worst_case_gpu_hours(hours, pairs, max_seeds=3, max_images=256, image_hours=0.0)
+    assert worst == pytest.approx(48.6)
+    floor = 2 * sum(hours.values())
+    expected = expected_gpu_hours(hours, pairs, min_seeds=2, max_seeds=3, images=64, max_images=256,
+                                  image_hours=0.0, futility=0.1, studies=50)  # fmt: skip
+    assert floor <= expected <= worst
