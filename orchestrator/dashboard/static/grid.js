@@ -293,8 +293,10 @@
         el("td", { class: "num" }, `${signed(e.diff)}${interval}`),
         el("td", { class: `reading ${reading.split(":")[0].replace(/ /g, "-")}` }, reading),
         el("td", { class: "num" }, e.k), el("td", { class: "num" }, spread),
-        el("td", { class: "covers" }, e.noise), el("td", { class: "budget" }, budget), el("td", { class: "narrow" }, narrow)));
+        el("td", { class: "covers" }, e.noise), el("td", { class: "budget" }, budget), el("td", { class: "narrow" }, narrow),
+        ...(d.decide ? [window.AblateDecide.cell(e, el)] : [])));
     }
+    window.AblateDecide.render(d, el);  // a deciding grid: its decisions' column and what is still open
   }
 
   function render(d) {

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from orchestrator.db.models import Event, Grid, Run
 from orchestrator.db.session import session_scope
+from orchestrator.results.decider import decision_pending
 from orchestrator.results.reports.build import build_report
 from orchestrator.results.reports.render import RENDERERS
 from orchestrator.settings import Settings
@@ -46,11 +47,13 @@ def write_report(session: Session, grid: Grid, out: Path, storage_options: dict[
 
 
 def due_grids(session: Session) -> list[int]:
-    """Grids with runs, none of them still active, and no report event yet."""
+    """Grids with runs, none of them still active, and no report event yet (a deciding grid: once its
+    decision has ended, results/decider.py)."""
     active = exists().where(Run.grid_id == Grid.id, Run.state.not_in(TERMINAL_STATES))
     has_runs = exists().where(Run.grid_id == Grid.id)
     reported = exists().where(Event.grid_id == Grid.id, Event.run_id.is_(None), Event.kind.in_(REPORT_EVENTS))
-    return list(session.scalars(select(Grid.id).where(has_runs, ~active, ~reported).order_by(Grid.id)))
+    grids = session.scalars(select(Grid).where(has_runs, ~active, ~reported).order_by(Grid.id))
+    return [g.id for g in grids if not decision_pending(session, g)]  # a deciding grid: after its last look
 
 
 def write_due_reports(settings: Settings) -> list[int]:
