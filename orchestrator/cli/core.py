@@ -142,7 +142,7 @@ def submit(
     if body.decide is not None:  # a deciding grid: its worst case and expected GPU-hours
         from orchestrator.results.decisions import decide_cost
 
-        typer.echo(f"submitting {decide_cost([spec for _, spec in resolved], body.decide).words}", err=True)
+        typer.echo(f"submitting {decide_cost(resolved, body.control, body.decide).words}", err=True)
     elif body.seeds > 1:  # what replicates cost, said before anything is queued
         typer.echo(f"submitting {grid_cost([spec for _, spec in resolved], body.seeds).text()}", err=True)
 

@@ -29,7 +29,7 @@ from orchestrator.db.session import session_scope
 from orchestrator.grids.deciding import DecideSpec, add_seed, arm_seeds, decide_of
 from orchestrator.grids.evaluations import EvaluationCreate, create_evaluation, evaluated_runs, held_out_size
 from orchestrator.results import sequential
-from orchestrator.results.decisions import DECIDED, Action, ComparisonLook, grid_looks, look_comparisons
+from orchestrator.results.decisions import DECIDED, ComparisonLook, grid_looks, look_comparisons
 from orchestrator.results.evaluations import largest_evaluation
 from orchestrator.results.reports.build import grid_effects_now
 from orchestrator.results.reports.model import Effect
@@ -84,35 +84,59 @@ def _images_now(session: Session, grid: Grid) -> tuple[int | None, int]:
     return (info.images if info is not None else None), min((held_out_size(r) for r in runs), default=0)
 
 
-def judge_comparison(e: Effect, decide: DecideSpec, look: int, at_seed_budget: bool, at_image_budget: bool,
+def components_of(e: Effect) -> sequential.Variance:
+    """The per-observation variance components of the effect's differences, read back from its crossed
+    noise budget (shares of the mean's variance se^2); an interval that is not crossed is all seed."""
+    var, k, n = (e.se or 0.0) ** 2, e.k, e.n or 1
+    if e.budget is None:
+        return sequential.Variance(seed=var * k, image=0.0, rest=0.0)
+    b = e.budget
+    return sequential.Variance(seed=b.seeds * var * k, image=b.images * var * n, rest=b.rest * var * k * n)
+
+
+def action_costs(e: Effect) -> sequential.Costs:
+    """What one more seed of each arm and one image on one run cost in GPU-hours, from the effect's noise
+    budget (the runs' own measured rates: costs.py). Unmeasured: a seed 1 h, and an evaluation pass of the
+    n images 5% of a run, so the chooser still compares the two by their variance."""
+    options = {o.action: o for o in (e.budget.narrowing if e.budget is not None else [])}
+    seed = options["seed"].cost / 2 if "seed" in options and options["seed"].cost else 1.0
+    images = options.get("images")
+    if images is not None and images.cost and e.n:  # GPU-minutes of 4n images on 2k runs
+        image = images.cost / 60 / (sequential.IMAGE_STEP * e.n * 2 * e.k)
+    else:
+        image = 0.05 * seed / max(e.n or 1, 1)
+    return sequential.Costs(seed_a=seed, seed_b=seed, image=image)
+
+
+def judge_comparison(e: Effect, decide: DecideSpec, look: int, max_images: int, at_seeds: bool, at_images: bool,
                      previous: ComparisonLook | None) -> ComparisonLook:  # fmt: skip
     """One comparison at this look: a decided comparison keeps its decision (and the look it was taken
-    at); an open one is judged against the boundary of this look (results/sequential.py)."""
+    at); an open one is judged against this look's boundary (results/sequential.py `decide`), with the
+    information fractions its earlier looks recorded, and given the chooser's next action."""
     base = dict(arm=e.arm, against=e.against, other_arm=e.other_arm, metric=e.metric, diff=e.diff, low=e.low,
                 high=e.high, k=e.k, n=e.n)  # fmt: skip
     if previous is not None and previous.decision in DECIDED:
-        return previous.model_copy(update=base)
-    lower_is_better = True  # every decidable metric is a loss or an LPIPS distance
-    verdict = sequential.decide_at_look(
-        diff=e.diff, se=e.se, df=e.df, alpha=decide.alpha, look=look, fraction=information_fraction(e, decide),
-        margin=decide.margin.get(e.metric, 0.0), lower_is_better=lower_is_better,
-    )  # fmt: skip
-    decision = verdict.decision
-    if decision == "open" and at_seed_budget and at_image_budget:
-        decision = "undecided"
-    return ComparisonLook(**base, decision=decision, look=look, alpha_spent=verdict.alpha_spent,
-                          reason=verdict.reason)  # type: ignore[arg-type]  # fmt: skip
-
-
-def information_fraction(e: Effect, decide: DecideSpec) -> float:
-    """The share of the information at the budget that this look has: Var(at max_seeds, max_images) /
-    Var(now), from the crossed components (1 where they are not measured)."""
-    return sequential.information_fraction(e, decide)
-
-
-def choose(e: Effect, can_seed: bool, can_image: bool) -> Action | None:
-    """The cheapest action that shrinks this comparison's variance most per GPU-hour (its noise budget)."""
-    return sequential.choose_action(e, can_seed=can_seed, can_image=can_image)
+        return previous.model_copy(update={**base, "action": None})
+    fractions = list(previous.fractions) if previous is not None else []
+    max_images = max(max_images, e.n or 1)  # already past it (the training records' n): at the budget
+    last = at_seeds and at_images
+    if e.se is None or not e.se > 0 or e.k < 2:  # no interval to judge yet: open until the budget
+        spent = previous.alpha_spent if previous is not None else 0.0
+        return ComparisonLook(**base, decision="undecided" if last else "open", look=look, alpha_spent=spent,
+                              fractions=fractions, reason="no interval across seeds to judge")  # type: ignore[arg-type]  # fmt: skip
+    v = components_of(e)
+    fractions.append(sequential.information_fraction(v, e.k, e.n or 1, decide.max_seeds, max_images))
+    verdict = sequential.decide(e.diff, e.se, e.df, fractions, k=e.k, n=e.n or 1, alpha=decide.alpha,
+                                direction="lower", margin=decide.margin.get(e.metric) or None, last=last)  # fmt: skip
+    base.update(low=verdict.low, high=verdict.high)  # the look's repeated confidence interval
+    c = ComparisonLook(**base, decision=verdict.decision.value, look=look, alpha_spent=verdict.alpha_spent,
+                       fractions=fractions, reason=verdict.reason)  # type: ignore[arg-type]  # fmt: skip
+    if c.decision == "open":
+        act = sequential.choose_action(v, e.k, e.n or 1, action_costs(e), max_seeds=decide.max_seeds if not at_seeds
+                                       else e.k, max_images=max_images if not at_images else e.n or 1)  # fmt: skip
+        c.action = None if act.kind == "none" else act.kind
+        c.decision = "open" if c.action is not None else "undecided"
+    return c
 
 
 def take_look(session: Session, grid: Grid) -> DecisionLook:
@@ -124,7 +148,7 @@ def take_look(session: Session, grid: Grid) -> DecisionLook:
     previous = {c.key(): c for c in look_comparisons(looks[-1] if looks else None)}
     seeds = arm_seeds(grid)
     images, split = _images_now(session, grid)
-    max_images = min(decide.max_images or split, split)
+    max_images = max(min(decide.max_images or split, split), 1)  # 1: nothing to evaluate (command arms)
     stopped = any(r.decision == RunDecision.USER for r in grid.runs)  # the user stopped it: add nothing
     failed = session.scalar(select(exists().where(Evaluation.grid_id == grid.id,
                                                   Evaluation.state == EvaluationState.failed)))  # fmt: skip
@@ -133,13 +157,9 @@ def take_look(session: Session, grid: Grid) -> DecisionLook:
         if e.metric not in decide.margin:
             continue
         at_seeds = stopped or max(seeds.get(e.arm, 0), seeds.get(e.other_arm, 0)) >= decide.max_seeds
-        at_images = stopped or failed or (e.n or 0) >= max_images or images is not None and images >= max_images
-        c = judge_comparison(e, decide, wave + 1, at_seeds, at_images, previous.get((e.arm, e.metric, e.against)))
-        if c.decision == "open":
-            c.action = choose(e, can_seed=not at_seeds, can_image=not at_images)
-            if c.action is None:
-                c.decision = "undecided"
-        comparisons.append(c)
+        at_images = stopped or failed or (e.n or 0) >= max_images
+        prior = previous.get((e.arm, e.metric, e.against))
+        comparisons.append(judge_comparison(e, decide, wave + 1, max_images, at_seeds, at_images, prior))
     actions = queue_actions(session, grid, comparisons, decide, max_images, images)
     for c in comparisons:
         if c.decision == "open" and not actions:  # nothing left that could decide it
@@ -164,7 +184,7 @@ def queue_actions(session: Session, grid: Grid, comparisons: Sequence[Comparison
     asks one for (both its arms), below max_seeds. Returns the actions as stored."""
     open_ = [c for c in comparisons if c.decision == "open"]
     if any(c.action == "images" for c in open_):
-        n = min(max_images, 4 * max(images or 0, *(c.n or 0 for c in open_)))
+        n = min(max_images, sequential.IMAGE_STEP * max(images or 0, *(c.n or 0 for c in open_)))
         evaluation = create_evaluation(session, grid, EvaluationCreate(images=n))
         for c in open_:
             c.action = "images"  # one evaluation serves every open comparison this wave

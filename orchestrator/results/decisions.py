@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from model.spec import ArmSpec
 from orchestrator.db.models import DecisionLook, Grid
 from orchestrator.grids.deciding import DecideSpec
-from orchestrator.grids.replicates import grid_cost
+from orchestrator.grids.replicates import projected_gpu_hours
 from orchestrator.results.reports.model import Effect
 
 Decision = Literal["better", "worse", "equivalent", "undecided", "open"]
@@ -41,6 +41,7 @@ class ComparisonLook(BaseModel):
     decision: Decision
     look: int  # 1-based: the look this decision was taken at (a decided comparison keeps its look)
     alpha_spent: float  # the alpha spent up to this look (by its information fraction)
+    fractions: list[float] = []  # the information fraction of each of its looks so far (the boundary's input)
     action: Action | None = None  # what this look queued for it (open only)
     reason: str = ""
 
@@ -127,21 +128,49 @@ def decision_json(session: Session, grid: Grid) -> dict | None:
 
 
 class DecideCost(BaseModel):
-    """What a deciding grid may cost, projected at submit (grids/replicates.py's rates): the worst case,
-    every comparison open to the budget (every arm at max_seeds), and the expected GPU-hours
-    (results/sequential.py); None where a command arm cannot be projected."""
+    """What a deciding grid may cost, projected at submit (grids/replicates.py's rates; evaluations beyond
+    the training records' are not priced before a run has measured one): the worst case, every comparison
+    open to the budget (its arms at max_seeds), and the expected GPU-hours (results/sequential.py, its
+    simulated grids with the measured headline's noise and no true effect: the longest case); None where a
+    command arm cannot be projected."""
 
     worst_case_gpu_hours: float | None
     expected_gpu_hours: float | None
     words: str
 
 
-def decide_cost(specs: list[ArmSpec], decide: DecideSpec) -> DecideCost:
+def submitted_pairs(arms: list[tuple[str, ArmSpec]], control: str | None) -> list[tuple[str, str]]:
+    """(arm, comparator) of every comparison a grid's report will hold: each arm against its parent and
+    against the control (results/reports/build.py Pairing, at one seed)."""
+    labels = [label for label, _ in arms]
+    control = control or (labels[0] if labels else None)
+    pairs = []
+    for label, spec in arms:
+        parent = spec.parent if spec.parent in labels and spec.parent != label else None
+        if parent is not None:
+            pairs.append((label, parent))
+        if control is not None and control not in (label, parent):
+            pairs.append((label, control))
+    return pairs
+
+
+def decide_cost(arms: list[tuple[str, ArmSpec]], control: str | None, decide: DecideSpec) -> DecideCost:
     from orchestrator.results import sequential
 
-    first, worst = grid_cost(specs, decide.min_seeds), grid_cost(specs, decide.max_seeds)
-    expected = sequential.expected_gpu_hours(first.gpu_hours, worst.gpu_hours, decide) if worst.gpu_hours else None
-    words = (f"deciding: {len(specs)} arms from {decide.min_seeds} to {decide.max_seeds} seeds at alpha "
-             f"{decide.alpha:g}: worst case {worst.projected:,.1f} GPU-hours (every comparison open to the budget)")
-    words += f", expected {expected:,.1f}" if expected is not None else ", expected not projected (command arms)"
-    return DecideCost(worst_case_gpu_hours=worst.gpu_hours, expected_gpu_hours=expected, words=words)
+    hours = {label: projected_gpu_hours(spec) for label, spec in arms}
+    pairs = submitted_pairs(arms, control)
+    images = min((min(s.eval.num_samples, s.data.held_out) for _, s in arms), default=1) or 1
+    max_images = max(decide.max_images or min((s.data.held_out for _, s in arms), default=images), images)
+    head = (f"deciding: {len(arms)} arms, {len(pairs)} comparisons, {decide.min_seeds} to {decide.max_seeds} "
+            f"seeds at alpha {decide.alpha:g} per comparison")  # fmt: skip
+    if any(h is None for h in hours.values()) or not pairs:
+        return DecideCost(worst_case_gpu_hours=None, expected_gpu_hours=None,
+                          words=f"{head}: GPU-hours not projected (command arms, or no comparison)")  # fmt: skip
+    known = {a: float(h) for a, h in hours.items() if h is not None}
+    common = dict(max_seeds=decide.max_seeds, max_images=max_images, image_hours=0.0)
+    worst = sequential.worst_case_gpu_hours(known, pairs, **common)
+    expected = sequential.expected_gpu_hours(known, pairs, min_seeds=decide.min_seeds, images=images,
+                                             alpha=decide.alpha, **common)  # fmt: skip
+    words = (f"{head}: worst case {worst:,.1f} GPU-hours (every comparison open to the budget), expected "
+             f"{expected:,.1f} (projected at an H100's measured rate; evaluations not included)")
+    return DecideCost(worst_case_gpu_hours=worst, expected_gpu_hours=expected, words=words)

@@ -40,9 +40,9 @@ def submit_grid(body: GridCreate, session: SessionDep, settings: SettingsDep, _:
     grid = create_grid(session, body, max_gpu_memory_gib=cap, paths=paths, default_trackers=settings.trackers,
                        nodes=nodes or None)
     session.commit()  # committed before the 201 goes out, so the id is durable when the client sees it
-    specs = [ArmSpec.model_validate(r.spec) for r in grid.runs if r.seed == 0]
-    cost = grid_cost(specs, grid.seeds)
-    deciding = decide_cost(specs, body.decide) if body.decide is not None else None
+    first = [(r.arm, ArmSpec.model_validate(r.spec)) for r in grid.runs if r.seed == 0]
+    cost = grid_cost([spec for _, spec in first], grid.seeds)
+    deciding = decide_cost(first, grid.control_arm, body.decide) if body.decide is not None else None
     return GridCreated(id=grid.id, runs=cost.runs, seeds=cost.seeds, projected_gpu_hours=cost.gpu_hours,
                        cost=cost.text() + (f"; {deciding.words}" if deciding else ""),
                        plan=None if grid.plan is None else PlanPublic.model_validate(grid.plan),

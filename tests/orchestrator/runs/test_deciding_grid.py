@@ -1,0 +1,115 @@
+"""A deciding grid on a real local Ray and a real database, with the controller killed (SIGKILL) mid-decision
+and started again: A against A with its lr x30 takes seeds only while the comparison is open, decides it,
+and the restart loses no look and repeats none.
+
+The controller is `python -m orchestrator.loop` (the launcher with its listeners: the decision pass
+among them) in a subprocess joined to this module's Ray; its workers are named, detached actors, which the
+restarted one adopts.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import ray
+from sqlalchemy import select
+
+from orchestrator.db.models import DecisionLook, Event, Grid
+from orchestrator.db.session import session_scope
+from orchestrator.grids.service import GridCreate, create_grid
+from orchestrator.results.decisions import look_comparisons
+from tests.kit.polling import wait_for
+from tests.kit.settings import tiny_overrides
+
+NAMESPACE = "ablate-decide-test"
+TINY = tiny_overrides(20)
+TINY["eval"]["num_samples"] = TINY["data"]["held_out"] = 4  # every held-out image evaluated: images at budget
+LR30 = {"parent": "A", "name": "A-lr30", "schedule": {"lr": 9e-3}}  # A's lr 3e-4 x 30
+
+
+@pytest.fixture(scope="module")
+def ray_address() -> Iterator[str]:
+    ray.init(num_gpus=4, num_cpus=2, namespace=NAMESPACE, include_dashboard=False, log_to_driver=False)
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+
+
+def start_loop(database_url: str, ray_address: str, storage: Path, log: Path) -> subprocess.Popen:
+    env = {**os.environ, "ABLATE_DATABASE_URL": database_url, "ABLATE_RAY_ADDRESS": ray_address,
+           "ABLATE_RAY_NAMESPACE": NAMESPACE, "ABLATE_HOME_DIR": str(storage), "ABLATE_LAUNCHER_INTERVAL_S": "0.2",
+           "ABLATE_WORKER_THREADS": "1"}  # fmt: skip
+    with log.open("ab") as fh:
+        return subprocess.Popen([sys.executable, "-m", "orchestrator.loop"], env=env, stdout=fh, stderr=fh)
+
+
+def looks(database_url: str, grid_id: int) -> list[DecisionLook]:
+    with session_scope(database_url) as session:
+        found = list(session.scalars(select(DecisionLook).where(DecisionLook.grid_id == grid_id)
+                                     .order_by(DecisionLook.wave)))  # fmt: skip
+        session.expunge_all()
+        return found
+
+
+def report_written(database_url: str, grid_id: int) -> bool:
+    with session_scope(database_url) as session:
+        found = select(Event.id).where(Event.grid_id == grid_id, Event.kind == "report.written")
+        return session.scalar(found) is not None
+
+
+def test_a_deciding_grid_adds_seeds_while_open_decides_and_survives_a_restart(
+    ray_address: str, database_url: str, tmp_path: Path
+) -> None:
+    decide = {"alpha": 0.05, "min_seeds": 2, "max_seeds": 4, "margin": {"val_flow_ivw": 0.0}}
+    with session_scope(database_url) as session:
+        grid_id = create_grid(session, GridCreate(name="decides", arms=["A", LR30], overrides=TINY, decide=decide)).id
+    log = tmp_path / "controller.log"
+    first = start_loop(database_url, ray_address, tmp_path, log)
+    try:
+        wait_for(lambda: len(looks(database_url, grid_id)) >= 1, "the first look", 400, 0.2, log, proc=first)
+        # Killed mid-decision: its look stored, the seeds it queued not yet run.
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait(timeout=30)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    (look1,) = looks(database_url, grid_id)
+    (c1,) = look_comparisons(look1)
+    assert (c1.arm, c1.other_arm, c1.k, c1.n, c1.decision, look1.final) == ("A-lr30", "A", 2, 4, "open", False)
+    second = start_loop(database_url, ray_address, tmp_path, log)
+    try:
+        wait_for(lambda: report_written(database_url, grid_id), "the final look, then the report", 600, 0.5, log,
+                 proc=second)  # fmt: skip
+    finally:
+        second.send_signal(signal.SIGINT)
+        try:
+            second.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            second.kill()
+    taken = looks(database_url, grid_id)
+    # One look per wave, none lost (waves 0..m) and none repeated (unique per grid and wave).
+    assert [look.wave for look in taken] == list(range(len(taken))) and taken[-1].final
+    assert not any(look.final for look in taken[:-1])
+    comparisons = [look_comparisons(look)[0] for look in taken]
+    # Seeds were added only while the comparison was open: every look before the last found it open and
+    # queued one seed of both arms; the last decided it.
+    assert [c.decision for c in comparisons[:-1]] == ["open"] * (len(taken) - 1)
+    assert all(look.actions[0]["action"] == "seed" and look.actions[0]["arms"] == ["A", "A-lr30"]
+               for look in taken[:-1])  # fmt: skip
+    last = comparisons[-1]
+    assert last.decision == "better" and last.diff < 0 and last.high is not None and last.high < 0, last
+    assert last.k == 2 + len(taken) - 1 <= 4 and 0 < last.alpha_spent <= 0.05
+    with session_scope(database_url) as session:
+        grid = session.get(Grid, grid_id)
+        assert grid is not None
+        pairs = sorted((r.arm, r.seed) for r in grid.runs)
+        assert pairs == sorted((arm, s) for arm in ("A", "A-lr30") for s in range(last.k))  # no seed twice
+        assert all(r.state == "completed" for r in grid.runs), [(r.arm, r.seed, r.state, r.error) for r in grid.runs]
+        kinds = [e.kind for e in session.scalars(select(Event).where(Event.grid_id == grid_id))]
+    assert kinds.count("decide.look") == len(taken) and kinds.count("decide.action") == len(taken) - 1
+    assert kinds.count("report.written") == 1  # once, after the decision ended
