@@ -122,8 +122,9 @@ def judge_comparison(e: Effect, decide: DecideSpec, look: int, max_images: int, 
     last = at_seeds and at_images
     if e.se is None or not e.se > 0 or e.k < 2:  # no interval to judge yet: open until the budget
         spent = previous.alpha_spent if previous is not None else 0.0
-        return ComparisonLook(**base, decision="undecided" if last else "open", look=look, alpha_spent=spent,
-                              fractions=fractions, reason="no interval across seeds to judge")  # type: ignore[arg-type]  # fmt: skip
+        action = None if at_seeds else "seed"  # one seed (min_seeds 1) or a failed run: a seed gives one
+        return ComparisonLook(**base, decision="open" if action else "undecided", look=look, alpha_spent=spent,
+                              fractions=fractions, action=action, reason="no interval across seeds to judge")  # type: ignore[arg-type]  # fmt: skip
     v = components_of(e)
     fractions.append(sequential.information_fraction(v, e.k, e.n or 1, decide.max_seeds, max_images))
     verdict = sequential.decide(e.diff, e.se, e.df, fractions, k=e.k, n=e.n or 1, alpha=decide.alpha,

@@ -1,6 +1,7 @@
 """The decision pass on a real database with real tiny arms trained on the CPU (no Ray: each wave's runs are
 trained in this process and their records ingested, as the launcher would): max_seeds is never exceeded,
-a wave's look is taken once however many passes ask, and an arm no open comparison needs gets no seed."""
+a wave's look is taken once however many passes ask; and each decision is shown in the report, the
+dashboard and `ablate status`."""
 
 from __future__ import annotations
 
@@ -10,14 +11,18 @@ import pytest
 from sqlalchemy import select
 
 from model.spec import ArmSpec
+from orchestrator.dashboard.data import grid_detail
 from orchestrator.db.models import DecisionLook, Event, Grid, Run
 from orchestrator.db.session import session_scope
 from orchestrator.grids.service import GridCreate, create_grid
 from orchestrator.results.decider import decide_due_grids
 from orchestrator.results.decisions import look_comparisons
+from orchestrator.results.reports.build import build_report
+from orchestrator.results.reports.render import RENDERERS
 from orchestrator.runs.ingest import insert_metrics
 from orchestrator.settings import Settings
 from tests.kit.settings import tiny_overrides
+from tests.orchestrator.test_cli import ablate
 from worker.train import train_arm
 
 TINY = tiny_overrides(20)
@@ -46,18 +51,30 @@ def looks_of(settings: Settings, grid_id: int) -> list[DecisionLook]:
         return looks
 
 
-def test_an_open_comparison_takes_seeds_up_to_max_seeds_and_never_past(settings: Settings, tmp_path: Path) -> None:
-    """A against A with its lr x1.01, at an alpha no tiny run can meet: the comparison stays open, so every
-    look adds one seed of both arms until max_seeds; the last look calls it undecided and adds nothing."""
+@pytest.fixture(scope="module")
+def capped(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """A against A with its lr x1.01, at an alpha no tiny run can meet: the comparison stays open, so each
+    look adds one seed of both arms until max_seeds (3). Each wave is trained here, then the decision pass
+    runs twice (a second pass over the same wave: a restarted controller's, say); five waves are offered,
+    more than the budget allows. What the dashboard said after the first look is kept."""
+    out = tmp_path_factory.mktemp("capped")
     decide = {"alpha": 1e-9, "min_seeds": 2, "max_seeds": 3}
     arms = ["A", {"parent": "A", "name": "A-lr", "schedule": {"lr": 3.03e-4}}]
     with session_scope(settings.database_url) as session:
         grid_id = create_grid(session, GridCreate(name="cap", arms=arms, overrides=TINY, decide=decide)).id
-    waves = []
-    for _ in range(5):  # more passes than the budget allows looks
-        waves.append(sorted(train_queued(settings, grid_id, tmp_path)))
+    waves, after_first = [], None
+    for _ in range(5):
+        waves.append(sorted(train_queued(settings, grid_id, out)))
         decide_due_grids(settings)
-        decide_due_grids(settings)  # a second pass over the same wave: a restarted controller's, say
+        decide_due_grids(settings)
+        if after_first is None:
+            with session_scope(settings.database_url) as session:
+                after_first = grid_detail(session, session.get(Grid, grid_id))["decide"]
+    return {"grid_id": grid_id, "waves": waves, "after_first": after_first}
+
+
+def test_an_open_comparison_takes_seeds_up_to_max_seeds_and_never_past(settings: Settings, capped: dict) -> None:
+    grid_id, waves = capped["grid_id"], capped["waves"]
     assert waves[:2] == [[("A", 0), ("A", 1), ("A-lr", 0), ("A-lr", 1)], [("A", 2), ("A-lr", 2)]]
     assert waves[2:] == [[], [], []]
     looks = looks_of(settings, grid_id)
@@ -73,3 +90,31 @@ def test_an_open_comparison_takes_seeds_up_to_max_seeds_and_never_past(settings:
         assert max(r.seed for r in grid.runs) == 2 and len(grid.runs) == 6
         kinds = [e.kind for e in session.scalars(select(Event).where(Event.grid_id == grid_id))]
     assert kinds.count("decide.look") == 2 and kinds.count("decide.action") == 1
+
+
+def test_the_decision_is_shown_in_the_report_the_dashboard_and_status(settings: Settings, capped: dict,
+                                                                       tmp_path: Path) -> None:  # fmt: skip
+    grid_id = capped["grid_id"]
+    opened = capped["after_first"]  # the dashboard's panel while the comparison was open
+    assert (opened["looks"], opened["final"], opened["open"]) == (1, False, [
+        {"comparison": "A-lr vs A (parent) on val_flow_ivw", "look": 1, "running": "one more seed of A-lr and A"}])
+    with session_scope(settings.database_url) as session:
+        grid = session.get(Grid, grid_id)
+        report = build_report(session, grid)
+        detail = grid_detail(session, grid)
+    (decided,) = [e for e in report.effects if e.decision is not None]
+    assert (decided.arm, decided.metric, decided.decision, decided.look, decided.k, decided.n) == (
+        "A-lr", "val_flow_ivw", "undecided", 2, 3, 4)
+    assert decided.alpha_spent == pytest.approx(1e-9)
+    assert all(e.decision is None for e in report.effects if e.metric != "val_flow_ivw")
+    markdown = RENDERERS["md"](report)
+    assert "| decision |" in markdown and "undecided (look 2, alpha spent 1e-09, k=3, n=4)" in markdown
+    assert "undecided (look 2" in RENDERERS["html"](report)
+    assert [e["decision"] for e in detail["effects"] if e["metric"] == "val_flow_ivw"] == ["undecided"]
+    assert (detail["decide"]["final"], detail["decide"]["open"], detail["decide"]["undecided"]) == (True, [], 1)
+    env = {"ABLATE_DATABASE_URL": settings.database_url, "ABLATE_HOME_DIR": str(tmp_path)}
+    proc = ablate("status", str(grid_id), env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "decides at alpha 1e-09 per comparison: 2 look(s), decision ended" in proc.stdout
+    (row,) = [line for line in proc.stdout.splitlines() if "A-lr vs A (parent)" in line]
+    assert [c.strip() for c in row.split("│")[1:-1]][2:6] == ["undecided", "2", "1e-09", "3"]
