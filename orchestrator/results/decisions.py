@@ -169,8 +169,11 @@ def decide_cost(arms: list[tuple[str, ArmSpec]], control: str | None, decide: De
     known = {a: float(h) for a, h in hours.items() if h is not None}
     common = dict(max_seeds=decide.max_seeds, max_images=max_images, image_hours=0.0)
     worst = sequential.worst_case_gpu_hours(known, pairs, **common)
+    # The simulation's time grows with comparisons x studies: about 2,000 of them (a second or two), so a
+    # submit of many arms answers as fast as A-D's (400 studies); fewer studies only widen its noise.
+    studies = min(400, max(40, 2000 // len(pairs)))
     expected = sequential.expected_gpu_hours(known, pairs, min_seeds=decide.min_seeds, images=images,
-                                             alpha=decide.alpha, **common)  # fmt: skip
+                                             alpha=decide.alpha, studies=studies, **common)  # fmt: skip
     words = (f"{head}: worst case {worst:,.1f} GPU-hours (every comparison open to the budget), expected "
              f"{expected:,.1f} (projected at an H100's measured rate; evaluations not included)")
     return DecideCost(worst_case_gpu_hours=worst, expected_gpu_hours=expected, words=words)

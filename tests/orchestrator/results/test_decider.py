@@ -14,9 +14,10 @@ from model.spec import ArmSpec
 from orchestrator.dashboard.data import grid_detail
 from orchestrator.db.models import DecisionLook, Event, Grid, Run
 from orchestrator.db.session import session_scope
+from orchestrator.grids.deciding import DecideSpec
 from orchestrator.grids.service import GridCreate, create_grid
-from orchestrator.results.decider import decide_due_grids
-from orchestrator.results.decisions import look_comparisons
+from orchestrator.results.decider import decide_due_grids, queue_actions
+from orchestrator.results.decisions import ComparisonLook, look_comparisons
 from orchestrator.results.reports.build import build_report
 from orchestrator.results.reports.render import RENDERERS
 from orchestrator.runs.ingest import insert_metrics
@@ -118,3 +119,22 @@ def test_the_decision_is_shown_in_the_report_the_dashboard_and_status(settings: 
     assert "decides at alpha 1e-09 per comparison: 2 look(s), decision ended" in proc.stdout
     (row,) = [line for line in proc.stdout.splitlines() if "A-lr vs A (parent)" in line]
     assert [c.strip() for c in row.split("│")[1:-1]][2:6] == ["undecided", "2", "1e-09", "3"]
+
+
+def test_an_arm_no_open_comparison_needs_gets_no_seed(settings: Settings) -> None:
+    """Three arms, two comparisons against A: lr x30's decided, lr x1.01's open and asking for a seed. The
+    seed goes to lr x1.01 and A only; an open comparison whose arms are at max_seeds gets none."""
+    arms = ["A", {"parent": "A", "name": "A-lr30", "schedule": {"lr": 9e-3}},
+            {"parent": "A", "name": "A-lr", "schedule": {"lr": 3.03e-4}}]  # fmt: skip
+    common = dict(against="parent", other_arm="A", metric="val_flow_ivw", diff=-0.1, low=-0.2, high=0.1, k=2, n=4,
+                  look=1, alpha_spent=0.001)  # fmt: skip
+    decided = ComparisonLook(arm="A-lr30", decision="better", **common)  # type: ignore[arg-type]
+    still_open = ComparisonLook(arm="A-lr", decision="open", action="seed", **common)  # type: ignore[arg-type]
+    with session_scope(settings.database_url) as session:
+        grid = create_grid(session, GridCreate(name="some", arms=arms, overrides=TINY, decide={"max_seeds": 3}))
+        spec = DecideSpec.model_validate(grid.decide)
+        (action,) = queue_actions(session, grid, [decided, still_open], spec, max_images=4, images=None)
+        assert action["action"] == "seed" and action["arms"] == ["A", "A-lr"]
+        assert sorted((r.arm, r.seed) for r in grid.runs if r.seed == 2) == [("A", 2), ("A-lr", 2)]
+        assert queue_actions(session, grid, [decided, still_open], spec, max_images=4, images=None) == []  # at 3
+        assert max(r.seed for r in grid.runs) == 2
