@@ -69,7 +69,8 @@ class Grid(Base):
     # launcher; None: no node's GPUs were known, or a row before 0011.
     plan: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     # A deciding grid's `decide` (orchestrator/grids/deciding.py DecideSpec); None: a fixed number of seeds.
-    decide: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    # None is SQL NULL (not JSON null), so the decision pass finds the deciding grids with `IS NOT NULL`.
+    decide: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True), default=None)
 
     runs: Mapped[list[Run]] = relationship(back_populates="grid", order_by="Run.position")
 

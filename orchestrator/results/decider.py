@@ -31,6 +31,7 @@ from orchestrator.grids.evaluations import EvaluationCreate, create_evaluation, 
 from orchestrator.results import sequential
 from orchestrator.results.decisions import DECIDED, ComparisonLook, grid_looks, look_comparisons
 from orchestrator.results.evaluations import largest_evaluation
+from orchestrator.results.pass_listener import PassListener
 from orchestrator.results.reports.build import grid_effects_now
 from orchestrator.results.reports.model import Effect
 from orchestrator.settings import Settings
@@ -51,11 +52,8 @@ def wave_ended(session: Session, grid: Grid) -> bool:
 def due_looks(session: Session) -> list[int]:
     """Deciding grids whose wave has ended and whose last look did not end the decision."""
     final = exists().where(DecisionLook.grid_id == Grid.id, DecisionLook.final)
-    due = []
-    for grid in session.scalars(select(Grid).where(~final).order_by(Grid.id)):
-        if grid.decide and wave_ended(session, grid):
-            due.append(grid.id)
-    return due
+    deciding = session.scalars(select(Grid).where(Grid.decide.is_not(None), ~final).order_by(Grid.id))
+    return [grid.id for grid in deciding if wave_ended(session, grid)]
 
 
 def decision_pending(session: Session, grid: Grid) -> bool:
@@ -127,7 +125,10 @@ def judge_comparison(e: Effect, decide: DecideSpec, look: int, max_images: int, 
                               fractions=fractions, action=action, reason="no interval across seeds to judge")  # type: ignore[arg-type]  # fmt: skip
     v = components_of(e)
     fractions.append(sequential.information_fraction(v, e.k, e.n or 1, decide.max_seeds, max_images))
-    verdict = sequential.decide(e.diff, e.se, e.df, fractions, k=e.k, n=e.n or 1, alpha=decide.alpha,
+    # Crossed: the maths' decision df (the seed mean square at its upper bound, so a draw of seeds that
+    # happens to agree does not also buy many df); otherwise the report's own df.
+    df = sequential.decision_df(v, e.k, e.n or 1) if e.budget is not None else e.df
+    verdict = sequential.decide(e.diff, e.se, df, fractions, k=e.k, n=e.n or 1, alpha=decide.alpha,
                                 direction="lower", margin=decide.margin.get(e.metric) or None, last=last)  # fmt: skip
     base.update(low=verdict.low, high=verdict.high)  # the look's repeated confidence interval
     c = ComparisonLook(**base, decision=verdict.decision.value, look=look, alpha_spent=verdict.alpha_spent,
@@ -223,21 +224,9 @@ def decide_due_grids(settings: Settings) -> list[int]:
     return looked
 
 
-class Decider:
-    """The launcher's listener that takes a deciding grid's look when its wave ends (runs/launcher.py
-    `LoopListener`), in the loop's housekeeping pass."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-
-    def start(self) -> None:
-        pass
-
-    def stop(self) -> None:
-        pass
-
-    def notify(self, run_id: int) -> None:
-        pass  # a wave ends only when its last run does: the housekeeping pass looks
+class Decider(PassListener):
+    """The launcher's listener that takes a deciding grid's look when its wave ends, in the loop's
+    housekeeping pass (a failed look never stops it)."""
 
     def housekeeping(self) -> None:
         decide_due_grids(self.settings)

@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 from orchestrator.db.models import Event, Grid, Run
 from orchestrator.db.session import session_scope
 from orchestrator.results.decider import decision_pending
+from orchestrator.results.pass_listener import PassListener
 from orchestrator.results.reports.build import build_report
 from orchestrator.results.reports.render import RENDERERS
 from orchestrator.settings import Settings
@@ -82,21 +83,9 @@ def write_due_reports(settings: Settings) -> list[int]:
     return written
 
 
-class ReportWriter:
+class ReportWriter(PassListener):
     """The launcher's listener that writes a grid's report when the grid ends (runs/launcher.py
     `LoopListener`); it works in the loop's housekeeping pass, which a failed report never stops."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-
-    def start(self) -> None:
-        pass
-
-    def stop(self) -> None:
-        pass
-
-    def notify(self, run_id: int) -> None:
-        pass  # a grid is due only when its last run ends: the housekeeping pass looks
 
     def housekeeping(self) -> None:
         write_due_reports(self.settings)

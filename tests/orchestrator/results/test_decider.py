@@ -16,7 +16,7 @@ from orchestrator.db.models import DecisionLook, Event, Grid, Run
 from orchestrator.db.session import session_scope
 from orchestrator.grids.deciding import DecideSpec
 from orchestrator.grids.service import GridCreate, create_grid
-from orchestrator.results.decider import decide_due_grids, queue_actions
+from orchestrator.results.decider import decide_due_grids, due_looks, queue_actions
 from orchestrator.results.decisions import ComparisonLook, look_comparisons
 from orchestrator.results.reports.build import build_report
 from orchestrator.results.reports.render import RENDERERS
@@ -138,3 +138,15 @@ def test_an_arm_no_open_comparison_needs_gets_no_seed(settings: Settings) -> Non
         assert sorted((r.arm, r.seed) for r in grid.runs if r.seed == 2) == [("A", 2), ("A-lr", 2)]
         assert queue_actions(session, grid, [decided, still_open], spec, max_images=4, images=None) == []  # at 3
         assert max(r.seed for r in grid.runs) == 2
+
+
+def test_only_deciding_grids_are_looked_at(settings: Settings) -> None:
+    """A grid with fixed seeds whose runs have all ended is not the decision pass's (its `decide` is SQL
+    NULL, not JSON null); a deciding one whose wave has ended is."""
+    with session_scope(settings.database_url) as session:
+        plain = create_grid(session, GridCreate(name="plain", arms=["A", "B"], overrides=TINY))
+        deciding = create_grid(session, GridCreate(name="deciding", arms=["A", "B"], overrides=TINY, decide={}))
+        for run in [*plain.runs, *deciding.runs]:
+            run.state = "completed"
+        session.flush()
+        assert deciding.id in due_looks(session) and plain.id not in due_looks(session)
