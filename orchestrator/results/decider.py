@@ -24,7 +24,7 @@ from sqlalchemy import exists, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from orchestrator.db.models import DecisionLook, Evaluation, Event, Grid, Metric
+from orchestrator.db.models import DecisionLook, Evaluation, EvaluationResult, Event, Grid, Metric
 from orchestrator.db.session import session_scope
 from orchestrator.grids.deciding import DecideSpec, add_seed, arm_seeds, decide_of
 from orchestrator.grids.evaluations import EvaluationCreate, create_evaluation, evaluated_runs, held_out_size
@@ -203,6 +203,29 @@ def queue_actions(session: Session, grid: Grid, comparisons: Sequence[Comparison
              "words": "one more seed of " + ", ".join(f"{r.arm} (seed {r.seed})" for r in runs)}]  # fmt: skip
 
 
+def catch_up(session: Session, grid: Grid) -> Evaluation | None:
+    """Where the effects use an evaluation (more images than the training records) that the wave's new
+    seeds are not in, evaluate every run again on those images before the look: the report takes one
+    evaluation for all runs, and a seed scored on other images would leave the comparison's interval the
+    conservative "independent" one. None where every run was already asked for on those images (a run
+    whose evaluation failed is not asked again: the look then takes the effects as they are)."""
+    info, _ = largest_evaluation(session, grid)
+    if info is None:
+        return None
+    asked = set(session.scalars(select(EvaluationResult.run_id).join(Evaluation).where(
+        Evaluation.grid_id == grid.id, Evaluation.images == info.images)))  # fmt: skip
+    missing = [r for r in evaluated_runs(grid) if r.id not in asked]
+    if not missing:
+        return None
+    evaluation = create_evaluation(session, grid, EvaluationCreate(images=info.images))
+    words = (f"evaluate every run on {info.images} held-out images (evaluation {evaluation.id}) before the look: "
+             + ", ".join(f"{r.arm} s{r.seed}" for r in missing) + " not yet scored on them")  # fmt: skip
+    data = {"evaluation": evaluation.id, "images": info.images, "runs": [r.id for r in missing]}
+    session.add(Event(grid_id=grid.id, kind="decide.catch_up", message=words, data=data))
+    session.flush()
+    return evaluation
+
+
 def decide_due_grids(settings: Settings) -> list[int]:
     """Take the look of every deciding grid whose wave has ended; returns their ids. A look that another
     pass stored first (unique per grid and wave) is left as it is."""
@@ -214,6 +237,8 @@ def decide_due_grids(settings: Settings) -> list[int]:
             with session_scope(settings.database_url) as session:
                 grid = session.get(Grid, grid_id)
                 if grid is None or not wave_ended(session, grid):
+                    continue
+                if catch_up(session, grid):  # the wave's new seeds first scored on the evaluation's images
                     continue
                 take_look(session, grid)
             looked.append(grid_id)

@@ -53,6 +53,8 @@ def test_a_deciding_grid_queues_every_arm_at_min_seeds(client: TestClient) -> No
     created = resp.json()
     detail = client.get(f"/api/grids/{created['id']}").json()
     assert [(r["arm"], r["seed"]) for r in detail["runs"]] == [("A", 0), ("C", 0), ("A", 1), ("C", 1)]
+    assert detail["decide"] == {"alpha": 0.05, "min_seeds": 2, "max_seeds": 5, "max_images": None,
+                                "margin": {"val_flow_ivw": 0.0}}  # fmt: skip
     # The worst case is every arm at max_seeds; the expected lies between the first wave and it.
     first = created["projected_gpu_hours"]
     assert created["worst_case_gpu_hours"] == pytest.approx(first * 5 / 2)

@@ -12,9 +12,9 @@ from sqlalchemy import select
 
 from model.spec import ArmSpec
 from orchestrator.dashboard.data import grid_detail
-from orchestrator.db.models import DecisionLook, Event, Grid, Run
+from orchestrator.db.models import DecisionLook, Evaluation, EvaluationResult, Event, Grid, Run
 from orchestrator.db.session import session_scope
-from orchestrator.grids.deciding import DecideSpec
+from orchestrator.grids.deciding import DecideSpec, add_seed
 from orchestrator.grids.service import GridCreate, create_grid
 from orchestrator.results.decider import decide_due_grids, due_looks, queue_actions
 from orchestrator.results.decisions import ComparisonLook, look_comparisons
@@ -150,3 +150,32 @@ def test_only_deciding_grids_are_looked_at(settings: Settings) -> None:
             run.state = "completed"
         session.flush()
         assert deciding.id in due_looks(session) and plain.id not in due_looks(session)
+
+
+def test_seeds_added_after_an_evaluation_are_scored_on_its_images_before_the_look(settings: Settings) -> None:
+    """The effects use the grid's largest evaluation; a seed added after it was not in it. Before the next
+    look every run is evaluated again on those images (once: a catch-up that failed is not asked again)."""
+    arms = ["A", {"parent": "A", "name": "A-lr", "schedule": {"lr": 3.03e-4}}]
+    with session_scope(settings.database_url) as session:
+        grid = create_grid(session, GridCreate(name="catch-up", arms=arms, overrides=TINY, decide={}))
+        for run in grid.runs:
+            run.state, run.last_checkpoint_step = "completed", 20
+        done = Evaluation(grid_id=grid.id, images=4, step="final", state="completed")
+        session.add(done)
+        session.flush()
+        session.add_all([EvaluationResult(evaluation_id=done.id, run_id=r.id, step=20, state="completed", extra={})
+                         for r in grid.runs])  # fmt: skip
+        for run in add_seed(grid, ["A", "A-lr"]):
+            run.state, run.last_checkpoint_step = "completed", 20
+        grid_id, done_id = grid.id, done.id
+    assert grid_id not in decide_due_grids(settings)  # no look: the catch-up first
+    with session_scope(settings.database_url) as session:
+        (catch,) = session.scalars(select(Evaluation).where(Evaluation.grid_id == grid_id, Evaluation.id != done_id))
+        assert (catch.images, len(catch.results)) == (4, 6)
+        kinds = [e.kind for e in session.scalars(select(Event).where(Event.grid_id == grid_id))]
+        assert kinds.count("decide.catch_up") == 1 and "decide.look" not in kinds
+        catch.state = "failed"
+        for row in catch.results:
+            row.state = "failed"
+    assert grid_id in decide_due_grids(settings)  # every run was asked: the look is taken as things are
+    assert [look.wave for look in looks_of(settings, grid_id)] == [0]
