@@ -28,7 +28,8 @@ DEFAULT_MARGIN = {HEADLINE: 0.0}
 class DecideSpec(BaseModel):
     """How a deciding grid spends seeds and images: the error rate alpha (per comparison, held at every
     look), the seeds every arm starts with and may reach, the held-out images an evaluation may reach (None:
-    the whole split), and per decided metric the equivalence margin (0: no equivalence verdict)."""
+    the whole split), when a hopeless comparison stops early (futility), and per decided metric the
+    equivalence margin (0: no equivalence verdict)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -36,6 +37,9 @@ class DecideSpec(BaseModel):
     min_seeds: Annotated[int, Field(ge=1, le=MAX_SEEDS)] = 2
     max_seeds: Annotated[int, Field(ge=1, le=MAX_SEEDS)] = 8
     max_images: Annotated[int, Field(ge=1, le=100_000)] | None = None
+    # Close an open comparison undecided once its conditional power at the budget falls below this (non-
+    # binding: it never adds a wrong call); None: the maths' default (results/sequential.py FUTILITY), 0: off.
+    futility: Annotated[float, Field(ge=0, lt=1)] | None = None
     margin: dict[str, Annotated[float, Field(ge=0, allow_inf_nan=False)]] = Field(
         default_factory=lambda: dict(DEFAULT_MARGIN), min_length=1, max_length=len(DECIDABLE_METRICS)
     )

@@ -29,7 +29,7 @@ from orchestrator.db.session import session_scope
 from orchestrator.grids.deciding import DecideSpec, add_seed, arm_seeds, decide_of
 from orchestrator.grids.evaluations import EvaluationCreate, create_evaluation, evaluated_runs, held_out_size
 from orchestrator.results import sequential
-from orchestrator.results.decisions import DECIDED, ComparisonLook, grid_looks, look_comparisons
+from orchestrator.results.decisions import DECIDED, ComparisonLook, futility_of, grid_looks, look_comparisons
 from orchestrator.results.evaluations import largest_evaluation
 from orchestrator.results.pass_listener import PassListener
 from orchestrator.results.reports.build import grid_effects_now
@@ -129,7 +129,8 @@ def judge_comparison(e: Effect, decide: DecideSpec, look: int, max_images: int, 
     # happens to agree does not also buy many df); otherwise the report's own df.
     df = sequential.decision_df(v, e.k, e.n or 1) if e.budget is not None else e.df
     verdict = sequential.decide(e.diff, e.se, df, fractions, k=e.k, n=e.n or 1, alpha=decide.alpha,
-                                direction="lower", margin=decide.margin.get(e.metric) or None, last=last)  # fmt: skip
+                                direction="lower", margin=decide.margin.get(e.metric) or None, last=last,
+                                futility=futility_of(decide))  # fmt: skip
     base.update(low=verdict.low, high=verdict.high)  # the look's repeated confidence interval
     c = ComparisonLook(**base, decision=verdict.decision.value, look=look, alpha_spent=verdict.alpha_spent,
                        fractions=fractions, reason=verdict.reason)  # type: ignore[arg-type]  # fmt: skip

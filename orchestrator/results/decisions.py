@@ -154,6 +154,13 @@ def submitted_pairs(arms: list[tuple[str, ArmSpec]], control: str | None) -> lis
     return pairs
 
 
+def futility_of(decide: DecideSpec) -> float:
+    """The grid's futility bound: its own, else the maths' default (results/sequential.py FUTILITY)."""
+    from orchestrator.results import sequential
+
+    return sequential.FUTILITY if decide.futility is None else decide.futility
+
+
 def decide_cost(arms: list[tuple[str, ArmSpec]], control: str | None, decide: DecideSpec) -> DecideCost:
     from orchestrator.results import sequential
 
@@ -173,7 +180,8 @@ def decide_cost(arms: list[tuple[str, ArmSpec]], control: str | None, decide: De
     # submit of many arms answers as fast as A-D's (400 studies); fewer studies only widen its noise.
     studies = min(400, max(40, 2000 // len(pairs)))
     expected = sequential.expected_gpu_hours(known, pairs, min_seeds=decide.min_seeds, images=images,
-                                             alpha=decide.alpha, studies=studies, **common)  # fmt: skip
+                                             alpha=decide.alpha, futility=futility_of(decide), studies=studies,
+                                             **common)  # fmt: skip
     words = (f"{head}: worst case {worst:,.1f} GPU-hours (every comparison open to the budget), expected "
              f"{expected:,.1f} (projected at an H100's measured rate; evaluations not included)")
     return DecideCost(worst_case_gpu_hours=worst, expected_gpu_hours=expected, words=words)

@@ -36,6 +36,7 @@ def test_decide_beside_seeds_is_a_422_naming_both(client: TestClient) -> None:
         ({"margin": {"fid": 0.1}}, ["body", "decide", "margin"], "unknown metric 'fid'"),
         ({"margin": {"val_flow_ivw": -1}}, ["body", "decide", "margin", "val_flow_ivw"], "greater than or equal to 0"),
         ({"max_images": 0}, ["body", "decide", "max_images"], "greater than or equal to 1"),
+        ({"futility": 1}, ["body", "decide", "futility"], "less than 1"),
         ({"seeds": 2}, ["body", "decide", "seeds"], "Extra inputs"),
     ],
 )
@@ -54,7 +55,7 @@ def test_a_deciding_grid_queues_every_arm_at_min_seeds(client: TestClient) -> No
     detail = client.get(f"/api/grids/{created['id']}").json()
     assert [(r["arm"], r["seed"]) for r in detail["runs"]] == [("A", 0), ("C", 0), ("A", 1), ("C", 1)]
     assert detail["decide"] == {"alpha": 0.05, "min_seeds": 2, "max_seeds": 5, "max_images": None,
-                                "margin": {"val_flow_ivw": 0.0}}  # fmt: skip
+                                "futility": None, "margin": {"val_flow_ivw": 0.0}}  # fmt: skip
     # The worst case is every arm at max_seeds; the expected lies between the first wave and it.
     first = created["projected_gpu_hours"]
     assert created["worst_case_gpu_hours"] == pytest.approx(first * 5 / 2)

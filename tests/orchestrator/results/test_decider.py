@@ -54,12 +54,12 @@ def looks_of(settings: Settings, grid_id: int) -> list[DecisionLook]:
 
 @pytest.fixture(scope="module")
 def capped(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """A against A with its lr x1.01, at an alpha no tiny run can meet: the comparison stays open, so each
-    look adds one seed of both arms until max_seeds (3). Each wave is trained here, then the decision pass
-    runs twice (a second pass over the same wave: a restarted controller's, say); five waves are offered,
-    more than the budget allows. What the dashboard said after the first look is kept."""
+    """A against A with its lr x1.01, at an alpha no tiny run can meet and futility off: the comparison stays
+    open, so each look adds one seed of both arms until max_seeds (3). Each wave is trained here, then the
+    decision pass runs twice (a second pass over the same wave: a restarted controller's, say); five waves
+    are offered, more than the budget allows. What the dashboard said after the first look is kept."""
     out = tmp_path_factory.mktemp("capped")
-    decide = {"alpha": 1e-9, "min_seeds": 2, "max_seeds": 3}
+    decide = {"alpha": 1e-9, "min_seeds": 2, "max_seeds": 3, "futility": 0}  # no early undecided
     arms = ["A", {"parent": "A", "name": "A-lr", "schedule": {"lr": 3.03e-4}}]
     with session_scope(settings.database_url) as session:
         grid_id = create_grid(session, GridCreate(name="cap", arms=arms, overrides=TINY, decide=decide)).id

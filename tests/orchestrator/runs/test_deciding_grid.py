@@ -3,6 +3,10 @@ and started again: A against A with its lr x30 takes more work (images or seeds,
 prices better) only while the comparison is open, decides it, and the restart loses no look and repeats
 none.
 
+On this machine's tiny runs the looks went: open on 8 images (killed here), open on 32, open on 64 (the
+whole split), a seed, the seeds re-scored on the 64 images, better; the test holds whatever mix of
+actions the chooser takes.
+
 The controller is `python -m orchestrator.loop` (the launcher with its listeners: the decision pass
 among them) in a subprocess joined to this module's Ray; its workers are named, detached actors, which the
 restarted one adopts.
@@ -116,7 +120,12 @@ def test_a_deciding_grid_adds_seeds_while_open_decides_and_survives_a_restart(
         assert all(r.state == "completed" for r in grid.runs), [(r.arm, r.seed, r.state, r.error) for r in grid.runs]
         found = session.scalars(select(Evaluation).where(Evaluation.grid_id == grid_id).order_by(Evaluation.id))
         evaluations = [(e.images, e.state) for e in found]
-        kinds = [e.kind for e in session.scalars(select(Event).where(Event.grid_id == grid_id))]
-    assert evaluations == [(a[0]["images"], "completed") for a in actions if a[0]["action"] == "images"]
+        events = [(e.kind, e.data) for e in session.scalars(select(Event).where(Event.grid_id == grid_id)
+                                                             .order_by(Event.id))]  # fmt: skip
+    kinds = [kind for kind, _ in events]
+    # Every evaluation is an images action, or the catch-up that scores a seed added after one on its images.
+    queued = [(d["images"], "completed") for kind, d in events
+              if kind == "decide.catch_up" or kind == "decide.action" and d["action"] == "images"]  # fmt: skip
+    assert evaluations == queued
     assert kinds.count("decide.look") == len(taken) and kinds.count("decide.action") == len(taken) - 1
     assert kinds.count("report.written") == 1  # once, after the decision ended
