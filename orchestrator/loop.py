@@ -12,11 +12,13 @@ from orchestrator.settings import Settings
 
 
 def loop_listeners(settings: Settings) -> list[LoopListener]:
-    """What follows the launcher in a controller: the tracker forwarder and the report writer."""
+    """What follows the launcher in a controller: the tracker forwarder, the decision pass of deciding grids
+    and the report writer (in that order: a look that queues more work comes before the report it delays)."""
+    from orchestrator.results.decider import Decider
     from orchestrator.results.reports.write import ReportWriter
     from orchestrator.trackers.forwarder import Forwarder
 
-    return [Forwarder(settings), ReportWriter(settings)]
+    return [Forwarder(settings), Decider(settings), ReportWriter(settings)]
 
 
 def main() -> None:

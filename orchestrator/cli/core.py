@@ -152,7 +152,11 @@ def submit(
 
     # Checked here first so a bad spec fails at once, with its path, even without a server.
     data, body, resolved = resolved_grid_file(grid_file, seeds)
-    if body.seeds > 1:  # what replicates cost, said before anything is queued
+    if body.decide is not None:  # a deciding grid: its worst case and expected GPU-hours
+        from orchestrator.results.decisions import decide_cost
+
+        typer.echo(f"submitting {decide_cost(resolved, body.control, body.decide).words}", err=True)
+    elif body.seeds > 1:  # what replicates cost, said before anything is queued
         typer.echo(f"submitting {grid_cost([spec for _, spec in resolved], body.seeds).text()}", err=True)
 
     base, headers = server(url)
@@ -178,6 +182,7 @@ def status(grid_id: Annotated[int | None, typer.Argument(help="Show this grid's 
     from sqlalchemy.exc import SQLAlchemyError
 
     from orchestrator.api.schemas import GridDetail, GridPublic
+    from orchestrator.cli.decisions import print_decisions
     from orchestrator.db.models import Grid
     from orchestrator.db.session import session_scope
     from orchestrator.grids.service import latest_metrics
@@ -196,6 +201,7 @@ def status(grid_id: Annotated[int | None, typer.Argument(help="Show this grid's 
             judges = {r.id: judge_metric(r, getattr(latest.get(r.id), "lpips_backbone", None) == STANDIN)
                       for r in grid.runs}  # fmt: skip
             _print_runs(GridDetail.from_rows(grid, latest), judges)
+            print_decisions(session, grid, console)  # a deciding grid: each comparison's decision
     except SQLAlchemyError as exc:
         raise CLIError(
             f"cannot read {masked_url(settings.database_url)}: {database_error_text(exc)} (run `ablate db upgrade`?)"

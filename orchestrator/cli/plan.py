@@ -86,7 +86,7 @@ def plan(
     if not auto:
         typer.echo(f"{grid_file} names no gpus_per_arm: auto, so each arm keeps its own GPU count; "
                    "add it to let the plan choose", err=True)
-    found = plan_grid(resolved, body.seeds, {"node": gpus}, stored_rates(gpu_model), auto,
+    found = plan_grid(resolved, body.first_seeds(), {"node": gpus}, stored_rates(gpu_model), auto,
                       hours=given_hours, scaling=given_scaling)
     assert found is not None  # one node of `gpus` >= 1
     print_plan(found)

@@ -26,6 +26,7 @@ from orchestrator.db.models import METRIC_FIELDS, Event, Grid, Metric, Node, Ren
 from orchestrator.grids.arms import LINEAGE_KEYS, ArmError, changes, flatten, resolve
 from orchestrator.numbers import finite_or_none, is_finite
 from orchestrator.results.data_feed import data_feed
+from orchestrator.results.decisions import decision_json, with_decisions
 from orchestrator.results.evaluations import largest_evaluation
 from orchestrator.results.judge import best_checkpoint, judge_metric, stored_spec
 from orchestrator.results.own_metrics import is_command_run, own_series
@@ -316,6 +317,7 @@ def grid_detail(session: Session, grid: Grid, alarm_minutes: float = 15.0) -> di
     control = pairing.control(0)
     evaluation, evaluated = largest_evaluation(session, grid)  # more images, no retraining: what the effects use
     judge, effects = grid_effects_now(grid, metrics, evaluated)
+    effects = with_decisions(session, grid, effects)  # a deciding grid: each decided effect's decision
     arm_index = {arm: i for i, arm in enumerate(dict.fromkeys(r.arm for r in runs))}
     out_runs = []
     for r in runs:
@@ -377,6 +379,7 @@ def grid_detail(session: Session, grid: Grid, alarm_minutes: float = 15.0) -> di
         # records whose per-sample or per-timestep lists were left out of the curves and effects, named
         "unreadable_records": unreadable_records([(f"run {r.id} ({r.arm}, seed {r.seed})", m.step, m.extra)
                                                   for r in runs for m in metrics[r.id]]),  # fmt: skip
+        "decide": decision_json(session, grid),  # a deciding grid's looks and what is open (results/decisions.py)
         "plan": grid.plan,  # the night plan (orchestrator/grids/night.py PlanPublic), None without one
     }
 

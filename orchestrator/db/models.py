@@ -68,6 +68,9 @@ class Grid(Base):
     # The night plan (orchestrator/grids/night.py PlanPublic), as submitted and as last redrawn by the
     # launcher; None: no node's GPUs were known, or a row before 0011.
     plan: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    # A deciding grid's `decide` (orchestrator/grids/deciding.py DecideSpec); None: a fixed number of seeds.
+    # None is SQL NULL (not JSON null), so the decision pass finds the deciding grids with `IS NOT NULL`.
+    decide: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True), default=None)
 
     runs: Mapped[list[Run]] = relationship(back_populates="grid", order_by="Run.position")
 
@@ -211,6 +214,22 @@ class Evaluation(Base):
     finished_at: Mapped[datetime | None] = mapped_column()
 
     results: Mapped[list[EvaluationResult]] = relationship(back_populates="evaluation", order_by="EvaluationResult.id")
+
+
+class DecisionLook(Base):
+    """One look of a deciding grid (orchestrator/results/decider.py): after wave `wave` ended, each
+    comparison's decision and the work it added, stored with that work in one commit, once per wave."""
+
+    __tablename__ = "decision_looks"
+    __table_args__ = (UniqueConstraint("grid_id", "wave", name="uq_decision_looks_grid_wave"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    grid_id: Mapped[int] = mapped_column(ForeignKey("grids.id", ondelete="CASCADE"), index=True)
+    wave: Mapped[int] = mapped_column(Integer)  # 0: the grid's first min_seeds seeds
+    comparisons: Mapped[list[Any]] = mapped_column(default=list)  # results/decider.py ComparisonLook, as JSON
+    actions: Mapped[list[Any]] = mapped_column(default=list)  # what this look queued: {"action", "arms"...}
+    final: Mapped[bool] = mapped_column(default=False)  # nothing open, or nothing left to add: no more looks
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
 class EvaluationResult(MetricColumns, Base):

@@ -14,7 +14,7 @@ from datetime import datetime
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, field_validator, model_validator
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
@@ -24,6 +24,7 @@ from orchestrator.db.transitions import transition
 from orchestrator.errors import Conflict, InvalidBody
 from orchestrator.grids.arms import LINEAGE_KEYS, ArmError, arm_files, resolve
 from orchestrator.grids.command_arms import command_errors, is_command_arm, resolve_command_arm
+from orchestrator.grids.deciding import DECIDE_WITH_SEEDS, DecideSpec
 from orchestrator.grids.gpu_share import gpu_count_errors
 from orchestrator.grids.night import plan_grid, planned_spec
 from orchestrator.grids.projection import measured_rates
@@ -74,6 +75,9 @@ class GridCreate(BaseModel):
     # Training seeds per arm (replicates): each arm runs this many times, seeds 0..N-1 on one held-out
     # split, so the report's effects include training noise (orchestrator/grids/replicates.py).
     seeds: int = Field(default=1, ge=1, le=MAX_SEEDS, examples=[3])
+    # Instead of `seeds`: start every arm with decide.min_seeds and add seeds or images only where a
+    # comparison is still open, at a stated error rate (orchestrator/grids/deciding.py).
+    decide: DecideSpec | None = None
     # Experiment trackers the controller forwards the runs to (docs/trackers.md); unset: ABLATE_TRACKERS.
     trackers: list[TrackerName] | None = Field(default=None, max_length=len(TrackerName), examples=[["tensorboard"]])
     # auto: each built-in arm that does not name its own `gpus` trains on as many GPUs of one node as the
@@ -86,6 +90,16 @@ class GridCreate(BaseModel):
         if not v.strip():
             raise ValueError("must not be blank")
         return check_text(v)
+
+    @model_validator(mode="after")
+    def _decide_or_seeds(self) -> GridCreate:
+        if self.decide is not None and "seeds" in self.model_fields_set:
+            raise ValueError(DECIDE_WITH_SEEDS)
+        return self
+
+    def first_seeds(self) -> int:
+        """Seeds every arm is queued with: `seeds`, or a deciding grid's min_seeds."""
+        return self.decide.min_seeds if self.decide is not None else self.seeds
 
 
 class GridError(InvalidBody):
@@ -357,7 +371,8 @@ def create_grid(
         nodes = {"node": node_gpus}
     node_gpus = node_gpus or max((nodes or {}).values(), default=0) or None
     auto = body.gpus_per_arm == "auto"
-    plan = plan_grid(resolved, body.seeds, nodes, measured_rates(session, None), auto) if nodes else None
+    seeds = body.first_seeds()
+    plan = plan_grid(resolved, seeds, nodes, measured_rates(session, None), auto) if nodes else None
     errors = memory_errors(body, resolved, max_gpu_memory_gib) + tracker_errors(body.trackers, default_trackers)
     errors += gpu_count_errors(body.arms, body.overrides, resolved, node_gpus)
     if paths is not None:
@@ -371,23 +386,25 @@ def create_grid(
         control_arm=body.control if body.control is not None else resolved[0][0],
         overrides=body.overrides,
         source=source,
-        seeds=body.seeds,
+        seeds=seeds,
+        decide=body.decide.model_dump(mode="json") if body.decide is not None else None,
         control_on_trusted=body.control_on_trusted,
         trackers=grid_trackers(body.trackers, default_trackers) if source != GridSource.imported else [],
     )
     grid.plan = plan.model_dump(mode="json") if plan is not None else None
     grid.runs = [
         Run(position=seed * len(resolved) + i, arm=label, seed=seed,
-            spec=(replicate_spec(planned_spec(spec, plan, label, seed, body.seeds), seed) if body.seeds > 1
+            spec=(replicate_spec(planned_spec(spec, plan, label, seed, seeds), seed) if seeds > 1
                   else planned_spec(spec, plan, label, seed, 1)).model_dump(mode="json"),
             state=RunState.queued)
-        for seed in range(body.seeds)
+        for seed in range(seeds)
         for i, (label, spec) in enumerate(resolved)
     ]  # fmt: skip
     session.add(grid)
     session.flush()
-    seeds = f" x {body.seeds} seeds" if body.seeds > 1 else ""
-    session.add(Event(grid_id=grid.id, kind="grid.created", message=f"{len(resolved)} arms{seeds} ({source})"))
+    words = f" x {seeds} seeds" if seeds > 1 else ""
+    words += f", deciding up to {body.decide.max_seeds} seeds" if body.decide is not None else ""
+    session.add(Event(grid_id=grid.id, kind="grid.created", message=f"{len(resolved)} arms{words} ({source})"))
     return grid
 
 

@@ -49,7 +49,9 @@ class GridPublic(Public):
     control: str | None  # Grid.control_arm
     control_on_trusted: bool  # the control runs only on a trusted node
     source: str  # a GridSource
-    seeds: int  # training seeds per arm (each arm has this many runs)
+    seeds: int  # training seeds per arm (a deciding grid: the most any arm has so far)
+    # A deciding grid's `decide` as submitted (grids/deciding.py DecideSpec); None: a fixed number of seeds.
+    decide: dict[str, Any] | None = None
     created_at: datetime
     states: dict[str, int]  # number of runs per RunState
 

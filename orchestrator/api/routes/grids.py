@@ -16,6 +16,7 @@ from orchestrator.grids.night import PlanPublic
 from orchestrator.grids.replicates import grid_cost
 from orchestrator.grids.service import PathPolicy, create_grid, gpu_memory_cap_gib, latest_metrics
 from orchestrator.grids.stopping import stop_grid
+from orchestrator.results.decisions import decide_cost
 from orchestrator.web.deps import AUTH_RESPONSES, MAX_ID, AuthDep, SessionDep, SettingsDep, get_or_404
 
 router = APIRouter(prefix="/api/grids", tags=["grids"])
@@ -28,7 +29,8 @@ router = APIRouter(prefix="/api/grids", tags=["grids"])
     responses={**AUTH_RESPONSES, 422: {"description": "invalid grid"}},
 )
 def submit_grid(body: GridCreate, session: SessionDep, settings: SettingsDep, _: AuthDep) -> GridCreated:
-    """Store the grid and queue one run per arm and training seed (`seeds`, 1-16); the answer says what it
+    """Store the grid and queue one run per arm and training seed (`seeds`, 1-16, or a deciding grid's
+    `decide.min_seeds`: its worst case and expected GPU-hours come with the answer); the answer says what it
     costs: runs and projected GPU-hours, and the night plan (each run's GPUs, start and end, the night and
     its lower bound) when any node's GPUs are known. Invalid arms, arms whose estimated peak GPU memory exceeds
     ABLATE_MAX_GPU_MEMORY_GIB or that ask for more GPUs than the largest node has, and trackers whose
@@ -39,9 +41,14 @@ def submit_grid(body: GridCreate, session: SessionDep, settings: SettingsDep, _:
     grid = create_grid(session, body, max_gpu_memory_gib=cap, paths=paths, default_trackers=settings.trackers,
                        nodes=nodes or None)
     session.commit()  # committed before the 201 goes out, so the id is durable when the client sees it
-    cost = grid_cost([ArmSpec.model_validate(r.spec) for r in grid.runs if r.seed == 0], grid.seeds)
+    first = [(r.arm, ArmSpec.model_validate(r.spec)) for r in grid.runs if r.seed == 0]
+    cost = grid_cost([spec for _, spec in first], grid.seeds)
+    deciding = decide_cost(first, grid.control_arm, body.decide) if body.decide is not None else None
     return GridCreated(id=grid.id, runs=cost.runs, seeds=cost.seeds, projected_gpu_hours=cost.gpu_hours,
-                       cost=cost.text(), plan=None if grid.plan is None else PlanPublic.model_validate(grid.plan))
+                       cost=cost.text() + (f"; {deciding.words}" if deciding else ""),
+                       plan=None if grid.plan is None else PlanPublic.model_validate(grid.plan),
+                       worst_case_gpu_hours=deciding.worst_case_gpu_hours if deciding else None,
+                       expected_gpu_hours=deciding.expected_gpu_hours if deciding else None)
 
 
 @router.get("", response_model=list[GridPublic])

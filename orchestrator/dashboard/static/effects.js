@@ -21,19 +21,22 @@ window.AblateEffects = function (kit) {
     // The noise budget: where the variance is, and what narrows it most for its cost.
     { key: "budget", title: "noise budget", cell: (e) => (e.budget ? e.budget.words : (e.k < 2 ? "one seed: training noise not measured" : "—")) },
     { key: "narrow", title: "to narrow it", cell: (e) => (e.budget ? e.budget.narrowing.map((o) => o.words).join("; ") : "—") },
+    // A deciding grid only (decide.js): the decision, its look, the alpha spent, k and n.
+    { key: "decision", title: "decision", when: (d) => Boolean(d.decide), cls: (e) => `decision ${e.decision || ""}`,
+      cell: (e) => window.AblateDecide.words(e) },
   ];
 
   function reading(e) {
     return e.standin ? "stand-in" : e.reading;
   }
 
-  function head(table) {
-    table.querySelector("thead").replaceChildren(el("tr", {}, COLUMNS.map((c) => el("th", { class: c.num ? "num" : null, "data-col": c.key }, c.title))));
+  function head(table, columns) {
+    table.querySelector("thead").replaceChildren(el("tr", {}, columns.map((c) => el("th", { class: c.num ? "num" : c.key, "data-col": c.key }, c.title))));
   }
 
-  function row(e, judge) {
+  function row(e, judge, columns) {
     return el("tr", { "data-arm": e.arm, "data-metric": e.metric, "data-k": e.k, class: e.metric === judge ? "judged" : null },
-      COLUMNS.map((c) => {
+      columns.map((c) => {
         const text = String(c.cell(e));
         return el("td", { class: [c.num ? "num" : null, c.cls ? c.cls(e) : c.key].filter(Boolean).join(" "), title: text }, text);
       }));
@@ -50,19 +53,21 @@ window.AblateEffects = function (kit) {
     judge.textContent = d.judge ? `judged: ${d.effects.find((e) => e.metric === d.judge)?.words || d.judge}` : "";
     const main = document.getElementById("effects");
     const folded = document.getElementById("effects-standin");
-    head(main);
-    head(folded.querySelector("table"));
+    const columns = COLUMNS.filter((c) => !c.when || c.when(d));
+    head(main, columns);
+    head(folded.querySelector("table"), columns);
     // The judged metric first, then the others in the order the server gives them.
     const real = d.effects.filter((e) => !e.standin);
     const ordered = [...real.filter((e) => e.metric === d.judge), ...real.filter((e) => e.metric !== d.judge)];
-    main.querySelector("tbody").replaceChildren(...ordered.map((e) => row(e, d.judge)));
+    main.querySelector("tbody").replaceChildren(...ordered.map((e) => row(e, d.judge, columns)));
     const standin = d.effects.filter((e) => e.standin);
-    folded.querySelector("tbody").replaceChildren(...standin.map((e) => row(e, d.judge)));
+    folded.querySelector("tbody").replaceChildren(...standin.map((e) => row(e, d.judge, columns)));
     folded.hidden = standin.length === 0;
     folded.querySelector("summary").textContent =
       `${standin.length} stand-in LPIPS row(s) folded: scored with a random LPIPS backbone (no real weights here), they can carry no verdict; ${WEIGHTS_HOW}.`;
     main.hidden = real.length === 0;
     document.getElementById("effects-empty").hidden = d.effects.length > 0;
+    window.AblateDecide.render(d, el);  // a deciding grid: what is still open and what runs for it
   }
 
   return { render, COLUMNS };

@@ -21,6 +21,7 @@ from model.spec import STANDIN
 from orchestrator.db.models import Grid, Metric, Node, Run, Sweep
 from orchestrator.grids.arms import changes
 from orchestrator.numbers import finite_or_none, is_finite, number
+from orchestrator.results.decisions import with_decisions
 from orchestrator.results.evaluations import evaluated_points, largest_evaluation, with_evaluation
 from orchestrator.results.judge import best_checkpoint, judge_metric, stored_policy, stored_spec
 from orchestrator.results.own_metrics import is_command_run, own_evaluated, own_series
@@ -343,7 +344,8 @@ def build_report(session: Session, grid: Grid, storage_options: dict[str, Any] |
     control = pairing.control(0)
     left_out = unreadable_records([(f"run {r.id} ({r.arm}, seed {r.seed})", m.step, m.extra)
                                    for r in runs for m in metrics[r.id]])  # fmt: skip
-    effects = grid_effects(arms, judge, {(r.arm, r.seed): run_cost(r, metrics[r.id]) for r in runs})
+    effects = with_decisions(session, grid, grid_effects(arms, judge, {(r.arm, r.seed): run_cost(r, metrics[r.id])
+                                                                for r in runs}))  # a deciding grid's decisions
     return GridReport(
         grid_id=grid.id,
         name=grid.name,

@@ -207,9 +207,25 @@ def _n(e: Effect) -> str:
     return "/".join(str(n) for n in sorted({s.n for s in e.per_seed if s.n})) or "-"
 
 
-def _rows(effects: Iterable[Effect]) -> list[list[str]]:
+def decision_words(e: Effect) -> str:
+    """A deciding grid's decision on this effect, e.g. "better (look 2, alpha spent 0.0123, k=3, n=256)";
+    "-" where the grid does not decide this metric."""
+    if e.decision is None:
+        return "-"
+    spent = f", alpha spent {e.alpha_spent:.4g}" if e.alpha_spent is not None else ""
+    return f"{e.decision} (look {e.look}{spent}, k={e.k}, n={e.n or '-'})"
+
+
+def header(effects: list[Effect]) -> tuple[str, ...]:
+    """The table's columns: a deciding grid's table has its decisions last."""
+    return (*HEADER, "decision") if any(e.decision is not None for e in effects) else HEADER
+
+
+def _rows(effects: list[Effect]) -> list[list[str]]:
+    decides = any(e.decision is not None for e in effects)
     return [[e.arm, _metric_label(e), e.against, str(e.step), effect_cell(e),
-             "stand-in" if e.standin else e.reading, str(e.k), _n(e), _spread(e), e.noise, *budget_cells(e)]
+             "stand-in" if e.standin else e.reading, str(e.k), _n(e), _spread(e), e.noise, *budget_cells(e),
+             *([decision_words(e)] if decides else [])]
             for e in effects]  # fmt: skip
 
 
@@ -219,7 +235,8 @@ NO_EFFECTS = "No arm has a metric measured on it and on its parent or the contro
 def effects_markdown(report: GridReport) -> list[str]:
     if not report.effects:
         return [NO_EFFECTS]
-    out = ["| " + " | ".join(HEADER) + " |", "|---" * len(HEADER) + "|"]
+    columns = header(report.effects)
+    out = ["| " + " | ".join(columns) + " |", "|---" * len(columns) + "|"]
     out += ["| " + " | ".join(r) + " |" for r in _rows(report.effects)]
     return out
 
@@ -227,7 +244,7 @@ def effects_markdown(report: GridReport) -> list[str]:
 def effects_html(report: GridReport) -> str:
     if not report.effects:
         return f"<p class=muted>{NO_EFFECTS}</p>"
-    head = "".join(f"<th>{escape(h)}</th>" for h in HEADER)
+    head = "".join(f"<th>{escape(h)}</th>" for h in header(report.effects))
     body = []
     for e, cells in zip(report.effects, _rows(report.effects), strict=True):
         reading = cells[5]

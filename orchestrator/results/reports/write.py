@@ -17,6 +17,8 @@ from sqlalchemy.orm import Session
 
 from orchestrator.db.models import Event, Grid, Run
 from orchestrator.db.session import session_scope
+from orchestrator.results.decider import decision_pending
+from orchestrator.results.pass_listener import PassListener
 from orchestrator.results.reports.build import build_report
 from orchestrator.results.reports.render import RENDERERS
 from orchestrator.settings import Settings
@@ -46,11 +48,13 @@ def write_report(session: Session, grid: Grid, out: Path, storage_options: dict[
 
 
 def due_grids(session: Session) -> list[int]:
-    """Grids with runs, none of them still active, and no report event yet."""
+    """Grids with runs, none of them still active, and no report event yet (a deciding grid: once its
+    decision has ended, results/decider.py)."""
     active = exists().where(Run.grid_id == Grid.id, Run.state.not_in(TERMINAL_STATES))
     has_runs = exists().where(Run.grid_id == Grid.id)
     reported = exists().where(Event.grid_id == Grid.id, Event.run_id.is_(None), Event.kind.in_(REPORT_EVENTS))
-    return list(session.scalars(select(Grid.id).where(has_runs, ~active, ~reported).order_by(Grid.id)))
+    grids = session.scalars(select(Grid).where(has_runs, ~active, ~reported).order_by(Grid.id))
+    return [g.id for g in grids if not decision_pending(session, g)]  # a deciding grid: after its last look
 
 
 def write_due_reports(settings: Settings) -> list[int]:
@@ -79,21 +83,9 @@ def write_due_reports(settings: Settings) -> list[int]:
     return written
 
 
-class ReportWriter:
+class ReportWriter(PassListener):
     """The launcher's listener that writes a grid's report when the grid ends (runs/launcher.py
     `LoopListener`); it works in the loop's housekeeping pass, which a failed report never stops."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-
-    def start(self) -> None:
-        pass
-
-    def stop(self) -> None:
-        pass
-
-    def notify(self, run_id: int) -> None:
-        pass  # a grid is due only when its last run ends: the housekeeping pass looks
 
     def housekeeping(self) -> None:
         write_due_reports(self.settings)

@@ -1,0 +1,25 @@
+// A deciding grid on the grid page (results/decisions.py): the effects table's decision words (each
+// decided comparison's decision, its look, the alpha spent, k and n) and a panel of the comparisons still
+// open with what is being run for each. effects.js calls both, with the page's data and its element helper.
+"use strict";
+
+window.AblateDecide = {
+  // The effect's decision words: "better · look 2 · α spent 0.0123 · k=3 n=256", or "—" off the decided metrics.
+  words(e) {
+    return e.decision
+      ? `${e.decision} · look ${e.look} · α spent ${Number(e.alpha_spent).toPrecision(3)} · k=${e.k} n=${e.n ?? "—"}`
+      : "—";
+  },
+
+  render(d, el) {
+    const panel = document.getElementById("deciding");
+    panel.hidden = !d.decide;
+    if (!d.decide) return;
+    const s = d.decide;
+    const where = s.final ? "decision ended" : `${s.open.length} open`;
+    panel.querySelector(".hint").textContent =
+      `α = ${s.alpha} per comparison at every look · ${s.looks} look(s) · ${s.decided} decided · ${s.undecided} undecided · ${where}`;
+    const list = panel.querySelector(".open-comparisons");
+    list.replaceChildren(...s.open.map((o) => el("li", { "data-look": o.look }, `${o.comparison}: look ${o.look}, running ${o.running}`)));
+  },
+};

@@ -1,0 +1,105 @@
+"""A grid that decides: `decide` in place of `seeds`. Every arm starts with `min_seeds` training seeds;
+after each wave the controller looks at every comparison's crossed interval against a group-sequential
+boundary (orchestrator/results/sequential.py) and adds work only where a comparison is still open: one
+more seed of both arms, or an evaluation of more held-out images (orchestrator/results/decider.py).
+
+This module is the grid's side: the body's `decide` checked, and the runs of one more seed of an arm,
+queued like the grid's first ones (seed-major, the same held-out split: grids/replicates.py).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from model.flow_headline import HEADLINE
+from model.spec import ArmSpec
+from orchestrator.db.models import Grid, Run
+from orchestrator.grids.replicates import MAX_SEEDS, replicate_spec
+from orchestrator.vocabulary import RunState
+
+# The metrics a decision may be taken on: the report's compared metrics (results/reports/build.py
+# COMPARED; a test holds the two equal).
+DECIDABLE_METRICS = (HEADLINE, "val_flow_loss", "recon_lpips", "text_lpips", "text_manip_delta")
+DEFAULT_MARGIN = {HEADLINE: 0.0}
+
+
+class DecideSpec(BaseModel):
+    """How a deciding grid spends seeds and images: the error rate alpha (per comparison, held at every
+    look), the seeds every arm starts with and may reach, the held-out images an evaluation may reach (None:
+    the whole split), when a hopeless comparison stops early (futility), and per decided metric the
+    equivalence margin (0: no equivalence verdict)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    alpha: Annotated[float, Field(gt=0, lt=0.5, examples=[0.05])] = 0.05
+    min_seeds: Annotated[int, Field(ge=1, le=MAX_SEEDS)] = 2
+    max_seeds: Annotated[int, Field(ge=1, le=MAX_SEEDS)] = 8
+    max_images: Annotated[int, Field(ge=1, le=100_000)] | None = None
+    # Close an open comparison undecided once its conditional power at the budget falls below this (non-
+    # binding: it never adds a wrong call); None: the maths' default (results/sequential.py FUTILITY), 0: off.
+    futility: Annotated[float, Field(ge=0, lt=1)] | None = None
+    margin: dict[str, Annotated[float, Field(ge=0, allow_inf_nan=False)]] = Field(
+        default_factory=lambda: dict(DEFAULT_MARGIN), min_length=1, max_length=len(DECIDABLE_METRICS)
+    )
+
+    @field_validator("margin")
+    @classmethod
+    def _known_metrics(cls, v: dict[str, float]) -> dict[str, float]:
+        unknown = sorted(set(v) - set(DECIDABLE_METRICS))
+        if unknown:
+            raise ValueError(f"unknown metric {', '.join(map(repr, unknown))}: a margin names one of "
+                             f"{', '.join(DECIDABLE_METRICS)}")  # fmt: skip
+        return v
+
+    @model_validator(mode="after")
+    def _seeds_in_order(self) -> DecideSpec:
+        if self.min_seeds > self.max_seeds:
+            raise ValueError(f"min_seeds ({self.min_seeds}) must be at most max_seeds ({self.max_seeds})")
+        return self
+
+
+DECIDE_WITH_SEEDS = ("`decide` and `seeds` cannot both be given: a deciding grid starts every arm with "
+                     "decide.min_seeds and adds seeds itself; drop `seeds` (or drop `decide` for a fixed "
+                     "number of seeds)")  # fmt: skip
+
+
+def decide_of(grid: Grid) -> DecideSpec | None:
+    """The grid's stored `decide`, or None for a grid with a fixed number of seeds."""
+    return DecideSpec.model_validate(grid.decide) if grid.decide else None
+
+
+def arm_seeds(grid: Grid) -> dict[str, int]:
+    """How many seeds each arm of the grid has (queued or run), in the grid's arm order."""
+    seeds: dict[str, int] = {}
+    for r in grid.runs:
+        seeds[r.arm] = max(seeds.get(r.arm, 0), r.seed + 1)
+    return seeds
+
+
+def add_seed(grid: Grid, arms: list[str]) -> list[Run]:
+    """Queue one more seed of each of `arms` (the next seed index of each, the same held-out split), after
+    every run the grid has; returns the new runs (the caller flushes and commits)."""
+    first = {r.arm: r for r in grid.runs if r.seed == 0}
+    seeds = arm_seeds(grid)
+    position = max((r.position for r in grid.runs), default=-1) + 1
+    added = []
+    for arm in arms:
+        seed = seeds[arm]
+        spec = replicate_spec(ArmSpec.model_validate(first[arm].spec), seed).model_dump(mode="json")
+        run = Run(position=position, arm=arm, seed=seed, spec=spec, state=RunState.queued)
+        grid.runs.append(run)
+        added.append(run)
+        position += 1
+    grid.seeds = max(arm_seeds(grid).values())
+    return added
+
+
+def worst_case_runs(arms: int, decide: DecideSpec) -> int:
+    """Runs if every comparison stays open to the budget: every arm at max_seeds."""
+    return arms * decide.max_seeds
+
+
+def dump(decide: DecideSpec | None) -> dict[str, Any] | None:
+    return decide.model_dump(mode="json") if decide is not None else None

@@ -1,0 +1,258 @@
+"""The decision pass of deciding grids: a listener of the launcher (runs/launcher.py `LoopListener`, wired
+in orchestrator/loop.py before the report writer) that, on each housekeeping pass, looks at every deciding
+grid whose current wave has ended (every run and every evaluation of the grid in a terminal state).
+
+At a look: every comparison's effect on the decided metrics (the report's own code: build.py
+`grid_effects_now`, with the largest completed evaluation in place of the runs' final rows), the decision
+at this look from the group-sequential maths (results/sequential.py), and for each comparison still open
+the action the chooser gives: one more seed of both arms (grids/deciding.py `add_seed`: new queued runs,
+the next seed index, the same split) or an evaluation on more held-out images (grids/evaluations.py). An
+arm no open comparison needs gets no more seeds; work stops when every comparison is decided or at its
+budget (max_seeds, max_images).
+
+A look is stored (`decision_looks`, unique per grid and wave) in the same commit as the runs or the
+evaluation it queued and its events, so a controller that restarts mid-decision finds either the whole
+look or none of it: no look is lost and none is taken twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from sqlalchemy import exists, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from orchestrator.db.models import DecisionLook, Evaluation, EvaluationResult, Event, Grid, Metric
+from orchestrator.db.session import session_scope
+from orchestrator.grids.deciding import DecideSpec, add_seed, arm_seeds, decide_of
+from orchestrator.grids.evaluations import EvaluationCreate, create_evaluation, evaluated_runs, held_out_size
+from orchestrator.results import sequential
+from orchestrator.results.decisions import DECIDED, ComparisonLook, futility_of, grid_looks, look_comparisons
+from orchestrator.results.evaluations import largest_evaluation
+from orchestrator.results.pass_listener import PassListener
+from orchestrator.results.reports.build import grid_effects_now
+from orchestrator.results.reports.model import Effect
+from orchestrator.settings import Settings
+from orchestrator.vocabulary import TERMINAL_STATES, EvaluationState, RunDecision
+
+log = logging.getLogger("ablate.decide")
+EVALUATION_DONE = (EvaluationState.completed, EvaluationState.failed)
+
+
+def wave_ended(session: Session, grid: Grid) -> bool:
+    """Every run and every evaluation of the grid has ended (a grid with no runs has no wave)."""
+    if not grid.runs or any(r.state not in TERMINAL_STATES for r in grid.runs):
+        return False
+    active = exists().where(Evaluation.grid_id == grid.id, Evaluation.state.not_in(EVALUATION_DONE))
+    return not session.scalar(select(active))
+
+
+def due_looks(session: Session) -> list[int]:
+    """Deciding grids whose wave has ended and whose last look did not end the decision."""
+    final = exists().where(DecisionLook.grid_id == Grid.id, DecisionLook.final)
+    deciding = session.scalars(select(Grid).where(Grid.decide.is_not(None), ~final).order_by(Grid.id))
+    return [grid.id for grid in deciding if wave_ended(session, grid)]
+
+
+def decision_pending(session: Session, grid: Grid) -> bool:
+    """A deciding grid whose decision has not ended: its report waits for the final look."""
+    if not grid.decide:
+        return False
+    return not session.scalar(select(exists().where(DecisionLook.grid_id == grid.id, DecisionLook.final)))
+
+
+def current_effects(session: Session, grid: Grid) -> list[Effect]:
+    """The grid's effects now, as the report computes them (the largest completed evaluation included)."""
+    runs = list(grid.runs)
+    metrics: dict[int, list[Metric]] = {r.id: [] for r in runs}
+    rows = select(Metric).where(Metric.run_id.in_(list(metrics))).order_by(Metric.run_id, Metric.step)
+    for m in session.scalars(rows):
+        metrics[m.run_id].append(m)
+    _, evaluated = largest_evaluation(session, grid)
+    return grid_effects_now(grid, metrics, evaluated)[1]
+
+
+def _images_now(session: Session, grid: Grid) -> tuple[int | None, int]:
+    """(the images the effects use now: the largest completed evaluation's, else None: the training
+    records'; the held-out split's size, the most an evaluation may ask for)."""
+    info, _ = largest_evaluation(session, grid)
+    runs = evaluated_runs(grid)
+    return (info.images if info is not None else None), min((held_out_size(r) for r in runs), default=0)
+
+
+def components_of(e: Effect) -> sequential.Variance:
+    """The per-observation variance components of the effect's differences, read back from its crossed
+    noise budget (shares of the mean's variance se^2); an interval that is not crossed is all seed."""
+    var, k, n = (e.se or 0.0) ** 2, e.k, e.n or 1
+    if e.budget is None:
+        return sequential.Variance(seed=var * k, image=0.0, rest=0.0)
+    b = e.budget
+    return sequential.Variance(seed=b.seeds * var * k, image=b.images * var * n, rest=b.rest * var * k * n)
+
+
+def action_costs(e: Effect) -> sequential.Costs:
+    """What one more seed of each arm and one image on one run cost in GPU-hours, from the effect's noise
+    budget (the runs' own measured rates: costs.py). Unmeasured: a seed 1 h, and an evaluation pass of the
+    n images 5% of a run, so the chooser still compares the two by their variance."""
+    options = {o.action: o for o in (e.budget.narrowing if e.budget is not None else [])}
+    seed = options["seed"].cost / 2 if "seed" in options and options["seed"].cost else 1.0
+    images = options.get("images")
+    if images is not None and images.cost and e.n:  # GPU-minutes of 4n images on 2k runs
+        image = images.cost / 60 / (sequential.IMAGE_STEP * e.n * 2 * e.k)
+    else:
+        image = 0.05 * seed / max(e.n or 1, 1)
+    return sequential.Costs(seed_a=seed, seed_b=seed, image=image)
+
+
+def judge_comparison(e: Effect, decide: DecideSpec, look: int, max_images: int, at_seeds: bool, at_images: bool,
+                     previous: ComparisonLook | None) -> ComparisonLook:  # fmt: skip
+    """One comparison at this look: a decided comparison keeps its decision (and the look it was taken
+    at); an open one is judged against this look's boundary (results/sequential.py `decide`), with the
+    information fractions its earlier looks recorded, and given the chooser's next action."""
+    base = dict(arm=e.arm, against=e.against, other_arm=e.other_arm, metric=e.metric, diff=e.diff, low=e.low,
+                high=e.high, k=e.k, n=e.n)  # fmt: skip
+    if previous is not None and previous.decision in DECIDED:
+        return previous.model_copy(update={**base, "action": None})
+    fractions = list(previous.fractions) if previous is not None else []
+    max_images = max(max_images, e.n or 1)  # already past it (the training records' n): at the budget
+    last = at_seeds and at_images
+    if e.se is None or not e.se > 0 or e.k < 2:  # no interval to judge yet: open until the budget
+        spent = previous.alpha_spent if previous is not None else 0.0
+        action = None if at_seeds else "seed"  # one seed (min_seeds 1) or a failed run: a seed gives one
+        return ComparisonLook(**base, decision="open" if action else "undecided", look=look, alpha_spent=spent,
+                              fractions=fractions, action=action, reason="no interval across seeds to judge")  # type: ignore[arg-type]  # fmt: skip
+    v = components_of(e)
+    fractions.append(sequential.information_fraction(v, e.k, e.n or 1, decide.max_seeds, max_images))
+    # Crossed: the maths' decision df (the seed mean square at its upper bound, so a draw of seeds that
+    # happens to agree does not also buy many df); otherwise the report's own df.
+    df = sequential.decision_df(v, e.k, e.n or 1) if e.budget is not None else e.df
+    verdict = sequential.decide(e.diff, e.se, df, fractions, k=e.k, n=e.n or 1, alpha=decide.alpha,
+                                direction="lower", margin=decide.margin.get(e.metric) or None, last=last,
+                                futility=futility_of(decide))  # fmt: skip
+    base.update(low=verdict.low, high=verdict.high)  # the look's repeated confidence interval
+    c = ComparisonLook(**base, decision=verdict.decision.value, look=look, alpha_spent=verdict.alpha_spent,
+                       fractions=fractions, reason=verdict.reason)  # type: ignore[arg-type]  # fmt: skip
+    if c.decision == "open":
+        act = sequential.choose_action(v, e.k, e.n or 1, action_costs(e), max_seeds=decide.max_seeds if not at_seeds
+                                       else e.k, max_images=max_images if not at_images else e.n or 1)  # fmt: skip
+        c.action = None if act.kind == "none" else act.kind
+        c.decision = "open" if c.action is not None else "undecided"
+    return c
+
+
+def take_look(session: Session, grid: Grid) -> DecisionLook:
+    """The look after the grid's current wave, with the work it queues (flushed; the caller commits)."""
+    decide = decide_of(grid)
+    assert decide is not None
+    looks = grid_looks(session, grid.id)
+    wave = len(looks)
+    previous = {c.key(): c for c in look_comparisons(looks[-1] if looks else None)}
+    seeds = arm_seeds(grid)
+    images, split = _images_now(session, grid)
+    max_images = max(min(decide.max_images or split, split), 1)  # 1: nothing to evaluate (command arms)
+    stopped = any(r.decision == RunDecision.USER for r in grid.runs)  # the user stopped it: add nothing
+    failed = session.scalar(select(exists().where(Evaluation.grid_id == grid.id,
+                                                  Evaluation.state == EvaluationState.failed)))  # fmt: skip
+    comparisons: list[ComparisonLook] = []
+    for e in current_effects(session, grid):
+        if e.metric not in decide.margin:
+            continue
+        at_seeds = stopped or max(seeds.get(e.arm, 0), seeds.get(e.other_arm, 0)) >= decide.max_seeds
+        at_images = stopped or failed or (e.n or 0) >= max_images
+        prior = previous.get((e.arm, e.metric, e.against))
+        comparisons.append(judge_comparison(e, decide, wave + 1, max_images, at_seeds, at_images, prior))
+    actions = queue_actions(session, grid, comparisons, decide, max_images, images)
+    for c in comparisons:
+        if c.decision == "open" and not actions:  # nothing left that could decide it
+            c.decision, c.action = "undecided", None
+    look = DecisionLook(grid_id=grid.id, wave=wave, comparisons=[c.model_dump(mode="json") for c in comparisons],
+                        actions=actions, final=not actions)  # fmt: skip
+    session.add(look)
+    open_ = [c for c in comparisons if c.decision == "open"]
+    words = ", ".join(f"{c.arm} vs {c.other_arm} {c.decision}" for c in comparisons) or "no comparison measured"
+    session.add(Event(grid_id=grid.id, kind="decide.look", message=f"look {wave + 1}: {words}",
+                      data={"wave": wave, "open": len(open_), "final": not actions}))  # fmt: skip
+    for a in actions:
+        session.add(Event(grid_id=grid.id, kind="decide.action", message=a["words"], data=a))
+    session.flush()
+    return look
+
+
+def queue_actions(session: Session, grid: Grid, comparisons: Sequence[ComparisonLook], decide: DecideSpec,
+                  max_images: int, images: int | None) -> list[dict]:  # fmt: skip
+    """Queue this look's work: an evaluation on more images where any open comparison asks for one (it
+    serves every comparison, and needs no run active), else one more seed of each arm an open comparison
+    asks one for (both its arms), below max_seeds. Returns the actions as stored."""
+    open_ = [c for c in comparisons if c.decision == "open"]
+    if any(c.action == "images" for c in open_):
+        n = min(max_images, sequential.IMAGE_STEP * max(images or 0, *(c.n or 0 for c in open_)))
+        evaluation = create_evaluation(session, grid, EvaluationCreate(images=n))
+        for c in open_:
+            c.action = "images"  # one evaluation serves every open comparison this wave
+        return [{"action": "images", "images": n, "evaluation": evaluation.id,
+                 "words": f"evaluate every run on {n} held-out images (evaluation {evaluation.id})"}]  # fmt: skip
+    seeds = arm_seeds(grid)
+    arms = [a for a in seeds if any(c.action == "seed" and a in (c.arm, c.other_arm) for c in open_)]
+    arms = [a for a in arms if seeds[a] < decide.max_seeds]
+    if not arms:
+        return []
+    runs = add_seed(grid, arms)
+    session.flush()
+    return [{"action": "seed", "arms": arms, "runs": [r.id for r in runs],
+             "words": "one more seed of " + ", ".join(f"{r.arm} (seed {r.seed})" for r in runs)}]  # fmt: skip
+
+
+def catch_up(session: Session, grid: Grid) -> Evaluation | None:
+    """Where the effects use an evaluation (more images than the training records) that the wave's new
+    seeds are not in, evaluate every run again on those images before the look: the report takes one
+    evaluation for all runs, and a seed scored on other images would leave the comparison's interval the
+    conservative "independent" one. None where every run was already asked for on those images (a run
+    whose evaluation failed is not asked again: the look then takes the effects as they are)."""
+    info, _ = largest_evaluation(session, grid)
+    if info is None:
+        return None
+    asked = set(session.scalars(select(EvaluationResult.run_id).join(Evaluation).where(
+        Evaluation.grid_id == grid.id, Evaluation.images == info.images)))  # fmt: skip
+    missing = [r for r in evaluated_runs(grid) if r.id not in asked]
+    if not missing:
+        return None
+    evaluation = create_evaluation(session, grid, EvaluationCreate(images=info.images))
+    words = (f"evaluate every run on {info.images} held-out images (evaluation {evaluation.id}) before the look: "
+             + ", ".join(f"{r.arm} s{r.seed}" for r in missing) + " not yet scored on them")  # fmt: skip
+    data = {"evaluation": evaluation.id, "images": info.images, "runs": [r.id for r in missing]}
+    session.add(Event(grid_id=grid.id, kind="decide.catch_up", message=words, data=data))
+    session.flush()
+    return evaluation
+
+
+def decide_due_grids(settings: Settings) -> list[int]:
+    """Take the look of every deciding grid whose wave has ended; returns their ids. A look that another
+    pass stored first (unique per grid and wave) is left as it is."""
+    with session_scope(settings.database_url) as session:
+        due = due_looks(session)
+    looked = []
+    for grid_id in due:
+        try:
+            with session_scope(settings.database_url) as session:
+                grid = session.get(Grid, grid_id)
+                if grid is None or not wave_ended(session, grid):
+                    continue
+                if catch_up(session, grid):  # the wave's new seeds first scored on the evaluation's images
+                    continue
+                take_look(session, grid)
+            looked.append(grid_id)
+        except IntegrityError:
+            log.info("grid %s: this wave's look was already taken", grid_id)
+        except Exception:  # noqa: BLE001 - a look must never stop the launcher; the next pass tries again
+            log.exception("look of grid %s failed", grid_id)
+    return looked
+
+
+class Decider(PassListener):
+    """The launcher's listener that takes a deciding grid's look when its wave ends, in the loop's
+    housekeeping pass (a failed look never stops it)."""
+
+    def housekeeping(self) -> None:
+        decide_due_grids(self.settings)

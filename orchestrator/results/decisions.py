@@ -1,0 +1,187 @@
+"""A deciding grid's looks as the read side shows them: each comparison's decision at a look (stored in
+`decision_looks` by results/decider.py), attached to the report's effects, and the comparisons still open
+with the work queued for each (the dashboard's panel, `ablate status`).
+
+A decision is per comparison (an arm against its parent or the control on one decided metric): better or
+worse when the group-sequential boundary excludes zero, equivalent when the interval lies inside
+±margin, undecided at the budget, open while more seeds or images may still decide it.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from model.spec import ArmSpec
+from orchestrator.db.models import DecisionLook, Grid
+from orchestrator.grids.deciding import DecideSpec
+from orchestrator.grids.replicates import projected_gpu_hours
+from orchestrator.results.reports.model import Effect
+
+Decision = Literal["better", "worse", "equivalent", "undecided", "open"]
+Action = Literal["seed", "images"]
+DECIDED: tuple[Decision, ...] = ("better", "worse", "equivalent")
+
+
+class ComparisonLook(BaseModel):
+    """One comparison at one look: what the interval was, what was decided, what is run next for it."""
+
+    arm: str
+    against: Literal["parent", "control"]
+    other_arm: str
+    metric: str
+    diff: float
+    low: float | None
+    high: float | None
+    k: int  # seeds compared
+    n: int | None  # held-out images
+    decision: Decision
+    look: int  # 1-based: the look this decision was taken at (a decided comparison keeps its look)
+    alpha_spent: float  # the alpha spent up to this look (by its information fraction)
+    fractions: list[float] = []  # the information fraction of each of its looks so far (the boundary's input)
+    action: Action | None = None  # what this look queued for it (open only)
+    reason: str = ""
+
+    def key(self) -> tuple[str, str, str]:
+        return self.arm, self.metric, self.against
+
+
+def grid_looks(session: Session, grid_id: int) -> list[DecisionLook]:
+    """The grid's looks, first to last."""
+    rows = select(DecisionLook).where(DecisionLook.grid_id == grid_id).order_by(DecisionLook.wave)
+    return list(session.scalars(rows))
+
+
+def latest_look(session: Session, grid_id: int) -> DecisionLook | None:
+    looks = grid_looks(session, grid_id)
+    return looks[-1] if looks else None
+
+
+def look_comparisons(look: DecisionLook | None) -> list[ComparisonLook]:
+    return [ComparisonLook.model_validate(c) for c in look.comparisons] if look is not None else []
+
+
+def with_decisions(session: Session, grid: Grid, effects: list[Effect]) -> list[Effect]:
+    """The effects of a deciding grid with each decided metric's decision from the latest look (the others
+    unchanged); a grid that does not decide, or has not looked yet, keeps its effects as they are."""
+    if not grid.decide:
+        return effects
+    found = {c.key(): c for c in look_comparisons(latest_look(session, grid.id))}
+    out = []
+    for e in effects:
+        c = found.get((e.arm, e.metric, e.against))
+        out.append(e if c is None else e.model_copy(update={
+            "decision": c.decision, "look": c.look, "alpha_spent": c.alpha_spent}))  # fmt: skip
+    return out
+
+
+class OpenComparison(BaseModel):
+    """A comparison still open and what is run for it now (the dashboard's panel)."""
+
+    comparison: str  # "B vs A (parent) on val_flow_ivw"
+    look: int
+    running: str  # "one more seed of B and A (seed 3)" | "an evaluation on 1024 images"
+
+
+class DecisionState(BaseModel):
+    """Where a deciding grid stands: its looks so far, whether it has stopped adding work, what is open."""
+
+    alpha: float
+    looks: int
+    final: bool
+    decided: int
+    undecided: int
+    open: list[OpenComparison]
+
+
+def decision_state(session: Session, grid: Grid) -> DecisionState | None:
+    """None for a grid that does not decide."""
+    if not grid.decide:
+        return None
+    looks = grid_looks(session, grid.id)
+    last = looks[-1] if looks else None
+    comps = look_comparisons(last)
+    actions = {a.get("action"): a for a in (last.actions if last is not None else [])}
+    open_ = []
+    for c in comps:
+        if c.decision != "open":
+            continue
+        images = (actions.get(c.action) or {}).get("images")
+        running = {"seed": f"one more seed of {c.arm} and {c.other_arm}",
+                   "images": f"an evaluation on {images} held-out images"}.get(c.action or "", "nothing")
+        open_.append(OpenComparison(comparison=f"{c.arm} vs {c.other_arm} ({c.against}) on {c.metric}",
+                                    look=c.look, running=running))  # fmt: skip
+    return DecisionState(
+        alpha=float(grid.decide.get("alpha", 0.05)), looks=len(looks), final=bool(last is not None and last.final),
+        decided=sum(c.decision in DECIDED for c in comps), undecided=sum(c.decision == "undecided" for c in comps),
+        open=open_,
+    )  # fmt: skip
+
+
+def decision_json(session: Session, grid: Grid) -> dict | None:
+    """decision_state as JSON (the dashboard's data), None for a grid that does not decide."""
+    state = decision_state(session, grid)
+    return state.model_dump(mode="json") if state is not None else None
+
+
+class DecideCost(BaseModel):
+    """What a deciding grid may cost, projected at submit (grids/replicates.py's rates; evaluations beyond
+    the training records' are not priced before a run has measured one): the worst case, every comparison
+    open to the budget (its arms at max_seeds), and the expected GPU-hours (results/sequential.py, its
+    simulated grids with the measured headline's noise and no true effect: the longest case); None where a
+    command arm cannot be projected."""
+
+    worst_case_gpu_hours: float | None
+    expected_gpu_hours: float | None
+    words: str
+
+
+def submitted_pairs(arms: list[tuple[str, ArmSpec]], control: str | None) -> list[tuple[str, str]]:
+    """(arm, comparator) of every comparison a grid's report will hold: each arm against its parent and
+    against the control (results/reports/build.py Pairing, at one seed)."""
+    labels = [label for label, _ in arms]
+    control = control or (labels[0] if labels else None)
+    pairs = []
+    for label, spec in arms:
+        parent = spec.parent if spec.parent in labels and spec.parent != label else None
+        if parent is not None:
+            pairs.append((label, parent))
+        if control is not None and control not in (label, parent):
+            pairs.append((label, control))
+    return pairs
+
+
+def futility_of(decide: DecideSpec) -> float:
+    """The grid's futility bound: its own, else the maths' default (results/sequential.py FUTILITY)."""
+    from orchestrator.results import sequential
+
+    return sequential.FUTILITY if decide.futility is None else decide.futility
+
+
+def decide_cost(arms: list[tuple[str, ArmSpec]], control: str | None, decide: DecideSpec) -> DecideCost:
+    from orchestrator.results import sequential
+
+    hours = {label: projected_gpu_hours(spec) for label, spec in arms}
+    pairs = submitted_pairs(arms, control)
+    images = min((min(s.eval.num_samples, s.data.held_out) for _, s in arms), default=1) or 1
+    max_images = max(decide.max_images or min((s.data.held_out for _, s in arms), default=images), images)
+    head = (f"deciding: {len(arms)} arms, {len(pairs)} comparisons, {decide.min_seeds} to {decide.max_seeds} "
+            f"seeds at alpha {decide.alpha:g} per comparison")  # fmt: skip
+    if any(h is None for h in hours.values()) or not pairs:
+        return DecideCost(worst_case_gpu_hours=None, expected_gpu_hours=None,
+                          words=f"{head}: GPU-hours not projected (command arms, or no comparison)")  # fmt: skip
+    known = {a: float(h) for a, h in hours.items() if h is not None}
+    common = dict(max_seeds=decide.max_seeds, max_images=max_images, image_hours=0.0)
+    worst = sequential.worst_case_gpu_hours(known, pairs, **common)
+    # The simulation's time grows with comparisons x studies: about 2,000 of them (a second or two), so a
+    # submit of many arms answers as fast as A-D's (400 studies); fewer studies only widen its noise.
+    studies = min(400, max(40, 2000 // len(pairs)))
+    expected = sequential.expected_gpu_hours(known, pairs, min_seeds=decide.min_seeds, images=images,
+                                             alpha=decide.alpha, futility=futility_of(decide), studies=studies,
+                                             **common)  # fmt: skip
+    words = (f"{head}: worst case {worst:,.1f} GPU-hours (every comparison open to the budget), expected "
+             f"{expected:,.1f} (projected at an H100's measured rate; evaluations not included)")
+    return DecideCost(worst_case_gpu_hours=worst, expected_gpu_hours=expected, words=words)

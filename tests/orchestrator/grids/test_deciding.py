@@ -1,0 +1,72 @@
+"""A grid's `decide` body: checked field by field, refused beside `seeds` naming both (API 422 and one CLI
+line), and a deciding grid queues every arm at min_seeds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from orchestrator.grids.deciding import DECIDABLE_METRICS
+from orchestrator.results.reports.build import COMPARED
+from tests.kit.settings import AUTH
+from tests.orchestrator.test_cli import ablate
+
+
+def test_the_decidable_metrics_are_the_reports_compared_ones() -> None:
+    assert sorted(DECIDABLE_METRICS) == sorted(COMPARED)
+
+
+def test_decide_beside_seeds_is_a_422_naming_both(client: TestClient) -> None:
+    body = {"name": "both", "arms": ["A", "B"], "seeds": 3, "decide": {"max_seeds": 4}}
+    resp = client.post("/api/grids", json=body, headers=AUTH)
+    assert resp.status_code == 422, resp.text
+    (error,) = resp.json()["detail"]
+    assert "`decide`" in error["msg"] and "`seeds`" in error["msg"], error
+
+
+@pytest.mark.parametrize(
+    ("decide", "loc", "needle"),
+    [
+        ({"alpha": 0.5}, ["body", "decide", "alpha"], "less than 0.5"),
+        ({"alpha": 0}, ["body", "decide", "alpha"], "greater than 0"),
+        ({"min_seeds": 0}, ["body", "decide", "min_seeds"], "greater than or equal to 1"),
+        ({"min_seeds": 4, "max_seeds": 3}, ["body", "decide"], "min_seeds (4) must be at most max_seeds (3)"),
+        ({"margin": {"fid": 0.1}}, ["body", "decide", "margin"], "unknown metric 'fid'"),
+        ({"margin": {"val_flow_ivw": -1}}, ["body", "decide", "margin", "val_flow_ivw"], "greater than or equal to 0"),
+        ({"max_images": 0}, ["body", "decide", "max_images"], "greater than or equal to 1"),
+        ({"futility": 1}, ["body", "decide", "futility"], "less than 1"),
+        ({"seeds": 2}, ["body", "decide", "seeds"], "Extra inputs"),
+    ],
+)
+def test_a_bad_decide_names_its_field(client: TestClient, decide: dict, loc: list, needle: str) -> None:
+    resp = client.post("/api/grids", json={"name": "bad", "arms": ["A", "B"], "decide": decide}, headers=AUTH)
+    assert resp.status_code == 422, resp.text
+    (error,) = resp.json()["detail"]
+    assert error["loc"] == loc and needle in error["msg"], error
+
+
+def test_a_deciding_grid_queues_every_arm_at_min_seeds(client: TestClient) -> None:
+    body = {"name": "decides", "arms": ["A", "C"], "decide": {"min_seeds": 2, "max_seeds": 5}}
+    resp = client.post("/api/grids", json=body, headers=AUTH)
+    assert resp.status_code == 201, resp.text
+    created = resp.json()
+    detail = client.get(f"/api/grids/{created['id']}").json()
+    assert [(r["arm"], r["seed"]) for r in detail["runs"]] == [("A", 0), ("C", 0), ("A", 1), ("C", 1)]
+    assert detail["decide"] == {"alpha": 0.05, "min_seeds": 2, "max_seeds": 5, "max_images": None,
+                                "futility": None, "margin": {"val_flow_ivw": 0.0}}  # fmt: skip
+    # The worst case is every arm at max_seeds; the expected lies between the first wave and it.
+    first = created["projected_gpu_hours"]
+    assert created["worst_case_gpu_hours"] == pytest.approx(first * 5 / 2)
+    assert first <= created["expected_gpu_hours"] <= created["worst_case_gpu_hours"]
+    assert "worst case" in created["cost"] and "expected" in created["cost"]
+
+
+def test_submit_with_decide_beside_seeds_is_one_line_naming_both(empty_database_url: str, tmp_path: Path) -> None:
+    env = {"ABLATE_DATABASE_URL": empty_database_url, "ABLATE_HOME_DIR": str(tmp_path / "st"), "ABLATE_PORT": "9"}
+    grid = tmp_path / "grid.yaml"
+    grid.write_text("name: both\narms: [A, B]\ndecide: {max_seeds: 4}\n")
+    proc = ablate("submit", str(grid), "--seeds", "3", env=env, cwd=tmp_path)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "`decide`" in proc.stderr and "`seeds`" in proc.stderr and "Traceback" not in proc.stderr
