@@ -227,8 +227,8 @@ def _from_progress(run: Run, gpus: int, now: datetime, scaling: Mapping[int, flo
     last = session.scalars(
         select(Metric).where(Metric.run_id == run.id, Metric.iter_per_sec > 0).order_by(Metric.step.desc()).limit(1)
     ).first()
-    if last is None or last.iter_per_sec is None:
-        return None
+    if last is None or last.iter_per_sec is None or not math.isfinite(last.iter_per_sec):
+        return None  # a node's claim: a rate that is no number leaves the plan's projection in charge
     ranks = last.extra.get("ranks") if isinstance(last.extra.get("ranks"), int) else run.spec.get("gpus") or 1
     rate = last.iter_per_sec * speedup(gpus, scaling) / speedup(max(ranks, 1), scaling)
     eval_s = last.extra.get("eval_time_s")
