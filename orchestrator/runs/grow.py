@@ -43,7 +43,7 @@ from orchestrator.grids.gpu_share import splits
 from orchestrator.grids.night import PlanPublic, run_name
 from orchestrator.grids.planner import PlanNode, PlanRun, Scaling, gpu_choices, plan_night, speedup
 from orchestrator.runs.placement import Worker
-from orchestrator.runs.replan import remaining_hours, run_choices
+from orchestrator.runs.replan import evaluation_s, plan_scaling, remaining_hours, run_choices
 from orchestrator.runs.run_end import GROWN, finish_run
 from orchestrator.settings import Settings
 from orchestrator.vocabulary import RunState
@@ -152,7 +152,7 @@ class Grower:
                 if not arm.choices or arm.run_id not in candidates:
                     continue
                 plan = run.grid.plan or {}
-                scaling = {int(g): s for g, s in (plan.get("scaling") or {}).items()}
+                scaling = plan_scaling(plan)
                 choice = grow_choice(arm, live, queued_runs(session, run, max(nodes.values())), nodes,
                                      free[arm.node], scaling, self.cost_s(session, run) / 3600)
                 if choice is not None:
@@ -182,9 +182,8 @@ class Grower:
         """What growing costs the run: the restart, and the evaluation of the checkpoint its stop writes."""
         extra = session.scalars(
             select(Metric.extra).where(Metric.run_id == run.id).order_by(Metric.step.desc()).limit(1)
-        ).first() or {}
-        evaluation = extra.get("eval_time_s")
-        return self.settings.grow_resume_s + (float(evaluation) if isinstance(evaluation, int | float) else 0.0)
+        ).first()
+        return self.settings.grow_resume_s + evaluation_s(extra)
 
     def _ask(self, session: Session, run: Run, worker: Worker, choice: Growth) -> None:
         run.spec = {**run.spec, "gpus": choice.to_gpus}

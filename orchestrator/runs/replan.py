@@ -24,6 +24,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, object_session
@@ -203,7 +204,7 @@ def remaining_hours(run: Run, gpus: int, now: datetime) -> float:
     projection of a short run is far off (on two H200s a run projected 74 s from its end had 150 s left),
     and a growth judged on it is wrongly declined."""
     plan = run.grid.plan or {}
-    scaling = {int(g): s for g, s in (plan.get("scaling") or {}).items()}
+    scaling = plan_scaling(plan)
     measured = _from_progress(run, gpus, now, scaling)
     if measured is not None:
         return measured
@@ -231,11 +232,21 @@ def _from_progress(run: Run, gpus: int, now: datetime, scaling: Mapping[int, flo
         return None  # a node's claim: a rate that is no number leaves the plan's projection in charge
     ranks = last.extra.get("ranks") if isinstance(last.extra.get("ranks"), int) else run.spec.get("gpus") or 1
     rate = last.iter_per_sec * speedup(gpus, scaling) / speedup(max(ranks, 1), scaling)
-    eval_s = last.extra.get("eval_time_s")
-    eval_s = float(eval_s) if isinstance(eval_s, int | float) and eval_s >= 0 else 0.0
+    eval_s = evaluation_s(last.extra)
     left = max(steps - last.step, 0)
     since_h = max((aware(now) - aware(last.created_at)).total_seconds() / 3600, 0.0)
     return max((left / rate + math.ceil(left / every) * eval_s) / 3600 - since_h, 0.0)
+
+
+def plan_scaling(plan: Mapping[str, Any]) -> dict[int, float]:
+    """A stored plan's speedups by GPU count (its JSON keys are text)."""
+    return {int(g): s for g, s in (plan.get("scaling") or {}).items()}
+
+
+def evaluation_s(extra: Mapping[str, Any] | None) -> float:
+    """A record's evaluation time in seconds: a node's claim, so 0 unless a non-negative number."""
+    value = (extra or {}).get("eval_time_s")
+    return float(value) if isinstance(value, int | float) and value >= 0 else 0.0
 
 
 def resize(run: Run, gpus: int) -> None:
