@@ -42,7 +42,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from orchestrator.results.reports.crossed import crossed_interval
+from orchestrator.results.borrowed import CHECK, SeedVariance, borrowed_reading, difference_of, run_spread
+from orchestrator.results.reports.crossed import components, crossed_interval
 from orchestrator.results.reports.stats import t_quantile
 from orchestrator.results.sequential import (
     FUTILITY,
@@ -77,7 +78,10 @@ class Design:
     max_images: int = 256
     futility: float = FUTILITY
     seed_df_quantile: float = SEED_DF_QUANTILE
-    borrow_df: float = 0.0  # the stretch (--borrow): > 0 borrows the seed variance, on this many df (below)
+    borrow_df: float = 0.0  # --borrow: > 0 borrows the measured 1x seed variance, on this many df (below)
+    earlier_seeds: int = 0  # --earlier: > 0 reads each arm's seed variance pooled with an earlier grid's of it
+    earlier_spread: float | None = None  # arm D's seed SD in that earlier grid (None: as in this one)
+    check: float = CHECK  # the per-arm check's level (borrowed.py)
 
 
 @dataclass(frozen=True)
@@ -124,6 +128,20 @@ def draw(rng: np.random.Generator, cell: Cell, design: Design) -> dict[str, np.n
     return out
 
 
+def earlier_grid(rng: np.random.Generator, cell: Cell, design: Design) -> dict[str, SeedVariance]:
+    """Each arm's seed variance as an earlier grid of it measured it: design.earlier_seeds seeds on 64 images,
+    drawn from the same model (arm D's seed SD design.earlier_spread times the others' where set: an arm
+    whose seeds spread more now than they did then)."""
+    spread = cell.spread if design.earlier_spread is None else design.earlier_spread
+    values = draw(rng, Cell(cell.profile, spread, cell.effect), Design(max_seeds=design.earlier_seeds, max_images=64))
+    out = {}
+    for arm, x in values.items():
+        v = run_spread(x[: design.earlier_seeds].mean(axis=1).tolist())  # each earlier run's value
+        assert v is not None
+        out[arm] = v
+    return out
+
+
 def correct(pair: tuple[str, str], low: float, high: float) -> bool:
     """Called in the right direction: C and D are better (lower) than A and B."""
     return high < 0 if pair in (("C", "B"), ("C", "A"), ("D", "A")) else False
@@ -165,7 +183,25 @@ def read(diff: np.ndarray, design: Design, prior_seed: float) -> Reading:
     return Reading(float(diff.mean()), math.sqrt(var), var * var / spread if spread > 0 else math.inf, v)
 
 
-def study(values: dict[str, np.ndarray], design: Design, tally: Tally, prior_seed: float = 0.0) -> None:
+def read_borrowed(diff: np.ndarray, pair: tuple[str, str], earlier: dict[str, SeedVariance],
+                  design: Design) -> Reading:  # fmt: skip
+    """The comparison's k x n differences read as a grid that borrows reads them (results/borrowed.py):
+    the table's own seed mean square pooled with the earlier grid's per-arm variances (k = 1: those alone)."""
+    k, n = diff.shape
+    if k == 1:
+        own, images = None, SeedVariance(float(diff[0].var(ddof=1)) / n, n - 1)
+    else:
+        comp = components(diff.tolist())
+        assert comp is not None
+        own = SeedVariance(comp.seed + comp.rest / n, k - 1)  # MS_seed / n
+        images = SeedVariance(comp.image / n + comp.rest / (k * n), n - 1)
+    r = borrowed_reading(own, images, k, difference_of(earlier[pair[0]], earlier[pair[1]]), design.check,
+                         design.seed_df_quantile)
+    return Reading(float(diff.mean()), r.se, r.df, Variance(r.seeds.variance.value, images.value * n, 0.0))
+
+
+def study(values: dict[str, np.ndarray], design: Design, tally: Tally, prior_seed: float = 0.0,
+          earlier: dict[str, SeedVariance] | None = None) -> None:  # fmt: skip
     seeds = dict.fromkeys(ARMS, design.min_seeds)
     if design.borrow_df > 0:  # one seed of each arm but the control, whose replicates stay at min_seeds
         seeds.update(dict.fromkeys(ARMS[1:], 1))
@@ -176,7 +212,8 @@ def study(values: dict[str, np.ndarray], design: Design, tally: Tally, prior_see
         actions = {}
         for p in list(open_):
             k, n = min(seeds[p[0]], seeds[p[1]]), min(evaluated[p[0]], evaluated[p[1]])
-            r = read(values[p[0]][:k, :n] - values[p[1]][:k, :n], design, prior_seed)
+            diff = values[p[0]][:k, :n] - values[p[1]][:k, :n]
+            r = read(diff, design, prior_seed) if earlier is None else read_borrowed(diff, p, earlier, design)
             history[p].append(information_fraction(r.variance, k, n, design.max_seeds, design.max_images))
             last = k >= design.max_seeds and n >= design.max_images
             look = decide(r.mean, r.se, r.df, history[p], k=k, n=n, alpha=ALPHA, last=last,
@@ -217,7 +254,8 @@ def run_cell(args: tuple[Cell, Design, int, int]) -> tuple[Cell, Tally]:
     tally = Tally(studies=studies)
     prior_seed = PROFILES[cell.profile][0] ** 2  # the measured (1x) seed variance of a difference
     for _ in range(studies):
-        study(draw(rng, cell, design), design, tally, prior_seed)
+        earlier = earlier_grid(rng, cell, design) if design.earlier_seeds > 0 else None
+        study(draw(rng, cell, design), design, tally, prior_seed, earlier)
     return cell, tally
 
 
@@ -231,6 +269,11 @@ def main() -> None:
     ap.add_argument("--studies", type=int, help="studies a cell (overrides --quick)")
     ap.add_argument("--workers", type=int, default=2, help="cells simulated in parallel")
     ap.add_argument("--max-seeds", type=int, default=Design.max_seeds)
+    ap.add_argument("--min-seeds", type=int, default=Design.min_seeds)
+    ap.add_argument("--earlier", type=int, default=0, metavar="K0",
+                    help="each arm's seed variance pooled with an earlier grid's of it on K0 seeds (borrowed.py)")
+    ap.add_argument("--earlier-spread", type=float, help="arm D's seed SD in that earlier grid (default: as now)")
+    ap.add_argument("--check", type=float, default=CHECK, help="the per-arm check's level")
     ap.add_argument("--futility", type=float, default=Design.futility)
     ap.add_argument("--seed-df-quantile", type=float, default=Design.seed_df_quantile)
     ap.add_argument(
@@ -243,8 +286,10 @@ def main() -> None:
     args = ap.parse_args()
     studies = args.studies or (1000 if args.quick else 10_000)
     design = Design(
-        max_seeds=args.max_seeds, futility=args.futility, seed_df_quantile=args.seed_df_quantile, borrow_df=args.borrow
-    )
+        min_seeds=args.min_seeds, max_seeds=args.max_seeds, futility=args.futility,
+        seed_df_quantile=args.seed_df_quantile, borrow_df=args.borrow, earlier_seeds=args.earlier,
+        earlier_spread=args.earlier_spread, check=args.check,
+    )  # fmt: skip
     start = time.monotonic()
     chunk = 250  # studies a job: each (cell, chunk) has its own RNG seed, so the table is the same however many workers
     jobs = [(c, design, min(chunk, studies - lo), 50_000 + 1000 * i + lo // chunk)
