@@ -100,6 +100,9 @@ class Tally:
     power_fixed: dict[str, int] = field(default_factory=dict)
     hours: float = 0.0
     seeds_added: int = 0  # arm-seeds past two a arm (negative where arms stayed at one)
+    # The fixed design's t statistics (mean / SE), for its power at a level that holds alpha (below)
+    null_t: list[float] = field(default_factory=list)
+    effect_t: dict[str, list[float]] = field(default_factory=dict)
 
 
 def merged(a: Tally, b: Tally) -> Tally:
@@ -108,7 +111,17 @@ def merged(a: Tally, b: Tally) -> Tally:
 
     return Tally(a.studies + b.studies, plus(a.null_by_look, b.null_by_look), a.null_fixed + b.null_fixed,
                  plus(a.power, b.power), plus(a.power_fixed, b.power_fixed), a.hours + b.hours,
-                 a.seeds_added + b.seeds_added)  # fmt: skip
+                 a.seeds_added + b.seeds_added, a.null_t + b.null_t,
+                 {key: a.effect_t.get(key, []) + b.effect_t.get(key, [])
+                  for key in {*a.effect_t, *b.effect_t}})  # fmt: skip
+
+
+def held_power(t: Tally, key: str) -> float:
+    """The fixed design's power at a level that holds alpha: its critical |t| set so that exactly alpha of
+    this cell's null comparisons are called (size-adjusted power), where its own 95% interval calls more."""
+    cut = float(np.quantile(np.abs(t.null_t), 1 - ALPHA)) if t.null_t else math.inf
+    ts = np.asarray(t.effect_t.get(key, []))
+    return float((ts < -cut).mean()) if ts.size else 0.0
 
 
 def fixed_hours() -> float:
@@ -241,9 +254,13 @@ def study(values: dict[str, np.ndarray], design: Design, tally: Tally, prior_see
         table = (values[p[0]][:FIXED_SEEDS, :FIXED_IMAGES] - values[p[1]][:FIXED_SEEDS, :FIXED_IMAGES]).tolist()
         ci = crossed_interval(table, t_quantile)
         assert ci is not None
+        t_stat = ci.mean / ci.se if ci.se > 0 else 0.0
         if p in NULL:
             tally.null_fixed += ci.low > 0 or ci.high < 0
-        elif correct(p, ci.low, ci.high):
+            tally.null_t.append(t_stat)
+            continue
+        tally.effect_t.setdefault("-".join(p), []).append(t_stat)
+        if correct(p, ci.low, ci.high):
             key = "-".join(p)
             tally.power_fixed[key] = tally.power_fixed.get(key, 0) + 1
 
@@ -304,9 +321,9 @@ def main() -> None:
     print(f"{studies} studies a cell; {design}; fixed design: {FIXED_SEEDS} seeds x {FIXED_IMAGES} images, "
           f"{fixed:.1f} GPU-h; alpha {ALPHA} per comparison")  # fmt: skip
     print("| profile | D's seed SD | effect | type I by look (cumulative; fixed) | power C-B / C-A / D-A "
-          "(fixed) | GPU-h vs fixed | seeds added per study |")  # fmt: skip
+          "(fixed; fixed at a level holding alpha) | GPU-h vs fixed | seeds added per study |")  # fmt: skip
     print("|---|---|---|---|---|---|---|")
-    worst_type1, worst_ratio, headline_hours = 0.0, math.inf, []
+    worst_type1, worst_ratio, worst_held, headline_hours = 0.0, math.inf, math.inf, []
     for cell, t in results:
         nulls = len(NULL) * t.studies
         cumulative, run = [], 0
@@ -316,16 +333,18 @@ def main() -> None:
         worst_type1 = max([worst_type1, *cumulative])
         powers = []
         for p in ("C-B", "C-A", "D-A"):
-            seq, fix = t.power.get(p, 0) / t.studies, t.power_fixed.get(p, 0) / t.studies
-            powers.append(f"{seq:.3f} ({fix:.3f})")
+            seq, fix, held = t.power.get(p, 0) / t.studies, t.power_fixed.get(p, 0) / t.studies, held_power(t, p)
+            powers.append(f"{seq:.3f} ({fix:.3f}; {held:.3f})")
             worst_ratio = min(worst_ratio, seq / fix if fix > 0 else math.inf)
+            worst_held = min(worst_held, seq / held if held > 0 else math.inf)
         ratio = t.hours / t.studies / fixed
         if cell.profile == "headline":
             headline_hours.append(ratio)
         looks = " / ".join(f"{x:.4f}" for x in cumulative) or "0"
         print(f"| {cell.profile} | {cell.spread:g}x | {cell.effect} | {looks} ({t.null_fixed / nulls:.4f}) | "
               f"{' / '.join(powers)} | {ratio:.3f} | {t.seeds_added / t.studies:.2f} |", flush=True)  # fmt: skip
-    print(f"({time.monotonic() - start:.0f} s)")
+    print(f"({time.monotonic() - start:.0f} s; power against the fixed design at a level holding alpha: "
+          f"lowest ratio {worst_held:.3f})")  # fmt: skip
     print(f"type_I {worst_type1:.4f} power {worst_ratio:.3f} gpu_hours_vs_fixed3 {max(headline_hours):.3f}")
 
 
