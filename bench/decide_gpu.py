@@ -224,8 +224,8 @@ def report(url: str, database_url: str, answers: dict[str, dict[str, Any]], done
     effects = {label: headline_effects(url, gid) for label, gid in gids.items()}
     say("What each submit answer said:", "")
     for label, a in answers.items():
-        extra = (f" (worst case {num(a.get('worst_case_gpu_hours'), '.3f')} GPU-h, expected "
-                 f"{num(a.get('expected_gpu_hours'), '.3f')} GPU-h)") if label == "decide" else ""  # fmt: skip
+        extra = (f" (worst case {num(a.get('worst_case_gpu_hours'), '.4f')} GPU-h, expected "
+                 f"{num(a.get('expected_gpu_hours'), '.4f')} GPU-h)") if label == "decide" else ""  # fmt: skip
         say(f"- {label} grid {a['id']}: {a['cost']}{extra}")
     say("", "| grid | done | runs (per arm) | evaluations (images, state) | GPU-h recorded | GPU-h held | of which "
         "evaluations | wall s |", "|---|---|---|---|---|---|---|---|")  # fmt: skip
