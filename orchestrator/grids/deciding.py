@@ -32,8 +32,9 @@ BORROW_CHECK = 0.1  # results/borrowed.py CHECK (grids/ does not import results/
 class DecideSpec(BaseModel):
     """How a deciding grid spends seeds and images: the error rate alpha (per comparison, held at every
     look), the seeds every arm starts with and may reach, the held-out images an evaluation may reach (None:
-    the whole split), when a hopeless comparison stops early (futility), and per decided metric the
-    equivalence margin (0: no equivalence verdict)."""
+    the whole split), when a hopeless comparison stops early (futility), per decided metric the
+    equivalence margin (0: no equivalence verdict), and the earlier grids each arm's seed variance may be
+    borrowed from (borrow_from, with its check)."""
 
     model_config = ConfigDict(extra="forbid")
 

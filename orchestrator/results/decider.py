@@ -8,7 +8,9 @@ at this look from the group-sequential maths (results/sequential.py), and for ea
 the action the chooser gives: one more seed of both arms (grids/deciding.py `add_seed`: new queued runs,
 the next seed index, the same split) or an evaluation on more held-out images (grids/evaluations.py). An
 arm no open comparison needs gets no more seeds; work stops when every comparison is decided or at its
-budget (max_seeds, max_images).
+budget (max_seeds, max_images). A grid whose decide.borrow_from names earlier grids reads a comparison
+whose two arms they ran with those arms' seed variance (results/borrowing.py, results/borrowed.py): pooled
+with its own seeds', or alone on one seed; the look's reason says which.
 
 A look is stored (`decision_looks`, unique per grid and wave) in the same commit as the runs or the
 evaluation it queued and its events, so a controller that restarts mid-decision finds either the whole
