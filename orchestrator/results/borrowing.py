@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -28,10 +29,14 @@ from orchestrator.results.reports.stats import value_of
 from orchestrator.vocabulary import RunState
 
 
-def arm_identity(spec: dict[str, Any]) -> str:
+def arm_identity(spec: dict[str, Any]) -> str | None:
     """A run's stored spec without its training seed, as comparable text: replicates of one arm give the
-    same text, whichever seed (and whichever grid, seeds: 1 or many)."""
-    arm = ArmSpec.model_validate(spec)
+    same text, whichever seed (and whichever grid, seeds: 1 or many). None for a spec this version no
+    longer reads (an old grid's): it matches no arm, rather than failing every look."""
+    try:
+        arm = ArmSpec.model_validate(spec)
+    except ValidationError:
+        return None
     if arm.command is not None:
         env = {k: v for k, v in arm.command.env.items() if k != SEED_ENV}
         arm = arm.model_copy(update={"command": arm.command.model_copy(update={"env": env})})
@@ -55,11 +60,11 @@ def final_values(session: Session, grid: Grid, metric: str) -> dict[str, list[fl
     for r in sorted(runs, key=lambda r: r.position):
         record = evaluated.get(r.id, last.get(r.id))
         value = value_of(record, metric) if record is not None else None
-        spec = json.dumps(r.spec, sort_keys=True)
-        if not is_finite(value) or spec in seen:
+        spec, identity = json.dumps(r.spec, sort_keys=True), arm_identity(r.spec)
+        if not is_finite(value) or spec in seen or identity is None:
             continue
         seen.add(spec)
-        values.setdefault(arm_identity(r.spec), []).append(float(value))  # type: ignore[arg-type]
+        values.setdefault(identity, []).append(float(value))  # type: ignore[arg-type]
     return values
 
 
@@ -77,7 +82,7 @@ def earlier_seed_variances(session: Session, grid: Grid, metric: str) -> dict[st
             continue
         values = final_values(session, earlier, metric)
         for arm, identity in identities.items():
-            spread = run_spread(values.get(identity, []))
+            spread = run_spread(values.get(identity, [])) if identity is not None else None
             if spread is not None:
                 per_arm[arm].append(spread)
     pooled = {arm: pooled_arms(spreads) for arm, spreads in per_arm.items()}

@@ -21,11 +21,14 @@ import statistics
 import pytest
 from sqlalchemy import select
 
+from model.command_spec import CommandSpec
 from model.flow_headline import HEADLINE
+from model.spec import ArmSpec
 from orchestrator.db.models import Grid, Metric
 from orchestrator.db.session import session_scope
+from orchestrator.grids.replicates import replicate_spec
 from orchestrator.grids.service import GridCreate, create_grid
-from orchestrator.results.borrowing import earlier_seed_variances
+from orchestrator.results.borrowing import arm_identity, earlier_seed_variances
 from orchestrator.results.decider import decide_due_grids
 from orchestrator.results.decisions import look_comparisons
 from orchestrator.results.reports.stats import value_of
@@ -34,6 +37,23 @@ from tests.orchestrator.results.test_decider import TINY, looks_of, train_queued
 
 LR30 = {"parent": "A", "name": "A-lr30", "schedule": {"lr": 9e-3}}  # A's lr 3e-4 x 30
 MAX_SEEDS = 3
+
+
+def identity(spec: ArmSpec) -> str | None:
+    return arm_identity(spec.model_dump(mode="json"))
+
+
+def test_replicates_of_one_arm_share_an_identity_and_other_arms_do_not() -> None:
+    arm = ArmSpec.model_validate({"data": {"seed": 7}})
+    assert identity(replicate_spec(arm, 2)) == identity(arm) == identity(replicate_spec(arm, 0))
+    assert identity(arm.model_copy(update={"data": arm.data.model_copy(update={"split_seed": 3})})) != identity(arm)
+    assert identity(arm.model_copy(update={"schedule": arm.schedule.model_copy(update={"lr": 1e-3})})) != identity(arm)
+    mine = ArmSpec(command=CommandSpec(code="/code", argv=["python", "train.py"], env={"LR": "1"}))
+    assert identity(replicate_spec(mine, 3)) == identity(mine)
+    other = ArmSpec(command=CommandSpec(code="/code", argv=["python", "train.py"], env={"LR": "2"}))
+    assert identity(other) != identity(mine)
+    # A stored spec this version no longer reads matches nothing (and fails no look).
+    assert arm_identity({"model": {"size": "colossal"}}) is None
 
 
 @pytest.fixture(scope="module")
