@@ -17,6 +17,7 @@ impossible."""
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 
 import pytest
 from sqlalchemy import select
@@ -34,6 +35,7 @@ from orchestrator.results.decisions import look_comparisons
 from orchestrator.results.reports.stats import value_of
 from orchestrator.settings import Settings
 from tests.orchestrator.results.test_decider import TINY, looks_of, train_queued
+from tests.orchestrator.test_cli import ablate
 
 LR30 = {"parent": "A", "name": "A-lr30", "schedule": {"lr": 9e-3}}  # A's lr 3e-4 x 30
 MAX_SEEDS = 3
@@ -99,6 +101,14 @@ def test_the_first_look_reads_one_seed_on_the_borrowed_variance(settings: Settin
     assert "seed variance: one seed: the earlier grids'" in c.reason, c.reason
     assert c.low is not None and c.high is not None and c.low < c.diff < c.high  # an interval on one seed
     assert c.decision == "open" and c.action == "seed" and 0 < c.alpha_spent <= 1e-9
+
+
+def test_status_says_what_the_seed_variance_rested_on(settings: Settings, borrowing: dict, tmp_path: Path) -> None:
+    env = {"ABLATE_DATABASE_URL": settings.database_url, "ABLATE_HOME_DIR": str(tmp_path)}
+    proc = ablate("status", str(borrowing["grid_id"]), env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    (row,) = [line for line in proc.stdout.splitlines() if "A-lr30 vs A (parent)" in line]
+    assert "undecided" in row and "seed variance: " in row and "earlier grids'" in row, proc.stdout
 
 
 def test_a_borrowing_grid_takes_seeds_while_open_and_never_passes_max_seeds(settings: Settings,
