@@ -26,6 +26,7 @@ from orchestrator.vocabulary import RunState
 DECIDABLE_METRICS = (HEADLINE, "val_flow_loss", "recon_lpips", "text_lpips", "text_manip_delta")
 DEFAULT_MARGIN = {HEADLINE: 0.0}
 MAX_BORROW = 20  # earlier grids a deciding grid may borrow seed variances from
+MAX_GRID_ID = 2**31 - 1  # a database id (web/deps.py MAX_ID): a larger one never reaches the query
 BORROW_CHECK = 0.1  # results/borrowed.py CHECK (grids/ does not import results/; a test holds the two equal)
 
 
@@ -50,7 +51,7 @@ class DecideSpec(BaseModel):
     )
     # Earlier grids whose runs of the same arms (the same spec but the training seed) lend each arm its seed
     # variance (results/borrowing.py); empty: each comparison reads its own seeds alone.
-    borrow_from: list[Annotated[int, Field(ge=1)]] = Field(default_factory=list, max_length=MAX_BORROW)
+    borrow_from: list[Annotated[int, Field(ge=1, le=MAX_GRID_ID)]] = Field(default_factory=list, max_length=MAX_BORROW)
     # The borrowed variance's check (results/borrowed.py `seed_reading`): a comparison whose own seeds spread
     # past the borrowed variance's upper F bound at this level reads its own alone.
     check: Annotated[float, Field(gt=0, lt=0.5)] = BORROW_CHECK

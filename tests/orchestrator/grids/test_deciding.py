@@ -47,6 +47,7 @@ def test_decide_beside_seeds_is_a_422_naming_both(client: TestClient) -> None:
         ({"borrow_from": [1, 2, 1]}, ["body", "decide", "borrow_from"], "grid 1 named twice"),
         ({"borrow_from": list(range(1, 22))}, ["body", "decide", "borrow_from"], "at most 20 items"),
         ({"borrow_from": [0]}, ["body", "decide", "borrow_from", 0], "greater than or equal to 1"),
+        ({"borrow_from": [2**63]}, ["body", "decide", "borrow_from", 0], "less than or equal to 2147483647"),
         ({"check": 0}, ["body", "decide", "check"], "greater than 0"),
         ({"check": 0.5}, ["body", "decide", "check"], "less than 0.5"),
     ],
