@@ -1,5 +1,6 @@
 """`ablate status <grid>` of a deciding grid: each decided comparison's decision at the latest look (the
-look, the alpha spent, k and n) and what is being run for the ones still open (results/decisions.py)."""
+look, the alpha spent, k and n), what is being run for the ones still open (results/decisions.py), and
+why: the look's reason (with a borrowed seed variance, what it rested on)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from orchestrator.results.decisions import decision_state, latest_look, look_com
 
 COLUMNS = [Column("comparison"), Column("metric", priority=2), Column("decision"), Column("look", justify="right"),
            Column("alpha spent", priority=1, justify="right"), Column("k", justify="right"),
-           Column("n", priority=1, justify="right"), Column("running", priority=3)]  # fmt: skip
+           Column("n", priority=1, justify="right"), Column("running", priority=3),
+           Column("why", priority=4)]  # fmt: skip
 
 
 def print_decisions(session: Session, grid: Grid, console: Console) -> None:
@@ -25,7 +27,7 @@ def print_decisions(session: Session, grid: Grid, console: Console) -> None:
     for c in look_comparisons(latest_look(session, grid.id)):
         name = f"{c.arm} vs {c.other_arm} ({c.against})"
         rows.append([name, c.metric, c.decision, str(c.look), f"{c.alpha_spent:.4g}", str(c.k), str(c.n or "-"),
-                     running.get(f"{name} on {c.metric}", "-")])  # fmt: skip
+                     running.get(f"{name} on {c.metric}", "-"), c.reason or "-"])  # fmt: skip
     where = "decision ended" if state.final else f"{len(state.open)} open"
     title = f"grid {grid.id} decides at alpha {state.alpha:g} per comparison: {state.looks} look(s), {where}"
     if not rows:

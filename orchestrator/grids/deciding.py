@@ -12,6 +12,8 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from model.flow_headline import HEADLINE
 from model.spec import ArmSpec
@@ -23,13 +25,17 @@ from orchestrator.vocabulary import RunState
 # COMPARED; a test holds the two equal).
 DECIDABLE_METRICS = (HEADLINE, "val_flow_loss", "recon_lpips", "text_lpips", "text_manip_delta")
 DEFAULT_MARGIN = {HEADLINE: 0.0}
+MAX_BORROW = 20  # earlier grids a deciding grid may borrow seed variances from
+MAX_GRID_ID = 2**31 - 1  # a database id (web/deps.py MAX_ID): a larger one never reaches the query
+BORROW_CHECK = 0.1  # results/borrowed.py CHECK (grids/ does not import results/; a test holds the two equal)
 
 
 class DecideSpec(BaseModel):
     """How a deciding grid spends seeds and images: the error rate alpha (per comparison, held at every
     look), the seeds every arm starts with and may reach, the held-out images an evaluation may reach (None:
-    the whole split), when a hopeless comparison stops early (futility), and per decided metric the
-    equivalence margin (0: no equivalence verdict)."""
+    the whole split), when a hopeless comparison stops early (futility), per decided metric the
+    equivalence margin (0: no equivalence verdict), and the earlier grids each arm's seed variance may be
+    borrowed from (borrow_from, with its check)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -43,6 +49,12 @@ class DecideSpec(BaseModel):
     margin: dict[str, Annotated[float, Field(ge=0, allow_inf_nan=False)]] = Field(
         default_factory=lambda: dict(DEFAULT_MARGIN), min_length=1, max_length=len(DECIDABLE_METRICS)
     )
+    # Earlier grids whose runs of the same arms (the same spec but the training seed) lend each arm its seed
+    # variance (results/borrowing.py); empty: each comparison reads its own seeds alone.
+    borrow_from: list[Annotated[int, Field(ge=1, le=MAX_GRID_ID)]] = Field(default_factory=list, max_length=MAX_BORROW)
+    # The borrowed variance's check (results/borrowed.py `seed_reading`): a comparison whose own seeds spread
+    # past the borrowed variance's upper F bound at this level reads its own alone.
+    check: Annotated[float, Field(gt=0, lt=0.5)] = BORROW_CHECK
 
     @field_validator("margin")
     @classmethod
@@ -51,6 +63,14 @@ class DecideSpec(BaseModel):
         if unknown:
             raise ValueError(f"unknown metric {', '.join(map(repr, unknown))}: a margin names one of "
                              f"{', '.join(DECIDABLE_METRICS)}")  # fmt: skip
+        return v
+
+    @field_validator("borrow_from")
+    @classmethod
+    def _distinct_grids(cls, v: list[int]) -> list[int]:
+        twice = sorted({g for g in v if v.count(g) > 1})
+        if twice:
+            raise ValueError(f"grid {', '.join(map(str, twice))} named twice: name each earlier grid once")
         return v
 
     @model_validator(mode="after")
@@ -63,6 +83,16 @@ class DecideSpec(BaseModel):
 DECIDE_WITH_SEEDS = ("`decide` and `seeds` cannot both be given: a deciding grid starts every arm with "
                      "decide.min_seeds and adds seeds itself; drop `seeds` (or drop `decide` for a fixed "
                      "number of seeds)")  # fmt: skip
+
+
+def borrow_errors(session: Session, decide: DecideSpec | None) -> list[dict[str, Any]]:
+    """A grid body's decide.borrow_from ids that name no stored grid, each with its path in the body."""
+    ids = decide.borrow_from if decide is not None else []
+    stored = set(session.scalars(select(Grid.id).where(Grid.id.in_(ids)))) if ids else set()
+    return [{"loc": ["decide", "borrow_from", i], "type": "value_error",
+             "msg": f"no grid {g}: borrow_from names earlier grids by id (`ablate status` lists them); drop it "
+                    "or give the id of a stored grid that ran the same arms"}
+            for i, g in enumerate(ids) if g not in stored]  # fmt: skip
 
 
 def decide_of(grid: Grid) -> DecideSpec | None:

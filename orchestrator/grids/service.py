@@ -24,7 +24,7 @@ from orchestrator.db.transitions import transition
 from orchestrator.errors import Conflict, InvalidBody
 from orchestrator.grids.arms import LINEAGE_KEYS, ArmError, arm_files, resolve
 from orchestrator.grids.command_arms import command_errors, is_command_arm, resolve_command_arm
-from orchestrator.grids.deciding import DECIDE_WITH_SEEDS, DecideSpec
+from orchestrator.grids.deciding import DECIDE_WITH_SEEDS, DecideSpec, borrow_errors
 from orchestrator.grids.gpu_share import gpu_count_errors
 from orchestrator.grids.night import plan_grid, planned_spec
 from orchestrator.grids.projection import measured_rates
@@ -374,7 +374,7 @@ def create_grid(
     seeds = body.first_seeds()
     plan = plan_grid(resolved, seeds, nodes, measured_rates(session, None), auto) if nodes else None
     errors = memory_errors(body, resolved, max_gpu_memory_gib) + tracker_errors(body.trackers, default_trackers)
-    errors += gpu_count_errors(body.arms, body.overrides, resolved, node_gpus)
+    errors += gpu_count_errors(body.arms, body.overrides, resolved, node_gpus) + borrow_errors(session, body.decide)
     if paths is not None:
         errors += paths.errors(body, resolved)
     else:

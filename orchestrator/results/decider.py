@@ -8,7 +8,9 @@ at this look from the group-sequential maths (results/sequential.py), and for ea
 the action the chooser gives: one more seed of both arms (grids/deciding.py `add_seed`: new queued runs,
 the next seed index, the same split) or an evaluation on more held-out images (grids/evaluations.py). An
 arm no open comparison needs gets no more seeds; work stops when every comparison is decided or at its
-budget (max_seeds, max_images).
+budget (max_seeds, max_images). A grid whose decide.borrow_from names earlier grids reads a comparison
+whose two arms they ran with those arms' seed variance (results/borrowing.py, results/borrowed.py): pooled
+with its own seeds', or alone on one seed; the look's reason says which.
 
 A look is stored (`decision_looks`, unique per grid and wave) in the same commit as the runs or the
 evaluation it queued and its events, so a controller that restarts mid-decision finds either the whole
@@ -18,6 +20,7 @@ look or none of it: no look is lost and none is taken twice.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 
 from sqlalchemy import exists, select
@@ -29,6 +32,8 @@ from orchestrator.db.session import session_scope
 from orchestrator.grids.deciding import DecideSpec, add_seed, arm_seeds, decide_of
 from orchestrator.grids.evaluations import EvaluationCreate, create_evaluation, evaluated_runs, held_out_size
 from orchestrator.results import sequential
+from orchestrator.results.borrowed import BorrowedReading, SeedVariance, borrowed_reading, difference_of
+from orchestrator.results.borrowing import earlier_seed_variances
 from orchestrator.results.decisions import DECIDED, ComparisonLook, futility_of, grid_looks, look_comparisons
 from orchestrator.results.evaluations import largest_evaluation
 from orchestrator.results.pass_listener import PassListener
@@ -106,11 +111,34 @@ def action_costs(e: Effect) -> sequential.Costs:
     return sequential.Costs(seed_a=seed, seed_b=seed, image=image)
 
 
+def borrowed_look(e: Effect, earlier: SeedVariance, check: float) -> tuple[BorrowedReading, sequential.Variance] | None:
+    """The comparison read with its arms' seed variance from earlier grids (results/borrowed.py), and the
+    variance components that project it (the information fraction, the chooser): k >= 2 from the crossed
+    table's components, one seed from that seed's paired interval (its SE over its n - 1 df). None where
+    neither applies (k >= 2 not crossed, one seed with no interval) or the reading has no spread."""
+    n = e.n or 1
+    if e.k >= 2 and e.budget is not None:
+        v = components_of(e)
+        own: SeedVariance | None = SeedVariance(v.seed + v.rest / n, e.k - 1)  # the table's MS_seed / n
+        images = SeedVariance(v.image / n + v.rest / (e.k * n), n - 1)
+    elif e.k == 1 and e.se is not None and e.se > 0 and math.isfinite(e.se) and n > 1:
+        own, images = None, SeedVariance(e.se**2, n - 1)
+    else:
+        return None
+    r = borrowed_reading(own, images, e.k, earlier, check)
+    if not (r.se > 0 and math.isfinite(r.se)):
+        return None
+    return r, sequential.Variance(seed=r.seeds.variance.value, image=images.value * n, rest=0.0)
+
+
 def judge_comparison(e: Effect, decide: DecideSpec, look: int, max_images: int, at_seeds: bool, at_images: bool,
-                     previous: ComparisonLook | None) -> ComparisonLook:  # fmt: skip
+                     previous: ComparisonLook | None,
+                     earlier: SeedVariance | None = None) -> ComparisonLook:  # fmt: skip
     """One comparison at this look: a decided comparison keeps its decision (and the look it was taken
     at); an open one is judged against this look's boundary (results/sequential.py `decide`), with the
-    information fractions its earlier looks recorded, and given the chooser's next action."""
+    information fractions its earlier looks recorded, and given the chooser's next action. `earlier`: the
+    seed variance of the comparison's paired difference from earlier grids of both arms (decide.borrow_from),
+    pooled with its own seeds' (or alone, on one seed) where there is one."""
     base = dict(arm=e.arm, against=e.against, other_arm=e.other_arm, metric=e.metric, diff=e.diff, low=e.low,
                 high=e.high, k=e.k, n=e.n)  # fmt: skip
     if previous is not None and previous.decision in DECIDED:
@@ -118,22 +146,27 @@ def judge_comparison(e: Effect, decide: DecideSpec, look: int, max_images: int, 
     fractions = list(previous.fractions) if previous is not None else []
     max_images = max(max_images, e.n or 1)  # already past it (the training records' n): at the budget
     last = at_seeds and at_images
-    if e.se is None or not e.se > 0 or e.k < 2:  # no interval to judge yet: open until the budget
+    borrowed = borrowed_look(e, earlier, decide.check) if earlier is not None else None
+    if borrowed is None and (e.se is None or not e.se > 0 or e.k < 2):  # no interval yet: open until the budget
         spent = previous.alpha_spent if previous is not None else 0.0
         action = None if at_seeds else "seed"  # one seed (min_seeds 1) or a failed run: a seed gives one
         return ComparisonLook(**base, decision="open" if action else "undecided", look=look, alpha_spent=spent,
                               fractions=fractions, action=action, reason="no interval across seeds to judge")  # type: ignore[arg-type]  # fmt: skip
-    v = components_of(e)
+    if borrowed is not None:
+        reading, v = borrowed
+        se, df, note = reading.se, reading.df, f"; seed variance: {reading.seeds.note}"
+    else:
+        # Crossed: the maths' decision df (the seed mean square at its upper bound, so a draw of seeds that
+        # happens to agree does not also buy many df); otherwise the report's own df.
+        v, se, note = components_of(e), e.se, ""
+        df = sequential.decision_df(v, e.k, e.n or 1) if e.budget is not None else e.df
     fractions.append(sequential.information_fraction(v, e.k, e.n or 1, decide.max_seeds, max_images))
-    # Crossed: the maths' decision df (the seed mean square at its upper bound, so a draw of seeds that
-    # happens to agree does not also buy many df); otherwise the report's own df.
-    df = sequential.decision_df(v, e.k, e.n or 1) if e.budget is not None else e.df
-    verdict = sequential.decide(e.diff, e.se, df, fractions, k=e.k, n=e.n or 1, alpha=decide.alpha,
+    verdict = sequential.decide(e.diff, se, df, fractions, k=e.k, n=e.n or 1, alpha=decide.alpha,  # type: ignore[arg-type]
                                 direction="lower", margin=decide.margin.get(e.metric) or None, last=last,
                                 futility=futility_of(decide))  # fmt: skip
     base.update(low=verdict.low, high=verdict.high)  # the look's repeated confidence interval
     c = ComparisonLook(**base, decision=verdict.decision.value, look=look, alpha_spent=verdict.alpha_spent,
-                       fractions=fractions, reason=verdict.reason)  # type: ignore[arg-type]  # fmt: skip
+                       fractions=fractions, reason=verdict.reason + note)  # type: ignore[arg-type]  # fmt: skip
     if c.decision == "open":
         act = sequential.choose_action(v, e.k, e.n or 1, action_costs(e), max_seeds=decide.max_seeds if not at_seeds
                                        else e.k, max_images=max_images if not at_images else e.n or 1)  # fmt: skip
@@ -155,6 +188,8 @@ def take_look(session: Session, grid: Grid) -> DecisionLook:
     stopped = any(r.decision == RunDecision.USER for r in grid.runs)  # the user stopped it: add nothing
     failed = session.scalar(select(exists().where(Evaluation.grid_id == grid.id,
                                                   Evaluation.state == EvaluationState.failed)))  # fmt: skip
+    # Each arm's seed variance from the earlier grids it names, once per decided metric this look.
+    earlier = {m: earlier_seed_variances(session, grid, m) for m in decide.margin} if decide.borrow_from else {}
     comparisons: list[ComparisonLook] = []
     for e in current_effects(session, grid):
         if e.metric not in decide.margin:
@@ -162,7 +197,9 @@ def take_look(session: Session, grid: Grid) -> DecisionLook:
         at_seeds = stopped or max(seeds.get(e.arm, 0), seeds.get(e.other_arm, 0)) >= decide.max_seeds
         at_images = stopped or failed or (e.n or 0) >= max_images
         prior = previous.get((e.arm, e.metric, e.against))
-        comparisons.append(judge_comparison(e, decide, wave + 1, max_images, at_seeds, at_images, prior))
+        arms = earlier.get(e.metric, {})
+        borrowed = difference_of(arms.get(e.arm), arms.get(e.other_arm))
+        comparisons.append(judge_comparison(e, decide, wave + 1, max_images, at_seeds, at_images, prior, borrowed))
     actions = queue_actions(session, grid, comparisons, decide, max_images, images)
     for c in comparisons:
         if c.decision == "open" and not actions:  # nothing left that could decide it

@@ -1,5 +1,6 @@
 """A grid's `decide` body: checked field by field, refused beside `seeds` naming both (API 422 and one CLI
-line), and a deciding grid queues every arm at min_seeds."""
+line), a borrow_from id that names no grid refused with nothing stored, and a deciding grid queues every arm
+at min_seeds."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from orchestrator.grids.deciding import DECIDABLE_METRICS
+from orchestrator.grids.deciding import BORROW_CHECK, DECIDABLE_METRICS
+from orchestrator.results.borrowed import CHECK
 from orchestrator.results.reports.build import COMPARED
 from tests.kit.settings import AUTH
 from tests.orchestrator.test_cli import ablate
@@ -16,6 +18,10 @@ from tests.orchestrator.test_cli import ablate
 
 def test_the_decidable_metrics_are_the_reports_compared_ones() -> None:
     assert sorted(DECIDABLE_METRICS) == sorted(COMPARED)
+
+
+def test_the_default_check_is_the_maths_one() -> None:
+    assert BORROW_CHECK == CHECK
 
 
 def test_decide_beside_seeds_is_a_422_naming_both(client: TestClient) -> None:
@@ -38,6 +44,12 @@ def test_decide_beside_seeds_is_a_422_naming_both(client: TestClient) -> None:
         ({"max_images": 0}, ["body", "decide", "max_images"], "greater than or equal to 1"),
         ({"futility": 1}, ["body", "decide", "futility"], "less than 1"),
         ({"seeds": 2}, ["body", "decide", "seeds"], "Extra inputs"),
+        ({"borrow_from": [1, 2, 1]}, ["body", "decide", "borrow_from"], "grid 1 named twice"),
+        ({"borrow_from": list(range(1, 22))}, ["body", "decide", "borrow_from"], "at most 20 items"),
+        ({"borrow_from": [0]}, ["body", "decide", "borrow_from", 0], "greater than or equal to 1"),
+        ({"borrow_from": [2**63]}, ["body", "decide", "borrow_from", 0], "less than or equal to 2147483647"),
+        ({"check": 0}, ["body", "decide", "check"], "greater than 0"),
+        ({"check": 0.5}, ["body", "decide", "check"], "less than 0.5"),
     ],
 )
 def test_a_bad_decide_names_its_field(client: TestClient, decide: dict, loc: list, needle: str) -> None:
@@ -45,6 +57,22 @@ def test_a_bad_decide_names_its_field(client: TestClient, decide: dict, loc: lis
     assert resp.status_code == 422, resp.text
     (error,) = resp.json()["detail"]
     assert error["loc"] == loc and needle in error["msg"], error
+
+
+def test_a_borrow_from_id_that_names_no_grid_is_a_422_and_stores_nothing(client: TestClient) -> None:
+    first = client.post("/api/grids", json={"name": "earlier", "arms": ["A", "C"]}, headers=AUTH)
+    assert first.status_code == 201, first.text
+    earlier = first.json()["id"]
+    before = client.get("/api/grids").json()
+    body = {"name": "borrows", "arms": ["A", "C"], "decide": {"min_seeds": 1, "borrow_from": [earlier + 1000, earlier]}}
+    resp = client.post("/api/grids", json=body, headers=AUTH)
+    assert resp.status_code == 422, resp.text
+    (error,) = resp.json()["detail"]  # the stored grid is not named
+    assert error["loc"] == ["body", "decide", "borrow_from", 0], error
+    assert f"no grid {earlier + 1000}" in error["msg"] and "id of a stored grid" in error["msg"], error
+    assert client.get("/api/grids").json() == before
+    body["decide"]["borrow_from"] = [earlier]
+    assert client.post("/api/grids", json=body, headers=AUTH).status_code == 201
 
 
 def test_a_deciding_grid_queues_every_arm_at_min_seeds(client: TestClient) -> None:
@@ -55,7 +83,8 @@ def test_a_deciding_grid_queues_every_arm_at_min_seeds(client: TestClient) -> No
     detail = client.get(f"/api/grids/{created['id']}").json()
     assert [(r["arm"], r["seed"]) for r in detail["runs"]] == [("A", 0), ("C", 0), ("A", 1), ("C", 1)]
     assert detail["decide"] == {"alpha": 0.05, "min_seeds": 2, "max_seeds": 5, "max_images": None,
-                                "futility": None, "margin": {"val_flow_ivw": 0.0}}  # fmt: skip
+                                "futility": None, "margin": {"val_flow_ivw": 0.0}, "borrow_from": [],
+                                "check": 0.1}  # fmt: skip
     # The worst case is every arm at max_seeds; the expected lies between the first wave and it.
     first = created["projected_gpu_hours"]
     assert created["worst_case_gpu_hours"] == pytest.approx(first * 5 / 2)

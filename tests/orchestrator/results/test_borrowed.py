@@ -1,0 +1,82 @@
+"""A comparison's seed variance borrowed from earlier grids (orchestrator/results/borrowed.py) on hand-made
+numbers: an arm's spread and its df, several grids pooled, a difference's Satterthwaite df, the check that
+refuses a borrowed variance the comparison's own seeds disagree with, and one seed read on the earlier
+grids' variance alone."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from scipy.stats import f
+
+from orchestrator.results.borrowed import (
+    CHECK,
+    SeedVariance,
+    borrowed_reading,
+    difference_of,
+    pooled_arms,
+    run_spread,
+    seed_reading,
+)
+
+
+def test_run_spread_is_the_runs_sample_variance_on_k_minus_one_df() -> None:
+    assert run_spread([1.0, 2.0, 3.0, 4.0]) == SeedVariance(5 / 3, 3)
+    assert run_spread([0.25, 0.75]) == SeedVariance(0.125, 1)
+    assert run_spread([1.0]) is None  # one run: no spread
+    assert run_spread([1.0, math.nan, 2.0]) is None
+
+
+def test_pooled_arms_weighs_each_grid_by_its_df() -> None:
+    assert pooled_arms([SeedVariance(1.0, 2), SeedVariance(4.0, 1)]) == SeedVariance(2.0, 3)
+    assert pooled_arms([]) is None
+
+
+def test_difference_of_two_arms_sums_them_on_satterthwaites_df() -> None:
+    d = difference_of(SeedVariance(1.0, 2), SeedVariance(3.0, 4))
+    assert d is not None
+    assert d.value == pytest.approx(4.0)
+    assert d.df == pytest.approx(16 / (1 / 2 + 9 / 4))  # (a + b)^2 / (a^2/df_a + b^2/df_b) = 5.82
+    assert 4 < d.df < 6  # between the smaller arm's df and their sum
+    assert difference_of(SeedVariance(1.0, 2), None) is None and difference_of(None, SeedVariance(1.0, 2)) is None
+
+
+def test_the_check_refuses_own_seeds_spreading_ten_times_the_earlier_ones() -> None:
+    earlier, own = SeedVariance(1.0, 8), SeedVariance(10.0, 2)
+    assert 10.0 > f.ppf(1 - CHECK, 2, 8)  # past the F bound (3.11): the borrowed variance no longer fits
+    s = seed_reading(own, earlier)
+    assert (s.variance, s.borrowed, s.own, s.earlier) == (own, False, own, earlier)
+    assert "its own seeds only" in s.note and "10x" in s.note
+    r = borrowed_reading(own, SeedVariance(0.0, 9), 3, earlier, df_quantile=0)
+    assert r.se == pytest.approx(math.sqrt(10.0 / 3)) and r.df == pytest.approx(2)  # its own alone, on k - 1
+
+
+def test_own_seeds_that_agree_pool_with_the_earlier_ones_on_the_summed_df() -> None:
+    earlier, own = SeedVariance(1.0, 8), SeedVariance(1.2, 2)
+    s = seed_reading(own, earlier)
+    assert s.borrowed and s.variance.df == 10
+    assert s.variance.value == pytest.approx((2 * 1.2 + 8 * 1.0) / 10)
+    assert "pooled with the earlier grids' on 10 df" in s.note
+    # A looser check refuses what the default pools: the check is the level of that F bound.
+    wider = SeedVariance(0.5, 8)  # own 2.4x it: inside the default's F bound (3.11), past the bound at 0.4 (1.0)
+    assert seed_reading(own, wider).borrowed and not seed_reading(own, wider, check=0.4).borrowed
+
+
+def test_one_seed_reads_the_earlier_variance_alone() -> None:
+    earlier, images = SeedVariance(2.0, 4), SeedVariance(0.5, 9)
+    r = borrowed_reading(None, images, 1, earlier, df_quantile=0)
+    assert r.seeds.variance == earlier and r.seeds.borrowed and r.seeds.own is None
+    assert "one seed: the earlier grids' on 4 df" in r.seeds.note
+    assert r.se == pytest.approx(math.sqrt(2.0 + 0.5))
+    assert r.df == pytest.approx(2.5**2 / (2.0**2 / 4 + 0.5**2 / 9))  # Satterthwaite over seeds and images
+    # At the default quantile the seed term counts at its upper bound for the df: fewer df, the same SE.
+    bounded = borrowed_reading(None, images, 1, earlier)
+    assert bounded.se == r.se and bounded.df < r.df
+
+
+def test_one_seed_with_no_earlier_grid_raises() -> None:
+    with pytest.raises(ValueError, match="one seed and no earlier grid"):
+        seed_reading(None, None)
+    with pytest.raises(ValueError, match="one seed and no earlier grid"):
+        borrowed_reading(None, SeedVariance(0.5, 9), 1, None)
