@@ -31,6 +31,7 @@ from orchestrator.db.models import DecisionLook, Evaluation, EvaluationResult, E
 from orchestrator.db.session import session_scope
 from orchestrator.grids.deciding import DecideSpec, add_seed, arm_seeds, decide_of
 from orchestrator.grids.evaluations import EvaluationCreate, create_evaluation, evaluated_runs, held_out_size
+from orchestrator.grids.projection import START_S
 from orchestrator.results import sequential
 from orchestrator.results.borrowed import BorrowedReading, SeedVariance, borrowed_reading, difference_of
 from orchestrator.results.borrowing import earlier_seed_variances
@@ -97,10 +98,22 @@ def components_of(e: Effect) -> sequential.Variance:
     return sequential.Variance(seed=b.seeds * var * k, image=b.images * var * n, rest=b.rest * var * k * n)
 
 
-def action_costs(e: Effect) -> sequential.Costs:
-    """What one more seed of each arm and one image on one run cost in GPU-hours, from the effect's noise
-    budget (the runs' own measured rates: costs.py). Unmeasured: a seed 1 h, and an evaluation pass of the
-    n images 5% of a run, so the chooser still compares the two by their variance."""
+def evaluation_jobs(session: Session, grid: Grid) -> list[tuple[float, int]]:
+    """The grid's completed evaluation jobs as (measured GPU-seconds, images): what an evaluation job's
+    start is measured from (action_costs)."""
+    rows = session.execute(select(EvaluationResult.gpu_seconds, Evaluation.images).join(Evaluation).where(
+        Evaluation.grid_id == grid.id, EvaluationResult.state == EvaluationState.completed,
+        EvaluationResult.gpu_seconds.is_not(None))).all()  # fmt: skip
+    return [(float(s), int(n)) for s, n in rows if s is not None and math.isfinite(s) and s >= 0]
+
+
+def action_costs(e: Effect, jobs: Sequence[tuple[float, int]] = ()) -> sequential.Costs:
+    """What one more seed of each arm, one image on one run and one run's evaluation job start cost in
+    GPU-hours, from the effect's noise budget (the runs' own measured rates: costs.py). Unmeasured: a seed
+    1 h, and an evaluation pass of the n images 5% of a run, so the chooser still compares the two by their
+    variance. A job's start: the grid's completed evaluation `jobs` (evaluation_jobs), each less its images
+    at that rate, on average; before any has run, a start without compile (grids/projection.py START_S).
+    On a short run the start, not the images, is most of what an evaluation costs."""
     options = {o.action: o for o in (e.budget.narrowing if e.budget is not None else [])}
     seed = options["seed"].cost / 2 if "seed" in options and options["seed"].cost else 1.0
     images = options.get("images")
@@ -108,7 +121,9 @@ def action_costs(e: Effect) -> sequential.Costs:
         image = images.cost / 60 / (sequential.IMAGE_STEP * e.n * 2 * e.k)
     else:
         image = 0.05 * seed / max(e.n or 1, 1)
-    return sequential.Costs(seed_a=seed, seed_b=seed, image=image)
+    starts = [max(gpu_s / 3600 - job_images * image, 0.0) for gpu_s, job_images in jobs]
+    job = sum(starts) / len(starts) if starts else START_S[False] / 3600
+    return sequential.Costs(seed_a=seed, seed_b=seed, image=image, image_job=job)
 
 
 def borrowed_look(e: Effect, earlier: SeedVariance, check: float) -> tuple[BorrowedReading, sequential.Variance] | None:
@@ -132,13 +147,14 @@ def borrowed_look(e: Effect, earlier: SeedVariance, check: float) -> tuple[Borro
 
 
 def judge_comparison(e: Effect, decide: DecideSpec, look: int, max_images: int, at_seeds: bool, at_images: bool,
-                     previous: ComparisonLook | None,
-                     earlier: SeedVariance | None = None) -> ComparisonLook:  # fmt: skip
+                     previous: ComparisonLook | None, earlier: SeedVariance | None = None,
+                     jobs: Sequence[tuple[float, int]] = ()) -> ComparisonLook:  # fmt: skip
     """One comparison at this look: a decided comparison keeps its decision (and the look it was taken
     at); an open one is judged against this look's boundary (results/sequential.py `decide`), with the
     information fractions its earlier looks recorded, and given the chooser's next action. `earlier`: the
     seed variance of the comparison's paired difference from earlier grids of both arms (decide.borrow_from),
-    pooled with its own seeds' (or alone, on one seed) where there is one."""
+    pooled with its own seeds' (or alone, on one seed) where there is one. `jobs`: the grid's evaluation
+    jobs so far, pricing the images action (action_costs)."""
     base = dict(arm=e.arm, against=e.against, other_arm=e.other_arm, metric=e.metric, diff=e.diff, low=e.low,
                 high=e.high, k=e.k, n=e.n)  # fmt: skip
     if previous is not None and previous.decision in DECIDED:
@@ -168,8 +184,9 @@ def judge_comparison(e: Effect, decide: DecideSpec, look: int, max_images: int, 
     c = ComparisonLook(**base, decision=verdict.decision.value, look=look, alpha_spent=verdict.alpha_spent,
                        fractions=fractions, reason=verdict.reason + note)  # type: ignore[arg-type]  # fmt: skip
     if c.decision == "open":
-        act = sequential.choose_action(v, e.k, e.n or 1, action_costs(e), max_seeds=decide.max_seeds if not at_seeds
-                                       else e.k, max_images=max_images if not at_images else e.n or 1)  # fmt: skip
+        act = sequential.choose_action(v, e.k, e.n or 1, action_costs(e, jobs),
+                                       max_seeds=decide.max_seeds if not at_seeds else e.k,
+                                       max_images=max_images if not at_images else e.n or 1)  # fmt: skip
         c.action = None if act.kind == "none" else act.kind
         c.decision = "open" if c.action is not None else "undecided"
     return c
@@ -190,6 +207,7 @@ def take_look(session: Session, grid: Grid) -> DecisionLook:
                                                   Evaluation.state == EvaluationState.failed)))  # fmt: skip
     # Each arm's seed variance from the earlier grids it names, once per decided metric this look.
     earlier = {m: earlier_seed_variances(session, grid, m) for m in decide.margin} if decide.borrow_from else {}
+    jobs = evaluation_jobs(session, grid)
     comparisons: list[ComparisonLook] = []
     for e in current_effects(session, grid):
         if e.metric not in decide.margin:
@@ -199,7 +217,8 @@ def take_look(session: Session, grid: Grid) -> DecisionLook:
         prior = previous.get((e.arm, e.metric, e.against))
         arms = earlier.get(e.metric, {})
         borrowed = difference_of(arms.get(e.arm), arms.get(e.other_arm))
-        comparisons.append(judge_comparison(e, decide, wave + 1, max_images, at_seeds, at_images, prior, borrowed))
+        comparisons.append(judge_comparison(e, decide, wave + 1, max_images, at_seeds, at_images, prior, borrowed,
+                                            jobs))  # fmt: skip
     actions = queue_actions(session, grid, comparisons, decide, max_images, images)
     for c in comparisons:
         if c.decision == "open" and not actions:  # nothing left that could decide it

@@ -181,7 +181,7 @@ def decide_cost(arms: list[tuple[str, ArmSpec]], control: str | None, decide: De
     studies = min(400, max(40, 2000 // len(pairs)))
     expected = sequential.expected_gpu_hours(known, pairs, min_seeds=decide.min_seeds, images=images,
                                              alpha=decide.alpha, futility=futility_of(decide), studies=studies,
-                                             **common)  # fmt: skip
+                                             borrowed=bool(decide.borrow_from), **common)  # fmt: skip
     words = (f"{head}: worst case {worst:,.1f} GPU-hours (every comparison open to the budget), expected "
              f"{expected:,.1f} (projected at an H100's measured rate; evaluations not included)")
     return DecideCost(worst_case_gpu_hours=worst, expected_gpu_hours=expected, words=words)

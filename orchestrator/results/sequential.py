@@ -257,12 +257,14 @@ def decide(estimate: float, se: float, df: float | None, fractions: Sequence[flo
 
 @dataclass(frozen=True)
 class Costs:
-    """What the actions cost, in GPU-hours: one more training run of each arm (a seed), and evaluating one
-    image on one run (an evaluation pass's time over its images)."""
+    """What the actions cost, in GPU-hours: one more training run of each arm (a seed), evaluating one
+    image on one run (an evaluation pass's time over its images), and an evaluation job's start on one run
+    (loading the checkpoint and the model: what a short run's evaluation mostly costs)."""
 
     seed_a: float
     seed_b: float
     image: float
+    image_job: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -288,7 +290,7 @@ def choose_action(v: VarianceComponents, k: int, n: int, costs: Costs, *, max_se
     options: list[Action] = []
     if n < max_images:
         n_to = min(max_images, IMAGE_STEP * n)
-        hours = (n_to - n) * 2 * k * costs.image
+        hours = 2 * k * (costs.image_job + n_to * costs.image)  # an evaluation scores all n_to images anew
         after = mean_variance(v, k, n_to)
         options.append(Action("images", k, n_to, hours, after, (now - after) / hours if hours > 0 else math.inf,
                               f"evaluate {2 * k} runs on {n_to} images ({hours:.3g} GPU-h)"))  # fmt: skip
@@ -342,13 +344,15 @@ def worst_case_gpu_hours(seed_hours: Mapping[str, float], comparisons: Sequence[
 def expected_gpu_hours(seed_hours: Mapping[str, float], comparisons: Sequence[tuple[str, str]], *,
                        min_seeds: int, max_seeds: int, images: int, max_images: int, image_hours: float,
                        alpha: float = 0.05, futility: float = 0.0, variance: VarianceComponents = MEASURED,
-                       effect: float = 0.0, studies: int = 200, seed: int = 0) -> float:  # fmt: skip
+                       effect: float = 0.0, studies: int = 200, seed: int = 0,
+                       borrowed: bool = False) -> float:  # fmt: skip
     """The mean GPU-hours over `studies` simulated grids (numpy, well under a second): every comparison's
     mean drawn with `variance` (the measured headline's by default) and true `effect` (0: no arm differs),
     decided (on decision_df of the given components) and acted on by the functions above; comparisons draw
     independently (arms shared for cost only). The SE is taken as known (the variance's own draw is left
     out), so this approximates what bench/decide_sim.py measures with the variance estimated as a grid
-    does (docs/benchmarks.md, issue 50)."""
+    does (docs/benchmarks.md, issue 50). `borrowed`: the grid borrows its arms' seed variance from earlier
+    grids (results/borrowed.py), so a comparison on one seed is read; else one seed is open until a second."""
     rng = np.random.default_rng(seed)
     pairs = list(comparisons)
     total = 0.0
@@ -368,6 +372,9 @@ def expected_gpu_hours(seed_hours: Mapping[str, float], comparisons: Sequence[tu
                 state[p] = (score, info)
                 history[p].append(information_fraction(variance, k, n, max_seeds, max_images))
                 at_budget = k >= max_seeds and n >= max_images
+                if k < 2 and not borrowed and k < max_seeds:  # no seed variance to read: a second seed first
+                    actions[p] = Action("seed", k + 1, n, 0.0, 0.0, 0.0, "a second seed")
+                    continue
                 df = decision_df(variance, k, n) if k > 1 else None  # the df the decision would read
                 look = decide(score / info, 1 / math.sqrt(info), df, history[p], k=k, n=n, alpha=alpha,
                               last=at_budget, futility=futility)  # fmt: skip

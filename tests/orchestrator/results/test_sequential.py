@@ -180,7 +180,19 @@ def test_images_when_the_images_dominate() -> None:
     v = Variance(seed=1e-6, image=1.21e-4, rest=3.24e-6)  # the weighted headline's
     act = choose_action(v, 2, 64, COSTS, max_seeds=8, max_images=256)
     assert (act.kind, act.k, act.n) == ("images", 2, 256)
-    assert act.gpu_hours == pytest.approx(192 * 4 * COSTS.image)
+    assert act.gpu_hours == pytest.approx(256 * 4 * COSTS.image)  # an evaluation scores all 256 anew
+
+
+def test_an_evaluation_jobs_start_is_priced_on_every_run() -> None:
+    """On a short run an evaluation job's start is most of its cost: a seed then buys more per GPU-hour
+    (72 s runs, 1 s per 64 images, 26 s to start a job: as measured at small size on H200s)."""
+    v = Variance(seed=2e-5, image=1.21e-4, rest=3.24e-6)
+    unstarted = Costs(seed_a=0.02, seed_b=0.02, image=1 / 64 / 3600)
+    assert choose_action(v, 2, 64, unstarted, max_seeds=8, max_images=256).kind == "images"
+    started = Costs(seed_a=0.02, seed_b=0.02, image=1 / 64 / 3600, image_job=26 / 3600)
+    assert choose_action(v, 2, 64, started, max_seeds=8, max_images=256).kind == "seed"
+    images = choose_action(v, 2, 64, started, max_seeds=2, max_images=256)  # no seed left: images, priced
+    assert images.gpu_hours == pytest.approx(4 * (26 + 256 / 64) / 3600)
 
 
 def test_a_seed_when_the_seeds_dominate() -> None:
@@ -216,3 +228,15 @@ def test_costs_for_the_submit_answer() -> None:
     expected = expected_gpu_hours(hours, pairs, min_seeds=2, max_seeds=3, images=64, max_images=256,
                                   image_hours=0.0, futility=0.1, studies=50)  # fmt: skip
     assert floor <= expected <= worst
+
+
+def test_one_seed_is_read_only_where_the_seed_variance_is_borrowed() -> None:
+    """min_seeds 1: without borrowed seed variances no comparison can be read on one seed, so the projection
+    gives every compared arm a second seed (as the decision pass does); with them, one seed can decide."""
+    hours = {"A": 6.66, "B": 3.15, "C": 3.16, "D": 3.23}
+    pairs = [("B", "A"), ("C", "B"), ("C", "A"), ("D", "C"), ("D", "A")]
+    common = dict(min_seeds=1, max_seeds=3, images=64, max_images=256, image_hours=0.0, futility=0.2, studies=50)
+    alone = expected_gpu_hours(hours, pairs, **common)  # type: ignore[arg-type]
+    borrowed = expected_gpu_hours(hours, pairs, borrowed=True, **common)  # type: ignore[arg-type]
+    assert alone >= 2 * sum(hours.values())  # every arm at two seeds at least
+    assert sum(hours.values()) <= borrowed < alone
