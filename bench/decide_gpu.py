@@ -17,6 +17,10 @@ run ended), and writes per grid:
 
 `--order sequential` (default) runs the deciding grid to its final look, then the fixed grid, so each has
 the machine to itself; `together` submits both at once (wall times then overlap; GPU-hours do not).
+`--borrow` (with `--order fixed-first`): the deciding grid names the fixed grid in `decide.borrow_from`, so
+each arm's seed variance is borrowed from it (results/borrowed.py) and one seed can decide (`--min-seeds
+1`). The fixed grid then stands for an earlier study of the same arms, and the deciding grid for the next
+one: its GPU-hours against what a fixed 3-seed run of it would cost (the fixed grid's).
 
 On the GPU machine: `bash bench/decide_gpu.sh [args]` (the carried wheels and Ray, then this script).
 Dry run on a CPU machine with logical GPUs:
@@ -207,7 +211,10 @@ def run(args: argparse.Namespace, home: Path, say: Any) -> None:
         done: dict[str, bool] = {}
         for batch in order:
             for label in batch:
-                resp = httpx.post(f"{url}/api/grids", json=bodies(args)[label], headers=AUTH, timeout=60)
+                body = bodies(args)[label]
+                if label == "decide" and args.borrow:  # the fixed grid ran first: its arms lend their seed variance
+                    body["decide"]["borrow_from"] = [answers["fixed"]["id"]]
+                resp = httpx.post(f"{url}/api/grids", json=body, headers=AUTH, timeout=60)
                 resp.raise_for_status()
                 answers[label] = resp.json()
                 print(f"[{time.monotonic() - t0:6.1f}s] submitted {label}: {answers[label]['cost']}", flush=True)
@@ -267,10 +274,13 @@ def main() -> None:
     ap.add_argument("--max-images", type=int, default=None)
     ap.add_argument("--fixed-seeds", type=int, default=3)
     ap.add_argument("--order", default="sequential", choices=["sequential", "fixed-first", "together"])
+    ap.add_argument("--borrow", action="store_true", help="the deciding grid borrows the fixed grid's seed variances")
     ap.add_argument("--port", type=int, default=8767)
     ap.add_argument("--timeout", type=float, default=480, help="seconds from the controller's start")
     ap.add_argument("--out", type=Path, default=None, help="write the report here")
     args = ap.parse_args()
+    if args.borrow and args.order != "fixed-first":
+        ap.error("--borrow needs --order fixed-first: the deciding grid borrows from the fixed grid, run first")
     home = Path(tempfile.mkdtemp(prefix="ablate-decide-"))
     lines: list[str] = [f"`python bench/decide_gpu.py {' '.join(sys.argv[1:])}`, {datetime.now():%Y-%m-%d %H:%M}", ""]
 
