@@ -287,6 +287,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2, help="cells simulated in parallel")
     ap.add_argument("--max-seeds", type=int, default=Design.max_seeds)
     ap.add_argument("--min-seeds", type=int, default=Design.min_seeds)
+    ap.add_argument("--images", type=int, default=Design.images, help="the images every run is evaluated on first")
     ap.add_argument("--earlier", type=int, default=0, metavar="K0",
                     help="each arm's seed variance pooled with an earlier grid's of it on K0 seeds (borrowed.py)")
     ap.add_argument("--earlier-spread", type=float, help="arm D's seed SD in that earlier grid (default: as now)")
@@ -303,7 +304,7 @@ def main() -> None:
     args = ap.parse_args()
     studies = args.studies or (1000 if args.quick else 10_000)
     design = Design(
-        min_seeds=args.min_seeds, max_seeds=args.max_seeds, futility=args.futility,
+        min_seeds=args.min_seeds, max_seeds=args.max_seeds, images=args.images, futility=args.futility,
         seed_df_quantile=args.seed_df_quantile, borrow_df=args.borrow, earlier_seeds=args.earlier,
         earlier_spread=args.earlier_spread, check=args.check,
     )  # fmt: skip
