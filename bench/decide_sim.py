@@ -29,7 +29,15 @@ The last line reads `type_I <max over cells and looks> power <min ratio to fixed
 the share of studies where a non-null comparison is called in the right direction, as a ratio to the fixed
 design's on the same studies (the lowest over cells and comparisons); GPU-hours the mean over studies as a
 fraction of the fixed design's, the largest over the weighted headline's cells (the metric a grid decides
-on; the plain mean's are in the table). `--borrow DF` runs the stretch (docs/benchmarks.md, issue 50).
+on; the plain mean's are in the table). The line before it gives the lowest power ratio against the fixed
+design at a level that holds alpha (its own 95% interval calls 5% to 7% of the null comparisons here).
+
+`--earlier K0 --min-seeds 1` runs a grid that borrows (`decide.borrow_from`): each study also draws an
+earlier grid of the same arms on K0 seeds and 64 images (from the same model, so arm D's seeds spread 3x
+there too; `--earlier-spread S` makes its D's spread S instead: an arm that changed since), and each
+comparison is read as results/borrowed.py reads it, the earlier grid's per-arm variances pooled with its
+own seeds' or alone on one seed. `--borrow DF` is the shortcut that fails: one measured seed variance for
+every arm, as if from an earlier grid on DF df (docs/benchmarks.md, issue 50).
 """
 
 from __future__ import annotations
