@@ -50,7 +50,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from orchestrator.results.borrowed import CHECK, SeedVariance, borrowed_reading, difference_of, run_spread
+from orchestrator.results.borrowed import (
+    CHECK,
+    SeedVariance,
+    borrowed_reading,
+    crossed_parts,
+    difference_of,
+    run_spread,
+)
 from orchestrator.results.reports.crossed import components, crossed_interval
 from orchestrator.results.reports.stats import t_quantile
 from orchestrator.results.sequential import (
@@ -209,13 +216,13 @@ def read_borrowed(diff: np.ndarray, pair: tuple[str, str], earlier: dict[str, Se
     """The comparison's k x n differences read as a grid that borrows reads them (results/borrowed.py):
     the table's own seed mean square pooled with the earlier grid's per-arm variances (k = 1: those alone)."""
     k, n = diff.shape
+    own: SeedVariance | None
     if k == 1:
         own, images = None, SeedVariance(float(diff[0].var(ddof=1)) / n, n - 1)
     else:
         comp = components(diff.tolist())
         assert comp is not None
-        own = SeedVariance(comp.seed + comp.rest / n, k - 1)  # MS_seed / n
-        images = SeedVariance(comp.image / n + comp.rest / (k * n), n - 1)
+        own, images = crossed_parts(comp.seed, comp.image, comp.rest, k, n)
     r = borrowed_reading(own, images, k, difference_of(earlier[pair[0]], earlier[pair[1]]), design.check,
                          design.seed_df_quantile)
     return Reading(float(diff.mean()), r.se, r.df, Variance(r.seeds.variance.value, images.value * n, 0.0))

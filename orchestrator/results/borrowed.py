@@ -101,6 +101,13 @@ def seed_reading(own: SeedVariance | None, earlier: SeedVariance | None, check: 
     return SeedReading(SeedVariance(value, df), own, earlier, True, f"pooled with the earlier grids' on {df:.3g} df")
 
 
+def crossed_parts(seed: float, image: float, rest: float, k: int, n: int) -> tuple[SeedVariance, SeedVariance]:
+    """A crossed k x n table's per-observation components (reports/crossed.py) as borrowed_reading's inputs:
+    its own seed part, MS_seed/n (seed + rest/n), on k - 1 df, and the images' and the rest's part of the
+    mean's variance (image/n + rest/(k n)) on n - 1 df."""
+    return SeedVariance(seed + rest / n, k - 1), SeedVariance(image / n + rest / (k * n), n - 1)
+
+
 def borrowed_reading(own: SeedVariance | None, images: SeedVariance, k: int, earlier: SeedVariance | None,
                      check: float = CHECK, df_quantile: float = DF_QUANTILE) -> BorrowedReading:  # fmt: skip
     """The grand mean difference's SE and df: `own` the table's MS_seed/n (None with one seed), `images`

@@ -33,7 +33,13 @@ from orchestrator.grids.deciding import DecideSpec, add_seed, arm_seeds, decide_
 from orchestrator.grids.evaluations import EvaluationCreate, create_evaluation, evaluated_runs, held_out_size
 from orchestrator.grids.projection import START_S
 from orchestrator.results import sequential
-from orchestrator.results.borrowed import BorrowedReading, SeedVariance, borrowed_reading, difference_of
+from orchestrator.results.borrowed import (
+    BorrowedReading,
+    SeedVariance,
+    borrowed_reading,
+    crossed_parts,
+    difference_of,
+)
 from orchestrator.results.borrowing import earlier_seed_variances
 from orchestrator.results.decisions import DECIDED, ComparisonLook, futility_of, grid_looks, look_comparisons
 from orchestrator.results.evaluations import largest_evaluation
@@ -132,10 +138,10 @@ def borrowed_look(e: Effect, earlier: SeedVariance, check: float) -> tuple[Borro
     table's components, one seed from that seed's paired interval (its SE over its n - 1 df). None where
     neither applies (k >= 2 not crossed, one seed with no interval) or the reading has no spread."""
     n = e.n or 1
+    own: SeedVariance | None
     if e.k >= 2 and e.budget is not None:
         v = components_of(e)
-        own: SeedVariance | None = SeedVariance(v.seed + v.rest / n, e.k - 1)  # the table's MS_seed / n
-        images = SeedVariance(v.image / n + v.rest / (e.k * n), n - 1)
+        own, images = crossed_parts(v.seed, v.image, v.rest, e.k, n)
     elif e.k == 1 and e.se is not None and e.se > 0 and math.isfinite(e.se) and n > 1:
         own, images = None, SeedVariance(e.se**2, n - 1)
     else:
