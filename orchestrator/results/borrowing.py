@@ -12,6 +12,7 @@ evaluation where it has one, else the run's last record). Only runs that complet
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import ValidationError
@@ -46,45 +47,46 @@ def arm_identity(spec: dict[str, Any]) -> str | None:
     return json.dumps(arm.model_dump(mode="json"), sort_keys=True)
 
 
-def final_values(session: Session, grid: Grid, metric: str) -> dict[str, list[float]]:
-    """Per arm identity, the completed runs' finite values of `metric` at their final checkpoint (one per
-    distinct spec: two runs of one seed count once)."""
+def final_values(session: Session, grid: Grid, metrics: Sequence[str]) -> dict[str, dict[str, list[float]]]:
+    """Per metric and arm identity, the completed runs' finite values at their final checkpoint (one per
+    distinct spec: two runs of one seed count once); the grid's records are read once for all metrics."""
     runs = [r for r in grid.runs if r.state == RunState.completed]
     last: dict[int, Metric] = {}
     rows = select(Metric).where(Metric.run_id.in_([r.id for r in runs])).order_by(Metric.run_id, Metric.step)
     for m in session.scalars(rows):
         last[m.run_id] = m
     _, evaluated = largest_evaluation(session, grid)
-    values: dict[str, list[float]] = {}
-    seen: set[str] = set()
-    for r in sorted(runs, key=lambda r: r.position):
-        record = evaluated.get(r.id, last.get(r.id))
-        value = value_of(record, metric) if record is not None else None
-        spec, identity = json.dumps(r.spec, sort_keys=True), arm_identity(r.spec)
-        if not is_finite(value) or spec in seen or identity is None:
-            continue
-        seen.add(spec)
-        values.setdefault(identity, []).append(float(value))  # type: ignore[arg-type]
+    values: dict[str, dict[str, list[float]]] = {metric: {} for metric in metrics}
+    for metric, by_identity in values.items():
+        seen: set[str] = set()
+        for r in sorted(runs, key=lambda r: r.position):
+            record = evaluated.get(r.id, last.get(r.id))
+            value = value_of(record, metric) if record is not None else None
+            spec, identity = json.dumps(r.spec, sort_keys=True), arm_identity(r.spec)
+            if not is_finite(value) or spec in seen or identity is None:
+                continue
+            seen.add(spec)
+            by_identity.setdefault(identity, []).append(float(value))  # type: ignore[arg-type]
     return values
 
 
-def earlier_seed_variances(session: Session, grid: Grid, metric: str) -> dict[str, SeedVariance]:
-    """Each arm of `grid` with its seed variance on `metric` from the grids its decide.borrow_from names:
+def earlier_seed_variances(session: Session, grid: Grid, metrics: Sequence[str]) -> dict[str, dict[str, SeedVariance]]:
+    """Per metric, each arm of `grid` with its seed variance from the grids its decide.borrow_from names:
     per earlier grid the spread of that arm's runs (results/borrowed.py `run_spread`), pooled over the
-    grids (`pooled_arms`). An arm no earlier grid ran at least twice is absent."""
+    grids (`pooled_arms`); each earlier grid is read once for all `metrics`. An arm no earlier grid ran at
+    least twice is absent."""
     decide = decide_of(grid)
     borrow = decide.borrow_from if decide is not None else []
     identities = {r.arm: arm_identity(r.spec) for r in grid.runs if r.seed == 0}  # every arm has a seed 0
-    per_arm: dict[str, list[SeedVariance]] = {arm: [] for arm in identities}
+    per_arm: dict[str, dict[str, list[SeedVariance]]] = {m: {arm: [] for arm in identities} for m in metrics}
     for grid_id in borrow:
         earlier = session.get(Grid, grid_id)
         if earlier is None:  # deleted since the submit
             continue
-        values = final_values(session, earlier, metric)
-        for arm, identity in identities.items():
-            spread = run_spread(values.get(identity, [])) if identity is not None else None
-            if spread is not None:
-                per_arm[arm].append(spread)
-    pooled = {arm: pooled_arms(spreads) for arm, spreads in per_arm.items()}
-    return {arm: v for arm, v in pooled.items() if v is not None}
-
+        for metric, values in final_values(session, earlier, metrics).items():
+            for arm, identity in identities.items():
+                spread = run_spread(values.get(identity, [])) if identity is not None else None
+                if spread is not None:
+                    per_arm[metric][arm].append(spread)
+    pooled = {m: {arm: pooled_arms(spreads) for arm, spreads in arms.items()} for m, arms in per_arm.items()}
+    return {m: {arm: v for arm, v in arms.items() if v is not None} for m, arms in pooled.items()}

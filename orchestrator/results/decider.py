@@ -211,8 +211,8 @@ def take_look(session: Session, grid: Grid) -> DecisionLook:
     stopped = any(r.decision == RunDecision.USER for r in grid.runs)  # the user stopped it: add nothing
     failed = session.scalar(select(exists().where(Evaluation.grid_id == grid.id,
                                                   Evaluation.state == EvaluationState.failed)))  # fmt: skip
-    # Each arm's seed variance from the earlier grids it names, once per decided metric this look.
-    earlier = {m: earlier_seed_variances(session, grid, m) for m in decide.margin} if decide.borrow_from else {}
+    # Each arm's seed variance from the earlier grids it names, per decided metric (each grid read once).
+    earlier = earlier_seed_variances(session, grid, list(decide.margin)) if decide.borrow_from else {}
     jobs = evaluation_jobs(session, grid)
     comparisons: list[ComparisonLook] = []
     for e in current_effects(session, grid):
