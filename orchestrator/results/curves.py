@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator.runs.detector import Checkpoint
+from orchestrator.runs.checkpoint import Checkpoint
 
 
 class CurvesError(ValueError):

@@ -17,7 +17,7 @@ from orchestrator.numbers import is_finite
 from orchestrator.runs.metric_ranges import comparable
 
 if TYPE_CHECKING:
-    from orchestrator.runs.detector import Checkpoint
+    from orchestrator.runs.checkpoint import Checkpoint
 
 Direction = Literal["min", "max"]
 
