@@ -9,9 +9,9 @@ queued like the grid's first ones (seed-major, the same held-out split: grids/re
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -27,6 +27,10 @@ DECIDABLE_METRICS = (HEADLINE, "val_flow_loss", "recon_lpips", "text_lpips", "te
 DEFAULT_MARGIN = {HEADLINE: 0.0}
 MAX_BORROW = 20  # earlier grids a deciding grid may borrow seed variances from
 MAX_GRID_ID = 2**31 - 1  # a database id (web/deps.py MAX_ID): a larger one never reaches the query
+AUTO = "auto"  # borrow_from: the earlier grids that ran the same arms, code, data and images (results/borrowing.py)
+BorrowIds = Annotated[list[Annotated[int, Field(ge=1, le=MAX_GRID_ID)]], Field(max_length=MAX_BORROW)]
+BorrowFrom = Literal["auto"] | BorrowIds
+_BORROW_IDS: TypeAdapter[list[int]] = TypeAdapter(BorrowIds)
 BORROW_CHECK = 0.1  # results/borrowed.py CHECK (grids/ does not import results/; a test holds the two equal)
 
 
@@ -50,8 +54,9 @@ class DecideSpec(BaseModel):
         default_factory=lambda: dict(DEFAULT_MARGIN), min_length=1, max_length=len(DECIDABLE_METRICS)
     )
     # Earlier grids whose runs of the same arms (the same spec but the training seed) lend each arm its seed
-    # variance (results/borrowing.py); empty: each comparison reads its own seeds alone.
-    borrow_from: list[Annotated[int, Field(ge=1, le=MAX_GRID_ID)]] = Field(default_factory=list, max_length=MAX_BORROW)
+    # variance (results/borrowing.py), only from records of trusted nodes; "auto": the earlier grids whose
+    # runs also ran the same code on the same data and images, found at each look; empty: its own seeds alone.
+    borrow_from: BorrowFrom = Field(default_factory=list)
     # The borrowed variance's check (results/borrowed.py `seed_reading`): a comparison whose own seeds spread
     # past the borrowed variance's upper F bound at this level reads its own alone.
     check: Annotated[float, Field(gt=0, lt=0.5)] = BORROW_CHECK
@@ -65,9 +70,15 @@ class DecideSpec(BaseModel):
                              f"{', '.join(DECIDABLE_METRICS)}")  # fmt: skip
         return v
 
-    @field_validator("borrow_from")
+    @field_validator("borrow_from", mode="plain", json_schema_input_type=BorrowFrom)
     @classmethod
-    def _distinct_grids(cls, v: list[int]) -> list[int]:
+    def _auto_or_distinct_grids(cls, v: object) -> list[int] | str:
+        # By hand, not as a union: a bad id is then one error at its own path, not one per member of the union.
+        if v == AUTO:
+            return AUTO
+        if isinstance(v, str):
+            raise ValueError(f'{v!r}: borrow_from is "auto" or a list of earlier grid ids')
+        v = _BORROW_IDS.validate_python(v)
         twice = sorted({g for g in v if v.count(g) > 1})
         if twice:
             raise ValueError(f"grid {', '.join(map(str, twice))} named twice: name each earlier grid once")
@@ -86,8 +97,9 @@ DECIDE_WITH_SEEDS = ("`decide` and `seeds` cannot both be given: a deciding grid
 
 
 def borrow_errors(session: Session, decide: DecideSpec | None) -> list[dict[str, Any]]:
-    """A grid body's decide.borrow_from ids that name no stored grid, each with its path in the body."""
-    ids = decide.borrow_from if decide is not None else []
+    """A grid body's decide.borrow_from ids that name no stored grid, each with its path in the body ("auto"
+    names none: the grids are found at each look)."""
+    ids = decide.borrow_from if decide is not None and isinstance(decide.borrow_from, list) else []
     stored = set(session.scalars(select(Grid.id).where(Grid.id.in_(ids)))) if ids else set()
     return [{"loc": ["decide", "borrow_from", i], "type": "value_error",
              "msg": f"no grid {g}: borrow_from names earlier grids by id (`ablate status` lists them); drop it "

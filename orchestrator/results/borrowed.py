@@ -10,6 +10,14 @@ its null comparisons called at alpha 5%). A check guards a borrowed variance tha
 the comparison's own seeds spread more than the borrowed variance's upper F bound at `check`, its own is
 read alone.
 
+Two refusals guard what a check at one seed cannot (there is no own spread to test the borrowed one
+against): a variance whose records came from a node the controller does not trust arrives `refused`
+(results/borrowing.py), and one below SPREAD_FLOOR times the comparison's own images' part of the mean's
+variance (its own SE squared, on one seed) is refused at the look. Seeds that agree that closely did not
+vary (a trainer that ignores its seed) or were said to agree by whoever wrote the records; read on one seed,
+either calls a null comparison from its images alone. A refused variance leaves the comparison its own
+seeds (on one seed: no interval, one more seed), and the look's reason says why.
+
 The reading, for arm a against arm b on k paired seeds and n images (the report's crossed table): the
 difference of the grand means has variance S/k + I, where S is the seed variance of a paired difference
 (arm a's plus arm b's) and I the images' and the rest's part of the mean's variance. S is estimated by
@@ -26,6 +34,16 @@ from dataclasses import dataclass
 
 DF_QUANTILE = 0.1  # the seed term's upper bound the df is read at (borrowed_reading)
 CHECK = 0.1  # the check's level: the comparison's own seed variance above the borrowed one's 90% F bound
+# The least borrowed seed variance of a paired difference that counts, as a share of the comparison's own
+# images' part (se^2 on one seed): a seed SD under a tenth of that SE. On the measured headline (seed 0.001,
+# image 0.011, rest 0.0018; 64 images) the honest share is about 0.5, so an earlier grid on 3 seeds falls
+# below it by chance about once in 1,000 looks (then: one more seed); forged or seed-blind records read
+# 1e-14 (issue 57's probe).
+SPREAD_FLOOR = 0.01
+
+
+class RefusedBorrow(ValueError):
+    """One seed and a borrowed seed variance refused: no seed variance to read; the message says why."""
 
 
 @dataclass(frozen=True)
@@ -34,6 +52,8 @@ class SeedVariance:
 
     value: float
     df: float
+    grids: tuple[int, ...] = ()  # the earlier grids it was measured in (none: hand-made, or a comparison's own)
+    refused: str | None = None  # why it may not be read (records from a node not trusted), or None
 
 
 @dataclass(frozen=True)
@@ -66,39 +86,74 @@ def run_spread(values: Sequence[float]) -> SeedVariance | None:
 
 
 def pooled_arms(arms: Sequence[SeedVariance]) -> SeedVariance | None:
-    """One arm's estimates from several earlier grids pooled on the sum of their df; None with none."""
-    df = sum(a.df for a in arms)
-    return SeedVariance(sum(a.df * a.value for a in arms) / df, df) if df > 0 else None
+    """One arm's estimates from several earlier grids pooled on the sum of their df, naming every grid; the
+    refused ones left out (all refused: one refusal saying each grid's reason); None with none."""
+    kept = [a for a in arms if a.refused is None]
+    df = sum(a.df for a in kept)
+    grids = tuple(dict.fromkeys(g for a in kept for g in a.grids))
+    if df > 0:
+        return SeedVariance(sum(a.df * a.value for a in kept) / df, df, grids)
+    reasons = [a.refused for a in arms if a.refused is not None]
+    return SeedVariance(0.0, 0.0, refused="; ".join(dict.fromkeys(reasons))) if reasons else None
 
 
 def difference_of(a: SeedVariance | None, b: SeedVariance | None) -> SeedVariance | None:
     """A paired difference's seed variance from each arm's (independent seeds): their sum, on
-    Satterthwaite's df. None unless both arms have one."""
+    Satterthwaite's df, from both arms' grids. None unless both arms have one; refused where either is."""
     if a is None or b is None:
         return None
+    grids = tuple(dict.fromkeys((*a.grids, *b.grids)))
+    if a.refused is not None or b.refused is not None:
+        return SeedVariance(0.0, 0.0, grids, "; ".join(r for r in (a.refused, b.refused) if r is not None))
     total = a.value + b.value
     spread = a.value**2 / a.df + b.value**2 / b.df
-    return SeedVariance(total, total * total / spread if spread > 0 else math.inf)
+    return SeedVariance(total, total * total / spread if spread > 0 else math.inf, grids)
 
 
-def seed_reading(own: SeedVariance | None, earlier: SeedVariance | None, check: float = CHECK) -> SeedReading:
+def floor_refusal(earlier: SeedVariance, images: SeedVariance, floor: float = SPREAD_FLOOR) -> str | None:
+    """Why a borrowed seed variance may not stand for the comparison's seeds: refused with its records, or
+    below `floor` times the comparison's own images' part of the mean's variance; None where it may."""
+    if earlier.refused is not None:
+        return earlier.refused
+    if floor > 0 and not earlier.value >= floor * images.value:
+        return (f"the earlier grids' seed variance {earlier.value:.3g} is below {floor:g}x this comparison's own "
+                f"SE^2 from its images ({images.value:.3g}): seeds that agree that closely did not vary")
+    return None
+
+
+def _from_grids(earlier: SeedVariance) -> str:
+    if not earlier.grids:
+        return "the earlier grids'"
+    return f"the earlier grids' (grid{'s' if len(earlier.grids) > 1 else ''} {', '.join(map(str, earlier.grids))})"
+
+
+def seed_reading(own: SeedVariance | None, earlier: SeedVariance | None, check: float = CHECK,
+                 refusal: str | None = None) -> SeedReading:  # fmt: skip
     """The comparison's seed variance: its own pooled with the earlier grids' on the sum of their df,
-    unless its own exceeds the earlier one's upper F bound at `check` (then its own alone)."""
+    unless its own exceeds the earlier one's upper F bound at `check` (then its own alone). `refusal`
+    (floor_refusal's): the earlier one is not read; on one seed that raises RefusedBorrow."""
     from scipy.stats import f  # lazily: the API imports this module and must start fast
 
+    refusal = refusal if refusal is not None else (earlier.refused if earlier is not None else None)
+    if refusal is not None:
+        if own is None:
+            raise RefusedBorrow(f"one seed and no seed variance to borrow: {refusal}")
+        return SeedReading(own, own, earlier, False, f"its own seeds only: {refusal}")
     if earlier is None or not earlier.df > 0:
         if own is None:
             raise ValueError("one seed and no earlier grid of both arms: no seed variance to read")
         return SeedReading(own, own, None, False, "its own seeds only: no earlier grid of both arms")
     if own is None:
-        return SeedReading(earlier, None, earlier, True, f"one seed: the earlier grids' on {earlier.df:.3g} df")
+        return SeedReading(earlier, None, earlier, True, f"one seed: {_from_grids(earlier)} on {earlier.df:.3g} df")
     bound = float(f.ppf(1 - check, own.df, earlier.df if math.isfinite(earlier.df) else 1e9))
     if earlier.value > 0 and own.value > bound * earlier.value or earlier.value <= 0 < own.value:
         ratio = own.value / earlier.value if earlier.value > 0 else math.inf
-        return SeedReading(own, own, earlier, False, f"its own seeds only: they spread {ratio:.3g}x the earlier grids'")
+        note = f"its own seeds only: they spread {ratio:.3g}x {_from_grids(earlier)}"
+        return SeedReading(own, own, earlier, False, note)
     df = own.df + earlier.df
     value = (own.df * own.value + earlier.df * earlier.value) / df
-    return SeedReading(SeedVariance(value, df), own, earlier, True, f"pooled with the earlier grids' on {df:.3g} df")
+    note = f"pooled with {_from_grids(earlier)} on {df:.3g} df"
+    return SeedReading(SeedVariance(value, df), own, earlier, True, note)
 
 
 def crossed_parts(seed: float, image: float, rest: float, k: int, n: int) -> tuple[SeedVariance, SeedVariance]:
@@ -109,16 +164,20 @@ def crossed_parts(seed: float, image: float, rest: float, k: int, n: int) -> tup
 
 
 def borrowed_reading(own: SeedVariance | None, images: SeedVariance, k: int, earlier: SeedVariance | None,
-                     check: float = CHECK, df_quantile: float = DF_QUANTILE) -> BorrowedReading:  # fmt: skip
+                     check: float = CHECK, df_quantile: float = DF_QUANTILE,
+                     floor: float = 0.0) -> BorrowedReading:  # fmt: skip
     """The grand mean difference's SE and df: `own` the table's MS_seed/n (None with one seed), `images`
     the images' and the rest's part of the mean's variance (already over n) on its df, k the seeds.
     The df is Satterthwaite's with the seed term at its upper confidence bound (df_quantile; 0: as
-    estimated), as sequential.decision_df does and for its reason; the SE is not changed."""
+    estimated), as sequential.decision_df does and for its reason; the SE is not changed. `floor`: the
+    least share of `images` a borrowed variance must reach (floor_refusal; the decider's SPREAD_FLOOR, 0:
+    none). A refused one on one seed raises RefusedBorrow."""
     from scipy.special import chdtri  # lazily: the API imports this module and must start fast
 
     if k < 1 or not (images.value >= 0 and math.isfinite(images.value)):
         raise ValueError(f"k must be >= 1 and the images' part finite and >= 0, got k={k}, {images}")
-    seeds = seed_reading(own, earlier, check)
+    refusal = floor_refusal(earlier, images, floor) if earlier is not None else None
+    seeds = seed_reading(own, earlier, check, refusal)
     seed_term, seed_df = seeds.variance.value / k, seeds.variance.df
     var = seed_term + images.value
     if df_quantile > 0 and math.isfinite(seed_df):

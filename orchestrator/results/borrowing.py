@@ -7,12 +7,29 @@ out of both the same way (`arm_identity`: grids/replicates.py `replicate_spec` m
 the held-out split pinned, of a built-in arm, and the ABLATE_SEED variable of a command arm). Its value:
 the metric at the run's final checkpoint as the report reads it (the earlier grid's largest completed
 evaluation where it has one, else the run's last record). Only runs that completed count.
+
+Whose records: an earlier run's value is a node's word, and here it would set another grid's interval, where
+no check at one seed can catch it (issue 57: earlier runs said to agree within 1e-9 made a null comparison
+"worse" at its first look). So a value counts only where every node it came from is trusted (runs/trust.py:
+the controller's own machine, or a node the operator marked `trusted`): each node the run trained on, and
+the node of the evaluation job whose row stands for it. A run with no node on record never left the
+controller (an imported grid). An arm whose runs in an earlier grid came from other nodes borrows nothing
+from that grid, and the look's reason says which node (results/borrowed.py `refused`).
+
+`decide.borrow_from: "auto"`: the earlier grids (created before this one, the newest AUTO_SCAN looked at,
+the newest MAX_BORROW that match kept) whose completed runs match an arm on four things: its spec but for
+the seed (`arm_identity`: the split and the evaluation set included), its code (orchestrator/version.py
+`same_code` of the versions each run's worker reported; a dirty tree matches nothing), its data (the
+prepared manifest's sha256 its records name; built-in data has none on either side) and the images its
+value was measured on (as many of the same split's). Command arms are not matched: the files behind their
+`code` may have changed between grids with nothing on record to tell. Named ids are read as named.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
@@ -20,14 +37,31 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from model.spec import ArmSpec
-from orchestrator.db.models import Grid, Metric
-from orchestrator.grids.deciding import decide_of
+from orchestrator.db.models import EvaluationResult, Grid, Metric, Run
+from orchestrator.grids.deciding import AUTO, MAX_BORROW, decide_of
 from orchestrator.grids.replicates import SEED_ENV
 from orchestrator.numbers import is_finite
 from orchestrator.results.borrowed import SeedVariance, pooled_arms, run_spread
 from orchestrator.results.evaluations import largest_evaluation
 from orchestrator.results.reports.stats import value_of
+from orchestrator.runs.trust import nodes_of, trusted_nodes
+from orchestrator.version import same_code
 from orchestrator.vocabulary import RunState
+
+AUTO_SCAN = 200  # earlier grids "auto" looks through at a look, newest first (a look reads specs, not records)
+
+
+@dataclass(frozen=True)
+class RunValue:
+    """One completed run's value of a metric at its final checkpoint, with where it came from."""
+
+    run_id: int
+    identity: str  # arm_identity of its spec
+    value: float
+    images: int | None  # the images it was measured on (its row's <metric>_n)
+    code: str | None  # the code its worker ran, as a version text (code_of)
+    data: str | None  # the prepared data's manifest sha256 its records name
+    strangers: tuple[str, ...]  # the nodes it came from that are not trusted (none: it may be borrowed)
 
 
 def arm_identity(spec: dict[str, Any]) -> str | None:
@@ -47,45 +81,117 @@ def arm_identity(spec: dict[str, Any]) -> str | None:
     return json.dumps(arm.model_dump(mode="json"), sort_keys=True)
 
 
-def final_values(session: Session, grid: Grid, metrics: Sequence[str]) -> dict[str, dict[str, list[float]]]:
-    """Per metric and arm identity, the completed runs' finite values at their final checkpoint (one per
-    distinct spec: two runs of one seed count once); the grid's records are read once for all metrics."""
+def code_of(run: Run) -> str | None:
+    """The code a run's worker reported (its provenance on `versions`) as a version text `same_code` reads:
+    the git commit of a clean tree, else the installed distribution's version; None where neither (or a
+    tree with uncommitted changes: it may hold anything)."""
+    reported = run.versions or {}
+    git = reported.get("git") if isinstance(reported.get("git"), dict) else {}
+    commit = git.get("commit")
+    if isinstance(commit, str) and commit and git.get("dirty") is False:
+        return f"source tree, commit {commit}"
+    versions = reported.get("versions") if isinstance(reported.get("versions"), dict) else {}
+    installed = versions.get("ablate-dit")
+    return installed if isinstance(installed, str) and installed and commit is None else None
+
+
+def run_values(session: Session, grid: Grid, metrics: Sequence[str], trusted: set[str]) -> dict[str, list[RunValue]]:
+    """Per metric, the grid's completed runs' finite values at their final checkpoint (the largest completed
+    evaluation's row where it has one, else the run's last record), one per distinct spec (two runs of one
+    seed count once); the grid's records are read once for all metrics."""
     runs = [r for r in grid.runs if r.state == RunState.completed]
     last: dict[int, Metric] = {}
     rows = select(Metric).where(Metric.run_id.in_([r.id for r in runs])).order_by(Metric.run_id, Metric.step)
     for m in session.scalars(rows):
         last[m.run_id] = m
     _, evaluated = largest_evaluation(session, grid)
-    values: dict[str, dict[str, list[float]]] = {metric: {} for metric in metrics}
-    for metric, by_identity in values.items():
+    values: dict[str, list[RunValue]] = {metric: [] for metric in metrics}
+    for metric, found in values.items():
         seen: set[str] = set()
         for r in sorted(runs, key=lambda r: r.position):
-            record = evaluated.get(r.id, last.get(r.id))
+            job: EvaluationResult | None = evaluated.get(r.id)
+            record = job if job is not None else last.get(r.id)
             value = value_of(record, metric) if record is not None else None
             spec, identity = json.dumps(r.spec, sort_keys=True), arm_identity(r.spec)
             if not is_finite(value) or spec in seen or identity is None:
                 continue
             seen.add(spec)
-            by_identity.setdefault(identity, []).append(float(value))  # type: ignore[arg-type]
+            sources = [*nodes_of(r), *([job.node] if job is not None and job.node else [])]
+            images = value_of(record, f"{metric}_n")  # type: ignore[arg-type]
+            manifest = (last[r.id].extra or {}).get("data_manifest_sha256") if r.id in last else None
+            found.append(RunValue(
+                run_id=r.id, identity=identity, value=float(value), images=int(images) if is_finite(images) else None,  # type: ignore[arg-type]
+                code=code_of(r), data=manifest if isinstance(manifest, str) else None,
+                strangers=tuple(n for n in dict.fromkeys(sources) if n not in trusted)))  # fmt: skip
     return values
 
 
+def grid_spread(grid_id: int, values: Sequence[RunValue]) -> SeedVariance | None:
+    """One arm's seed variance in one earlier grid from its runs' `values`: the trusted ones' spread, named
+    by the grid; refused where the runs from nodes not trusted leave fewer than two; None under two runs."""
+    kept = [v.value for v in values if not v.strangers]
+    spread = run_spread(kept)
+    if spread is not None:
+        return SeedVariance(spread.value, spread.df, (grid_id,))
+    strangers = sorted({n for v in values if v.strangers for n in v.strangers})
+    if not strangers or len(values) < 2:
+        return None
+    return SeedVariance(0.0, 0.0, (grid_id,), refused=(
+        f"grid {grid_id}'s runs of this arm came from node {', '.join(strangers)}, not trusted: a node's "
+        "word may not set another grid's seed variance (mark it with `ablate nodes set NAME --trusted`)"))  # fmt: skip
+
+
+def matches(earlier: RunValue, mine: Sequence[RunValue]) -> bool:
+    """`earlier` ran what the arm's runs `mine` run: the same code, data and images (its spec matched)."""
+    return bool(mine) and all(
+        earlier.code is not None and m.code is not None and same_code(earlier.code, m.code)
+        and earlier.data == m.data and earlier.images == m.images for m in mine)  # fmt: skip
+
+
+def auto_grids(session: Session, grid: Grid, identities: dict[str, str | None]) -> list[int]:
+    """The earlier grids whose completed runs share an identity with one of the grid's built-in arms, newest
+    first: the AUTO_SCAN newest looked at, the MAX_BORROW newest kept (matches() then checks each run)."""
+    built_in = {i for arm, i in identities.items() if i is not None and _built_in(grid, arm)}
+    earlier = session.scalars(select(Grid).where(Grid.id < grid.id).order_by(Grid.id.desc()).limit(AUTO_SCAN))
+    found = []
+    for g in earlier:
+        if any(r.state == RunState.completed and arm_identity(r.spec) in built_in for r in g.runs):
+            found.append(g.id)
+        if len(found) == MAX_BORROW:
+            break
+    return found
+
+
+def _built_in(grid: Grid, arm: str) -> bool:
+    return any(r.arm == arm and not r.spec.get("command") for r in grid.runs)
+
+
 def earlier_seed_variances(session: Session, grid: Grid, metrics: Sequence[str]) -> dict[str, dict[str, SeedVariance]]:
-    """Per metric, each arm of `grid` with its seed variance from the grids its decide.borrow_from names:
-    per earlier grid the spread of that arm's runs (results/borrowed.py `run_spread`), pooled over the
-    grids (`pooled_arms`); each earlier grid is read once for all `metrics`. An arm no earlier grid ran at
-    least twice is absent."""
+    """Per metric, each arm of `grid` with its seed variance from the grids its decide.borrow_from names (or,
+    "auto", finds): per earlier grid the spread of that arm's runs from trusted nodes (grid_spread), pooled
+    over the grids (`pooled_arms`, naming them); each earlier grid is read once for all `metrics`. An arm
+    no earlier grid ran at least twice is absent; one whose runs came from nodes not trusted is refused."""
     decide = decide_of(grid)
     borrow = decide.borrow_from if decide is not None else []
     identities = {r.arm: arm_identity(r.spec) for r in grid.runs if r.seed == 0}  # every arm has a seed 0
+    trusted = trusted_nodes(session)
+    auto = borrow == AUTO
+    mine = run_values(session, grid, metrics, trusted) if auto else {}
+    grid_ids = auto_grids(session, grid, identities) if auto else list(borrow)
     per_arm: dict[str, dict[str, list[SeedVariance]]] = {m: {arm: [] for arm in identities} for m in metrics}
-    for grid_id in borrow:
+    for grid_id in grid_ids:
         earlier = session.get(Grid, grid_id)
         if earlier is None:  # deleted since the submit
             continue
-        for metric, values in final_values(session, earlier, metrics).items():
+        for metric, values in run_values(session, earlier, metrics, trusted).items():
             for arm, identity in identities.items():
-                spread = run_spread(values.get(identity, [])) if identity is not None else None
+                if identity is None:
+                    continue
+                same = [v for v in values if v.identity == identity]
+                if auto:
+                    own = [v for v in mine[metric] if v.identity == identity]
+                    same = [v for v in same if matches(v, own)]
+                spread = grid_spread(grid_id, same)
                 if spread is not None:
                     per_arm[metric][arm].append(spread)
     pooled = {m: {arm: pooled_arms(spreads) for arm, spreads in arms.items()} for m, arms in per_arm.items()}
