@@ -35,11 +35,12 @@ from dataclasses import dataclass
 DF_QUANTILE = 0.1  # the seed term's upper bound the df is read at (borrowed_reading)
 CHECK = 0.1  # the check's level: the comparison's own seed variance above the borrowed one's 90% F bound
 # The least borrowed seed variance of a paired difference that counts, as a share of the comparison's own
-# images' part (se^2 on one seed): a seed SD under a tenth of that SE. On the measured headline (seed 0.001,
-# image 0.011, rest 0.0018; 64 images) the honest share is about 0.5, so an earlier grid on 3 seeds falls
-# below it by chance about once in 1,000 looks (then: one more seed); forged or seed-blind records read
-# 1e-14 (issue 57's probe).
-SPREAD_FLOOR = 0.01
+# images' part (se^2 on one seed): a seed SD under 3% of that SE. Honest seeds sit above it: about 0.5 on the
+# measured headline (seed 0.001, image 0.011, rest 0.0018; 64 images), where an earlier grid on 3 seeds of
+# each arm falls below it by chance about once in 150,000 looks (on 2 seeds, 1 in 540; then: one more seed);
+# 0.007 on tiny CPU runs of 4 images (tests/.../test_borrowing_grid.py); forged or seed-blind records read
+# 1e-14 (issue 57).
+SPREAD_FLOOR = 1e-3
 
 
 class RefusedBorrow(ValueError):

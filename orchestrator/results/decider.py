@@ -34,11 +34,14 @@ from orchestrator.grids.evaluations import EvaluationCreate, create_evaluation, 
 from orchestrator.grids.projection import START_S
 from orchestrator.results import sequential
 from orchestrator.results.borrowed import (
+    SPREAD_FLOOR,
     BorrowedReading,
+    RefusedBorrow,
     SeedVariance,
     borrowed_reading,
     crossed_parts,
     difference_of,
+    floor_refusal,
 )
 from orchestrator.results.borrowing import earlier_seed_variances
 from orchestrator.results.decisions import DECIDED, ComparisonLook, futility_of, grid_looks, look_comparisons
@@ -96,12 +99,19 @@ def _images_now(session: Session, grid: Grid) -> tuple[int | None, int]:
 
 def components_of(e: Effect) -> sequential.Variance:
     """The per-observation variance components of the effect's differences, read back from its crossed
-    noise budget (shares of the mean's variance se^2); an interval that is not crossed is all seed."""
+    noise budget (shares of the mean's variance se^2); an interval that is not crossed is all seed. The seed
+    component is the one the budget prices a seed at (`seeds_priced`: its median given the seeds' mean square
+    and that it is not negative), never the clipped zero a small 1- or 2-df mean square gives, so one more
+    seed never looks worthless to the chooser (bench/chooser_cost.py)."""
     var, k, n = (e.se or 0.0) ** 2, e.k, e.n or 1
     if e.budget is None:
         return sequential.Variance(seed=var * k, image=0.0, rest=0.0)
     b = e.budget
-    return sequential.Variance(seed=b.seeds * var * k, image=b.images * var * n, rest=b.rest * var * k * n)
+    seed = b.seeds * var * k
+    others = (b.images + b.rest) * var  # the image and rest part of the mean's variance
+    if b.seeds_priced is not None and b.seeds_priced < 1 and others > 0:
+        seed = max(seed, k * others * b.seeds_priced / (1 - b.seeds_priced))
+    return sequential.Variance(seed=seed, image=b.images * var * n, rest=b.rest * var * k * n)
 
 
 def evaluation_jobs(session: Session, grid: Grid) -> list[tuple[float, int]]:
@@ -132,24 +142,45 @@ def action_costs(e: Effect, jobs: Sequence[tuple[float, int]] = ()) -> sequentia
     return sequential.Costs(seed_a=seed, seed_b=seed, image=image, image_job=job)
 
 
-def borrowed_look(e: Effect, earlier: SeedVariance, check: float) -> tuple[BorrowedReading, sequential.Variance] | None:
-    """The comparison read with its arms' seed variance from earlier grids (results/borrowed.py), and the
-    variance components that project it (the information fraction, the chooser): k >= 2 from the crossed
-    table's components, one seed from that seed's paired interval (its SE over its n - 1 df). None where
-    neither applies (k >= 2 not crossed, one seed with no interval) or the reading has no spread."""
+def borrowed_inputs(e: Effect) -> tuple[SeedVariance | None, SeedVariance] | None:
+    """The effect's own seed part (None on one seed) and its images' part, as borrowed_reading reads them: k >= 2
+    from the crossed table's components, one seed from that seed's paired interval (its SE over its n - 1 df).
+    None where neither applies (k >= 2 not crossed, one seed with no interval)."""
     n = e.n or 1
-    own: SeedVariance | None
     if e.k >= 2 and e.budget is not None:
         v = components_of(e)
-        own, images = crossed_parts(v.seed, v.image, v.rest, e.k, n)
-    elif e.k == 1 and e.se is not None and e.se > 0 and math.isfinite(e.se) and n > 1:
-        own, images = None, SeedVariance(e.se**2, n - 1)
-    else:
+        return crossed_parts(v.seed, v.image, v.rest, e.k, n)
+    if e.k == 1 and e.se is not None and e.se > 0 and math.isfinite(e.se) and n > 1:
+        return None, SeedVariance(e.se**2, n - 1)
+    return None
+
+
+def borrowed_look(e: Effect, earlier: SeedVariance, check: float) -> tuple[BorrowedReading, sequential.Variance] | None:
+    """The comparison read with its arms' seed variance from earlier grids (results/borrowed.py), and the
+    variance components that project it (the information fraction, the chooser). None where borrowed_inputs
+    has none, on one seed where the borrowed variance is refused (not_borrowed says why), or where the
+    reading has no spread."""
+    inputs = borrowed_inputs(e)
+    if inputs is None:
         return None
-    r = borrowed_reading(own, images, e.k, earlier, check)
+    own, images = inputs
+    try:
+        r = borrowed_reading(own, images, e.k, earlier, check, floor=SPREAD_FLOOR)
+    except RefusedBorrow:
+        return None
     if not (r.se > 0 and math.isfinite(r.se)):
         return None
-    return r, sequential.Variance(seed=r.seeds.variance.value, image=images.value * n, rest=0.0)
+    return r, sequential.Variance(seed=r.seeds.variance.value, image=images.value * (e.n or 1), rest=0.0)
+
+
+def not_borrowed(e: Effect, earlier: SeedVariance | None) -> str:
+    """Why the comparison's earlier seed variance was refused (its records' nodes, or its floor), for the
+    look's reason; "" where there was none or it was not refused."""
+    if earlier is None:
+        return ""
+    inputs = borrowed_inputs(e)
+    refusal = floor_refusal(earlier, inputs[1]) if inputs is not None else earlier.refused
+    return f"; seed variance not borrowed: {refusal}" if refusal else ""
 
 
 def judge_comparison(e: Effect, decide: DecideSpec, look: int, max_images: int, at_seeds: bool, at_images: bool,
@@ -173,7 +204,8 @@ def judge_comparison(e: Effect, decide: DecideSpec, look: int, max_images: int, 
         spent = previous.alpha_spent if previous is not None else 0.0
         action = None if at_seeds else "seed"  # one seed (min_seeds 1) or a failed run: a seed gives one
         return ComparisonLook(**base, decision="open" if action else "undecided", look=look, alpha_spent=spent,
-                              fractions=fractions, action=action, reason="no interval across seeds to judge")  # type: ignore[arg-type]  # fmt: skip
+                              fractions=fractions, action=action,
+                              reason="no interval across seeds to judge" + not_borrowed(e, earlier))  # type: ignore[arg-type]  # fmt: skip
     if borrowed is not None:
         reading, v = borrowed
         se, df, note = reading.se, reading.df, f"; seed variance: {reading.seeds.note}"
