@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from worker.stored_file import StoredFileRefused, get_stored
+from worker.stored_file import StoredFileRefused, check_prefix, get_stored
 
 PARTIAL = (".tmp", ".partial", ".fetch")  # a file being written under a temporary name: next cycle
 
@@ -63,9 +63,11 @@ class FolderMirror:
     def fetch(self, fs: Any, root: str, max_bytes: int | None = None, skipped: list[str] | None = None) -> int:
         """The stored folder into out_dir (names outside it refused); returns the bytes fetched. Files are
         read as worker/stored_file.py allows (no links, inside the prefix, `max_bytes` in all); a refused
-        one raises StoredFileRefused, or is named in `skipped` when a list is given."""
+        one raises StoredFileRefused, or is named in `skipped` when a list is given. A run's folder that is
+        a link, or lies under one, raises StoredFileRefused before anything is listed."""
         remote = f"{root}/{self.rel}"
         try:
+            check_prefix(fs, root)  # a listing follows links: the run's folder is checked first
             found = fs.find(remote, detail=True)
         except FileNotFoundError:
             return 0

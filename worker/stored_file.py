@@ -5,6 +5,10 @@ anything there: a symbolic link to the reader's own files (in a `file://` or `sf
 with nodes), a link to another run's files, a file of any size. Every read of a stored file, on the
 controller (a sample image, the report, a sweep's copy-back) and on a resuming node, goes through here:
 
+- the prefix itself is reached without following a link at any component, from `/` down: a node
+  created its run's folder in a store shared with nodes, so it can replace that folder (or a folder
+  above it that it can write) with a link to the reader's own files. A store named through a link is
+  refused too: name it by its real path;
 - the path must lie inside the prefix, and no part of it below the prefix may be a symbolic link: on
   local disk each directory is opened from the one above it (`dir_fd`, O_NOFOLLOW at every level), so a
   node that swaps a parent directory for a link between a check and the open gains nothing; over SFTP
@@ -81,11 +85,79 @@ def open_beneath(dir_fd: int, parts: Sequence[str]) -> int:
             os.close(here)
 
 
+def _prefix_refused(root: str, reached: str, what: str) -> StoredFileRefused:
+    why = "the run's folder is a symbolic link, or lies under one" if "link" in what else f"the run's folder is {what}"
+    return StoredFileRefused(
+        f"the run's stored folder {root} is refused: {reached} is {what}; a stored folder is reached without "
+        "following any link, since a node may swap its folder for one (if the store is named through a link, "
+        "name it by its real path)", why)
+
+
+def _prefix_parts(root: str) -> list[str]:
+    path = posixpath.normpath(root)
+    if not path.startswith("/"):
+        raise StoredFileRefused(f"the run's stored folder {root} is not an absolute path", "not an absolute path")
+    return [p for p in path.split("/") if p]
+
+
+def open_prefix(root: str) -> int:
+    """A descriptor of the directory `root` on local disk, walked from `/` one component at a time, each
+    opened from the one above it with O_NOFOLLOW | O_DIRECTORY: no link is followed at any level, whatever
+    is renamed meanwhile. Raises StoredFileRefused where a component is a link or not a directory,
+    FileNotFoundError where one is missing."""
+    parts = _prefix_parts(root)
+    search = getattr(os, "O_PATH", os.O_RDONLY)  # a directory passed through needs search, not read, permission
+    here = os.open("/", search | os.O_DIRECTORY)
+    for i, part in enumerate(parts):
+        flags = (os.O_RDONLY if i == len(parts) - 1 else search) | os.O_DIRECTORY | os.O_NOFOLLOW
+        try:
+            below = os.open(part, flags, dir_fd=here)
+        except OSError as exc:
+            reached = "/" + "/".join(parts[: i + 1])
+            if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                raise
+            raise _prefix_refused(root, reached, "a symbolic link" if os.path.islink(reached)
+                                  else "not a directory") from None  # fmt: skip
+        finally:
+            os.close(here)
+        here = below
+    return here
+
+
+def check_prefix(fs: Any, root: str) -> None:
+    """Refuse the prefix `root` before listing it: a link at any component, or not a directory (file://
+    and sftp://; object stores have no links). Listing is only a preview: each file is opened through a
+    fresh walk (open_stored), so a link swapped in after this check is still refused at the read."""
+    proto = _protocol(fs)
+    if proto in ("file", "local"):
+        os.close(open_prefix(root))
+    elif proto in ("sftp", "ssh"):
+        _check_sftp_prefix(fs.ftp, root)
+
+
+def _check_sftp_prefix(sftp: Any, root: str) -> None:
+    """The prefix over SFTP: the server's real path of it is the path as named (no component is a link),
+    and it is a directory. One round trip for the real path; the components are lstat'ed only to name
+    the link in a refusal."""
+    parts = _prefix_parts(root)
+    named = "/" + "/".join(parts)
+    if sftp.normalize(named) != named:  # the server resolves every link on the way (realpath)
+        walked = ""
+        for part in parts:
+            walked += "/" + part
+            mode = sftp.lstat(walked).st_mode or 0
+            if stat.S_ISLNK(mode):
+                raise _prefix_refused(root, walked, "a symbolic link")
+        # The link was swapped back meanwhile: refused all the same.
+        raise _prefix_refused(root, named, "not its own real path (a link on the way)")
+    if not stat.S_ISDIR(sftp.lstat(named).st_mode or 0):
+        raise _prefix_refused(root, named, "not a directory")
+
+
 def _open_local(root: str, path: str) -> IO[bytes]:
-    """`path` opened from the prefix down (open_beneath). The prefix itself is the caller's (the storage
-    URL's) and is opened as named."""
+    """`path` opened from the prefix down (open_beneath), the prefix walked from `/` (open_prefix)."""
     parts = _parts(root, path)
-    root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    root_fd = open_prefix(root)
     try:
         fd = open_beneath(root_fd, parts)
     except OSError as exc:
@@ -106,14 +178,16 @@ def _open_local(root: str, path: str) -> IO[bytes]:
 
 
 def _open_sftp(sftp: Any, root: str, path: str) -> IO[bytes]:
-    """Open `path` over SFTP after an lstat of every component below the prefix refuses links, then lstat
-    them again once the file is open and check that the open file is the one walked to (size, time and
-    owner). SFTP has no openat and no O_NOFOLLOW, so a window remains: a node that swaps a parent for a
-    link after the first walk and back before the second, to a file of the same size, time and owner,
-    could have the open follow it. The second walk makes that take two well-timed renames instead of one."""
+    """Open `path` over SFTP after the prefix's check (`_check_sftp_prefix`) and an lstat of every
+    component below it refuse links, then do both again once the file is open and check that the open
+    file is the one walked to (size, time and owner). SFTP has no openat and no O_NOFOLLOW, so a window
+    remains: a node that swaps a parent (or its run's folder) for a link after the first walk and back
+    before the second, to a file of the same size, time and owner, could have the open follow it. The
+    second walk makes that take two well-timed renames instead of one."""
     parts = _parts(root, path)
 
     def walk() -> Any:  # noqa: ANN401 - paramiko's SFTPAttributes of the file
+        _check_sftp_prefix(sftp, root)
         walked, attrs = root.rstrip("/") or "/", None
         for i, part in enumerate(parts):
             walked = posixpath.join(walked, part)

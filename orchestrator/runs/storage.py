@@ -209,11 +209,14 @@ def download_run(url: str, options: dict[str, Any], local: Path, max_bytes: int,
     """Copy a run's stored files (checkpoints, best.pt, records, samples, a command arm's folder) into
     `local`; returns the file count. A node wrote them: links and paths outside the prefix are refused
     (worker/stored_file.py), at most `max_bytes` are copied in all, and each refusal is named in `skipped`.
-    Raises FileNotFoundError when storage holds nothing for the run."""
+    Raises FileNotFoundError when storage holds nothing for the run, StoredFileRefused (nothing copied)
+    when the run's folder is a link or lies under one: a node may have swapped it for the controller's files."""
     from worker.checkpoint_store import open_fs
+    from worker.stored_file import check_prefix
 
     fs, root = open_fs(url, options)
     fs.invalidate_cache()
+    check_prefix(fs, root)  # before listing it: a listing follows links
     names = [n for n in fs.ls(root, detail=False) if not n.endswith((".partial", "/"))]
     if not names:
         raise FileNotFoundError(f"nothing stored under {url}")
