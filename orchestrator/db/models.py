@@ -249,6 +249,7 @@ class EvaluationResult(MetricColumns, Base):
     error: Mapped[str | None] = mapped_column(Text)
     gpu_seconds: Mapped[float | None] = mapped_column(Float)  # the node's measured time times the job's GPUs
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column()  # the current attempt's placement, by the controller
     finished_at: Mapped[datetime | None] = mapped_column()
 
     evaluation: Mapped[Evaluation] = relationship(back_populates="results")
