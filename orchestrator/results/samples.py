@@ -25,6 +25,10 @@ from worker.stored_file import StoredFileRefused, read_stored
 # The most bytes of one sample PNG the controller reads (the node sets a sample's size): the built-in
 # trainer's are tens of KB, a command arm's own PNG a few MB.
 MAX_SAMPLE_BYTES = 16 << 20
+# The longest side of a sample PNG served or embedded, by its header: the largest a trainer draws (a
+# built-in arm's 128, a command arm's own pictures as the trackers take them). A PNG of 16 MiB can claim
+# 100,000 x 100,000 pixels of zeros; whoever opens the gallery or the report would decode them.
+MAX_SAMPLE_SIDE = 2048
 
 # What each kind of image is, for captions in the gallery and the report.
 KIND_LABELS = {
@@ -188,11 +192,18 @@ def sample_png(run: Run, step: int, name: str, options: dict[str, Any]) -> bytes
 
 
 def check_png(data: bytes, what: str) -> None:
-    """Refuse bytes that are not one well-formed PNG (a node may name anything `x.png`)."""
+    """Refuse bytes that are not one well-formed PNG (a node may name anything `x.png`), or whose header
+    claims a side over MAX_SAMPLE_SIDE. No pixel is decoded here."""
     from PIL import Image  # Pillow: only when an image is read
 
     try:
         with Image.open(io.BytesIO(data), formats=["PNG"]) as image:
+            side, size = max(image.size), "{}x{} pixels".format(*image.size)
             image.verify()  # the chunks' CRCs, without decoding the pixels
+    except Image.DecompressionBombError as exc:  # over twice Pillow's MAX_IMAGE_PIXELS: refused on open
+        side, size = MAX_SAMPLE_SIDE + 1, str(exc).split(",")[0]
     except Exception as exc:  # noqa: BLE001 - Pillow raises many kinds for a broken file
         raise StoredFileRefused(f"{what} is not a PNG ({type(exc).__name__}: {exc})", "not a PNG") from None
+    if side > MAX_SAMPLE_SIDE:
+        raise StoredFileRefused(f"{what} is {size}, over the {MAX_SAMPLE_SIDE}-pixel side a sample may have",
+                                f"over {MAX_SAMPLE_SIDE} pixels a side")

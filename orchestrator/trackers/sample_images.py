@@ -25,6 +25,9 @@ from worker.stored_file import StoredFileRefused
 MAX_IMAGES = 64  # per checkpoint, as a command arm's gallery shows (worker/command.py MAX_SAMPLES)
 MAX_BYTES = 32 << 20  # per checkpoint, all images together: what one checkpoint holds in the controller
 OWN_MAX_SIDE = 2048  # a command arm's own PNGs: its spec says nothing of their size
+# Per checkpoint, all images' pixels together: what a sink decodes (W&B holds every image of a checkpoint
+# decoded at once: 64 of 2048x2048, 1.3 MiB as PNGs, took 1 GiB). 16 of a command arm's largest.
+MAX_PIXELS = 16 * OWN_MAX_SIDE**2
 NAMED_MAX = 5  # left-out files named in one event; the rest counted
 
 
@@ -71,7 +74,7 @@ def checkpoint_images(run: Run, step: int, extra: dict[str, Any] | None, options
     side = max_side(run)
     out = CheckpointImages([], [])
     seen: set[str] = set()
-    total = 0
+    total = pixels = 0
     for sample in sample_names(extra):
         name = sample.file
         if name in seen:
@@ -94,7 +97,10 @@ def checkpoint_images(run: Run, step: int, extra: dict[str, Any] | None, options
             out.left_out.append(f"{where} ({width}x{height} pixels, over this arm's {side})")
         elif total + len(png) > MAX_BYTES:
             out.left_out.append(f"{where} (over {MAX_BYTES >> 20} MiB of images a checkpoint)")
+        elif pixels + width * height > MAX_PIXELS:
+            out.left_out.append(f"{where} (over {MAX_PIXELS / 1e6:.0f} million pixels of images a checkpoint)")
         else:
             total += len(png)
+            pixels += width * height
             out.images.append(SampleImage(name, sample.caption, png))
     return out
