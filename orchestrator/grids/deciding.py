@@ -9,6 +9,8 @@ queued like the grid's first ones (seed-major, the same held-out split: grids/re
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
@@ -18,6 +20,7 @@ from sqlalchemy.orm import Session
 from model.flow_headline import HEADLINE
 from model.spec import ArmSpec
 from orchestrator.db.models import Grid, Run
+from orchestrator.grids.projection import Rates, fixed_cost, project
 from orchestrator.grids.replicates import MAX_SEEDS, replicate_spec
 from orchestrator.vocabulary import RunState
 
@@ -32,6 +35,10 @@ BorrowIds = Annotated[list[Annotated[int, Field(ge=1, le=MAX_GRID_ID)]], Field(m
 BorrowFrom = Literal["auto"] | BorrowIds
 _BORROW_IDS: TypeAdapter[list[int]] = TypeAdapter(BorrowIds)
 BORROW_CHECK = 0.1  # results/borrowed.py CHECK (grids/ does not import results/; a test holds the two equal)
+IMAGE_STEP = 4  # results/sequential.py IMAGE_STEP: an images action asks this many times the images
+MAX_LOOKS = 100  # the most looks (and evaluations) a grid may be allowed
+MAX_GPU_HOURS = 1e7
+ESTIMATE = Rates(gpu_model=None, steps_per_s={})  # no measured rate: the same projection wherever it is read
 
 
 class DecideSpec(BaseModel):
@@ -60,6 +67,14 @@ class DecideSpec(BaseModel):
     # The borrowed variance's check (results/borrowed.py `seed_reading`): a comparison whose own seeds spread
     # past the borrowed variance's upper F bound at this level reads its own alone.
     check: Annotated[float, Field(gt=0, lt=0.5)] = BORROW_CHECK
+    # The spend no look queues work past: the grid's runs' and evaluation jobs' measured GPU-hours and the
+    # next action's price (results/decider.py). None at submit: the worst case the submit shows
+    # (worst_case_gpu_hours), stored with the grid; still None where that cannot be projected (command arms).
+    max_gpu_hours: Annotated[float, Field(gt=0, le=MAX_GPU_HOURS, allow_inf_nan=False)] | None = None
+    # Looks, and evaluations (images actions and catch-ups), a grid may take; None at submit: what max_seeds
+    # and the images steps need (default_looks), stored with the grid.
+    max_looks: Annotated[int, Field(ge=1, le=MAX_LOOKS)] | None = None
+    max_evaluations: Annotated[int, Field(ge=0, le=MAX_LOOKS)] | None = None
 
     @field_validator("margin")
     @classmethod
@@ -141,6 +156,83 @@ def add_seed(grid: Grid, arms: list[str]) -> list[Run]:
 def worst_case_runs(arms: int, decide: DecideSpec) -> int:
     """Runs if every comparison stays open to the budget: every arm at max_seeds."""
     return arms * decide.max_seeds
+
+
+def submitted_pairs(arms: Sequence[tuple[str, ArmSpec]], control: str | None) -> list[tuple[str, str]]:
+    """(arm, comparator) of every comparison a grid's report will hold: each arm against its parent and
+    against the control (results/reports/build.py Pairing, at one seed)."""
+    labels = [label for label, _ in arms]
+    control = control or (labels[0] if labels else None)
+    pairs = []
+    for label, spec in arms:
+        parent = spec.parent if spec.parent in labels and spec.parent != label else None
+        if parent is not None:
+            pairs.append((label, parent))
+        if control is not None and control not in (label, parent):
+            pairs.append((label, control))
+    return pairs
+
+
+def images_range(specs: Sequence[ArmSpec], decide: DecideSpec) -> tuple[int, int]:
+    """(the images the training records measure, the most an evaluation may ask for): every arm's
+    eval.num_samples, and decide.max_images, within the smallest held-out split."""
+    split = min((s.data.held_out for s in specs), default=1) or 1
+    first = min((min(s.eval.num_samples, s.data.held_out) for s in specs), default=1) or 1
+    return first, max(min(decide.max_images or split, split), first)
+
+
+def images_asked(first: int, most: int) -> list[int]:
+    """The images each images action asks for, from the training records' `first` to `most`."""
+    asked, n = [], max(first, 1)
+    while n < most:
+        n = min(most, IMAGE_STEP * n)
+        asked.append(n)
+    return asked
+
+
+def default_looks(decide: DecideSpec, specs: Sequence[ArmSpec]) -> tuple[int, int]:
+    """(looks, evaluations) a grid needs to reach its budget: a look per images step and per seed of an arm
+    and of its comparator, and the last; an evaluation per images step and a catch-up after each seed."""
+    steps = len(images_asked(*images_range(specs, decide)))
+    seeds = 2 * (decide.max_seeds - decide.min_seeds)
+    return min(1 + steps + seeds, MAX_LOOKS), min(steps + seeds, MAX_LOOKS)
+
+
+def evaluation_job_hours(spec: ArmSpec, images: int) -> float:
+    """One run's evaluation job on `images` held-out images, estimated as the planner prices a checkpoint's
+    evaluation (grids/projection.py fixed_cost: a start, then one evaluation pass)."""
+    one = spec.model_copy(update={"eval": spec.eval.model_copy(update={"num_samples": images}),
+                                  "schedule": spec.schedule.model_copy(update={"steps": 1, "checkpoint_every": 1})})
+    return fixed_cost(one, None)[0]
+
+
+def worst_case_gpu_hours(arms: Sequence[tuple[str, ArmSpec]], control: str | None,
+                         decide: DecideSpec) -> float | None:  # fmt: skip
+    """Every comparison open to its budget: each arm in a comparison trained max_seeds times (the FLOP
+    estimate at an H100's rate with its start and checkpoint evaluations: grids/projection.py), each run
+    evaluated at every images step to max_images and once more there (a seed added after an evaluation).
+    The same number wherever it is computed (no measured rate). None where an arm cannot be projected."""
+    specs = dict(arms)
+    asked = images_asked(*images_range(list(specs.values()), decide))
+    total = 0.0
+    for label in {a for pair in submitted_pairs(arms, control) for a in pair}:
+        run = project(specs[label], ESTIMATE)
+        if run.hours is None:
+            return None
+        evaluations = sum(evaluation_job_hours(specs[label], n) for n in [*asked, *asked[-1:]])
+        total += decide.max_seeds * (run.hours + run.fixed_hours + evaluations)
+    return total if math.isfinite(total) else None
+
+
+def with_budget(decide: DecideSpec, arms: Sequence[tuple[str, ArmSpec]], control: str | None) -> DecideSpec:
+    """The grid's decide with the budget it did not name: max_gpu_hours the worst case, max_looks and
+    max_evaluations what its seeds and images steps need (stored with the grid at submit)."""
+    looks, evaluations = default_looks(decide, [spec for _, spec in arms])
+    hours = decide.max_gpu_hours if decide.max_gpu_hours is not None else worst_case_gpu_hours(arms, control, decide)
+    return decide.model_copy(update={
+        "max_gpu_hours": min(hours, MAX_GPU_HOURS) if hours is not None and hours > 0 else None,
+        "max_looks": decide.max_looks if decide.max_looks is not None else looks,
+        "max_evaluations": decide.max_evaluations if decide.max_evaluations is not None else evaluations})  # fmt: skip
 
 
 def dump(decide: DecideSpec | None) -> dict[str, Any] | None:

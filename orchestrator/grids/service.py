@@ -24,7 +24,7 @@ from orchestrator.db.transitions import transition
 from orchestrator.errors import Conflict, InvalidBody
 from orchestrator.grids.arms import LINEAGE_KEYS, ArmError, arm_files, resolve
 from orchestrator.grids.command_arms import command_errors, is_command_arm, resolve_command_arm
-from orchestrator.grids.deciding import DECIDE_WITH_SEEDS, DecideSpec, borrow_errors
+from orchestrator.grids.deciding import DECIDE_WITH_SEEDS, DecideSpec, borrow_errors, dump, with_budget
 from orchestrator.grids.gpu_share import gpu_count_errors
 from orchestrator.grids.night import plan_grid, planned_spec
 from orchestrator.grids.projection import measured_rates
@@ -381,13 +381,14 @@ def create_grid(
         errors += command_errors(resolved, allowed=False, command_dirs=())
     if errors:
         raise GridError(errors)
+    control = body.control if body.control is not None else resolved[0][0]
     grid = Grid(
         name=body.name,
-        control_arm=body.control if body.control is not None else resolved[0][0],
+        control_arm=control,
         overrides=body.overrides,
         source=source,
         seeds=seeds,
-        decide=body.decide.model_dump(mode="json") if body.decide is not None else None,
+        decide=dump(with_budget(body.decide, resolved, control)) if body.decide is not None else None,
         control_on_trusted=body.control_on_trusted,
         trackers=grid_trackers(body.trackers, default_trackers) if source != GridSource.imported else [],
     )

@@ -8,7 +8,15 @@ at this look from the group-sequential maths (results/sequential.py), and for ea
 the action the chooser gives: one more seed of both arms (grids/deciding.py `add_seed`: new queued runs,
 the next seed index, the same split) or an evaluation on more held-out images (grids/evaluations.py). An
 arm no open comparison needs gets no more seeds; work stops when every comparison is decided or at its
-budget (max_seeds, max_images). A grid whose decide.borrow_from names earlier grids reads a comparison
+budget (max_seeds, max_images). A comparison closed undecided (for futility, or at its budget) stays closed:
+it is never judged, or paid for, again in that grid.
+
+The grid's spend is bounded whatever its nodes answer: no look queues work past decide.max_gpu_hours (the
+runs' and evaluation jobs' measured GPU-hours and the next action's price), past max_looks looks or
+max_evaluations evaluations; an images action that would ask for no more images than the grid's largest
+evaluation asked for is no action, and where that evaluation measured fewer images than it asked (images of
+the split that cannot be read) the images budget is the readable count, said in an event and the look's
+reason. A grid whose decide.borrow_from names earlier grids reads a comparison
 whose two arms they ran with those arms' seed variance (results/borrowing.py, results/borrowed.py): pooled
 with its own seeds', or alone on one seed; the look's reason says which.
 
@@ -22,16 +30,26 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from sqlalchemy import exists, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from orchestrator.db.models import DecisionLook, Evaluation, EvaluationResult, Event, Grid, Metric
+from model.spec import ArmSpec
+from orchestrator.db.models import DecisionLook, Evaluation, EvaluationResult, Event, Grid, Metric, Run
 from orchestrator.db.session import session_scope
-from orchestrator.grids.deciding import DecideSpec, add_seed, arm_seeds, decide_of
+from orchestrator.grids.deciding import (
+    ESTIMATE,
+    DecideSpec,
+    add_seed,
+    arm_seeds,
+    decide_of,
+    evaluation_job_hours,
+    with_budget,
+)
 from orchestrator.grids.evaluations import EvaluationCreate, create_evaluation, evaluated_runs, held_out_size
-from orchestrator.grids.projection import START_S
+from orchestrator.grids.projection import START_S, project
 from orchestrator.results import sequential
 from orchestrator.results.borrowed import (
     SPREAD_FLOOR,
@@ -44,7 +62,7 @@ from orchestrator.results.borrowed import (
     floor_refusal,
 )
 from orchestrator.results.borrowing import earlier_seed_variances
-from orchestrator.results.decisions import DECIDED, ComparisonLook, futility_of, grid_looks, look_comparisons
+from orchestrator.results.decisions import CLOSED, ComparisonLook, futility_of, grid_looks, look_comparisons
 from orchestrator.results.evaluations import largest_evaluation
 from orchestrator.results.pass_listener import PassListener
 from orchestrator.results.reports.build import grid_effects_now
@@ -87,6 +105,115 @@ def current_effects(session: Session, grid: Grid) -> list[Effect]:
         metrics[m.run_id].append(m)
     _, evaluated = largest_evaluation(session, grid)
     return grid_effects_now(grid, metrics, evaluated)[1]
+
+
+def budget_of(grid: Grid) -> DecideSpec:
+    """The grid's decide with its caps: as stored at submit, else (a grid stored before them) the defaults
+    from its arms' first runs (grids/deciding.py with_budget)."""
+    decide = decide_of(grid)
+    assert decide is not None
+    arms = []
+    for r in sorted(grid.runs, key=lambda r: r.position):
+        if r.seed == 0:
+            try:
+                arms.append((r.arm, ArmSpec.model_validate(r.spec)))
+            except ValueError:  # a spec this version no longer reads: priced as unknown
+                continue
+    return with_budget(decide, arms, grid.control_arm)
+
+
+def _finite_hours(value: float | None) -> float | None:
+    return float(value) if value is not None and math.isfinite(value) and value >= 0 else None
+
+
+def spent_gpu_hours(session: Session, grid: Grid) -> float:
+    """What the grid has spent: each run's largest measured GPU-hours (its records'; a run on the CPU
+    records none) and every evaluation job's measured GPU-seconds."""
+    runs: dict[int, float] = {}
+    ids = [r.id for r in grid.runs]
+    for run_id, hours in session.execute(select(Metric.run_id, Metric.gpu_hours).where(Metric.run_id.in_(ids))):
+        h = _finite_hours(hours)
+        if h is not None:
+            runs[run_id] = max(runs.get(run_id, 0.0), h)
+    jobs = session.scalars(select(EvaluationResult.gpu_seconds).join(Evaluation).where(Evaluation.grid_id == grid.id))
+    return sum(runs.values()) + sum(s / 3600 for s in map(_finite_hours, jobs) if s is not None)
+
+
+def evaluations_of(session: Session, grid: Grid) -> int:
+    """Evaluations the grid has had (asked by the decider or by its user)."""
+    return len(session.scalars(select(Evaluation.id).where(Evaluation.grid_id == grid.id)).all())
+
+
+def run_hours(session: Session, run: Run) -> float:
+    """What one more run like `run` costs: the mean measured GPU-hours of its arm's runs, else the estimate
+    the worst case was priced at (grids/deciding.py worst_case_gpu_hours); 0 for a command arm unmeasured."""
+    same = [r.id for r in run.grid.runs if r.arm == run.arm]
+    rows = session.execute(select(Metric.run_id, Metric.gpu_hours).where(Metric.run_id.in_(same))).all()
+    measured: dict[int, float] = {}
+    for run_id, hours in rows:
+        h = _finite_hours(hours)
+        if h:
+            measured[run_id] = max(measured.get(run_id, 0.0), h)
+    if measured:
+        return sum(measured.values()) / len(measured)
+    try:
+        p = project(ArmSpec.model_validate(run.spec), ESTIMATE)
+    except ValueError:
+        return 0.0
+    return (p.hours or 0.0) + p.fixed_hours
+
+
+def evaluation_hours(session: Session, grid: Grid, images: int) -> float:
+    """An evaluation of every evaluated run on `images` images: each job a start (estimated) and its images
+    at the slowest per-image rate the grid's completed jobs measured, else the estimate."""
+    total = 0.0
+    jobs = evaluation_jobs(session, grid)
+    for run in evaluated_runs(grid):
+        try:
+            spec = ArmSpec.model_validate(run.spec)
+        except ValueError:
+            continue
+        start = evaluation_job_hours(spec, 0)
+        rates = [max(s / 3600 - start, 0.0) / n for s, n in jobs if n > 0]
+        total += start + images * (max(rates) if rates else evaluation_job_hours(spec, 1) - start)
+    return total
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why this look queues nothing more: a cap of the grid reached (for every comparison still open)."""
+
+    words: str
+
+
+def over_budget(session: Session, grid: Grid, budget: DecideSpec, cost: float, evaluation: bool) -> Refusal | None:
+    """The cap that work costing `cost` GPU-hours (an evaluation, where `evaluation`) would pass, if any."""
+    if evaluation and budget.max_evaluations is not None and evaluations_of(session, grid) >= budget.max_evaluations:
+        return Refusal(f"at the evaluations budget: {budget.max_evaluations} evaluations (decide.max_evaluations)")
+    spent = spent_gpu_hours(session, grid)
+    if budget.max_gpu_hours is not None and spent + cost > budget.max_gpu_hours:
+        return Refusal(f"at the GPU-hours budget: {spent:.4g} spent, the next work {cost:.4g} more, of "
+                       f"{budget.max_gpu_hours:.4g} (decide.max_gpu_hours)")  # fmt: skip
+    return None
+
+
+def next_images(max_images: int, asked: int | None, n: int) -> int | None:
+    """The images the next images action would ask for: IMAGE_STEP x the largest evaluation's (or the n
+    measured), at most max_images; None where that is no more than the grid already asked for or measured
+    (no action: asking again measures the same images)."""
+    want = min(max_images, sequential.IMAGE_STEP * max(asked or 0, n))
+    return want if want > max(asked or 0, n) else None
+
+
+def readable_images(asked: int | None, measured: int, max_images: int) -> tuple[int, str]:
+    """(the images budget, a note for the look's reason): max_images, less the images the largest evaluation
+    asked for and did not measure (images of the split that cannot be read)."""
+    if asked is None or not 0 < measured < asked:
+        return max_images, ""
+    short = asked - measured
+    budget = max(max_images - short, 1)
+    return budget, (f"; images budget {budget}: the split's readable images (the largest evaluation measured "
+                    f"{measured} of the {asked} it asked for)")  # fmt: skip
 
 
 def _images_now(session: Session, grid: Grid) -> tuple[int | None, int]:
@@ -187,7 +314,7 @@ def judge_comparison(e: Effect, decide: DecideSpec, look: int, max_images: int, 
     jobs so far, pricing the images action (action_costs)."""
     base = dict(arm=e.arm, against=e.against, other_arm=e.other_arm, metric=e.metric, diff=e.diff, low=e.low,
                 high=e.high, k=e.k, n=e.n)  # fmt: skip
-    if previous is not None and previous.decision in DECIDED:
+    if previous is not None and previous.decision in CLOSED:  # closed for good: never judged again
         return previous.model_copy(update={**base, "action": None})
     fractions = list(previous.fractions) if previous is not None else []
     max_images = max(max_images, e.n or 1)  # already past it (the training records' n): at the budget
@@ -225,8 +352,7 @@ def judge_comparison(e: Effect, decide: DecideSpec, look: int, max_images: int, 
 
 def take_look(session: Session, grid: Grid) -> DecisionLook:
     """The look after the grid's current wave, with the work it queues (flushed; the caller commits)."""
-    decide = decide_of(grid)
-    assert decide is not None
+    decide = budget_of(grid)
     looks = grid_looks(session, grid.id)
     wave = len(looks)
     previous = {c.key(): c for c in look_comparisons(looks[-1] if looks else None)}
@@ -234,26 +360,34 @@ def take_look(session: Session, grid: Grid) -> DecisionLook:
     images, split = _images_now(session, grid)
     max_images = max(min(decide.max_images or split, split), 1)  # 1: nothing to evaluate (command arms)
     stopped = any(r.decision == RunDecision.USER for r in grid.runs)  # the user stopped it: add nothing
+    last_look = wave + 1 >= (decide.max_looks or 1)  # the last look the grid may take: judged as the last
     failed = session.scalar(select(exists().where(Evaluation.grid_id == grid.id,
                                                   Evaluation.state == EvaluationState.failed)))  # fmt: skip
     # Each arm's seed variance from the earlier grids it names, per decided metric (each grid read once).
     earlier = earlier_seed_variances(session, grid, list(decide.margin)) if decide.borrow_from else {}
     jobs = evaluation_jobs(session, grid)
+    effects = [e for e in current_effects(session, grid) if e.metric in decide.margin]
+    readable, short = readable_images(images, max((e.n or 0 for e in effects), default=0), max_images)
     comparisons: list[ComparisonLook] = []
-    for e in current_effects(session, grid):
-        if e.metric not in decide.margin:
-            continue
-        at_seeds = stopped or max(seeds.get(e.arm, 0), seeds.get(e.other_arm, 0)) >= decide.max_seeds
-        at_images = stopped or failed or (e.n or 0) >= max_images
+    for e in effects:
+        at_seeds = stopped or last_look or max(seeds.get(e.arm, 0), seeds.get(e.other_arm, 0)) >= decide.max_seeds
+        at_images = (stopped or last_look or failed or next_images(max_images, images, e.n or 0) is None
+                     or (e.n or 0) >= readable)  # fmt: skip
         prior = previous.get((e.arm, e.metric, e.against))
         arms = earlier.get(e.metric, {})
         borrowed = difference_of(arms.get(e.arm), arms.get(e.other_arm))
-        comparisons.append(judge_comparison(e, decide, wave + 1, max_images, at_seeds, at_images, prior, borrowed,
-                                            jobs))  # fmt: skip
-    actions = queue_actions(session, grid, comparisons, decide, max_images, images)
+        c = judge_comparison(e, decide, wave + 1, readable, at_seeds, at_images, prior, borrowed, jobs)
+        if c.look == wave + 1:  # judged at this look (a closed one keeps its reason)
+            c.reason += short
+        comparisons.append(c)
+    actions, refusal = queue_actions(session, grid, comparisons, decide, max_images, images, budget=decide)
+    if last_look and not stopped:
+        refusal = Refusal(f"at the looks budget: {decide.max_looks} looks (decide.max_looks)")
     for c in comparisons:
         if c.decision == "open" and not actions:  # nothing left that could decide it
             c.decision, c.action = "undecided", None
+        if refusal is not None and c.decision == "undecided" and c.look == wave + 1:
+            c.reason += f"; {refusal.words}"
     look = DecisionLook(grid_id=grid.id, wave=wave, comparisons=[c.model_dump(mode="json") for c in comparisons],
                         actions=actions, final=not actions)  # fmt: skip
     session.add(look)
@@ -261,6 +395,11 @@ def take_look(session: Session, grid: Grid) -> DecisionLook:
     words = ", ".join(f"{c.arm} vs {c.other_arm} {c.decision}" for c in comparisons) or "no comparison measured"
     session.add(Event(grid_id=grid.id, kind="decide.look", message=f"look {wave + 1}: {words}",
                       data={"wave": wave, "open": len(open_), "final": not actions}))  # fmt: skip
+    if short:
+        session.add(Event(grid_id=grid.id, kind="decide.images_budget", message=short.removeprefix("; "),
+                          data={"wave": wave, "images": readable, "asked": images}))  # fmt: skip
+    if refusal is not None and not actions:
+        session.add(Event(grid_id=grid.id, kind="decide.budget", message=refusal.words, data={"wave": wave}))
     for a in actions:
         session.add(Event(grid_id=grid.id, kind="decide.action", message=a["words"], data=a))
     session.flush()
@@ -268,27 +407,41 @@ def take_look(session: Session, grid: Grid) -> DecisionLook:
 
 
 def queue_actions(session: Session, grid: Grid, comparisons: Sequence[ComparisonLook], decide: DecideSpec,
-                  max_images: int, images: int | None) -> list[dict]:  # fmt: skip
+                  max_images: int, images: int | None,
+                  budget: DecideSpec | None = None) -> tuple[list[dict], Refusal | None]:  # fmt: skip
     """Queue this look's work: an evaluation on more images where any open comparison asks for one (it
     serves every comparison, and needs no run active), else one more seed of each arm an open comparison
-    asks one for (both its arms), below max_seeds. Returns the actions as stored."""
+    asks one for (both its arms), below max_seeds. Nothing where the images asked are no more than the
+    grid's largest evaluation asked for, or where the work would pass `budget`'s caps (the Refusal says
+    which). Returns the actions as stored."""
     open_ = [c for c in comparisons if c.decision == "open"]
-    if any(c.action == "images" for c in open_):
-        n = min(max_images, sequential.IMAGE_STEP * max(images or 0, *(c.n or 0 for c in open_)))
+    n = next_images(max_images, images, max((c.n or 0 for c in open_), default=0))
+    if n is None:
+        for c in open_:
+            c.action = None if c.action == "images" else c.action  # no images left to ask for
+    if n is not None and any(c.action == "images" for c in open_):
+        refusal = over_budget(session, grid, budget, evaluation_hours(session, grid, n), True) if budget else None
+        if refusal is not None:
+            return [], refusal
         evaluation = create_evaluation(session, grid, EvaluationCreate(images=n))
         for c in open_:
             c.action = "images"  # one evaluation serves every open comparison this wave
         return [{"action": "images", "images": n, "evaluation": evaluation.id,
-                 "words": f"evaluate every run on {n} held-out images (evaluation {evaluation.id})"}]  # fmt: skip
+                 "words": f"evaluate every run on {n} held-out images (evaluation {evaluation.id})"}], None  # fmt: skip
     seeds = arm_seeds(grid)
     arms = [a for a in seeds if any(c.action == "seed" and a in (c.arm, c.other_arm) for c in open_)]
     arms = [a for a in arms if seeds[a] < decide.max_seeds]
     if not arms:
-        return []
+        return [], None
+    if budget is not None:
+        first = {r.arm: r for r in grid.runs if r.seed == 0}
+        refusal = over_budget(session, grid, budget, sum(run_hours(session, first[a]) for a in arms), False)
+        if refusal is not None:
+            return [], refusal
     runs = add_seed(grid, arms)
     session.flush()
     return [{"action": "seed", "arms": arms, "runs": [r.id for r in runs],
-             "words": "one more seed of " + ", ".join(f"{r.arm} (seed {r.seed})" for r in runs)}]  # fmt: skip
+             "words": "one more seed of " + ", ".join(f"{r.arm} (seed {r.seed})" for r in runs)}], None  # fmt: skip
 
 
 def catch_up(session: Session, grid: Grid) -> Evaluation | None:
@@ -304,6 +457,14 @@ def catch_up(session: Session, grid: Grid) -> Evaluation | None:
         Evaluation.grid_id == grid.id, Evaluation.images == info.images)))  # fmt: skip
     missing = [r for r in evaluated_runs(grid) if r.id not in asked]
     if not missing:
+        return None
+    budget = budget_of(grid)
+    cost = evaluation_hours(session, grid, info.images) * len(missing) / max(len(evaluated_runs(grid)), 1)
+    refusal = over_budget(session, grid, budget, cost, True)
+    if refusal is not None:  # the look takes the effects as they are
+        words = f"no catch-up evaluation: {refusal.words}"
+        if not session.scalar(select(exists().where(Event.grid_id == grid.id, Event.message == words))):
+            session.add(Event(grid_id=grid.id, kind="decide.budget", message=words))
         return None
     evaluation = create_evaluation(session, grid, EvaluationCreate(images=info.images))
     words = (f"evaluate every run on {info.images} held-out images (evaluation {evaluation.id}) before the look: "

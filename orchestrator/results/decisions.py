@@ -17,13 +17,16 @@ from sqlalchemy.orm import Session
 
 from model.spec import ArmSpec
 from orchestrator.db.models import DecisionLook, Grid
-from orchestrator.grids.deciding import DecideSpec
+from orchestrator.grids import deciding
+from orchestrator.grids.deciding import DecideSpec, submitted_pairs, with_budget
 from orchestrator.grids.replicates import projected_gpu_hours
 from orchestrator.results.reports.model import Effect
 
 Decision = Literal["better", "worse", "equivalent", "undecided", "open"]
 Action = Literal["seed", "images"]
 DECIDED: tuple[Decision, ...] = ("better", "worse", "equivalent")
+# Closed for good in its grid: never judged, or paid for, again (undecided: for futility, or at its budget).
+CLOSED: tuple[Decision, ...] = (*DECIDED, "undecided")
 
 
 class ComparisonLook(BaseModel):
@@ -128,30 +131,16 @@ def decision_json(session: Session, grid: Grid) -> dict | None:
 
 
 class DecideCost(BaseModel):
-    """What a deciding grid may cost, projected at submit (grids/replicates.py's rates; evaluations beyond
-    the training records' are not priced before a run has measured one): the worst case, every comparison
-    open to the budget (its arms at max_seeds), and the expected GPU-hours (results/sequential.py, its
+    """What a deciding grid may cost, projected at submit: the worst case, every comparison open to the
+    budget (grids/deciding.py worst_case_gpu_hours: its arms at max_seeds, their evaluations included), the
+    default of decide.max_gpu_hours; and the expected GPU-hours of training (results/sequential.py, its
     simulated grids with the measured headline's noise and no true effect: the longest case); None where a
-    command arm cannot be projected."""
+    command arm cannot be projected. `budget`: the decide as stored, its caps filled in."""
 
     worst_case_gpu_hours: float | None
     expected_gpu_hours: float | None
     words: str
-
-
-def submitted_pairs(arms: list[tuple[str, ArmSpec]], control: str | None) -> list[tuple[str, str]]:
-    """(arm, comparator) of every comparison a grid's report will hold: each arm against its parent and
-    against the control (results/reports/build.py Pairing, at one seed)."""
-    labels = [label for label, _ in arms]
-    control = control or (labels[0] if labels else None)
-    pairs = []
-    for label, spec in arms:
-        parent = spec.parent if spec.parent in labels and spec.parent != label else None
-        if parent is not None:
-            pairs.append((label, parent))
-        if control is not None and control not in (label, parent):
-            pairs.append((label, control))
-    return pairs
+    budget: DecideSpec | None = None
 
 
 def futility_of(decide: DecideSpec) -> float:
@@ -161,27 +150,37 @@ def futility_of(decide: DecideSpec) -> float:
     return sequential.FUTILITY if decide.futility is None else decide.futility
 
 
+def budget_words(budget: DecideSpec) -> str:
+    """The caps no look goes past, in words."""
+    hours = f"{budget.max_gpu_hours:,.4g} GPU-hours" if budget.max_gpu_hours is not None else "no GPU-hours cap"
+    return (f"no look queues work past {hours} (decide.max_gpu_hours), {budget.max_looks} looks or "
+            f"{budget.max_evaluations} evaluations")
+
+
 def decide_cost(arms: list[tuple[str, ArmSpec]], control: str | None, decide: DecideSpec) -> DecideCost:
     from orchestrator.results import sequential
 
     hours = {label: projected_gpu_hours(spec) for label, spec in arms}
     pairs = submitted_pairs(arms, control)
+    budget = with_budget(decide, arms, control)
     images = min((min(s.eval.num_samples, s.data.held_out) for _, s in arms), default=1) or 1
     max_images = max(decide.max_images or min((s.data.held_out for _, s in arms), default=images), images)
     head = (f"deciding: {len(arms)} arms, {len(pairs)} comparisons, {decide.min_seeds} to {decide.max_seeds} "
             f"seeds at alpha {decide.alpha:g} per comparison")  # fmt: skip
     if any(h is None for h in hours.values()) or not pairs:
-        return DecideCost(worst_case_gpu_hours=None, expected_gpu_hours=None,
-                          words=f"{head}: GPU-hours not projected (command arms, or no comparison)")  # fmt: skip
+        return DecideCost(worst_case_gpu_hours=None, expected_gpu_hours=None, budget=budget,
+                          words=f"{head}: GPU-hours not projected (command arms, or no comparison); "
+                                f"{budget_words(budget)}")  # fmt: skip
     known = {a: float(h) for a, h in hours.items() if h is not None}
     common = dict(max_seeds=decide.max_seeds, max_images=max_images, image_hours=0.0)
-    worst = sequential.worst_case_gpu_hours(known, pairs, **common)
+    worst = deciding.worst_case_gpu_hours(arms, control, decide)
     # The simulation's time grows with comparisons x studies: about 2,000 of them (a second or two), so a
     # submit of many arms answers as fast as A-D's (400 studies); fewer studies only widen its noise.
     studies = min(400, max(40, 2000 // len(pairs)))
     expected = sequential.expected_gpu_hours(known, pairs, min_seeds=decide.min_seeds, images=images,
                                              alpha=decide.alpha, futility=futility_of(decide), studies=studies,
                                              borrowed=bool(decide.borrow_from), **common)  # fmt: skip
-    words = (f"{head}: worst case {worst:,.1f} GPU-hours (every comparison open to the budget), expected "
-             f"{expected:,.1f} (projected at an H100's measured rate; evaluations not included)")
-    return DecideCost(worst_case_gpu_hours=worst, expected_gpu_hours=expected, words=words)
+    words = (f"{head}: worst case {worst:,.4g} GPU-hours (every comparison open to the budget, its evaluations "
+             f"included), expected {expected:,.4g} of training (projected at an H100's measured rate); "
+             f"{budget_words(budget)}")  # fmt: skip
+    return DecideCost(worst_case_gpu_hours=worst, expected_gpu_hours=expected, words=words, budget=budget)

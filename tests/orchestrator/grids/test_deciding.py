@@ -50,6 +50,13 @@ def test_decide_beside_seeds_is_a_422_naming_both(client: TestClient) -> None:
         ({"borrow_from": [2**63]}, ["body", "decide", "borrow_from", 0], "less than or equal to 2147483647"),
         ({"check": 0}, ["body", "decide", "check"], "greater than 0"),
         ({"check": 0.5}, ["body", "decide", "check"], "less than 0.5"),
+        ({"max_gpu_hours": 0}, ["body", "decide", "max_gpu_hours"], "greater than 0"),
+        ({"max_gpu_hours": -3}, ["body", "decide", "max_gpu_hours"], "greater than 0"),
+        ({"max_gpu_hours": "NaN"}, ["body", "decide", "max_gpu_hours"], "finite number"),
+        ({"max_gpu_hours": 1e12}, ["body", "decide", "max_gpu_hours"], "less than or equal to 10000000"),
+        ({"max_looks": 0}, ["body", "decide", "max_looks"], "greater than or equal to 1"),
+        ({"max_looks": 101}, ["body", "decide", "max_looks"], "less than or equal to 100"),
+        ({"max_evaluations": -1}, ["body", "decide", "max_evaluations"], "greater than or equal to 0"),
     ],
 )
 def test_a_bad_decide_names_its_field(client: TestClient, decide: dict, loc: list, needle: str) -> None:
@@ -84,12 +91,25 @@ def test_a_deciding_grid_queues_every_arm_at_min_seeds(client: TestClient) -> No
     assert [(r["arm"], r["seed"]) for r in detail["runs"]] == [("A", 0), ("C", 0), ("A", 1), ("C", 1)]
     assert detail["decide"] == {"alpha": 0.05, "min_seeds": 2, "max_seeds": 5, "max_images": None,
                                 "futility": None, "margin": {"val_flow_ivw": 0.0}, "borrow_from": [],
-                                "check": 0.1}  # fmt: skip
-    # The worst case is every arm at max_seeds; the expected lies between the first wave and it.
+                                "check": 0.1, "max_gpu_hours": created["worst_case_gpu_hours"],
+                                "max_looks": 8, "max_evaluations": 7}  # fmt: skip
+    # The worst case is every arm at max_seeds, with each run's start and evaluations: the GPU-hours cap
+    # stored with the grid; the expected lies between the first wave and it.
     first = created["projected_gpu_hours"]
-    assert created["worst_case_gpu_hours"] == pytest.approx(first * 5 / 2)
+    assert created["worst_case_gpu_hours"] > first * 5 / 2
     assert first <= created["expected_gpu_hours"] <= created["worst_case_gpu_hours"]
     assert "worst case" in created["cost"] and "expected" in created["cost"]
+
+
+def test_a_named_budget_is_kept_and_shown(client: TestClient) -> None:
+    decide = {"max_gpu_hours": 2.5, "max_looks": 3, "max_evaluations": 0}
+    body = {"name": "capped", "arms": ["A", "C"], "decide": decide}
+    resp = client.post("/api/grids", json=body, headers=AUTH)
+    assert resp.status_code == 201, resp.text
+    decide = client.get(f"/api/grids/{resp.json()['id']}").json()["decide"]
+    assert (decide["max_gpu_hours"], decide["max_looks"], decide["max_evaluations"]) == (2.5, 3, 0)
+    words = "no look queues work past 2.5 GPU-hours (decide.max_gpu_hours), 3 looks or 0 evaluations"
+    assert words in resp.json()["cost"]
 
 
 def test_submit_with_decide_beside_seeds_is_one_line_naming_both(empty_database_url: str, tmp_path: Path) -> None:

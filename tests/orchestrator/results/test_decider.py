@@ -133,10 +133,10 @@ def test_an_arm_no_open_comparison_needs_gets_no_seed(settings: Settings) -> Non
     with session_scope(settings.database_url) as session:
         grid = create_grid(session, GridCreate(name="some", arms=arms, overrides=TINY, decide={"max_seeds": 3}))
         spec = DecideSpec.model_validate(grid.decide)
-        (action,) = queue_actions(session, grid, [decided, still_open], spec, max_images=4, images=None)
+        (action,), _ = queue_actions(session, grid, [decided, still_open], spec, max_images=4, images=None)
         assert action["action"] == "seed" and action["arms"] == ["A", "A-lr"]
         assert sorted((r.arm, r.seed) for r in grid.runs if r.seed == 2) == [("A", 2), ("A-lr", 2)]
-        assert queue_actions(session, grid, [decided, still_open], spec, max_images=4, images=None) == []  # at 3
+        assert queue_actions(session, grid, [decided, still_open], spec, max_images=4, images=None) == ([], None)
         assert max(r.seed for r in grid.runs) == 2
 
 
