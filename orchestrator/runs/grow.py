@@ -7,6 +7,9 @@ arithmetic (worker/micro_batch.py resumed_micro_batch): growing is a stop and a 
 - Who may grow: a running run of a `gpus_per_arm: auto` grid whose arm is the plan's to size (it names no
   `gpus`: an explicit count is kept as given), onto GPUs no worker holds on its own node, to a GPU count
   (1, 2, 4, ...) that its batch divides into.
+- Whose hours: each live run's hours left (runs/replan.py `remaining_hours`): a record's rate moves only its
+  own run's, within bounds of what the plan expects, so a node claiming its run crawls cannot hold the
+  grid's night and keep every other arm from growing; past the bounds the plan's projection stands.
 - When: the plan drawn from now with the arm on the larger count (its hours left over the speedup, the
   grid's queued runs placed around it) ends the grid's night earlier than the plan with it kept, by more
   than the growth costs. The cost is `grow_resume_s` (the restart from the stored compile cache: about
@@ -27,6 +30,7 @@ launched as its plan says.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -107,8 +111,8 @@ def grow_choice(arm: LiveArm, live: Sequence[LiveArm], queued: Sequence[PlanRun]
     kept = grid_night(arm, arm.gpus, live, queued, nodes, scaling)
     best = min(wider, key=lambda g: (grid_night(arm, g, live, queued, nodes, scaling), g))
     grown = grid_night(arm, best, live, queued, nodes, scaling)
-    if kept - grown <= cost_h:
-        return None
+    if not (math.isfinite(kept) and math.isfinite(grown)) or kept - grown <= cost_h:
+        return None  # a night that is no number judges nothing (inf - inf is NaN: no comparison holds)
     return Growth(arm.run_id, arm.node, arm.gpus, best, kept, grown)
 
 

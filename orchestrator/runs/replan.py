@@ -11,6 +11,12 @@ node left), or a node joined or left.
   steps left at that window's rate and its evaluations left; before its first record, its run's hours from
   its grid's plan, or the FLOP estimate, over the speedup, less the time since it started; never below
   now), and an earlier grid's runs due now hold theirs for as long as they are planned to take.
+- What a node's record may move: its own run's projection, and only within a span of the rate the plan
+  expects of it (its single-GPU hours, else the FLOP estimate, over the speedup of the GPUs the record ran
+  on): RATE_SPAN of hours measured or given, ESTIMATE_SPAN of a FLOP estimate (an H100 at arm A's rate). A
+  rate past that, either way, is a claim the controller cannot check (one record of 1e-6 it/s made a
+  run 194,000 h from its end and held the whole grid's night, so no other arm grew): the plan's projection
+  stands in for it, and a `progress.claim_refused` event says so once per record. Hours left are finite.
 - What starts: the runs whose slot starts now. The others wait for theirs, so a run the plan puts on all
   four GPUs once A ends is not started early on one.
 - What is kept: the redrawn plan is stored on the grid (`Grid.plan`, with `drawn_at`), slots of its live
@@ -34,6 +40,7 @@ from orchestrator.db.models import Event, Grid, Metric, Run, aware, utcnow
 from orchestrator.grids.gpu_share import splits
 from orchestrator.grids.night import PlanPublic, SlotPublic, run_name
 from orchestrator.grids.planner import PlanNode, PlanRun, gpu_choices, plan_night, speedup
+from orchestrator.grids.projection import GIVEN, MEASURED
 from orchestrator.grids.replicates import projected_gpu_hours
 from orchestrator.runs.placement import arm_gpus, choose_node
 from orchestrator.vocabulary import RunState
@@ -41,6 +48,14 @@ from orchestrator.vocabulary import RunState
 log = logging.getLogger("ablate.replan")
 
 DUE_H = 1e-6  # a slot starting within this many hours of now starts now
+# A record's rate counts within this factor of the rate its plan expects, either way: the plan's estimate
+# is rough (a short run on two H200s took twice its projection), a claim 10x off it is not a measurement
+# the plan can stand on.
+RATE_SPAN = 10.0
+# Of a FLOP estimate (the plan's source "estimated", or no plan): it is an H100's at arm A's rate, and a tiny
+# model on a CPU runs 13,000x below it (56 it/s against 725,000), so only a claim past this is refused.
+ESTIMATE_SPAN = 1e5
+CLAIM_REFUSED = "progress.claim_refused"  # the run's event: a record's rate out of bounds, the plan kept
 
 
 @dataclass(frozen=True)
@@ -139,6 +154,10 @@ class Replanner:
             plan_runs.append(PlanRun(_name(run), hours, run_choices(run, stored, largest), fixed))
         plan_nodes = [PlanNode(n, g, tuple(t for t in busy[n] if t > 0)[:g]) for n, g in nodes.items() if g]
         plan = plan_night(plan_runs, plan_nodes, scaling)
+        ends = [plan.night, plan.lower_bound, *(remaining_hours(r, held[r.id].gpus, now) for r in mine)]
+        if not all(math.isfinite(h) for h in ends):  # never stored: a page or a later plan would read it
+            log.warning("grid %s: a redrawn plan of non-finite hours kept out; the last one stands", grid.id)
+            return stored
         started = [
             SlotPublic(run=_name(r), arm=r.arm, seed=r.seed, gpus=held[r.id].gpus, node=held[r.id].node,
                        start_h=round(-_elapsed_h(r, now), 4), end_h=round(remaining_hours(r, held[r.id].gpus, now), 4))
@@ -208,14 +227,53 @@ def remaining_hours(run: Run, gpus: int, now: datetime) -> float:
     measured = _from_progress(run, gpus, now, scaling)
     if measured is not None:
         return measured
-    hours = (plan.get("hours") or {}).get(run.arm)
-    if hours is None:
-        spec = ArmSpec.model_validate(run.spec)
-        hours = projected_gpu_hours(spec) if spec.command is None else None
+    hours = planned_hours(run)
     if hours is None:
         return 0.0
     fixed = (plan.get("fixed_h") or {}).get(run.arm, 0.0)
     return max(fixed + hours / speedup(gpus, scaling) - _elapsed_h(run, now), 0.0)
+
+
+def planned_hours(run: Run) -> float | None:
+    """The run's single-GPU hours of training as planned: its grid's plan, else the FLOP estimate; None for
+    a command arm outside a plan (its model is the researcher's)."""
+    hours = ((run.grid.plan or {}).get("hours") or {}).get(run.arm)
+    if hours is None:
+        spec = ArmSpec.model_validate(run.spec)
+        hours = projected_gpu_hours(spec) if spec.command is None else None
+    return float(hours) if isinstance(hours, int | float) and math.isfinite(hours) and hours > 0 else None
+
+
+@dataclass(frozen=True)
+class Expected:
+    """The rate a run's plan expects on some GPUs (it/s), and how far off it a claim may be either way."""
+
+    rate: float
+    span: float
+
+
+def expected_rate(run: Run, steps: int, ranks: int, scaling: Mapping[int, float]) -> Expected | None:
+    """What the plan expects of the run on `ranks` GPUs: its steps over its planned hours there; a span of
+    RATE_SPAN where those hours were measured or given, ESTIMATE_SPAN where they are the FLOP estimate."""
+    hours = planned_hours(run)
+    if hours is None:
+        return None
+    source = ((run.grid.plan or {}).get("sources") or {}).get(run.arm)
+    span = RATE_SPAN if source in (MEASURED, GIVEN) else ESTIMATE_SPAN
+    return Expected(steps / (hours * 3600 / speedup(ranks, scaling)), span)
+
+
+def rate_refusal(rate: float, expected: Expected | None) -> str | None:
+    """Why a record's rate (it/s) may not project its run: not a positive finite number, no planned rate to
+    check it against (a command arm), or past the expected rate's span either way. None where it may."""
+    if not (math.isfinite(rate) and rate > 0):
+        return f"a rate of {rate:g} it/s is no rate"
+    if expected is None:
+        return f"a rate of {rate:g} it/s with no planned rate to check it against"
+    if not expected.rate / expected.span <= rate <= expected.rate * expected.span:
+        return (f"a rate of {rate:.3g} it/s is more than {expected.span:g}x off the planned "
+                f"{expected.rate:.3g} it/s")  # fmt: skip
+    return None
 
 
 def _from_progress(run: Run, gpus: int, now: datetime, scaling: Mapping[int, float]) -> float | None:
@@ -228,14 +286,33 @@ def _from_progress(run: Run, gpus: int, now: datetime, scaling: Mapping[int, flo
     last = session.scalars(
         select(Metric).where(Metric.run_id == run.id, Metric.iter_per_sec > 0).order_by(Metric.step.desc()).limit(1)
     ).first()
-    if last is None or last.iter_per_sec is None or not math.isfinite(last.iter_per_sec):
-        return None  # a node's claim: a rate that is no number leaves the plan's projection in charge
-    ranks = last.extra.get("ranks") if isinstance(last.extra.get("ranks"), int) else run.spec.get("gpus") or 1
-    rate = last.iter_per_sec * speedup(gpus, scaling) / speedup(max(ranks, 1), scaling)
-    eval_s = evaluation_s(last.extra)
+    if last is None or last.iter_per_sec is None:
+        return None
+    extra = last.extra or {}
+    ranks = extra.get("ranks") if isinstance(extra.get("ranks"), int) else run.spec.get("gpus") or 1
+    ranks = max(ranks, 1)
+    expected = expected_rate(run, steps, ranks, scaling)
+    refusal = rate_refusal(last.iter_per_sec, expected)
+    if refusal is not None:  # a node's claim the controller cannot check: the plan's projection stands
+        _claim_refused(session, run, last, refusal)
+        return None
+    rate = last.iter_per_sec * speedup(gpus, scaling) / speedup(ranks, scaling)
+    # Its evaluation time: a claim too, so at most the span times the planned training time between two
+    # checkpoints (an evaluation of 256 images on a 200-step run took about as long as the steps).
+    eval_s = min(evaluation_s(extra), expected.span * every / expected.rate)  # type: ignore[union-attr]
     left = max(steps - last.step, 0)
     since_h = max((aware(now) - aware(last.created_at)).total_seconds() / 3600, 0.0)
     return max((left / rate + math.ceil(left / every) * eval_s) / 3600 - since_h, 0.0)
+
+
+def _claim_refused(session: Session, run: Run, last: Metric, why: str) -> None:
+    """The event that says a record's rate was not believed, once per record (each pass asks again)."""
+    said = session.scalars(select(Event.data).where(Event.run_id == run.id, Event.kind == CLAIM_REFUSED)).all()
+    if any((d or {}).get("step") == last.step for d in said):
+        return
+    session.add(Event(run_id=run.id, grid_id=run.grid_id, kind=CLAIM_REFUSED, data={"step": last.step},
+                      message=f"step {last.step}: {why}; its hours left are projected from the plan"))  # fmt: skip
+    log.info("run %s: %s", run.id, why)
 
 
 def plan_scaling(plan: Mapping[str, Any]) -> dict[int, float]:
