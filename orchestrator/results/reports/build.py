@@ -3,7 +3,10 @@ detector's outcome, throughput and cost, fallbacks and samples; a summary that r
 
 Comparisons are made at the same step (the evaluation's samples pair up only within a step): at the
 arm's best checkpoint and at its final one, against the other arm's checkpoint of that step, seed s of
-an arm against seed s of its parent and of the control (effects.py aggregates them across seeds).
+an arm against seed s of its parent and of the control (effects.py aggregates them across seeds). Where
+the two arms ran different seeds (a deciding grid adds seeds to the control for one comparison), the effect
+is read over every seed of both instead (`every_seed`: the unpaired crossed interval), not over the paired
+seeds alone.
 """
 
 from __future__ import annotations
@@ -22,12 +25,23 @@ from orchestrator.db.models import Grid, Metric, Node, Run, Sweep
 from orchestrator.grids.arms import changes
 from orchestrator.numbers import finite_or_none, is_finite, number
 from orchestrator.results.decisions import with_decisions
-from orchestrator.results.evaluations import evaluated_points, largest_evaluation, with_evaluation
+from orchestrator.results.evaluations import (
+    evaluated_points,
+    evaluation_warnings,
+    largest_evaluation,
+    with_evaluation,
+)
 from orchestrator.results.judge import best_checkpoint, judge_metric, stored_policy, stored_spec
 from orchestrator.results.own_metrics import is_command_run, own_evaluated, own_series
 from orchestrator.results.record_lists import stored_list, unreadable_records
-from orchestrator.results.reports.costs import run_cost
-from orchestrator.results.reports.effects import RunComparisons, grid_effects, metric_words
+from orchestrator.results.reports.costs import RunCost, run_cost
+from orchestrator.results.reports.effects import (
+    RunComparisons,
+    effect_reading,
+    grid_effects,
+    metric_words,
+    noise_budget,
+)
 from orchestrator.results.reports.model import (
     ArmReport,
     Comparison,
@@ -46,9 +60,12 @@ from orchestrator.results.reports.stats import (
     QUALITY,
     WEIGHTED_FLOW,
     Difference,
+    SeedEffect,
+    across_arms,
     across_seeds,
     difference,
     flow_grid,
+    per_image,
     timestep_differences,
     value_of,
     weighted_flow_difference,
@@ -215,6 +232,10 @@ class Pairing:
             return self.runs[0]
         return found
 
+    def of_arm(self, arm: str) -> list[Run]:
+        """Every run of `arm`, by seed."""
+        return sorted((r for r in self.runs if r.arm == arm), key=lambda r: r.seed)
+
     def parent(self, run: Run) -> Run | None:
         name = (run.spec or {}).get("parent")
         return self.by_seed.get((name, run.seed)) if isinstance(name, str) else None
@@ -226,6 +247,63 @@ class Pairing:
         if control is not None and control.id != run.id and (parent is None or control.id != parent.id):
             out.append(("control", control))
         return out  # type: ignore[return-value]
+
+
+def _table(runs: list[Run], rows: dict[int, list], step_of: dict[int, int | None],
+           metric: str) -> dict[int, list[float]]:  # fmt: skip
+    """Each run's per-image values of `metric` at its step (step_of, by run id), by seed; runs without them
+    left out."""
+    out = {}
+    for r in runs:
+        row = next((m for m in rows.get(r.id, []) if m.step == step_of.get(r.id)), None)
+        values = per_image(row, metric) if row is not None else None
+        if values is not None:
+            out[r.seed] = values
+    return out
+
+
+def unpaired_words(e: SeedEffect, arm: str, k_arm: int, other: str, k_other: int) -> str:
+    """What an unpaired row's interval covers (effects.noise_words for a paired one)."""
+    df = f"t on {e.df:.1f} df" if e.df is not None else "normal"
+    return (f"training seeds ({arm} k={k_arm}, {other} k={k_other}: every seed, unpaired) and evaluation images "
+            f"(n={e.n}), crossed; {df}")
+
+
+def final_steps(runs: list[Run], metrics: dict[int, list[Metric]], evaluated: dict[int, Any]) -> dict[int, int | None]:
+    """Each run's step compared "final": its evaluated checkpoint's where an evaluation measured it, else its last."""
+    out: dict[int, int | None] = {}
+    for r in runs:
+        point = evaluated.get(r.id) or (metrics[r.id][-1] if metrics.get(r.id) else None)
+        out[r.id] = point.step if point is not None else None
+    return out
+
+
+def every_seed(effects: list[Effect], pairing: Pairing, rows: dict[int, list], final_step: dict[int, int | None],
+               costs: dict[tuple[str, int], RunCost]) -> list[Effect]:  # fmt: skip
+    """The effects with each one whose two arms ran different seeds read over all of them: the arm's runs at
+    their final step against every comparator run at the arm's final step (the effect's), by the unpaired
+    crossed interval. Left paired where the seeds match or either arm has fewer than two seeds with
+    per-image values of one length."""
+    out = []
+    for e in effects:
+        mine, theirs = pairing.of_arm(e.arm), pairing.of_arm(e.other_arm)
+        table_a = _table(mine, rows, final_step, e.metric)
+        table_b = _table(theirs, rows, {r.id: e.step for r in theirs}, e.metric)
+        seff = None
+        at_step = all(final_step.get(r.id) == e.step for r in mine if r.seed in table_a)  # else paired step by step
+        if set(table_a) != set(table_b) and e.arm != e.other_arm and at_step:
+            seff = across_arms(list(table_a.values()), list(table_b.values()))
+        if seff is None or seff.components is None:
+            out.append(e)
+            continue
+        sides = [costs[(arm, s)] for arm, table in ((e.arm, table_a), (e.other_arm, table_b)) for s in table
+                 if (arm, s) in costs]  # fmt: skip
+        out.append(e.model_copy(update=dict(
+            diff=seff.diff, low=seff.low, high=seff.high, k=seff.k, se=seff.se, df=seff.df, n=seff.n,
+            interval="crossed", reading=effect_reading(seff.k, seff.low, seff.high),
+            noise=unpaired_words(seff, e.arm, len(table_a), e.other_arm, len(table_b)),
+            budget=noise_budget(seff.components, seff.df, sides))))  # fmt: skip
+    return out
 
 
 def run_comparisons(
@@ -269,7 +347,8 @@ def grid_effects_now(grid: Grid, metrics: dict[int, list[Metric]],
         standin = sorted({m.step for m in ms if m.lpips_backbone == STANDIN})
         rows.append(RunComparisons(arm=r.arm, seed=r.seed, comparisons=comparisons, standin_steps=standin))
     costs = {(r.arm, r.seed): run_cost(r, metrics.get(r.id, [])) for r in runs}
-    return judge, grid_effects(rows, judge, costs)
+    steps = final_steps(runs, metrics, evaluated or {})
+    return judge, every_seed(grid_effects(rows, judge, costs), pairing, compared, steps, costs)
 
 
 def build_report(session: Session, grid: Grid, storage_options: dict[str, Any] | None = None) -> GridReport:
@@ -289,6 +368,7 @@ def build_report(session: Session, grid: Grid, storage_options: dict[str, Any] |
     pairing = Pairing(grid)
     # The largest completed evaluation (more images, no retraining): its rows stand for the checkpoints it measured.
     evaluation, evaluated = largest_evaluation(session, grid)
+    not_used = evaluation_warnings(session, grid)  # a stranger's evaluation of a run: named on it, not used
     compared = with_evaluation(metrics, evaluated)
     budget = _ImageBudget(MAX_REPORT_IMAGE_BYTES)
     price = price_per_gpu_hour(session, grid)
@@ -307,7 +387,7 @@ def build_report(session: Session, grid: Grid, storage_options: dict[str, Any] |
             comparisons += run_comparisons(r, other, against, compared, points)
         mine, theirs = stored_spec(r.spec), stored_spec(parent.spec) if parent is not None else None
         standin = sorted({m.step for m in ms if m.lpips_backbone == STANDIN})
-        fallbacks = [str(f) for f in (r.fallbacks or [])]
+        fallbacks = [str(f) for f in (r.fallbacks or [])] + not_used.get(r.id, [])
         if standin and not any(STANDIN in f for f in fallbacks):
             fallbacks.append(f"lpips backbone: {STANDIN} at steps {standin} (not comparable with real LPIPS)")
         best_step = best.step if best is not None else None
@@ -344,8 +424,10 @@ def build_report(session: Session, grid: Grid, storage_options: dict[str, Any] |
     control = pairing.control(0)
     left_out = unreadable_records([(f"run {r.id} ({r.arm}, seed {r.seed})", m.step, m.extra)
                                    for r in runs for m in metrics[r.id]])  # fmt: skip
-    effects = with_decisions(session, grid, grid_effects(arms, judge, {(r.arm, r.seed): run_cost(r, metrics[r.id])
-                                                                for r in runs}))  # a deciding grid's decisions
+    costs = {(r.arm, r.seed): run_cost(r, metrics[r.id]) for r in runs}
+    steps = final_steps(runs, metrics, evaluated)
+    effects = with_decisions(session, grid, every_seed(grid_effects(arms, judge, costs), pairing, compared, steps,
+                                                       costs))  # a deciding grid's decisions
     return GridReport(
         grid_id=grid.id,
         name=grid.name,

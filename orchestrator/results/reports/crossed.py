@@ -1,20 +1,38 @@
-"""An effect across training seeds and evaluation images at once: the k x n table of paired differences
-(seed s of the arm against seed s of its comparator, image i) read as a two-way crossed random-effects
-design, its variance components, the variance of the grand mean and a Satterthwaite t-interval, and what
-more seeds or more images would buy (the noise budget). Pure maths; effects.py reads it.
+"""An effect across training seeds and evaluation images at once, read as a crossed random-effects design:
+its variance components, the variance of the grand mean and a Satterthwaite t-interval, and what more seeds
+or more images would buy (the noise budget). Pure maths; stats.py and effects.py read it.
 
 Why crossed: every seed is evaluated on the same held-out images with the same per-image noise, so what
 those images happen to favour is common to all seeds and cancels out of the seed-to-seed spread. A
 t-interval over the k per-seed means covers the training seeds and not the draw of images; the images
 stand for the researcher's images in general, so their noise belongs in the interval.
 
-With d[s][i] = mu + a_s + b_i + e_si (seed, image, rest), the two-way ANOVA mean squares have
-E[MS_seed] = rest + n*seed, E[MS_image] = rest + k*image, E[MS_rest] = rest, and the grand mean's variance is
-seed/k + image/n + rest/(k*n). A negative component estimate is taken as zero, never as a discount, so
-the variance is never below what the seeds alone (MS_seed/(k*n)) or the images alone (MS_image/(k*n))
-show: it equals the seeds-only one when the image component is zero and the images-only one when the seed
-component is zero. Degrees of freedom by Satterthwaite over the mean squares kept. Coverage is simulated
-in bench/interval_coverage.py (docs/benchmarks.md).
+Two readings of one model:
+- paired (`components`): seed s of the arm against seed s of its comparator, the k x n table of paired
+  differences d[s][i] = mu + a_s + b_i + e_si (seed, image, rest). Two-way ANOVA mean squares:
+  E[MS_seed] = rest + n*seed, E[MS_image] = rest + k*image, E[MS_rest] = rest.
+- unpaired (`unpaired_components`): where the two arms ran different numbers of seeds (a deciding grid adds
+  seeds to the control for one comparison), the difference of the two arms' means, each over its own seeds
+  and the same n images, so no seed is dropped. Each arm's seeds x images table gives its own seed and rest
+  mean squares; the images' part is the spread over the images of the difference of the two arms' image
+  means, E = image + rest_a/k_a + rest_b/k_b. Paired seeds that share something (the data order) make this
+  reading conservative, never narrower than the truth.
+Either way the grand mean's variance is sum(seed_j/k_j) + image/n + sum(rest_j/(k_j*n)) over the sides j
+(one side: the paired table). A negative component is taken as zero, never as a discount, so the variance
+is never below what the seeds alone or the images alone show.
+
+Degrees of freedom: the fewer of Satterthwaite's over the mean squares kept and Satterthwaite's with each
+seed mean square at its upper confidence bound (k-1) MS / chi2_{k-1}(SEED_DF_BOUND), kept even where its
+component was clipped. Why: with 2 to 4 seeds the seed mean square has 1 to 3 df, and a draw where it is
+small by chance got both a smaller SE and, by Satterthwaite, many df; the interval then covered 88% at 2
+seeds and 92.9% at 3 where one arm's seeds spread 3x the other's. The SE is not changed. Coverage is
+simulated in bench/interval_coverage.py (docs/benchmarks.md).
+
+The noise budget says what its seed share rests on: the share as measured and the share with the seed mean
+square at its 90% upper bound ("seeds 3%, up to 91% (2 seeds: not measured)"), since a share read from a
+mean square with 1 or 2 df is mostly noise and the clipped point is biased low. The chooser of a deciding
+grid prices a seed at the seed component's median given the mean square and that it is not negative
+(`Components.seed_priced`): above zero however small the draw, near the point where the seeds have df.
 """
 
 from __future__ import annotations
@@ -23,17 +41,26 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+SEED_DF_BOUND = 0.25  # the seed mean square's upper confidence bound the df is read at (1 - this): with
+# 0.5 the simulated coverage fell to 93.2% at 3 seeds, with 0.25 it held 94% or more (bench/interval_coverage.py)
+SHARE_BOUND = 0.1  # the budget's "up to": the seed share at its mean square's one-sided 90% upper bound
+
 
 @dataclass(frozen=True)
 class Components:
-    """The variance components of one k x n table of differences (per observation, not of the mean)."""
+    """The variance components of one table of differences (per observation, not of the mean). Where the
+    arms ran different seeds (`sides` of two), seed and rest are as one side of k = the fewer seeds would
+    have them, so that variance(k, n) is the grand mean's and more seeds project as both arms adding some."""
 
-    k: int  # seeds
+    k: int  # seeds (unpaired: the fewer of the two arms')
     n: int  # images
     seed: float  # between-seed variance (training noise), >= 0
     image: float  # between-image variance (which images were drawn), >= 0
     rest: float  # seed x image interaction and evaluation noise
-    df: float  # Satterthwaite degrees of freedom of the grand mean's variance
+    df: float  # the degrees of freedom of the interval (module docstring)
+    seed_high: float = 0.0  # seed with each seed mean square at its 90% upper bound: what the seeds cannot rule out
+    seed_priced: float = 0.0  # the seed component's median given its mean square(s) and that it is >= 0: > 0
+    sides: tuple[int, ...] = ()  # each side's seeds: (k,) paired, (arm's, comparator's) unpaired
 
     def variance(self, k: int | None = None, n: int | None = None) -> float:
         """The grand mean's variance with `k` seeds and `n` images (default: as measured)."""
@@ -47,6 +74,12 @@ class Components:
             return 0.0, 0.0, 0.0
         return self.seed / self.k / total, self.image / self.n / total, self.rest / (self.k * self.n) / total
 
+    def seed_share_with(self, seed: float) -> float:
+        """The seeds' share of the grand mean's variance were the seed component `seed` (the rest as measured)."""
+        others = self.image / self.n + self.rest / (self.k * self.n)
+        total = seed / self.k + others
+        return seed / self.k / total if total > 0 else 0.0
+
 
 @dataclass(frozen=True)
 class CrossedInterval:
@@ -57,16 +90,22 @@ class CrossedInterval:
     components: Components
 
 
-def _satterthwaite(terms: Sequence[tuple[float, float, int]]) -> float:
-    """df of sum(c * MS) from (coefficient, mean square, its df); inf where the sum is exact (all zero)."""
-    total = sum(c * ms for c, ms, _ in terms)
-    spread = sum(c * ms * c * ms / df for c, ms, df in terms if df > 0)
-    return total * total / spread if 0 < spread < math.inf else math.inf
+@dataclass(frozen=True)
+class _Side:
+    """One arm's (or the paired differences') seeds x images table, reduced to what the model reads."""
+
+    k: int
+    ms_seed: float  # n * variance of the row means, on k - 1 df
+    ms_rest: float  # the two-way residual mean square, on (k - 1)(n - 1) df
+    means: list[float]  # the image (column) means
+    grand: float
 
 
-def components(table: Sequence[Sequence[float]]) -> Components | None:
-    """The variance components of a k x n table (rows: seeds, columns: images); None unless k >= 2, n >= 2
-    and every row has n finite values."""
+def _sq(x: float) -> float:
+    return x * x  # inf past a float's range, never OverflowError as ** raises
+
+
+def _side(table: Sequence[Sequence[float]]) -> _Side | None:
     k = len(table)
     n = len(table[0]) if k else 0
     finite = all(isinstance(x, int | float) and math.isfinite(x) for row in table for x in row)
@@ -75,35 +114,128 @@ def components(table: Sequence[Sequence[float]]) -> Components | None:
     grand = sum(map(sum, table)) / (k * n)
     rows = [sum(row) / n for row in table]
     cols = [sum(row[i] for row in table) / k for i in range(n)]
-    sq = lambda x: x * x  # noqa: E731 - inf past a float's range, never OverflowError as ** raises
-    ms_seed = n * sum(sq(r - grand) for r in rows) / (k - 1)
-    ms_image = k * sum(sq(c - grand) for c in cols) / (n - 1)
-    ss_rest = sum(sq(x - rows[s] - cols[i] + grand) for s, row in enumerate(table) for i, x in enumerate(row))
-    ms_rest = ss_rest / ((k - 1) * (n - 1))
-    seed, image = max(ms_seed - ms_rest, 0.0) / n, max(ms_image - ms_rest, 0.0) / k
-    # The grand mean's variance as a sum of the mean squares kept (a clipped component drops its MS and
-    # its -MS_rest), over k*n: the terms Satterthwaite's df is taken on.
-    terms = [(1.0, ms_seed, k - 1)] if seed > 0 else []
-    terms += [(1.0, ms_image, n - 1)] if image > 0 else []
-    terms.append((1.0 - len(terms), ms_rest, (k - 1) * (n - 1)))
-    terms = [(c / (k * n), ms, df) for c, ms, df in terms if c != 0]
-    return Components(k=k, n=n, seed=seed, image=image, rest=ms_rest, df=_satterthwaite(terms))
+    ms_seed = n * sum(_sq(r - grand) for r in rows) / (k - 1)
+    ss_rest = sum(_sq(x - rows[s] - cols[i] + grand) for s, row in enumerate(table) for i, x in enumerate(row))
+    return _Side(k, ms_seed, ss_rest / ((k - 1) * (n - 1)), cols, grand)
 
 
-def crossed_interval(
-    table: Sequence[Sequence[float]], quantile: Callable[[float | None], float]
-) -> CrossedInterval | None:
-    """The grand mean of `table` with its 95% interval: `quantile(df)` (stats.t_quantile) times the SE."""
-    comp = components(table)
-    if comp is None:
+def _satterthwaite(terms: Sequence[tuple[float, float, int]]) -> float:
+    """df of sum(c * MS) from (coefficient, mean square, its df); inf where the sum is exact (all zero)."""
+    total = sum(c * ms for c, ms, _ in terms)
+    spread = sum(c * ms * c * ms / df for c, ms, df in terms if df > 0)
+    return total * total / spread if 0 < spread < math.inf else math.inf
+
+
+def _chi2_quantile(p: float, df: int) -> float:
+    from scipy.special import chdtri  # lazily: the API imports this module and must start fast
+
+    return float(chdtri(df, 1 - p))
+
+
+def _upper_bound(ms: float, df: int, p: float) -> float:
+    """The mean square's expectation at its one-sided upper confidence bound: df * MS / chi2_df(p)."""
+    return ms * df / _chi2_quantile(p, df)
+
+
+def _priced_seed(ms_seed: float, ms_rest: float, df: int, n: int) -> float:
+    """The seed component's median given its mean square and that it is not negative: E[MS_seed] = theta
+    read as df * MS_seed / X with X ~ chi2_df, X held to theta >= MS_rest, its median taken. Above zero
+    wherever MS_seed is; close to (MS_seed - MS_rest)/n once the seeds have many df."""
+    from scipy.special import chdtr
+
+    if not ms_seed > 0:
+        return 0.0
+    most = df * ms_seed / ms_rest if ms_rest > 0 else math.inf  # theta >= MS_rest  <=>  X <= most
+    x = _chi2_quantile(float(chdtr(df, most)) / 2 if math.isfinite(most) else 0.5, df)
+    return max(df * ms_seed / x - ms_rest, 0.0) / n if x > 0 else 0.0
+
+
+def _read(sides: Sequence[_Side], images_ms: float, n: int) -> Components:
+    """The components from each side's seed and rest mean squares and the images' mean square `images_ms`
+    (the spread over the images of the difference's image means, on n - 1 df: E = image + sum(rest_j/k_j))."""
+    k = min(s.k for s in sides)
+    seeds = [max(s.ms_seed - s.ms_rest, 0.0) / n for s in sides]
+    image = max(images_ms - sum(s.ms_rest / s.k for s in sides), 0.0)
+    # The variance times n as a sum of mean squares (a side's rest counted once, less once per component
+    # kept that brings it too), with each seed mean square at its bound and kept: the df's terms.
+    terms = [(1.0, images_ms, n - 1)] if image > 0 else []
+    measured = list(terms)
+    for s, seed in zip(sides, seeds, strict=True):
+        terms.append((1.0 / s.k, _upper_bound(s.ms_seed, s.k - 1, SEED_DF_BOUND), s.k - 1))
+        terms.append((-float(image > 0) / s.k, s.ms_rest, (s.k - 1) * (n - 1)))
+        measured.append((float(seed > 0) / s.k, s.ms_seed, s.k - 1))
+        measured.append(((1 - float(seed > 0) - float(image > 0)) / s.k, s.ms_rest, (s.k - 1) * (n - 1)))
+    # Satterthwaite is not monotone in a term: never more df than the mean squares as measured give.
+    df = min(_satterthwaite([t for t in terms if t[0] != 0]), _satterthwaite([t for t in measured if t[0] != 0]))
+    high = [max(_upper_bound(s.ms_seed, s.k - 1, SHARE_BOUND) - s.ms_rest, 0.0) / n for s in sides]
+    priced = [max(_priced_seed(s.ms_seed, s.ms_rest, s.k - 1, n), seed) for s, seed in zip(sides, seeds, strict=True)]
+
+    def as_k(parts: Sequence[float]) -> float:  # per-side parts over their own k, as one side of k seeds
+        return k * sum(p / s.k for p, s in zip(parts, sides, strict=True))
+
+    return Components(k=k, n=n, seed=as_k(seeds), image=image, rest=as_k([s.ms_rest for s in sides]),
+                      df=df, seed_high=as_k(high),
+                      seed_priced=as_k(priced), sides=tuple(s.k for s in sides))  # fmt: skip
+
+
+def components(table: Sequence[Sequence[float]]) -> Components | None:
+    """The variance components of a paired k x n table (rows: seeds, columns: images); None unless k >= 2,
+    n >= 2 and every row has n finite values."""
+    side = _side(table)
+    if side is None:
         return None
-    mean = sum(map(sum, table)) / (comp.k * comp.n)
+    n = len(side.means)
+    ms_image = side.k * sum(_sq(c - side.grand) for c in side.means) / (n - 1)
+    return _read([side], ms_image / side.k, n)
+
+
+def unpaired_components(arm: Sequence[Sequence[float]], other: Sequence[Sequence[float]]) -> Components | None:
+    """The variance components of the difference of two arms' means, each over its own seeds (rows) and the
+    same n images (columns, in the same order); None unless each arm has >= 2 seeds of n >= 2 finite values."""
+    a, b = _side(arm), _side(other)
+    if a is None or b is None or len(a.means) != len(b.means):
+        return None
+    n = len(a.means)
+    diffs = [x - y for x, y in zip(a.means, b.means, strict=True)]
+    mean = sum(diffs) / n
+    return _read([a, b], sum(_sq(d - mean) for d in diffs) / (n - 1), n)
+
+
+def _interval(mean: float, comp: Components, quantile: Callable[[float | None], float]) -> CrossedInterval:
     se = math.sqrt(comp.variance())
     half = quantile(comp.df if math.isfinite(comp.df) else None) * se
     return CrossedInterval(mean, se, mean - half, mean + half, comp)
 
 
+def crossed_interval(
+    table: Sequence[Sequence[float]], quantile: Callable[[float | None], float]
+) -> CrossedInterval | None:
+    """The grand mean of the paired `table` with its 95% interval: `quantile(df)` (stats.t_quantile) times
+    the SE."""
+    comp = components(table)
+    if comp is None:
+        return None
+    return _interval(sum(map(sum, table)) / (comp.k * comp.n), comp, quantile)
+
+
+def unpaired_interval(arm: Sequence[Sequence[float]], other: Sequence[Sequence[float]],
+                      quantile: Callable[[float | None], float]) -> CrossedInterval | None:  # fmt: skip
+    """The arm's mean less the other's, each over its own seeds and the same images, with its 95% interval."""
+    comp = unpaired_components(arm, other)
+    if comp is None:
+        return None
+    mean = sum(map(sum, arm)) / (len(arm) * comp.n) - sum(map(sum, other)) / (len(other) * comp.n)
+    return _interval(mean, comp, quantile)
+
+
+def _measured(k: int) -> str:
+    """How well k seeds measure a seed share (its mean square's df: k - 1)."""
+    return {2: " (2 seeds: not measured)", 3: " (3 seeds: loosely measured)"}.get(k, "")
+
+
 def budget_words(comp: Components) -> str:
-    """e.g. "seeds 8% · images 90% · rest 2%" (rest: the seed-by-image interaction and evaluation noise)."""
+    """e.g. "seeds 8%, up to 61% (3 seeds: loosely measured) · images 90% · rest 2%": the seed share as
+    measured and at its 90% upper bound (rest: the seed-by-image interaction and evaluation noise)."""
     seed, image, rest = comp.shares()
-    return f"seeds {seed:.0%} · images {image:.0%} · rest {rest:.0%}"
+    high = comp.seed_share_with(comp.seed_high)
+    return f"seeds {seed:.0%}, up to {high:.0%}{_measured(comp.k)} · images {image:.0%} · rest {rest:.0%}"

@@ -104,7 +104,8 @@ def noise_budget(comp: Components, df: float | None, arms: Sequence[RunCost]) ->
                   words=f"evaluate on {FOUR_X}x the images ({FOUR_X * comp.n}): ±{images_half:.4f}, "
                         f"{cost(images_cost, 'min')}"),
     ]  # fmt: skip
-    return NoiseBudget(seeds=seed, images=image, rest=rest, words=budget_words(comp), narrowing=options)
+    return NoiseBudget(seeds=seed, images=image, rest=rest, words=budget_words(comp), narrowing=options,
+                       seeds_priced=comp.seed_share_with(comp.seed_priced))
 
 
 def metric_order(judge: str) -> list[str]:

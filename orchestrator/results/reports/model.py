@@ -125,8 +125,11 @@ class NoiseBudget(BaseModel):
     seeds: float
     images: float
     rest: float  # the seed x image interaction and evaluation noise
-    words: str  # "seeds 8% · images 90% · rest 2%"
+    words: str  # "seeds 8%, up to 30% · images 90% · rest 2%"
     narrowing: list[Narrowing]
+    # The seed share a deciding grid's chooser prices a seed at (crossed.py Components.seed_priced): above
+    # zero however small the seeds' mean square came out. None in reports from before it.
+    seeds_priced: float | None = None
 
 
 EffectReading = Literal[

@@ -18,7 +18,7 @@ from model.flow_headline import HEADLINE, headline_fields, weighted_row
 from orchestrator.db.models import METRIC_FIELDS, Metric
 from orchestrator.numbers import finite_or_none, is_finite
 from orchestrator.results.record_lists import stored_list
-from orchestrator.results.reports.crossed import Components, crossed_interval
+from orchestrator.results.reports.crossed import Components, crossed_interval, unpaired_interval
 from worker.protocol import NONFINITE_TEXT
 
 # Quality metrics with stored standard errors, and which way is better (text_manip_delta: a larger
@@ -148,6 +148,15 @@ def _paired(d: list[float], value: float) -> Difference:
     return _interval(Difference(value, se, None, None, "paired", len(d), samples=tuple(d)), len(d) - 1)
 
 
+def per_image(m: Metric, metric: str) -> list[float] | None:
+    """One run's value on each held-out image (a row of its seeds x images table): the flow headline's from
+    its stored grid, any other metric's stored samples; None where not stored or not finite."""
+    if metric != WEIGHTED_FLOW:
+        return per_sample(m, metric)
+    rows = [weighted_row(r) for r in flow_grid(m) or []]
+    return rows if len(rows) > 1 and all(is_finite(x) for x in rows) else None  # type: ignore[misc]
+
+
 def _grid_pair(a: Metric, b: Metric) -> tuple[list[list[float]], list[list[float]]] | None:
     """Both runs' stored grids where they pair cell by cell (same shape, at least two images), else None."""
     ga, gb = flow_grid(a), flow_grid(b)
@@ -214,6 +223,19 @@ def _crossed_rows(per_seed: list[Difference]) -> list[tuple[float, ...]] | None:
     if any(r is None for r in rows) or len({len(r) for r in rows}) != 1:  # type: ignore[arg-type]
         return None
     return rows  # type: ignore[return-value]
+
+
+def across_arms(arm: list[list[float]], other: list[list[float]]) -> SeedEffect | None:
+    """The arm's mean less the other's where they ran different seeds, each over its own seeds (rows) and the
+    same images (columns): the unpaired crossed interval (crossed.py), so no seed of either is dropped. None
+    unless each has two or more seeds of one length n >= 2. `k` is the fewer seeds; seed_sd and eval_se
+    are the paired reading's (per-seed differences), left to the caller."""
+    crossed = unpaired_interval(arm, other, t_quantile)
+    if crossed is None or not is_finite(crossed.low) or not is_finite(crossed.high):
+        return None
+    c = crossed.components
+    return SeedEffect(crossed.mean, crossed.low, crossed.high, c.k, None, None, "crossed", crossed.se,
+                      c.df if math.isfinite(c.df) else None, c.n, c)  # fmt: skip
 
 
 def across_seeds(per_seed: list[Difference]) -> SeedEffect | None:

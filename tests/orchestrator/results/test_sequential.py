@@ -167,7 +167,7 @@ def test_decision_df_keeps_the_seeds_weight_when_their_mean_square_is_small() ->
     table = rng.normal(0, 0.011, (1, 256)) + rng.normal(0, 0.0018, (2, 256))  # no seed noise drawn
     comp = components(table.tolist())
     assert comp is not None
-    assert decision_df(comp, 2, 256, 0.5) < comp.df  # the report's df, from the draw, is larger
+    assert decision_df(comp, 2, 256) < comp.df  # the report's df (its seed mean square at a 75% bound) is larger
     assert decision_df(comp, 2, 256, 0.1) < decision_df(comp, 2, 256, 0.5)  # a lower quantile, fewer df
     with pytest.raises(ValueError, match="k >= 2"):
         decision_df(comp, 1, 256)  # one seed: no seed mean square to bound
