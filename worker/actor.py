@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from model.spec import ArmSpec
-from worker.failure import Described, describe_error
+from worker.failure import Described, describe_error, masked
 from worker.protocol import CheckpointRecord, first_error, jsonable
 from worker.run_files import METRICS_NAME, RECORDS_NAME, RECORDS_PER_POLL
 
@@ -153,7 +153,7 @@ class ArmWorker:
             # A directory it cannot write, a bad storage setting: any retry would fail the same way, so
             # the actor stays up and `poll` reports the error (the run fails at once, with the reason)
             # instead of dying as a lost worker that would be re-queued.
-            self._state, self._error = "error", describe_error(exc)
+            self._state, self._error = "error", self._describe(exc)
             return
         self._resumed_records = len(self._records)
         self._thread = threading.Thread(target=self._train, name=f"train-run-{run_id}", daemon=True)
@@ -240,8 +240,13 @@ class ArmWorker:
                 self._store.flush()
             with self._cond:
                 self._state = "error"
-                self._error = describe_error(exc)
+                self._error = self._describe(exc)
                 self._cond.notify_all()
+
+    def _describe(self, exc: BaseException) -> str:
+        """describe_error with the command arm's env values masked: they stay on this node."""
+        command = getattr(getattr(self, "_spec", None), "command", None)
+        return masked(describe_error(exc), command.env.values() if command is not None else ())
 
     def _append_durably(self, fh: Any, line: str) -> None:
         """Append and fsync one record line. A full disk is waited out (up to DISK_FULL_WAIT_S, checking

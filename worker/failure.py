@@ -6,9 +6,25 @@ from __future__ import annotations
 import re
 import sysconfig
 import traceback
+from collections.abc import Iterable
 
 # Terminal colour codes (Ray wraps its messages in them): never stored in an error the operator reads.
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+# An env value at least this long is masked in what the worker reports (`masked`): a key or a token is,
+# while a value like "1" or "0.5" would mask every number of the message and hides nothing.
+MASKED_MIN_CHARS = 8
+MASKED = "<hidden>"  # as the controller shows an env value (orchestrator/results/views.py HIDDEN)
+
+
+def masked(text: str, values: Iterable[str]) -> str:
+    """`text` with each of `values` (a command arm's env values) that is MASKED_MIN_CHARS or longer replaced
+    by MASKED, longest first: a script's failure quotes what it wrote, which may be its own API key, and the
+    first line of the error is the run's event that every reader and tracker gets."""
+    for value in sorted({v for v in values if len(v) >= MASKED_MIN_CHARS}, key=len, reverse=True):
+        text = text.replace(value, MASKED)
+    return text
 
 
 class Described(Exception):
