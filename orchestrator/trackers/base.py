@@ -16,6 +16,9 @@ from typing import Any, Protocol
 
 from orchestrator.vocabulary import TrackerName
 
+TRACKER_EVENT = "tracker"  # the kind of a run's or grid's event about its forwarding (an outage, a refusal)
+FIRST_RETRY_WAIT_S = 0.5  # between tries of one call: 0.5 s, 1 s, 2 s, ...; a paused run or grid: 1 s, 2 s, ...
+
 
 @dataclass(frozen=True)
 class TrackedRun:
@@ -29,6 +32,11 @@ class TrackedRun:
     spec: dict[str, Any]
     external_id: str | None  # the tracker's id of this run when it was opened before: resume it
     group_id: str | None  # the tracker's id of the grid (an MLflow parent run) when it was opened before
+
+
+def tracked_name(arm: str, seed: int, seeds: int) -> str:
+    """A run's name in a tracker: replicates of one arm are separate tracker runs, the arm and its seed."""
+    return f"{arm}-s{seed}" if seeds > 1 else arm
 
 
 @dataclass(frozen=True)
@@ -105,6 +113,26 @@ class GroupEnd:
     counts: str  # its runs' end states in words: "2 completed, 1 stopped"
 
 
+@dataclass(frozen=True)
+class GridEffects:
+    """A grid's effects table (results/reports/tracker_table.py): each comparison's difference, 95% interval,
+    decision and what the interval covers, as the report had it after a look or at the grid's end. W&B
+    shows it in each run's summary, MLflow on the grid's parent run, TensorBoard as text in the grid's folder."""
+
+    grid_id: int
+    grid_name: str
+    at: str  # "look 2", "final report (look 3)", "final report"
+    step: int  # the look (1-based), 0 for a grid that does not decide: TensorBoard's step for the text
+    columns: tuple[str, ...]  # arm, vs, metric, diff, low, high, k, n, decision, covers
+    rows: tuple[tuple[Any, ...], ...]
+    group_id: str | None  # the tracker's id of the grid (an MLflow parent run) when it was opened before
+    runs: tuple[TrackedRun, ...] = ()  # the grid's runs this tracker opened (their external ids set)
+    failed: frozenset[int] = frozenset()  # those that failed: a W&B run resumed to show the table ends failed
+
+    def row_dicts(self) -> list[dict[str, Any]]:
+        return [dict(zip(self.columns, row, strict=True)) for row in self.rows]
+
+
 class TrackerUnavailable(RuntimeError):
     """The tracker did not take what was sent (down, refusing, misconfigured); the forwarder retries later."""
 
@@ -133,4 +161,9 @@ class Sink(Protocol):
 
     def finish_group(self, group: GroupEnd) -> None:
         """Finish the grid's own tracker run, when the sink opened one (`Opened.group_id`)."""
+        ...
+
+    def effects(self, table: GridEffects) -> str | None:
+        """Show the grid's effects table (replacing the one shown before); returns the grid's tracker id
+        where the sink opened one for it (an MLflow parent run when no run of the grid had made one)."""
         ...

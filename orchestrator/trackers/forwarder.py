@@ -16,6 +16,7 @@ is left out of its checkpoint and named in that run's events, and any other erro
 is recorded on that run and paused like an outage; the pass goes on with the other runs. What leaves for a
 tracker is the spec as every reader sees it (`hide_env`: a command arm's env values never leave), and an
 error's text is stored and logged with the password of any URL in it masked (a tracker's URL often has one).
+After its runs, a lane sends each grid's effects table when a new one is stored (grid_verdict.py).
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ from orchestrator.results.judge import judge_metric
 from orchestrator.results.views import hide_env
 from orchestrator.settings import Settings
 from orchestrator.trackers.base import (
+    FIRST_RETRY_WAIT_S,
+    TRACKER_EVENT,
     Note,
     Opened,
     Point,
@@ -47,8 +50,11 @@ from orchestrator.trackers.base import (
     Status,
     TrackedRun,
     TrackerUnavailable,
+    tracked_name,
 )
+from orchestrator.trackers.cursor import tracker_cursor
 from orchestrator.trackers.grid_end import ended_groups
+from orchestrator.trackers.grid_verdict import EffectsSender
 from orchestrator.trackers.sample_images import checkpoint_images
 from orchestrator.vocabulary import TERMINAL_STATES, TrackerName
 
@@ -60,9 +66,7 @@ FORWARDED_EVENTS = frozenset(
     {"started", "resumed", "worker_lost", "grown", "stop_requested", "warning", "decision", "stopped", "completed",
      "failed"}
 )
-TRACKER_EVENT = "tracker"
 CHECKPOINTS_PER_PASS = 100  # a long run's backlog goes out in slices, each cursor move committed
-FIRST_RETRY_WAIT_S = 0.5  # between tries of one call: 0.5 s, 1 s, 2 s, ...
 T = TypeVar("T")
 
 
@@ -99,21 +103,6 @@ class Due:
     status: Status
 
 
-def _cursor(session: Session, tracker: TrackerName, grid_id: int, run_id: int | None) -> TrackerRun:
-    row = session.scalar(
-        select(TrackerRun).where(
-            TrackerRun.tracker == tracker,
-            TrackerRun.grid_id == grid_id,
-            TrackerRun.run_id.is_(None) if run_id is None else TrackerRun.run_id == run_id,
-        )
-    )
-    if row is None:
-        row = TrackerRun(tracker=str(tracker), grid_id=grid_id, run_id=run_id, failures=0, closed=False)
-        session.add(row)
-        session.flush()
-    return row
-
-
 def read_due(session: Session, tracker: TrackerName, run_id: int) -> Due | None:
     """What `run_id` owes `tracker`, or None (nothing new, or its tracker run is closed)."""
     from orchestrator.runs.ingest import metric_series
@@ -122,8 +111,8 @@ def read_due(session: Session, tracker: TrackerName, run_id: int) -> Due | None:
     if run is None:
         return None
     grid = session.get_one(Grid, run.grid_id)
-    cursor = _cursor(session, tracker, grid.id, run.id)
-    group = _cursor(session, tracker, grid.id, None)
+    cursor = tracker_cursor(session, tracker, grid.id, run.id)
+    group = tracker_cursor(session, tracker, grid.id, None)
     if cursor.closed:
         return None
     # Events, then the run's state, then its checkpoints, each read after the one before: a final event
@@ -146,8 +135,7 @@ def read_due(session: Session, tracker: TrackerName, run_id: int) -> Due | None:
     notes = [(e.id, noted[e.id]) for e in events]
     judged = judge_metric(run, points[-1].get("lpips_backbone") == STANDIN) if points else None
     spec = hide_env(dict(run.spec or {}))  # what every reader sees: env values stay on the run's node
-    # Replicates of one arm are separate tracker runs (and TensorBoard folders): the arm and its seed.
-    name = f"{run.arm}-s{run.seed}" if grid.seeds > 1 else run.arm
+    name = tracked_name(run.arm, run.seed, grid.seeds)  # a replicate is a tracker run (a TensorBoard folder)
     tracked = TrackedRun(run.id, name, grid.id, grid.name, spec, cursor.external_id, group.external_id)
     caught_up = len(pending) == len(points)
     status = Status(
@@ -218,6 +206,7 @@ class Lane:
     """One tracker's queue, thread and memory of which runs it has open and which are pausing."""
 
     name: TrackerName
+    effects: EffectsSender  # its grids' effects tables (grid_verdict.py)
     wake: queue.Queue[int] = field(default_factory=queue.Queue)
     sink: Sink | None = None
     opened: set[int] = field(default_factory=set)  # runs opened (or resumed) by this process
@@ -231,7 +220,8 @@ class Forwarder:
 
     def __init__(self, settings: Settings, sinks: dict[TrackerName, Sink] | None = None) -> None:
         self.settings = settings
-        self.lanes = {name: Lane(name, sink=(sinks or {}).get(name)) for name in TrackerName}
+        self.lanes = {name: Lane(name, EffectsSender(settings, name), sink=(sinks or {}).get(name))
+                      for name in TrackerName}  # fmt: skip
         self._halt = threading.Event()
 
     def start(self) -> None:
@@ -292,7 +282,15 @@ class Forwarder:
             except Exception as exc:  # noqa: BLE001 - one run's error is that run's, never the pass's
                 self._failed(lane, run_id, f"tracker {lane.name}: could not forward run {run_id}: "
                              f"{type(exc).__name__}: {exc}")  # fmt: skip
+        # Then each grid's effects table (a W&B run still open gets it before its end finishes it).
+        lane.effects.send_due(lambda: self._sink(lane), lambda what, call: self._attempt(lane, what, call),
+                              self._halt.is_set)  # fmt: skip
         self._finish_groups(lane)
+
+    def _sink(self, lane: Lane) -> Sink:
+        if lane.sink is None:
+            lane.sink = self._attempt(lane, "starting its client", lambda: build_sink(lane.name, self.settings))
+        return lane.sink
 
     def _finish_groups(self, lane: Lane) -> None:
         """Finish the tracker run of each grid that ended (an MLflow parent run); one that fails is tried again
@@ -303,14 +301,13 @@ class Forwarder:
             if self._halt.is_set():
                 return
             try:
-                if lane.sink is None:  # a restarted controller: the grid's runs were all finished before
-                    lane.sink = self._attempt(lane, "starting its client", lambda: build_sink(lane.name, self.settings))
-                self._attempt(lane, f"finishing grid {group.grid_id}", lambda s=lane.sink, g=group: s.finish_group(g))
+                sink = self._sink(lane)  # a restarted controller's first call may be a grid's end
+                self._attempt(lane, f"finishing grid {group.grid_id}", lambda s=sink, g=group: s.finish_group(g))
             except TrackerUnavailable as exc:
                 log.warning("%s (grid %s)", masked_text(str(exc)), group.grid_id)
                 continue
             with session_scope(self.settings.database_url) as session:
-                _cursor(session, lane.name, group.grid_id, None).closed = True
+                tracker_cursor(session, lane.name, group.grid_id, None).closed = True
 
     def _forward_run(self, lane: Lane, run_id: int) -> None:
         with session_scope(self.settings.database_url) as session:
@@ -325,9 +322,7 @@ class Forwarder:
         lane.retry_at.pop(run_id, None)
 
     def _send(self, lane: Lane, due: Due) -> None:
-        if lane.sink is None:
-            lane.sink = self._attempt(lane, "starting its client", lambda: build_sink(lane.name, self.settings))
-        sink = lane.sink
+        sink = self._sink(lane)
         run_id = due.run.id
         if run_id not in lane.opened:
             opened: Opened = self._attempt(lane, "opening the run", lambda: sink.open(due.tracked))
@@ -372,14 +367,14 @@ class Forwarder:
         past checkpoint left out, recorded on the run with the move."""
         group_id = moved.pop("group_id", None)
         with session_scope(self.settings.database_url) as session:
-            cursor = _cursor(session, lane.name, due.tracked.grid_id, due.run.id)
+            cursor = tracker_cursor(session, lane.name, due.tracked.grid_id, due.run.id)
             if note is not None:
                 note = masked_text(note)
                 log.warning("%s (run %s)", note, due.run.id)
                 record_event(session, session.get_one(Run, due.run.id), TRACKER_EVENT, note[:1000],
                              tracker=str(lane.name))  # fmt: skip
             if group_id is not None:
-                _cursor(session, lane.name, due.tracked.grid_id, None).external_id = group_id
+                tracker_cursor(session, lane.name, due.tracked.grid_id, None).external_id = group_id
             for key, value in moved.items():
                 if value is not None:
                     setattr(cursor, key, value)
@@ -399,7 +394,7 @@ class Forwarder:
             run = session.get(Run, run_id)
             if run is None:
                 return
-            cursor = _cursor(session, lane.name, run.grid_id, run.id)
+            cursor = tracker_cursor(session, lane.name, run.grid_id, run.id)
             cursor.failures += 1
             cursor.last_error = error[:4000]
             cursor.updated_at = utcnow()

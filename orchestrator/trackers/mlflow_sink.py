@@ -4,16 +4,20 @@ Where runs go is MLflow's own configuration: MLFLOW_TRACKING_URI (a server, or a
 file:///srv/mlruns) and MLFLOW_EXPERIMENT_NAME (default "ablate"). A resumed run logs into the same MLflow
 run (its id is kept in the database); samples are artifacts under samples/step_<step>/, logged as the
 PNG files they are (nothing is decoded). Every event of an arm is its artifact events.json (the latest
-also the tag ablate.last_event); the grid's parent run is terminated when the grid ends.
+also the tag ablate.last_event); the grid's parent run is terminated when the grid ends. The grid's effects
+are the parent run's artifact effects.json (each comparison's interval, decision and what it covers),
+rewritten after each look and at the end, and a tag per comparison (`ablate.effect.<arm>.vs.<other>.<which>
+.<metric>`: "-0.0123 [-0.0201, -0.0045] better (k=3, n=256)") with `ablate.effects_at` saying when.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import time
 from typing import Any
 
-from orchestrator.trackers.base import GroupEnd, Opened, Point, Status, TrackedRun, png_files
+from orchestrator.trackers.base import GridEffects, GroupEnd, Opened, Point, Status, TrackedRun, png_files
 from orchestrator.vocabulary import RunState, TrackerName
 
 DEFAULT_EXPERIMENT = "ablate"
@@ -21,6 +25,23 @@ PARAM_VALUE_MAX = 6000  # MLflow's limit on a param's value
 BATCH_MAX = 100  # params per log_batch (MLflow's limit); metrics go in batches of 1000
 END_STATUS = {RunState.completed: "FINISHED", RunState.stopped: "KILLED", RunState.failed: "FAILED"}
 EVENTS_ARTIFACT = "events.json"  # every event of the run, oldest first: [{"step", "kind", "message"}]
+EFFECTS_ARTIFACT = "effects.json"  # the grid's effects: {"at", "columns", "rows": [{column: value}]}
+_TAG_UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]+")  # MLflow tag keys: letters, digits, _ - . / and spaces
+
+
+def effect_tag(row: dict[str, Any]) -> tuple[str, str]:
+    """One comparison as a parent run's tag: its key names the arms and metric, its value the interval and
+    the decision."""
+    other, _, which = str(row["vs"]).partition(" (")
+    key = ".".join(_TAG_UNSAFE.sub("_", str(part)) for part in (row["arm"], "vs", other, which.rstrip(")"),
+                                                                  row["metric"]))  # fmt: skip
+
+    def num(x: float | None) -> str:
+        return "-" if x is None else f"{x:+.4g}"
+
+    value = (f"{num(row['diff'])} [{num(row['low'])}, {num(row['high'])}] {row['decision']} "
+             f"(k={row['k']}, n={row['n'] if row['n'] is not None else '-'})")  # fmt: skip
+    return f"ablate.effect.{key}"[:250], value[:PARAM_VALUE_MAX]
 
 
 def flat_params(spec: dict[str, Any], prefix: str = "") -> dict[str, str]:
@@ -121,3 +142,19 @@ class MlflowSink:
         tags = [RunTag("ablate.state", group.state), RunTag("ablate.runs", group.counts)]
         self.client.log_batch(group.external_id, tags=tags)
         self.client.set_terminated(group.external_id, status=END_STATUS.get(RunState(group.state), "FINISHED"))
+
+    def effects(self, table: GridEffects) -> str | None:
+        """The grid's parent run gets effects.json and a tag per comparison (made now if no run of the grid
+        made it: returned, so its runs open under it)."""
+        from mlflow.entities import RunTag
+
+        parent = table.group_id
+        if parent is None:
+            parent = self.client.create_run(self.experiment_id(), run_name=table.grid_name,
+                                            tags={"ablate.grid_id": str(table.grid_id)}).info.run_id  # fmt: skip
+        rows = table.row_dicts()
+        self.client.log_dict(parent, {"at": table.at, "columns": list(table.columns), "rows": rows}, EFFECTS_ARTIFACT)
+        tags = [RunTag("ablate.effects_at", table.at), *(RunTag(*effect_tag(row)) for row in rows)]
+        for start in range(0, len(tags), BATCH_MAX):
+            self.client.log_batch(parent, tags=tags[start : start + BATCH_MAX])
+        return parent if table.group_id is None else None

@@ -2,7 +2,9 @@
 
 `tensorboard --logdir <ABLATE_TENSORBOARD_DIR>` shows the arms side by side. A resumed run writes a new
 event file into the same folder, which TensorBoard reads as one run; the forwarder's cursor keeps it from
-writing a step twice.
+writing a step twice. The grid's effects (each comparison's interval, decision and what it covers) are the
+text `effects` of the grid's own folder, a Markdown table at the look it was taken after (0: a grid that
+does not decide), so the Text tab shows each look's table in turn.
 """
 
 from __future__ import annotations
@@ -13,16 +15,35 @@ import re
 from pathlib import Path
 from typing import Any
 
-from orchestrator.trackers.base import GroupEnd, Opened, Point, Status, TrackedRun
+from orchestrator.trackers.base import GridEffects, GroupEnd, Opened, Point, Status, TrackedRun
 from orchestrator.vocabulary import TrackerName
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
+def grid_folder(grid_id: int, grid_name: str) -> str:
+    """`grid-<id>-<name>`: the grid's name made path-safe."""
+    name = _UNSAFE.sub("-", grid_name).strip("-.")[:80] or "grid"
+    return f"grid-{grid_id}-{name}"
+
+
 def run_folder(run: TrackedRun) -> str:
-    """`grid-<id>-<name>/<arm>`: the grid's name made path-safe; arm labels are path-safe already."""
-    name = _UNSAFE.sub("-", run.grid_name).strip("-.")[:80] or "grid"
-    return f"grid-{run.grid_id}-{name}/{run.arm}"
+    """`grid-<id>-<name>/<arm>`: arm labels are path-safe already."""
+    return f"{grid_folder(run.grid_id, run.grid_name)}/{run.arm}"
+
+
+def effects_markdown(table: GridEffects) -> str:
+    """The effects as a Markdown table (TensorBoard's Text tab renders it)."""
+
+    def cell(x: object) -> str:
+        if x is None:
+            return "-"
+        return f"{x:+.4g}" if isinstance(x, float) else str(x).replace("|", "/")
+
+    lines = [f"effects, {table.at}", "", "| " + " | ".join(table.columns) + " |",
+             "|" + "---|" * len(table.columns)]  # fmt: skip
+    lines += ["| " + " | ".join(cell(x) for x in row) + " |" for row in table.rows]
+    return "\n".join(lines)
 
 
 def png_array(png: bytes) -> Any:  # noqa: ANN401 - a numpy array (HWC, uint8)
@@ -82,3 +103,10 @@ class TensorBoardSink:
 
     def finish_group(self, group: GroupEnd) -> None:
         pass  # the grid is a folder of run folders: nothing to finish
+
+    def effects(self, table: GridEffects) -> str | None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        with SummaryWriter(log_dir=str(self.root / grid_folder(table.grid_id, table.grid_name))) as writer:
+            writer.add_text("effects", effects_markdown(table), table.step)
+        return None

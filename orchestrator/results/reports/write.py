@@ -20,7 +20,9 @@ from orchestrator.db.session import session_scope
 from orchestrator.results.decider import decision_pending
 from orchestrator.results.pass_listener import PassListener
 from orchestrator.results.reports.build import build_report
+from orchestrator.results.reports.model import GridReport
 from orchestrator.results.reports.render import RENDERERS
+from orchestrator.results.reports.tracker_table import record_effects, record_look_effects
 from orchestrator.settings import Settings
 from orchestrator.vocabulary import TERMINAL_STATES
 
@@ -35,7 +37,10 @@ def report_dir(settings: Settings, grid_id: int) -> Path:
 
 def write_report(session: Session, grid: Grid, out: Path, storage_options: dict[str, Any] | None = None) -> list[Path]:
     """report.json, report.md and report.html of `grid` into `out` (created); returns the paths."""
-    report = build_report(session, grid, storage_options)
+    return write_rendered(build_report(session, grid, storage_options), out)
+
+
+def write_rendered(report: GridReport, out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     for ext, render in RENDERERS.items():
@@ -70,7 +75,8 @@ def write_due_reports(settings: Settings) -> list[int]:
             if grid is None:
                 continue
             try:
-                write_report(session, grid, out, settings.checkpoint_options)
+                report = build_report(session, grid, settings.checkpoint_options)
+                write_rendered(report, out)
             except Exception as exc:  # noqa: BLE001 - a report must never stop the launcher
                 log.exception("report of grid %s failed", grid_id)
                 session.add(Event(grid_id=grid_id, kind="report.failed",
@@ -79,6 +85,7 @@ def write_due_reports(settings: Settings) -> list[int]:
                 continue
             session.add(Event(grid_id=grid_id, kind="report.written", message=f"report written to {out}",
                               data={"dir": str(out)}))  # fmt: skip
+            record_effects(session, grid, report.effects, final=True)  # the trackers' table (tracker_table.py)
             written.append(grid_id)
     return written
 
@@ -89,3 +96,4 @@ class ReportWriter(PassListener):
 
     def housekeeping(self) -> None:
         write_due_reports(self.settings)
+        record_look_effects(self.settings)  # a deciding grid's trackers see each look's decisions

@@ -1,5 +1,6 @@
 """A grid served by the launcher (real Ray on CPU, real tiny training) reaches TensorBoard, MLflow and W&B:
-every arm's metrics, samples and the detector's decision, read back from each tracker's files; and no tracker
+every arm's metrics, samples and the detector's decision, then the grid's effects table once its report is
+written, read back from each tracker's files; and no tracker
 key is in anything a node is given or writes. A module of its own: a fresh database, no other test's runs."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from orchestrator.db.models import Metric, Run
+from orchestrator.db.models import Metric, Run, TrackerRun
 from orchestrator.db.session import session_scope
 from orchestrator.grids.service import GridCreate, create_grid
 from orchestrator.settings import Settings
@@ -43,6 +44,13 @@ def ray_address() -> Iterator[str]:
     ray.shutdown()
 
 
+def effects_sent(database_url: str, grid_id: int) -> bool:
+    """Every tracker's grid cursor has passed an effects table."""
+    with session_scope(database_url) as session:
+        cursors = session.scalars(select(TrackerRun).where(TrackerRun.grid_id == grid_id, TrackerRun.run_id.is_(None)))
+        return {c.tracker for c in cursors if c.event_id is not None} == set(TrackerName)
+
+
 def test_a_grid_run_by_the_launcher_reaches_three_trackers_and_no_tracker_key_reaches_the_node(
     database_url: str, tmp_path: Path, ray_address: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -58,7 +66,7 @@ def test_a_grid_run_by_the_launcher_reaches_three_trackers_and_no_tracker_key_re
     with session_scope(database_url) as session:
         grid = create_grid(session, GridCreate(name="served grid", arms=["A", STOPPED_ARM], overrides=TINY,
                                                trackers=["tensorboard", "mlflow", "wandb"]))  # fmt: skip
-        ids = [r.id for r in grid.runs]
+        ids, grid_id = [r.id for r in grid.runs], grid.id
     launcher = Launcher(settings, listeners=loop_listeners(settings))
     launcher.start()
     try:
@@ -71,6 +79,7 @@ def test_a_grid_run_by_the_launcher_reaches_three_trackers_and_no_tracker_key_re
             for tracker in TrackerName:
                 wait_closed(database_url, run_id, tracker)
         wait_for(lambda: mlflow_runs()["served grid"].info.status == "FINISHED", "the grid's MLflow parent run to end")
+        wait_for(lambda: effects_sent(database_url, grid_id), "the grid's effects table to reach each tracker")
     finally:
         launcher.stop()
     with session_scope(database_url) as session:
@@ -84,6 +93,8 @@ def test_a_grid_run_by_the_launcher_reaches_three_trackers_and_no_tracker_key_re
             assert written and not [p for p in written if key.encode() in p.read_bytes()]
     assert [r.state for r in runs] == ["completed", "stopped"] and runs[1].decision == "collapse"
     tb = tensorboard_runs(tmp_path / "tensorboard")
+    # The grid's own folder holds its effects table (test_tracker_effects.py reads it row by row).
+    assert tb_text(tb.pop(f"grid-{grid_id}-served-grid"), "effects")[0][1].startswith("effects, final report")
     assert {arm: [e.step for e in acc.Scalars("val_flow_loss")] for arm, acc in tb.items()} == {
         "A": steps[ids[0]], "A-flipped": steps[ids[1]]}  # fmt: skip
     assert all(acc.Tags()["images"] for acc in tb.values())
@@ -94,9 +105,11 @@ def test_a_grid_run_by_the_launcher_reaches_three_trackers_and_no_tracker_key_re
     wb = wandb_runs(tmp_path / "wandb")
     assert {arm: [row["_step"] for part in parts for row in part.history] for arm, parts in wb.items()} == {
         "A": steps[ids[0]], "A-flipped": steps[ids[1]]}  # fmt: skip
-    assert wb["A-flipped"][-1].summary["decision"] == "collapse"
+    # Each run's last part but one sent its end; the last, resumed after it, the grid's effects table.
+    assert [part.summary["effects_at"] for parts in wb.values() for part in parts[-1:]] == ["final report"] * 2
+    assert wb["A-flipped"][-2].summary["decision"] == "collapse"
     for arm, run_id in (("A", ids[0]), ("A-flipped", ids[1])):  # every event, not only the latest
         events = forwarded_events(database_url, run_id)
         assert len(events) >= 2 and events[0][0] == "started" and events[-1][0] in ("completed", "stopped")
-        assert [(kind, message) for _, kind, message in wandb_events(wb[arm][-1])] == events
+        assert [(kind, message) for _, kind, message in wandb_events(wb[arm][-2])] == events
         assert [(e["kind"], e["message"]) for e in mlflow_events(mlflow[arm].info.run_id)] == events
