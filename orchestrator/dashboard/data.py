@@ -27,7 +27,7 @@ from orchestrator.grids.arms import LINEAGE_KEYS, ArmError, changes, flatten, re
 from orchestrator.numbers import finite_or_none, is_finite
 from orchestrator.results.data_feed import data_feed
 from orchestrator.results.decisions import decision_json, with_decisions
-from orchestrator.results.evaluations import largest_evaluation
+from orchestrator.results.evaluations import evaluation_warnings, largest_evaluation
 from orchestrator.results.judge import best_checkpoint, judge_metric, stored_spec
 from orchestrator.results.own_metrics import is_command_run, own_series
 from orchestrator.results.record_lists import stored_list, unreadable_records
@@ -316,6 +316,7 @@ def grid_detail(session: Session, grid: Grid, alarm_minutes: float = 15.0) -> di
     pairing = Pairing(grid)  # seed s of an arm against seed s of the control
     control = pairing.control(0)
     evaluation, evaluated = largest_evaluation(session, grid)  # more images, no retraining: what the effects use
+    not_used = evaluation_warnings(session, grid)  # a stranger's evaluation of a run: a warning on it, not used
     judge, effects = grid_effects_now(grid, metrics, evaluated)
     effects = with_decisions(session, grid, effects)  # a deciding grid: each decided effect's decision
     arm_index = {arm: i for i, arm in enumerate(dict.fromkeys(r.arm for r in runs))}
@@ -342,7 +343,7 @@ def grid_detail(session: Session, grid: Grid, alarm_minutes: float = 15.0) -> di
             best_value=finite_or_none(best_value),
             best_from_detector=r.best_step is not None,
             fallbacks=r.fallbacks or [],
-            warnings=warnings.get(r.id, []),
+            warnings=warnings.get(r.id, []) + not_used.get(r.id, []),
             lpips_backbones=backbones,
             standin_steps=standin,
             judge_metric=judged,

@@ -3,6 +3,12 @@ largest completed one, whose per-run rows the report's effects use in place of t
 
 An `EvaluationResult` row carries the same metric columns, `extra` and `step` as a `Metric` row, so the
 report's statistics read it unchanged.
+
+A row stands for its run's values only where the node that ran the job may speak for the run
+(runs/trust.py evaluator_refused: the run's own node or a trusted one; a trusted one for the control of a
+grid with control_on_trusted), checked here when read, so the report, the decider, the dashboard and the
+trackers all apply it, to rows stored before placement was held to it and to nodes untrusted since. A row
+that may not is never used: `evaluation_warnings` says so on its run, with its evidence.
 """
 
 from __future__ import annotations
@@ -15,7 +21,11 @@ from sqlalchemy.orm import Session
 from orchestrator.db.models import Evaluation, EvaluationResult, Grid, Metric
 from orchestrator.results.reports.model import EvaluationUsed
 from orchestrator.results.views import MetricValues, Public, UTCDatetime
+from orchestrator.runs.trust import evaluator_refused, trusted_nodes
 from orchestrator.vocabulary import EvaluationState
+
+# The values a warning about a row not used quotes as its evidence, those the row has.
+EVIDENCE = ("val_flow_loss", "recon_lpips", "text_lpips", "text_manip_delta")
 
 
 class EvaluationRun(MetricValues):  # type: ignore[misc, valid-type]
@@ -56,19 +66,57 @@ class EvaluationView(Public):
         )  # fmt: skip
 
 
-def largest_evaluation(session: Session, grid: Grid) -> tuple[EvaluationUsed | None, dict[int, EvaluationResult]]:
-    """The grid's completed evaluation with the most images (the newest of equals) and its row per run id;
-    (None, {}) when the grid has none."""
-    found = session.scalars(
+def _completed(session: Session, grid: Grid) -> list[Evaluation]:
+    """The grid's completed evaluations, the most images first (the newest of equals)."""
+    return list(session.scalars(
         select(Evaluation)
         .where(Evaluation.grid_id == grid.id, Evaluation.state == EvaluationState.completed)
         .order_by(Evaluation.images.desc(), Evaluation.id.desc())
-        .limit(1)
-    ).first()
-    if found is None:
-        return None, {}
-    info = EvaluationUsed(id=found.id, images=found.images, step=found.step)
-    return info, {r.run_id: r for r in found.results if r.state == EvaluationState.completed}
+    ))  # fmt: skip
+
+
+def _believed(evaluation: Evaluation, trusted: set[str]) -> tuple[dict[int, EvaluationResult], dict[int, str]]:
+    """The evaluation's completed rows that may stand for their runs' values, per run id, and why each
+    other completed row may not (evaluator_refused), per run id."""
+    rows, refused = {}, {}
+    for row in evaluation.results:
+        if row.state != EvaluationState.completed:
+            continue
+        why = evaluator_refused(row.run, row.node, trusted)
+        if why is None:
+            rows[row.run_id] = row
+        else:
+            refused[row.run_id] = why
+    return rows, refused
+
+
+def largest_evaluation(session: Session, grid: Grid) -> tuple[EvaluationUsed | None, dict[int, EvaluationResult]]:
+    """The grid's completed evaluation with the most images (the newest of equals) and its row per run id,
+    only the rows whose node may speak for the run (`_believed`), of the largest with any such row;
+    (None, {}) when the grid has none."""
+    trusted = trusted_nodes(session)
+    for found in _completed(session, grid):
+        rows, _ = _believed(found, trusted)
+        if rows:
+            return EvaluationUsed(id=found.id, images=found.images, step=found.step), rows
+    return None, {}
+
+
+def evaluation_warnings(session: Session, grid: Grid) -> dict[int, list[str]]:
+    """Per run id, a warning for each completed evaluation row of the grid that may not stand for the run's
+    values: the node that ran it, why, and what it claimed; the run's own values are used instead."""
+    trusted, out = trusted_nodes(session), {}
+    for evaluation in _completed(session, grid):
+        rows = {r.run_id: r for r in evaluation.results}
+        for run_id, why in _believed(evaluation, trusted)[1].items():
+            row = rows[run_id]
+            claimed = ", ".join(f"{m} {v:.4g}" for m in EVIDENCE if isinstance(v := getattr(row, m), int | float))
+            out.setdefault(run_id, []).append(
+                f"evaluation {evaluation.id} of this run not used: {why}; it claimed "
+                f"{claimed or 'no metric'} at step {row.step} on {evaluation.images} images. "
+                "The run's own values stand"
+            )
+    return out
 
 
 def with_evaluation(metrics: dict[int, list[Metric]], evaluated: dict[int, EvaluationResult]) -> dict[int, list]:

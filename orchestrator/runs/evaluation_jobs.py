@@ -1,8 +1,10 @@
 """Evaluation jobs on nodes: each run's stored checkpoint evaluated again on more held-out images.
 
 An evaluation (orchestrator/grids/evaluations.py) is one job per run (an `EvaluationResult` row), and a
-job is a run-like worker: the launcher places it on a node with a free GPU (the run's own node first,
-where its checkpoints are on disk), through the same node pool, agent and `start` op as a run, with
+job is a run-like worker: the launcher places it on a node with a free GPU whose values may stand for the
+run's (runs/trust.py evaluator_refused: the run's own node, first, where its checkpoints are on disk, or a
+trusted one; only a trusted one for the control of a grid with control_on_trusted; a job waits for one,
+saying so), through the same node pool, agent and `start` op as a run, with
 `WorkerArgs.evaluation` set; the worker (worker/evaluation.py) yields one record, the checkpoint's
 metrics on the asked images, and trains nothing. States: queued -> running -> completed | failed.
 
@@ -10,8 +12,11 @@ metrics on the asked images, and trains nothing. States: queued -> running -> co
   node's hello that names an evaluation worker is checked like a run's (`not_placed`).
 - Resumable: a restarted controller adopts a job's live worker by name (`ablate-eval-<job>-<attempt>`)
   or, once every node has answered, queues the job again with attempt + 1.
-- Refusable: a node that refuses the start, a worker that fails, or a reply the protocol or the metric
-  ranges refuse fails the job with the reason; a lost worker is queued again up to max_retries.
+- Refusable: a node that refuses the start, a worker that fails, or a reply the protocol, the metric
+  ranges or runs/evaluation_record.py refuse (another step, other than the images asked for) fails the job
+  with the reason; a lost worker is queued again up to max_retries.
+- Its cost is the node's wall time bounded by the controller's: from the placement (`started_at`) to the
+  record.
 - Stored beside the training records (the job's own row), never over the run's Metric rows or its step.
 
 Nothing here imports Ray: replies are validated JSON.
@@ -31,9 +36,18 @@ from model.spec import ArmSpec
 from orchestrator.db.models import Evaluation, EvaluationResult, utcnow
 from orchestrator.db.session import session_scope
 from orchestrator.fleet.node_pool import NodePool
+from orchestrator.numbers import json_safe
+from orchestrator.runs.evaluation_record import (
+    CLAIMED_KEY,
+    SEEN_KEY,
+    bounded_wall_time,
+    refused_evaluation,
+    seen_seconds,
+)
 from orchestrator.runs.ingest import metric_values, refused_metrics
 from orchestrator.runs.placement import choose_node, not_placed, run_dir
 from orchestrator.runs.storage import worker_data_store, worker_storage
+from orchestrator.runs.trust import evaluation_nodes, evaluator_refused, trusted_nodes
 from orchestrator.settings import Settings
 from orchestrator.vocabulary import EvaluationState
 from worker.protocol import (
@@ -141,23 +155,35 @@ class EvaluationJobs:
     # launch -----------------------------------------------------------------------------------------
 
     def launch(self, free: dict[str, int]) -> None:
-        """Queued jobs in order, each on its run's node when that has a GPU free, else any node with one."""
+        """Queued jobs in order, each on its run's node when that has a GPU free, else on another node whose
+        values may stand for the run's (evaluation_nodes); a job with none waits, its `error` saying why."""
         with session_scope(self.settings.database_url) as session:
             queued = session.scalars(
                 select(EvaluationResult).where(EvaluationResult.state == EvaluationState.queued)
                 .order_by(EvaluationResult.id)
             ).all()  # fmt: skip
+            trusted = trusted_nodes(session)
             for job in queued:
-                home = job.run.node
-                node = home if home is not None and free.get(home, 0) >= JOB_GPUS else choose_node(free, JOB_GPUS)
-                if node is None:
+                if choose_node(free, JOB_GPUS) is None:
                     return
-                if self._start(session, job, node):
+                allowed = evaluation_nodes(job.run, free, trusted)
+                home = job.run.node
+                node = home if allowed.get(home or "", 0) >= JOB_GPUS else choose_node(allowed, JOB_GPUS)
+                if node is None:
+                    self._wait(job, free, trusted)
+                elif self._start(session, job, node):
                     free[node] -= JOB_GPUS
+
+    @staticmethod
+    def _wait(job: EvaluationResult, free: dict[str, int], trusted: set[str]) -> None:
+        """Say on the job why the free GPUs are not its (a stranger's values would stand for the run's)."""
+        elsewhere = [n for n, gpus in free.items() if gpus >= JOB_GPUS]
+        why = evaluator_refused(job.run, elsewhere[0], trusted)
+        job.error = f"waiting for a GPU on the run's own node or a trusted one: {why}"[:4000]
 
     def _start(self, session: Session, job: EvaluationResult, node: str) -> bool:
         name = evaluation_worker_name(job.id, job.attempt)
-        job.state, job.node = EvaluationState.running, node
+        job.state, job.node, job.started_at, job.error = EvaluationState.running, node, utcnow(), None
         settle(job.evaluation)
         session.commit()  # on record before the node holds it (a restart adopts it; a hello is checked)
         try:
@@ -196,8 +222,8 @@ class EvaluationJobs:
                 return True
             records = [r.values() for r in reply.records]
             refused = refused_records(reply.records, job.run_id, None) or refused_metrics(records)
-            if refused is None and any(r["step"] != job.step for r in records):
-                refused = f"a record of step {records[0]['step']}, not the step {job.step} asked for"
+            if refused is None:
+                refused = next((why for r in records if (why := refused_evaluation(job, r)) is not None), None)
             if refused is not None:
                 self._fail(session, job, f"node {worker.node} sent {refused}: refused, nothing stored")
             elif records:
@@ -214,9 +240,20 @@ class EvaluationJobs:
 
     @staticmethod
     def _store(job: EvaluationResult, record: dict) -> None:
-        for key, value in metric_values(record).items():
+        """The record as the job's result; its wall time and cost bounded by the controller's own (the
+        claim and the time seen kept beside them in `extra`)."""
+        values = metric_values(record)
+        claimed, seen = record.get("wall_time_s"), seen_seconds(job)
+        wall = bounded_wall_time(claimed, seen)
+        extra = values["extra"]
+        extra.get("nonfinite", {}).pop("wall_time_s", None)  # the stored wall time is the bounded one
+        if "nonfinite" in extra and not extra["nonfinite"]:
+            del extra["nonfinite"]
+        extra[CLAIMED_KEY], extra[SEEN_KEY] = json_safe(claimed), seen
+        for key, value in values.items():
             setattr(job, key, value)
-        job.gpu_seconds = (job.wall_time_s or 0.0) * JOB_GPUS
+        job.wall_time_s, job.gpu_seconds = wall, wall * JOB_GPUS
+        job.gpu_hours = job.gpu_seconds / 3600
         job.state, job.finished_at = EvaluationState.completed, utcnow()
 
     def _fail(self, session: Session, job: EvaluationResult, why: str) -> None:

@@ -6,6 +6,11 @@ by reporting a control better than it is. Values from a node may therefore stop 
 come from the arm's own node (which could lie about the arm anyway) or from a trusted node: the
 controller's own machine, or a registered node the operator marked `trusted` (`ablate nodes add
 --trusted`). Elsewhere the stall is a warning with its evidence, on the dashboard.
+
+An evaluation job (runs/evaluation_jobs.py) measures a run's checkpoint again, and its values then stand
+for the run's own in every comparison. The same rule holds it: a run's evaluation may run, and be
+believed, only on a node the run ran on or a trusted one, and the control of a grid with
+control_on_trusted only on a trusted one (`evaluator_refused`).
 """
 
 from __future__ import annotations
@@ -57,3 +62,28 @@ def trusted_only(session: Session, run: Run, free: dict[str, int]) -> dict[str, 
         return free
     trusted = trusted_nodes(session)
     return {node: gpus for node, gpus in free.items() if node in trusted}
+
+
+def evaluator_refused(run: Run, node: str | None, trusted: set[str]) -> str | None:
+    """Why an evaluation of `run` on `node` may not stand for the run's values, or None when it may: the
+    node is one the run ran on or a trusted one, and a trusted one for the control of a grid with
+    control_on_trusted. `trusted`: trusted_nodes()."""
+    if node is None:
+        return "no node on record for the job"
+    if node in trusted:
+        return None
+    grid = run.grid
+    if grid.control_on_trusted and run.arm == grid.control_arm:
+        return f"node {node} is not trusted, and the grid keeps its control on trusted nodes (control_on_trusted)"
+    own = nodes_of(run)
+    if node in own:
+        return None
+    ran_on = f"the run's nodes: {', '.join(own)}" if own else "the run has no node on record"
+    return (f"node {node} never ran this run ({ran_on}) and is not trusted "
+            f"(mark it with `ablate nodes set {node} --trusted`)")
+
+
+def evaluation_nodes(run: Run, free: dict[str, int], trusted: set[str]) -> dict[str, int]:
+    """The free GPUs per node that an evaluation of `run` may be placed on (evaluator_refused): a job with
+    none waits for one. `trusted`: trusted_nodes()."""
+    return {node: gpus for node, gpus in free.items() if evaluator_refused(run, node, trusted) is None}

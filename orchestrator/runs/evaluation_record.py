@@ -1,0 +1,86 @@
+"""What an evaluation job's record must be before it is stored, and the cost it is stored with.
+
+A job's record (worker/evaluation.py) is a node's claim like a training record. Beyond the protocol and
+the metric ranges (runs/ingest.py), it must measure the checkpoint asked for on the images asked for:
+each metric it sets counts one row per image asked (`<metric>_n`, and its per-image lists as long), less
+the held-out images the node names unreadable in `skipped_files`, each one the run's own training records
+already named (its fallbacks). Anything else refuses the record: a node answering 15 rows of 16 would
+otherwise have the evaluation asked for again and again, and its values stand for 16 images.
+
+The wall time it claims is its cost (the decider prices an images action from it), so it is bounded by
+what the controller saw: the time from the job's placement to its record.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from orchestrator.db.models import EvaluationResult, aware, utcnow
+
+# The metrics an evaluation measures per held-out image (model/evaluate.py), each with `_n` and `_samples`.
+PER_IMAGE_METRICS = ("recon_lpips", "text_lpips", "text_manip_delta", "val_flow_loss")
+# Controller's own keys in a stored job's `extra`: the node's claimed wall time and the one it saw.
+CLAIMED_KEY, SEEN_KEY = "wall_time_claimed_s", "wall_time_seen_s"
+
+
+def unreadable_named_by_run(fallbacks: list[Any] | None) -> set[str]:
+    """The images a run's own training records named unreadable: its fallback notes (the first few)."""
+    from model.data.unreadable import fallback_note  # torch behind it: only when a record names any
+
+    prefix = fallback_note("")
+    return {f.removeprefix(prefix) for f in fallbacks or [] if isinstance(f, str) and f.startswith(prefix)}
+
+
+def refused_rows(record: dict[str, Any], images: int, run_fallbacks: list[Any] | None) -> str | None:
+    """Why `record` does not measure the `images` asked for, or None. `run_fallbacks`: the run's fallbacks."""
+    named = list(dict.fromkeys(record.get("skipped_files") or []))
+    if named:
+        unknown = [n for n in named if n not in unreadable_named_by_run(run_fallbacks)]
+        if unknown:
+            return (f"held-out images named unreadable that the run's own records never named: "
+                    f"{', '.join(unknown[:3])}{' ...' if len(unknown) > 3 else ''}")  # fmt: skip
+    expected = images - len(named)
+    less = f" less the {len(named)} named unreadable" if named else ""
+    asked = f"the {images} images asked for{less}"
+    claimed = record.get("evaluated_images")
+    if claimed is not None and claimed != images:
+        return f"evaluated_images {claimed}, not {asked}"
+    measured = False
+    for metric in PER_IMAGE_METRICS:
+        n = record.get(f"{metric}_n")
+        if record.get(metric) is None and n is None:
+            continue  # not measured: text_manip_delta on a dataset without caption edits
+        if n != expected:
+            return f"{metric}_n {n}, not {expected} rows for {asked}"
+        samples = record.get(f"{metric}_samples")
+        if samples is not None and len(samples) != expected:
+            return f"{len(samples)} values in {metric}_samples, not {expected} for {asked}"
+        measured = True
+    grid = record.get("val_flow_loss_grid")
+    if grid is not None and len(grid) != expected:
+        return f"{len(grid)} rows in val_flow_loss_grid, not {expected} for {asked}"
+    if not measured:
+        return f"no metric measured on {asked}"
+    return None
+
+
+def refused_evaluation(job: EvaluationResult, record: dict[str, Any]) -> str | None:
+    """Why a job's (protocol- and range-checked) record cannot be stored as its result, or None."""
+    if record.get("step") != job.step:
+        return f"a record of step {record.get('step')}, not the step {job.step} asked for"
+    return refused_rows(record, job.evaluation.images, job.run.fallbacks)
+
+
+def seen_seconds(job: EvaluationResult) -> float:
+    """The seconds the controller saw the job's current attempt take: from its placement (its creation
+    for a job placed before placements were timed) to now."""
+    since = job.started_at or job.created_at
+    return max(0.0, (utcnow() - aware(since)).total_seconds())
+
+
+def bounded_wall_time(claimed: Any, seen: float) -> float:
+    """The node's claimed seconds where they are a finite number within what the controller saw, else the
+    controller's own `seen`: an inf, NaN or 1e29 never becomes a job's cost."""
+    ok = isinstance(claimed, int | float) and not isinstance(claimed, bool) and math.isfinite(claimed)
+    return float(claimed) if ok and 0 <= claimed <= seen else seen
