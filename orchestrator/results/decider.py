@@ -30,7 +30,6 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from sqlalchemy import exists, select
 from sqlalchemy.exc import IntegrityError
@@ -126,17 +125,23 @@ def _finite_hours(value: float | None) -> float | None:
     return float(value) if value is not None and math.isfinite(value) and value >= 0 else None
 
 
-def spent_gpu_hours(session: Session, grid: Grid) -> float:
-    """What the grid has spent: each run's largest measured GPU-hours (its records'; a run on the CPU
-    records none) and every evaluation job's measured GPU-seconds."""
-    runs: dict[int, float] = {}
-    ids = [r.id for r in grid.runs]
-    for run_id, hours in session.execute(select(Metric.run_id, Metric.gpu_hours).where(Metric.run_id.in_(ids))):
+def measured_hours(session: Session, runs: Sequence[Run]) -> dict[int, float]:
+    """Each run's GPU-hours as its records measured them (the largest finite value; a run on the CPU
+    records 0), by run id; runs without a record are absent."""
+    out: dict[int, float] = {}
+    rows = session.execute(select(Metric.run_id, Metric.gpu_hours).where(Metric.run_id.in_([r.id for r in runs])))
+    for run_id, hours in rows:
         h = _finite_hours(hours)
         if h is not None:
-            runs[run_id] = max(runs.get(run_id, 0.0), h)
+            out[run_id] = max(out.get(run_id, 0.0), h)
+    return out
+
+
+def spent_gpu_hours(session: Session, grid: Grid) -> float:
+    """What the grid has spent: its runs' measured GPU-hours and every evaluation job's measured GPU-seconds."""
     jobs = session.scalars(select(EvaluationResult.gpu_seconds).join(Evaluation).where(Evaluation.grid_id == grid.id))
-    return sum(runs.values()) + sum(s / 3600 for s in map(_finite_hours, jobs) if s is not None)
+    return sum(measured_hours(session, grid.runs).values()) + sum(
+        s / 3600 for s in map(_finite_hours, jobs) if s is not None)  # fmt: skip
 
 
 def evaluations_of(session: Session, grid: Grid) -> int:
@@ -147,15 +152,9 @@ def evaluations_of(session: Session, grid: Grid) -> int:
 def run_hours(session: Session, run: Run) -> float:
     """What one more run like `run` costs: the mean measured GPU-hours of its arm's runs, else the estimate
     the worst case was priced at (grids/deciding.py worst_case_gpu_hours); 0 for a command arm unmeasured."""
-    same = [r.id for r in run.grid.runs if r.arm == run.arm]
-    rows = session.execute(select(Metric.run_id, Metric.gpu_hours).where(Metric.run_id.in_(same))).all()
-    measured: dict[int, float] = {}
-    for run_id, hours in rows:
-        h = _finite_hours(hours)
-        if h:
-            measured[run_id] = max(measured.get(run_id, 0.0), h)
+    measured = [h for h in measured_hours(session, [r for r in run.grid.runs if r.arm == run.arm]).values() if h]
     if measured:
-        return sum(measured.values()) / len(measured)
+        return sum(measured) / len(measured)
     try:
         p = project(ArmSpec.model_validate(run.spec), ESTIMATE)
     except ValueError:
@@ -166,8 +165,7 @@ def run_hours(session: Session, run: Run) -> float:
 def evaluation_hours(session: Session, grid: Grid, images: int) -> float:
     """An evaluation of every evaluated run on `images` images: each job a start (estimated) and its images
     at the slowest per-image rate the grid's completed jobs measured, else the estimate."""
-    total = 0.0
-    jobs = evaluation_jobs(session, grid)
+    total, jobs = 0.0, evaluation_jobs(session, grid)
     for run in evaluated_runs(grid):
         try:
             spec = ArmSpec.model_validate(run.spec)
@@ -179,21 +177,15 @@ def evaluation_hours(session: Session, grid: Grid, images: int) -> float:
     return total
 
 
-@dataclass(frozen=True)
-class Refusal:
-    """Why this look queues nothing more: a cap of the grid reached (for every comparison still open)."""
-
-    words: str
-
-
-def over_budget(session: Session, grid: Grid, budget: DecideSpec, cost: float, evaluation: bool) -> Refusal | None:
-    """The cap that work costing `cost` GPU-hours (an evaluation, where `evaluation`) would pass, if any."""
+def over_budget(session: Session, grid: Grid, budget: DecideSpec, cost: float, evaluation: bool) -> str | None:
+    """Which cap of the grid work costing `cost` GPU-hours (an evaluation, where `evaluation`) would pass, in
+    words; None where it passes none."""
     if evaluation and budget.max_evaluations is not None and evaluations_of(session, grid) >= budget.max_evaluations:
-        return Refusal(f"at the evaluations budget: {budget.max_evaluations} evaluations (decide.max_evaluations)")
+        return f"at the evaluations budget: {budget.max_evaluations} evaluations (decide.max_evaluations)"
     spent = spent_gpu_hours(session, grid)
     if budget.max_gpu_hours is not None and spent + cost > budget.max_gpu_hours:
-        return Refusal(f"at the GPU-hours budget: {spent:.4g} spent, the next work {cost:.4g} more, of "
-                       f"{budget.max_gpu_hours:.4g} (decide.max_gpu_hours)")  # fmt: skip
+        return (f"at the GPU-hours budget: {spent:.4g} spent, the next work {cost:.4g} more, of "
+                f"{budget.max_gpu_hours:.4g} (decide.max_gpu_hours)")  # fmt: skip
     return None
 
 
@@ -389,12 +381,12 @@ def take_look(session: Session, grid: Grid) -> DecisionLook:
         comparisons.append(c)
     actions, refusal = queue_actions(session, grid, comparisons, decide, max_images, images, budget=decide)
     if last_look and not stopped:
-        refusal = Refusal(f"at the looks budget: {decide.max_looks} looks (decide.max_looks)")
+        refusal = f"at the looks budget: {decide.max_looks} looks (decide.max_looks)"
     for c in comparisons:
         if c.decision == "open" and not actions:  # nothing left that could decide it
             c.decision, c.action = "undecided", None
         if refusal is not None and c.decision == "undecided" and c.look == wave + 1:
-            c.reason += f"; {refusal.words}"
+            c.reason += f"; {refusal}"
     look = DecisionLook(grid_id=grid.id, wave=wave, comparisons=[c.model_dump(mode="json") for c in comparisons],
                         actions=actions, final=not actions)  # fmt: skip
     session.add(look)
@@ -406,7 +398,7 @@ def take_look(session: Session, grid: Grid) -> DecisionLook:
         session.add(Event(grid_id=grid.id, kind="decide.images_budget", message=short.removeprefix("; "),
                           data={"wave": wave, "images": readable, "asked": images}))  # fmt: skip
     if refusal is not None and not actions:
-        session.add(Event(grid_id=grid.id, kind="decide.budget", message=refusal.words, data={"wave": wave}))
+        session.add(Event(grid_id=grid.id, kind="decide.budget", message=refusal, data={"wave": wave}))
     for a in actions:
         session.add(Event(grid_id=grid.id, kind="decide.action", message=a["words"], data=a))
     session.flush()
@@ -415,12 +407,12 @@ def take_look(session: Session, grid: Grid) -> DecisionLook:
 
 def queue_actions(session: Session, grid: Grid, comparisons: Sequence[ComparisonLook], decide: DecideSpec,
                   max_images: int, images: int | None,
-                  budget: DecideSpec | None = None) -> tuple[list[dict], Refusal | None]:  # fmt: skip
+                  budget: DecideSpec | None = None) -> tuple[list[dict], str | None]:  # fmt: skip
     """Queue this look's work: an evaluation on more images where any open comparison asks for one (it
     serves every comparison, and needs no run active), else one more seed of each arm an open comparison
     asks one for (both its arms), below max_seeds. Nothing where the images asked are no more than the
-    grid's largest evaluation asked for, or where the work would pass `budget`'s caps (the Refusal says
-    which). Returns the actions as stored."""
+    grid's largest evaluation asked for, or where the work would pass `budget`'s caps. Returns the actions
+    as stored, and which cap refused the work (over_budget), if one did."""
     open_ = [c for c in comparisons if c.decision == "open"]
     n = next_images(max_images, images, max((c.n or 0 for c in open_), default=0))
     if n is None:
@@ -469,7 +461,7 @@ def catch_up(session: Session, grid: Grid) -> Evaluation | None:
     cost = evaluation_hours(session, grid, info.images) * len(missing) / max(len(evaluated_runs(grid)), 1)
     refusal = over_budget(session, grid, budget, cost, True)
     if refusal is not None:  # the look takes the effects as they are
-        words = f"no catch-up evaluation: {refusal.words}"
+        words = f"no catch-up evaluation: {refusal}"
         if not session.scalar(select(exists().where(Event.grid_id == grid.id, Event.message == words))):
             session.add(Event(grid_id=grid.id, kind="decide.budget", message=words))
         return None

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from orchestrator.grids.deciding import BORROW_CHECK, DECIDABLE_METRICS
+from orchestrator.grids.deciding import BORROW_CHECK, DECIDABLE_METRICS, IMAGE_STEP
 from orchestrator.results.borrowed import CHECK
 from orchestrator.results.reports.build import COMPARED
+from orchestrator.results.sequential import IMAGE_STEP as MATHS_IMAGE_STEP
 from tests.kit.settings import AUTH
 from tests.orchestrator.test_cli import ablate
 
@@ -22,6 +23,10 @@ def test_the_decidable_metrics_are_the_reports_compared_ones() -> None:
 
 def test_the_default_check_is_the_maths_one() -> None:
     assert BORROW_CHECK == CHECK
+
+
+def test_the_images_step_priced_at_submit_is_the_deciders() -> None:
+    assert IMAGE_STEP == MATHS_IMAGE_STEP
 
 
 def test_decide_beside_seeds_is_a_422_naming_both(client: TestClient) -> None:
