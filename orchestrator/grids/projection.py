@@ -80,15 +80,18 @@ def measured_rates(session: Session, gpu_model: str | None) -> Rates:
     if gpu_model is None:
         return Rates(None, {})
     rows = session.execute(
-        select(Run.id, Run.spec, Metric.iter_per_sec, Metric.extra["ranks"].as_integer(), Metric.step,
+        select(Run.id, Run.spec, Metric.iter_per_sec, Metric.extra["ranks"], Metric.step,
                Metric.wall_time_s, Metric.extra["eval_time_s"].as_float(),
                Metric.extra["resumed_from_step"].as_integer())
         .join(Metric, Metric.run_id == Run.id)
         .where(Run.gpu_name == gpu_model, Metric.iter_per_sec.is_not(None))
         .order_by(Run.id, Metric.step)
     ).all()
-    # Per run and GPU count: a run grown onto more GPUs (runs/grow.py) has records at each count, its
-    # records' `ranks` says which (older records name none: the spec's count).
+    # Per run and GPU count: a run grown onto more GPUs (runs/grow.py) has records at each count. The count
+    # is the controller's (placed_gpus); a record's `ranks` is a node's claim, read as JSON and never cast
+    # in SQL (Postgres failed every later plan on a "4.5"), and a record whose claim disagrees is left out:
+    # these rates project every later grid's runs.
+    growths = _growths(session, {row[0] for row in rows})
     per_run: dict[tuple[int, int], tuple[ArmSpec, list[Any]]] = {}
     specs: dict[int, ArmSpec | None] = {}
     for run_id, spec, rate, ranks, *record in rows:
@@ -97,7 +100,10 @@ def measured_rates(session: Session, gpu_model: str | None) -> Rates:
         parsed = specs[run_id]
         if parsed is None:
             continue
-        per_run.setdefault((run_id, ranks or parsed.gpu_count()), (parsed, []))[1].append((float(rate), *record))
+        gpus = placed_gpus(growths.get(run_id, []), record[0], parsed.gpu_count())
+        if ranks is not None and ranks != gpus or isinstance(ranks, bool):
+            continue
+        per_run.setdefault((run_id, gpus), (parsed, []))[1].append((float(rate), *record))
     found: dict[tuple[str, int], list[float]] = {}
     fixed: dict[str, list[tuple[float, float]]] = {}
     for (_, gpus), (spec, records) in per_run.items():
@@ -115,6 +121,29 @@ def measured_rates(session: Session, gpu_model: str | None) -> Rates:
         {key: statistics.median(v) for key, v in found.items()},
         {key: (statistics.median(s for s, _ in v), statistics.median(e for _, e in v)) for key, v in fixed.items()},
     )
+
+
+def _growths(session: Session, run_ids: set[int]) -> dict[int, list[tuple[int, int]]]:
+    """Per run, (step, GPUs before) of each growth the controller recorded (runs/grow.py), by step."""
+    from orchestrator.db.models import Event
+    from orchestrator.runs.run_end import GROWN
+
+    out: dict[int, list[tuple[int, int]]] = {}
+    if not run_ids:
+        return out
+    for run_id, data in session.execute(select(Event.run_id, Event.data).where(
+            Event.run_id.in_(run_ids), Event.kind == GROWN)):  # fmt: skip
+        step, before = (data or {}).get("step"), (data or {}).get("from_gpus")
+        if isinstance(step, int) and isinstance(before, int):
+            out.setdefault(run_id, []).append((step, before))
+    return {run_id: sorted(found) for run_id, found in out.items()}
+
+
+def placed_gpus(growths: list[tuple[int, int]], step: int, gpus: int) -> int:
+    """The GPUs the controller gave the attempt that wrote the record of `step`: the count before the first
+    growth at or after it (records up to a growth's step came before it), else the spec's (`gpus`, which a
+    growth raises)."""
+    return next((before for at, before in growths if step <= at), gpus)
 
 
 def _built_in(spec: dict) -> ArmSpec | None:  # type: ignore[type-arg]

@@ -6,11 +6,13 @@ from __future__ import annotations
 import pytest
 
 from model.spec import ArmSpec
+from orchestrator.db.events import record_event
 from orchestrator.db.models import Grid, Metric, Run
 from orchestrator.db.session import session_scope
 from orchestrator.grids.projection import ESTIMATED, MEASURED, arm_key, measured_rates, project
 from orchestrator.grids.replicates import projected_gpu_hours
 from orchestrator.grids.service import GridCreate, create_grid
+from orchestrator.runs.run_end import GROWN
 from orchestrator.vocabulary import RunState
 
 H100 = "NVIDIA H100 80GB HBM3"
@@ -107,7 +109,9 @@ def test_a_grown_runs_rates_count_at_the_gpus_each_record_ran_on(database_url: s
     a = a_spec(model={"size": "small"})
     with session_scope(database_url) as session:
         grown = a.model_copy(update={"gpus": 2})
-        store_run(session, grown, "grown GPU", [0.2, 1.0, 1.0, 0.3, 2.0, 2.0], ranks=[1, 1, 1, 2, 2, 2])
+        run = store_run(session, grown, "grown GPU", [0.2, 1.0, 1.0, 0.3, 2.0, 2.0], ranks=[1, 1, 1, 2, 2, 2])
+        session.flush()  # the growth's event, as runs/grow.py records it: the controller's count, not the records'
+        record_event(session, run, GROWN, "grown from 1 to 2 GPUs at step 30", step=30, from_gpus=1, to_gpus=2)
     with session_scope(database_url) as session:
         rates = measured_rates(session, "grown GPU")
         assert rates.steps_per_s == {(arm_key(a), 1): 1.0, (arm_key(a), 2): 2.0}  # each count's first left out
