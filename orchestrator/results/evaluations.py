@@ -13,14 +13,16 @@ that may not is never used: `evaluation_warnings` says so on its run, with its e
 
 from __future__ import annotations
 
+import math
 from typing import Any, Self
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from orchestrator.db.models import Evaluation, EvaluationResult, Grid, Metric
+from orchestrator.db.models import Evaluation, EvaluationResult, Grid, Metric, aware
 from orchestrator.results.reports.model import EvaluationUsed
 from orchestrator.results.views import MetricValues, Public, UTCDatetime
+from orchestrator.runs.evaluation_record import JOB_GPUS
 from orchestrator.runs.trust import evaluator_refused, trusted_nodes
 from orchestrator.vocabulary import EvaluationState
 
@@ -57,13 +59,26 @@ class EvaluationView(Public):
 
     @classmethod
     def from_row(cls, evaluation: Evaluation) -> Self:
-        runs = [EvaluationRun.model_validate(r) for r in evaluation.results]
-        cost = sum(r.gpu_seconds or 0.0 for r in evaluation.results)
+        runs = [EvaluationRun.model_validate(r).model_copy(update={"gpu_seconds": job_gpu_seconds(r)})
+                for r in evaluation.results]  # fmt: skip
+        cost = sum(r.gpu_seconds or 0.0 for r in runs)
         return cls(
             id=evaluation.id, grid_id=evaluation.grid_id, images=evaluation.images, step=evaluation.step,
             state=evaluation.state, error=evaluation.error, created_at=evaluation.created_at,
             finished_at=evaluation.finished_at, gpu_seconds=cost, runs=runs,
         )  # fmt: skip
+
+
+def job_gpu_seconds(row: EvaluationResult) -> float | None:
+    """A job's stored GPU-seconds, at most its placement-to-end time as the controller saw it: a cost
+    stored before the controller bounded it (1e29) reads as that time. None where nothing was measured."""
+    cost = row.gpu_seconds
+    if cost is None or not math.isfinite(cost):
+        return None
+    if row.finished_at is None:
+        return cost
+    span = (aware(row.finished_at) - aware(row.started_at or row.created_at)).total_seconds()
+    return min(cost, max(span, 0.0) * JOB_GPUS)
 
 
 def _completed(session: Session, grid: Grid) -> list[Evaluation]:

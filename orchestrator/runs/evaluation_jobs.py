@@ -39,6 +39,7 @@ from orchestrator.fleet.node_pool import NodePool
 from orchestrator.numbers import json_safe
 from orchestrator.runs.evaluation_record import (
     CLAIMED_KEY,
+    JOB_GPUS,
     SEEN_KEY,
     bounded_wall_time,
     refused_evaluation,
@@ -63,7 +64,6 @@ from worker.protocol import (
 log = logging.getLogger("ablate.evaluations")
 
 EVALUATE_FN = "worker.evaluation:evaluate_arm"
-JOB_GPUS = 1  # an evaluation is one process on one GPU, whatever the arm trained on
 
 
 @dataclass

@@ -18,6 +18,7 @@ from typing import Any
 
 from orchestrator.db.models import EvaluationResult, aware, utcnow
 
+JOB_GPUS = 1  # an evaluation is one process on one GPU, whatever the arm trained on
 # The metrics an evaluation measures per held-out image (model/evaluate.py), each with `_n` and `_samples`.
 PER_IMAGE_METRICS = ("recon_lpips", "text_lpips", "text_manip_delta", "val_flow_loss")
 # Controller's own keys in a stored job's `extra`: the node's claimed wall time and the one it saw.

@@ -18,7 +18,7 @@ from orchestrator.fleet.inventory import LOCAL
 from orchestrator.fleet.node_pool import NodePool
 from orchestrator.grids.evaluations import EvaluationCreate, create_evaluation
 from orchestrator.grids.service import GridCreate, create_grid
-from orchestrator.results.evaluations import evaluation_warnings, largest_evaluation
+from orchestrator.results.evaluations import EvaluationView, evaluation_warnings, largest_evaluation
 from orchestrator.results.reports.build import build_report
 from orchestrator.runs.evaluation_jobs import EvaluationJobs, JobWorker
 from orchestrator.runs.trust import evaluation_nodes, trusted_nodes
@@ -221,3 +221,17 @@ def test_a_wall_time_within_what_the_controller_saw_is_kept(database_url: str, t
     _, eid = _grid(database_url, "wall-honest")
     job = _answer(_jobs(database_url, tmp_path), database_url, eid, "B", LOCAL, _record(B_LOSS))
     assert (job.wall_time_s, job.gpu_seconds) == (3.0, 3.0)
+
+
+def test_a_cost_stored_before_it_was_bounded_reads_as_the_jobs_time(database_url: str, tmp_path: Path) -> None:
+    """A job stored with gpu_seconds 2e29 (the node's 1e29 s, before the bound): the evaluation's view, which
+    `ablate evaluate` and the API show, prices it at its placement-to-end time."""
+    _, eid = _grid(database_url, "wall-stored")
+    job = _answer(_jobs(database_url, tmp_path), database_url, eid, "B", LOCAL, _record(B_LOSS))
+    with session_scope(database_url) as session:
+        row = session.get_one(EvaluationResult, job.id)
+        row.gpu_seconds, row.finished_at = 2e29, row.started_at + timedelta(seconds=7)
+        session.flush()
+        view = EvaluationView.from_row(session.get_one(Evaluation, eid))
+        assert [r.gpu_seconds for r in view.runs if r.id == job.id] == [pytest.approx(7.0)]
+        assert view.gpu_seconds == pytest.approx(7.0)
