@@ -81,16 +81,16 @@ def measured_rates(session: Session, gpu_model: str | None) -> Rates:
         return Rates(None, {})
     rows = session.execute(
         select(Run.id, Run.spec, Metric.iter_per_sec, Metric.extra["ranks"], Metric.step,
-               Metric.wall_time_s, Metric.extra["eval_time_s"].as_float(),
-               Metric.extra["resumed_from_step"].as_integer())
+               Metric.wall_time_s, Metric.extra["eval_time_s"], Metric.extra["resumed_from_step"])
         .join(Metric, Metric.run_id == Run.id)
         .where(Run.gpu_name == gpu_model, Metric.iter_per_sec.is_not(None))
         .order_by(Run.id, Metric.step)
     ).all()
     # Per run and GPU count: a run grown onto more GPUs (runs/grow.py) has records at each count. The count
     # is the controller's (placed_gpus); a record's `ranks` is a node's claim, read as JSON and never cast
-    # in SQL (Postgres failed every later plan on a "4.5"), and a record whose claim disagrees is left out:
-    # these rates project every later grid's runs.
+    # in SQL (Postgres failed every later plan on a "4.5"; so with eval_time_s and resumed_from_step, read
+    # as numbers here), and a record whose claim disagrees is left out: these rates project every later
+    # grid's runs.
     growths = _growths(session, {row[0] for row in rows})
     per_run: dict[tuple[int, int], tuple[ArmSpec, list[Any]]] = {}
     specs: dict[int, ArmSpec | None] = {}
@@ -103,7 +103,9 @@ def measured_rates(session: Session, gpu_model: str | None) -> Rates:
         gpus = placed_gpus(growths.get(run_id, []), record[0], parsed.gpu_count())
         if ranks is not None and ranks != gpus or isinstance(ranks, bool):
             continue
-        per_run.setdefault((run_id, gpus), (parsed, []))[1].append((float(rate), *record))
+        step, wall, eval_s, resumed = record
+        per_run.setdefault((run_id, gpus), (parsed, []))[1].append((float(rate), step, wall, _number(eval_s),
+                                                                     _number(resumed)))  # fmt: skip
     found: dict[tuple[str, int], list[float]] = {}
     fixed: dict[str, list[tuple[float, float]]] = {}
     for (_, gpus), (spec, records) in per_run.items():
@@ -121,6 +123,12 @@ def measured_rates(session: Session, gpu_model: str | None) -> Rates:
         {key: statistics.median(v) for key, v in found.items()},
         {key: (statistics.median(s for s, _ in v), statistics.median(e for _, e in v)) for key, v in fixed.items()},
     )
+
+
+def _number(value: Any) -> float | None:  # noqa: ANN401 - a record's JSON value
+    """A finite number of a record's extra, else None (a node may have put any JSON there)."""
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok else None
 
 
 def _growths(session: Session, run_ids: set[int]) -> dict[int, list[tuple[int, int]]]:

@@ -79,3 +79,14 @@ def test_a_ranks_claim_that_is_no_gpu_count_is_left_out_not_an_error(database_ur
         store_run(session, a, [0.2, 1.0, 1.0])
     with session_scope(database_url) as session:
         assert measured_rates(session, GPU).steps_per_s[(arm_key(a), 1)] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("field", ["eval_time_s", "resumed_from_step"])
+def test_another_claim_of_the_wrong_type_is_read_as_none_not_cast(database_url: str, field: str) -> None:
+    a = a_spec(batch=64)
+    with session_scope(database_url) as session:
+        run = store_run(session, a, [0.2, 3.0, 3.0])
+        for metric in run.metrics:
+            metric.extra = {field: "4.5x"}
+    with session_scope(database_url) as session:
+        assert measured_rates(session, GPU).steps_per_s[(arm_key(a), 1)] == pytest.approx(3.0)
