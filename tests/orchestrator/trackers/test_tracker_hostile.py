@@ -117,7 +117,7 @@ def test_an_oversized_sample_is_refused_by_its_header_and_named_and_the_checkpoi
     assert len(refusals) == 3, refusals  # one per tracker lane, each naming the file and why
     for tracker, message in zip(sorted(TrackerName), sorted(refusals), strict=True):
         assert message.startswith(f"tracker {tracker}: step {LAST}: left out")
-        assert f"{sample_dir(LAST)}/recon_0.png (8000x8000 pixels, over this arm's 32)" in message
+        assert f"{sample_dir(LAST)}/recon_0.png (" in message and "8000x8000 pixels, over" in message
     for tracker in TrackerName:
         assert cursor_step(database_url, ids[0], tracker) == LAST  # the checkpoint went out without it
 
