@@ -39,9 +39,9 @@ def store_run(session, spec: ArmSpec, rates: list[float], ranks: list[object] | 
 
 
 def test_a_node_claiming_more_ranks_than_it_was_given_skews_no_other_arm_s_projection(database_url: str) -> None:
-    """An honest 1-GPU run of arm A and an honest 4-GPU run of arm B give the scaling; a node that ran A
-    on the one GPU it was given but claims 4 ranks would make 4 GPUs look no faster than one, and B's
-    projection (measured on 4 GPUs only, divided by that scaling) 3.8 times too short."""
+    """Honest runs of arm A on 1 and on 4 GPUs give the scaling (3.85); a node that ran A on the one GPU
+    it was given but claims 4 ranks made it 2.43, and arm B's projection (measured on 4 GPUs only, divided
+    by that scaling) 1.6 times too short."""
     a, b = a_spec(), a_spec(size="small", gpus=4)
     with session_scope(database_url) as session:
         store_run(session, a, [0.2, 2.0, 2.0, 2.0])
