@@ -1,0 +1,138 @@
+"""A deciding grid's budget: what it has spent, what its next work costs, and the caps no look queues work
+past (results/decider.py asks before it queues anything).
+
+- GPU-hours: the runs' measured GPU-hours (their records') and the evaluation jobs' measured GPU-seconds,
+  plus the next work's price (a seed: its arm's measured mean, else the estimate the submit's worst case
+  used; an evaluation: each job's start and its images at the slowest rate the grid's jobs measured), against
+  decide.max_gpu_hours (grids/deciding.py: by default that worst case, stored with the grid).
+- Looks and evaluations: decide.max_looks, decide.max_evaluations.
+- Images: an images action asks for more images than the grid's largest evaluation asked for, or is none;
+  where that evaluation measured fewer images than it asked, the readable count is the budget.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from model.spec import ArmSpec
+from orchestrator.db.models import Evaluation, EvaluationResult, Grid, Metric, Run
+from orchestrator.grids.deciding import ESTIMATE, DecideSpec, decide_of, evaluation_job_hours, with_budget
+from orchestrator.grids.evaluations import evaluated_runs
+from orchestrator.grids.projection import project
+from orchestrator.results import sequential
+from orchestrator.vocabulary import EvaluationState
+
+
+def budget_of(grid: Grid) -> DecideSpec:
+    """The grid's decide with its caps: as stored at submit, else (a grid stored before them) the defaults
+    from its arms' first runs (grids/deciding.py with_budget)."""
+    decide = decide_of(grid)
+    assert decide is not None
+    arms = []
+    for r in sorted(grid.runs, key=lambda r: r.position):
+        if r.seed == 0:
+            try:
+                arms.append((r.arm, ArmSpec.model_validate(r.spec)))
+            except ValueError:  # a spec this version no longer reads: priced as unknown
+                continue
+    return with_budget(decide, arms, grid.control_arm)
+
+
+def _finite_hours(value: float | None) -> float | None:
+    return float(value) if value is not None and math.isfinite(value) and value >= 0 else None
+
+
+def measured_hours(session: Session, runs: Sequence[Run]) -> dict[int, float]:
+    """Each run's GPU-hours as its records measured them (the largest finite value; a run on the CPU
+    records 0), by run id; runs without a record are absent."""
+    out: dict[int, float] = {}
+    rows = session.execute(select(Metric.run_id, Metric.gpu_hours).where(Metric.run_id.in_([r.id for r in runs])))
+    for run_id, hours in rows:
+        h = _finite_hours(hours)
+        if h is not None:
+            out[run_id] = max(out.get(run_id, 0.0), h)
+    return out
+
+
+def spent_gpu_hours(session: Session, grid: Grid) -> float:
+    """What the grid has spent: its runs' measured GPU-hours and every evaluation job's measured GPU-seconds."""
+    jobs = session.scalars(select(EvaluationResult.gpu_seconds).join(Evaluation).where(Evaluation.grid_id == grid.id))
+    return sum(measured_hours(session, grid.runs).values()) + sum(
+        s / 3600 for s in map(_finite_hours, jobs) if s is not None)  # fmt: skip
+
+
+def evaluations_of(session: Session, grid: Grid) -> int:
+    """Evaluations the grid has had (asked by the decider or by its user)."""
+    return len(session.scalars(select(Evaluation.id).where(Evaluation.grid_id == grid.id)).all())
+
+
+def run_hours(session: Session, run: Run) -> float:
+    """What one more run like `run` costs: the mean measured GPU-hours of its arm's runs, else the estimate
+    the worst case was priced at (grids/deciding.py worst_case_gpu_hours); 0 for a command arm unmeasured."""
+    measured = [h for h in measured_hours(session, [r for r in run.grid.runs if r.arm == run.arm]).values() if h]
+    if measured:
+        return sum(measured) / len(measured)
+    try:
+        p = project(ArmSpec.model_validate(run.spec), ESTIMATE)
+    except ValueError:
+        return 0.0
+    return (p.hours or 0.0) + p.fixed_hours
+
+
+def evaluation_hours(session: Session, grid: Grid, images: int) -> float:
+    """An evaluation of every evaluated run on `images` images: each job a start (estimated) and its images
+    at the slowest per-image rate the grid's completed jobs measured, else the estimate."""
+    total, jobs = 0.0, evaluation_jobs(session, grid)
+    for run in evaluated_runs(grid):
+        try:
+            spec = ArmSpec.model_validate(run.spec)
+        except ValueError:
+            continue
+        start = evaluation_job_hours(spec, 0)
+        rates = [max(s / 3600 - start, 0.0) / n for s, n in jobs if n > 0]
+        total += start + images * (max(rates) if rates else evaluation_job_hours(spec, 1) - start)
+    return total
+
+
+def over_budget(session: Session, grid: Grid, budget: DecideSpec, cost: float, evaluation: bool) -> str | None:
+    """Which cap of the grid work costing `cost` GPU-hours (an evaluation, where `evaluation`) would pass, in
+    words; None where it passes none."""
+    if evaluation and budget.max_evaluations is not None and evaluations_of(session, grid) >= budget.max_evaluations:
+        return f"at the evaluations budget: {budget.max_evaluations} evaluations (decide.max_evaluations)"
+    spent = spent_gpu_hours(session, grid)
+    if budget.max_gpu_hours is not None and spent + cost > budget.max_gpu_hours:
+        return (f"at the GPU-hours budget: {spent:.4g} spent, the next work {cost:.4g} more, of "
+                f"{budget.max_gpu_hours:.4g} (decide.max_gpu_hours)")  # fmt: skip
+    return None
+
+
+def next_images(max_images: int, asked: int | None, n: int) -> int | None:
+    """The images the next images action would ask for: IMAGE_STEP x the largest evaluation's (or the n
+    measured), at most max_images; None where that is no more than the grid already asked for or measured
+    (no action: asking again measures the same images)."""
+    want = min(max_images, sequential.IMAGE_STEP * max(asked or 0, n))
+    return want if want > max(asked or 0, n) else None
+
+
+def readable_images(asked: int | None, measured: int, max_images: int) -> tuple[int, str]:
+    """(the images budget, a note for the look's reason): max_images, less the images the largest evaluation
+    asked for and did not measure (images of the split that cannot be read)."""
+    if asked is None or not 0 < measured < asked:
+        return max_images, ""
+    short = asked - measured
+    budget = max(max_images - short, 1)
+    return budget, (f"; images budget {budget}: the split's readable images (the largest evaluation measured "
+                    f"{measured} of the {asked} it asked for)")  # fmt: skip
+
+
+def evaluation_jobs(session: Session, grid: Grid) -> list[tuple[float, int]]:
+    """The grid's completed evaluation jobs as (measured GPU-seconds, images): what an evaluation job's
+    start is measured from (action_costs)."""
+    rows = session.execute(select(EvaluationResult.gpu_seconds, Evaluation.images).join(Evaluation).where(
+        Evaluation.grid_id == grid.id, EvaluationResult.state == EvaluationState.completed,
+        EvaluationResult.gpu_seconds.is_not(None))).all()  # fmt: skip
+    return [(float(s), int(n)) for s, n in rows if s is not None and math.isfinite(s) and s >= 0]
