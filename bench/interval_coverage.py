@@ -19,6 +19,8 @@ arm's own response to an image, what both share cancelling). The cells:
     python bench/interval_coverage.py            # 4000 tables a cell (coverage SE about 0.35%), on every core
     python bench/interval_coverage.py --quick    # 1000 a cell
     python bench/interval_coverage.py --group 3x --group unbalanced   # some of the cells
+    git worktree add /tmp/before 8413b5c && PYTHONPATH=/tmp/before python bench/interval_coverage.py --paired-only
+                                                 # the same cells as main 8413b5c read them
 
 The last lines read `k = 2: crossed coverage <lowest at k = 2>` and `crossed coverage <lowest over the
 cells with k >= 3> (seed-only <lowest>)`, k being the fewer of the two arms' seeds; the lowest of each of
@@ -37,7 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from orchestrator.results.reports.stats import Difference, across_arms, across_seeds, t_quantile
+from orchestrator.results.reports.stats import Difference, across_seeds, t_quantile
 
 EFFECT = 0.007
 
@@ -112,20 +114,23 @@ def seed_only(diffs: list[float]) -> tuple[float, float]:
     return mean - half, mean + half
 
 
-def coverage(index: int, c: Cell, reps: int) -> tuple[float, float | None]:
+def coverage(index: int, c: Cell, reps: int, paired_only: bool = False) -> tuple[float, float | None]:
     """(crossed coverage, seed-only coverage; None where the arms ran different seeds) over `reps` tables,
-    drawn from the cell's own seed (the same numbers whatever cells run beside it)."""
+    drawn from the cell's own seed (the same numbers whatever cells run beside it). `paired_only`: read the
+    seeds both arms ran, seed s against seed s, dropping the control's extra ones (main 8413b5c's reading)."""
     rng = np.random.default_rng([47, index])
     hits_crossed = hits_seed = 0
     for _ in range(reps):
         arm, other = arms(rng, c)
-        if c.k == c.k_other:
-            rows = (arm - other).tolist()
+        if c.k == c.k_other or paired_only:
+            rows = (arm - other[: c.k]).tolist()
             per_seed = [Difference(sum(r) / c.n, None, None, None, "paired", c.n, samples=tuple(r)) for r in rows]
             effect = across_seeds(per_seed)
             lo, hi = seed_only([d.diff for d in per_seed])
             hits_seed += lo <= EFFECT <= hi
         else:
+            from orchestrator.results.reports.stats import across_arms  # lazily: absent from 8413b5c's tree
+
             effect = across_arms(arm.tolist(), other.tolist())
         assert effect is not None and effect.interval == "crossed" and effect.low is not None
         hits_crossed += effect.low <= EFFECT <= effect.high  # type: ignore[operator]
@@ -138,6 +143,9 @@ def main() -> None:
     ap.add_argument("--reps", type=int, help="tables a cell (overrides --quick)")
     ap.add_argument("--group", action="append", help="only these groups (measured, 3x, t3, unbalanced, interaction)")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes (default: every core)")
+    ap.add_argument("--paired-only", action="store_true",
+                    help="read the unbalanced cells on the seeds both arms ran (main 8413b5c's reading; with its tree "
+                         "first on PYTHONPATH, its whole interval)")  # fmt: skip
     args = ap.parse_args()
     reps = args.reps or (1000 if args.quick else 4000)
     print(f"{reps} tables a cell, true effect {EFFECT}, 95% nominal")
@@ -149,7 +157,8 @@ def main() -> None:
     start = time.monotonic()
     chosen = [(i, c) for i, c in enumerate(cells()) if not args.group or c.group in args.group]
     with ProcessPoolExecutor(args.workers) as pool:
-        results = list(pool.map(coverage, [i for i, _ in chosen], [c for _, c in chosen], [reps] * len(chosen)))
+        results = list(pool.map(coverage, [i for i, _ in chosen], [c for _, c in chosen], [reps] * len(chosen),
+                                [args.paired_only] * len(chosen)))
     for (_, c), (crossed, seed) in zip(chosen, results, strict=True):
         p = c.profile
         g3, g2 = by_group.get(c.group, (1.0, 1.0))
@@ -160,7 +169,7 @@ def main() -> None:
             low2, g2 = min(low2, crossed), min(g2, crossed)
         by_group[c.group] = (g3, g2)
         extra = f", interaction {p.interaction_sd}" if p.interaction_sd else ""
-        seed_cell = f"{seed:.3f}" if seed is not None else "-"
+        seed_cell = f"{seed:.3f}" if seed is not None else "-"  # not read on the arms' different seeds
         print(f"| {c.group} | {p.name} ({p.seed_sd} / {p.image_sd} / {p.rest_sd}{extra}) | {p.spread:g}x | {p.tails} "
               f"| {c.k} / {c.k_other} | {c.n} | {crossed:.3f} | {seed_cell} |", flush=True)  # fmt: skip
     print(f"({time.monotonic() - start:.0f} s)")

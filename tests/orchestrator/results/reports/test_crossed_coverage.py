@@ -51,7 +51,7 @@ def test_unbalanced_seeds_are_covered() -> None:
 
 
 def test_the_budget_s_seed_bound_holds_the_true_share() -> None:
-    """"seeds x%, up to y%": on 2 and 3 seeds the point share is biased low (clipped at zero, a ratio of
+    """The budget's "seeds x%, up to y%": on 2 and 3 seeds the point share is biased low (clipped at zero, a ratio of
     mean squares with 1-2 df), and y, the share at the seed mean square's 90% upper bound, is at or above the
     true share in about 90% of tables; the chooser's share (seed_priced) is never zero."""
     rng = np.random.default_rng(5)
