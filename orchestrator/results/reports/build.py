@@ -262,6 +262,11 @@ def _table(runs: list[Run], rows: dict[int, list], step_of: dict[int, int | None
     return out
 
 
+def _seeds_at(runs: list[Run], rows: dict[int, list], step_of: dict[int, int | None]) -> set[int]:
+    """The seeds of `runs` with a row at their step (step_of, by run id)."""
+    return {r.seed for r in runs if any(m.step == step_of.get(r.id) for m in rows.get(r.id, []))}
+
+
 def unpaired_words(e: SeedEffect, arm: str, k_arm: int, other: str, k_other: int) -> str:
     """What an unpaired row's interval covers (effects.noise_words for a paired one)."""
     df = f"t on {e.df:.1f} df" if e.df is not None else "normal"
@@ -287,13 +292,15 @@ def every_seed(effects: list[Effect], pairing: Pairing, rows: dict[int, list], f
     out = []
     for e in effects:
         mine, theirs = pairing.of_arm(e.arm), pairing.of_arm(e.other_arm)
-        table_a = _table(mine, rows, final_step, e.metric)
-        table_b = _table(theirs, rows, {r.id: e.step for r in theirs}, e.metric)
-        seff = None
-        at_step = all(final_step.get(r.id) == e.step for r in mine if r.seed in table_a)  # else paired step by step
-        if set(table_a) != set(table_b) and e.arm != e.other_arm and at_step:
-            seff = across_arms(list(table_a.values()), list(table_b.values()))
-        if seff is None or seff.components is None:
+        other_step = {r.id: e.step for r in theirs}
+        seff = table_a = table_b = None
+        # Cheaply first (the dashboard polls this): runs with a row at the step, then their per-image values.
+        if e.arm != e.other_arm and _seeds_at(mine, rows, final_step) != _seeds_at(theirs, rows, other_step):
+            table_a, table_b = _table(mine, rows, final_step, e.metric), _table(theirs, rows, other_step, e.metric)
+            at_step = all(final_step.get(r.id) == e.step for r in mine if r.seed in table_a)  # else paired, by step
+            if set(table_a) != set(table_b) and at_step:
+                seff = across_arms(list(table_a.values()), list(table_b.values()))
+        if seff is None or seff.components is None or table_a is None or table_b is None:
             out.append(e)
             continue
         sides = [costs[(arm, s)] for arm, table in ((e.arm, table_a), (e.other_arm, table_b)) for s in table
