@@ -50,3 +50,16 @@ def test_where_the_seeds_have_df_the_chooser_reads_about_the_measured_seed() -> 
     assert e.budget is not None and e.se is not None
     measured = e.budget.seeds * e.se**2 * e.k
     assert measured < components_of(e).seed < 1.5 * measured
+
+
+def test_pricing_two_seeds_costs_little_over_the_truth() -> None:
+    """bench/chooser_cost.py's seed-dominated cell with short runs (an evaluation costs about a training
+    run), small: the chooser reading the look's own table spends within 5% of the GPU-hours the true
+    components would, where main's clipped seed share, which often priced the second seed's worth at zero
+    and bought images, spent about 12% more."""
+    from bench.chooser_cost import cell
+
+    got = cell("seed-dominated", "short runs", "near", 100, 0)
+    true = got["true"][0]
+    assert got["chooser"][0] <= 1.05 * true
+    assert got["clipped"][0] > 1.05 * true
