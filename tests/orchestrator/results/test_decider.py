@@ -14,6 +14,7 @@ from model.spec import ArmSpec
 from orchestrator.dashboard.data import grid_detail
 from orchestrator.db.models import DecisionLook, Evaluation, EvaluationResult, Event, Grid, Run
 from orchestrator.db.session import session_scope
+from orchestrator.fleet.inventory import LOCAL
 from orchestrator.grids.deciding import DecideSpec, add_seed
 from orchestrator.grids.service import GridCreate, create_grid
 from orchestrator.results.decider import decide_due_grids, due_looks, queue_actions
@@ -163,7 +164,8 @@ def test_seeds_added_after_an_evaluation_are_scored_on_its_images_before_the_loo
         done = Evaluation(grid_id=grid.id, images=4, step="final", state="completed")
         session.add(done)
         session.flush()
-        session.add_all([EvaluationResult(evaluation_id=done.id, run_id=r.id, step=20, state="completed", extra={})
+        session.add_all([EvaluationResult(evaluation_id=done.id, run_id=r.id, step=20, state="completed", extra={},
+                                          node=LOCAL)  # the controller's own machine: believed for any run
                          for r in grid.runs])  # fmt: skip
         for run in add_seed(grid, ["A", "A-lr"]):
             run.state, run.last_checkpoint_step = "completed", 20
