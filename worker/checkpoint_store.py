@@ -32,7 +32,7 @@ import fsspec
 
 from worker.folder_mirror import FolderMirror
 from worker.run_files import BEST_NAME, CKPT_GLOB, CKPT_RE, RECORD_FILES, SAMPLE_STEP_RE, SAMPLES_DIR, ckpt_name
-from worker.stored_file import get_stored
+from worker.stored_file import StoredFileRefused, get_stored
 
 STAGING = ".upload"
 # A put is atomic on object stores; elsewhere a file is written under a temp name and renamed.
@@ -234,11 +234,12 @@ class CheckpointStore:
                 attempt += 1
                 error = f"{type(exc).__name__}: {exc}".strip()[:500]
                 left = deadline - time.monotonic()
+                retry = left > delay and not isinstance(exc, StoredFileRefused)  # a refusal is what is stored
                 with self._cond:
                     self._note("checkpoint.fetch_failed", f"reading {self.config.url} failed (attempt {attempt}"
-                               + (f", retry in {delay:g} s" if left > delay else ", giving up") + f"): {error}",
+                               + (f", retry in {delay:g} s" if retry else ", giving up") + f"): {error}",
                                attempt=attempt, error=error)
-                if left <= delay:
+                if not retry:
                     raise
                 time.sleep(delay)
                 delay = min(delay * 2, BACKOFF_MAX_S)

@@ -79,7 +79,9 @@ def assert_restore_refused(url: str, options: dict[str, Any], node: Path, comman
     if command_arm:
         store.mirror = FolderMirror(node, COMMAND_CHECKPOINTS)
     with pytest.raises(StoredFileRefused, match="symbolic link"):
-        store.fetch_latest()
+        store.fetch_latest_retrying(timeout=600)  # a refusal is not retried: the link stays until removed
+    (failed,) = store.status()["log"]
+    assert failed["kind"] == "checkpoint.fetch_failed" and "giving up" in failed["message"], failed
     assert_nothing_copied(node)
 
 
