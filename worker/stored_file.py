@@ -135,10 +135,10 @@ def check_prefix(fs: Any, root: str) -> None:
         _check_sftp_prefix(fs.ftp, root)
 
 
-def _check_sftp_prefix(sftp: Any, root: str) -> None:
+def _check_sftp_prefix(sftp: Any, root: str, is_dir: bool = True) -> None:
     """The prefix over SFTP: the server's real path of it is the path as named (no component is a link),
-    and it is a directory. One round trip for the real path; the components are lstat'ed only to name
-    the link in a refusal."""
+    and (`is_dir`) it is a directory. One round trip for the real path; the components are lstat'ed only
+    to name the link in a refusal."""
     parts = _prefix_parts(root)
     named = "/" + "/".join(parts)
     if sftp.normalize(named) != named:  # the server resolves every link on the way (realpath)
@@ -150,7 +150,7 @@ def _check_sftp_prefix(sftp: Any, root: str) -> None:
                 raise _prefix_refused(root, walked, "a symbolic link")
         # The link was swapped back meanwhile: refused all the same.
         raise _prefix_refused(root, named, "not its own real path (a link on the way)")
-    if not stat.S_ISDIR(sftp.lstat(named).st_mode or 0):
+    if is_dir and not stat.S_ISDIR(sftp.lstat(named).st_mode or 0):
         raise _prefix_refused(root, named, "not a directory")
 
 
@@ -187,7 +187,7 @@ def _open_sftp(sftp: Any, root: str, path: str) -> IO[bytes]:
     parts = _parts(root, path)
 
     def walk() -> Any:  # noqa: ANN401 - paramiko's SFTPAttributes of the file
-        _check_sftp_prefix(sftp, root)
+        _check_sftp_prefix(sftp, root, is_dir=False)  # a directory: the lstat of a path below it says so
         walked, attrs = root.rstrip("/") or "/", None
         for i, part in enumerate(parts):
             walked = posixpath.join(walked, part)
