@@ -8,7 +8,8 @@ image's own level plus each seed's offset plus noise), so each test is a second,
   grid; before, every look asked for the same images again without end.
 - A comparison closed undecided is never judged again, nor paid for.
 - decide.max_gpu_hours: no look queues work past it (the runs' measured GPU-hours and the next seed's).
-- decide.max_looks: the last look the grid may take closes what is open, with the reason.
+- decide.max_looks and max_evaluations: the last look the grid may take, or an evaluation past the cap,
+  closes what is open, with the reason.
 """
 
 from __future__ import annotations
@@ -163,3 +164,18 @@ def test_the_last_look_max_looks_allows_closes_what_is_open(settings: Settings) 
     looks = looks_of(settings, grid_id)
     assert [(look.final, c.decision, c.k) for look, (c,) in looks] == [(False, "open", 2), (True, "undecided", 3)]
     assert "at the looks budget: 2 looks (decide.max_looks)" in looks[1][1][0].reason
+
+
+def test_an_images_action_past_max_evaluations_is_refused(settings: Settings) -> None:
+    """The chooser asks every run on 16 images, but the grid may have no evaluation: the first look is the
+    last, saying why, and nothing is queued."""
+    decide = {**NEVER, "min_seeds": 2, "max_seeds": 2, "max_evaluations": 0}
+    grid_id = submit(settings, "no-evaluations", decide, first_images=4)
+    run_wave(settings, grid_id, first_images=4)
+    decide_due_grids(settings)
+    ((look, (c,)),) = looks_of(settings, grid_id)
+    assert (look.final, look.actions, c.decision) == (True, [], "undecided")
+    words = "at the evaluations budget: 0 evaluations (decide.max_evaluations)"
+    assert words in c.reason and events(settings, grid_id, "decide.budget") == [words]
+    with session_scope(settings.database_url) as session:
+        assert session.scalars(select(Evaluation).where(Evaluation.grid_id == grid_id)).all() == []
