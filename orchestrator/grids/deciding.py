@@ -201,8 +201,8 @@ def default_looks(decide: DecideSpec, specs: Sequence[ArmSpec]) -> tuple[int, in
 def evaluation_job_hours(spec: ArmSpec, images: int) -> float:
     """One run's evaluation job on `images` held-out images, estimated as the planner prices a checkpoint's
     evaluation (grids/projection.py fixed_cost: a start, then one evaluation pass)."""
-    one = spec.model_copy(update={"eval": spec.eval.model_copy(update={"num_samples": images}),
-                                  "schedule": spec.schedule.model_copy(update={"steps": 1, "checkpoint_every": 1})})
+    once = spec.schedule.model_copy(update={"steps": 1, "checkpoint_every": 1})
+    one = spec.model_copy(update={"eval": spec.eval.model_copy(update={"num_samples": images}), "schedule": once})
     return fixed_cost(one, None)[0]
 
 

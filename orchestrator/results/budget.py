@@ -24,6 +24,7 @@ from orchestrator.grids.deciding import ESTIMATE, DecideSpec, decide_of, evaluat
 from orchestrator.grids.evaluations import evaluated_runs
 from orchestrator.grids.projection import project
 from orchestrator.results import sequential
+from orchestrator.results.evaluations import job_gpu_seconds
 from orchestrator.vocabulary import EvaluationState
 
 
@@ -59,10 +60,11 @@ def measured_hours(session: Session, runs: Sequence[Run]) -> dict[int, float]:
 
 
 def spent_gpu_hours(session: Session, grid: Grid) -> float:
-    """What the grid has spent: its runs' measured GPU-hours and every evaluation job's measured GPU-seconds."""
-    jobs = session.scalars(select(EvaluationResult.gpu_seconds).join(Evaluation).where(Evaluation.grid_id == grid.id))
-    return sum(measured_hours(session, grid.runs).values()) + sum(
-        s / 3600 for s in map(_finite_hours, jobs) if s is not None)  # fmt: skip
+    """What the grid has spent: its runs' measured GPU-hours and every evaluation job's measured GPU-seconds
+    (at most its placement-to-end time: results/evaluations.py job_gpu_seconds)."""
+    jobs = session.scalars(select(EvaluationResult).join(Evaluation).where(Evaluation.grid_id == grid.id))
+    seconds = [_finite_hours(job_gpu_seconds(job)) for job in jobs]
+    return sum(measured_hours(session, grid.runs).values()) + sum(s / 3600 for s in seconds if s is not None)
 
 
 def evaluations_of(session: Session, grid: Grid) -> int:
@@ -130,9 +132,10 @@ def readable_images(asked: int | None, measured: int, max_images: int) -> tuple[
 
 
 def evaluation_jobs(session: Session, grid: Grid) -> list[tuple[float, int]]:
-    """The grid's completed evaluation jobs as (measured GPU-seconds, images): what an evaluation job's
-    start is measured from (action_costs)."""
-    rows = session.execute(select(EvaluationResult.gpu_seconds, Evaluation.images).join(Evaluation).where(
-        Evaluation.grid_id == grid.id, EvaluationResult.state == EvaluationState.completed,
-        EvaluationResult.gpu_seconds.is_not(None))).all()  # fmt: skip
-    return [(float(s), int(n)) for s, n in rows if s is not None and math.isfinite(s) and s >= 0]
+    """The grid's completed evaluation jobs as (measured GPU-seconds, at most the job's placement-to-end time:
+    job_gpu_seconds; images): what an evaluation job's start and images are priced from (action_costs,
+    evaluation_hours)."""
+    rows = session.execute(select(EvaluationResult, Evaluation.images).join(Evaluation).where(
+        Evaluation.grid_id == grid.id, EvaluationResult.state == EvaluationState.completed)).all()  # fmt: skip
+    jobs = [(_finite_hours(job_gpu_seconds(job)), int(n)) for job, n in rows]
+    return [(s, n) for s, n in jobs if s is not None]

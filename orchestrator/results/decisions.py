@@ -154,7 +154,7 @@ def budget_words(budget: DecideSpec) -> str:
     """The caps no look goes past, in words."""
     hours = f"{budget.max_gpu_hours:,.4g} GPU-hours" if budget.max_gpu_hours is not None else "no GPU-hours cap"
     return (f"no look queues work past {hours} (decide.max_gpu_hours), {budget.max_looks} looks or "
-            f"{budget.max_evaluations} evaluations")
+            f"{budget.max_evaluations} evaluations")  # fmt: skip
 
 
 def decide_cost(arms: list[tuple[str, ArmSpec]], control: str | None, decide: DecideSpec) -> DecideCost:
