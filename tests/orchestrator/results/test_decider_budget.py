@@ -15,6 +15,7 @@ image's own level plus each seed's offset plus noise), so each test is a second,
 from __future__ import annotations
 
 import random
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -36,9 +37,9 @@ NODE = "node-1"
 NEVER = {"alpha": 1e-9, "futility": 0}  # an alpha no comparison meets, futility off: open to the budget
 
 
-def overrides(first_images: int) -> dict[str, Any]:
+def overrides(first_images: int, split: int = SPLIT) -> dict[str, Any]:
     tiny = tiny_overrides(STEP)
-    tiny["data"]["held_out"], tiny["eval"]["num_samples"] = SPLIT, first_images
+    tiny["data"]["held_out"], tiny["eval"]["num_samples"] = split, first_images
     return tiny
 
 
@@ -46,7 +47,7 @@ def flow_grid(run: Run, images: list[int]) -> list[list[float]]:
     """The run's (image x 8 timesteps) flow loss on `images` of the split: each image's level, shared by
     every run, plus the run's seed offset and noise, drawn the same for the same run wherever asked."""
     level = random.Random(0)
-    levels = [0.5 + level.gauss(0, 0.05) for _ in range(SPLIT)]
+    levels = [0.5 + level.gauss(0, 0.05) for _ in range(max(images) + 1)]
     noise = random.Random(run.id)
     offset = noise.gauss(0, 0.01)
     return [[levels[i] + offset + noise.gauss(0, 0.002) for _ in range(8)] for i in images]
@@ -58,7 +59,8 @@ def records(run: Run, images: list[int], gpu_hours: float | None) -> dict[str, A
             "val_flow_loss_n": len(grid), "gpu_hours": gpu_hours}  # fmt: skip
 
 
-def run_wave(settings: Settings, grid_id: int, first_images: int, gpu_hours: float | None = None) -> None:
+def run_wave(settings: Settings, grid_id: int, first_images: int, gpu_hours: float | None = None,
+             job_seconds: float = 30.0) -> None:  # fmt: skip
     """Every queued run trained and every queued evaluation measured, as nodes would answer: an evaluation
     of n images measures those of the first n that can be read."""
     with session_scope(settings.database_url) as session:
@@ -72,13 +74,15 @@ def run_wave(settings: Settings, grid_id: int, first_images: int, gpu_hours: flo
             for row in evaluation.results:
                 for name, value in records(row.run, readable, None).items():
                     setattr(row, name, value)
-                row.state, row.gpu_seconds, row.node = "completed", 30.0, NODE  # the run's own node
+                row.state, row.gpu_seconds, row.node = "completed", job_seconds, NODE  # the run's own node
+                row.started_at = datetime.now(UTC)
+                row.finished_at = row.started_at + timedelta(seconds=30)  # as the controller saw it
             evaluation.state = "completed"
 
 
-def submit(settings: Settings, name: str, decide: dict, first_images: int) -> int:
+def submit(settings: Settings, name: str, decide: dict, first_images: int, split: int = SPLIT) -> int:
     with session_scope(settings.database_url) as session:
-        return create_grid(session, GridCreate(name=name, arms=ARMS, overrides=overrides(first_images),
+        return create_grid(session, GridCreate(name=name, arms=ARMS, overrides=overrides(first_images, split),
                                                decide=decide)).id  # fmt: skip
 
 
@@ -179,3 +183,19 @@ def test_an_images_action_past_max_evaluations_is_refused(settings: Settings) ->
     assert words in c.reason and events(settings, grid_id, "decide.budget") == [words]
     with session_scope(settings.database_url) as session:
         assert session.scalars(select(Evaluation).where(Evaluation.grid_id == grid_id)).all() == []
+
+
+def test_a_job_cost_past_what_the_controller_saw_neither_closes_the_grid_nor_prices_its_evaluations(
+    settings: Settings,
+) -> None:
+    """Evaluation jobs stored with 2e29 GPU-seconds (a node's 1e29 s wall time, before the controller
+    bounded it), 30 s apart as the controller saw them: the grid has spent 4 x 30 s, and its next
+    evaluation (16 -> 64 of a 64-image split) is queued, not refused at the GPU-hours budget."""
+    grid_id = submit(settings, "claimed", {**NEVER, "min_seeds": 2, "max_seeds": 2}, first_images=4, split=64)
+    for _ in range(2):
+        run_wave(settings, grid_id, first_images=4, job_seconds=2e29)
+        decide_due_grids(settings)
+    looks = looks_of(settings, grid_id)
+    assert [[(a["action"], a["images"]) for a in look.actions] for look, _ in looks] == [[("images", 16)],
+                                                                                      [("images", 64)]]
+    assert events(settings, grid_id, "decide.budget") == []
