@@ -34,7 +34,7 @@ from typing import Any
 
 from pydantic import ValidationError
 from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, selectinload
 
 from model.spec import ArmSpec
 from orchestrator.db.models import EvaluationResult, Grid, Metric, Run
@@ -152,7 +152,8 @@ def auto_grids(session: Session, grid: Grid, identities: dict[str, str | None]) 
     """The earlier grids whose completed runs share an identity with one of the grid's built-in arms, newest
     first: the AUTO_SCAN newest looked at, the MAX_BORROW newest kept (matches() then checks each run)."""
     built_in = {i for arm, i in identities.items() if i is not None and _built_in(grid, arm)}
-    earlier = session.scalars(select(Grid).where(Grid.id < grid.id).order_by(Grid.id.desc()).limit(AUTO_SCAN))
+    newest = select(Grid).where(Grid.id < grid.id).order_by(Grid.id.desc()).limit(AUTO_SCAN)
+    earlier = session.scalars(newest.options(selectinload(Grid.runs)))  # one query for every grid's runs
     found = []
     for g in earlier:
         if any(r.state == RunState.completed and arm_identity(r.spec) in built_in for r in g.runs):
