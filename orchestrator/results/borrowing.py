@@ -148,23 +148,27 @@ def matches(earlier: RunValue, mine: Sequence[RunValue]) -> bool:
         and earlier.data == m.data and earlier.images == m.images for m in mine)  # fmt: skip
 
 
-def auto_grids(session: Session, grid: Grid, identities: dict[str, str | None]) -> list[int]:
-    """The earlier grids whose completed runs share an identity with one of the grid's built-in arms, newest
-    first: the AUTO_SCAN newest looked at, the MAX_BORROW newest kept (matches() then checks each run)."""
-    built_in = {i for arm, i in identities.items() if i is not None and _built_in(grid, arm)}
+def auto_grids(session: Session, grid: Grid, mine: Sequence[RunValue]) -> list[int]:
+    """The earlier grids with a completed run of one of the grid's built-in arms (`mine`: its runs' values)
+    on the same code, newest first: the AUTO_SCAN newest looked at, the MAX_BORROW newest kept (matches()
+    then checks each run's data and images against its records)."""
+    built_in = {r.id for r in grid.runs if not r.spec.get("command")}  # a command arm's files may have changed
+    codes = {(v.identity, v.code) for v in mine if v.code is not None and v.run_id in built_in}
     newest = select(Grid).where(Grid.id < grid.id).order_by(Grid.id.desc()).limit(AUTO_SCAN)
     earlier = session.scalars(newest.options(selectinload(Grid.runs)))  # one query for every grid's runs
     found = []
     for g in earlier:
-        if any(r.state == RunState.completed and arm_identity(r.spec) in built_in for r in g.runs):
+        if any(r.state == RunState.completed and _ran(r, codes) for r in g.runs):
             found.append(g.id)
         if len(found) == MAX_BORROW:
             break
     return found
 
 
-def _built_in(grid: Grid, arm: str) -> bool:
-    return any(r.arm == arm and not r.spec.get("command") for r in grid.runs)
+def _ran(run: Run, codes: set[tuple[str, str | None]]) -> bool:
+    """The run is of one of `codes`' identities, on that code."""
+    identity, code = arm_identity(run.spec), code_of(run)
+    return code is not None and any(identity == i and same_code(code, c) for i, c in codes)  # type: ignore[arg-type]
 
 
 def earlier_seed_variances(session: Session, grid: Grid, metrics: Sequence[str]) -> dict[str, dict[str, SeedVariance]]:
@@ -178,7 +182,7 @@ def earlier_seed_variances(session: Session, grid: Grid, metrics: Sequence[str])
     trusted = trusted_nodes(session)
     auto = borrow == AUTO
     mine = run_values(session, grid, metrics, trusted) if auto else {}
-    grid_ids = auto_grids(session, grid, identities) if auto else list(borrow)
+    grid_ids = auto_grids(session, grid, [v for values in mine.values() for v in values]) if auto else list(borrow)
     per_arm: dict[str, dict[str, list[SeedVariance]]] = {m: {arm: [] for arm in identities} for m in metrics}
     for grid_id in grid_ids:
         earlier = session.get(Grid, grid_id)
