@@ -118,6 +118,9 @@ ACTIVE_SWEEP_STATES = frozenset(
 
 
 LOCAL_NODE = "local"  # the controller's own machine, as a node name
+# A run's event: re-queued to resume on more GPUs (runs/grow.py); a new attempt, not a retry. Here, not in
+# runs/, because the planner (grids/projection.py) reads it too.
+GROWN = "grown"
 
 
 class NodeState(StrEnum):

@@ -134,7 +134,7 @@ def _number(value: Any) -> float | None:  # noqa: ANN401 - a record's JSON value
 def _growths(session: Session, run_ids: set[int]) -> dict[int, list[tuple[int, int]]]:
     """Per run, (step, GPUs before) of each growth the controller recorded (runs/grow.py), by step."""
     from orchestrator.db.models import Event
-    from orchestrator.runs.run_end import GROWN
+    from orchestrator.vocabulary import GROWN
 
     out: dict[int, list[tuple[int, int]]] = {}
     if not run_ids:

@@ -10,10 +10,9 @@ from sqlalchemy.orm import Session
 
 from orchestrator.db.events import record_event
 from orchestrator.db.models import Event, Run, utcnow
-from orchestrator.vocabulary import RunState
+from orchestrator.vocabulary import GROWN, RunState
 
 log = logging.getLogger("ablate.launcher")
-GROWN = "grown"  # a run's event: re-queued to resume on more GPUs (runs/grow.py); a new attempt, not a retry
 
 
 def finish_run(session: Session, run: Run, state: RunState, message: str, **data: object) -> None:
