@@ -31,8 +31,9 @@ from orchestrator.results.evaluations import evaluation_warnings, largest_evalua
 from orchestrator.results.judge import best_checkpoint, judge_metric, stored_spec
 from orchestrator.results.own_metrics import is_command_run, own_series
 from orchestrator.results.record_lists import stored_list, unreadable_records
-from orchestrator.results.reports.build import Pairing, grid_effects_now
+from orchestrator.results.reports.build import grid_effects_now
 from orchestrator.results.reports.effects import metric_words
+from orchestrator.results.reports.pairing import Pairing
 from orchestrator.results.reports.stats import QUALITY, paired_difference, value_of
 from orchestrator.results.samples import sample_index
 from orchestrator.results.views import RunSummary, SweepPublic
