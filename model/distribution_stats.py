@@ -177,10 +177,12 @@ def _group_fds(features: np.ndarray, ref: GaussianFit, groups: int) -> tuple[flo
     return full, np.array(left)
 
 
-def fd_jackknife(gen: Tensor | np.ndarray, ref: GaussianFit, groups: int = FD_GROUPS) -> FrechetEstimate:
-    """FD of (n, d) generated features against `ref`, with its jackknife over G groups of samples."""
+def fd_jackknife(gen: Tensor | np.ndarray, ref: GaussianFit, groups: int | None = None) -> FrechetEstimate:
+    """FD of (n, d) generated features against `ref`, with its jackknife over G groups of samples (default
+    FD_GROUPS, or n // 2 below 2 FD_GROUPS samples)."""
     f = np.asarray(gen.detach().cpu() if isinstance(gen, Tensor) else gen, dtype=np.float64)
-    if len(f) < 2 * groups:
+    groups = groups if groups is not None else min(FD_GROUPS, len(f) // 2)
+    if groups < 2 or len(f) < 2 * groups:
         raise ValueError(f"FD's jackknife over {groups} groups needs at least {2 * groups} samples, got {len(f)}")
     full, left = _group_fds(f, ref, groups)
     pseudo = groups * full - (groups - 1) * left

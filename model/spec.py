@@ -276,6 +276,35 @@ class AdaLNSpec(Strict):
     lora_rank: PositiveInt = 8  # shared: per-block LoRA rank on the shared projection
 
 
+# Distribution metrics (model/distribution_stats.py): cmmd (CLIP ViT-L/14-336, MMD², Jayasumana et al. 2024),
+# dino_mmd (the same MMD² on DINOv2 ViT-B/14), fd_dinov2 (Fréchet distance on DINOv2, Stein et al. 2023), fid
+# (Inception; biased ~1/n by a model-dependent amount, so descriptive only: reported, never judged).
+DISTRIBUTION_METRICS = ("cmmd", "dino_mmd", "fd_dinov2", "fid")
+DESCRIPTIVE_METRICS = frozenset({"fid"})
+DistributionMetric = Literal["cmmd", "dino_mmd", "fd_dinov2", "fid"]
+
+
+class DistributionSpec(Strict):
+    """Sample quality as the field reports it, computed on generated samples at checkpoints against held-out
+    real images. Sample i is generated from the same prompt and noise for every arm and seed, so the metric is
+    paired across arms."""
+
+    metrics: list[DistributionMetric] = Field(default_factory=list, max_length=len(DISTRIBUTION_METRICS))  # []: off
+    # Generated samples per pass; the reference is as many held-out images at least. le: each per-sample list
+    # crosses the node protocol (protocol.MAX_EVAL_SAMPLES). ge: FD's jackknife needs 2 samples per group.
+    samples: Annotated[int, Field(ge=8, le=4096)] = 2000
+    every: PositiveInt = 2  # each k-th checkpoint (and always the best and the last): a pass is dear
+    sampler_steps: Annotated[int, Field(gt=0, le=1000)] = 50  # Euler steps, as eval.sampler_steps
+    guidance: Annotated[float, Field(ge=1, le=20)] = 1.0  # classifier-free guidance scale; 1: none
+
+    @model_validator(mode="after")
+    def _no_repeats(self) -> DistributionSpec:
+        repeated = sorted({m for m in self.metrics if self.metrics.count(m) > 1})
+        if repeated:
+            raise ValueError(f"eval.distribution.metrics names {repeated[0]!r} twice: name each metric once")
+        return self
+
+
 class EvalSpec(Strict):
     num_samples: Annotated[int, Field(gt=0, le=4096)] = 25  # n per metric; le: protocol.MAX_EVAL_SAMPLES
     sampler_steps: PositiveInt = 50  # Euler steps
@@ -285,6 +314,7 @@ class EvalSpec(Strict):
     lpips_backbone: Literal["alexnet", STANDIN] = "alexnet"
     lpips_weights: str | None = None
     use_ema: bool = True
+    distribution: DistributionSpec = DistributionSpec()
 
 
 class DetectorPolicy(Strict):
@@ -401,6 +431,13 @@ class ArmSpec(Strict):
             raise ValueError(
                 f"eval.num_samples ({self.eval.num_samples}) exceeds data.held_out ({self.data.held_out}): "
                 "raise data.held_out or lower eval.num_samples"
+            )
+        dist = self.eval.distribution
+        if dist.metrics and dist.samples > self.data.held_out:  # the reference set: at least as many real images
+            raise ValueError(
+                f"eval.distribution.samples ({dist.samples}) exceeds data.held_out ({self.data.held_out}): the "
+                "reference set is held-out images, at least as many as the samples; raise data.held_out or lower "
+                "eval.distribution.samples"
             )
         return self
 

@@ -128,5 +128,9 @@ def test_fd_difference_is_paired_over_the_same_groups():
 def test_too_few_samples_is_an_error_that_says_so():
     with pytest.raises(ValueError, match="at least 3"):
         mmd_contributions(torch.randn(2, 4), reference(torch.randn(5, 4)))
+    ref = gaussian_fit(np.random.default_rng(0).normal(size=(10, 4)))
     with pytest.raises(ValueError, match="at least 40"):
-        fd_jackknife(np.zeros((30, 4)), gaussian_fit(np.random.default_rng(0).normal(size=(10, 4))))
+        fd_jackknife(np.zeros((30, 4)), ref, groups=20)
+    assert len(fd_jackknife(np.random.default_rng(1).normal(size=(32, 4)), ref).pseudo) == 16  # n // 2 groups
+    with pytest.raises(ValueError, match="at least"):
+        fd_jackknife(np.zeros((3, 4)), ref)
