@@ -134,3 +134,27 @@ def test_too_few_samples_is_an_error_that_says_so():
     assert len(fd_jackknife(np.random.default_rng(1).normal(size=(32, 4)), ref).pseudo) == 16  # n // 2 groups
     with pytest.raises(ValueError, match="at least"):
         fd_jackknife(np.zeros((3, 4)), ref)
+
+
+def test_the_per_sample_values_carry_the_noise_of_a_paired_difference():
+    """Known truth by simulation: two arms on shared per-sample noise, the reference fixed. The SE the per-sample
+    differences give, sd(d)/sqrt(n), matches the true SD of the estimated difference over replicates; and that
+    SD is far below the two arms' SEs combined, which is why pairing matters."""
+    gen = torch.Generator().manual_seed(8)
+    d, n = 16, 80
+    ref = reference(torch.randn(200, d, generator=gen) * 0.2 + torch.eye(d)[0], normalise=False)
+    shift = 0.15 * torch.eye(d)[1]
+    estimates, ses, unpaired = [], [], []
+    for _ in range(250):
+        shared = torch.randn(n, d, generator=gen) * 0.2  # the same prompt and noise for sample i of both arms
+        arm = torch.eye(d)[0] + shift + shared + 0.1 * torch.randn(n, d, generator=gen)
+        control = torch.eye(d)[0] + 0.5 * shift + shared + 0.1 * torch.randn(n, d, generator=gen)
+        ca, cc = mmd_contributions(arm, ref, normalise=False), mmd_contributions(control, ref, normalise=False)
+        diff = ca - cc
+        estimates.append(float(diff.mean()))
+        ses.append(float(diff.std()) / math.sqrt(n))
+        unpaired.append(math.hypot(float(ca.std()), float(cc.std())) / math.sqrt(n))
+    true_sd = float(np.std(estimates, ddof=1))
+    rms_se = math.sqrt(float(np.mean(np.square(ses))))
+    assert 0.85 < rms_se / true_sd < 1.25
+    assert float(np.mean(unpaired)) > 1.4 * true_sd
