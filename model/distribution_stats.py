@@ -25,10 +25,13 @@ sees a change of covariance and is reported beside a covariance-aware metric, FD
 
 FD (Fréchet distance, Heusel et al. 2017; on DINOv2 features, Stein et al. 2023): the Gaussians fitted to the
 two feature sets, |mu_g - mu_r|² + tr(S_g + S_r - 2 (S_g S_r)^(1/2)). The plug-in FD is biased upward at small
-n (Chong & Forsyth 2020): roughly tr(S_g)/n from the mean alone plus a covariance part, and it depends on the
-model, so two arms at the same n can swap order. Its SE and bias here come from a delete-a-group jackknife over
-the generated samples (sample i in group i % G, the same groups for every arm, so a difference is paired); the
-bias-corrected value G FD - (G - 1) mean FD_(-g) removes the 1/n part of the bias from the generated side.
+n (Chong & Forsyth 2020): tr(S_g)/n + tr(S_r)/m from the means plus a larger covariance part, and it depends
+on the model, so two arms at the same n can swap order. Its SE and bias here come from a delete-a-group
+jackknife that leaves out group g of the generated samples (sample i in group i % G, the same groups for every
+arm, so a difference is paired) and group g of the reference together; the bias-corrected value
+G FD - (G - 1) mean FD_(-g) removes the 1/n and 1/m parts of the bias. Deleting from the generated side alone
+left the reference's bias, which does not cancel between arms of different covariance: the paired interval then
+covered 86% (bench/distribution_sim.py).
 """
 
 from __future__ import annotations
@@ -158,33 +161,49 @@ class FrechetEstimate:
     """FD of generated features against a reference, with its delete-a-group jackknife."""
 
     value: float  # the plug-in FD, as the field reports it
-    corrected: float  # G FD - (G - 1) mean FD_(-g): the generated side's 1/n bias removed
+    corrected: float  # G FD - (G - 1) mean FD_(-g): the 1/n and 1/m parts of the bias removed
     bias: float  # value - corrected: the jackknife's estimate of the plug-in's small-n bias
     se: float  # the jackknife SE of the plug-in value
     pseudo: tuple[float, ...]  # the G group pseudo-values; their mean is `corrected`
     n: int
 
 
-def _group_fds(features: np.ndarray, ref: GaussianFit, groups: int) -> tuple[float, np.ndarray]:
-    """The full FD and the G leave-one-group-out FDs (group of sample i: i % G), from running sums."""
-    n = len(features)
-    total, outer = features.sum(axis=0), features.T @ features
-    full = _fd(*_cov(total, outer, n), ref)
-    left = []
-    for g in range(groups):
-        part = features[g::groups]
-        left.append(_fd(*_cov(total - part.sum(axis=0), outer - part.T @ part, n - len(part)), ref))
-    return full, np.array(left)
+def _left_out(features: np.ndarray, groups: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(mean, cov) of `features` without group g (row i in group i % G), for each g, from running sums."""
+    n, total, outer = len(features), features.sum(axis=0), features.T @ features
+    parts = (features[g::groups] for g in range(groups))
+    return [_cov(total - p.sum(axis=0), outer - p.T @ p, n - len(p)) for p in parts]
 
 
-def fd_jackknife(gen: Tensor | np.ndarray, ref: GaussianFit, groups: int | None = None) -> FrechetEstimate:
-    """FD of (n, d) generated features against `ref`, with its jackknife over G groups of samples (default
-    FD_GROUPS, or n // 2 below 2 FD_GROUPS samples)."""
-    f = np.asarray(gen.detach().cpu() if isinstance(gen, Tensor) else gen, dtype=np.float64)
-    groups = groups if groups is not None else min(FD_GROUPS, len(f) // 2)
+@dataclass(frozen=True)
+class FrechetReference:
+    """A reference set's Gaussian fit, and its fit without each jackknife group: computed once per grid."""
+
+    full: GaussianFit
+    left: tuple[GaussianFit, ...]  # without reference group g (row a in group a % G)
+
+
+def _as_array(x: Tensor | np.ndarray) -> np.ndarray:
+    return np.asarray(x.detach().cpu() if isinstance(x, Tensor) else x, dtype=np.float64)
+
+
+def frechet_reference(features: Tensor | np.ndarray, groups: int = FD_GROUPS) -> FrechetReference:
+    """The reference for FD with `groups` jackknife groups (FD_GROUPS; fewer, samples // 2, for under 40 samples)."""
+    f = _as_array(features)
     if groups < 2 or len(f) < 2 * groups:
+        raise ValueError(f"FD's jackknife over {groups} groups needs at least {2 * groups} reference images")
+    left = tuple(GaussianFit(m, c, _sym_sqrt(c), len(f)) for m, c in _left_out(f, groups))
+    return FrechetReference(gaussian_fit(f), left)
+
+
+def fd_jackknife(gen: Tensor | np.ndarray, ref: FrechetReference) -> FrechetEstimate:
+    """FD of (n, d) generated features against `ref`, with its jackknife over the reference's G groups (group g
+    of the samples left out with group g of the reference)."""
+    f, groups = _as_array(gen), len(ref.left)
+    if len(f) < 2 * groups:
         raise ValueError(f"FD's jackknife over {groups} groups needs at least {2 * groups} samples, got {len(f)}")
-    full, left = _group_fds(f, ref, groups)
+    full = _fd(*_cov(f.sum(axis=0), f.T @ f, len(f)), ref.full)
+    left = np.array([_fd(m, c, r) for (m, c), r in zip(_left_out(f, groups), ref.left, strict=True)])
     pseudo = groups * full - (groups - 1) * left
     corrected = float(pseudo.mean())
     se = math.sqrt(float(pseudo.var(ddof=1)) / groups)

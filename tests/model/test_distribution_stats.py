@@ -14,6 +14,7 @@ from model.distribution_stats import (
     fd_difference,
     fd_jackknife,
     frechet_distance,
+    frechet_reference,
     gaussian_fit,
     l2_normalise,
     mmd2,
@@ -95,25 +96,25 @@ def test_frechet_distance_matches_scipy_sqrtm():
 
 
 def test_fd_jackknife_removes_the_small_n_bias_the_plug_in_carries():
-    """Generated and reference from one distribution (FD 0): the plug-in is biased up about tr(S)/n; the
-    jackknife-corrected value is much nearer 0 and says how large the plug-in's bias is."""
+    """Generated and reference from one distribution (FD 0), both small: the plug-in is biased up (the means'
+    part alone tr(S)(1/n + 1/m)); the jackknife-corrected value is much nearer 0 and says how large the bias is."""
     rng = np.random.default_rng(6)
-    ref = gaussian_fit(rng.normal(0, 1, (20000, 8)))
     plug, corrected, bias = [], [], []
     for _ in range(60):
+        ref = frechet_reference(rng.normal(0, 1, (100, 8)))
         est = fd_jackknife(rng.normal(0, 1, (100, 8)), ref)
         plug.append(est.value)
         corrected.append(est.corrected)
         bias.append(est.bias)
         assert est.se > 0 and len(est.pseudo) == 20
-    assert np.mean(plug) > 0.08  # tr(I_8)/100 alone
-    assert abs(np.mean(corrected)) < 0.3 * np.mean(plug)
+    assert np.mean(plug) > 0.16  # tr(I_8)(1/100 + 1/100) alone
+    assert abs(np.mean(corrected)) < 0.2 * np.mean(plug)
     assert np.mean(bias) == pytest.approx(np.mean(plug) - np.mean(corrected), rel=1e-9)
 
 
 def test_fd_difference_is_paired_over_the_same_groups():
     rng = np.random.default_rng(7)
-    ref = gaussian_fit(rng.normal(0, 1, (500, 5)))
+    ref = frechet_reference(rng.normal(0, 1, (500, 5)))
     shared = rng.normal(0, 1, (200, 5))  # the same prompts and noise for both arms
     arm = fd_jackknife(shared * 1.5 + 0.1 * rng.normal(0, 1, (200, 5)), ref)
     control = fd_jackknife(shared + 0.1 * rng.normal(0, 1, (200, 5)), ref)
@@ -128,12 +129,14 @@ def test_fd_difference_is_paired_over_the_same_groups():
 def test_too_few_samples_is_an_error_that_says_so():
     with pytest.raises(ValueError, match="at least 3"):
         mmd_contributions(torch.randn(2, 4), reference(torch.randn(5, 4)))
-    ref = gaussian_fit(np.random.default_rng(0).normal(size=(10, 4)))
-    with pytest.raises(ValueError, match="at least 40"):
-        fd_jackknife(np.zeros((30, 4)), ref, groups=20)
-    assert len(fd_jackknife(np.random.default_rng(1).normal(size=(32, 4)), ref).pseudo) == 16  # n // 2 groups
-    with pytest.raises(ValueError, match="at least"):
-        fd_jackknife(np.zeros((3, 4)), ref)
+    rng = np.random.default_rng(0)
+    with pytest.raises(ValueError, match="at least 40 reference images"):
+        frechet_reference(rng.normal(size=(30, 4)))
+    ref = frechet_reference(rng.normal(size=(64, 4)))
+    with pytest.raises(ValueError, match="at least 40 samples, got 30"):
+        fd_jackknife(rng.normal(size=(30, 4)), ref)
+    small = frechet_reference(rng.normal(size=(64, 4)), groups=16)  # 32 samples: 16 groups
+    assert len(fd_jackknife(rng.normal(size=(32, 4)), small).pseudo) == 16
 
 
 def test_the_per_sample_values_carry_the_noise_of_a_paired_difference():
