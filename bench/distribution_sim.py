@@ -41,7 +41,7 @@ from model.distribution_stats import (
     CMMD_SIGMA,
     fd_difference,
     fd_jackknife,
-    gaussian_fit,
+    frechet_reference,
     mmd2,
     mmd_contributions,
     reference,
@@ -130,7 +130,7 @@ def cell(rng: np.random.Generator, arm: Arm, k: int, n: int, reps: int, tau: flo
     for _ in range(reps):
         ref_x = MU_REF + np.sqrt(V_REF) * rng.standard_normal((n, D))
         ref = reference(torch.from_numpy(ref_x), normalise=False)
-        ref_fit = gaussian_fit(ref_x)
+        ref_fit = frechet_reference(ref_x)
         (arm_rows, control_rows) = draw_seeds(rng, [arm, CONTROL], k, n, tau)
         table, fd_table = [], []
         for a, c in zip(arm_rows, control_rows, strict=True):
@@ -168,7 +168,7 @@ def bias_table(rng: np.random.Generator, ns: tuple[int, ...], reps: int) -> None
             tx, ty = torch.from_numpy(x), torch.from_numpy(y)
             u.append(mmd2(tx, ty, normalise=False))
             v.append(mmd2(tx, ty, unbiased=False, normalise=False))
-            est = fd_jackknife(x, gaussian_fit(y))
+            est = fd_jackknife(x, frechet_reference(y))
             fd.append(est.value)
             fdc.append(est.corrected)
 
