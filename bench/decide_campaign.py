@@ -43,6 +43,7 @@ from decide_sim import (
     correct,
     draw,
     fixed_hours,
+    judge_look,
     read,
 )
 
@@ -61,12 +62,8 @@ from orchestrator.results.reports.stats import t_quantile
 from orchestrator.results.sequential import (
     FUTILITY,
     Action,
-    Costs,
     Variance,
     Verdict,
-    choose_action,
-    decide,
-    information_fraction,
     plan_wave,
 )
 
@@ -135,13 +132,9 @@ def follow_up(values: dict[str, np.ndarray], lenders: Lenders, design: Design, t
             if r is None:  # one seed, nothing to borrow: the decider takes a seed ("no interval across seeds")
                 actions[p] = Action("seed", k + 1, n, 0.0, math.inf, 0.0, "one more seed")
                 continue
-            history[p].append(information_fraction(r.variance, k, n, design.max_seeds, design.max_images))
-            look = decide(r.mean, r.se, r.df, history[p], k=k, n=n, alpha=ALPHA, last=at_budget,
-                          futility=design.futility)  # fmt: skip
-            if look.decision == Verdict.OPEN:
-                costs = Costs(SEED_HOURS[p[0]], SEED_HOURS[p[1]], IMAGE_HOURS)
-                actions[p] = choose_action(r.variance, k, n, costs, max_seeds=design.max_seeds,
-                                           max_images=design.max_images)  # fmt: skip
+            look, action = judge_look(r, history[p], p, k, n, design, at_budget)
+            if action is not None:
+                actions[p] = action
                 continue
             open_.remove(p)
             if look.decision in (Verdict.BETTER, Verdict.WORSE):

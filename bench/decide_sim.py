@@ -63,7 +63,10 @@ from orchestrator.results.reports.stats import t_quantile
 from orchestrator.results.sequential import (
     FUTILITY,
     SEED_DF_QUANTILE,
+    Action,
     Costs,
+    ErrorRate,
+    Look,
     Variance,
     Verdict,
     choose_action,
@@ -228,6 +231,20 @@ def read_borrowed(diff: np.ndarray, pair: tuple[str, str], earlier: dict[str, Se
     return Reading(float(diff.mean()), r.se, r.df, Variance(r.seeds.variance.value, images.value * n, 0.0))
 
 
+def judge_look(r: Reading, fractions: list[float], pair: tuple[str, str], k: int, n: int, design: Design, last: bool,
+               alpha: float = ALPHA, error_rate: ErrorRate = "per-comparison") -> tuple[Look, Action | None]:
+    """One comparison's look as the decider takes it: this look's information fraction appended to `fractions`,
+    the boundary's decision, and for an open comparison the chooser's next action (None once it is closed).
+    The one place every simulation here takes a look, so a change to the fraction or the boundary reaches all."""
+    fractions.append(information_fraction(r.variance, k, n, design.max_seeds, design.max_images))
+    look = decide(r.mean, r.se, r.df, fractions, k=k, n=n, alpha=alpha, last=last, futility=design.futility,
+                  error_rate=error_rate)  # fmt: skip
+    if look.decision != Verdict.OPEN:
+        return look, None
+    costs = Costs(SEED_HOURS[pair[0]], SEED_HOURS[pair[1]], IMAGE_HOURS)
+    return look, choose_action(r.variance, k, n, costs, max_seeds=design.max_seeds, max_images=design.max_images)
+
+
 def study(values: dict[str, np.ndarray], design: Design, tally: Tally, prior_seed: float = 0.0,
           earlier: dict[str, SeedVariance] | None = None) -> None:  # fmt: skip
     seeds = dict.fromkeys(ARMS, design.min_seeds)
@@ -242,14 +259,9 @@ def study(values: dict[str, np.ndarray], design: Design, tally: Tally, prior_see
             k, n = min(seeds[p[0]], seeds[p[1]]), min(evaluated[p[0]], evaluated[p[1]])
             diff = values[p[0]][:k, :n] - values[p[1]][:k, :n]
             r = read(diff, design, prior_seed) if earlier is None else read_borrowed(diff, p, earlier, design)
-            history[p].append(information_fraction(r.variance, k, n, design.max_seeds, design.max_images))
-            last = k >= design.max_seeds and n >= design.max_images
-            look = decide(r.mean, r.se, r.df, history[p], k=k, n=n, alpha=ALPHA, last=last,
-                          futility=design.futility)  # fmt: skip
-            if look.decision == Verdict.OPEN:
-                costs = Costs(SEED_HOURS[p[0]], SEED_HOURS[p[1]], IMAGE_HOURS)
-                actions[p] = choose_action(r.variance, k, n, costs, max_seeds=design.max_seeds,
-                                           max_images=design.max_images)  # fmt: skip
+            look, action = judge_look(r, history[p], p, k, n, design, k >= design.max_seeds and n >= design.max_images)
+            if action is not None:
+                actions[p] = action
                 continue
             open_.remove(p)
             if look.decision in (Verdict.BETTER, Verdict.WORSE):

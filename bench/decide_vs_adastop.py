@@ -67,17 +67,14 @@ from bench.decide_sim import (
     Cell,
     Design,
     draw,
+    judge_look,
     read,
 )
 from orchestrator.grids.deciding import DecideSpec
 from orchestrator.results.sequential import (
     FUTILITY,
-    Costs,
     Verdict,
-    choose_action,
     comparison_alpha,
-    decide,
-    information_fraction,
     plan_wave,
 )
 
@@ -148,14 +145,10 @@ def ours(values: dict[str, np.ndarray], spec: DecideSpec) -> tuple[Outcome, int]
         for p in list(open_):
             k, n = min(seeds[p[0]], seeds[p[1]]), min(evaluated[p[0]], evaluated[p[1]])
             r = read(values[p[0]][:k, :n] - values[p[1]][:k, :n], design, 0.0)
-            fractions[p].append(information_fraction(r.variance, k, n, design.max_seeds, design.max_images))
             last = k >= design.max_seeds and n >= design.max_images
-            look = decide(r.mean, r.se, r.df, fractions[p], k=k, n=n, alpha=alpha, last=last,
-                          futility=design.futility, error_rate="familywise")  # fmt: skip
-            if look.decision == Verdict.OPEN:
-                costs = Costs(SEED_HOURS[p[0]], SEED_HOURS[p[1]], IMAGE_HOURS)
-                actions[p] = choose_action(r.variance, k, n, costs, max_seeds=design.max_seeds,
-                                           max_images=design.max_images)  # fmt: skip
+            look, action = judge_look(r, fractions[p], p, k, n, design, last, alpha, "familywise")
+            if action is not None:
+                actions[p] = action
                 continue
             open_.remove(p)
             if look.decision in (Verdict.BETTER, Verdict.WORSE):
