@@ -39,6 +39,7 @@ from decide_sim import (
     Cell,
     Design,
     Reading,
+    borrowed_of,
     cells,
     correct,
     draw,
@@ -51,18 +52,15 @@ from orchestrator.results.borrowed import (
     SPREAD_FLOOR,
     RefusedBorrow,
     SeedVariance,
-    borrowed_reading,
-    crossed_parts,
     difference_of,
     pooled_arms,
     run_spread,
 )
-from orchestrator.results.reports.crossed import components, crossed_interval
+from orchestrator.results.reports.crossed import crossed_interval
 from orchestrator.results.reports.stats import t_quantile
 from orchestrator.results.sequential import (
     FUTILITY,
     Action,
-    Variance,
     Verdict,
     plan_wave,
 )
@@ -98,21 +96,12 @@ def reading(diff: np.ndarray, earlier: SeedVariance | None, design: Design, tall
     """The comparison's k x n differences read as a grid with borrow_from reads them (decider.borrowed_look);
     without a borrowed variance (none, or refused) its own crossed interval from two seeds on, else None (one
     seed and nothing to borrow: no interval, one more seed)."""
-    k, n = diff.shape
-    own: SeedVariance | None
-    if k == 1:
-        own, images = None, SeedVariance(float(diff[0].var(ddof=1)) / n, n - 1)
-    else:
-        comp = components(diff.tolist())
-        assert comp is not None
-        own, images = crossed_parts(comp.seed, comp.image, comp.rest, k, n)
     if earlier is not None:
         try:
-            r = borrowed_reading(own, images, k, earlier, design.check, design.seed_df_quantile, floor=SPREAD_FLOOR)
-            return Reading(float(diff.mean()), r.se, r.df, Variance(r.seeds.variance.value, images.value * n, 0.0))
+            return borrowed_of(diff, earlier, design, floor=SPREAD_FLOOR)
         except RefusedBorrow:
             tally.refused += 1
-    return read(diff, design, 0.0) if k >= 2 else None
+    return read(diff, design, 0.0) if diff.shape[0] >= 2 else None
 
 
 def follow_up(values: dict[str, np.ndarray], lenders: Lenders, design: Design, tally: Tally, index: int

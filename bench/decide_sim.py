@@ -218,6 +218,12 @@ def read_borrowed(diff: np.ndarray, pair: tuple[str, str], earlier: dict[str, Se
                   design: Design) -> Reading:  # fmt: skip
     """The comparison's k x n differences read as a grid that borrows reads them (results/borrowed.py):
     the table's own seed mean square pooled with the earlier grid's per-arm variances (k = 1: those alone)."""
+    return borrowed_of(diff, difference_of(earlier[pair[0]], earlier[pair[1]]), design)
+
+
+def borrowed_of(diff: np.ndarray, seeds: SeedVariance, design: Design, floor: float = 0.0) -> Reading:
+    """The k x n differences read with `seeds`, the difference's borrowed seed variance, as
+    results/borrowed.py `borrowed_reading` does (its RefusedBorrow raised where `floor` refuses it)."""
     k, n = diff.shape
     own: SeedVariance | None
     if k == 1:
@@ -226,8 +232,7 @@ def read_borrowed(diff: np.ndarray, pair: tuple[str, str], earlier: dict[str, Se
         comp = components(diff.tolist())
         assert comp is not None
         own, images = crossed_parts(comp.seed, comp.image, comp.rest, k, n)
-    r = borrowed_reading(own, images, k, difference_of(earlier[pair[0]], earlier[pair[1]]), design.check,
-                         design.seed_df_quantile)
+    r = borrowed_reading(own, images, k, seeds, design.check, design.seed_df_quantile, floor=floor)
     return Reading(float(diff.mean()), r.se, r.df, Variance(r.seeds.variance.value, images.value * n, 0.0))
 
 
