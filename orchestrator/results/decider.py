@@ -268,7 +268,7 @@ def take_look(session: Session, grid: Grid) -> DecisionLook:
         if c.look == wave + 1:  # judged at this look (a closed one keeps its reason)
             c.reason += short
         comparisons.append(c)
-    actions, refusal = queue_actions(session, grid, comparisons, decide, max_images, images, budget=decide)
+    actions, refusal = queue_actions(session, grid, comparisons, decide, max_images, images)
     if last_look and not stopped:
         refusal = f"at the looks budget: {decide.max_looks} looks (decide.max_looks)"
     for c in comparisons:
@@ -295,12 +295,11 @@ def take_look(session: Session, grid: Grid) -> DecisionLook:
 
 
 def queue_actions(session: Session, grid: Grid, comparisons: Sequence[ComparisonLook], decide: DecideSpec,
-                  max_images: int, images: int | None,
-                  budget: DecideSpec | None = None) -> tuple[list[dict], str | None]:  # fmt: skip
+                  max_images: int, images: int | None) -> tuple[list[dict], str | None]:  # fmt: skip
     """Queue this look's work: an evaluation on more images where any open comparison asks for one (it
     serves every comparison, and needs no run active), else one more seed of each arm an open comparison
     asks one for (both its arms), below max_seeds. Nothing where the images asked are no more than the
-    grid's largest evaluation asked for, or where the work would pass `budget`'s caps. Returns the actions
+    grid's largest evaluation asked for, or where the work would pass `decide`'s caps. Returns the actions
     as stored, and which cap refused the work (over_budget), if one did."""
     open_ = [c for c in comparisons if c.decision == "open"]
     n = next_images(max_images, images, max((c.n or 0 for c in open_), default=0))
@@ -308,7 +307,7 @@ def queue_actions(session: Session, grid: Grid, comparisons: Sequence[Comparison
         for c in open_:
             c.action = None if c.action == "images" else c.action  # no images left to ask for
     if n is not None and any(c.action == "images" for c in open_):
-        refusal = over_budget(session, grid, budget, evaluation_hours(session, grid, n), True) if budget else None
+        refusal = over_budget(session, grid, decide, evaluation_hours(session, grid, n), True)
         if refusal is not None:
             return [], refusal
         evaluation = create_evaluation(session, grid, EvaluationCreate(images=n))
@@ -321,11 +320,10 @@ def queue_actions(session: Session, grid: Grid, comparisons: Sequence[Comparison
     arms = [a for a in arms if seeds[a] < decide.max_seeds]
     if not arms:
         return [], None
-    if budget is not None:
-        first = {r.arm: r for r in grid.runs if r.seed == 0}
-        refusal = over_budget(session, grid, budget, sum(run_hours(session, first[a]) for a in arms), False)
-        if refusal is not None:
-            return [], refusal
+    first = {r.arm: r for r in grid.runs if r.seed == 0}
+    refusal = over_budget(session, grid, decide, sum(run_hours(session, first[a]) for a in arms), False)
+    if refusal is not None:
+        return [], refusal
     runs = add_seed(grid, arms)
     session.flush()
     return [{"action": "seed", "arms": arms, "runs": [r.id for r in runs],
