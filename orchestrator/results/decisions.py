@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, field_serializer
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -20,6 +20,7 @@ from orchestrator.db.models import DecisionLook, Grid
 from orchestrator.grids import deciding
 from orchestrator.grids.deciding import DecideSpec, submitted_pairs, with_budget
 from orchestrator.grids.replicates import projected_gpu_hours
+from orchestrator.numbers import json_safe
 from orchestrator.results.reports.model import Effect
 
 Decision = Literal["better", "worse", "equivalent", "undecided", "open"]
@@ -47,6 +48,12 @@ class ComparisonLook(BaseModel):
     fractions: list[float] = []  # the information fraction of each of its looks so far (the boundary's input)
     action: Action | None = None  # what this look queued for it (open only)
     reason: str = ""
+
+    @field_serializer("diff", "low", "high", when_used="json")
+    def _finite_in_json(self, value: float | None) -> float | str | None:
+        # An unbounded interval (-inf: one seed, or a boundary alpha near 0) kept as "-inf", which reads
+        # back as a float: Postgres JSON refuses the -Infinity token that json.dumps would write.
+        return json_safe(value)
 
     def key(self) -> tuple[str, str, str]:
         return self.arm, self.metric, self.against
