@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -37,7 +39,10 @@ def upgrade(database_url: str, revision: str = "head") -> None:
 @cache
 def engine_for(database_url: str) -> Engine:
     if database_url.startswith("sqlite"):
-        engine = create_engine(database_url, connect_args={"check_same_thread": False, "timeout": 30})
+        # JSON as strict as Postgres's: NaN/Infinity refused on SQLite too, so a test on SQLite finds what
+        # Postgres would reject (orchestrator/numbers.py keeps such values as strings).
+        engine = create_engine(database_url, connect_args={"check_same_thread": False, "timeout": 30},
+                               json_serializer=functools.partial(json.dumps, allow_nan=False))  # fmt: skip
 
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(conn, _record) -> None:  # type: ignore[no-untyped-def]
