@@ -1,7 +1,7 @@
-"""What does pricing actions from 2 or 3 seeds cost? A deciding grid's chooser (results/sequential.py
+"""What does pricing actions from 2 or 3 seeds cost? A deciding grid's chooser (results/deciding/sequential.py
 `choose_action`) buys, for an open comparison, whichever of one more seed of both arms or an evaluation on
 4x the images removes most of its mean's variance per GPU-hour, with the variance components read from the
-look's own seeds x images table (results/decider.py `components_of`, from the report's noise budget). With
+look's own seeds x images table (results/deciding/decider.py `components_of`, from the report's noise budget). With
 2 or 3 seeds the seed component rests on a mean square with 1 or 2 df. This simulation charges the chooser's
 choices in GPU-hours against the choices the same chooser makes with the true components.
 
@@ -41,13 +41,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from orchestrator.results.decider import action_costs, components_of
+from orchestrator.results.deciding.decider import action_costs, components_of
+from orchestrator.results.deciding.sequential import Costs, Variance, VarianceComponents, choose_action, mean_variance
 from orchestrator.results.reports.costs import RunCost
 from orchestrator.results.reports.crossed import crossed_interval
 from orchestrator.results.reports.effects import noise_budget
 from orchestrator.results.reports.model import Effect
 from orchestrator.results.reports.stats import t_quantile
-from orchestrator.results.sequential import Costs, Variance, VarianceComponents, choose_action, mean_variance
 
 K0, N0, MAX_SEEDS, MAX_IMAGES = 2, 64, 8, 256
 PROFILES = {"mixed": (0.002, 0.011, 0.004), "image-dominated": (0.001, 0.011, 0.0018),

@@ -4,7 +4,7 @@ follow-up's comparisons hold their error rate. Issue 56, item 7.
 
 The first grid runs arms A-D at 3 fixed seeds on 64 images. Then three follow-ups of the same arms decide
 (bench/decide_sim.py's study, its profiles, costs and truth: B-A and D-C null, the others differ by the
-effect) from one seed (min_seeds 1), each comparison read as the product reads it (results/borrowed.py
+effect) from one seed (min_seeds 1), each comparison read as the product reads it (results/deciding/borrowed.py
 `borrowed_reading` with its SPREAD_FLOOR): each arm's seed variance pooled over every earlier grid of the
 campaign whose runs of that arm were measured on the images the look reads (auto's match: the same images;
 a grid that evaluated more images lends to a look on as many), pooled with the comparison's own seeds from
@@ -48,7 +48,7 @@ from decide_sim import (
     read,
 )
 
-from orchestrator.results.borrowed import (
+from orchestrator.results.deciding.borrowed import (
     SPREAD_FLOOR,
     RefusedBorrow,
     SeedVariance,
@@ -56,14 +56,14 @@ from orchestrator.results.borrowed import (
     pooled_arms,
     run_spread,
 )
-from orchestrator.results.reports.crossed import crossed_interval
-from orchestrator.results.reports.stats import t_quantile
-from orchestrator.results.sequential import (
+from orchestrator.results.deciding.sequential import (
     FUTILITY,
     Action,
     Verdict,
     plan_wave,
 )
+from orchestrator.results.reports.crossed import crossed_interval
+from orchestrator.results.reports.stats import t_quantile
 
 FOLLOW_UPS = 3
 # arm -> what each earlier grid of the campaign lends it: (the images its runs were measured on, their spread)

@@ -18,7 +18,7 @@ run ended), and writes per grid:
 `--order sequential` (default) runs the deciding grid to its final look, then the fixed grid, so each has
 the machine to itself; `together` submits both at once (wall times then overlap; GPU-hours do not).
 `--borrow` (with `--order fixed-first`): the deciding grid names the fixed grid in `decide.borrow_from`, so
-each arm's seed variance is borrowed from it (results/borrowed.py) and one seed can decide (`--min-seeds
+each arm's seed variance is borrowed from it (results/deciding/borrowed.py) and one seed can decide (`--min-seeds
 1`). The fixed grid then stands for an earlier study of the same arms, and the deciding grid for the next
 one: its GPU-hours against what a fixed 3-seed run of it would cost (the fixed grid's).
 
@@ -48,7 +48,7 @@ from quad_node import TOKEN, serving  # noqa: E402 - a bench beside it
 
 from model.flow_headline import HEADLINE  # noqa: E402
 from orchestrator.db.session import session_scope  # noqa: E402
-from orchestrator.results.decisions import grid_looks, look_comparisons  # noqa: E402
+from orchestrator.results.deciding.decisions import grid_looks, look_comparisons  # noqa: E402
 
 A_LR = 3.0e-4  # arms/A.yaml
 ARMS: list[Any] = ["A", "C", {"parent": "A", "name": "A-lr10", "schedule": {"lr": A_LR / 10}}]

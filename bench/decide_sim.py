@@ -2,7 +2,7 @@
 studies of arms A-D with the lineage comparisons (B-A, C-B, C-A, D-C, D-A), each run the way the launcher
 runs a grid with `decide`: every arm starts with min_seeds seeds evaluated on 64 images; after each wave
 every open comparison is read by the report's own crossed interval (orchestrator/results/reports/crossed.py)
-and decided at its look by orchestrator/results/sequential.py `decide`; each still open takes
+and decided at its look by orchestrator/results/deciding/sequential.py `decide`; each still open takes
 `choose_action` (evaluate on more images, or one more seed of both arms), `plan_wave` gathers them, and
 the study ends when no comparison is open. The fixed design to beat reads the same studies' first 3 seeds
 and 64 images with the report's 95% crossed interval.
@@ -35,7 +35,7 @@ design at a level that holds alpha (its own 95% interval calls 5% to 7% of the n
 `--earlier K0 --min-seeds 1` runs a grid that borrows (`decide.borrow_from`): each study also draws an
 earlier grid of the same arms on K0 seeds and 64 images (from the same model, so arm D's seeds spread 3x
 there too; `--earlier-spread S` makes its D's spread S instead: an arm that changed since), and each
-comparison is read as results/borrowed.py reads it, the earlier grid's per-arm variances pooled with its
+comparison is read as results/deciding/borrowed.py reads it, the earlier grid's per-arm variances pooled with its
 own seeds' or alone on one seed. `--borrow DF` is the shortcut that fails: one measured seed variance for
 every arm, as if from an earlier grid on DF df (docs/benchmarks.md, issue 50).
 """
@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from orchestrator.results.borrowed import (
+from orchestrator.results.deciding.borrowed import (
     CHECK,
     SeedVariance,
     borrowed_reading,
@@ -58,9 +58,7 @@ from orchestrator.results.borrowed import (
     difference_of,
     run_spread,
 )
-from orchestrator.results.reports.crossed import components, crossed_interval
-from orchestrator.results.reports.stats import t_quantile
-from orchestrator.results.sequential import (
+from orchestrator.results.deciding.sequential import (
     FUTILITY,
     SEED_DF_QUANTILE,
     Action,
@@ -76,6 +74,8 @@ from orchestrator.results.sequential import (
     mean_variance,
     plan_wave,
 )
+from orchestrator.results.reports.crossed import components, crossed_interval
+from orchestrator.results.reports.stats import t_quantile
 
 ARMS = ("A", "B", "C", "D")
 COMPARISONS = (("B", "A"), ("C", "B"), ("C", "A"), ("D", "C"), ("D", "A"))
@@ -216,14 +216,14 @@ def read(diff: np.ndarray, design: Design, prior_seed: float) -> Reading:
 
 def read_borrowed(diff: np.ndarray, pair: tuple[str, str], earlier: dict[str, SeedVariance],
                   design: Design) -> Reading:  # fmt: skip
-    """The comparison's k x n differences read as a grid that borrows reads them (results/borrowed.py):
+    """The comparison's k x n differences read as a grid that borrows reads them (results/deciding/borrowed.py):
     the table's own seed mean square pooled with the earlier grid's per-arm variances (k = 1: those alone)."""
     return borrowed_of(diff, difference_of(earlier[pair[0]], earlier[pair[1]]), design)
 
 
 def borrowed_of(diff: np.ndarray, seeds: SeedVariance, design: Design, floor: float = 0.0) -> Reading:
     """The k x n differences read with `seeds`, the difference's borrowed seed variance, as
-    results/borrowed.py `borrowed_reading` does (its RefusedBorrow raised where `floor` refuses it)."""
+    results/deciding/borrowed.py `borrowed_reading` does (its RefusedBorrow raised where `floor` refuses it)."""
     k, n = diff.shape
     own: SeedVariance | None
     if k == 1:

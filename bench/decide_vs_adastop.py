@@ -8,7 +8,7 @@ the measured components of a difference; B-A and D-C null, the other three diffe
 Ours: the decision pass of a grid with the product's default `DecideSpec` (2 seeds to start, up to 8, the
 whole 256-image split, futility at its default) at alpha 0.05 familywise: each of the five comparisons
 spends `comparison_alpha(0.05, 5, "familywise")` (Bonferroni), read by the report's crossed interval
-(bench/decide_sim.py `read`), decided by orchestrator/results/sequential.py `decide`, its next action by
+(bench/decide_sim.py `read`), decided by orchestrator/results/deciding/sequential.py `decide`, its next action by
 `choose_action` and `plan_wave`: more images or one more seed of both arms, whichever buys most.
 
 AdaStop: each run is one score, its mean over 64 images; each interim adds `--adastop-n` runs of every
@@ -71,7 +71,7 @@ from bench.decide_sim import (
     read,
 )
 from orchestrator.grids.deciding import DecideSpec
-from orchestrator.results.sequential import (
+from orchestrator.results.deciding.sequential import (
     FUTILITY,
     Verdict,
     comparison_alpha,

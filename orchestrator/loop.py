@@ -14,7 +14,7 @@ from orchestrator.settings import Settings
 def loop_listeners(settings: Settings) -> list[LoopListener]:
     """What follows the launcher in a controller: the tracker forwarder, the decision pass of deciding grids
     and the report writer (in that order: a look that queues more work comes before the report it delays)."""
-    from orchestrator.results.decider import Decider
+    from orchestrator.results.deciding.decider import Decider
     from orchestrator.results.reports.write import ReportWriter
     from orchestrator.trackers.forwarder import Forwarder
 

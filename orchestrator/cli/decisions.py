@@ -1,5 +1,5 @@
 """`ablate status <grid>` of a deciding grid: each decided comparison's decision at the latest look (the
-look, the alpha spent, k and n), what is being run for the ones still open (results/decisions.py), and
+look, the alpha spent, k and n), what is being run for the ones still open (results/deciding/decisions.py), and
 why: the look's reason (with a borrowed seed variance, what it rested on)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session
 
 from orchestrator.cli.tables import Column, print_table
 from orchestrator.db.models import Grid
-from orchestrator.results.decisions import decision_state, latest_look, look_comparisons
+from orchestrator.results.deciding.decisions import decision_state, latest_look, look_comparisons
 
 COLUMNS = [Column("comparison"), Column("metric", priority=2), Column("decision"), Column("look", justify="right"),
            Column("alpha spent", priority=1, justify="right"), Column("k", justify="right"),

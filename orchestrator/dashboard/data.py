@@ -26,7 +26,7 @@ from orchestrator.db.models import METRIC_FIELDS, Event, Grid, Metric, Node, Ren
 from orchestrator.grids.arms import LINEAGE_KEYS, ArmError, changes, flatten, resolve
 from orchestrator.numbers import finite_or_none, is_finite
 from orchestrator.results.data_feed import data_feed
-from orchestrator.results.decisions import decision_json, with_decisions
+from orchestrator.results.deciding.decisions import decision_json, with_decisions
 from orchestrator.results.evaluations import evaluation_warnings, largest_evaluation
 from orchestrator.results.judge import best_checkpoint, judge_metric, stored_spec
 from orchestrator.results.own_metrics import is_command_run, own_series
@@ -381,7 +381,7 @@ def grid_detail(session: Session, grid: Grid, alarm_minutes: float = 15.0) -> di
         # records whose per-sample or per-timestep lists were left out of the curves and effects, named
         "unreadable_records": unreadable_records([(f"run {r.id} ({r.arm}, seed {r.seed})", m.step, m.extra)
                                                   for r in runs for m in metrics[r.id]]),  # fmt: skip
-        "decide": decision_json(session, grid),  # a deciding grid's looks and what is open (results/decisions.py)
+        "decide": decision_json(session, grid),  # a deciding grid's looks, what is open (deciding/decisions.py)
         "plan": grid.plan,  # the night plan (orchestrator/grids/night.py PlanPublic), None without one
     }
 

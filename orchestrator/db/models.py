@@ -217,7 +217,7 @@ class Evaluation(Base):
 
 
 class DecisionLook(Base):
-    """One look of a deciding grid (orchestrator/results/decider.py): after wave `wave` ended, each
+    """One look of a deciding grid (orchestrator/results/deciding/decider.py): after wave `wave` ended, each
     comparison's decision and the work it added, stored with that work in one commit, once per wave."""
 
     __tablename__ = "decision_looks"
@@ -226,7 +226,7 @@ class DecisionLook(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     grid_id: Mapped[int] = mapped_column(ForeignKey("grids.id", ondelete="CASCADE"), index=True)
     wave: Mapped[int] = mapped_column(Integer)  # 0: the grid's first min_seeds seeds
-    comparisons: Mapped[list[Any]] = mapped_column(default=list)  # results/decider.py ComparisonLook, as JSON
+    comparisons: Mapped[list[Any]] = mapped_column(default=list)  # results/deciding/decider.py ComparisonLook, as JSON
     actions: Mapped[list[Any]] = mapped_column(default=list)  # what this look queued: {"action", "arms"...}
     final: Mapped[bool] = mapped_column(default=False)  # nothing open, or nothing left to add: no more looks
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

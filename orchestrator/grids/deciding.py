@@ -1,7 +1,7 @@
 """A grid that decides: `decide` in place of `seeds`. Every arm starts with `min_seeds` training seeds;
 after each wave the controller looks at every comparison's crossed interval against a group-sequential
-boundary (orchestrator/results/sequential.py) and adds work only where a comparison is still open: one
-more seed of both arms, or an evaluation of more held-out images (orchestrator/results/decider.py).
+boundary (orchestrator/results/deciding/sequential.py) and adds work only where a comparison is still open: one
+more seed of both arms, or an evaluation of more held-out images (orchestrator/results/deciding/decider.py).
 
 This module is the grid's side: the body's `decide` checked, and the runs of one more seed of an arm,
 queued like the grid's first ones (seed-major, the same held-out split: grids/replicates.py).
@@ -30,12 +30,12 @@ DECIDABLE_METRICS = (HEADLINE, "val_flow_loss", "recon_lpips", "text_lpips", "te
 DEFAULT_MARGIN = {HEADLINE: 0.0}
 MAX_BORROW = 20  # earlier grids a deciding grid may borrow seed variances from
 MAX_GRID_ID = 2**31 - 1  # a database id (web/deps.py MAX_ID): a larger one never reaches the query
-AUTO = "auto"  # borrow_from: the earlier grids that ran the same arms, code, data and images (results/borrowing.py)
+AUTO = "auto"  # borrow_from: earlier grids of the same arms, code, data and images (results/deciding/borrowing.py)
 BorrowIds = Annotated[list[Annotated[int, Field(ge=1, le=MAX_GRID_ID)]], Field(max_length=MAX_BORROW)]
 BorrowFrom = Literal["auto"] | BorrowIds
 _BORROW_IDS: TypeAdapter[list[int]] = TypeAdapter(BorrowIds)
-BORROW_CHECK = 0.1  # results/borrowed.py CHECK (grids/ does not import results/; a test holds the two equal)
-IMAGE_STEP = 4  # results/sequential.py IMAGE_STEP: an images action asks this many times the images
+BORROW_CHECK = 0.1  # results/deciding/borrowed.py CHECK (grids/ does not import results/; a test holds the two equal)
+IMAGE_STEP = 4  # results/deciding/sequential.py IMAGE_STEP: an images action asks this many times the images
 MAX_LOOKS = 100  # the most looks (and evaluations) a grid may be allowed
 MAX_GPU_HOURS = 1e7
 ESTIMATE = Rates(gpu_model=None, steps_per_s={})  # no measured rate: the same projection wherever it is read
@@ -55,20 +55,20 @@ class DecideSpec(BaseModel):
     max_seeds: Annotated[int, Field(ge=1, le=MAX_SEEDS)] = 8
     max_images: Annotated[int, Field(ge=1, le=100_000)] | None = None
     # Close an open comparison undecided once its conditional power at the budget falls below this (non-
-    # binding: it never adds a wrong call); None: the maths' default (results/sequential.py FUTILITY), 0: off.
+    # binding: it never adds a wrong call); None: the maths' default (results/deciding/sequential.py FUTILITY), 0: off.
     futility: Annotated[float, Field(ge=0, lt=1)] | None = None
     margin: dict[str, Annotated[float, Field(ge=0, allow_inf_nan=False)]] = Field(
         default_factory=lambda: dict(DEFAULT_MARGIN), min_length=1, max_length=len(DECIDABLE_METRICS)
     )
     # Earlier grids whose runs of the same arms (the same spec but the training seed) lend each arm its seed
-    # variance (results/borrowing.py), only from records of trusted nodes; "auto": the earlier grids whose
+    # variance (results/deciding/borrowing.py), only from records of trusted nodes; "auto": the earlier grids whose
     # runs also ran the same code on the same data and images, found at each look; empty: its own seeds alone.
     borrow_from: BorrowFrom = Field(default_factory=list)
-    # The borrowed variance's check (results/borrowed.py `seed_reading`): a comparison whose own seeds spread
+    # The borrowed variance's check (results/deciding/borrowed.py `seed_reading`): a comparison whose own seeds spread
     # past the borrowed variance's upper F bound at this level reads its own alone.
     check: Annotated[float, Field(gt=0, lt=0.5)] = BORROW_CHECK
     # The spend no look queues work past: the grid's runs' and evaluation jobs' measured GPU-hours and the
-    # next action's price (results/decider.py). None at submit: the worst case the submit shows
+    # next action's price (results/deciding/decider.py). None at submit: the worst case the submit shows
     # (worst_case_gpu_hours), stored with the grid; still None where that cannot be projected (command arms).
     max_gpu_hours: Annotated[float, Field(gt=0, le=MAX_GPU_HOURS, allow_inf_nan=False)] | None = None
     # Looks, and evaluations (images actions and catch-ups), a grid may take; None at submit: what max_seeds

@@ -16,7 +16,7 @@ from orchestrator.grids.night import PlanPublic
 from orchestrator.grids.replicates import grid_cost
 from orchestrator.grids.service import PathPolicy, create_grid, gpu_memory_cap_gib, latest_metrics
 from orchestrator.grids.stopping import stop_grid
-from orchestrator.results.decisions import decide_cost
+from orchestrator.results.deciding.decisions import decide_cost
 from orchestrator.web.deps import AUTH_RESPONSES, MAX_ID, AuthDep, SessionDep, SettingsDep, get_or_404
 
 router = APIRouter(prefix="/api/grids", tags=["grids"])

@@ -1,4 +1,4 @@
-// A deciding grid on the grid page (results/decisions.py): the effects table's decision words (each
+// A deciding grid on the grid page (results/deciding/decisions.py): the effects table's decision words (each
 // decided comparison's decision, its look, the alpha spent, k and n) and a panel of the comparisons still
 // open with what is being run for each. effects.js calls both, with the page's data and its element helper.
 "use strict";

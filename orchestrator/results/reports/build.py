@@ -24,7 +24,7 @@ from model.spec import STANDIN
 from orchestrator.db.models import Grid, Metric, Node, Run, Sweep
 from orchestrator.grids.arms import changes
 from orchestrator.numbers import finite_or_none, is_finite, number
-from orchestrator.results.decisions import with_decisions
+from orchestrator.results.deciding.decisions import with_decisions
 from orchestrator.results.evaluations import (
     evaluated_points,
     evaluation_warnings,

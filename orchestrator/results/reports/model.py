@@ -163,7 +163,7 @@ class Effect(BaseModel):
     reading: EffectReading
     standin: bool = False  # a random stand-in LPIPS backbone: not a judgement of quality
     per_seed: list[SeedDiff]
-    # A deciding grid's decided metrics (results/decisions.py): the decision at the latest look, that look
+    # A deciding grid's decided metrics (results/deciding/decisions.py): the decision at the latest look, that look
     # (1-based) and the alpha spent up to it; None on every other effect.
     decision: Literal["better", "worse", "equivalent", "undecided", "open"] | None = None
     look: int | None = None

@@ -18,8 +18,8 @@ from sqlalchemy.orm import Session
 
 from orchestrator.db.models import DecisionLook, Event, Grid
 from orchestrator.db.session import session_scope
-from orchestrator.results.decider import current_effects
-from orchestrator.results.decisions import latest_look, with_decisions
+from orchestrator.results.deciding.decider import current_effects
+from orchestrator.results.deciding.decisions import latest_look, with_decisions
 from orchestrator.results.reports.model import Effect
 from orchestrator.settings import Settings
 

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from orchestrator.db.models import Event, Grid, Run
 from orchestrator.db.session import session_scope
-from orchestrator.results.decider import decision_pending
+from orchestrator.results.deciding.decider import decision_pending
 from orchestrator.results.pass_listener import PassListener
 from orchestrator.results.reports.build import build_report
 from orchestrator.results.reports.model import GridReport
@@ -54,7 +54,7 @@ def write_rendered(report: GridReport, out: Path) -> list[Path]:
 
 def due_grids(session: Session) -> list[int]:
     """Grids with runs, none of them still active, and no report event yet (a deciding grid: once its
-    decision has ended, results/decider.py)."""
+    decision has ended, results/deciding/decider.py)."""
     active = exists().where(Run.grid_id == Grid.id, Run.state.not_in(TERMINAL_STATES))
     has_runs = exists().where(Run.grid_id == Grid.id)
     reported = exists().where(Event.grid_id == Grid.id, Event.run_id.is_(None), Event.kind.in_(REPORT_EVENTS))

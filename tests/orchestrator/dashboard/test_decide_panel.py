@@ -1,6 +1,6 @@
 """A deciding grid's page in a real headless Chromium: the panel names each comparison still open and what is
 being run for it, and the effects table has its decision column; a grid that does not decide shows neither.
-The look is stored as the decision pass stores it (results/decider.py), the runs of its seed queued."""
+The look is stored as the decision pass stores it (results/deciding/decider.py), the runs of its seed queued."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from orchestrator.db.models import DecisionLook
 from orchestrator.db.session import session_scope
 from orchestrator.grids.deciding import add_seed
 from orchestrator.grids.service import GridCreate, create_grid
-from orchestrator.results.decisions import ComparisonLook
+from orchestrator.results.deciding.decisions import ComparisonLook
 from tests.orchestrator.dashboard.browser import needs_chromium
 
 OPEN = ComparisonLook(arm="A-lr", against="parent", other_arm="A", metric="val_flow_ivw", diff=-0.01, low=-0.2,

@@ -10,9 +10,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from orchestrator.grids.deciding import BORROW_CHECK, DECIDABLE_METRICS, IMAGE_STEP
-from orchestrator.results.borrowed import CHECK
+from orchestrator.results.deciding.borrowed import CHECK
+from orchestrator.results.deciding.sequential import IMAGE_STEP as MATHS_IMAGE_STEP
 from orchestrator.results.reports.build import COMPARED
-from orchestrator.results.sequential import IMAGE_STEP as MATHS_IMAGE_STEP
 from tests.kit.settings import AUTH
 from tests.orchestrator.test_cli import ablate
 

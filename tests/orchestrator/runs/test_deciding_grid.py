@@ -28,7 +28,7 @@ from sqlalchemy import select
 from orchestrator.db.models import DecisionLook, Evaluation, Event, Grid
 from orchestrator.db.session import session_scope
 from orchestrator.grids.service import GridCreate, create_grid
-from orchestrator.results.decisions import look_comparisons
+from orchestrator.results.deciding.decisions import look_comparisons
 from tests.kit.polling import wait_for
 from tests.kit.settings import tiny_overrides
 

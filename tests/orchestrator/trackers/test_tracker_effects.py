@@ -23,7 +23,7 @@ from orchestrator.db.models import Event, Grid, Run, TrackerRun
 from orchestrator.db.session import session_scope
 from orchestrator.grids.arms import resolve
 from orchestrator.grids.service import GridCreate, create_grid
-from orchestrator.results.decider import decide_due_grids
+from orchestrator.results.deciding.decider import decide_due_grids
 from orchestrator.results.reports.write import ReportWriter, report_dir
 from orchestrator.runs.ingest import ingest
 from orchestrator.trackers.forwarder import Forwarder

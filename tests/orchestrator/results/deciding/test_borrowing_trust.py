@@ -20,12 +20,12 @@ from model.flow_headline import FLOW_T_WEIGHTS, HEADLINE, headline_fields
 from orchestrator.db.models import Grid, Node, Run
 from orchestrator.db.session import session_scope
 from orchestrator.grids.service import GridCreate, create_grid
-from orchestrator.results.borrowing import earlier_seed_variances
-from orchestrator.results.decider import decide_due_grids
-from orchestrator.results.decisions import ComparisonLook, look_comparisons
+from orchestrator.results.deciding.borrowing import earlier_seed_variances
+from orchestrator.results.deciding.decider import decide_due_grids
+from orchestrator.results.deciding.decisions import ComparisonLook, look_comparisons
 from orchestrator.runs.ingest import insert_metrics
 from orchestrator.settings import Settings
-from tests.orchestrator.results.test_decider import TINY, looks_of
+from tests.orchestrator.results.deciding.test_decider import TINY, looks_of
 
 B = {"parent": "A", "name": "B", "schedule": {"lr": 3.0003e-4}}
 IMAGES = 64

@@ -4,7 +4,7 @@ grid whose current wave has ended (every run and every evaluation of the grid in
 
 At a look: every comparison's effect on the decided metrics (the report's own code: build.py
 `grid_effects_now`, with the largest completed evaluation in place of the runs' final rows), the decision
-at this look from the group-sequential maths (results/sequential.py), and for each comparison still open
+at this look from the group-sequential maths (results/deciding/sequential.py), and for each comparison still open
 the action the chooser gives: one more seed of both arms (grids/deciding.py `add_seed`: new queued runs,
 the next seed index, the same split) or an evaluation on more held-out images (grids/evaluations.py). An
 arm no open comparison needs gets no more seeds; work stops when every comparison is decided or at its
@@ -16,9 +16,9 @@ runs' and evaluation jobs' measured GPU-hours and the next action's price), past
 max_evaluations evaluations; an images action that would ask for no more images than the grid's largest
 evaluation asked for is no action, and where that evaluation measured fewer images than it asked (images of
 the split that cannot be read) the images budget is the readable count, said in an event and the look's
-reason (results/budget.py). A grid whose decide.borrow_from names earlier grids reads a comparison
-whose two arms they ran with those arms' seed variance (results/borrowing.py, results/borrowed.py): pooled
-with its own seeds', or alone on one seed; the look's reason says which.
+reason (results/deciding/budget.py). A grid whose decide.borrow_from names earlier grids reads a comparison
+whose two arms they ran with those arms' seed variance (deciding/borrowing.py, deciding/borrowed.py):
+pooled with its own seeds', or alone on one seed; the look's reason says which.
 
 A look is stored (`decision_looks`, unique per grid and wave) in the same commit as the runs or the
 evaluation it queued and its events, so a controller that restarts mid-decision finds either the whole
@@ -40,8 +40,8 @@ from orchestrator.db.session import session_scope
 from orchestrator.grids.deciding import DecideSpec, add_seed, arm_seeds
 from orchestrator.grids.evaluations import EvaluationCreate, create_evaluation, evaluated_runs, held_out_size
 from orchestrator.grids.projection import START_S
-from orchestrator.results import sequential
-from orchestrator.results.borrowed import (
+from orchestrator.results.deciding import sequential
+from orchestrator.results.deciding.borrowed import (
     SPREAD_FLOOR,
     BorrowedReading,
     RefusedBorrow,
@@ -51,8 +51,8 @@ from orchestrator.results.borrowed import (
     difference_of,
     floor_refusal,
 )
-from orchestrator.results.borrowing import earlier_seed_variances
-from orchestrator.results.budget import (
+from orchestrator.results.deciding.borrowing import earlier_seed_variances
+from orchestrator.results.deciding.budget import (
     budget_of,
     evaluation_hours,
     evaluation_jobs,
@@ -61,7 +61,7 @@ from orchestrator.results.budget import (
     readable_images,
     run_hours,
 )
-from orchestrator.results.decisions import CLOSED, ComparisonLook, futility_of, grid_looks, look_comparisons
+from orchestrator.results.deciding.decisions import CLOSED, ComparisonLook, futility_of, grid_looks, look_comparisons
 from orchestrator.results.evaluations import largest_evaluation
 from orchestrator.results.pass_listener import PassListener
 from orchestrator.results.reports.build import grid_effects_now
@@ -164,7 +164,7 @@ def borrowed_inputs(e: Effect) -> tuple[SeedVariance | None, SeedVariance] | Non
 
 
 def borrowed_look(e: Effect, earlier: SeedVariance, check: float) -> tuple[BorrowedReading, sequential.Variance] | None:
-    """The comparison read with its arms' seed variance from earlier grids (results/borrowed.py), and the
+    """The comparison read with its arms' seed variance from earlier grids (results/deciding/borrowed.py), and the
     variance components that project it (the information fraction, the chooser). None where borrowed_inputs
     has none, on one seed where the borrowed variance is refused (not_borrowed says why), or where the
     reading has no spread."""
@@ -195,7 +195,7 @@ def judge_comparison(e: Effect, decide: DecideSpec, look: int, max_images: int, 
                      previous: ComparisonLook | None, earlier: SeedVariance | None = None,
                      jobs: Sequence[tuple[float, int]] = ()) -> ComparisonLook:  # fmt: skip
     """One comparison at this look: a decided comparison keeps its decision (and the look it was taken
-    at); an open one is judged against this look's boundary (results/sequential.py `decide`), with the
+    at); an open one is judged against this look's boundary (results/deciding/sequential.py `decide`), with the
     information fractions its earlier looks recorded, and given the chooser's next action. `earlier`: the
     seed variance of the comparison's paired difference from earlier grids of both arms (decide.borrow_from),
     pooled with its own seeds' (or alone, on one seed) where there is one. `jobs`: the grid's evaluation

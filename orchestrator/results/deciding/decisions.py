@@ -1,5 +1,5 @@
 """A deciding grid's looks as the read side shows them: each comparison's decision at a look (stored in
-`decision_looks` by results/decider.py), attached to the report's effects, and the comparisons still open
+`decision_looks` by results/deciding/decider.py), attached to the report's effects, and the comparisons still open
 with the work queued for each (the dashboard's panel, `ablate status`).
 
 A decision is per comparison (an arm against its parent or the control on one decided metric): better or
@@ -140,7 +140,7 @@ def decision_json(session: Session, grid: Grid) -> dict | None:
 class DecideCost(BaseModel):
     """What a deciding grid may cost, projected at submit: the worst case, every comparison open to the
     budget (grids/deciding.py worst_case_gpu_hours: its arms at max_seeds, their evaluations included), the
-    default of decide.max_gpu_hours; and the expected GPU-hours of training (results/sequential.py, its
+    default of decide.max_gpu_hours; and the expected GPU-hours of training (results/deciding/sequential.py, its
     simulated grids with the measured headline's noise and no true effect: the longest case); None where a
     command arm cannot be projected. `budget`: the decide as stored, its caps filled in."""
 
@@ -151,8 +151,8 @@ class DecideCost(BaseModel):
 
 
 def futility_of(decide: DecideSpec) -> float:
-    """The grid's futility bound: its own, else the maths' default (results/sequential.py FUTILITY)."""
-    from orchestrator.results import sequential
+    """The grid's futility bound: its own, else the maths' default (results/deciding/sequential.py FUTILITY)."""
+    from orchestrator.results.deciding import sequential
 
     return sequential.FUTILITY if decide.futility is None else decide.futility
 
@@ -165,7 +165,7 @@ def budget_words(budget: DecideSpec) -> str:
 
 
 def decide_cost(arms: list[tuple[str, ArmSpec]], control: str | None, decide: DecideSpec) -> DecideCost:
-    from orchestrator.results import sequential
+    from orchestrator.results.deciding import sequential
 
     hours = {label: projected_gpu_hours(spec) for label, spec in arms}
     pairs = submitted_pairs(arms, control)

@@ -24,8 +24,8 @@ from sqlalchemy import select
 from orchestrator.db.models import DecisionLook, Evaluation, Event, Grid, Metric, Run
 from orchestrator.db.session import session_scope
 from orchestrator.grids.service import GridCreate, create_grid
-from orchestrator.results.decider import decide_due_grids
-from orchestrator.results.decisions import ComparisonLook, look_comparisons
+from orchestrator.results.deciding.decider import decide_due_grids
+from orchestrator.results.deciding.decisions import ComparisonLook, look_comparisons
 from orchestrator.settings import Settings
 from tests.kit.settings import tiny_overrides
 

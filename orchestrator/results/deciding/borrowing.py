@@ -1,6 +1,6 @@
-"""Each arm's seed variance from earlier grids of the same arm: the service side of results/borrowed.py (which
+"""Each arm's seed variance from earlier grids of the same arm: the service side of results/deciding/borrowed.py (which
 stays pure). A deciding grid's `decide.borrow_from` names the earlier grids; the decision pass
-(results/decider.py) reads a comparison with its two arms' variances from here.
+(results/deciding/decider.py) reads a comparison with its two arms' variances from here.
 
 The same arm: a run of an earlier grid whose stored spec equals the arm's once the training seed is taken
 out of both the same way (`arm_identity`: grids/replicates.py `replicate_spec` moves only data.seed, with
@@ -14,7 +14,7 @@ no check at one seed can catch it (issue 57: earlier runs said to agree within 1
 the controller's own machine, or a node the operator marked `trusted`): each node the run trained on, and
 the node of the evaluation job whose row stands for it. A run with no node on record never left the
 controller (an imported grid). An arm whose runs in an earlier grid came from other nodes borrows nothing
-from that grid, and the look's reason says which node (results/borrowed.py `refused`).
+from that grid, and the look's reason says which node (results/deciding/borrowed.py `refused`).
 
 `decide.borrow_from: "auto"`: the earlier grids (created before this one, the newest AUTO_SCAN looked at,
 the newest MAX_BORROW that match kept) whose completed runs match an arm on four things: its spec but for
@@ -41,7 +41,7 @@ from orchestrator.db.models import EvaluationResult, Grid, Metric, Run
 from orchestrator.grids.deciding import AUTO, MAX_BORROW, decide_of
 from orchestrator.grids.replicates import SEED_ENV
 from orchestrator.numbers import is_finite
-from orchestrator.results.borrowed import SeedVariance, pooled_arms, run_spread
+from orchestrator.results.deciding.borrowed import SeedVariance, pooled_arms, run_spread
 from orchestrator.results.evaluations import largest_evaluation
 from orchestrator.results.reports.stats import value_of
 from orchestrator.runs.trust import nodes_of, trusted_nodes

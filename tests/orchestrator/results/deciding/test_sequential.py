@@ -1,4 +1,4 @@
-"""The group-sequential maths (orchestrator/results/spending.py, sequential.py) against published values,
+"""The group-sequential maths (orchestrator/results/deciding/spending.py, sequential.py) against published values,
 and the decision, the action and the wave on hand-made cases."""
 
 from __future__ import annotations
@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 from scipy.optimize import brentq
 
-from orchestrator.results.reports.crossed import components
-from orchestrator.results.sequential import (
+from orchestrator.results.deciding.sequential import (
     Action,
     Costs,
     Variance,
@@ -25,7 +24,8 @@ from orchestrator.results.sequential import (
     plan_wave,
     worst_case_gpu_hours,
 )
-from orchestrator.results.spending import boundaries, exit_probabilities, spent
+from orchestrator.results.deciding.spending import boundaries, exit_probabilities, spent
+from orchestrator.results.reports.crossed import components
 
 
 def equal(k: int) -> list[float]:

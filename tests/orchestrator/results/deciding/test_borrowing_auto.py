@@ -18,14 +18,14 @@ from model.flow_headline import FLOW_T_WEIGHTS, HEADLINE, headline_fields
 from orchestrator.db.models import Grid, Node
 from orchestrator.db.session import session_scope
 from orchestrator.grids.service import GridCreate, create_grid
-from orchestrator.results.borrowing import earlier_seed_variances
-from orchestrator.results.decider import decide_due_grids
-from orchestrator.results.decisions import look_comparisons
+from orchestrator.results.deciding.borrowing import earlier_seed_variances
+from orchestrator.results.deciding.decider import decide_due_grids
+from orchestrator.results.deciding.decisions import look_comparisons
 from orchestrator.runs.ingest import insert_metrics
 from orchestrator.settings import Settings
 from tests.kit.settings import AUTH
-from tests.orchestrator.results.test_borrowing_grid import LR30
-from tests.orchestrator.results.test_decider import TINY, looks_of, train_queued
+from tests.orchestrator.results.deciding.test_borrowing_grid import LR30
+from tests.orchestrator.results.deciding.test_decider import TINY, looks_of, train_queued
 
 CODE = {"versions": {"ablate-dit": "0.1.dev9+gabc1234"}, "git": {"commit": "abc1234def", "dirty": False}}
 OTHER_CODE = {"versions": {"ablate-dit": "0.1.dev9+g9999999"}, "git": {"commit": "9999999aaa", "dirty": False}}

@@ -1,4 +1,4 @@
-"""A comparison's seed variance borrowed from earlier grids (orchestrator/results/borrowed.py) on hand-made
+"""A comparison's seed variance borrowed from earlier grids (orchestrator/results/deciding/borrowed.py) on hand-made
 numbers: an arm's spread and its df, several grids pooled, a difference's Satterthwaite df, the check that
 refuses a borrowed variance the comparison's own seeds disagree with, and one seed read on the earlier
 grids' variance alone; and its error rate simulated with a known truth, where it holds and where it does
@@ -13,7 +13,7 @@ import pytest
 from scipy.stats import f
 from scipy.stats import t as student
 
-from orchestrator.results.borrowed import (
+from orchestrator.results.deciding.borrowed import (
     CHECK,
     SeedVariance,
     borrowed_reading,

@@ -12,7 +12,7 @@ read alone.
 
 Two refusals guard what a check at one seed cannot (there is no own spread to test the borrowed one
 against): a variance whose records came from a node the controller does not trust arrives `refused`
-(results/borrowing.py), and one below SPREAD_FLOOR times the comparison's own images' part of the mean's
+(results/deciding/borrowing.py), and one below SPREAD_FLOOR times the comparison's own images' part of the mean's
 variance (its own SE squared, on one seed) is refused at the look. Seeds that agree that closely did not
 vary (a trainer that ignores its seed) or were said to agree by whoever wrote the records; read on one seed,
 either calls a null comparison from its images alone. A refused variance leaves the comparison its own

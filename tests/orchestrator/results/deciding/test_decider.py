@@ -17,8 +17,8 @@ from orchestrator.db.session import session_scope
 from orchestrator.fleet.inventory import LOCAL
 from orchestrator.grids.deciding import DecideSpec, add_seed
 from orchestrator.grids.service import GridCreate, create_grid
-from orchestrator.results.decider import decide_due_grids, due_looks, queue_actions
-from orchestrator.results.decisions import ComparisonLook, look_comparisons
+from orchestrator.results.deciding.decider import decide_due_grids, due_looks, queue_actions
+from orchestrator.results.deciding.decisions import ComparisonLook, look_comparisons
 from orchestrator.results.reports.build import build_report
 from orchestrator.results.reports.render import RENDERERS
 from orchestrator.runs.ingest import insert_metrics

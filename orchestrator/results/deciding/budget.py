@@ -1,5 +1,5 @@
 """A deciding grid's budget: what it has spent, what its next work costs, and the caps no look queues work
-past (results/decider.py asks before it queues anything).
+past (results/deciding/decider.py asks before it queues anything).
 
 - GPU-hours: the runs' measured GPU-hours (their records') and the evaluation jobs' measured GPU-seconds,
   plus the next work's price (a seed: its arm's measured mean, else the estimate the submit's worst case
@@ -23,7 +23,7 @@ from orchestrator.db.models import Evaluation, EvaluationResult, Grid, Metric, R
 from orchestrator.grids.deciding import ESTIMATE, DecideSpec, decide_of, evaluation_job_hours, with_budget
 from orchestrator.grids.evaluations import evaluated_runs
 from orchestrator.grids.projection import project
-from orchestrator.results import sequential
+from orchestrator.results.deciding import sequential
 from orchestrator.results.evaluations import job_gpu_seconds
 from orchestrator.vocabulary import EvaluationState
 

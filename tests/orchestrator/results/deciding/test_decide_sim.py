@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[4]
 LINE = re.compile(r"^type_I (\S+) power (\S+) gpu_hours_vs_fixed3 (\S+)$")
 
 

@@ -48,7 +48,7 @@ Libraries considered (on the package index, 2026-11):
   ipywidgets; too much to install for one function. Declined.
 - earlysign 0.2.0 (Apache-2.0): its wheel holds only empty package stubs ("work in progress"). Declined.
 None is GPL or restricts use. The integration here is ~60 lines and is tested against published boundary
-values (tests/orchestrator/results/test_sequential.py).
+values (tests/orchestrator/results/deciding/test_sequential.py).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ from typing import Literal, Protocol
 
 import numpy as np
 
-from orchestrator.results.spending import Spending, boundaries, conditional_power, spent, upper_tail
+from orchestrator.results.deciding.spending import Spending, boundaries, conditional_power, spent, upper_tail
 
 Direction = Literal["lower", "higher"]  # the judged metric's better side: "lower" for a loss
 ErrorRate = Literal["per-comparison", "familywise"]
@@ -352,7 +352,7 @@ def expected_gpu_hours(seed_hours: Mapping[str, float], comparisons: Sequence[tu
     independently (arms shared for cost only). The SE is taken as known (the variance's own draw is left
     out), so this approximates what bench/decide_sim.py measures with the variance estimated as a grid
     does (docs/benchmarks.md, issue 50). `borrowed`: the grid borrows its arms' seed variance from earlier
-    grids (results/borrowed.py), so a comparison on one seed is read; else one seed is open until a second."""
+    grids (results/deciding/borrowed.py), so a comparison on one seed is read; else one seed is open until a second."""
     rng = np.random.default_rng(seed)
     pairs = list(comparisons)
     total = 0.0

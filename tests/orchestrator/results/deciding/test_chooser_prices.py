@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from orchestrator.results.decider import components_of
+from orchestrator.results.deciding.decider import components_of
+from orchestrator.results.deciding.sequential import Costs, choose_action
 from orchestrator.results.reports.costs import RunCost
 from orchestrator.results.reports.crossed import crossed_interval
 from orchestrator.results.reports.effects import noise_budget
 from orchestrator.results.reports.model import Effect
 from orchestrator.results.reports.stats import t_quantile
-from orchestrator.results.sequential import Costs, choose_action
 
 
 def effect_of(table: list[list[float]]) -> Effect:

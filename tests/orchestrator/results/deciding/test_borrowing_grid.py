@@ -29,12 +29,12 @@ from orchestrator.db.models import Grid, Metric
 from orchestrator.db.session import session_scope
 from orchestrator.grids.replicates import replicate_spec
 from orchestrator.grids.service import GridCreate, create_grid
-from orchestrator.results.borrowing import arm_identity, earlier_seed_variances
-from orchestrator.results.decider import decide_due_grids
-from orchestrator.results.decisions import look_comparisons
+from orchestrator.results.deciding.borrowing import arm_identity, earlier_seed_variances
+from orchestrator.results.deciding.decider import decide_due_grids
+from orchestrator.results.deciding.decisions import look_comparisons
 from orchestrator.results.reports.stats import value_of
 from orchestrator.settings import Settings
-from tests.orchestrator.results.test_decider import TINY, looks_of, train_queued
+from tests.orchestrator.results.deciding.test_decider import TINY, looks_of, train_queued
 from tests.orchestrator.test_cli import ablate
 
 LR30 = {"parent": "A", "name": "A-lr30", "schedule": {"lr": 9e-3}}  # A's lr 3e-4 x 30

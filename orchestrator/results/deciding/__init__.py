@@ -1,0 +1,8 @@
+"""Deciding a grid in looks: the maths (alpha spending and its boundaries, the decision at a look, the next
+action and its price), borrowed seed variances, the bounded spend, the decision pass the launcher calls on
+each housekeeping pass, and the looks as the read side shows them.
+
+`spending.py` and `sequential.py` are pure; `borrowed.py` (pure) and `borrowing.py` (the earlier grids'
+runs) give borrowed variances; `budget.py` bounds the spend; `decider.py` takes a look and queues its work;
+`decisions.py` reads the looks back for the report, the dashboard and `ablate status`.
+"""
