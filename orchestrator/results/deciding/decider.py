@@ -379,9 +379,25 @@ def decide_due_grids(settings: Settings) -> list[int]:
             looked.append(grid_id)
         except IntegrityError:
             log.info("grid %s: this wave's look was already taken", grid_id)
-        except Exception:  # noqa: BLE001 - a look must never stop the launcher; the next pass tries again
+        except Exception as exc:  # noqa: BLE001 - a look must never stop the launcher; the next pass tries again
             log.exception("look of grid %s failed", grid_id)
+            look_failed(settings, grid_id, exc)
     return looked
+
+
+def look_failed(settings: Settings, grid_id: int, exc: Exception) -> None:
+    """The grid's events say that its look failed and why (the log alone is read by nobody), once per error
+    text: a look that fails the same way at every pass does not flood the events."""
+    message = f"the look failed and is tried again at the next pass: {type(exc).__name__}: {exc}"[:2000]
+    try:
+        with session_scope(settings.database_url) as session:
+            said = select(exists().where(Event.grid_id == grid_id, Event.kind == "decide.look_failed",
+                                         Event.message == message))  # fmt: skip
+            if not session.scalar(said):
+                session.add(Event(grid_id=grid_id, kind="decide.look_failed", message=message,
+                                  data={"error": type(exc).__name__}))  # fmt: skip
+    except Exception:  # noqa: BLE001 - the database itself may be what failed
+        log.exception("grid %s: could not record the failed look", grid_id)
 
 
 class Decider(PassListener):

@@ -199,3 +199,16 @@ def test_a_job_cost_past_what_the_controller_saw_neither_closes_the_grid_nor_pri
     assert [[(a["action"], a["images"]) for a in look.actions] for look, _ in looks] == [[("images", 16)],
                                                                                       [("images", 64)]]
     assert events(settings, grid_id, "decide.budget") == []
+
+
+def test_a_failing_look_leaves_one_event_saying_why(settings: Settings) -> None:
+    """A stored look the pass cannot read (a comparison without its fields) fails the next look; the grid's
+    events say so, with the error, once however many passes fail the same way (before, only the log did)."""
+    grid_id = submit(settings, "fails", {**NEVER, "min_seeds": 2, "max_seeds": 4}, first_images=SPLIT)
+    run_wave(settings, grid_id, first_images=SPLIT)
+    with session_scope(settings.database_url) as session:
+        session.add(DecisionLook(grid_id=grid_id, wave=0, comparisons=[{"arm": "A-lr"}],
+                                 actions=[{"action": "seed", "arms": ["A"], "runs": [], "words": "seed"}]))  # fmt: skip
+    assert decide_due_grids(settings) == [] and decide_due_grids(settings) == []
+    (said,) = events(settings, grid_id, "decide.look_failed")
+    assert said.startswith("the look failed and is tried again at the next pass: ValidationError"), said
