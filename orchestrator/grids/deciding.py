@@ -28,6 +28,10 @@ from orchestrator.vocabulary import RunState
 # COMPARED; a test holds the two equal).
 DECIDABLE_METRICS = (HEADLINE, "val_flow_loss", "recon_lpips", "text_lpips", "text_manip_delta")
 DEFAULT_MARGIN = {HEADLINE: 0.0}
+# The error rate alpha holds: each comparison's chance of a wrong call, or (familywise) the chance of any wrong
+# call among the grid's comparisons, each then spending alpha/m (results/deciding/sequential.py comparison_alpha;
+# its ErrorRate, which a test holds equal to this one).
+ErrorRate = Literal["per-comparison", "familywise"]
 MAX_BORROW = 20  # earlier grids a deciding grid may borrow seed variances from
 MAX_GRID_ID = 2**31 - 1  # a database id (web/deps.py MAX_ID): a larger one never reaches the query
 AUTO = "auto"  # borrow_from: earlier grids of the same arms, code, data and images (results/deciding/borrowing.py)
@@ -42,15 +46,17 @@ ESTIMATE = Rates(gpu_model=None, steps_per_s={})  # no measured rate: the same p
 
 
 class DecideSpec(BaseModel):
-    """How a deciding grid spends seeds and images: the error rate alpha (per comparison, held at every
-    look), the seeds every arm starts with and may reach, the held-out images an evaluation may reach (None:
-    the whole split), when a hopeless comparison stops early (futility), per decided metric the
-    equivalence margin (0: no equivalence verdict), and the earlier grids each arm's seed variance may be
-    borrowed from (borrow_from, with its check)."""
+    """How a deciding grid spends seeds and images: the error rate alpha (held over every look; per
+    comparison, or familywise over the grid's comparisons: error_rate), the seeds every arm starts with and
+    may reach, the held-out images an evaluation may reach (None: the whole split), when a hopeless
+    comparison stops early (futility), per decided metric the equivalence margin (0: no equivalence
+    verdict), and the earlier grids each arm's seed variance may be borrowed from (borrow_from, with its
+    check)."""
 
     model_config = ConfigDict(extra="forbid")
 
     alpha: Annotated[float, Field(gt=0, lt=0.5, examples=[0.05])] = 0.05
+    error_rate: ErrorRate = "per-comparison"
     min_seeds: Annotated[int, Field(ge=1, le=MAX_SEEDS)] = 2
     max_seeds: Annotated[int, Field(ge=1, le=MAX_SEEDS)] = 8
     max_images: Annotated[int, Field(ge=1, le=100_000)] | None = None
@@ -171,6 +177,12 @@ def submitted_pairs(arms: Sequence[tuple[str, ArmSpec]], control: str | None) ->
         if control is not None and control not in (label, parent):
             pairs.append((label, control))
     return pairs
+
+
+def family_size(arms: Sequence[tuple[str, ArmSpec]], control: str | None, decide: DecideSpec) -> int:
+    """m, the comparisons a familywise alpha is split over: every submitted comparison on every decided metric.
+    Fixed at submit, so no look's alpha moves when a run fails or a metric is not measured (conservative)."""
+    return max(len(submitted_pairs(arms, control)) * len(decide.margin), 1)
 
 
 def images_range(specs: Sequence[ArmSpec], decide: DecideSpec) -> tuple[int, int]:

@@ -61,7 +61,14 @@ from orchestrator.results.deciding.budget import (
     readable_images,
     run_hours,
 )
-from orchestrator.results.deciding.decisions import CLOSED, ComparisonLook, futility_of, grid_looks, look_comparisons
+from orchestrator.results.deciding.decisions import (
+    CLOSED,
+    ComparisonLook,
+    futility_of,
+    grid_comparison_alpha,
+    grid_looks,
+    look_comparisons,
+)
 from orchestrator.results.evaluations import largest_evaluation
 from orchestrator.results.pass_listener import PassListener
 from orchestrator.results.reports.build import grid_effects_now
@@ -241,6 +248,8 @@ def judge_comparison(e: Effect, decide: DecideSpec, look: int, max_images: int, 
 def take_look(session: Session, grid: Grid) -> DecisionLook:
     """The look after the grid's current wave, with the work it queues (flushed; the caller commits)."""
     decide = budget_of(grid)
+    # Each comparison judged at its own alpha: decide.alpha, or familywise its share alpha/m (decisions.py).
+    judged = decide.model_copy(update={"alpha": grid_comparison_alpha(grid, decide)})
     looks = grid_looks(session, grid.id)
     wave = len(looks)
     previous = {c.key(): c for c in look_comparisons(looks[-1] if looks else None)}
@@ -264,7 +273,7 @@ def take_look(session: Session, grid: Grid) -> DecisionLook:
         prior = previous.get((e.arm, e.metric, e.against))
         arms = earlier.get(e.metric, {})
         borrowed = difference_of(arms.get(e.arm), arms.get(e.other_arm))
-        c = judge_comparison(e, decide, wave + 1, readable, at_seeds, at_images, prior, borrowed, jobs)
+        c = judge_comparison(e, judged, wave + 1, readable, at_seeds, at_images, prior, borrowed, jobs)
         if c.look == wave + 1:  # judged at this look (a closed one keeps its reason)
             c.reason += short
         comparisons.append(c)

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from model.spec import ArmSpec
 from orchestrator.db.models import DecisionLook, Grid
 from orchestrator.grids import deciding
-from orchestrator.grids.deciding import DecideSpec, submitted_pairs, with_budget
+from orchestrator.grids.deciding import DecideSpec, decide_of, family_size, submitted_pairs, with_budget
 from orchestrator.grids.replicates import projected_gpu_hours
 from orchestrator.numbers import json_safe
 from orchestrator.results.reports.model import Effect
@@ -84,8 +84,43 @@ def with_decisions(session: Session, grid: Grid, effects: list[Effect]) -> list[
     for e in effects:
         c = found.get((e.arm, e.metric, e.against))
         out.append(e if c is None else e.model_copy(update={
-            "decision": c.decision, "look": c.look, "alpha_spent": c.alpha_spent}))  # fmt: skip
+            "decision": c.decision, "look": c.look, "alpha_spent": c.alpha_spent,
+            "decision_reason": c.reason or None}))  # fmt: skip
     return out
+
+
+def submitted_arms(grid: Grid) -> list[tuple[str, ArmSpec]]:
+    """The grid's arms as submitted (each arm's first seed's spec), in the grid's order."""
+    arms = []
+    for r in sorted(grid.runs, key=lambda r: r.position):
+        if r.seed == 0:
+            try:
+                arms.append((r.arm, ArmSpec.model_validate(r.spec)))
+            except ValueError:  # a spec this version no longer reads: not a comparison submitted now
+                continue
+    return arms
+
+
+def comparison_alpha_of(decide: DecideSpec, comparisons: int) -> float:
+    """The alpha each comparison spends: decide.alpha, or familywise its Bonferroni share over the grid's
+    `comparisons` (results/deciding/sequential.py comparison_alpha)."""
+    from orchestrator.results.deciding import sequential
+
+    return sequential.comparison_alpha(decide.alpha, comparisons, decide.error_rate)
+
+
+def grid_comparison_alpha(grid: Grid, decide: DecideSpec) -> float:
+    """The alpha each of the grid's comparisons spends at its looks (m: grids/deciding.py family_size)."""
+    return comparison_alpha_of(decide, family_size(submitted_arms(grid), grid.control_arm, decide))
+
+
+def rate_words(decide: DecideSpec, comparisons: int) -> str:
+    """The error rate alpha holds, in words: "alpha 0.05 per comparison", or "alpha 0.05 familywise over 4
+    comparisons (0.0125 a comparison)"."""
+    if decide.error_rate == "familywise":
+        return (f"alpha {decide.alpha:g} familywise over {comparisons} comparisons "
+                f"({comparison_alpha_of(decide, comparisons):.4g} a comparison)")  # fmt: skip
+    return f"alpha {decide.alpha:g} per comparison"
 
 
 class OpenComparison(BaseModel):
@@ -100,6 +135,9 @@ class DecisionState(BaseModel):
     """Where a deciding grid stands: its looks so far, whether it has stopped adding work, what is open."""
 
     alpha: float
+    error_rate: str  # decide.error_rate: "per-comparison" or "familywise"
+    comparison_alpha: float  # the alpha each comparison spends (familywise: alpha/m)
+    rate: str  # rate_words: "alpha 0.05 per comparison"
     looks: int
     final: bool
     decided: int
@@ -124,11 +162,28 @@ def decision_state(session: Session, grid: Grid) -> DecisionState | None:
                    "images": f"an evaluation on {images} held-out images"}.get(c.action or "", "nothing")
         open_.append(OpenComparison(comparison=f"{c.arm} vs {c.other_arm} ({c.against}) on {c.metric}",
                                     look=c.look, running=running))  # fmt: skip
+    decide = decide_of(grid)
+    assert decide is not None
+    m = family_size(submitted_arms(grid), grid.control_arm, decide)
     return DecisionState(
-        alpha=float(grid.decide.get("alpha", 0.05)), looks=len(looks), final=bool(last is not None and last.final),
+        alpha=decide.alpha, error_rate=decide.error_rate, comparison_alpha=comparison_alpha_of(decide, m),
+        rate=rate_words(decide, m), looks=len(looks), final=bool(last is not None and last.final),
         decided=sum(c.decision in DECIDED for c in comps), undecided=sum(c.decision == "undecided" for c in comps),
         open=open_,
     )  # fmt: skip
+
+
+def deciding_words(session: Session, grid: Grid) -> str | None:
+    """The report's deciding header: the error rate held, the seeds, where the decision stands; None for a
+    grid that does not decide."""
+    state = decision_state(session, grid)
+    decide = decide_of(grid)
+    if state is None or decide is None:
+        return None
+    where = ("decision ended" if state.final else f"{len(state.open)} open") if state.looks else "no look yet"
+    return (f"Decided look by look at {state.rate} (held over all looks), {decide.min_seeds} to "
+            f"{decide.max_seeds} seeds: {state.looks} look(s), {state.decided} decided, {state.undecided} "
+            f"undecided, {where}.")  # fmt: skip
 
 
 def decision_json(session: Session, grid: Grid) -> dict | None:
@@ -172,8 +227,9 @@ def decide_cost(arms: list[tuple[str, ArmSpec]], control: str | None, decide: De
     budget = with_budget(decide, arms, control)
     images = min((min(s.eval.num_samples, s.data.held_out) for _, s in arms), default=1) or 1
     max_images = max(decide.max_images or min((s.data.held_out for _, s in arms), default=images), images)
+    m = family_size(arms, control, decide)
     head = (f"deciding: {len(arms)} arms, {len(pairs)} comparisons, {decide.min_seeds} to {decide.max_seeds} "
-            f"seeds at alpha {decide.alpha:g} per comparison")  # fmt: skip
+            f"seeds at {rate_words(decide, m)}")  # fmt: skip
     if any(h is None for h in hours.values()) or not pairs:
         return DecideCost(worst_case_gpu_hours=None, expected_gpu_hours=None, budget=budget,
                           words=f"{head}: GPU-hours not projected (command arms, or no comparison); "
@@ -185,8 +241,8 @@ def decide_cost(arms: list[tuple[str, ArmSpec]], control: str | None, decide: De
     # submit of many arms answers as fast as A-D's (400 studies); fewer studies only widen its noise.
     studies = min(400, max(40, 2000 // len(pairs)))
     expected = sequential.expected_gpu_hours(known, pairs, min_seeds=decide.min_seeds, images=images,
-                                             alpha=decide.alpha, futility=futility_of(decide), studies=studies,
-                                             borrowed=bool(decide.borrow_from), **common)  # fmt: skip
+                                             alpha=comparison_alpha_of(decide, m), futility=futility_of(decide),
+                                             studies=studies, borrowed=bool(decide.borrow_from), **common)  # fmt: skip
     words = (f"{head}: worst case {worst:,.4g} GPU-hours (every comparison open to the budget, its evaluations "
              f"included), expected {expected:,.4g} of training (projected at an H100's measured rate); "
              f"{budget_words(budget)}")  # fmt: skip

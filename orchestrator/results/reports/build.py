@@ -24,7 +24,7 @@ from model.spec import STANDIN
 from orchestrator.db.models import Grid, Metric, Node, Run, Sweep
 from orchestrator.grids.arms import changes
 from orchestrator.numbers import finite_or_none, is_finite, number
-from orchestrator.results.deciding.decisions import with_decisions
+from orchestrator.results.deciding.decisions import deciding_words, with_decisions
 from orchestrator.results.evaluations import (
     evaluated_points,
     evaluation_warnings,
@@ -349,6 +349,7 @@ def build_report(session: Session, grid: Grid, storage_options: dict[str, Any] |
         effects=effects,
         timestep_effects=timestep_effects(pairs, compared),
         evaluation=evaluation,
+        deciding=deciding_words(session, grid),
         arms=arms,
         unreadable_records=left_out,
     )

@@ -209,12 +209,13 @@ def _n(e: Effect) -> str:
 
 
 def decision_words(e: Effect) -> str:
-    """A deciding grid's decision on this effect, e.g. "better (look 2, alpha spent 0.0123, k=3, n=256)";
-    "-" where the grid does not decide this metric."""
+    """A deciding grid's decision on this effect and why, e.g. "better (look 2, alpha spent 0.0123, k=3,
+    n=256): the interval excludes zero at look 2"; "-" where the grid does not decide this metric."""
     if e.decision is None:
         return "-"
     spent = f", alpha spent {e.alpha_spent:.4g}" if e.alpha_spent is not None else ""
-    return f"{e.decision} (look {e.look}{spent}, k={e.k}, n={e.n or '-'})"
+    why = f": {e.decision_reason}" if e.decision_reason else ""
+    return f"{e.decision} (look {e.look}{spent}, k={e.k}, n={e.n or '-'}){why}"
 
 
 def header(effects: list[Effect]) -> tuple[str, ...]:
@@ -238,7 +239,7 @@ def effects_markdown(report: GridReport) -> list[str]:
         return [NO_EFFECTS]
     columns = header(report.effects)
     out = ["| " + " | ".join(columns) + " |", "|---" * len(columns) + "|"]
-    out += ["| " + " | ".join(r) + " |" for r in _rows(report.effects)]
+    out += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in _rows(report.effects)]
     return out
 
 

@@ -164,10 +164,11 @@ class Effect(BaseModel):
     standin: bool = False  # a random stand-in LPIPS backbone: not a judgement of quality
     per_seed: list[SeedDiff]
     # A deciding grid's decided metrics (results/deciding/decisions.py): the decision at the latest look, that look
-    # (1-based) and the alpha spent up to it; None on every other effect.
+    # (1-based), the alpha spent up to it and why (the look's reason); None on every other effect.
     decision: Literal["better", "worse", "equivalent", "undecided", "open"] | None = None
     look: int | None = None
     alpha_spent: float | None = None
+    decision_reason: str | None = None
 
 
 class TimestepEffect(BaseModel):
@@ -226,6 +227,7 @@ class GridReport(BaseModel):
     effects: list[Effect] = []
     timestep_effects: list[TimestepEffect] = []
     evaluation: EvaluationUsed | None = None  # None: the effects use the training records' evaluations
+    deciding: str | None = None  # a deciding grid's header: its error rate and looks (results/deciding/decisions.py)
     arms: list[ArmReport]
     # stored records whose per-sample or per-timestep lists were left out, and why (results/record_lists.py)
     unreadable_records: list[str] = []

@@ -42,7 +42,8 @@ def to_markdown(report: GridReport) -> str:
     out = [f"# Report: grid {report.grid_id} {report.name!r} ({report.state})", "",
            f"Control arm: {report.control}. Generated {report.generated_at:%Y-%m-%d %H:%M} UTC "
            f"by {DISTRIBUTION} {report.version}.", ""]  # fmt: skip
-    out += ["## Effects", "", *effects_markdown(report), "", seeds_words(report) + " Forest plots in report.html.", ""]
+    out += ["## Effects", "", *([report.deciding, ""] if report.deciding else []), *effects_markdown(report), "",
+            seeds_words(report) + " Forest plots in report.html.", ""]
     out += [evaluation_words(report), ""] if report.evaluation is not None else []
     out += ["## Summary", "", *[f"- {w}" for w in s.words], ""]
     if report.unreadable_records:
@@ -179,7 +180,8 @@ def to_html(report: GridReport) -> str:
          f"<h1>Grid {report.grid_id}: {escape(report.name)} <small class=muted>({escape(report.state)})</small></h1>",
          f"<p>Control arm {escape(str(report.control))}; generated {report.generated_at:%Y-%m-%d %H:%M} UTC by "
          f"{escape(DISTRIBUTION + ' ' + report.version)}.</p>",
-         "<h2>Effects</h2>", effects_html(report),
+         "<h2>Effects</h2>", f"<p class=deciding>{escape(report.deciding)}</p>" if report.deciding else "",
+         effects_html(report),
          f"<p class=muted>{escape(seeds_words(report))}</p>",
          f"<p class=muted>{escape(evaluation_words(report))}</p>" if report.evaluation is not None else "",
          *forest_plots(report),

@@ -5,13 +5,15 @@ at min_seeds."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import get_args
 
 import pytest
 from fastapi.testclient import TestClient
 
-from orchestrator.grids.deciding import BORROW_CHECK, DECIDABLE_METRICS, IMAGE_STEP
+from orchestrator.grids.deciding import BORROW_CHECK, DECIDABLE_METRICS, IMAGE_STEP, ErrorRate
 from orchestrator.results.deciding.borrowed import CHECK
 from orchestrator.results.deciding.sequential import IMAGE_STEP as MATHS_IMAGE_STEP
+from orchestrator.results.deciding.sequential import ErrorRate as MathsErrorRate
 from orchestrator.results.reports.build import COMPARED
 from tests.kit.settings import AUTH
 from tests.orchestrator.test_cli import ablate
@@ -29,6 +31,10 @@ def test_the_images_step_priced_at_submit_is_the_deciders() -> None:
     assert IMAGE_STEP == MATHS_IMAGE_STEP
 
 
+def test_the_error_rates_a_grid_may_ask_for_are_the_maths_ones() -> None:
+    assert get_args(ErrorRate) == get_args(MathsErrorRate)
+
+
 def test_decide_beside_seeds_is_a_422_naming_both(client: TestClient) -> None:
     body = {"name": "both", "arms": ["A", "B"], "seeds": 3, "decide": {"max_seeds": 4}}
     resp = client.post("/api/grids", json=body, headers=AUTH)
@@ -42,6 +48,7 @@ def test_decide_beside_seeds_is_a_422_naming_both(client: TestClient) -> None:
     [
         ({"alpha": 0.5}, ["body", "decide", "alpha"], "less than 0.5"),
         ({"alpha": 0}, ["body", "decide", "alpha"], "greater than 0"),
+        ({"error_rate": "family-wise"}, ["body", "decide", "error_rate"], "'per-comparison' or 'familywise'"),
         ({"min_seeds": 0}, ["body", "decide", "min_seeds"], "greater than or equal to 1"),
         ({"min_seeds": 4, "max_seeds": 3}, ["body", "decide"], "min_seeds (4) must be at most max_seeds (3)"),
         ({"margin": {"fid": 0.1}}, ["body", "decide", "margin"], "unknown metric 'fid'"),
@@ -94,9 +101,9 @@ def test_a_deciding_grid_queues_every_arm_at_min_seeds(client: TestClient) -> No
     created = resp.json()
     detail = client.get(f"/api/grids/{created['id']}").json()
     assert [(r["arm"], r["seed"]) for r in detail["runs"]] == [("A", 0), ("C", 0), ("A", 1), ("C", 1)]
-    assert detail["decide"] == {"alpha": 0.05, "min_seeds": 2, "max_seeds": 5, "max_images": None,
-                                "futility": None, "margin": {"val_flow_ivw": 0.0}, "borrow_from": [],
-                                "check": 0.1, "max_gpu_hours": created["worst_case_gpu_hours"],
+    assert detail["decide"] == {"alpha": 0.05, "error_rate": "per-comparison", "min_seeds": 2, "max_seeds": 5,
+                                "max_images": None, "futility": None, "margin": {"val_flow_ivw": 0.0},
+                                "borrow_from": [], "check": 0.1, "max_gpu_hours": created["worst_case_gpu_hours"],
                                 "max_looks": 8, "max_evaluations": 7}  # fmt: skip
     # The worst case is every arm at max_seeds, with each run's start and evaluations: the GPU-hours cap
     # stored with the grid; the expected lies between the first wave and it.
@@ -115,6 +122,16 @@ def test_a_named_budget_is_kept_and_shown(client: TestClient) -> None:
     assert (decide["max_gpu_hours"], decide["max_looks"], decide["max_evaluations"]) == (2.5, 3, 0)
     words = "no look queues work past 2.5 GPU-hours (decide.max_gpu_hours), 3 looks or 0 evaluations"
     assert words in resp.json()["cost"]
+
+
+def test_a_familywise_grid_says_so_at_submit(client: TestClient) -> None:
+    """A and C against A: one comparison on each of two decided metrics, so alpha 0.05 familywise is 0.025 a
+    comparison, in the submit's words and stored with the grid."""
+    decide = {"error_rate": "familywise", "margin": {"val_flow_ivw": 0.0, "val_flow_loss": 0.0}}
+    resp = client.post("/api/grids", json={"name": "familywise", "arms": ["A", "C"], "decide": decide}, headers=AUTH)
+    assert resp.status_code == 201, resp.text
+    assert "at alpha 0.05 familywise over 2 comparisons (0.025 a comparison)" in resp.json()["cost"]
+    assert client.get(f"/api/grids/{resp.json()['id']}").json()["decide"]["error_rate"] == "familywise"
 
 
 def test_submit_with_decide_beside_seeds_is_one_line_naming_both(empty_database_url: str, tmp_path: Path) -> None:
