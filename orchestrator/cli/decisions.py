@@ -29,7 +29,7 @@ def print_decisions(session: Session, grid: Grid, console: Console) -> None:
         rows.append([name, c.metric, c.decision, str(c.look), f"{c.alpha_spent:.4g}", str(c.k), str(c.n or "-"),
                      running.get(f"{name} on {c.metric}", "-"), c.reason or "-"])  # fmt: skip
     where = "decision ended" if state.final else f"{len(state.open)} open"
-    title = f"grid {grid.id} decides at alpha {state.alpha:g} per comparison: {state.looks} look(s), {where}"
+    title = f"grid {grid.id} decides at {state.rate}: {state.looks} look(s), {where}"
     if not rows:
         console.print(f"{title}: no look yet (the first comes when every arm's first seeds have ended)")
         return
