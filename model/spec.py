@@ -439,6 +439,12 @@ class ArmSpec(Strict):
                 "reference set is held-out images, at least as many as the samples; raise data.held_out or lower "
                 "eval.distribution.samples"
             )
+        judged = self.detector.metric  # a command arm's own metric may share a name: its command measures it
+        if self.command is None and judged in DESCRIPTIVE_METRICS:
+            raise ValueError(f"detector.metric {judged!r} is descriptive (its small-n bias depends on the model), "
+                             "so it cannot judge: name cmmd, dino_mmd or fd_dinov2")  # fmt: skip
+        if self.command is None and judged in DISTRIBUTION_METRICS and judged not in dist.metrics:
+            raise ValueError(f"detector.metric {judged!r} is not measured: add it to eval.distribution.metrics")
         return self
 
     def resolution(self) -> int:

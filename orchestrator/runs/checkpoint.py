@@ -11,6 +11,11 @@ from typing import Any
 from model.spec import STANDIN
 from orchestrator.numbers import is_finite
 
+# `<metric>_extractor`: the label of the network a distribution metric's features came from; a random stand-in's
+# label says "stand-in" (the trainer writes it beside the metric, as lpips_backbone beside LPIPS).
+EXTRACTOR_SUFFIX = "_extractor"
+STANDIN_WORD = "stand-in"
+
 
 @dataclass(frozen=True)
 class Checkpoint:
@@ -24,12 +29,14 @@ class Checkpoint:
     values: Mapping[str, float | None] = field(default_factory=dict)
     hours: float | None = None
     lpips_standin: bool = False  # its LPIPS came from the random stand-in backbone
+    standin_metrics: frozenset[str] = frozenset()  # distribution metrics whose extractor was a random stand-in
 
     @classmethod
     def from_mapping(cls, row: Mapping[str, Any]) -> Checkpoint:
         """Build from a fixture dict or a DB Metric row's fields (`step` plus metric columns).
 
-        Non-numeric fields (timestamps, backbone labels) are ignored. Hours come from
+        Non-numeric fields (timestamps, backbone labels) are ignored but for whether LPIPS's backbone and each
+        distribution metric's extractor was a random stand-in. Hours come from
         `elapsed_hours`, else `gpu_hours`, else `wall_time_s` / 3600.
         """
         step = row.get("step")
@@ -49,7 +56,11 @@ class Checkpoint:
         if hours is None and values.get("wall_time_s") is not None:
             hours = values["wall_time_s"] / 3600.0  # type: ignore[operator]
         standin = row.get("lpips_backbone") == STANDIN
-        return cls(step=int(step), values=values, hours=hours, lpips_standin=standin)
+        standin_metrics = frozenset(
+            key.removesuffix(EXTRACTOR_SUFFIX) for key, label in row.items()
+            if key.endswith(EXTRACTOR_SUFFIX) and isinstance(label, str) and STANDIN_WORD in label
+        )  # fmt: skip
+        return cls(step=int(step), values=values, hours=hours, lpips_standin=standin, standin_metrics=standin_metrics)
 
     def get(self, name: str) -> float | None:
         """The field's value, None when missing (NaN/Inf are returned as they are)."""

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from model.spec import DetectorPolicy
+from model.spec import DESCRIPTIVE_METRICS, DISTRIBUTION_METRICS, DetectorPolicy
 from orchestrator.numbers import is_finite, json_safe
 from orchestrator.runs.checkpoint import Checkpoint
 from orchestrator.runs.series_track import ControlBests, Direction, Series, worse
@@ -30,6 +30,9 @@ __all__ = [
 AUTO = "auto"
 LPIPS_METRIC = "recon_lpips"
 FLOW_METRIC = "val_flow_loss"
+# Distribution metrics that may judge (fid is descriptive: its 1/n bias depends on the model). The trainer
+# measures them every eval.distribution.every-th checkpoint, so most checkpoints carry none of them.
+JUDGING_DISTRIBUTION = tuple(m for m in DISTRIBUTION_METRICS if m not in DESCRIPTIVE_METRICS)
 
 
 @dataclass(frozen=True)
@@ -119,7 +122,12 @@ def resolve_policy(policy: DetectorPolicy, lpips_standin: bool) -> DetectorPolic
     """The policy with metric "auto" made concrete: recon_lpips, or val_flow_loss where LPIPS is the
     random stand-in. On the flow loss there is no ceiling (no trivial baseline sits at a fixed value)
     and no stall rule (its margin is not calibrated on any study yet): an arm stops when it diverges or
-    collapses past its own best by max(margin_abs, margin_se x SE). A named metric is used as given."""
+    collapses past its own best by max(margin_abs, margin_se x SE). A named metric is used as given,
+    but for a distribution metric (cmmd, dino_mmd, fd_dinov2): no ceiling and no stall rule (LPIPS's 1.0 and
+    0.05 mean nothing on their scales) and no assumed SE (the pass records `<metric>_se`; without it the margin
+    is margin_abs alone, in the metric's own units)."""
+    if policy.metric in JUDGING_DISTRIBUTION:
+        return policy.model_copy(update={"ceiling": None, "stall_margin": math.inf, "assumed_se": None})
     if policy.metric != AUTO:
         return policy
     metric = policy.judged_metric(lpips_standin)
@@ -159,7 +167,9 @@ def judge(
     Metric "auto" is resolved on the series (resolve_policy). Guards in order, the first that fires
     decides: policy off; diverged (NaN/Inf in the primary,
     a secondary or a divergence field at this checkpoint); primary missing here (continue, with a
-    warning); ceiling crossed; monotone collapse over k checkpoints past the margin; stalled behind
+    warning, but none for a distribution metric, which is measured every k-th checkpoint); ceiling crossed;
+    monotone collapse over k checkpoints past the margin (over the checkpoints that measured it; a warning
+    only where a distribution metric's extractor was a random stand-in); stalled behind
     the control's best up to this step (only past stall_grace_fraction of total_steps; a warning, not a
     stop, where the control's values are `untrusted`). Else continue.
     """
@@ -192,6 +202,8 @@ def judge(
         return result(DecisionKind.DIVERGED, f"{', '.join(bad)} at step {now.step}")
 
     if value is None:
+        if name in JUDGING_DISTRIBUTION:  # the pass skipped this checkpoint (eval.distribution.every): expected
+            return result(DecisionKind.CONTINUE, f"{name} not measured at step {now.step}: judged where measured")
         warnings.append(f"{name} missing at step {now.step}: nothing to judge")
         return result(DecisionKind.CONTINUE, f"{name} missing at step {now.step}")
 
@@ -208,7 +220,9 @@ def judge(
             )
 
     collapse = _collapse_check(series, name, direction, policy)
-    if collapse:
+    if collapse and name in series.standin_metrics:  # a stand-in metric never carries a verdict
+        warnings.append(f"{collapse}; {name} from a random stand-in extractor: a warning only, never a stop")
+    elif collapse:
         return result(DecisionKind.COLLAPSE, collapse)
 
     if control:

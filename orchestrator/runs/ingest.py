@@ -18,6 +18,7 @@ from model.spec import STANDIN, DetectorPolicy
 from orchestrator.db.events import record_event
 from orchestrator.db.models import METRIC_FIELDS, Event, Grid, Metric, Run, utcnow
 from orchestrator.numbers import is_finite, json_safe
+from orchestrator.runs.checkpoint import EXTRACTOR_SUFFIX
 from orchestrator.runs.detector import (
     Checkpoint,
     ControlBests,
@@ -188,7 +189,8 @@ def insert_metrics(session: Session, run_id: int, records: list[dict[str, Any]])
 
 def metric_series(session: Session, run_id: int) -> list[dict[str, Any]]:
     """A run's checkpoints in step order as plain dicts (the detector's input), NaN restored. Numbers kept
-    in `extra` come along: a command arm's metrics have no columns of their own."""
+    in `extra` come along (a command arm's metrics have no columns of their own, nor do the distribution
+    metrics), and each distribution metric's extractor label."""
     rows = session.scalars(select(Metric).where(Metric.run_id == run_id).order_by(Metric.step)).all()
     series = []
     for m in rows:
@@ -200,6 +202,8 @@ def metric_series(session: Session, run_id: int) -> list[dict[str, Any]]:
                 point[key] = value
             elif value in NONFINITE_TEXT:  # a command arm's own metric gone NaN
                 point[key] = float(value)
+            elif key.endswith(EXTRACTOR_SUFFIX) and isinstance(value, str):  # a stand-in's metric never stops a run
+                point[key] = value
         kept = (m.extra or {}).get("nonfinite")
         for key, text in kept.items() if isinstance(kept, dict) else ():
             if key in FLOAT_FIELDS and text in NONFINITE_TEXT:  # only what metric_values wrote there

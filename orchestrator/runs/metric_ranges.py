@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 
+from model.spec import DISTRIBUTION_METRICS
+
 # LPIPS is a distance of unit-normalized features, in [0, 2]; an LPIPS delta in [-2, 2]; losses, norms,
 # rates, sizes, times and counts are >= 0 with no upper end (a diverging loss or lr can take any size);
 # a number no range names (a command arm's own metric) has no range.
@@ -16,7 +18,15 @@ _LPIPS, _DELTA, _NONNEGATIVE = (0.0, 2.0), (-2.0, 2.0), (0.0, math.inf)
 # Past this magnitude a float is overflow, not a measurement: it is stored as +-inf, which the detector
 # reads as `diverged` for the run that sent it (so a control's 1e300 stops only the control, as inf does).
 ANY_METRIC_BOUND = 1e30
+# A distribution metric's MMD² (cmmd, dino_mmd) is 1000 x kernel means in [0, 1] (model/distribution_stats.py),
+# and so is each per-sample pseudo-value c_i = U_xx + 2 (n-1)/(n-2) (g_i - U_xx) - 2 r_i + U_yy: |c_i| <=
+# 1 + 2 x 7/6 at n >= 8 samples; the U-statistic itself can be slightly negative. A Fréchet distance has no
+# bound but its floating-point round-off below 0, so it is left unranged; its SE, n and the pass's seconds are >= 0.
+_MMD = (-3400.0, 3400.0)
 METRIC_RANGES: dict[str, tuple[float, float]] = {
+    "cmmd": _MMD, "dino_mmd": _MMD,
+    **{f"{m}_{part}": _NONNEGATIVE for m in DISTRIBUTION_METRICS for part in ("se", "n")},
+    "distribution_seconds": _NONNEGATIVE,
     "recon_lpips": _LPIPS, "recon_lpips_se": _LPIPS, "text_lpips": _LPIPS, "text_lpips_se": _LPIPS,
     "text_manip_delta": _DELTA, "text_manip_delta_se": _LPIPS,
     **dict.fromkeys(

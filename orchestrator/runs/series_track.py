@@ -59,6 +59,7 @@ class Series:
     def __init__(self) -> None:
         self.points: list[Checkpoint] = []
         self.standin = False  # any LPIPS so far from the random stand-in backbone
+        self.standin_metrics: set[str] = set()  # distribution metrics measured so far with a stand-in extractor
         self._tracks: dict[tuple[str, Direction], _Track] = {}
 
     @property
@@ -70,6 +71,7 @@ class Series:
             raise ValueError(f"checkpoints are fed in step order: {cp.step} after {self.now.step}")
         self.points.append(cp)
         self.standin = self.standin or cp.lpips_standin
+        self.standin_metrics |= cp.standin_metrics
         for track in self._tracks.values():
             track.add(cp)
 
