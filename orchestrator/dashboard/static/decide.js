@@ -1,6 +1,7 @@
 // A deciding grid on the grid page (results/deciding/decisions.py): the effects table's decision words (each
-// decided comparison's decision, its look, the alpha spent, k and n) and a panel of the comparisons still
-// open with what is being run for each. effects.js calls both, with the page's data and its element helper.
+// decided comparison's decision, its look, the alpha spent, k and n) and why (the look's reason), and a panel
+// of the comparisons still open with what is being run for each, under the error rate the grid holds.
+// effects.js calls them, with the page's data and its element helper.
 "use strict";
 
 window.AblateDecide = {
@@ -11,6 +12,11 @@ window.AblateDecide = {
       : "—";
   },
 
+  // Why the look decided so: "the interval lies inside +-0.01", "futile: conditional power 0.04 at the budget".
+  why(e) {
+    return e.decision ? e.decision_reason || "—" : "—";
+  },
+
   render(d, el) {
     const panel = document.getElementById("deciding");
     panel.hidden = !d.decide;
@@ -18,7 +24,7 @@ window.AblateDecide = {
     const s = d.decide;
     const where = s.final ? "decision ended" : `${s.open.length} open`;
     panel.querySelector(".hint").textContent =
-      `α = ${s.alpha} per comparison at every look · ${s.looks} look(s) · ${s.decided} decided · ${s.undecided} undecided · ${where}`;
+      `${s.rate} at every look · ${s.looks} look(s) · ${s.decided} decided · ${s.undecided} undecided · ${where}`;
     const list = panel.querySelector(".open-comparisons");
     list.replaceChildren(...s.open.map((o) => el("li", { "data-look": o.look }, `${o.comparison}: look ${o.look}, running ${o.running}`)));
   },

@@ -21,9 +21,10 @@ window.AblateEffects = function (kit) {
     // The noise budget: where the variance is, and what narrows it most for its cost.
     { key: "budget", title: "noise budget", cell: (e) => (e.budget ? e.budget.words : (e.k < 2 ? "one seed: training noise not measured" : "—")) },
     { key: "narrow", title: "to narrow it", cell: (e) => (e.budget ? e.budget.narrowing.map((o) => o.words).join("; ") : "—") },
-    // A deciding grid only (decide.js): the decision, its look, the alpha spent, k and n.
+    // A deciding grid only (decide.js): the decision, its look, the alpha spent, k and n; then why.
     { key: "decision", title: "decision", when: (d) => Boolean(d.decide), cls: (e) => `decision ${e.decision || ""}`,
       cell: (e) => window.AblateDecide.words(e) },
+    { key: "why", title: "why", when: (d) => Boolean(d.decide), cell: (e) => window.AblateDecide.why(e) },
   ];
 
   function reading(e) {

@@ -118,7 +118,7 @@ def rate_words(decide: DecideSpec, comparisons: int) -> str:
     """The error rate alpha holds, in words: "alpha 0.05 per comparison", or "alpha 0.05 familywise over 4
     comparisons (0.0125 a comparison)"."""
     if decide.error_rate == "familywise":
-        return (f"alpha {decide.alpha:g} familywise over {comparisons} comparisons "
+        return (f"alpha {decide.alpha:g} familywise over {comparisons} comparison{'s' * (comparisons != 1)} "
                 f"({comparison_alpha_of(decide, comparisons):.4g} a comparison)")  # fmt: skip
     return f"alpha {decide.alpha:g} per comparison"
 
