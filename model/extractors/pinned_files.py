@@ -76,11 +76,11 @@ def verify(path: Path, pinned: PinnedFile) -> Path:
 
 
 def how_to_provide(entry: ExtractorEntry, weights_dir: Path) -> str:
-    """One clause: where to put which files, or the command that stages them."""
+    """One clause: where to put which files; then `ablate weights fetch` stages them for the nodes."""
     files = ", ".join(f"{f.filename} (sha256 {f.sha256})" for f in entry.files)
     return (f"put {files} from {entry.repo} at revision {entry.revision} in {weights_dir / entry.name}/ "
-            f"(or set {WEIGHTS_DIR_ENV} to a folder holding {entry.name}/), or run `ablate weights fetch {entry.name}` "
-            "where the hub is reachable to stage them in the checkpoint store")
+            f"(or set {WEIGHTS_DIR_ENV} to a folder holding {entry.name}/), then `ablate weights fetch {entry.name}` "
+            "stages them in the checkpoint store for the nodes")
 
 
 def _missing(entry: ExtractorEntry, weights_dir: Path) -> list[PinnedFile]:
@@ -141,14 +141,16 @@ def download_from_hub(entry: ExtractorEntry, weights_dir: Path) -> list[Path]:
     if offline():
         raise ExtractorWeightsError(f"{entry.name}: {OFFLINE_ENV} forbids downloading its weights: "
                                     f"{how_to_provide(entry, weights_dir)}")
-    os.environ.setdefault("HF_HUB_DOWNLOAD_TIMEOUT", str(DOWNLOAD_TIMEOUT_S))  # read by huggingface_hub per call
     from huggingface_hub import hf_hub_download
+    from huggingface_hub.utils import logging as hf_logging
 
     fetched = []
     for pinned in missing:
         dest = local_path(entry, pinned, weights_dir)
         dest.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=dest.parent, prefix=".download-") as tmp:
+            verbosity = hf_logging.get_verbosity()
+            hf_logging.set_verbosity_error()  # its retries' warnings: the one line below says what failed
             try:
                 got = hf_hub_download(entry.repo, pinned.filename, revision=entry.revision, local_dir=tmp,
                                       etag_timeout=DOWNLOAD_TIMEOUT_S)
@@ -157,6 +159,8 @@ def download_from_hub(entry: ExtractorEntry, weights_dir: Path) -> list[Path]:
                 raise ExtractorWeightsError(
                     f"{entry.name}: {pinned.filename} could not be downloaded from {entry.repo} "
                     f"({type(exc).__name__}: {first}): {how_to_provide(entry, weights_dir)}") from None
+            finally:
+                hf_logging.set_verbosity(verbosity)
             fetched.append(_move_verified(Path(got), dest, pinned))
     return fetched
 

@@ -111,6 +111,7 @@ def _register() -> None:
         schedules,  # noqa: F401
         stop,  # noqa: F401
         train,  # noqa: F401
+        weights,  # noqa: F401
     )
 
 
