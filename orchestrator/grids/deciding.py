@@ -25,8 +25,13 @@ from orchestrator.grids.replicates import MAX_SEEDS, replicate_spec
 from orchestrator.vocabulary import RunState
 
 # The metrics a decision may be taken on: the report's compared metrics (results/reports/build.py
-# COMPARED; a test holds the two equal).
-DECIDABLE_METRICS = (HEADLINE, "val_flow_loss", "recon_lpips", "text_lpips", "text_manip_delta")
+# COMPARED; a test holds the two equal) with per-sample values, so their differences have a crossed interval.
+DECIDABLE_METRICS = (HEADLINE, "val_flow_loss", "recon_lpips", "text_lpips", "text_manip_delta", "cmmd", "dino_mmd")
+# Distribution metrics the report shows but no decision may be taken on, and why.
+UNDECIDABLE_METRICS = {
+    "fd_dinov2": "a Fréchet distance has no per-sample contributions, so no crossed seeds x images interval",
+    "fid": "FID is descriptive: its small-n bias depends on the model, and it has no per-sample contributions",
+}
 DEFAULT_MARGIN = {HEADLINE: 0.0}
 # The error rate alpha holds: each comparison's chance of a wrong call, or (familywise) the chance of any wrong
 # call among the grid's comparisons, each then spending alpha/m (results/deciding/sequential.py comparison_alpha;
@@ -85,6 +90,9 @@ class DecideSpec(BaseModel):
     @field_validator("margin")
     @classmethod
     def _known_metrics(cls, v: dict[str, float]) -> dict[str, float]:
+        for metric in sorted(set(v) & set(UNDECIDABLE_METRICS)):
+            raise ValueError(f"decide.margin names {metric!r}, which cannot be decided: {UNDECIDABLE_METRICS[metric]}; "
+                             "decide on cmmd or dino_mmd (their per-sample MMD values pair across arms)")  # fmt: skip
         unknown = sorted(set(v) - set(DECIDABLE_METRICS))
         if unknown:
             raise ValueError(f"unknown metric {', '.join(map(repr, unknown))}: a margin names one of "

@@ -212,6 +212,10 @@ def judge_comparison(e: Effect, decide: DecideSpec, look: int, max_images: int, 
     if previous is not None and previous.decision in CLOSED:  # closed for good: never judged again
         return previous.model_copy(update={**base, "action": None})
     fractions = list(previous.fractions) if previous is not None else []
+    if e.standin:  # a stand-in network's metric (LPIPS, or a distribution metric's extractor) carries no verdict
+        return ComparisonLook(**base, decision="undecided", look=look, fractions=fractions,
+                              alpha_spent=previous.alpha_spent if previous is not None else 0.0,
+                              reason=f"{e.metric} from a random stand-in network: never called better or worse")  # type: ignore[arg-type]  # fmt: skip
     max_images = max(max_images, e.n or 1)  # already past it (the training records' n): at the budget
     last = at_seeds and at_images
     borrowed = borrowed_look(e, earlier, decide.check) if earlier is not None else None
