@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from model.command_spec import COMMAND_ENDS, MAX_ARM_GPUS, CommandEnd, CommandSpec  # noqa: F401 - part of the arm spec
 from model.flow_headline import HEADLINE
@@ -296,6 +296,14 @@ class DistributionSpec(Strict):
     every: PositiveInt = 2  # each k-th checkpoint (and always the best and the last): a pass is dear
     sampler_steps: Annotated[int, Field(gt=0, le=1000)] = 50  # Euler steps, as eval.sampler_steps
     guidance: Annotated[float, Field(ge=1, le=20)] = 1.0  # classifier-free guidance scale; 1: none
+
+    @field_validator("metrics")
+    @classmethod
+    def _no_fid(cls, metrics: list[str]) -> list[str]:  # no pinned Inception extractor (docs/distribution-metrics.md)
+        if "fid" in metrics:
+            raise ValueError("fid is not offered (no pinned Inception weights; Inception's features are unfair to "
+                             "diffusion models, Stein et al. 2023): use fd_dinov2, the Fréchet distance on DINOv2")
+        return metrics
 
     @model_validator(mode="after")
     def _no_repeats(self) -> DistributionSpec:

@@ -187,3 +187,15 @@ def test_a_node_copies_its_weights_from_the_store_and_hashes_them_first(tmp_path
     with pytest.raises(WeightsHashError, match=entry.files[0].sha256):
         load_extractor(entry.name, weights_dir=fresh, store_url=store, stand_in="auto")
     assert not (fresh / entry.name / entry.files[0].filename).exists()
+
+
+def test_fid_is_refused_at_submit_naming_the_field_and_the_metric_to_use_instead():
+    from pydantic import ValidationError
+
+    from model.spec import ArmSpec
+
+    with pytest.raises(ValidationError) as err:
+        ArmSpec.model_validate({"data": {"held_out": 64},
+                                "eval": {"distribution": {"metrics": ["cmmd", "fid"], "samples": 32}}})
+    (error,) = err.value.errors()
+    assert error["loc"] == ("eval", "distribution", "metrics") and "fd_dinov2" in error["msg"]
