@@ -68,13 +68,16 @@ def png_files(images: Sequence[SampleImage]) -> Iterator[Path]:
 
 @dataclass(frozen=True)
 class Point:
-    """One checkpoint: its scalars (metrics with their SEs and n, throughput, ...) at its step, the value of
-    the metric the detector judged it on as `judged`, and its sample images."""
+    """One checkpoint: its scalars (metrics with their SEs and n, throughput, the distribution metrics where
+    the pass ran) at its step, the value of the metric the detector judged it on as `judged`, its sample images,
+    and its labels: each distribution metric's extractor (`cmmd_extractor`: "... stand-in" where the features came
+    from a random stand-in, so the tracker says so beside the metric)."""
 
     step: int
     scalars: dict[str, float]
     judged_metric: str
     images: tuple[SampleImage, ...] = ()
+    labels: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

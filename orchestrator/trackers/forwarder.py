@@ -39,6 +39,7 @@ from orchestrator.db.session import session_scope
 from orchestrator.messages import masked_text
 from orchestrator.results.judge import judge_metric
 from orchestrator.results.views import hide_env
+from orchestrator.runs.checkpoint import EXTRACTOR_SUFFIX
 from orchestrator.settings import Settings
 from orchestrator.trackers.base import (
     FIRST_RETRY_WAIT_S,
@@ -67,6 +68,7 @@ FORWARDED_EVENTS = frozenset(
      "failed"}
 )
 CHECKPOINTS_PER_PASS = 100  # a long run's backlog goes out in slices, each cursor move committed
+MAX_LABEL_CHARS = 200  # an extractor's label as a tracker shows it
 T = TypeVar("T")
 
 
@@ -164,6 +166,12 @@ def scalars_of(point: dict[str, Any], judged: str) -> dict[str, float]:
     if judged in out:
         out["judged"] = out[judged]
     return out
+
+
+def labels_of(point: dict[str, Any]) -> dict[str, str]:
+    """A checkpoint's extractor labels (`<metric>_extractor`), each cut to MAX_LABEL_CHARS: a node wrote them."""
+    return {key: value[:MAX_LABEL_CHARS] for key, value in point.items()
+            if key.endswith(EXTRACTOR_SUFFIX) and isinstance(value, str)}  # fmt: skip
 
 
 def due_runs(session: Session, tracker: TrackerName) -> list[int]:
@@ -332,7 +340,7 @@ class Forwarder:
             try:
                 judged = judge_metric(due.run, point.get("lpips_backbone") == STANDIN)
                 samples = checkpoint_images(due.run, step, extra, self.settings.checkpoint_options)
-                checkpoint = Point(step, scalars_of(point, judged), judged, tuple(samples.images))
+                checkpoint = Point(step, scalars_of(point, judged), judged, tuple(samples.images), labels_of(point))
             except Exception as exc:  # noqa: BLE001 - a record a node wrote that this lane cannot read: its refusal
                 self._save(lane, due, step=step, note=f"tracker {lane.name}: step {step}: not forwarded: "
                            f"{type(exc).__name__}: {exc}")  # fmt: skip

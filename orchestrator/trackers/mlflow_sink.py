@@ -107,7 +107,10 @@ class MlflowSink:
         if point.images:
             with png_files(point.images) as folder:
                 self.client.log_artifacts(mlflow_run, str(folder), f"samples/step_{point.step:07d}")
-        self.client.set_tag(mlflow_run, "ablate.judged_metric", point.judged_metric)
+        from mlflow.entities import RunTag
+
+        tags = {"ablate.judged_metric": point.judged_metric, **{f"ablate.{k}": v for k, v in point.labels.items()}}
+        self.client.log_batch(mlflow_run, tags=[RunTag(k, v) for k, v in tags.items()])
 
     def status(self, run_id: int, status: Status) -> None:
         mlflow_run = self.runs[run_id]

@@ -83,6 +83,8 @@ class TensorBoardSink:
         if point.images:
             writer.add_text("samples/captions", "\n\n".join(f"{i.name}: {i.caption}" for i in point.images), point.step)
         writer.add_text("judged_metric", point.judged_metric, point.step)
+        for key, label in point.labels.items():  # beside the metric: which network's features it measured
+            writer.add_text(key, label, point.step)
         writer.flush()
 
     def status(self, run_id: int, status: Status) -> None:

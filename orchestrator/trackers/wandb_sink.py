@@ -73,7 +73,7 @@ class WandbSink:
                 row["samples/" + image.name.removesuffix(".png")] = self.wandb.Image(str(folder / image.name),
                                                                                      caption=image.caption)
             handle.log(row, step=point.step)
-        handle.summary["judged_metric"] = point.judged_metric
+        handle.summary.update({"judged_metric": point.judged_metric, **point.labels})  # labels: which extractor
 
     def status(self, run_id: int, status: Status) -> None:
         handle = self.runs[run_id]
