@@ -42,6 +42,7 @@ def test_every_metric_but_fid_has_a_pinned_extractor_for_training_and_for_the_fi
         assert len(entry.revision) == 40 and int(entry.revision, 16) >= 0  # a commit, never a branch
         assert all(len(f.sha256) == 64 and int(f.sha256, 16) >= 0 and f.size > 0 for f in entry.files)
     assert EXTRACTORS[EXTRACTOR_FOR_METRIC["cmmd"]].resolution == 336
+    assert all(e.dim == e.width for e in EXTRACTORS.values() if e.family == "dinov2")  # the CLS token's width
 
 
 @pytest.mark.parametrize("name", list(EXTRACTORS))
@@ -102,7 +103,8 @@ def test_no_weights_is_a_labelled_stand_in_with_auto_and_an_error_saying_how_to_
 def _tiny_entry(name: str, family: str, files: tuple[PinnedFile, ...] = ()) -> ExtractorEntry:
     """A real registry entry for a tiny network of the family."""
     base = EXTRACTORS["clip-vit-l-14-336" if family == "clip" else "dinov2-vit-b-14"]
-    return replace(base, name=name, repo=f"test/{name}", width=32, depth=1, heads=2, dim=16, resolution=28,
+    dim = 16 if family == "clip" else 32  # CLIP's projection is its own width; DINOv2's CLS token is the width
+    return replace(base, name=name, repo=f"test/{name}", width=32, depth=1, heads=2, dim=dim, resolution=28,
                    files=files)
 
 
@@ -143,6 +145,7 @@ def test_pinned_weights_are_loaded_into_the_transformers_architecture(tmp_path: 
         expected = trained(ex.preprocess(images))
     if family == "clip":
         expected = expected / expected.norm(dim=1, keepdim=True)
+    assert expected.shape == (3, ex.dim)
     torch.testing.assert_close(ex(images), expected)
     stand_in = load_extractor(entry.name, stand_in="architecture")
     assert stand_in.dim == ex.dim and not torch.allclose(stand_in(images), ex(images))
