@@ -201,7 +201,15 @@ def resolve_weights(entry: ExtractorEntry, weights_dir: Path, store_url: str | N
     from the store (when given). Never downloads (loading runs where the hub may be unreachable).
     ExtractorWeightsError when a file is missing; WeightsHashError when one is not the pinned file."""
     if store_url and _missing(entry, weights_dir):
-        copy_from_store(entry, weights_dir, store_url, store_options)
+        try:
+            copy_from_store(entry, weights_dir, store_url, store_options)
+        except (ExtractorWeightsError, WeightsHashError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - a store that is down or refuses: the files are not here
+            first = (str(exc).strip().splitlines() or [""])[0][:200]
+            raise ExtractorWeightsError(f"{entry.name}: the checkpoint store {store_url} could not be read "
+                                        f"({type(exc).__name__}: {first}): {how_to_provide(entry, weights_dir)}"
+                                        ) from None
     missing = _missing(entry, weights_dir)
     if missing:
         raise ExtractorWeightsError(f"{entry.name}: no {missing[0].filename} in {weights_dir / entry.name}: "

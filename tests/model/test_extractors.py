@@ -202,3 +202,11 @@ def test_fid_is_refused_at_submit_naming_the_field_and_the_metric_to_use_instead
                                 "eval": {"distribution": {"metrics": ["cmmd", "fid"], "samples": 32}}})
     (error,) = err.value.errors()
     assert error["loc"] == ("eval", "distribution", "metrics") and "fd_dinov2" in error["msg"]
+
+
+def test_an_unreadable_store_is_missing_weights_so_auto_runs_the_labelled_stand_in(tmp_path: Path):
+    ex = load_extractor("dinov2-vit-b-14", weights_dir=tmp_path, store_url="nosuchprotocol://bucket/x",
+                        stand_in="auto")
+    assert ex.stand_in and "could not be read" in ex.reason
+    with pytest.raises(ExtractorWeightsError, match="nosuchprotocol://bucket/x could not be read"):
+        load_extractor("dinov2-vit-b-14", weights_dir=tmp_path, store_url="nosuchprotocol://bucket/x")
