@@ -23,7 +23,9 @@ class CurvesError(ValueError):
 
 
 def _numeric_metric_fields() -> frozenset[str]:
-    """The DB's numeric metric columns plus the fixture's elapsed_hours: these must be numbers or null."""
+    """The DB's numeric metric columns, the fixture's elapsed_hours and the distribution metrics with their SE and
+    n (FID, CMMD, DINO-MMD in PRX's published curves): these must be numbers or null."""
+    from model.spec import DISTRIBUTION_METRICS
     from orchestrator.db.models import Metric  # sqlalchemy only; keeps the schema the one source of names
 
     cols = {
@@ -31,7 +33,8 @@ def _numeric_metric_fields() -> frozenset[str]:
         for c in Metric.__table__.columns
         if c.name not in {"id", "run_id", "step"} and c.type.python_type in (int, float)
     }
-    return frozenset(cols | {"elapsed_hours"})
+    distribution = {f"{m}{part}" for m in DISTRIBUTION_METRICS for part in ("", "_se", "_n")}
+    return frozenset(cols | distribution | {"elapsed_hours"})
 
 
 @dataclass(frozen=True)

@@ -17,11 +17,12 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from model.spec import ArmSpec, DetectorPolicy
+from model.spec import DISTRIBUTION_METRICS, ArmSpec, DetectorPolicy
 from orchestrator.db.models import Event, Grid, Run
 from orchestrator.grids.arms import arm_files
 from orchestrator.grids.service import GridCreate, create_grid
 from orchestrator.results.curves import Curve
+from orchestrator.runs.checkpoint import EXTRACTOR_SUFFIX
 from orchestrator.runs.detector import ReplayResult, replay
 from orchestrator.runs.ingest import insert_metrics
 from orchestrator.vocabulary import GridSource, RunState
@@ -68,12 +69,21 @@ def arm_letters(curves: Mapping[str, Curve], arm_map: Mapping[str, str]) -> dict
     return letters
 
 
+# The extractor label of a distribution metric that came in with published curves: whatever network the study
+# used, it was its own (never ablate's stand-in), and the report says where the number came from.
+IMPORTED_EXTRACTOR = "as published (imported)"
+
+
 def _record(raw: Mapping[str, Any]) -> dict[str, Any]:
-    """A fixture checkpoint as a worker record: fixture keys renamed to their DB columns."""
+    """A fixture checkpoint as a worker record: fixture keys renamed to their DB columns, each distribution
+    metric labelled with its extractor where the curves name none."""
     record = dict(raw)
     for key, column in RENAMED.items():
         if key in record and column not in record:
             record[column] = record.pop(key)
+    for metric in DISTRIBUTION_METRICS:
+        if record.get(metric) is not None:
+            record.setdefault(f"{metric}{EXTRACTOR_SUFFIX}", IMPORTED_EXTRACTOR)
     return record
 
 

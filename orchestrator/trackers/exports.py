@@ -3,11 +3,13 @@
 Three forms, besides the curves JSON (orchestrator/results/curves.py):
 - a W&B CSV export: a run's history (`_step` and one column per metric, one run per file, named after the
   file) or a chart's export (`Step` and `<run> - <metric>` columns, several runs; `__MIN`/`__MAX` dropped);
+  or a CSV of several runs with `run` and `step` columns (PRX's FID / CMMD / DINO-MMD curves take this form);
 - W&B offline runs: a `run-<id>.wandb` file, an `offline-run-*` folder or a `wandb/` folder holding them,
   read record by record (the run's name, group, config, summary and history);
 - TensorBoard event files: an events file, or a log directory with one folder per run (its scalars).
 
-Each run becomes one curve keyed by its name; a metric logged as `eval/recon_lpips` counts as recon_lpips.
+Each run becomes one curve keyed by its name; a metric logged as `eval/recon_lpips` counts as recon_lpips, and
+`CMMD` or `eval/DINO-MMD` as cmmd or dino_mmd.
 Malformed input raises CurvesError naming the file and what is wrong.
 """
 
@@ -137,10 +139,15 @@ def read_wandb_run(path: Path) -> WandbRun:
 
 
 def _metric_name(key: str) -> str:
-    """`eval/recon_lpips` -> recon_lpips when the last part names one of ablate's metrics."""
+    """`eval/recon_lpips` -> recon_lpips when the last part names one of ablate's metrics; a distribution
+    metric as papers and PRX's charts write it (FID, CMMD, DINO-MMD, FD-DINOv2) -> fid, cmmd, dino_mmd, fd_dinov2."""
+    from model.spec import DISTRIBUTION_METRICS
     from orchestrator.db.models import METRIC_FIELDS
 
     last = key.rsplit("/", 1)[-1]
+    plain = last.strip().lower().replace("-", "_")
+    if plain in DISTRIBUTION_METRICS:
+        return plain
     return last if last in METRIC_FIELDS else key
 
 
@@ -178,39 +185,66 @@ def wandb_runs_curves(paths: list[Path]) -> dict[str, Any]:
     return {name: {"label": name, "checkpoints": _checkpoints(rows)} for name, rows in ordered}
 
 
+def _step_of(path: Path, i: int, line: dict[str, Any], column: str) -> int:
+    step = _number(line[column])
+    if step is None or not math.isfinite(step) or step < 0 or step != int(step):
+        raise CurvesError(f"{path}: line {i + 2}: {column} must be a non-negative integer, got {line[column]!r}")
+    return int(step)
+
+
+def _uncommented(fh: Iterator[str]) -> Iterator[str]:
+    """The lines of a CSV file past its leading `#` comment lines (a fixture saying where its format comes from)."""
+    header_seen = False
+    for line in fh:
+        if header_seen or not line.startswith("#"):
+            header_seen = True
+            yield line
+
+
 def wandb_csv_curves(path: Path) -> dict[str, Any]:
-    """A curves document from a W&B CSV export (a run's history, or a chart's export of several runs)."""
+    """A curves document from a CSV export: W&B's (a run's history, or a chart's export of several runs), or a
+    table of several runs, one row per run and evaluation (`run`, `step` and a column per metric: the form of
+    PRX's published FID / CMMD / DINO-MMD curves). Leading `#` lines are comments."""
     try:
         with path.open(newline="") as fh:
-            reader = csv.DictReader(fh)
+            reader = csv.DictReader(_uncommented(fh))
             columns = reader.fieldnames or []
             table = list(reader)
     except (csv.Error, UnicodeDecodeError) as exc:  # a field past csv's limit, bytes that are not text
         raise CurvesError(f"{path}: not a readable CSV file: {exc}"[:2000]) from None
+    if "run" in columns and "step" in columns:  # several runs, one row per run and step
+        by_run: dict[str, dict[int, dict[str, float]]] = {}
+        for i, line in enumerate(table):
+            run = (line["run"] or "").strip()
+            if not run:
+                raise CurvesError(f"{path}: line {i + 2}: the run column is empty: name the run (A_baseline)")
+            values = {_metric_name(k): _number(v) for k, v in line.items() if k and k not in ("run", "step")}
+            rows_of = by_run.setdefault(run, {}).setdefault(_step_of(path, i, line, "step"), {})
+            rows_of.update({k: v for k, v in values.items() if v is not None})
+        return {run: {"label": run, "checkpoints": _checkpoints(rows)} for run, rows in by_run.items()}
     if "_step" in columns:  # one run's history
         rows: dict[int, dict[str, float]] = {}
         for i, line in enumerate(table):
-            step = _number(line["_step"])
-            if step is None or not math.isfinite(step) or step < 0 or step != int(step):
-                raise CurvesError(f"{path}: line {i + 2}: _step must be a non-negative integer, got {line['_step']!r}")
+            step = _step_of(path, i, line, "_step")
             values = {_metric_name(k): _number(v) for k, v in line.items() if k and not k.startswith("_")}
-            rows.setdefault(int(step), {}).update({k: v for k, v in values.items() if v is not None})
+            rows.setdefault(step, {}).update({k: v for k, v in values.items() if v is not None})
         return {path.stem: {"label": path.stem, "checkpoints": _checkpoints(rows)}}
     if "Step" in columns:  # a chart's export: "<run> - <metric>" per column
         runs: dict[str, dict[int, dict[str, float]]] = {}
         for i, line in enumerate(table):
-            step = _number(line["Step"])
-            if step is None or not math.isfinite(step) or step < 0 or step != int(step):
-                raise CurvesError(f"{path}: line {i + 2}: Step must be a non-negative integer, got {line['Step']!r}")
+            step = _step_of(path, i, line, "Step")
             for column, cell in line.items():
                 if not column or column == "Step" or " - " not in column or column.endswith(("__MIN", "__MAX")):
                     continue
                 run, metric = column.rsplit(" - ", 1)
                 value = _number(cell)
                 if value is not None:
-                    runs.setdefault(run, {}).setdefault(int(step), {})[_metric_name(metric)] = value
+                    runs.setdefault(run, {}).setdefault(step, {})[_metric_name(metric)] = value
         return {run: {"label": run, "checkpoints": _checkpoints(rows)} for run, rows in runs.items()}
-    raise CurvesError(f"{path}: not a W&B CSV export: expected a '_step' (run history) or 'Step' (chart) column")
+    raise CurvesError(
+        f"{path}: not a W&B CSV export nor a table of runs: expected a '_step' (run history) or 'Step' (chart) "
+        "column, or 'run' and 'step' columns (one row per run and evaluation)"
+    )
 
 
 def tensorboard_curves(path: Path) -> dict[str, Any]:
