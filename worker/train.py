@@ -32,6 +32,7 @@ from model.spec import ArmSpec
 from worker import checkpoint as ckpt
 from worker.compile_cache import CompileCache, cache_key
 from worker.data_fetch import DataStore, fetch_prepared
+from worker.distribution import DistributionPass
 from worker.micro_batch import oom_message, resumed_micro_batch
 from worker.train_parts import (  # noqa: F401 - LPIPS_STANDIN_FALLBACK and REPA_STANDIN_FALLBACK: read through here
     LPIPS_STANDIN_FALLBACK,
@@ -211,6 +212,8 @@ def _train(
         cache.load(compiled_for)
         info["compile_cache"] = cache.status  # the same dict, completed after the warm-up steps
     checkpoints = Checkpoints(parts, out_dir, gens, t_start=t_start, info=info)
+    if spec.eval.distribution.metrics:  # references kept beside the compile cache: the node's, outliving runs
+        checkpoints.distribution = DistributionPass(spec, dev, Path(cache.dir).parent if cache else out_dir)
     # Images found unreadable at start are already left out; mid-run failures join them (one limit).
     ds = parts.dataset
     checkpoints.skips = (

@@ -23,6 +23,7 @@ from model.evaluate import evaluate
 from model.optim import lr_at
 from model.spec import STANDIN
 from worker import checkpoint as ckpt
+from worker.distribution import DistributionPass
 from worker.samples import write_samples
 from worker.train_parts import Parts, has_trainable
 
@@ -168,6 +169,7 @@ class Checkpoints:
     skips: Unreadable | None = None  # images left out as unreadable, at start and mid-run, over every segment
     compile_s: float | None = None  # this process's first step, compile included (compiled runs only)
     provenance: dict[str, Any] = field(default_factory=ckpt.provenance)  # code and library versions, in every file
+    distribution: DistributionPass | None = None  # eval.distribution's pass, at its cadence (worker/distribution.py)
 
     def restore(self, state: dict[str, Any], write: bool = True) -> int:
         """Load a checkpoint into the parts and this bookkeeping; returns its step. write=False (a rank
@@ -210,6 +212,15 @@ class Checkpoints:
         note = metrics.get("text_manip_note")
         if note is not None and note not in parts.fallbacks:
             parts.fallbacks.append(note)  # build checks too; this keeps any skipped metric on the record
+        if self.distribution is not None and self.distribution.due(step, final):
+            metrics |= self.distribution.measure(
+                parts.emas["model"].module if use_ema else parts.model,
+                parts.emas["text_encoder"].module if use_ema and "text_encoder" in parts.emas else parts.text_encoder,
+                parts.flow, parts.dataset, parts.autocast,
+            )  # fmt: skip
+            for line in self.distribution.fallbacks():  # a stand-in extractor, said where the run's fallbacks are
+                if line not in parts.fallbacks:
+                    parts.fallbacks.append(line)
         self.list_unreadable()
         path = ckpt.checkpoint_path(self.out_dir, step)
         # best.pt follows the metric the detector judges, so the checkpoint it keeps is the one it names.

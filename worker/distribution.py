@@ -1,0 +1,202 @@
+"""The distribution pass on a node: which checkpoints it runs at, its extractors, and the reference features,
+computed once per data split and extractor and reused by every run and evaluation after.
+
+- Cadence (eval.distribution.every = k): each k-th checkpoint and always the last. The best checkpoint is
+  only known at the end; `ablate evaluate GRID --step best --samples N` measures it after the night.
+- Extractors: model/extractors `load_extractor(..., stand_in="auto")`: the pinned weights where this node
+  has them or can copy them from the checkpoint store (`ablate weights fetch`), else a labelled stand-in;
+  the label goes on every value (`<metric>_extractor`) and the reason into the run's fallbacks.
+- Reference: the grid's held-out split (data.held_out images, at least the samples), embedded once. Its
+  features are kept under `<node dir>/references/<key>.pt` and, with a checkpoint store, in
+  `<store root>/references/<key>.pt`, with the sha256 of their bytes checked on every read (a copy that
+  fails it is computed again, and the record says so). The key hashes the extractor's label and the data
+  section, so every arm and seed of a grid (and any grid on the same split) reads the same features.
+Every measured record carries `distribution_seconds` (the pass's wall time: the planner prices a pass from
+it), `distribution_reference` (the features' sha256, the same for every run of a grid) and where they came from.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from model.distribution_pass import distribution_metrics, embed, generate_samples, to_signed
+from model.spec import ArmSpec
+
+REFERENCES = "references"
+EMBED_BATCH = 32
+
+
+def _features_sha(features: torch.Tensor) -> str:
+    return hashlib.sha256(features.contiguous().numpy().tobytes()).hexdigest()
+
+
+def reference_key(label: str, spec: ArmSpec) -> str:
+    """What a reference's features depend on: the extractor (its label says stand-in) and the data split."""
+    # the split, not the training seed: seeds of a grid with one split_seed share one reference
+    data = spec.data.model_dump(mode="json", exclude={"seed", "split_seed", "loader_workers", "max_unreadable"})
+    ingredients = {"extractor": label, "data": data, "split": spec.data.dataset_seed(), "resolution": spec.resolution()}
+    return hashlib.sha256(json.dumps(ingredients, sort_keys=True).encode()).hexdigest()[:32]
+
+
+class ReferenceCache:
+    """Reference features by key: in this process, on the node's disk, in the checkpoint store."""
+
+    def __init__(self, node_dir: Path, store: dict[str, Any] | None = None) -> None:
+        self.local = node_dir / REFERENCES
+        self.store = store  # {"url": the store root, "options": fsspec options} or None
+        self.memory: dict[str, tuple[torch.Tensor, str]] = {}
+        self.notes: list[str] = []  # a refused or unreachable copy: said on the record
+
+    def _read(self, path: Path, key: str) -> tuple[torch.Tensor, str] | None:
+        try:
+            saved = torch.load(path, map_location="cpu", weights_only=True)
+        except (OSError, RuntimeError, EOFError) as exc:
+            self.notes.append(f"reference {key} unreadable at {path} ({type(exc).__name__}): computed again")
+            return None
+        features, sha = saved.get("features"), saved.get("sha256")
+        if not isinstance(features, torch.Tensor) or _features_sha(features) != sha:
+            self.notes.append(f"reference {key} at {path} fails its sha256: computed again")
+            return None
+        return features, sha
+
+    def _store_fs(self) -> tuple[Any, str] | None:
+        if not self.store:
+            return None
+        from worker.checkpoint_store import open_fs
+
+        return open_fs(self.store["url"], self.store.get("options"))
+
+    def get(self, key: str, compute: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, str, str]:
+        """(features, sha256, where from: memory | node | store | computed)."""
+        if key in self.memory:
+            return (*self.memory[key], "memory")
+        path = self.local / f"{key}.pt"
+        found, where = (self._read(path, key), "node") if path.is_file() else (None, "")
+        if found is None and self.store:
+            try:
+                fs, root = self._store_fs()  # type: ignore[misc]
+                if fs.exists(f"{root}/{REFERENCES}/{key}.pt"):
+                    self.local.mkdir(parents=True, exist_ok=True)
+                    fs.get(f"{root}/{REFERENCES}/{key}.pt", str(path))
+                    found, where = self._read(path, key), "store"
+            except OSError as exc:
+                self.notes.append(f"reference store unreachable ({exc}): computed on this node")
+        if found is None:
+            features = compute().float().cpu().contiguous()
+            found, where = (features, _features_sha(features)), "computed"
+            self._write(path, key, *found)
+        self.memory[key] = found
+        return (*found, where)
+
+    def _write(self, path: Path, key: str, features: torch.Tensor, sha: str) -> None:
+        self.local.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{time.monotonic_ns()}.part")  # runs on one node may write it at once
+        torch.save({"features": features, "sha256": sha}, tmp)
+        tmp.replace(path)
+        try:
+            if (opened := self._store_fs()) is not None:
+                fs, root = opened
+                fs.makedirs(f"{root}/{REFERENCES}", exist_ok=True)
+                fs.put(str(path), f"{root}/{REFERENCES}/{key}.pt")
+        except OSError as exc:
+            self.notes.append(f"reference {key} not stored in the checkpoint store ({exc}): kept on this node")
+
+
+def store_root(storage: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The checkpoint store's root (where `ablate weights fetch` stages weights) from a run's StoreConfig."""
+    if not storage:
+        return None
+    return {"url": storage["url"].rstrip("/").rsplit("/", 1)[0], "options": storage.get("options") or {}}
+
+
+class DistributionPass:
+    """The pass for one arm on one device: `due` says when, `measure` gives the record's fields."""
+
+    def __init__(self, spec: ArmSpec, device: torch.device | str, node_dir: Path,
+                 storage: dict[str, Any] | None = None, *, samples: int | None = None,
+                 metrics: list[str] | None = None, final: bool = False) -> None:  # fmt: skip
+        dist = spec.eval.distribution
+        self.spec, self.device = spec, torch.device(device)
+        self.metrics = list(metrics if metrics is not None else dist.metrics)
+        self.samples = samples or dist.samples
+        self.every = dist.every
+        self.root = store_root(storage)
+        self.cache = ReferenceCache(node_dir, self.root)
+        self.final = final  # after the night: the final extractors (DINOv2 ViT-L/14)
+        self._extractors: dict[str, Any] | None = None
+
+    def due(self, step: int, last: bool) -> bool:
+        if not self.metrics:
+            return False
+        return last or (step // self.spec.schedule.checkpoint_every) % self.every == 0
+
+    def extractors(self) -> dict[str, Any]:
+        """metric -> its extractor, loaded once (metrics sharing a network share one)."""
+        if self._extractors is None:
+            from model.extractors import EXTRACTOR_FOR_METRIC, FINAL_EXTRACTOR_FOR_METRIC, load_extractor
+
+            names = FINAL_EXTRACTOR_FOR_METRIC if self.final else EXTRACTOR_FOR_METRIC
+            loaded: dict[str, Any] = {}
+            for name in {names[m] for m in self.metrics}:
+                loaded[name] = load_extractor(
+                    name, stand_in="auto", device=self.device,
+                    store_url=self.root["url"] if self.root else None,
+                    store_options=self.root["options"] if self.root else None,
+                )  # fmt: skip
+            self._extractors = {m: loaded[names[m]] for m in self.metrics}
+        return self._extractors
+
+    def fallbacks(self) -> list[str]:
+        """A line per stand-in extractor: why the real weights were not used (the run's fallbacks)."""
+        seen = {ex.label: ex for ex in self.extractors().values() if ex.stand_in}
+        return [f"{label}: {(ex.reason or '').splitlines()[0][:300]}" for label, ex in seen.items()]
+
+    def measure(self, model: nn.Module, text_encoder: nn.Module, flow: Any, dataset: Any,
+                autocast: Callable[[], Any] = contextlib.nullcontext) -> dict[str, Any]:  # fmt: skip
+        """The pass's record fields (model/distribution_pass.py's, per metric) and its wall seconds. `model` and
+        `text_encoder` are put in eval mode for the call and restored; the global RNG is left untouched."""
+        t0 = time.perf_counter()
+        extractors = self.extractors()
+        was = (model.training, text_encoder.training)
+        model.eval()
+        text_encoder.eval()
+        cuda = [self.device.index or 0] if self.device.type == "cuda" else []
+        try:
+            with torch.random.fork_rng(devices=cuda):
+                generated = generate_samples(
+                    model, text_encoder, flow, dataset, self.samples, self.spec.eval.distribution.sampler_steps,
+                    self.spec.eval.seed, self.device, EMBED_BATCH, autocast,
+                )  # fmt: skip
+        finally:
+            model.train(was[0])
+            text_encoder.train(was[1])
+        references, shas, where = {}, {}, {}
+        held = None
+        for metric, ex in extractors.items():
+
+            def compute(ex: Any = ex) -> torch.Tensor:
+                nonlocal held
+                if held is None:
+                    held = to_signed(dataset, dataset.held_out(self.spec.data.held_out)[0])
+                return embed(ex, held, EMBED_BATCH)
+
+            features, sha, source = self.cache.get(reference_key(ex.label, self.spec), compute)
+            references[metric], shas[ex.label], where[ex.label] = features, sha, source
+        out = distribution_metrics(generated, self.metrics, extractors, references, EMBED_BATCH)
+        m = self.spec.data.held_out
+        out["distribution_reference"] = "; ".join(f"{label}: sha256 {sha[:16]}, m={m} held-out images ({where[label]})"
+                                                  for label, sha in shas.items())  # fmt: skip
+        if self.cache.notes:
+            out["distribution_notes"] = list(dict.fromkeys(self.cache.notes))
+            self.cache.notes.clear()
+        out["distribution_seconds"] = time.perf_counter() - t0
+        return out
