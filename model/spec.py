@@ -295,7 +295,7 @@ class DistributionSpec(Strict):
     samples: Annotated[int, Field(ge=8, le=4096)] = 2000
     every: PositiveInt = 2  # each k-th checkpoint (and always the best and the last): a pass is dear
     sampler_steps: Annotated[int, Field(gt=0, le=1000)] = 50  # Euler steps, as eval.sampler_steps
-    guidance: Annotated[float, Field(ge=1, le=20)] = 1.0  # classifier-free guidance scale; 1: none
+    guidance: Annotated[float, Field(ge=1, le=20)] = 1.0  # classifier-free guidance scale; 1: none (see below)
 
     @field_validator("metrics")
     @classmethod
@@ -304,6 +304,14 @@ class DistributionSpec(Strict):
             raise ValueError("fid is not offered (no pinned Inception weights; Inception's features are unfair to "
                              "diffusion models, Stein et al. 2023): use fd_dinov2, the Fréchet distance on DINOv2")
         return metrics
+
+    @field_validator("guidance")
+    @classmethod
+    def _no_guidance(cls, guidance: float) -> float:  # training never drops captions: no unconditional path
+        if guidance != 1:
+            raise ValueError("classifier-free guidance needs an unconditional model, and arms train with every "
+                             "caption (no caption dropout): set eval.distribution.guidance to 1")
+        return guidance
 
     @model_validator(mode="after")
     def _no_repeats(self) -> DistributionSpec:
