@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from model.extractors.networks import SMALL_DIM, SMALL_RESOLUTION, build, load_weights, standin_seed
+from model.extractors.networks import SMALL_DIM, SMALL_RESOLUTION, build, load_pretrained, standin_seed
 from model.extractors.pinned_files import ExtractorWeightsError, default_weights_dir, resolve_weights
 from model.extractors.registry import ExtractorEntry, extractor_entry
 
@@ -125,5 +125,5 @@ def load_extractor(
         choice = "architecture" if torch.device(device).type != "cpu" else "small"
         net = build(entry, small=choice == "small")
         return Extractor(entry, net.to(device), stand_in=choice, source=seed, reason=str(exc))
-    net = load_weights(build(entry), entry, files)
+    net = load_pretrained(entry, files)
     return Extractor(entry, net.to(device), stand_in=None, source=", ".join(str(p) for p in files.values()))

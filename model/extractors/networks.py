@@ -8,16 +8,17 @@ Every network returns (B, dim) features from (B, 3, R, R) images already normali
 
 from __future__ import annotations
 
+import tempfile
+import warnings
 import zlib
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from model.extractors.registry import ExtractorEntry
 
-# Tensors a whole-CLIP checkpoint holds that the image tower does not use (and the non-persistent position ids).
-_CLIP_UNUSED = ("text_model.", "text_projection.", "logit_scale", "vision_model.embeddings.position_ids")
 SMALL_DIM = 64  # the small stand-in's features: enough to exercise MMD and FD, cheap on CPU
 SMALL_RESOLUTION = 64
 
@@ -42,40 +43,39 @@ def _import_transformers() -> None:
         pass
 
 
-class _ClipImageTower(nn.Module):
-    def __init__(self, entry: ExtractorEntry) -> None:
-        super().__init__()
-        _import_transformers()
+def _architecture(entry: ExtractorEntry) -> tuple[type, Any]:
+    """(the transformers model class, its config written here) for the entry: nothing is downloaded."""
+    _import_transformers()
+    if entry.family == "clip":
         from transformers import CLIPVisionConfig, CLIPVisionModelWithProjection
 
         # openai/clip-vit-large-patch14-336's vision_config
-        config = CLIPVisionConfig(
+        return CLIPVisionModelWithProjection, CLIPVisionConfig(
             hidden_size=entry.width, intermediate_size=4 * entry.width, num_hidden_layers=entry.depth,
             num_attention_heads=entry.heads, image_size=entry.resolution, patch_size=14, projection_dim=entry.dim,
             hidden_act="quick_gelu", layer_norm_eps=1e-5,
         )
-        self.model = CLIPVisionModelWithProjection(config)
+    from transformers import Dinov2Config, Dinov2Model
 
-    def forward(self, pixels: Tensor) -> Tensor:  # (B, 3, R, R) -> (B, dim)
-        return self.model(pixel_values=pixels).image_embeds
+    # facebook/dinov2-{base,large}'s config.json (image_size 518: the position embeddings are interpolated)
+    return Dinov2Model, Dinov2Config(
+        hidden_size=entry.width, num_hidden_layers=entry.depth, num_attention_heads=entry.heads, mlp_ratio=4,
+        patch_size=14, image_size=518, layerscale_value=1.0, layer_norm_eps=1e-6, qkv_bias=True,
+        use_swiglu_ffn=False, hidden_act="gelu", drop_path_rate=0.0,
+    )
 
 
-class _DinoV2(nn.Module):
-    def __init__(self, entry: ExtractorEntry) -> None:
+class FeatureNetwork(nn.Module):
+    """A transformers CLIP image tower or DINOv2 model, answering (B, 3, R, R) -> (B, dim) features."""
+
+    def __init__(self, family: str, model: nn.Module) -> None:
         super().__init__()
-        _import_transformers()
-        from transformers import Dinov2Config, Dinov2Model
+        self.family = family
+        self.model = model
 
-        # facebook/dinov2-{base,large}'s config.json (image_size 518: the position embeddings are interpolated)
-        config = Dinov2Config(
-            hidden_size=entry.width, num_hidden_layers=entry.depth, num_attention_heads=entry.heads, mlp_ratio=4,
-            patch_size=14, image_size=518, layerscale_value=1.0, layer_norm_eps=1e-6, qkv_bias=True,
-            use_swiglu_ffn=False, hidden_act="gelu", drop_path_rate=0.0,
-        )
-        self.model = Dinov2Model(config)
-
-    def forward(self, pixels: Tensor) -> Tensor:  # (B, 3, R, R) -> (B, dim)
-        return self.model(pixel_values=pixels).pooler_output
+    def forward(self, pixels: Tensor) -> Tensor:
+        out = self.model(pixel_values=pixels)
+        return out.image_embeds if self.family == "clip" else out.pooler_output
 
 
 class SmallStandIn(nn.Module):
@@ -102,40 +102,31 @@ def build(entry: ExtractorEntry, small: bool = False) -> nn.Module:
         torch.manual_seed(standin_seed(entry.name))
         if small:
             net: nn.Module = SmallStandIn()
-        elif entry.family == "clip":
-            net = _ClipImageTower(entry)
         else:
-            net = _DinoV2(entry)
+            cls, config = _architecture(entry)
+            net = FeatureNetwork(entry.family, cls(config))
     return net.eval().requires_grad_(False)
 
 
-def _read_state(path: Path) -> dict[str, Tensor]:
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        return load_file(str(path))
-    return torch.load(path, map_location="cpu", weights_only=True)  # weights_only: tensors, never code
-
-
-def load_weights(net: nn.Module, entry: ExtractorEntry, files: dict[str, Path]) -> nn.Module:
-    """The verified files' tensors into `net` (a build() of the entry), every tensor of it present and of its
-    shape; the checkpoint's extra tensors (CLIP's text tower) are dropped. ExtractorLoadError otherwise."""
-    model = net.model  # type: ignore[union-attr]  # _ClipImageTower / _DinoV2
-    expected = model.state_dict()
-    state: dict[str, Tensor] = {}
-    for path in files.values():
-        state.update(_read_state(path))
-    state = {k: v for k, v in state.items() if k in expected or not k.startswith(_CLIP_UNUSED)}
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    if missing or unexpected:
+def load_pretrained(entry: ExtractorEntry, files: dict[str, Path]) -> FeatureNetwork:
+    """The entry's network with the verified files' weights, through transformers' own from_pretrained on a
+    folder of this config and links to the files (local only: nothing is downloaded). from_pretrained renames
+    the published checkpoint's keys to the installed version's modules (DINOv2's attention.attention.query is
+    attention.q_proj in transformers 5) and drops what the image tower does not use (CLIP's text tower). Every
+    tensor of the network must come from the files, in its shape: ExtractorLoadError otherwise."""
+    cls, config = _architecture(entry)
+    with tempfile.TemporaryDirectory(prefix="extractor-") as tmp:
+        config.save_pretrained(tmp)
+        for filename, path in files.items():
+            (Path(tmp) / filename).symlink_to(path.resolve())
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # its notes on unused checkpoint tensors: checked below instead
+            model, info = cls.from_pretrained(tmp, local_files_only=True, output_loading_info=True,
+                                              dtype=torch.float32)
+    missing, mismatched = list(info.get("missing_keys", ())), list(info.get("mismatched_keys", ()))
+    if missing or mismatched:
         raise ExtractorLoadError(
             f"{entry.name}: {', '.join(map(str, files.values()))} does not fit the {entry.family} architecture "
-            f"({len(missing)} tensors missing, e.g. {missing[:1]}; "
-            f"{len(unexpected)} unexpected, e.g. {unexpected[:1]})")
-    bad = [k for k in expected if expected[k].shape != state[k].shape]
-    if bad:
-        raise ExtractorLoadError(f"{entry.name}: {bad[0]} is {tuple(state[bad[0]].shape)} in the weights, "
-                                 f"{tuple(expected[bad[0]].shape)} in the architecture")
-    model.load_state_dict(state, strict=True)
-    return net
+            f"({len(missing)} tensors missing, e.g. {missing[:1]}; {len(mismatched)} of another shape, "
+            f"e.g. {mismatched[:1]})")
+    return FeatureNetwork(entry.family, model).eval().requires_grad_(False)

@@ -112,6 +112,17 @@ def _pinned(path: Path) -> PinnedFile:
     return PinnedFile(path.name, _sha(path), path.stat().st_size)
 
 
+# transformers 5's DINOv2 attention names -> those of the files on the hub (from_pretrained maps them back)
+_DINOV2_PUBLISHED = {"attention.q_proj": "attention.attention.query", "attention.k_proj": "attention.attention.key",
+                     "attention.v_proj": "attention.attention.value", "attention.o_proj": "attention.output.dense"}
+
+
+def _published(key: str) -> str:
+    for ours, theirs in _DINOV2_PUBLISHED.items():
+        key = key.replace(ours, theirs)
+    return key
+
+
 def _tiny_weights(tmp_path: Path, family: str,
                   monkeypatch: pytest.MonkeyPatch) -> tuple[ExtractorEntry, torch.nn.Module]:
     """A tiny network of the family saved under tmp_path/weights/<name>/, its entry registered."""
@@ -121,14 +132,15 @@ def _tiny_weights(tmp_path: Path, family: str,
     folder = tmp_path / "weights" / name
     folder.mkdir(parents=True)
     trained = build(_tiny_entry("other-seed", family))  # other random weights than the stand-in's
-    state = {k: v.contiguous() for k, v in trained.model.state_dict().items()}
+    state = {_published(k): v.contiguous() for k, v in trained.model.state_dict().items()}
     if family == "clip":  # a whole-CLIP checkpoint: the text tower's tensors are read and dropped
         path = folder / "pytorch_model.bin"
         torch.save({**state, "text_model.embeddings.token_embedding.weight": torch.zeros(4, 8),
                     "logit_scale": torch.tensor(2.0)}, path)
-    else:
+    else:  # in the layout of facebook/dinov2-*'s model.safetensors
         path = folder / "model.safetensors"
         save_file(state, str(path))
+        assert any(".attention.attention.query." in k for k in state)
     entry = _tiny_entry(name, family, (_pinned(path),))
     monkeypatch.setitem(EXTRACTORS, name, entry)
     return entry, trained
@@ -210,3 +222,19 @@ def test_an_unreadable_store_is_missing_weights_so_auto_runs_the_labelled_stand_
     assert ex.stand_in and "could not be read" in ex.reason
     with pytest.raises(ExtractorWeightsError, match="nosuchprotocol://bucket/x could not be read"):
         load_extractor("dinov2-vit-b-14", weights_dir=tmp_path, store_url="nosuchprotocol://bucket/x")
+
+
+def test_a_verified_file_that_lacks_a_tensor_of_the_network_is_refused_not_left_random(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from safetensors.torch import load_file, save_file
+
+    from model.extractors import ExtractorLoadError
+
+    entry, _ = _tiny_weights(tmp_path, "dinov2", monkeypatch)
+    path = tmp_path / "weights" / entry.name / "model.safetensors"
+    state = load_file(str(path))
+    del state["layernorm.weight"]
+    save_file(state, str(path))
+    monkeypatch.setitem(EXTRACTORS, entry.name, replace(entry, files=(_pinned(path),)))
+    with pytest.raises(ExtractorLoadError, match="1 tensors missing"):
+        load_extractor(entry.name, weights_dir=tmp_path / "weights")
