@@ -37,6 +37,10 @@ class PlanPublic(BaseModel):
     hours: dict[str, float | None]  # each arm's single-GPU hours of training per run
     # each arm's hours per run that no GPU count shortens (start, compile, evaluations); 0 for given hours
     fixed_h: dict[str, float] = {}
+    # each arm's part of fixed_h spent on distribution passes (eval.distribution), and whether it was measured
+    # (earlier passes' distribution_seconds) or estimated (FLOPs: grids/distribution_price.py)
+    distribution_h: dict[str, float] = {}
+    distribution_sources: dict[str, str] = {}
     sources: dict[str, str]  # each arm's: measured | estimated | given
     scaling: dict[int, float]  # GPUs -> speedup used where measured or given; others 0.98 per doubling
     scaling_source: str  # measured | given | default
@@ -105,6 +109,7 @@ def plan_grid(
                 continue
             runs.append(PlanRun(name, h, arm_choices(spec, largest, auto), projections[label].fixed_hours))
     plan = plan_night(runs, [PlanNode(n, g) for n, g in nodes.items()], used)
+    passes = {label: p for label, p in projections.items() if p.distribution_hours}  # arms with eval.distribution
     owner = {run_name(label, seed, seeds): (label, seed) for seed in range(seeds) for label, _ in resolved}
     return PlanPublic(
         slots=[SlotPublic(run=s.run, arm=owner[s.run][0], seed=owner[s.run][1], gpus=s.gpus, node=s.node,
@@ -114,6 +119,8 @@ def plan_grid(
         search=plan.search,
         hours={label: p.hours for label, p in projections.items()},
         fixed_h={label: round(p.fixed_hours, 4) for label, p in projections.items()},
+        distribution_h={label: round(p.distribution_hours, 4) for label, p in passes.items()},
+        distribution_sources={label: p.distribution_source for label, p in passes.items()},
         sources={label: p.source for label, p in projections.items()},
         scaling=used,
         scaling_source="given" if scaling else MEASURED if measured_scaling else "default",

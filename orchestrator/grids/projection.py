@@ -8,6 +8,10 @@ FLOP-based estimate (grids/replicates.py projected_gpu_hours), and which of the 
   checkpoint. Measured from the same runs (a run's wall time at its last record less its steps at the steady
   rate, the evaluations' own timings split out), else estimated: START_S, and an evaluation's forward passes
   at a third of a training step's cost per image at the reference rate.
+- Distribution passes (eval.distribution): priced apart from the fixed cost's evaluations, since they run only
+  at every k-th checkpoint and their price grows with the samples. Measured: seconds per generated sample from
+  the `distribution_seconds` of earlier records of the same arm key and pass settings, times the samples; else
+  the FLOP estimate (grids/distribution_price.py). A run pays them whatever its GPUs (in its fixed hours).
 - Scaling: where a run of an arm key on 2 or 4 GPUs has a 1-GPU twin of the same key and GPU model, its
   rate over the twin's; per GPU count, the median over arm keys. Unmeasured counts use the planner's
   default (0.98 per doubling).
@@ -26,6 +30,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from model.spec import ArmSpec
+from orchestrator.grids.distribution_price import distribution_passes, estimated_distribution_seconds
 from orchestrator.grids.replicates import projected_gpu_hours, tokens_per_image, tokens_per_s_of
 
 MEASURED = "measured"  # from this product's own records of the arm key on the GPU model
@@ -49,6 +54,14 @@ def arm_key(spec: ArmSpec) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def distribution_key(spec: ArmSpec) -> str:
+    """What decides a distribution pass's seconds per generated sample: the arm key (its model and images), the
+    metrics (their extractors) and the sampler; not the samples, which the price multiplies by."""
+    dist = spec.eval.distribution
+    body = [arm_key(spec), sorted(dist.metrics), dist.sampler_steps, dist.guidance]
+    return hashlib.sha256(json.dumps(body).encode()).hexdigest()[:16]
+
+
 @dataclass(frozen=True)
 class Rates:
     """Steady-state steps per second by (arm key, GPUs) on one GPU model, and the scaling they imply."""
@@ -57,6 +70,8 @@ class Rates:
     steps_per_s: dict[tuple[str, int], float]
     # arm key -> (start seconds, seconds per evaluation), measured
     fixed_s: dict[str, tuple[float, float]] = field(default_factory=dict)
+    # distribution key -> a distribution pass's seconds per generated sample, measured
+    distribution_s: dict[str, float] = field(default_factory=dict)
 
     def scaling(self) -> dict[int, float]:
         """GPUs -> measured speedup over one GPU, the median over arm keys with a 1-GPU twin."""
@@ -81,7 +96,8 @@ def measured_rates(session: Session, gpu_model: str | None) -> Rates:
         return Rates(None, {})
     rows = session.execute(
         select(Run.id, Run.spec, Metric.iter_per_sec, Metric.extra["ranks"], Metric.step,
-               Metric.wall_time_s, Metric.extra["eval_time_s"], Metric.extra["resumed_from_step"])
+               Metric.wall_time_s, Metric.extra["eval_time_s"], Metric.extra["resumed_from_step"],
+               Metric.extra["distribution_seconds"])
         .join(Metric, Metric.run_id == Run.id)
         .where(Run.gpu_name == gpu_model, Metric.iter_per_sec.is_not(None))
         .order_by(Run.id, Metric.step)
@@ -103,25 +119,32 @@ def measured_rates(session: Session, gpu_model: str | None) -> Rates:
         gpus = placed_gpus(growths.get(run_id, []), record[0], parsed.gpu_count())
         if ranks is not None and ranks != gpus or isinstance(ranks, bool):
             continue
-        step, wall, eval_s, resumed = record
+        step, wall, eval_s, resumed, dist_s = record
         per_run.setdefault((run_id, gpus), (parsed, []))[1].append((float(rate), step, wall, _number(eval_s),
-                                                                     _number(resumed)))  # fmt: skip
+                                                                     _number(resumed), _number(dist_s)))  # fmt: skip
     found: dict[tuple[str, int], list[float]] = {}
     fixed: dict[str, list[tuple[float, float]]] = {}
+    per_sample: dict[str, list[float]] = {}
     for (_, gpus), (spec, records) in per_run.items():
         steady = statistics.median(r[0] for r in (records[1:] or records))  # the first carries its (re)start
         key = arm_key(spec)
         found.setdefault((key, gpus), []).append(steady)
+        passes = [r[5] for r in records if r[5] is not None]  # the distribution passes' seconds, where they ran
+        if passes and spec.eval.distribution.samples:
+            per_sample.setdefault(distribution_key(spec), []).append(
+                statistics.median(passes) / spec.eval.distribution.samples)
         # the fixed cost from runs that never resumed (a resume, a growth too, restarts the wall clock)
         evals = [r[3] for r in records if r[3] is not None]
         step, wall = records[-1][1], records[-1][2]
         if evals and wall is not None and steady > 0 and not any(r[4] for r in records):
             eval_s = statistics.median(evals)
-            fixed.setdefault(key, []).append((max(wall - step / steady - len(records) * eval_s, 0.0), eval_s))
+            start = wall - step / steady - len(records) * eval_s - sum(passes)  # the passes are priced apart
+            fixed.setdefault(key, []).append((max(start, 0.0), eval_s))
     return Rates(
         gpu_model,
         {key: statistics.median(v) for key, v in found.items()},
         {key: (statistics.median(s for s, _ in v), statistics.median(e for _, e in v)) for key, v in fixed.items()},
+        {key: statistics.median(v) for key, v in per_sample.items()},
     )
 
 
@@ -166,17 +189,21 @@ def _built_in(spec: dict) -> ArmSpec | None:  # type: ignore[type-arg]
 class Projection:
     hours: float | None  # of training on one GPU; None: a command arm, which nothing projects
     source: str  # MEASURED | ESTIMATED | GIVEN
-    fixed_hours: float = 0.0  # what the run pays whatever its GPUs: start, compile, evaluations
+    fixed_hours: float = 0.0  # what the run pays whatever its GPUs: start, compile, evaluations, distribution passes
     fixed_source: str = ESTIMATED
+    distribution_hours: float = 0.0  # the distribution passes' part of fixed_hours
+    distribution_source: str = ESTIMATED
 
 
 def project(spec: ArmSpec, rates: Rates) -> Projection:
     """One run's single-GPU hours: measured where the arm key ran on one GPU of this model (or on several,
-    divided by the measured speedup), else the FLOP estimate; and its fixed cost, likewise."""
+    divided by the measured speedup), else the FLOP estimate; and its fixed cost (its distribution passes in it),
+    likewise."""
     if spec.command is not None:
         return Projection(None, ESTIMATED)
     key = arm_key(spec)
     fixed_h, fixed_source = fixed_cost(spec, rates.fixed_s.get(key))
+    dist_h, dist_source = distribution_cost(spec, rates.distribution_s.get(distribution_key(spec)))
     single = rates.steps_per_s.get((key, 1))
     if single is None:
         scaling = rates.scaling()
@@ -185,8 +212,18 @@ def project(spec: ArmSpec, rates: Rates) -> Projection:
                 single = rate / scaling[gpus]
                 break
     if single:
-        return Projection(spec.schedule.steps / single / 3600, MEASURED, fixed_h, fixed_source)
-    return Projection(projected_gpu_hours(spec), ESTIMATED, fixed_h, fixed_source)
+        return Projection(spec.schedule.steps / single / 3600, MEASURED, fixed_h + dist_h, fixed_source, dist_h,
+                          dist_source)  # fmt: skip
+    return Projection(projected_gpu_hours(spec), ESTIMATED, fixed_h + dist_h, fixed_source, dist_h, dist_source)
+
+
+def distribution_cost(spec: ArmSpec, seconds_per_sample: float | None) -> tuple[float, str]:
+    """A run's distribution passes in hours: measured seconds per generated sample (earlier passes of the same
+    distribution key) times the samples of each pass, else the FLOP estimate (grids/distribution_price.py)."""
+    passes = distribution_passes(spec)
+    if passes and seconds_per_sample is not None:
+        return passes * spec.eval.distribution.samples * seconds_per_sample / 3600, MEASURED
+    return estimated_distribution_seconds(spec) / 3600, ESTIMATED
 
 
 def fixed_cost(spec: ArmSpec, measured: tuple[float, float] | None) -> tuple[float, str]:
