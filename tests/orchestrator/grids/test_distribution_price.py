@@ -94,3 +94,13 @@ def test_the_planners_extractors_are_the_registrys() -> None:
         e = EXTRACTORS[name]
         assert EXTRACTOR_FLOPS[name] == 2 * 12 * e.width**2 * e.depth * ((e.resolution // 14) ** 2 + 1)
     assert 0.2e15 < ACHIEVED_FLOPS < 0.4e15
+
+
+def test_a_deciding_grids_worst_case_pays_the_pass_too() -> None:
+    from orchestrator.grids.deciding import DecideSpec, worst_case_gpu_hours
+
+    decide = DecideSpec(max_seeds=3)
+    plain = worst_case_gpu_hours([("A", spec_of()), ("B", spec_of())], "A", decide)
+    with_pass = worst_case_gpu_hours([("A", spec_of(PASS)), ("B", spec_of(PASS))], "A", decide)
+    assert plain is not None and with_pass is not None
+    assert with_pass == pytest.approx(plain + 2 * 3 * estimated_distribution_seconds(spec_of(PASS)) / 3600)
