@@ -34,6 +34,7 @@ from orchestrator.results.evaluations import (
 from orchestrator.results.judge import best_checkpoint, judge_metric, stored_policy, stored_spec
 from orchestrator.results.own_metrics import is_command_run, own_evaluated, own_series
 from orchestrator.results.record_lists import stored_list, unreadable_records
+from orchestrator.results.reports.comparison import DIGITS, compare
 from orchestrator.results.reports.costs import run_cost
 from orchestrator.results.reports.effects import (
     RunComparisons,
@@ -55,16 +56,15 @@ from orchestrator.results.reports.model import (
 )
 from orchestrator.results.reports.pairing import Pairing, every_seed, final_steps
 from orchestrator.results.reports.stats import (
+    DISTRIBUTION,
     LOWER_IS_BETTER,
     QUALITY,
     WEIGHTED_FLOW,
     Difference,
     across_seeds,
-    difference,
     flow_grid,
     timestep_differences,
     value_of,
-    weighted_flow_difference,
 )
 from orchestrator.results.samples import StepSamples, run_samples, sample_png
 from orchestrator.version import version_text
@@ -72,51 +72,13 @@ from orchestrator.vocabulary import DETECTOR_STOPS, TERMINAL_STATES
 from worker.stored_file import StoredFileRefused
 
 PRIMARY = "recon_lpips"  # the judge where the detector judges LPIPS (a real backbone)
-COMPARED = (*QUALITY, WEIGHTED_FLOW)
+COMPARED = (*QUALITY, WEIGHTED_FLOW, *DISTRIBUTION)
 # Sample kinds shown in the report's rows (the manipulation pairs stay in the gallery).
 REPORT_KINDS = ("target", "recon", "text", "own")  # own: a command arm's PNGs
 # The most bytes of PNGs one report embeds, all runs together: a node sets its samples' sizes (each at most
 # samples.MAX_SAMPLE_BYTES), and a report is read whole by a browser. Past it an image is named, not embedded.
 MAX_REPORT_IMAGE_BYTES = 64 << 20
 
-DIGITS = ".3f"  # how a report writes a metric value or difference
-
-
-def compare(arm: str, m: Metric, other_arm: str, o: Metric | None, metric: str, against: str, at: str,
-            lower_is_better: bool | None = None) -> Comparison:  # fmt: skip
-    """One comparison with its sentence, e.g. "C vs B: recon LPIPS 0.070 lower (0.058 to 0.082), better".
-    `lower_is_better`: the metric's direction where it is not one of ablate's (a command arm's own)."""
-    if lower_is_better is None:
-        lower_is_better = LOWER_IS_BETTER.get(metric, True)
-    label = f"{arm} vs {other_arm} ({against}, {at} step {m.step})"
-    words = metric_words(metric)
-    base: dict[str, Any] = {"metric": metric, "against": against, "other_arm": other_arm, "at": at, "step": m.step}
-    if o is None:
-        return Comparison(**base, words=f"{label}: {other_arm} has no checkpoint at step {m.step}")
-    # the flow headline: paired image by image from the stored grids (older records hold no per-image list)
-    d = weighted_flow_difference(m, o) if metric == WEIGHTED_FLOW else difference(m, o, metric)
-    values = {"value": finite_or_none(value_of(m, metric)), "other_value": finite_or_none(value_of(o, metric))}
-    if d is None:
-        return Comparison(**base, **values, words=f"{label}: {words} not measured on both")
-    direction = "lower" if d.diff < 0 else "higher" if d.diff > 0 else "equal"
-    text = f"{label}: {words} {number(abs(d.diff), DIGITS)} {direction}"
-    if d.low is None or d.high is None:
-        verdict = "no interval"
-        why = d.missing or f"no per-sample values{'' if d.pairing == 'paired' else ' or standard errors'} stored"
-        text += f" ({d.pairing}; no interval: {why})"
-    else:
-        lo, hi = sorted((abs(d.low), abs(d.high))) if d.low * d.high > 0 else (d.low, d.high)
-        n = f", n={d.n}" if d.n else ""
-        text += f" ({number(lo, DIGITS)} to {number(hi, DIGITS)}, 95%, {d.pairing}{n})"
-        if d.low <= 0 <= d.high:
-            verdict = "no clear difference"
-        else:
-            verdict = "better" if (d.diff < 0) == lower_is_better else "worse"
-        text += f", {verdict}"
-    return Comparison(
-        **base, **values, diff=d.diff, se=d.se, low=d.low, high=d.high, pairing=d.pairing, n=d.n,
-        verdict=verdict, words=text, samples=list(d.samples) if d.samples is not None else None,
-    )  # fmt: skip
 
 
 def _median(values: list[float | None]) -> float | None:

@@ -23,6 +23,7 @@ from html import escape
 from orchestrator.results.reports.costs import RunCost
 from orchestrator.results.reports.crossed import Components, budget_words
 from orchestrator.results.reports.model import (
+    STANDIN_VERDICT,
     Comparison,
     Effect,
     EffectReading,
@@ -37,7 +38,8 @@ from orchestrator.results.reports.stats import WEIGHTED_FLOW, Difference, SeedEf
 METRIC_WORDS = {WEIGHTED_FLOW: "held-out flow loss (weighted headline)",
                 "val_flow_loss": "held-out flow loss (plain mean)",
                 "recon_lpips": "recon LPIPS", "text_lpips": "text LPIPS",
-                "text_manip_delta": "text-manipulation delta"}  # fmt: skip
+                "text_manip_delta": "text-manipulation delta",
+                "cmmd": "CMMD", "dino_mmd": "DINO-MMD", "fd_dinov2": "FD-DINOv2"}  # fmt: skip
 LPIPS_METRICS = ("recon_lpips", "text_lpips", "text_manip_delta")
 
 
@@ -157,6 +159,8 @@ def grid_effects(arms: Sequence[RunComparisons], judge: str,
                     continue
                 first = comps[0][1]
                 standin = metric in LPIPS_METRICS and any(c.step in a.standin_steps for _, c, a in comps)
+                extractor = next((c.extractor for _, c, _ in comps if c.verdict == STANDIN_VERDICT), first.extractor)
+                standin = standin or any(c.verdict == STANDIN_VERDICT for _, c, _ in comps)
                 budget = None
                 if seff.components is not None:
                     sides = [costs[key] for s, c, _ in comps for key in ((arm, s), (c.other_arm, s)) if key in costs]
@@ -166,6 +170,7 @@ def grid_effects(arms: Sequence[RunComparisons], judge: str,
                     diff=seff.diff, low=seff.low, high=seff.high, k=seff.k, seed_sd=seff.seed_sd,
                     eval_se=seff.eval_se, noise=noise_words(seff), interval=seff.interval, se=seff.se, df=seff.df,
                     n=seff.n, budget=budget, reading=effect_reading(seff.k, seff.low, seff.high), standin=standin,
+                    extractor=extractor,
                     per_seed=[SeedDiff(seed=s, diff=c.diff, low=c.low, high=c.high, n=c.n)  # type: ignore[arg-type]
                               for s, c, _ in comps],
                 ))  # fmt: skip
@@ -182,6 +187,8 @@ def effect_cell(e: Effect) -> str:
 
 
 def _metric_label(e: Effect) -> str:
+    if e.extractor is not None:  # a distribution metric names its extractor; a stand-in's is descriptive
+        return f"{metric_words(e.metric)} ({e.extractor}{': ' + STANDIN_VERDICT if e.standin else ''})"
     return metric_words(e.metric) + (" (random stand-in: no verdict)" if e.standin else "")
 
 

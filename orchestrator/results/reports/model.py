@@ -7,7 +7,9 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-Verdict = Literal["better", "worse", "no clear difference", "no interval"]
+# A stand-in extractor's distribution metric (random weights) is never called better or worse.
+STANDIN_VERDICT = "stand-in extractor: descriptive"
+Verdict = Literal["better", "worse", "no clear difference", "no interval", "stand-in extractor: descriptive"]
 
 
 class Comparison(BaseModel):
@@ -27,6 +29,7 @@ class Comparison(BaseModel):
     pairing: Literal["paired", "independent"] | None = None
     n: int | None = None
     verdict: Verdict | None = None  # None: not available (see words)
+    extractor: str | None = None  # a distribution metric's extractor label (it says stand-in where it is one)
     # The per-image differences (paired): one row of the effect's seeds x images table; not serialised.
     samples: list[float] | None = Field(default=None, exclude=True)
     words: str
@@ -161,7 +164,8 @@ class Effect(BaseModel):
     n: int | None = None  # evaluation images (crossed: the same n on every seed)
     budget: NoiseBudget | None = None  # crossed only
     reading: EffectReading
-    standin: bool = False  # a random stand-in LPIPS backbone: not a judgement of quality
+    standin: bool = False  # a random stand-in LPIPS backbone or extractor: not a judgement of quality
+    extractor: str | None = None  # a distribution metric's extractor label
     per_seed: list[SeedDiff]
     # A deciding grid's decided metrics (results/deciding/decisions.py): the decision at the latest look, that look
     # (1-based), the alpha spent up to it and why (the look's reason); None on every other effect.

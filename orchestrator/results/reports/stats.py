@@ -25,8 +25,10 @@ from worker.protocol import NONFINITE_TEXT
 # response to an edited caption is better; the detector's secondary policy says the same).
 # val_flow_loss: velocity space for every arm, so x-prediction and AsymFlow arms compare on it.
 QUALITY = ("recon_lpips", "text_lpips", "text_manip_delta", "val_flow_loss")
+# Sample quality against held-out images (model/distribution_pass.py): the MMDs pair per sample; FD has SEs only.
+DISTRIBUTION = ("cmmd", "dino_mmd", "fd_dinov2")
 LOWER_IS_BETTER = {"recon_lpips": True, "text_lpips": True, "text_manip_delta": False, "val_flow_loss": True,
-                   HEADLINE: True}  # fmt: skip
+                   HEADLINE: True, **dict.fromkeys(DISTRIBUTION, True)}  # fmt: skip
 Pairing = Literal["paired", "independent", "none"]
 
 
