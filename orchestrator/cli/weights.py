@@ -84,8 +84,9 @@ def fetch(name: Annotated[str, typer.Argument(help="An extractor, as `ablate wei
         written = stage_in_store(entry, local_dir, store, options)
     except (ExtractorWeightsError, WeightsHashError) as exc:
         raise CLIError(str(exc)) from None
-    except OSError as exc:  # the store refused a write, a full disk
-        raise CLIError(f"{entry.name}: staging in {store} failed: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - a store that is down or refuses a write, a full disk: one line
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        raise CLIError(f"{entry.name}: staging in {store} failed ({type(exc).__name__}: {first})") from None
     source = f"downloaded from {entry.repo}@{entry.revision[:12]}" if fetched else f"from {local_dir / entry.name}"
     typer.echo(f"{entry.name}: {len(written)} file(s) ({_size(entry.weights_bytes)}) {source}, sha256-checked, "
                f"staged in {store}/weights/{entry.name}/")

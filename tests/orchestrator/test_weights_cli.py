@@ -92,3 +92,24 @@ def test_fetch_stages_a_verified_local_file_in_the_store_once_and_refuses_a_tamp
     assert isinstance(refused.exception, CLIError)
     assert str(local) in str(refused.exception) and pinned.sha256 in str(refused.exception)
     assert not (store / "weights" / "tiny" / "model.safetensors").exists()
+
+
+
+def test_a_store_that_cannot_be_written_is_one_line_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from typer.testing import CliRunner
+
+    from orchestrator.cli import CLIError, _register, app
+
+    _register()
+    local = tmp_path / "weights" / "tiny" / "model.safetensors"
+    local.parent.mkdir(parents=True)
+    local.write_bytes(b"pinned tiny weights")
+    pinned = PinnedFile(local.name, hashlib.sha256(local.read_bytes()).hexdigest(), local.stat().st_size)
+    monkeypatch.setitem(EXTRACTORS, "tiny", replace(EXTRACTORS["dinov2-vit-b-14"], name="tiny", files=(pinned,)))
+    monkeypatch.setenv("ABLATE_WEIGHTS_DIR", str(tmp_path / "weights"))
+    blocker = tmp_path / "store-is-a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("ABLATE_CHECKPOINT_URL", f"file://{blocker}")
+    refused = CliRunner().invoke(app, ["weights", "fetch", "tiny"])
+    assert isinstance(refused.exception, CLIError), refused.output
+    assert "\n" not in str(refused.exception) and f"staging in file://{blocker} failed" in str(refused.exception)
