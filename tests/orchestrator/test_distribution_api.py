@@ -45,5 +45,5 @@ def test_the_spec_is_stored_on_each_run(client: TestClient) -> None:
     assert grid["runs"]
     for summary in grid["runs"]:
         run = client.get(f"/api/runs/{summary['id']}", headers=AUTH).json()
-        assert run["spec"]["eval"]["distribution"] == {"metrics": ["cmmd", "fd_dinov2"], "samples": 32, "every": 2,
+        assert run["spec"]["eval"]["distribution"] == {"metrics": ["cmmd", "fd_dinov2"], "samples": 32, "every": 3,
                                                        "sampler_steps": 50, "guidance": 1.0}  # fmt: skip

@@ -21,7 +21,7 @@ from orchestrator.grids.projection import ESTIMATED, MEASURED, Rates, measured_r
 from orchestrator.vocabulary import RunState
 
 H100 = "NVIDIA H100 80GB HBM3"
-PASS = {"metrics": ["cmmd", "fd_dinov2"], "samples": 64}
+PASS = {"metrics": ["cmmd", "fd_dinov2"], "samples": 64, "every": 2}
 
 
 def spec_of(distribution: dict | None = None, steps: int = 3600, **schedule: int) -> ArmSpec:
