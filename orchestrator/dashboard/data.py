@@ -34,9 +34,10 @@ from orchestrator.results.record_lists import stored_list, unreadable_records
 from orchestrator.results.reports.build import grid_effects_now
 from orchestrator.results.reports.effects import metric_words
 from orchestrator.results.reports.pairing import Pairing
-from orchestrator.results.reports.stats import QUALITY, paired_difference, value_of
+from orchestrator.results.reports.stats import DISTRIBUTION, QUALITY, paired_difference, value_of
 from orchestrator.results.samples import sample_index
 from orchestrator.results.views import RunSummary, SweepPublic
+from orchestrator.runs.checkpoint import EXTRACTOR_SUFFIX
 from orchestrator.runs.storage import STORAGE_EVENTS, storage_alarms
 from orchestrator.vocabulary import STOP_DECISIONS, TERMINAL_STATES, GridState, NodeState, RentedState, RunState
 
@@ -206,11 +207,19 @@ def grid_version(session: Session, grid_id: int, alarm_minutes: float = 15.0) ->
     return hashlib.sha1(blob.encode()).hexdigest()[:16]
 
 
+def _extractors(metrics: list[Metric]) -> dict[str, str]:
+    """Each distribution metric's extractor label (its latest), which says stand-in where it is one."""
+    return {q: label for m in metrics for q in DISTRIBUTION
+            if isinstance(label := (m.extra or {}).get(f"{q}{EXTRACTOR_SUFFIX}"), str)}  # fmt: skip
+
+
 def _series(metrics: list[Metric]) -> dict[str, list[Any]]:
     cols: dict[str, list[Any]] = {"step": [m.step for m in metrics]}
     headline = (HEADLINE, f"{HEADLINE}_se")  # the flow headline, in `extra` (or from the grid): the detector's judge
-    for name in (*METRIC_FIELDS, *headline):
-        values = [value_of(m, name) if name in headline else getattr(m, name) for m in metrics]
+    # the distribution metrics, in `extra` at the checkpoints their pass measured (None between)
+    in_extra = (*headline, *(f"{q}{part}" for q in DISTRIBUTION for part in ("", "_se")))
+    for name in (*METRIC_FIELDS, *in_extra):
+        values = [value_of(m, name) if name in in_extra else getattr(m, name) for m in metrics]
         if any(v is not None for v in values):
             cols[name] = [finite_or_none(v) if isinstance(v, float) else v for v in values]
     return cols
@@ -347,6 +356,7 @@ def grid_detail(session: Session, grid: Grid, alarm_minutes: float = 15.0) -> di
             warnings=warnings.get(r.id, []) + not_used.get(r.id, []),
             lpips_backbones=backbones,
             standin_steps=standin,
+            extractors=_extractors(ms),
             judge_metric=judged,
             flow_by_t=flow_by_t(ms),
             nodes=r.nodes or [],
@@ -357,7 +367,7 @@ def grid_detail(session: Session, grid: Grid, alarm_minutes: float = 15.0) -> di
             samples=sample_index([(m.step, m.extra) for m in ms]).model_dump(),
             data=data_feed([(m.step, m.extra) for m in ms]).model_dump(),
             paired=(
-                {q: paired_difference(ms, metrics[ctrl.id], q) for q in (HEADLINE, *QUALITY)}
+                {q: paired_difference(ms, metrics[ctrl.id], q) for q in (HEADLINE, *QUALITY, *DISTRIBUTION)}
                 if ctrl is not None and r.id != ctrl.id
                 else None
             ),

@@ -14,6 +14,18 @@
     { key: "val_flow_ivw", title: "Held-out flow loss (headline: timesteps weighted)", yLabel: "weighted MSE" },
     { key: "val_flow_loss", title: "Held-out flow loss (plain mean)", yLabel: "velocity MSE" },
   ];
+  // Distribution metrics (eval.distribution): charted where a run measured them, each naming its extractor.
+  const DISTRIBUTION = [
+    { key: "cmmd", title: "CMMD", yLabel: "MMD² ×1000", dist: true },
+    { key: "dino_mmd", title: "DINO-MMD", yLabel: "MMD² ×1000", dist: true },
+    { key: "fd_dinov2", title: "FD-DINOv2", yLabel: "Fréchet distance", dist: true },
+  ];
+  const measured = (d) => QUALITY.concat(DISTRIBUTION.filter((q) => d.runs.some((r) => r.series && r.series[q.key])));
+  const extractorNote = (d, key) => {
+    const labels = Array.from(new Set(d.runs.map((r) => (r.extractors || {})[key]).filter(Boolean)));
+    const standin = labels.some((l) => l.includes("stand-in"));
+    return `${labels.join(", ")}${standin ? ": stand-in extractor: descriptive" : ""}`;
+  };
   const FLOW = "val_flow_ivw";
   const STANDIN_KEYS = new Set(["recon_lpips", "text_lpips", "text_manip_delta"]);  // what a stand-in LPIPS scores
   const FIRST_HEIGHT = 180;  // the first screen's two charts: lower, so the effects under them show too
@@ -201,11 +213,11 @@
       return document.getElementById(rows[axis]);
     };
     for (const [axis, xKey, xLabel] of [["step", "step", "step"], ["hours", "gpu_hours", "GPU-hours"]]) {
-      for (const q of QUALITY) {
+      for (const q of measured(d)) {
         if (place(q.key, axis) === null) continue;
         charts.push(chartCard(place(q.key, axis), {
           key: q.key, axis, height: q.key === d.judge && axis === "step" ? FIRST_HEIGHT : undefined, title: `${q.title}${axis === "hours" ? " vs GPU-hours" : ""}`,
-          note: q.key === FLOW ? judgeNote(d) : q.key.endsWith("lpips") ? note : null,
+          note: q.dist ? extractorNote(d, q.key) : q.key === FLOW ? judgeNote(d) : q.key.endsWith("lpips") ? note : null,
           xLabel, yLabel: q.yLabel || (q.key === "text_manip_delta" ? "LPIPS delta" : "LPIPS"),
           tables: d.runs.flatMap((r) => lineTables(r, xKey, q.key, `${q.key}_se`, 1)),
           markers: qualityMarkers(d, q, xKey),
@@ -225,7 +237,7 @@
     }
     renderByT(d);
     const others = d.runs.filter((r) => r.paired);
-    for (const q of QUALITY) {
+    for (const q of measured(d)) {
       if (place(q.key, "paired") === null) continue;
       const tables = others.flatMap((r) => pairedTables(r, q.key));
       const methods = new Set(tables.map((t) => t.seMethod));

@@ -348,3 +348,38 @@ def test_a_command_arm_s_own_metrics_are_charted_by_name(base_url: str, database
     assert img.get_attribute("src").endswith(f"/api/runs/{command_id}/samples/30/own_0.png")
     assert "grid.png" in img.get_attribute("title")
     page.close()
+
+
+@needs_chromium
+def test_a_distribution_metric_is_charted_naming_its_standin_extractor(  # type: ignore[no-untyped-def]
+    base_url: str, database_url: str, browser_context
+) -> None:
+    """CMMD (kept in Metric.extra at the checkpoints its pass measured) gets charts by step, GPU-hours and paired
+    against the control, their note naming the extractor and that a stand-in is descriptive; DINO-MMD, not
+    measured, gets none."""
+    from orchestrator.db.session import session_scope
+    from orchestrator.grids.service import GridCreate, create_grid
+    from orchestrator.runs.ingest import ingest
+
+    label = "clip-vit-l-14-336 small random stand-in (no weights)"
+    dist = {"eval": {"distribution": {"metrics": ["cmmd"], "samples": 32}}, "model": {"size": "tiny"}}
+    with session_scope(database_url) as s:
+        grid = create_grid(s, GridCreate(name="cmmd", arms=[{"parent": "A", "name": "base", **dist},
+                                                            {"parent": "A", "name": "worse", **dist}]))  # fmt: skip
+        for run, shift in zip(grid.runs, (0.0, 0.5), strict=True):
+            ingest(s, run, [{"step": step, "gpu_hours": step / 100, "cmmd": 2 + shift - step / 20, "cmmd_se": 0.05,
+                             "cmmd_n": 32, "cmmd_extractor": label, "cmmd_samples": [2 + shift - step / 20] * 32}
+                            for step in (10, 20)], detect=False)  # fmt: skip
+        gid = grid.id
+
+    page = browser_context.new_page()
+    page.goto(f"{base_url}/grids/{gid}")
+    page.wait_for_selector("main#grid[data-ready='true']")
+    cmmd = "figure.chart[data-key='cmmd'][data-axis='step']"
+    page.wait_for_selector(f"{cmmd}[data-drawn]")
+    assert page.get_attribute(cmmd, "data-drawn") == "base,worse"
+    assert f"{label}: stand-in extractor: descriptive" in page.inner_text(f"{cmmd} figcaption")
+    assert page.get_attribute("figure.chart[data-key='cmmd'][data-axis='hours']", "data-drawn") == "base,worse"
+    assert page.get_attribute("figure.chart[data-key='paired_cmmd']", "data-drawn") == "worse"
+    assert page.locator("figure.chart[data-key='dino_mmd']").count() == 0
+    page.close()
