@@ -20,9 +20,10 @@ _LPIPS, _DELTA, _NONNEGATIVE = (0.0, 2.0), (-2.0, 2.0), (0.0, math.inf)
 ANY_METRIC_BOUND = 1e30
 # A distribution metric's MMD² (cmmd, dino_mmd) is 1000 x kernel means in [0, 1] (model/distribution_stats.py),
 # and so is each per-sample pseudo-value c_i = U_xx + 2 (n-1)/(n-2) (g_i - U_xx) - 2 r_i + U_yy: |c_i| <=
-# 1 + 2 x 7/6 at n >= 8 samples; the U-statistic itself can be slightly negative. A Fréchet distance has no
-# bound but its floating-point round-off below 0, so it is left unranged; its SE, n and the pass's seconds are >= 0.
-_MMD = (-3400.0, 3400.0)
+# 1 + 2 (n-1)/(n-2) <= 5 (x 1000) at the n >= 3 samples it needs; the U-statistic can be slightly negative.
+# A Fréchet distance has no bound but its round-off below 0, so it is left unranged; its SE, n and the pass's
+# seconds are >= 0.
+_MMD = (-5000.0, 5000.0)
 METRIC_RANGES: dict[str, tuple[float, float]] = {
     "cmmd": _MMD, "dino_mmd": _MMD,
     **{f"{m}_{part}": _NONNEGATIVE for m in DISTRIBUTION_METRICS for part in ("se", "n")},

@@ -108,7 +108,7 @@ def test_a_distribution_value_outside_its_range_is_refused_and_the_per_sample_va
     from orchestrator.runs.ingest import refused_metrics
 
     assert refused_metrics(_records(REAL)) is None
-    assert "cmmd 5000 is outside its range" in refused_metrics([_record(100, REAL) | {"cmmd": 5000.0}])
+    assert "cmmd 6000 is outside its range" in refused_metrics([_record(100, REAL) | {"cmmd": 6000.0}])
     assert "cmmd_samples holding" in refused_metrics([_record(100, REAL) | {"cmmd_samples": [1.0, -9000.0]}])
     assert "distribution_seconds -1" in refused_metrics([_record(100, REAL) | {"distribution_seconds": -1.0}])
     assert refused_metrics([_record(100, REAL) | {"fd_dinov2": -1e-9, "fd_dinov2_se": 0.3}]) is None  # round-off
