@@ -1,5 +1,6 @@
 """`ablate import CURVES --name NAME`: store recorded curves (ablate's curves JSON, a W&B CSV export or offline
-runs, TensorBoard event files) as a finished grid, detector replayed."""
+runs, TensorBoard event files, a CSV of runs such as PRX's FID / CMMD / DINO-MMD curves) as a finished grid,
+detector replayed."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ def import_command(
     curves: Annotated[
         Path,
         typer.Argument(
-            help="Curves JSON {arm: {label, start_time, checkpoints: [{step, ...}]}}, a W&B CSV export, W&B offline "
+            help="Curves JSON {arm: {label, start_time, checkpoints: [{step, ...}]}}, a W&B CSV export, a CSV of "
+            "runs (columns run, step and one per metric: FID, CMMD, DINO-MMD as PRX publishes them), W&B offline "
             "runs (a run-*.wandb file or a folder of them) or TensorBoard event files (a file or a log directory)"
         ),
     ],
@@ -46,7 +48,9 @@ def import_command(
     """Import recorded curves as a finished grid and replay the collapse detector over them.
 
     A study run elsewhere comes in from its tracker: each W&B or TensorBoard run is one curve named after
-    the run (name runs after their arm, A_baseline, or map them with --arm). One run per curve (state
+    the run (name runs after their arm, A_baseline, or map them with --arm). Distribution metrics (FID, CMMD,
+    DINO-MMD) come in as fid, cmmd and dino_mmd, labelled as published; `--policy` with `metric: cmmd` replays
+    the detector on CMMD. One run per curve (state
     completed, or stopped where the detector stops it, with its reason and best checkpoint), one metric
     row per checkpoint. Prints the grid id and each arm's verdict.
     """
