@@ -119,10 +119,18 @@ def load_pretrained(entry: ExtractorEntry, files: dict[str, Path]) -> FeatureNet
         config.save_pretrained(tmp)
         for filename, path in files.items():
             (Path(tmp) / filename).symlink_to(path.resolve())
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # its notes on unused checkpoint tensors: checked below instead
-            model, info = cls.from_pretrained(tmp, local_files_only=True, output_loading_info=True,
-                                              dtype=torch.float32)
+        from transformers.utils import logging as hf_logging
+
+        bar = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()  # a worker's log is no terminal
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # its notes on unused checkpoint tensors: checked below instead
+                model, info = cls.from_pretrained(tmp, local_files_only=True, output_loading_info=True,
+                                                  dtype=torch.float32)
+        finally:
+            if bar:
+                hf_logging.enable_progress_bar()
     missing, mismatched = list(info.get("missing_keys", ())), list(info.get("mismatched_keys", ()))
     if missing or mismatched:
         raise ExtractorLoadError(
