@@ -20,12 +20,10 @@ from tests.orchestrator.test_cli import ablate
 
 
 def test_the_decidable_metrics_are_the_reports_compared_ones() -> None:
-    # the distribution metrics are compared only where eval.distribution measures them; of them, the MMDs decide
-    from model.spec import DISTRIBUTION_METRICS
+    # but a Fréchet distance: compared, with no per-sample values to decide on
+    from orchestrator.grids.deciding import UNDECIDABLE_METRICS
 
-    plain = set(DISTRIBUTION_METRICS)
-    assert sorted(set(DECIDABLE_METRICS) - plain) == sorted(set(COMPARED) - plain)
-    assert set(DECIDABLE_METRICS) & plain == {"cmmd", "dino_mmd"}
+    assert sorted(DECIDABLE_METRICS) == sorted(set(COMPARED) - set(UNDECIDABLE_METRICS))
 
 
 def test_the_default_check_is_the_maths_one() -> None:
