@@ -181,9 +181,9 @@ def deciding_words(session: Session, grid: Grid) -> str | None:
     if state is None or decide is None:
         return None
     where = ("decision ended" if state.final else f"{len(state.open)} open") if state.looks else "no look yet"
-    return (f"Decided look by look at {state.rate} (held over all looks), {decide.min_seeds} to "
-            f"{decide.max_seeds} seeds: {state.looks} look(s), {state.decided} decided, {state.undecided} "
-            f"undecided, {where}.")  # fmt: skip
+    return (f"Decided look by look, {decide.min_seeds} to {decide.max_seeds} seeds, at {state.rate}, held over "
+            f"all looks: {state.looks} look(s), {state.decided} decided, {state.undecided} undecided, "
+            f"{where}.")  # fmt: skip
 
 
 def decision_json(session: Session, grid: Grid) -> dict | None:

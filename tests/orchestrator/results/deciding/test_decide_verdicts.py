@@ -82,7 +82,7 @@ def test_an_arm_equal_to_its_parent_ends_equivalent_and_the_report_says_why(sett
     words = "equivalent (look 1, alpha spent 0.05, k=2, n=16): the interval lies inside +-0.05"
     assert words in RENDERERS["md"](report) and words in RENDERERS["html"](report)
     assert '"decision_reason": "the interval lies inside +-0.05"' in RENDERERS["json"](report)
-    header = ("Decided look by look at alpha 0.05 per comparison (held over all looks), 2 to 2 seeds: 1 look(s), "
+    header = ("Decided look by look, 2 to 2 seeds, at alpha 0.05 per comparison, held over all looks: 1 look(s), "
               "1 decided, 0 undecided, decision ended.")  # fmt: skip
     assert report.deciding == header and header in RENDERERS["md"](report)
 
@@ -104,5 +104,5 @@ def test_a_familywise_grid_spends_alpha_over_m_on_each_comparison(settings: Sett
     assert [c.alpha_spent for c in comparisons] == [pytest.approx(each)] * 2
     rate = ("alpha 0.05 familywise over 2 comparisons (0.025 a comparison)" if error_rate == "familywise"
             else "alpha 0.05 per comparison")  # fmt: skip
-    assert report.deciding is not None and f"at {rate} (held over all looks)" in report.deciding
+    assert report.deciding is not None and f"at {rate}, held over all looks" in report.deciding
     assert f"alpha spent {each:g}" in RENDERERS["md"](report)
