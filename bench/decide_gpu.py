@@ -23,9 +23,12 @@ each arm's seed variance is borrowed from it (results/deciding/borrowed.py) and 
 one: its GPU-hours against what a fixed 3-seed run of it would cost (the fixed grid's).
 
 On the GPU machine: `bash bench/decide_gpu.sh [args]` (the carried wheels and Ray, then this script).
-Dry run on a CPU machine with logical GPUs:
+`--distribution-samples N` (issue 58): the fixed grid's runs also score CMMD (eval.distribution) on N samples at
+their last checkpoint; its table follows, and the GPU-hours are compared with and without those passes' seconds.
+
+Dry run on a CPU machine with logical GPUs (about 7 minutes on 2 shared cores):
     PYTHONPATH=. ABLATE_LOGICAL_GPUS=4 python bench/decide_gpu.py --size tiny --steps 20 --every 10 --batch 4 \
-        --num-images 64 --held-out 16 --num-samples 4 --sampler-steps 2
+        --num-images 64 --held-out 64 --num-samples 16 --sampler-steps 2 --distribution-samples 16
 """
 
 from __future__ import annotations
@@ -47,12 +50,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from quad_node import TOKEN, serving  # noqa: E402 - a bench beside it
 
 from model.flow_headline import HEADLINE  # noqa: E402
+from orchestrator.db.models import Grid  # noqa: E402
 from orchestrator.db.session import session_scope  # noqa: E402
 from orchestrator.results.deciding.decisions import grid_looks, look_comparisons  # noqa: E402
 
 A_LR = 3.0e-4  # arms/A.yaml
 ARMS: list[Any] = ["A", "C", {"parent": "A", "name": "A-lr10", "schedule": {"lr": A_LR / 10}}]
 TERMINAL = {"completed", "stopped", "failed"}
+DISTRIBUTION_LAST_ONLY = 10_000  # eval.distribution.every: a pass at the last checkpoint only
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
@@ -74,9 +79,16 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
 def bodies(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     decide = {"alpha": args.alpha, "min_seeds": args.min_seeds, "max_seeds": args.max_seeds,
               "max_images": args.max_images, "margin": {HEADLINE: 0.0}}  # fmt: skip
+    if args.max_gpu_hours is not None:  # else the submit's worst case, stored with the grid
+        decide["max_gpu_hours"] = args.max_gpu_hours
     common = {"arms": ARMS, "overrides": overrides(args), "control": "A"}
+    fixed = {**common, "overrides": overrides(args)}
+    if args.distribution_samples:  # issue 58: CMMD on the fixed grid's last checkpoints (its passes timed apart)
+        fixed["overrides"]["eval"]["distribution"] = {
+            "metrics": ["cmmd"], "samples": args.distribution_samples, "every": DISTRIBUTION_LAST_ONLY,
+            "sampler_steps": args.sampler_steps}  # fmt: skip
     return {"decide": {"name": f"decide {args.size} x{args.steps}", **common, "decide": decide},
-            "fixed": {"name": f"fixed3 {args.size} x{args.steps}", **common, "seeds": args.fixed_seeds}}
+            "fixed": {"name": f"fixed3 {args.size} x{args.steps}", **fixed, "seeds": args.fixed_seeds}}
 
 
 def get(url: str, path: str, **params: Any) -> Any:
@@ -123,7 +135,7 @@ def ts(s: str | None) -> float | None:
 def costs(url: str, gid: int) -> dict[str, Any]:
     """The grid's GPU-hours, recorded and held, its runs per arm, and its wall time in seconds."""
     grid = get(url, f"/api/grids/{gid}")
-    recorded = held = 0.0
+    recorded = held = dist_h = 0.0
     seeds: dict[str, int] = {}
     ends = []
     created = ts(grid["created_at"]) or 0.0
@@ -134,6 +146,7 @@ def costs(url: str, gid: int) -> dict[str, Any]:
         rows = get(url, f"/api/runs/{r['id']}/metrics")
         run_h = max((m["gpu_hours"] for m in rows if m.get("gpu_hours") is not None), default=0.0)
         recorded += run_h
+        dist_h += sum((m.get("extra") or {}).get("distribution_seconds") or 0.0 for m in rows) / 3600
         start, end = ts(r["started_at"]), ts(r["finished_at"])
         if start and end:
             held += (end - start) / 3600 * gpus
@@ -148,13 +161,14 @@ def costs(url: str, gid: int) -> dict[str, Any]:
     ends += [t for e in evaluations if (t := ts(e["finished_at"]))]
     looks = [e for e in get(url, "/api/events", grid=gid, kind="decide.look") if e["data"].get("final")]
     end = ts(looks[0]["time"]) if looks else max(ends, default=None)
-    return {"recorded_h": recorded + eval_h, "held_h": held + eval_h, "eval_h": eval_h, "runs": len(grid["runs"]),
+    return {"recorded_h": recorded + eval_h, "held_h": held + eval_h, "eval_h": eval_h, "dist_h": dist_h,
+            "runs": len(grid["runs"]),
             "seeds": seeds, "evaluations": [(e["images"], e["state"]) for e in evaluations],
             "wall_s": (end - created) if end and created else None, "rows": rows_out}  # fmt: skip
 
 
-def headline_effects(url: str, gid: int) -> list[dict[str, Any]]:
-    return [e for e in get(url, f"/api/grids/{gid}/report.json")["effects"] if e["metric"] == HEADLINE]
+def headline_effects(url: str, gid: int, metric: str = HEADLINE) -> list[dict[str, Any]]:
+    return [e for e in get(url, f"/api/grids/{gid}/report.json")["effects"] if e["metric"] == metric]
 
 
 def num(x: float | None, f: str = ".4f") -> str:
@@ -174,6 +188,17 @@ def look_lines(database_url: str, gid: int) -> list[str]:
             for a in look.actions:
                 out.append(f"| {look.wave + 1} | queued: {a['words']} | | | | | | | |")
     return out
+
+
+def budget_lines(database_url: str, gid: int, spent_h: float) -> list[str]:
+    """The deciding grid's stored caps (decide.max_gpu_hours, max_looks, max_evaluations) against its spend, so
+    a reader sees whether a cap, not the statistics, closed it."""
+    with session_scope(database_url) as session:
+        decide = session.get(Grid, gid).decide or {}
+    cap = decide.get("max_gpu_hours")
+    room = f"{spent_h / cap:.2f} of it spent" if cap else "no cap"
+    return [f"The deciding grid's stored budget: max_gpu_hours {num(cap, '.4f')} ({room}), max_looks "
+            f"{decide.get('max_looks')}, max_evaluations {decide.get('max_evaluations')}"]
 
 
 def comparison_table(decided: list[dict[str, Any]], fixed: list[dict[str, Any]]) -> list[str]:
@@ -234,23 +259,39 @@ def report(url: str, database_url: str, answers: dict[str, dict[str, Any]], done
         extra = (f" (worst case {num(a.get('worst_case_gpu_hours'), '.4f')} GPU-h, expected "
                  f"{num(a.get('expected_gpu_hours'), '.4f')} GPU-h)") if label == "decide" else ""  # fmt: skip
         say(f"- {label} grid {a['id']}: {a['cost']}{extra}")
+    if "decide" in gids:
+        say("", *budget_lines(database_url, gids["decide"], c["decide"]["recorded_h"]))
     say("", "| grid | done | runs (per arm) | evaluations (images, state) | GPU-h recorded | GPU-h held | of which "
-        "evaluations | wall s |", "|---|---|---|---|---|---|---|---|")  # fmt: skip
+        "evaluations | of which distribution passes | wall s |", "|---|---|---|---|---|---|---|---|---|")  # fmt: skip
     for label, x in c.items():
         say(f"| {label} ({gids[label]}) | {'yes' if done[label] else 'NO (out of time)'} | {x['runs']} "
             f"({', '.join(f'{a} {n}' for a, n in x['seeds'].items())}) | {x['evaluations'] or '-'} | "
-            f"{x['recorded_h']:.4f} | {x['held_h']:.4f} | {x['eval_h']:.4f} | {num(x['wall_s'], '.0f')} |")  # fmt: skip
+            f"{x['recorded_h']:.4f} | {x['held_h']:.4f} | {x['eval_h']:.4f} | {x['dist_h']:.4f} | "
+            f"{num(x['wall_s'], '.0f')} |")  # fmt: skip
     if len(c) == 2:
         d, f = c["decide"], c["fixed"]
         ratio = lambda k: f"{d[k] / f[k]:.3f}" if d[k] and f[k] else "-"  # noqa: E731
         say("", f"decided / fixed: GPU-h recorded {ratio('recorded_h')}, held {ratio('held_h')}, "
             f"wall {ratio('wall_s')}")
+        if f["dist_h"]:  # the fixed grid's distribution passes are issue 58's, not deciding's: compared without
+            less = lambda k: (f"{(d[k] - d['dist_h']) / (f[k] - f['dist_h']):.3f}"  # noqa: E731
+                              if f[k] > f["dist_h"] else "-")
+            say("", f"without the distribution passes' seconds: GPU-h recorded {less('recorded_h')}, held "
+                f"{less('held_h')}")
     for label, x in c.items():
         say("", f"{label} runs (from the grid's submission; GPU-s as the trainer recorded them):", "",
             *(f"- {row}" for row in x["rows"]))  # fmt: skip
     decided = [e for e in effects.get("decide", []) if e.get("decision")] or effects.get("fixed", [])
     say("", "Each comparison on the decided metric (report JSON; the fixed grid's own 95% crossed interval):", "",
         *comparison_table(decided, effects.get("fixed", [])), "")  # fmt: skip
+    cmmd = headline_effects(url, gids["fixed"], "cmmd") if "fixed" in gids else []
+    if cmmd:
+        say("The fixed grid's CMMD (x1000, its last checkpoints; report JSON):", "",
+            "| comparison | diff [95% interval] | k | n | reading | extractor |", "|---|---|---|---|---|---|",
+            *(f"| {e['arm']} - {e['other_arm']} | {e['diff']:+.4f} [{num(e['low'], '+.4f')}, "
+              f"{num(e['high'], '+.4f')}] | {e['k']} | {e.get('n') or '-'} | {e.get('reading', '-')} | "
+              f"{e.get('extractor', '-')} |" for e in cmmd),
+            "")  # fmt: skip
     if "decide" in gids:
         say("The deciding grid's looks (decision_looks table):", "", *look_lines(database_url, gids["decide"]), "",
             "`ablate status` of the deciding grid:", "", "```", ablate_status(database_url, gids["decide"]).rstrip(),
@@ -272,7 +313,11 @@ def main() -> None:
     ap.add_argument("--min-seeds", type=int, default=2)
     ap.add_argument("--max-seeds", type=int, default=3)
     ap.add_argument("--max-images", type=int, default=None)
+    ap.add_argument("--max-gpu-hours", type=float, default=None,
+                    help="decide.max_gpu_hours (default: the product's, the worst case the submit projects)")
     ap.add_argument("--fixed-seeds", type=int, default=3)
+    ap.add_argument("--distribution-samples", type=int, default=0,
+                    help="issue 58: the fixed grid's runs score CMMD on this many samples at their last checkpoint")
     ap.add_argument("--order", default="sequential", choices=["sequential", "fixed-first", "together"])
     ap.add_argument("--borrow", action="store_true", help="the deciding grid borrows the fixed grid's seed variances")
     ap.add_argument("--port", type=int, default=8767)
