@@ -31,6 +31,7 @@ from decide_sim import (
     ALPHA,
     ARMS,
     COMPARISONS,
+    EFFECTS,
     FIXED_IMAGES,
     FIXED_SEEDS,
     IMAGE_HOURS,
@@ -40,7 +41,6 @@ from decide_sim import (
     Design,
     Reading,
     borrowed_of,
-    cells,
     correct,
     draw,
     fixed_hours,
@@ -171,6 +171,11 @@ def run_cell(args: tuple[Cell, Design, int, int]) -> tuple[Cell, Tally]:
             seeds, images = follow_up(values, lenders, design, tally, i)
             lend(lenders, values, seeds, images)
     return cell, tally
+
+
+def cells() -> list[Cell]:
+    """The headline's and the plain mean's profiles, arm D's seeds at 1x and 3x the others' spread, both effects."""
+    return [Cell(p, s, e) for p in ("headline", "plain mean") for s in (1.0, 3.0) for e in EFFECTS]
 
 
 def main() -> None:

@@ -46,10 +46,11 @@ import argparse
 import math
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from orchestrator.grids.deciding import DecideSpec
 from orchestrator.results.deciding.borrowed import (
     CHECK,
     SeedVariance,
@@ -74,7 +75,8 @@ from orchestrator.results.deciding.sequential import (
     mean_variance,
     plan_wave,
 )
-from orchestrator.results.reports.crossed import components, crossed_interval
+from orchestrator.results.reports import crossed
+from orchestrator.results.reports.crossed import Components, CrossedInterval
 from orchestrator.results.reports.stats import t_quantile
 
 ARMS = ("A", "B", "C", "D")
@@ -83,18 +85,20 @@ NULL = (("B", "A"), ("D", "C"))
 SEED_HOURS = {"A": 6.66, "B": 3.15, "C": 3.16, "D": 3.23}
 IMAGE_HOURS = 10.0 / 64 / 3600  # one image evaluated on one run
 FIXED_SEEDS, FIXED_IMAGES = 3, 64
-PROFILES = {"headline": (0.001, 0.011, 0.0018), "plain mean": (0.0083, 0.044, 0.0106)}
+PROFILES = {"headline": (0.001, 0.011, 0.0018), "mixed": (0.002, 0.011, 0.004),
+            "seed-dominated": (0.006, 0.0015, 0.006), "plain mean": (0.0083, 0.044, 0.0106)}  # fmt: skip
+DEFAULT = DecideSpec()  # the product's default spec: what a user gets who sets nothing
 EFFECTS = (0.0075, 0.002)
 ALPHA = 0.05
 
 
 @dataclass(frozen=True)
 class Design:
-    min_seeds: int = 2
-    max_seeds: int = 3
+    min_seeds: int = DEFAULT.min_seeds
+    max_seeds: int = DEFAULT.max_seeds
     images: int = 64  # what every run is evaluated on first
     max_images: int = 256
-    futility: float = FUTILITY
+    futility: float = FUTILITY if DEFAULT.futility is None else DEFAULT.futility
     seed_df_quantile: float = SEED_DF_QUANTILE
     borrow_df: float = 0.0  # --borrow: > 0 borrows the measured 1x seed variance, on this many df (below)
     earlier_seeds: int = 0  # --earlier: > 0 reads each arm's seed variance pooled with an earlier grid's of it
@@ -107,6 +111,7 @@ class Cell:
     profile: str
     spread: float  # arm D's seed SD over the others'
     effect: float
+    variant: str = "default"  # the spec the cell runs (VARIANTS)
 
 
 @dataclass
@@ -178,6 +183,24 @@ def correct(pair: tuple[str, str], low: float, high: float) -> bool:
     return high < 0 if pair in (("C", "B"), ("C", "A"), ("D", "A")) else False
 
 
+def table_components(diff: np.ndarray) -> Components:
+    """The report's components of a k x n table of differences (crossed.py `components`), its mean squares
+    summed by numpy: crossed.py sums them in Python, 7 ms a table of 8 x 256, most of a study's time. The
+    reading of the mean squares (clipping, df, the priced seed) is crossed.py's own (tests: equal to it)."""
+    k, n = diff.shape
+    grand, rows, cols = float(diff.mean()), diff.mean(axis=1), diff.mean(axis=0)
+    ms_seed = n * float(((rows - grand) ** 2).sum()) / (k - 1)
+    ms_rest = float(((diff - rows[:, None] - cols[None, :] + grand) ** 2).sum()) / ((k - 1) * (n - 1))
+    ms_image = k * float(((cols - grand) ** 2).sum()) / (n - 1)
+    side = crossed._Side(k, ms_seed, ms_rest, cols.tolist(), grand)
+    return crossed._read([side], ms_image / k, n)
+
+
+def table_interval(diff: np.ndarray) -> CrossedInterval:
+    """The report's crossed interval of a k x n table of differences (crossed.py `crossed_interval`)."""
+    return crossed._interval(float(diff.mean()), table_components(diff), t_quantile)
+
+
 @dataclass(frozen=True)
 class Reading:
     mean: float
@@ -192,8 +215,7 @@ def read(diff: np.ndarray, design: Design, prior_seed: float) -> Reading:
     these arms, on design.borrow_df df), which also reads one seed (k = 1: the report has no interval)."""
     k, n = diff.shape
     if design.borrow_df <= 0:
-        ci = crossed_interval(diff.tolist(), t_quantile)
-        assert ci is not None
+        ci = table_interval(diff)
         comp = ci.components
         return Reading(ci.mean, ci.se, decision_df(comp, k, n, design.seed_df_quantile),
                        Variance(comp.seed, comp.image, comp.rest))  # fmt: skip
@@ -203,8 +225,7 @@ def read(diff: np.ndarray, design: Design, prior_seed: float) -> Reading:
         v = Variance(prior_seed, float(row.var(ddof=1)), 0.0)  # the rest folds into the images' spread
         seed_df = df0
     else:
-        ci = crossed_interval(diff.tolist(), t_quantile)
-        assert ci is not None
+        ci = table_interval(diff)
         comp = ci.components
         pooled = (df0 * prior_seed + (k - 1) * comp.seed) / (df0 + k - 1)
         v, seed_df = Variance(pooled, comp.image, comp.rest), df0 + k - 1
@@ -229,8 +250,7 @@ def borrowed_of(diff: np.ndarray, seeds: SeedVariance, design: Design, floor: fl
     if k == 1:
         own, images = None, SeedVariance(float(diff[0].var(ddof=1)) / n, n - 1)
     else:
-        comp = components(diff.tolist())
-        assert comp is not None
+        comp = table_interval(diff).components
         own, images = crossed_parts(comp.seed, comp.image, comp.rest, k, n)
     r = borrowed_reading(own, images, k, seeds, design.check, design.seed_df_quantile, floor=floor)
     return Reading(float(diff.mean()), r.se, r.df, Variance(r.seeds.variance.value, images.value * n, 0.0))
@@ -241,7 +261,7 @@ def judge_look(r: Reading, fractions: list[float], pair: tuple[str, str], k: int
     """One comparison's look as the decider takes it: this look's information fraction appended to `fractions`,
     the boundary's decision, and for an open comparison the chooser's next action (None once it is closed).
     The one place every simulation here takes a look, so a change to the fraction or the boundary reaches all."""
-    fractions.append(information_fraction(r.variance, k, n, design.max_seeds, design.max_images))
+    fractions.append(information_fraction(k, n, design.max_seeds, design.max_images))
     look = decide(r.mean, r.se, r.df, fractions, k=k, n=n, alpha=alpha, last=last, futility=design.futility,
                   error_rate=error_rate)  # fmt: skip
     if look.decision != Verdict.OPEN:
@@ -283,9 +303,7 @@ def study(values: dict[str, np.ndarray], design: Design, tally: Tally, prior_see
     tally.hours += sum(seeds[a] * (SEED_HOURS[a] + evaluated[a] * IMAGE_HOURS) for a in ARMS)
     tally.seeds_added += sum(seeds[a] - 2 for a in ARMS)
     for p in COMPARISONS:  # the fixed design on the same study
-        table = (values[p[0]][:FIXED_SEEDS, :FIXED_IMAGES] - values[p[1]][:FIXED_SEEDS, :FIXED_IMAGES]).tolist()
-        ci = crossed_interval(table, t_quantile)
-        assert ci is not None
+        ci = table_interval(values[p[0]][:FIXED_SEEDS, :FIXED_IMAGES] - values[p[1]][:FIXED_SEEDS, :FIXED_IMAGES])
         t_stat = ci.mean / ci.se if ci.se > 0 else 0.0
         if p in NULL:
             tally.null_fixed += ci.low > 0 or ci.high < 0
@@ -308,8 +326,39 @@ def run_cell(args: tuple[Cell, Design, int, int]) -> tuple[Cell, Tally]:
     return cell, tally
 
 
-def cells() -> list[Cell]:
-    return [Cell(p, s, e) for p in PROFILES for s in (1.0, 3.0) for e in EFFECTS]
+def variant(name: str, base: Design) -> Design:
+    """The design a variant runs: the base (the product's default DecideSpec, or the command line's) as it is,
+    or with one setting a user may change. Futility off where a setting is varied: futility only ever removes
+    calls, so off is where the error rate is tested hardest."""
+    if name == "default":
+        return base
+    off = replace(base, futility=0.0)
+    if name == "futility off":
+        return off
+    if name.startswith("max_seeds "):
+        most = int(name.split()[1])
+        return replace(off, max_seeds=most, min_seeds=min(off.min_seeds, most))
+    if name == "borrowed":  # decide.borrow_from: an earlier 3-seed grid of each arm, one seed of its own first
+        return replace(off, min_seeds=1, earlier_seeds=base.earlier_seeds or 3)
+    raise ValueError(f"unknown variant {name!r}: one of {', '.join(VARIANTS)}")
+
+
+VARIANTS = ("default", "futility off", "max_seeds 2", "max_seeds 3", "max_seeds 16", "borrowed")
+
+
+def cells(variants: tuple[str, ...], full: bool) -> list[Cell]:
+    """The default spec on the headline (image-dominated), mixed and seed-dominated profiles, each with arm
+    D's seeds at 1x and 3x the others' spread, at the large effect (and the headline's small one); each other
+    variant on the headline and seed-dominated, 1x and 3x. `full` adds the plain mean and the small effect
+    everywhere."""
+    profiles = [p for p in PROFILES if full or p != "plain mean"]
+    out = []
+    for v in variants:
+        ps = profiles if v == "default" or full else ["headline", "seed-dominated"]
+        out += [Cell(p, s, EFFECTS[0], v) for p in ps for s in (1.0, 3.0)]
+        out += [Cell(p, s, EFFECTS[1], v) for p in ps for s in (1.0, 3.0)
+                if full or (v == "default" and p == "headline" and s == 1.0)]  # fmt: skip
+    return out
 
 
 def main() -> None:
@@ -333,31 +382,36 @@ def main() -> None:
         metavar="DF",
         help="the stretch: one seed of B-D, the seed variance borrowed from an earlier grid on DF df",
     )
+    ap.add_argument("--variant", action="append", choices=VARIANTS,
+                    help="run only this variant of the spec (repeatable; default: every one)")
     args = ap.parse_args()
     studies = args.studies or (1000 if args.quick else 10_000)
-    design = Design(
+    base = Design(
         min_seeds=args.min_seeds, max_seeds=args.max_seeds, images=args.images, futility=args.futility,
         seed_df_quantile=args.seed_df_quantile, borrow_df=args.borrow, earlier_seeds=args.earlier,
         earlier_spread=args.earlier_spread, check=args.check,
     )  # fmt: skip
+    variants = tuple(args.variant or VARIANTS)
     start = time.monotonic()
     chunk = 250  # studies a job: each (cell, chunk) has its own RNG seed, so the table is the same however many workers
-    jobs = [(c, design, min(chunk, studies - lo), 50_000 + 1000 * i + lo // chunk)
-            for i, c in enumerate(cells()) for lo in range(0, studies, chunk)]  # fmt: skip
+    todo = cells(variants, full=not args.quick and args.studies is None)
+    jobs = [(c, variant(c.variant, base), min(chunk, studies - lo), 50_000 + 1000 * i + lo // chunk)
+            for i, c in enumerate(todo) for lo in range(0, studies, chunk)]  # fmt: skip
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         parts = list(pool.map(run_cell, jobs))
     by_cell: dict[Cell, Tally] = {}
     for cell, tally in parts:
         by_cell[cell] = merged(by_cell[cell], tally) if cell in by_cell else tally
-    results = list(by_cell.items())
     fixed = fixed_hours()
-    print(f"{studies} studies a cell; {design}; fixed design: {FIXED_SEEDS} seeds x {FIXED_IMAGES} images, "
-          f"{fixed:.1f} GPU-h; alpha {ALPHA} per comparison")  # fmt: skip
-    print("| profile | D's seed SD | effect | type I by look (cumulative; fixed) | power C-B / C-A / D-A "
+    print(f"{studies} studies a cell; alpha {ALPHA} per comparison; fixed design: {FIXED_SEEDS} seeds x "
+          f"{FIXED_IMAGES} images, {fixed:.1f} GPU-h")  # fmt: skip
+    for v in variants:
+        print(f"{v}: {variant(v, base)}")
+    print("| spec | profile | D's seed SD | effect | type I by look (cumulative; fixed) | power C-B / C-A / D-A "
           "(fixed; fixed at a level holding alpha) | GPU-h vs fixed | seeds added per study |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     worst_type1, worst_ratio, worst_held, headline_hours = 0.0, math.inf, math.inf, []
-    for cell, t in results:
+    for cell, t in by_cell.items():
         nulls = len(NULL) * t.studies
         cumulative, run = [], 0
         for j in range(1, max(t.null_by_look, default=0) + 1):
@@ -368,17 +422,20 @@ def main() -> None:
         for p in ("C-B", "C-A", "D-A"):
             seq, fix, held = t.power.get(p, 0) / t.studies, t.power_fixed.get(p, 0) / t.studies, held_power(t, p)
             powers.append(f"{seq:.3f} ({fix:.3f}; {held:.3f})")
-            worst_ratio = min(worst_ratio, seq / fix if fix > 0 else math.inf)
-            worst_held = min(worst_held, seq / held if held > 0 else math.inf)
+            if cell.variant == "default":
+                worst_ratio = min(worst_ratio, seq / fix if fix > 0 else math.inf)
+                worst_held = min(worst_held, seq / held if held > 0 else math.inf)
         ratio = t.hours / t.studies / fixed
-        if cell.profile == "headline":
+        if cell.profile == "headline" and cell.variant == "default":
             headline_hours.append(ratio)
         looks = " / ".join(f"{x:.4f}" for x in cumulative) or "0"
-        print(f"| {cell.profile} | {cell.spread:g}x | {cell.effect} | {looks} ({t.null_fixed / nulls:.4f}) | "
-              f"{' / '.join(powers)} | {ratio:.3f} | {t.seeds_added / t.studies:.2f} |", flush=True)  # fmt: skip
-    print(f"({time.monotonic() - start:.0f} s; power against the fixed design at a level holding alpha: "
-          f"lowest ratio {worst_held:.3f})")  # fmt: skip
-    print(f"type_I {worst_type1:.4f} power {worst_ratio:.3f} gpu_hours_vs_fixed3 {max(headline_hours):.3f}")
+        print(f"| {cell.variant} | {cell.profile} | {cell.spread:g}x | {cell.effect} | {looks} "
+              f"({t.null_fixed / nulls:.4f}) | {' / '.join(powers)} | {ratio:.3f} | "
+              f"{t.seeds_added / t.studies:.2f} |", flush=True)  # fmt: skip
+    print(f"({time.monotonic() - start:.0f} s; the default spec's power against the fixed design at a level "
+          f"holding alpha: lowest ratio {worst_held:.3f})")  # fmt: skip
+    hours = max(headline_hours, default=math.nan)
+    print(f"type_I {worst_type1:.4f} power {worst_ratio:.3f} gpu_hours_vs_fixed3 {hours:.3f}")
 
 
 if __name__ == "__main__":

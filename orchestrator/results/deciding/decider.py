@@ -233,7 +233,7 @@ def judge_comparison(e: Effect, decide: DecideSpec, look: int, max_images: int, 
         # happens to agree does not also buy many df); otherwise the report's own df.
         v, se, note = components_of(e), e.se, ""
         df = sequential.decision_df(v, e.k, e.n or 1) if e.budget is not None else e.df
-    fractions.append(sequential.information_fraction(v, e.k, e.n or 1, decide.max_seeds, max_images))
+    fractions.append(sequential.information_fraction(e.k, e.n or 1, decide.max_seeds, max_images))
     verdict = sequential.decide(e.diff, se, df, fractions, k=e.k, n=e.n or 1, alpha=decide.alpha,  # type: ignore[arg-type]
                                 direction="lower", margin=decide.margin.get(e.metric) or None, last=last,
                                 futility=futility_of(decide))  # fmt: skip

@@ -6,8 +6,9 @@ GPU-hour) and the GPU-hours a decided grid can cost. Pure: numpy and scipy only,
 The design (Jennison & Turnbull 2000, "Group Sequential Methods with Applications to Clinical Trials",
 chapters 2, 7, 9 and 11):
 - Information at a look is 1/SE^2 of the comparison's crossed mean (seeds x images, the report's crossed.py);
-  its fraction is that over the information at the budget (max_seeds seeds, max_images images), projected
-  from the same look's variance components. The fractions of earlier looks are kept as they were recorded.
+  its fraction is taken from the plan, the seeds x images measured over the budget's (max_seeds seeds,
+  max_images images), never from the look's own variance components (information_fraction says why). The
+  fractions of earlier looks are kept as they were recorded.
 - Alpha is spent by information fraction (Lan & DeMets 1983), alpha/2 on each side as R's ldbounds and
   gsDesign (test.type 2) do: O'Brien-Fleming type, each side 2 - 2 Phi(z_{1-alpha/4}/sqrt t), by default
   (almost nothing early, nearly the whole alpha at the budget), or Pocock type, alpha ln(1 + (e-1) t) in all.
@@ -15,14 +16,16 @@ chapters 2, 7, 9 and 11):
   and Rowe (1969) over the continuation region (J&T chapter 19), for any increasing fractions (spending.py).
 - The estimate's SE is itself estimated, so each look's normal boundary is turned into its nominal
   two-sided level and read off Student's t on the look's df (J&T 11.5: the "significance level"
-  approach). The interval mean +- that t quantile x SE is the look's repeated confidence interval (J&T
-  chapter 9): together the looks' intervals cover the true effect with probability 1 - alpha, which is
-  what every decision below rests on. The df is `decision_df`, not the report's Satterthwaite df: with 2
-  or 3 seeds the seed mean square has 1 or 2 df, and early looks test at small nominal levels (0.003 and
-  below with O'Brien-Fleming) where the report's df put 2 to 20 times the nominal rate of null draws past
-  the boundary once seeds held half the variance or more; in bench/decide_sim.py the report's df called
-  8% to 12% of null comparisons. decision_df holds every simulated cell at or under alpha, at the price
-  of deciding little on two seeds (docs/benchmarks.md, issue 50).
+  approach), the level moved toward the alpha the look's fraction adds where the df are few
+  (`nominal_level`: t statistics on a few seeds overlap less than the normal boundary counts on). The
+  interval mean +- that t quantile x SE is the look's repeated confidence interval (J&T chapter 9):
+  together the looks' intervals cover the true effect with probability 1 - alpha, which is what every
+  decision below rests on. The df is `decision_df`, not the report's Satterthwaite df: with 2 or 3 seeds
+  the seed mean square has 1 or 2 df, and early looks test at small nominal levels (0.003 and below with
+  O'Brien-Fleming) where the report's df put 2 to 20 times the nominal rate of null draws past the
+  boundary once seeds held half the variance or more (issue 50). The planned fractions, decision_df and
+  nominal_level together hold bench/decide_sim.py's cells at or under alpha, max_seeds 2 to 16, futility
+  on or off, own or borrowed seeds (docs/benchmarks.md, issue 56).
 - Decisions: better or worse when the interval excludes zero (the sign read by the judged metric's
   direction: for a loss, lower is better), else equivalent when a margin is set and the interval lies
   inside +-margin, else undecided at the last look (the budget: the whole remaining alpha spent), else
@@ -33,7 +36,7 @@ chapters 2, 7, 9 and 11):
   chance of any wrong call across m comparisons is at most alpha. Every `Look` names which held.
 
 A grid uses it wave by wave: for each open comparison, the crossed interval of its k x n table
-(reports/crossed.py), `information_fraction` of it appended to the fractions recorded at its earlier looks,
+(reports/crossed.py), `information_fraction` of its k and n appended to the fractions recorded at its earlier looks,
 `decide(mean, se, decision_df(components, k, n), fractions, k=k, n=n, last=<at max_seeds and max_images>,
 futility=FUTILITY, direction=<the judged metric's>)`; for each still open, `choose_action`; `plan_wave` over
 them says which arms get a seed and which runs are evaluated on more images (arms absent get nothing).
@@ -137,13 +140,15 @@ def decision_df(v: VarianceComponents, k: int, n: int, quantile: float = SEED_DF
     return total * total / spread if spread > 0 else math.inf
 
 
-def information_fraction(v: VarianceComponents, k: int, n: int, max_seeds: int, max_images: int) -> float:
-    """This look's information over the budget's, both from the same components: Var(budget)/Var(k, n),
-    at most 1. 1 where the components are all zero."""
-    now = mean_variance(v, k, n)
-    if now <= 0:
-        return 1.0
-    return min(1.0, mean_variance(v, max_seeds, max_images) / now)
+def information_fraction(k: int, n: int, max_seeds: int, max_images: int) -> float:
+    """This look's information over the budget's, from the plan: the seeds x images measured over those
+    the budget measures, k n / (max_seeds max_images), at most 1. Why not from the variance components
+    (Var(budget)/Var(k, n)): those are the same noisy estimate the SE rests on, so a look whose seed mean
+    square came out small by chance got a small SE, a large fraction and most of the alpha at once; at
+    max_seeds 8 with futility off that called 6.5% to 9.2% of null comparisons (bench/decide_sim.py,
+    docs/benchmarks.md). The plan's fraction is at most the true one wherever seeds or images dominate,
+    so it spends alpha late rather than early."""
+    return min(1.0, k * n / (max_seeds * max_images))
 
 
 def comparison_alpha(alpha: float, comparisons: int, error_rate: ErrorRate = "per-comparison") -> float:
@@ -180,6 +185,30 @@ class Look:
     alpha: float  # the comparison's alpha (after any familywise split)
     error_rate: ErrorRate
     reason: str
+
+
+OVERLAP_DF = 8.0  # nominal_level: below this many df a look's level is the alpha its fraction adds (Bonferroni)
+
+
+def nominal_level(ts: Sequence[float], alpha: float, spending: Spending, df: float | None) -> float:
+    """The two-sided nominal level of the last look of `ts` (usable fractions, _fractions_for): on the normal
+    scale (df None) the boundary's own (2 P(Z >= c_j)), which counts on the looks' overlap (Z_j and Z_i
+    correlated as sqrt(t_i/t_j)); on Student's t with df, moved toward the alpha the look's fraction adds,
+    spent(t_j) - spent(t_j-1), as the df fall, wholly so at OVERLAP_DF or fewer. Why: t statistics whose SEs
+    rest on a few seeds overlap much less than their Z's (an early crossing comes from an SE small by chance,
+    not from a large mean the later looks share), so the normal boundary's level, read off t at every look
+    (J&T 11.5), called 6.5% to 7.3% of null comparisons where seeds dominate, even on df k - 1 and the planned
+    fractions. The added alpha summed over the looks is alpha whatever their overlap (Bonferroni), so with
+    few df the error holds at alpha as far as each look's t holds its own level; with many df the
+    statistics are nearly normal and the boundary's level holds. OVERLAP_DF is where bench/decide_sim.py's
+    cells hold alpha with room: at 4 the seed-dominated cell called 5.2%."""
+    c = boundaries(ts, alpha, spending)[-1]
+    level = 2 * upper_tail(c) if math.isfinite(c) else 0.0
+    if df is None:
+        return level
+    added = spent(ts[-1], alpha, spending) - (spent(ts[-2], alpha, spending) if len(ts) > 1 else 0.0)
+    weight = max(0.0, 1.0 - OVERLAP_DF / df)
+    return added + (level - added) * weight
 
 
 def _t_upper_quantile(p: float, df: float) -> float:
@@ -226,8 +255,8 @@ def decide(estimate: float, se: float, df: float | None, fractions: Sequence[flo
     ts = _fractions_for(fractions, last)
     j = len(ts)
     c = boundaries(ts, alpha, spending)[-1]
-    level = 2 * upper_tail(c) if math.isfinite(c) else 0.0
     exact = df is None or not math.isfinite(df) or df <= 0
+    level = nominal_level(ts, alpha, spending, None if exact else float(df))  # type: ignore[arg-type]
     crit = c if exact or not math.isfinite(c) else _t_upper_quantile(level / 2, float(df))  # type: ignore[arg-type]
     half = crit * se
     low, high = estimate - half, estimate + half
@@ -370,7 +399,7 @@ def expected_gpu_hours(seed_hours: Mapping[str, float], comparisons: Sequence[tu
                 score, had = state[p]
                 score += rng.normal(effect * (info - had), math.sqrt(info - had)) if info > had else 0.0
                 state[p] = (score, info)
-                history[p].append(information_fraction(variance, k, n, max_seeds, max_images))
+                history[p].append(information_fraction(k, n, max_seeds, max_images))
                 at_budget = k >= max_seeds and n >= max_images
                 if k < 2 and not borrowed and k < max_seeds:  # no seed variance to read: a second seed first
                     actions[p] = Action("seed", k + 1, n, 0.0, 0.0, 0.0, "a second seed")

@@ -1,5 +1,6 @@
-"""bench/decide_sim.py at a tiny size: it still runs the decision loop end to end and ends with its one
-summary line, and the null comparisons are seldom called (loosely: 30 studies a cell cannot measure 5%)."""
+"""bench/decide_sim.py at a tiny size (the default spec's cells): it still runs the decision loop end to end
+and ends with its one summary line, and the null comparisons are seldom called (loosely: 30 studies a cell
+cannot measure 5%)."""
 
 from __future__ import annotations
 
@@ -13,37 +14,42 @@ REPO = Path(__file__).resolve().parents[4]
 LINE = re.compile(r"^type_I (\S+) power (\S+) gpu_hours_vs_fixed3 (\S+)$")
 
 
-def test_the_simulation_ends_with_its_line_and_holds_type_one_loosely() -> None:
+def run_sim(*extra: str) -> list[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    out = subprocess.run([sys.executable, "bench/decide_sim.py", "--studies", "30", "--workers", "1"], cwd=REPO,
-                         env=env, capture_output=True, text=True, timeout=600, check=True).stdout  # fmt: skip
-    lines = out.strip().splitlines()
+    args = [sys.executable, "bench/decide_sim.py", "--studies", "30", "--workers", "1", "--variant", "default", *extra]
+    out = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=True).stdout
+    return out.strip().splitlines()
+
+
+def test_the_simulation_ends_with_its_line_and_holds_type_one_loosely() -> None:
+    """At the product's default DecideSpec (max_seeds 8, read from DecideSpec(), not a bench-own design)."""
+    lines = run_sim()
     found = LINE.match(lines[-1])
     assert found, lines[-1]
     type_one, power, hours = map(float, found.groups())
-    assert 0 <= type_one <= 0.15  # 60 null comparisons a cell, the largest of 8 cells' cumulative rates
+    assert 0 <= type_one <= 0.15  # 60 null comparisons a cell, the largest of 7 cells' cumulative rates
     assert power >= 0  # a ratio; 30 studies call the smallest effects too seldom to bound it
-    big = next(line for line in lines if line.startswith("| headline | 1x | 0.0075 |"))
-    called = [float(x.split()[0]) for x in big.split("|")[5].split("/")]  # C-B, C-A, D-A (fixed)
+    assert any(line.startswith("default: Design(min_seeds=2, max_seeds=8,") for line in lines)
+    big = next(line for line in lines if line.startswith("| default | headline | 1x | 0.0075 |"))
+    called = [float(x.split()[0]) for x in big.split("|")[6].split("/")]  # C-B, C-A, D-A (fixed)
     assert min(called) >= 0.8  # 0.0075 is 5 SE on the headline: called in nearly every study
-    assert 0.6 < hours < 1.3  # two seeds of every arm at least, three at most, and the images
-    assert sum(line.startswith("| headline |") for line in lines) == 4
+    assert 2 / 3 < hours < 8 / 3  # two seeds of every arm at least, eight at most, and the images
+    assert sum(line.startswith("| default | headline |") for line in lines) == 3
 
 
 def test_borrowed_seed_variances_decide_on_fewer_gpu_hours() -> None:
     """`--earlier 3 --min-seeds 1`: each arm's seed variance pooled with an earlier 3-seed grid's of it, so
     one seed can be read. On the headline with a clear effect (5 SE) it calls the same comparisons for
-    far fewer GPU-hours than the default (which needs a third seed there: 0.94 of the fixed design's at
-    10,000 studies, against 0.57), and never below one seed of every arm."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    far fewer GPU-hours than its own seeds alone (which need a third seed there: 0.94 of the fixed design's at
+    10,000 studies, against 0.57), and never below one seed of every arm. At max_seeds 3, where the saving
+    on the decided comparisons is not hidden under the null comparisons' seeds up to the budget."""
 
     def big_effect_row(*extra: str) -> list[str]:
-        args = [sys.executable, "bench/decide_sim.py", "--studies", "30", "--workers", "1", *extra]
-        out = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=True).stdout
-        row = next(line for line in out.splitlines() if line.startswith("| headline | 1x | 0.0075 |"))
-        return row.split("|")
+        lines = run_sim(*extra)
+        return next(line for line in lines if line.startswith("| default | headline | 1x | 0.0075 |")).split("|")
 
-    default, borrowed = big_effect_row(), big_effect_row("--earlier", "3", "--min-seeds", "1")
-    called = [float(x.split()[0]) for x in borrowed[5].split("/")]
+    default = big_effect_row("--max-seeds", "3")
+    borrowed = big_effect_row("--max-seeds", "3", "--earlier", "3", "--min-seeds", "1")
+    called = [float(x.split()[0]) for x in borrowed[6].split("/")]
     assert min(called) >= 0.8
-    assert 1 / 3 <= float(borrowed[6]) < float(default[6]) - 0.15
+    assert 1 / 3 <= float(borrowed[7]) < float(default[7]) - 0.15

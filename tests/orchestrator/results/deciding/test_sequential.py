@@ -8,8 +8,10 @@ import math
 import numpy as np
 import pytest
 from scipy.optimize import brentq
+from scipy.special import stdtrit
 
 from orchestrator.results.deciding.sequential import (
+    OVERLAP_DF,
     Action,
     Costs,
     Variance,
@@ -20,7 +22,7 @@ from orchestrator.results.deciding.sequential import (
     decision_df,
     expected_gpu_hours,
     information_fraction,
-    mean_variance,
+    nominal_level,
     plan_wave,
     worst_case_gpu_hours,
 )
@@ -155,11 +157,27 @@ def test_familywise_alpha_is_bonferroni() -> None:
     assert comparison_alpha(0.05, 5, "familywise") == pytest.approx(0.01)
 
 
-def test_information_fraction_is_the_variance_ratio_to_the_budget() -> None:
-    v = Variance(seed=1e-6, image=1.21e-4, rest=3.24e-6)
-    assert information_fraction(v, 2, 64, 8, 256) == pytest.approx(mean_variance(v, 8, 256) / mean_variance(v, 2, 64))
-    assert information_fraction(v, 8, 256, 8, 256) == 1.0
-    assert 0 < information_fraction(v, 2, 64, 8, 256) < information_fraction(v, 2, 256, 8, 256) < 1
+def test_information_fraction_is_the_plans_never_the_components() -> None:
+    """The seeds x images measured over the budget's: the same whatever the look's variance estimate says."""
+    assert information_fraction(2, 64, 8, 256) == pytest.approx(2 * 64 / (8 * 256))
+    assert information_fraction(2, 256, 8, 256) == pytest.approx(0.25)
+    assert information_fraction(8, 256, 8, 256) == 1.0
+    assert information_fraction(9, 300, 8, 256) == 1.0  # past the budget (the training records' n): at it
+
+
+def test_few_df_spend_only_the_alpha_the_look_adds() -> None:
+    """With few df a look's nominal level is the alpha its fraction adds (the looks' levels then sum to alpha,
+    whatever their overlap); with many it nears the normal boundary's own level, which counts on the overlap."""
+    ts = (0.25, 0.5, 0.75)
+    added = spent(0.75) - spent(0.5)
+    normal = nominal_level(ts, 0.05, "obf", None)
+    assert normal > added  # the normal boundary's level counts on the overlap with looks 1 and 2
+    assert nominal_level(ts, 0.05, "obf", OVERLAP_DF) == pytest.approx(added)
+    assert nominal_level(ts, 0.05, "obf", 3.0) == pytest.approx(added)
+    assert added < nominal_level(ts, 0.05, "obf", 2 * OVERLAP_DF) < nominal_level(ts, 0.05, "obf", 1000.0) < normal
+    few = decide(0.0035, 0.001, 4.0, list(ts), k=4, n=256)
+    assert few.level == pytest.approx(added)
+    assert few.boundary == pytest.approx(float(stdtrit(4.0, 1 - added / 2)))
 
 
 def test_decision_df_keeps_the_seeds_weight_when_their_mean_square_is_small() -> None:
