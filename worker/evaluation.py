@@ -9,6 +9,11 @@ so image i is measured with the same noise in every arm, seed and evaluation, an
 The checkpoint is read from the run's directory where this node holds it (`ckpt_<step>.pt`, or `best.pt`
 when that is the step), else from the run's checkpoint storage, copied into this job's own directory.
 Nothing of the run's directory is written.
+
+With `samples` and `metrics` (the distribution metrics, worker/distribution.py) it also generates that many
+samples, sample i from the same prompt and noise as in every run and in training's own passes, and scores them
+with the final extractors against the held-out split's reference features (read from the node or the store
+where an earlier pass left them).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import torch
 from model.evaluate import evaluate
 from model.spec import ArmSpec
 from worker import checkpoint as ckpt
+from worker.distribution import DistributionPass
 from worker.run_files import BEST_NAME, ckpt_name
 from worker.train_parts import build
 from worker.train_record import EVAL_BATCH, restore_parts
@@ -78,7 +84,7 @@ def evaluate_arm(
 ) -> Iterator[dict[str, Any]]:
     """One record: the evaluation metrics of checkpoint `evaluation["step"]` on `evaluation["images"]`
     held-out images (train_arm's signature, so the actor runs it in train_arm's place)."""
-    del should_stop, compile_cache  # one pass, nothing compiled: the record is the whole job
+    del should_stop  # one pass, nothing compiled: the record is the whole job
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     step, images = int(evaluation["step"]), int(evaluation["images"])
@@ -107,6 +113,18 @@ def evaluate_arm(
         parts.flow, parts.dataset, spec.eval, parts.lpips, parts.device,
         batch_size=EVAL_BATCH, autocast=parts.autocast,
     )  # fmt: skip
+    samples, asked = evaluation.get("samples"), evaluation.get("metrics")
+    if samples and asked:  # the node's reference cache lies beside its compile cache, as training's does
+        node_dir = Path(compile_cache["dir"]).parent if compile_cache else out_dir
+        dist = DistributionPass(spec, dev, node_dir, evaluation.get("storage"), samples=samples, metrics=asked,
+                                final=True)  # fmt: skip
+        metrics |= dist.measure(
+            parts.emas["model"].module if use_ema else parts.model,
+            parts.emas["text_encoder"].module if use_ema and "text_encoder" in parts.emas else parts.text_encoder,
+            parts.flow, parts.dataset, parts.autocast,
+        )  # fmt: skip
+        metrics["fallbacks"] = dist.fallbacks()  # a stand-in extractor and why, as on a training record
+        metrics["distribution_generated"] = samples  # not `_samples`: that suffix is a per-sample list
     yield {
         "step": step,
         **metrics,

@@ -48,7 +48,7 @@ from pydantic import (
 )
 
 from model.command_spec import CommandEnd
-from model.spec import ArmSpec
+from model.spec import ArmSpec, DistributionMetric
 from worker.run_files import RECORDS_PER_POLL
 
 PROTOCOL = 2  # 2: a start request carries `args` (WorkerArgs), no longer `kwargs`
@@ -154,6 +154,8 @@ class EvaluationArgs(_Strict):
     source_dir: Path_  # the run's directory (its checkpoints where this node holds them)
     images: Annotated[int, Field(ge=1, le=1_000_000)]  # the first N held-out images, each with its own seeded noise
     storage: dict[str, Any] | None = None  # the run's worker.checkpoint_store.StoreConfig: where else to find it
+    samples: Annotated[int, Field(ge=8, le=4096)] | None = None  # distribution metrics' generated samples
+    metrics: list[DistributionMetric] | None = None  # which (worker/distribution.py); None: not asked
 
 
 class WorkerArgs(_Strict):

@@ -1,6 +1,6 @@
-"""`ablate evaluate GRID --images N [--step final|best|S]`: evaluate a grid's stored checkpoints again on more
-held-out images through the running server (POST /api/grids/{id}/evaluations), wait with progress, print
-each run's result and what it cost."""
+"""`ablate evaluate GRID [--images N] [--samples N --metrics cmmd,fd_dinov2] [--step final|best|S]`: evaluate a
+grid's stored checkpoints again on more held-out images and generated samples through the running server
+(POST /api/grids/{id}/evaluations), wait with progress, print each run's result and what it cost."""
 
 from __future__ import annotations
 
@@ -23,19 +23,35 @@ def _step(text: str) -> str | int:
     raise CLIError(f"--step {text!r}: give final, best or a step number")
 
 
+def _metrics(text: str | None) -> list[str] | None:
+    return None if text is None else [m.strip() for m in text.split(",") if m.strip()]
+
+
+def _value(job: dict[str, Any], metric: str) -> str:
+    value, se, n = job.get(metric), job.get(f"{metric}_se"), job.get(f"{metric}_n")
+    return "-" if value is None else f"{value:.4f}" + (f" ± {se:.4f}" if se is not None else "") + f" (n={n})"
+
+
 def _result_lines(evaluation: dict[str, Any], runs: dict[int, str]) -> list[str]:
     lines = []
     for job in evaluation["runs"]:
-        loss, se, n = job.get("val_flow_loss"), job.get("val_flow_loss_se"), job.get("val_flow_loss_n")
-        value = "-" if loss is None else f"{loss:.4f}" + (f" ± {se:.4f}" if se is not None else "") + f" (n={n})"
-        lines.append(f"  {runs.get(job['run_id'], job['run_id'])}: step {job['step']}, held-out flow loss {value}")
+        dist = job.get("distribution") or {}
+        asked = evaluation.get("metrics") or []
+        shown = "".join(f", {m} {_value(dist, m)} [{dist.get(f'{m}_extractor')}]" for m in asked)
+        lines.append(f"  {runs.get(job['run_id'], job['run_id'])}: step {job['step']}, held-out flow loss "
+                     f"{_value(job, 'val_flow_loss')}{shown}")  # fmt: skip
     return lines
 
 
 @app.command("evaluate")
 def evaluate_command(
     grid_id: Annotated[int, typer.Argument(help="The grid's id (ablate status)")],
-    images: Annotated[int, typer.Option("--images", help="Held-out images to evaluate on (at most data.held_out)")],
+    images: Annotated[int | None, typer.Option("--images", help="Held-out images to evaluate on (at most "
+                                               "data.held_out; default the runs' eval.num_samples)")] = None,
+    samples: Annotated[int | None, typer.Option("--samples", help="Generated samples for the distribution "
+                                                "metrics (at most data.held_out)")] = None,
+    metrics: Annotated[str | None, typer.Option("--metrics", help="Distribution metrics, comma-separated: cmmd, "
+                                                "dino_mmd, fd_dinov2 (default: the runs' eval.distribution)")] = None,
     step: Annotated[str, typer.Option("--step", help="final, best, or a step every run keeps")] = "final",
     wait: Annotated[bool, typer.Option("--wait/--no-wait", help="Wait for the result, with progress")] = True,
     url: Annotated[str | None, typer.Option(help="Server URL (default: http://ABLATE_HOST:ABLATE_PORT)")] = None,
@@ -47,16 +63,19 @@ def evaluate_command(
 
     base, headers = server(url)
     resp = call(httpx.post, base, f"/api/grids/{grid_id}/evaluations", headers=headers,
-                json={"images": images, "step": _step(step)})  # fmt: skip
+                json={"images": images, "samples": samples, "metrics": _metrics(metrics),
+                      "step": _step(step)})  # fmt: skip
     if resp.status_code == 404:
         raise CLIError(f"no grid with id {grid_id} on {base}")
     if resp.status_code == 422:
         detail = resp.json().get("detail", [])
-        raise CLIError("; ".join(f"--{e['loc'][-1]}: {e['msg']}" for e in detail) or resp.text[:300])
+        raise CLIError("; ".join(f"--{(e['loc'][1:] or ['body'])[0]}: {e['msg']}" for e in detail) or resp.text[:300])
     if resp.status_code != 202:
         raise CLIError(f"{base} answered {resp.status_code}: {resp.text[:200]}")
     eid = resp.json()["id"]
-    typer.echo(f"evaluation {eid} of grid {grid_id} queued: {images} images at step {step}")
+    asked = f", {samples} samples for {metrics}" if samples or metrics else ""
+    typer.echo(f"evaluation {eid} of grid {grid_id} queued: {images or 'the runs eval.num_samples'} images{asked} "
+               f"at step {step}")
     if not wait:
         return
     grid = call(httpx.get, base, f"/api/grids/{grid_id}", headers=headers).json()

@@ -7,6 +7,11 @@ trainer's: ablate cannot evaluate its checkpoints). Which step: "final" (each ru
 of the last KEEP_PERIODIC periodic checkpoints a run's directory and storage keep. A grid with runs still
 queued or running is refused (422 naming `step`): their final checkpoint is not known yet.
 
+Distribution metrics (`samples`, `metrics`: CMMD, DINO-MMD, FD-DINOv2, model/distribution_pass.py) are measured
+on `samples` generated images per run, sample i from the same prompt and noise in every run, against the held-out
+split; they are asked on each job's `extra["asked"]`, which the controller checks the node's record against.
+`images` defaults to the smallest eval.num_samples of the runs, so the row still carries every per-image metric.
+
 Used by the REST API and the CLI, so both get the same checks and the same error paths.
 """
 
@@ -14,10 +19,11 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from model.spec import DistributionMetric, DistributionSpec
 from orchestrator.db.models import Evaluation, EvaluationResult, Grid, Metric, Run
 from orchestrator.errors import InvalidBody
 from orchestrator.vocabulary import TERMINAL_STATES, EvaluationState
@@ -29,13 +35,27 @@ MAX_IMAGES = 100_000  # far past any held-out split; the split's own size is the
 StepChoice = Literal["final", "best"] | Annotated[int, Field(ge=0, le=MAX_STEP)]
 
 
+ASKED = "asked"  # a job's `extra` key: the distribution samples and metrics its record must carry
+
+
 class EvaluationCreate(BaseModel):
-    """POST /api/grids/{id}/evaluations and `ablate evaluate`: how many held-out images, at which step."""
+    """POST /api/grids/{id}/evaluations and `ablate evaluate`: how many held-out images and generated samples,
+    which distribution metrics, at which step."""
 
     model_config = ConfigDict(extra="forbid")
 
-    images: Annotated[int, Field(ge=1, le=MAX_IMAGES, examples=[256])]
+    images: Annotated[int, Field(ge=1, le=MAX_IMAGES, examples=[256])] | None = None  # None: eval.num_samples
+    samples: Annotated[int, Field(ge=8, le=4096, examples=[2000])] | None = None  # generated images per run
+    metrics: Annotated[list[DistributionMetric], Field(max_length=3)] | None = None  # None: eval.distribution's
     step: StepChoice = "final"
+
+    @field_validator("metrics")
+    @classmethod
+    def _offered(cls, metrics: list[str] | None) -> list[str] | None:
+        try:  # eval.distribution.metrics' own checks: fid refused, each metric once
+            return None if metrics is None else DistributionSpec(metrics=metrics).metrics
+        except ValidationError as exc:
+            raise ValueError(exc.errors()[0]["msg"].removeprefix("Value error, ")) from None
 
 
 def _error(field: str, msg: str) -> InvalidBody:
@@ -74,6 +94,27 @@ def _step_of(session: Session, run: Run, step: StepChoice) -> int:
     return int(step)
 
 
+def _eval_of(run: Run) -> dict:
+    return (run.spec or {}).get("eval") or {}
+
+
+def _distribution_asked(body: EvaluationCreate, runs: list[Run], split: int) -> dict | None:
+    """{"samples", "metrics"} the jobs measure, or None: the body's, else the runs' eval.distribution."""
+    specs = [_eval_of(r).get("distribution") or {} for r in runs]
+    measured = list(dict.fromkeys(m for d in specs for m in d.get("metrics", [])))
+    metrics = body.metrics if body.metrics is not None else measured
+    if body.samples is None and body.metrics is None:
+        return None  # the images' metrics only, as before distribution metrics
+    if not metrics:
+        raise _error("metrics", "no distribution metric asked for and the runs measure none: name some, e.g. "
+                                "\"metrics\": [\"cmmd\", \"fd_dinov2\"]")
+    samples = body.samples if body.samples is not None else min(d.get("samples", 2000) for d in specs)
+    if samples > split:
+        raise _error("samples", f"{samples} samples asked for, but the held-out split has {split} images "
+                                f"(data.held_out), the reference needs at least as many: ask for at most {split}")
+    return {"samples": samples, "metrics": metrics}
+
+
 def create_evaluation(session: Session, grid: Grid, body: EvaluationCreate) -> Evaluation:
     """Check the request against the grid and store it with one queued job per run (the caller commits);
     an InvalidBody (HTTP 422) names `images` or `step` and what would be accepted."""
@@ -87,14 +128,17 @@ def create_evaluation(session: Session, grid: Grid, body: EvaluationCreate) -> E
         raise _error("step", f"grid {grid.id} has no built-in run with a checkpoint to evaluate "
                              "(command arms and imported curves are not evaluated by ablate)")
     split = min(held_out_size(r) for r in runs)
-    if body.images > split:
-        raise _error("images", f"{body.images} images asked for, but the held-out split has {split} "
+    images = body.images if body.images is not None else min(_eval_of(r).get("num_samples", 25) for r in runs)
+    if images > split:
+        raise _error("images", f"{images} images asked for, but the held-out split has {split} "
                                f"(data.held_out): ask for at most {split}, or hold out more images in a new grid")
+    asked = _distribution_asked(body, runs, split)
     steps = {r.id: _step_of(session, r, body.step) for r in runs}
-    evaluation = Evaluation(grid_id=grid.id, images=body.images, step=str(body.step), state=EvaluationState.queued)
+    evaluation = Evaluation(grid_id=grid.id, images=images, step=str(body.step), state=EvaluationState.queued)
     session.add(evaluation)
     session.flush()
     for r in runs:
-        session.add(EvaluationResult(evaluation_id=evaluation.id, run_id=r.id, step=steps[r.id], extra={}))
+        extra = {ASKED: asked} if asked else {}
+        session.add(EvaluationResult(evaluation_id=evaluation.id, run_id=r.id, step=steps[r.id], extra=extra))
     session.flush()
     return evaluation

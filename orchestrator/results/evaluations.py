@@ -20,7 +20,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from orchestrator.db.models import Evaluation, EvaluationResult, Grid, Metric, aware
+from orchestrator.grids.evaluations import ASKED
 from orchestrator.results.reports.model import EvaluationUsed
+from orchestrator.results.reports.stats import DISTRIBUTION
 from orchestrator.results.views import MetricValues, Public, UTCDatetime
 from orchestrator.runs.evaluation_record import JOB_GPUS
 from orchestrator.runs.trust import evaluator_refused, trusted_nodes
@@ -41,6 +43,7 @@ class EvaluationRun(MetricValues):  # type: ignore[misc, valid-type]
     node: str | None
     error: str | None
     gpu_seconds: float | None  # the node's measured time on its GPU
+    distribution: dict[str, Any] = {}  # the distribution metrics' value, _se, _n, _extractor; distribution_seconds
 
 
 class EvaluationView(Public):
@@ -55,18 +58,30 @@ class EvaluationView(Public):
     created_at: UTCDatetime
     finished_at: UTCDatetime | None
     gpu_seconds: float  # the jobs' measured GPU time, summed over those that reported
+    samples: int | None = None  # generated samples for the distribution metrics (None: not asked)
+    metrics: list[str] = []  # the distribution metrics asked
     runs: list[EvaluationRun]
 
     @classmethod
     def from_row(cls, evaluation: Evaluation) -> Self:
-        runs = [EvaluationRun.model_validate(r).model_copy(update={"gpu_seconds": job_gpu_seconds(r)})
+        runs = [EvaluationRun.model_validate(r).model_copy(update={"gpu_seconds": job_gpu_seconds(r),
+                                                                   "distribution": _distribution(r)})
                 for r in evaluation.results]  # fmt: skip
         cost = sum(r.gpu_seconds or 0.0 for r in runs)
+        asked = next((a for r in evaluation.results if isinstance(a := (r.extra or {}).get(ASKED), dict)), {})
         return cls(
             id=evaluation.id, grid_id=evaluation.grid_id, images=evaluation.images, step=evaluation.step,
             state=evaluation.state, error=evaluation.error, created_at=evaluation.created_at,
             finished_at=evaluation.finished_at, gpu_seconds=cost, runs=runs,
+            samples=asked.get("samples"), metrics=asked.get("metrics") or [],
         )  # fmt: skip
+
+
+def _distribution(row: EvaluationResult) -> dict[str, Any]:
+    """A job's distribution metrics (in its `extra`), without their per-sample lists."""
+    extra = row.extra or {}
+    keys = [f"{m}{part}" for m in DISTRIBUTION for part in ("", "_se", "_n", "_extractor")]
+    return {k: extra[k] for k in (*keys, "distribution_seconds") if k in extra}
 
 
 def job_gpu_seconds(row: EvaluationResult) -> float | None:

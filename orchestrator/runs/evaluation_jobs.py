@@ -38,10 +38,12 @@ from orchestrator.db.session import session_scope
 from orchestrator.fleet.node_pool import NodePool
 from orchestrator.numbers import json_safe
 from orchestrator.runs.evaluation_record import (
+    ASKED,
     CLAIMED_KEY,
     JOB_GPUS,
     SEEN_KEY,
     bounded_wall_time,
+    distribution_asked,
     refused_evaluation,
     seen_seconds,
 )
@@ -97,6 +99,7 @@ def evaluation_args(settings: Settings, job: EvaluationResult) -> WorkerArgs:
         evaluation=EvaluationArgs(
             step=job.step, source_dir=source, images=job.evaluation.images,
             storage=worker_storage(settings, run.checkpoint_url) if run.checkpoint_url else None,
+            **distribution_asked(job),
         ),
     )  # fmt: skip
 
@@ -250,6 +253,8 @@ class EvaluationJobs:
         if "nonfinite" in extra and not extra["nonfinite"]:
             del extra["nonfinite"]
         extra[CLAIMED_KEY], extra[SEEN_KEY] = json_safe(claimed), seen
+        if (asked := distribution_asked(job)) and isinstance(extra, dict):
+            extra[ASKED] = asked  # what the record was checked against, kept with it
         for key, value in values.items():
             setattr(job, key, value)
         job.wall_time_s, job.gpu_seconds = wall, wall * JOB_GPUS

@@ -7,6 +7,10 @@ the held-out images the node names unreadable in `skipped_files`, each one the r
 already named (its fallbacks). Anything else refuses the record: a node answering 15 rows of 16 would
 otherwise have the evaluation asked for again and again, and its values stand for 16 images.
 
+Distribution metrics asked for (the job's `extra["asked"]`: samples and metrics) must each be there with
+`<metric>_n` equal to the samples asked, a finite value and SE, an extractor label, and (CMMD, DINO-MMD) as many
+finite per-sample values as samples, whose mean is the value: a node cannot claim a CMMD its samples do not give.
+
 The wall time it claims is its cost (the decider prices an images action from it), so it is bounded by
 what the controller saw: the time from the job's placement to its record.
 """
@@ -17,10 +21,13 @@ import math
 from typing import Any
 
 from orchestrator.db.models import EvaluationResult, aware, utcnow
+from orchestrator.grids.evaluations import ASKED
+from orchestrator.numbers import is_finite
 
 JOB_GPUS = 1  # an evaluation is one process on one GPU, whatever the arm trained on
 # The metrics an evaluation measures per held-out image (model/evaluate.py), each with `_n` and `_samples`.
 PER_IMAGE_METRICS = ("recon_lpips", "text_lpips", "text_manip_delta", "val_flow_loss")
+MMD_METRICS = ("cmmd", "dino_mmd")  # distribution metrics with per-sample values (model/distribution_pass.py)
 # Controller's own keys in a stored job's `extra`: the node's claimed wall time and the one it saw.
 CLAIMED_KEY, SEEN_KEY = "wall_time_claimed_s", "wall_time_seen_s"
 
@@ -66,10 +73,43 @@ def refused_rows(record: dict[str, Any], images: int, run_fallbacks: list[Any] |
     return None
 
 
+def distribution_asked(job: EvaluationResult) -> dict[str, Any]:
+    """{"samples", "metrics"} the job was asked to measure, or {} (EvaluationArgs' fields)."""
+    asked = (job.extra or {}).get(ASKED)
+    return {"samples": asked["samples"], "metrics": list(asked["metrics"])} if isinstance(asked, dict) else {}
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and is_finite(x)
+
+
+def refused_distribution(record: dict[str, Any], samples: int, metrics: list[str]) -> str | None:
+    """Why `record` does not carry each asked distribution metric on `samples` samples, or None."""
+    for metric in metrics:
+        value, n, se = record.get(metric), record.get(f"{metric}_n"), record.get(f"{metric}_se")
+        if n != samples:
+            return f"{metric}_n {n}, not the {samples} samples asked for"
+        if not _number(value) or not _number(se) or se < 0:
+            return f"{metric} {value!r} with SE {se!r}: not a finite value and SE >= 0 on {samples} samples"
+        if not isinstance(record.get(f"{metric}_extractor"), str):
+            return f"{metric} without {metric}_extractor: every distribution value names its extractor"
+        if metric in MMD_METRICS:
+            per = record.get(f"{metric}_samples")
+            if not isinstance(per, list) or len(per) != samples or not all(_number(x) for x in per):
+                count = len(per) if isinstance(per, list) else 0
+                return f"{count} finite values in {metric}_samples, not {samples} for the samples asked"
+            if not math.isclose(sum(per) / samples, value, rel_tol=1e-6, abs_tol=1e-6):
+                return f"{metric} {value:g} is not the mean of its {metric}_samples ({sum(per) / samples:g})"
+    return None
+
+
 def refused_evaluation(job: EvaluationResult, record: dict[str, Any]) -> str | None:
     """Why a job's (protocol- and range-checked) record cannot be stored as its result, or None."""
     if record.get("step") != job.step:
         return f"a record of step {record.get('step')}, not the step {job.step} asked for"
+    asked = distribution_asked(job)
+    if asked and (why := refused_distribution(record, asked["samples"], asked["metrics"])) is not None:
+        return why
     return refused_rows(record, job.evaluation.images, job.run.fallbacks)
 
 
