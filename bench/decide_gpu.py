@@ -239,6 +239,11 @@ def run(args: argparse.Namespace, home: Path, say: Any) -> None:
                 body = bodies(args)[label]
                 if label == "decide" and args.borrow:  # the fixed grid ran first: its arms lend their seed variance
                     body["decide"]["borrow_from"] = [answers["fixed"]["id"]]
+                left = args.timeout - (time.monotonic() - t0)
+                if label == "fixed" and args.distribution_samples and left < args.distribution_min_left:
+                    body["overrides"]["eval"].pop("distribution", None)  # the fixed grid first: no time for passes
+                    say(f"fixed grid submitted without eval.distribution: {left:.0f} s left, under "
+                        f"--distribution-min-left {args.distribution_min_left:.0f}", "")
                 resp = httpx.post(f"{url}/api/grids", json=body, headers=AUTH, timeout=60)
                 resp.raise_for_status()
                 answers[label] = resp.json()
@@ -318,6 +323,8 @@ def main() -> None:
     ap.add_argument("--fixed-seeds", type=int, default=3)
     ap.add_argument("--distribution-samples", type=int, default=0,
                     help="issue 58: the fixed grid's runs score CMMD on this many samples at their last checkpoint")
+    ap.add_argument("--distribution-min-left", type=float, default=0.0,
+                    help="... only where this many seconds of --timeout are left when the fixed grid is submitted")
     ap.add_argument("--order", default="sequential", choices=["sequential", "fixed-first", "together"])
     ap.add_argument("--borrow", action="store_true", help="the deciding grid borrows the fixed grid's seed variances")
     ap.add_argument("--port", type=int, default=8767)

@@ -21,7 +21,7 @@ last; the best checkpoint is measured after the night), against (a) an eager tra
 Partial results go to `--jsonl` line by line, so a call cut off still returns what was measured.
 On the GPU machine: `bash bench/distribution_gpu.sh [args]`. CPU dry run (tiny size, small stand-in extractors):
     PYTHONPATH=. python bench/distribution_gpu.py --device cpu --sizes tiny --samples 64 256 --time-samples 16 \
-        --time-steps 2 --extract-images 16 --train-micro tiny=4 --stand-in small
+        --time-steps 2 --extract-images 16 --train-micro tiny=4 --stand-in small --tf32-also
 """
 
 from __future__ import annotations
@@ -98,8 +98,9 @@ def time_generation(spec: Any, device: torch.device, samples: int, steps: int) -
                                 lambda: autocast_ctx(spec.precision, device))  # fmt: skip
 
     timed(lambda: run(EMBED_BATCH, 1), device)
-    _, one = timed(lambda: run(samples, 1), device)
+    one = min(timed(lambda: run(samples, 1), device)[1] for _ in range(2))  # the faster of two: less noise
     images, many = timed(lambda: run(samples, steps), device)
+    many = min(many, timed(lambda: run(samples, steps), device)[1])
     slope = (many - one) / (samples * (steps - 1))
     return {"params_m": sum(p.numel() for p in model.parameters()) / 1e6, "resolution": spec.resolution(),
             "time_samples": samples, "time_steps": steps, "s_one_step": one, "s_many_steps": many,
@@ -138,13 +139,12 @@ def time_training(spec: Any, device: torch.device, micro: int) -> dict[str, Any]
     return {"train_micro": micro, "train_accum": accum, "train_step_s_eager": accum * s / 2 + opt_s}
 
 
-def time_extraction(name: str, args: argparse.Namespace, device: torch.device, images: torch.Tensor) -> dict:
-    """Seconds to load the extractor and to embed an image (the worker's `embed`, its batch, from CPU images)."""
-    ext, load_s = timed(lambda: load_extractor(name, stand_in=args.stand_in, device=device), device)
+def time_extraction(ext: Any, args: argparse.Namespace, device: torch.device, images: torch.Tensor) -> dict:
+    """Seconds to embed an image (the worker's `embed`, at its batch, from CPU images)."""
     x = images.repeat(math.ceil(args.extract_images / len(images)), 1, 1, 1)[: args.extract_images]
     feats, _ = timed(lambda: embed(ext, x[:EMBED_BATCH], EMBED_BATCH), device)  # warm-up
     _, s = timed(lambda: embed(ext, x, EMBED_BATCH), device)
-    out = {"extractor": ext.label, "dim": int(feats.shape[1]), "load_s": load_s, "s_per_image": s / len(x)}
+    out = {"extractor": ext.label, "dim": int(feats.shape[1]), "s_per_image": s / len(x)}
     if args.tf32_also and device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
         try:
@@ -173,20 +173,34 @@ def night_passes(steps: int, every_ckpt: int, every: int) -> int:
 # -- the bench -----------------------------------------------------------------------------------------------
 
 
-def bench_size(args: argparse.Namespace, size: str, device: torch.device, emit: Callable[[dict], None]) -> None:
-    spec = arm_spec(size, device, max(args.time_samples, 64))
-    gen, images = time_generation(spec, device, args.time_samples, args.time_steps)
-    emit({"size": size, "stage": "generation", **gen})
-    free(device)
+def bench(args: argparse.Namespace, device: torch.device, emit: Callable[[dict], None]) -> None:
+    """Generation at each size, then each extractor (loaded once) on each size's samples, the scores, and last
+    the training steps (docs/benchmarks.md has the compiled ones): the pass's parts first if the call is cut."""
+    specs = {size: arm_spec(size, device, max(args.time_samples, 64)) for size in args.sizes}
+    images, dims = {}, []
+    for size, spec in specs.items():
+        gen, images[size] = time_generation(spec, device, args.time_samples, args.time_steps)
+        emit({"size": size, "stage": "generation", **gen})
+        free(device)
     for name in sorted(set(EXTRACTOR_FOR_METRIC.values())):
-        emit({"size": size, "stage": f"embed {name}", **time_extraction(name, args, device, images)})
+        ext, load_s = timed(lambda name=name: load_extractor(name, stand_in=args.stand_in, device=device), device)
+        for size in args.sizes:
+            row = time_extraction(ext, args, device, images[size])
+            dims.append(row["dim"])
+            emit({"size": size, "stage": f"embed {name}", "load_s": load_s, **row})
+        del ext
         free(device)
-    micro = args.train_micro.get(size, 16)
-    train = time_training(spec, device, micro)
-    if "train" in train and micro > 1:  # out of memory: half the micro-batch, twice the accumulation
+    dim = dims[0] if dims else 768
+    for n in args.samples:
+        emit({"size": "-", "stage": f"score {n}", "n": n, "dim": dim, **time_scores(n, dim)})
+    for size, spec in specs.items():
+        micro = args.train_micro.get(size, 16)
+        train = time_training(spec, device, micro)
+        if "train" in train and micro > 1:  # out of memory: half the micro-batch, twice the accumulation
+            free(device)
+            train = {**time_training(spec, device, micro // 2), "first_try": train["train"]}
+        emit({"size": size, "stage": "train", **train})
         free(device)
-        train = {**time_training(spec, device, micro // 2), "first_try": train["train"]}
-    emit({"size": size, "stage": "train", **train})
 
 
 def pass_parts(by: dict[str, dict[str, Any]], n: int, steps: int) -> dict[str, float] | None:
@@ -270,12 +284,7 @@ def main() -> None:
 
     t0 = time.monotonic()
     try:
-        for size in args.sizes:
-            bench_size(args, size, device, emit)
-            free(device)
-        dim = next((r["dim"] for r in rows if r["stage"].startswith("embed")), 768)
-        for n in args.samples:
-            emit({"size": "-", "stage": f"score {n}", "n": n, "dim": dim, **time_scores(n, dim)})
+        bench(args, device, emit)
     finally:
         text = "\n".join([*head, *summary(rows, args, name), "", f"wall {time.monotonic() - t0:.0f} s"])
         print(text, flush=True)
