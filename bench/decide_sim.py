@@ -74,6 +74,7 @@ from orchestrator.results.deciding.sequential import (
     information_fraction,
     mean_variance,
     plan_wave,
+    projected_fraction,
 )
 from orchestrator.results.reports import crossed
 from orchestrator.results.reports.crossed import Components, CrossedInterval
@@ -262,8 +263,9 @@ def judge_look(r: Reading, fractions: list[float], pair: tuple[str, str], k: int
     the boundary's decision, and for an open comparison the chooser's next action (None once it is closed).
     The one place every simulation here takes a look, so a change to the fraction or the boundary reaches all."""
     fractions.append(information_fraction(k, n, design.max_seeds, design.max_images))
+    projected = projected_fraction(r.variance, k, n, design.max_seeds, design.max_images)
     look = decide(r.mean, r.se, r.df, fractions, k=k, n=n, alpha=alpha, last=last, futility=design.futility,
-                  error_rate=error_rate)  # fmt: skip
+                  error_rate=error_rate, futility_fraction=projected)  # fmt: skip
     if look.decision != Verdict.OPEN:
         return look, None
     costs = Costs(SEED_HOURS[pair[0]], SEED_HOURS[pair[1]], IMAGE_HOURS)

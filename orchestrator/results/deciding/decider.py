@@ -236,7 +236,9 @@ def judge_comparison(e: Effect, decide: DecideSpec, look: int, max_images: int, 
     fractions.append(sequential.information_fraction(e.k, e.n or 1, decide.max_seeds, max_images))
     verdict = sequential.decide(e.diff, se, df, fractions, k=e.k, n=e.n or 1, alpha=decide.alpha,  # type: ignore[arg-type]
                                 direction="lower", margin=decide.margin.get(e.metric) or None, last=last,
-                                futility=futility_of(decide))  # fmt: skip
+                                futility=futility_of(decide),
+                                futility_fraction=sequential.projected_fraction(v, e.k, e.n or 1, decide.max_seeds,
+                                                                                max_images))  # fmt: skip
     base.update(low=verdict.low, high=verdict.high)  # the look's repeated confidence interval
     c = ComparisonLook(**base, decision=verdict.decision.value, look=look, alpha_spent=verdict.alpha_spent,
                        fractions=fractions, reason=verdict.reason + note)  # type: ignore[arg-type]  # fmt: skip

@@ -151,6 +151,19 @@ def information_fraction(k: int, n: int, max_seeds: int, max_images: int) -> flo
     return min(1.0, k * n / (max_seeds * max_images))
 
 
+def projected_fraction(v: VarianceComponents, k: int, n: int, max_seeds: int, max_images: int) -> float:
+    """This look's information over the budget's as its own variance components project them: Var(budget)
+    / Var(k, n), at most 1; 1 where the components are all zero. For futility only (`decide`'s
+    futility_fraction): a comparison closed for futility is never called, so any fraction holds the error
+    rate there, and where the images dominate the plan's fraction is far below the information measured
+    (a quarter at 2 seeds x 256 images of 8 x 256, against about 0.6 on the headline), which would keep a
+    hopeless comparison open for seeds it does not need."""
+    now = mean_variance(v, k, n)
+    if now <= 0:
+        return 1.0
+    return min(1.0, mean_variance(v, max_seeds, max_images) / now)
+
+
 def comparison_alpha(alpha: float, comparisons: int, error_rate: ErrorRate = "per-comparison") -> float:
     """The alpha each comparison spends: alpha per comparison, or alpha/m (Bonferroni) for a familywise
     error rate over m comparisons."""
@@ -239,7 +252,7 @@ def _fractions_for(fractions: Sequence[float], last: bool) -> tuple[float, ...]:
 def decide(estimate: float, se: float, df: float | None, fractions: Sequence[float], *, k: int, n: int,
            alpha: float = 0.05, direction: Direction = "lower", margin: float | None = None,
            last: bool = False, spending: Spending = "obf", error_rate: ErrorRate = "per-comparison",
-           futility: float = 0.0) -> Look:  # fmt: skip
+           futility: float = 0.0, futility_fraction: float | None = None) -> Look:  # fmt: skip
     """The decision at this look for one comparison (arm - comparator).
 
     `fractions`: the information fraction of every look so far, this one last (earlier ones as recorded at
@@ -248,7 +261,9 @@ def decide(estimate: float, se: float, df: float | None, fractions: Sequence[flo
     negative estimate whose interval excludes zero is better. `margin`: equivalence when the interval
     lies inside +-margin. `last`: the look at the budget spends all remaining alpha, and what is not
     decided there is undecided. `futility` (0 = off): an open comparison whose conditional power at the
-    budget, under its current trend, is below this is closed undecided (non-binding, J&T 10.6).
+    budget, under its current trend, is below this is closed undecided (non-binding, J&T 10.6);
+    `futility_fraction`: this look's fraction for that conditional power alone (projected_fraction), None:
+    the boundary's.
     """
     if not (se > 0 and math.isfinite(se) and math.isfinite(estimate)):
         raise ValueError(f"estimate and se must be finite and se > 0, got estimate={estimate}, se={se}")
@@ -274,7 +289,8 @@ def decide(estimate: float, se: float, df: float | None, fractions: Sequence[flo
         return Look(decision=Verdict.UNDECIDED, reason="at the budget, neither excluded nor inside the margin",
                     **common)  # fmt: skip
     if futility > 0:
-        power = conditional_power(estimate / se, ts, alpha, spending)
+        power_ts = ts if futility_fraction is None else _fractions_for([*ts[:-1], futility_fraction], False)
+        power = conditional_power(estimate / se, power_ts, alpha, spending)
         if power < futility:
             return Look(decision=Verdict.UNDECIDED, reason=f"futile: conditional power {power:.2f} at the budget",
                         **common)  # fmt: skip
@@ -406,7 +422,8 @@ def expected_gpu_hours(seed_hours: Mapping[str, float], comparisons: Sequence[tu
                     continue
                 df = decision_df(variance, k, n) if k > 1 else None  # the df the decision would read
                 look = decide(score / info, 1 / math.sqrt(info), df, history[p], k=k, n=n, alpha=alpha,
-                              last=at_budget, futility=futility)  # fmt: skip
+                              last=at_budget, futility=futility,
+                              futility_fraction=projected_fraction(variance, k, n, max_seeds, max_images))  # fmt: skip
                 if look.decision != Verdict.OPEN:
                     open_.discard(p)
                     continue

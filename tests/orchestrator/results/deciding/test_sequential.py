@@ -152,6 +152,16 @@ def test_futility_closes_a_hopeless_comparison_only_when_asked() -> None:
     assert look(0.0018, fractions=(0.8,), futility=0.1) == Verdict.OPEN  # z = 1.8 late: worth finishing
 
 
+def test_futility_reads_the_projected_fraction_where_given() -> None:
+    """z = 1 with a quarter of the plan's information: worth going on (conditional power about 0.5); at the
+    0.8 the components project, hopeless (about 0.02). The boundary's fraction stays the plan's."""
+    plan = decide(0.001, 0.001, None, [0.25], k=2, n=256, futility=0.2)
+    projected = decide(0.001, 0.001, None, [0.25], k=2, n=256, futility=0.2, futility_fraction=0.8)
+    assert plan.decision == Verdict.OPEN
+    assert projected.decision == Verdict.UNDECIDED and "futile" in projected.reason
+    assert projected.fraction == plan.fraction == 0.25 and projected.boundary == plan.boundary
+
+
 def test_familywise_alpha_is_bonferroni() -> None:
     assert comparison_alpha(0.05, 5) == 0.05
     assert comparison_alpha(0.05, 5, "familywise") == pytest.approx(0.01)
