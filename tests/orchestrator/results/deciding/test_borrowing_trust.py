@@ -93,11 +93,13 @@ def test_earlier_runs_from_a_node_no_one_trusts_lend_nothing(settings: Settings,
 @pytest.mark.parametrize("node", [None, "vouched-1"])
 def test_the_same_records_from_the_controller_or_a_trusted_node_are_read(settings: Settings, stranger: str,
                                                                          node: str | None) -> None:  # fmt: skip
-    """The contrast: believed, that small a seed spread makes the images' call (which is why it must be
-    trusted), and the reason names the grid it came from."""
+    """The contrast: believed, that small a seed spread gives one seed a bounded interval (which is why it
+    must be trusted), and the reason names the grid it came from. (At look 1 on about 4 df the boundary's
+    level is only the alpha its planned fraction adds, so the call itself waits for a later look.)"""
     earlier = earlier_grid(settings, f"from {node}", 1e-3, node)
     c = first_look(settings, earlier)
-    assert c.decision == "worse", c
+    assert c.k == 1 and c.low is not None and c.high is not None and c.low < c.diff < c.high, c
+    assert "not borrowed" not in c.reason and "not trusted" not in c.reason, c.reason
     assert f"seed variance: one seed: the earlier grids' (grid {earlier}) on" in c.reason, c.reason
 
 
