@@ -2,7 +2,8 @@
 computed once per data split and extractor and reused by every run and evaluation after.
 
 - Cadence (eval.distribution.every = k): each k-th checkpoint and always the last. The best checkpoint is
-  only known at the end; `ablate evaluate GRID --step best --samples N` measures it after the night.
+  only known at the end: the controller then evaluates it where this pass skipped it
+  (orchestrator/results/best_distribution.py).
 - Extractors: model/extractors `load_extractor(..., stand_in="auto")`: the pinned weights where this node
   has them or can copy them from the checkpoint store (`ablate weights fetch`), else a labelled stand-in;
   the label goes on every value (`<metric>_extractor`) and the reason into the run's fallbacks.

@@ -27,7 +27,7 @@ from orchestrator.grids.arms import LINEAGE_KEYS, ArmError, changes, flatten, re
 from orchestrator.numbers import finite_or_none, is_finite
 from orchestrator.results.data_feed import data_feed
 from orchestrator.results.deciding.decisions import decision_json, with_decisions
-from orchestrator.results.evaluations import evaluation_warnings, largest_evaluation
+from orchestrator.results.evaluations import distribution_evaluations, evaluation_warnings, largest_evaluation
 from orchestrator.results.judge import best_checkpoint, judge_metric, stored_spec
 from orchestrator.results.own_metrics import is_command_run, own_series
 from orchestrator.results.record_lists import stored_list, unreadable_records
@@ -327,7 +327,7 @@ def grid_detail(session: Session, grid: Grid, alarm_minutes: float = 15.0) -> di
     control = pairing.control(0)
     evaluation, evaluated = largest_evaluation(session, grid)  # more images, no retraining: what the effects use
     not_used = evaluation_warnings(session, grid)  # a stranger's evaluation of a run: a warning on it, not used
-    judge, effects = grid_effects_now(grid, metrics, evaluated)
+    judge, effects = grid_effects_now(grid, metrics, evaluated, distribution_evaluations(session, grid)[1])
     effects = with_decisions(session, grid, effects)  # a deciding grid: each decided effect's decision
     arm_index = {arm: i for i, arm in enumerate(dict.fromkeys(r.arm for r in runs))}
     out_runs = []

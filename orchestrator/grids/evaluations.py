@@ -36,6 +36,7 @@ StepChoice = Literal["final", "best"] | Annotated[int, Field(ge=0, le=MAX_STEP)]
 
 
 ASKED = "asked"  # a job's `extra` key: the distribution samples and metrics its record must carry
+DISTRIBUTION_ONLY = "distribution_only"  # in ASKED: the images' metrics of this evaluation stand for nothing
 
 
 class EvaluationCreate(BaseModel):
@@ -115,9 +116,11 @@ def _distribution_asked(body: EvaluationCreate, runs: list[Run], split: int) -> 
     return {"samples": samples, "metrics": metrics}
 
 
-def create_evaluation(session: Session, grid: Grid, body: EvaluationCreate) -> Evaluation:
+def create_evaluation(session: Session, grid: Grid, body: EvaluationCreate,
+                      distribution_only: bool = False) -> Evaluation:  # fmt: skip
     """Check the request against the grid and store it with one queued job per run (the caller commits);
-    an InvalidBody (HTTP 422) names `images` or `step` and what would be accepted."""
+    an InvalidBody (HTTP 422) names `images` or `step` and what would be accepted. `distribution_only`: the
+    report reads only its distribution metrics (the pass at the best checkpoints, results/best_distribution.py)."""
     active = [r for r in grid.runs if r.state not in TERMINAL_STATES]
     if active:
         names = ", ".join(f"{r.arm} s{r.seed}" for r in active[:5])
@@ -133,6 +136,8 @@ def create_evaluation(session: Session, grid: Grid, body: EvaluationCreate) -> E
         raise _error("images", f"{images} images asked for, but the held-out split has {split} "
                                f"(data.held_out): ask for at most {split}, or hold out more images in a new grid")
     asked = _distribution_asked(body, runs, split)
+    if asked and distribution_only:
+        asked[DISTRIBUTION_ONLY] = True
     steps = {r.id: _step_of(session, r, body.step) for r in runs}
     evaluation = Evaluation(grid_id=grid.id, images=images, step=str(body.step), state=EvaluationState.queued)
     session.add(evaluation)

@@ -1,5 +1,7 @@
 """A grid's evaluations (its stored checkpoints evaluated again on more held-out images) as views, and the
-largest completed one, whose per-run rows the report's effects use in place of the training records'.
+largest completed one, whose per-run rows the report's effects use in place of the training records'. The
+distribution metrics (CMMD, DINO-MMD, FD-DINOv2) come from the completed evaluation that generated the most
+samples for them, else from the training records, whichever evaluation the images' metrics use.
 
 An `EvaluationResult` row carries the same metric columns, `extra` and `step` as a `Metric` row, so the
 report's statistics read it unchanged.
@@ -19,8 +21,8 @@ from typing import Any, Self
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from orchestrator.db.models import Evaluation, EvaluationResult, Grid, Metric, aware
-from orchestrator.grids.evaluations import ASKED
+from orchestrator.db.models import Evaluation, EvaluationResult, Grid, aware
+from orchestrator.grids.evaluations import ASKED, DISTRIBUTION_ONLY
 from orchestrator.results.reports.model import EvaluationUsed
 from orchestrator.results.reports.stats import DISTRIBUTION
 from orchestrator.results.views import MetricValues, Public, UTCDatetime
@@ -123,9 +125,12 @@ def _believed(evaluation: Evaluation, trusted: set[str]) -> tuple[dict[int, Eval
 def largest_evaluation(session: Session, grid: Grid) -> tuple[EvaluationUsed | None, dict[int, EvaluationResult]]:
     """The grid's completed evaluation with the most images (the newest of equals) and its row per run id,
     only the rows whose node may speak for the run (`_believed`), of the largest with any such row;
-    (None, {}) when the grid has none."""
+    (None, {}) when the grid has none. One asked only for distribution metrics (results/best_distribution.py)
+    is not a candidate."""
     trusted = trusted_nodes(session)
     for found in _completed(session, grid):
+        if _asked(found).get(DISTRIBUTION_ONLY):
+            continue  # the distribution pass at the best checkpoints: its images' metrics stand for nothing
         rows, _ = _believed(found, trusted)
         if rows:
             return EvaluationUsed(id=found.id, images=found.images, step=found.step), rows
@@ -149,22 +154,36 @@ def evaluation_warnings(session: Session, grid: Grid) -> dict[int, list[str]]:
     return out
 
 
-def with_evaluation(metrics: dict[int, list[Metric]], evaluated: dict[int, EvaluationResult]) -> dict[int, list]:
-    """Each run's checkpoint rows with its evaluated checkpoint's row in place of the training row of that
-    step, so a comparison at that step pairs two evaluation rows (the same images, the same noise)."""
-    out: dict[int, list] = {}
-    for run_id, rows in metrics.items():
-        row = evaluated.get(run_id)
-        kept = [m for m in rows if row is None or m.step != row.step]
-        out[run_id] = sorted([*kept, row], key=lambda m: m.step) if row is not None else kept
-    return out
+def distribution_evaluations(session: Session, grid: Grid) -> tuple[list[EvaluationUsed],
+                                                                     dict[int, list[EvaluationResult]]]:
+    """The grid's completed evaluations that generated samples for distribution metrics (fewest samples first,
+    so a reader that lets later rows win keeps the most samples), and their believed rows per run id that carry
+    distribution values (results/evaluated_rows.py puts them on the checkpoint they measured)."""
+    trusted, found = trusted_nodes(session), []
+    for evaluation in reversed(_completed(session, grid)):  # the oldest of equal images first
+        asked = _asked(evaluation)
+        rows = [r for r in _believed(evaluation, trusted)[0].values() if distribution_keys(r.extra)]
+        if rows and isinstance(samples := asked.get("samples"), int):
+            found.append((samples, evaluation, rows))
+    found.sort(key=lambda f: f[0])  # stable: of equal samples, the order above
+    used = [EvaluationUsed(id=e.id, images=e.images, step=e.step, samples=n) for n, e, _ in found]
+    per_run: dict[int, list[EvaluationResult]] = {}
+    for _, _, rows in found:
+        for row in rows:
+            per_run.setdefault(row.run_id, []).append(row)
+    return used, per_run
 
 
-def evaluated_points(rows: list, best: Metric | None, final: Metric | EvaluationResult | None) -> list[tuple[str, Any]]:
-    """The report's ("best", row) and ("final", row), each the row of `rows` (with_evaluation's) at its
-    step: the evaluation's where it measured that step."""
+def _asked(evaluation: Evaluation) -> dict[str, Any]:
+    """The distribution samples and metrics the evaluation's jobs were asked for ({} if none)."""
+    return next((a for r in evaluation.results if isinstance(a := (r.extra or {}).get(ASKED), dict)), {})
 
-    def at(point: Any) -> Any:
-        return None if point is None else next((m for m in rows if m.step == point.step), point)
 
-    return [("best", at(best)), ("final", at(final))]
+DISTRIBUTION_PARTS = ("", "_se", "_n", "_extractor", "_samples")  # a distribution metric's keys in a row's extra
+
+
+def distribution_keys(extra: dict[str, Any] | None, metrics: tuple[str, ...] = DISTRIBUTION) -> dict[str, Any]:
+    """The `metrics`' values in `extra` (each distribution metric with its SE, n, extractor, per-sample list)."""
+    extra = extra or {}
+    return {f"{m}{p}": extra[f"{m}{p}"] for m in metrics if m in extra for p in DISTRIBUTION_PARTS
+            if f"{m}{p}" in extra}  # fmt: skip

@@ -1,8 +1,8 @@
 """The seeds x images crossed interval computed by hand, in numpy, from the textbook formulas (a second
 derivation the report's pure-Python one is checked against): two-way ANOVA mean squares, components with
 negatives at zero, the grand mean's variance, and the df: the fewer of Satterthwaite's over the mean squares
-kept and Satterthwaite's with the seed mean square at its 75% upper confidence bound (always counted), then
-t(0.975, df)."""
+kept and Satterthwaite's with the seed component at its 75% upper confidence bound (always counted, on the seed
+mean square's df; the rest on its own), then t(0.975, df)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ def crossed_by_hand(table: list[list[float]]) -> dict[str, float]:
     kept = [(ms_seed, k - 1)] * int(seed > 0) + [(ms_image, n - 1)] * int(image > 0)
     kept += [((1 - len(kept)) * ms_rest, (k - 1) * (n - 1))]
     bound = ms_seed * (k - 1) / stats.chi2.ppf(0.25, k - 1)
-    at_bound = [(bound, k - 1)] + ([(ms_image, n - 1), (-ms_rest, (k - 1) * (n - 1))] if image > 0 else [])
+    at_bound = [(max(bound - ms_rest, 0.0), k - 1)]
+    at_bound += [(ms_image, n - 1)] if image > 0 else [(ms_rest, (k - 1) * (n - 1))]
     df = min(_satterthwaite(kept), _satterthwaite(at_bound))
     half = stats.t.ppf(0.975, df) * np.sqrt(var)
     return {"mean": grand, "se": float(np.sqrt(var)), "df": float(df), "low": grand - half, "high": grand + half,

@@ -69,7 +69,7 @@ from orchestrator.results.deciding.decisions import (
     grid_looks,
     look_comparisons,
 )
-from orchestrator.results.evaluations import largest_evaluation
+from orchestrator.results.evaluations import distribution_evaluations, largest_evaluation
 from orchestrator.results.pass_listener import PassListener
 from orchestrator.results.reports.build import grid_effects_now
 from orchestrator.results.reports.model import Effect
@@ -110,7 +110,7 @@ def current_effects(session: Session, grid: Grid) -> list[Effect]:
     for m in session.scalars(rows):
         metrics[m.run_id].append(m)
     _, evaluated = largest_evaluation(session, grid)
-    return grid_effects_now(grid, metrics, evaluated)[1]
+    return grid_effects_now(grid, metrics, evaluated, distribution_evaluations(session, grid)[1])[1]
 
 
 def _images_now(session: Session, grid: Grid) -> tuple[int | None, int]:

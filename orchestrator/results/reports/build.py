@@ -25,12 +25,8 @@ from orchestrator.db.models import Grid, Metric, Node, Run, Sweep
 from orchestrator.grids.arms import changes
 from orchestrator.numbers import finite_or_none, is_finite, number
 from orchestrator.results.deciding.decisions import deciding_words, with_decisions
-from orchestrator.results.evaluations import (
-    evaluated_points,
-    evaluation_warnings,
-    largest_evaluation,
-    with_evaluation,
-)
+from orchestrator.results.evaluated_rows import at_step, evaluated_points, with_evaluation
+from orchestrator.results.evaluations import distribution_evaluations, evaluation_warnings, largest_evaluation
 from orchestrator.results.judge import best_checkpoint, judge_metric, stored_policy, stored_spec
 from orchestrator.results.own_metrics import is_command_run, own_evaluated, own_series
 from orchestrator.results.record_lists import stored_list, unreadable_records
@@ -198,19 +194,21 @@ def own_lower_is_better(run: Run, metric: str) -> bool:
     return not (policy.metric == metric and policy.metric_mode == "max")
 
 
-def grid_effects_now(grid: Grid, metrics: dict[int, list[Metric]],
-                     evaluated: dict[int, Any] | None = None) -> tuple[str, list[Effect]]:  # fmt: skip
+def grid_effects_now(grid: Grid, metrics: dict[int, list[Metric]], evaluated: dict[int, Any] | None = None,
+                     distribution: dict[int, list[Any]] | None = None) -> tuple[str, list[Effect]]:  # fmt: skip
     """The judged metric and the effects table of `grid` at each run's final checkpoint, without the
     report's samples (the dashboard polls this); `evaluated`: the largest completed evaluation's row per
-    run id (results/evaluations.py), which stands for the checkpoint it measured, as in the report."""
+    run id (results/evaluations.py), which stands for the checkpoint it measured, as in the report;
+    `distribution`: per run id, the rows of the evaluations that generated samples for distribution metrics
+    (evaluations.py distribution_evaluations)."""
     runs = list(grid.runs)
     judge = judge_of(runs, metrics)
     pairing = Pairing(grid)
-    compared = with_evaluation(metrics, evaluated or {})
+    compared = with_evaluation(metrics, evaluated or {}, distribution)
     rows = []
     for r in runs:
         ms = metrics.get(r.id, [])
-        final = (evaluated or {}).get(r.id, ms[-1] if ms else None)
+        final = at_step(compared.get(r.id, []), (evaluated or {}).get(r.id, ms[-1] if ms else None))
         comparisons = [c for against, other in pairing.comparators(r)
                        for c in run_comparisons(r, other, against, compared, (("final", final),))]  # fmt: skip
         standin = sorted({m.step for m in ms if m.lpips_backbone == STANDIN})
@@ -237,8 +235,9 @@ def build_report(session: Session, grid: Grid, storage_options: dict[str, Any] |
     pairing = Pairing(grid)
     # The largest completed evaluation (more images, no retraining): its rows stand for the checkpoints it measured.
     evaluation, evaluated = largest_evaluation(session, grid)
+    distribution, distribution_rows = distribution_evaluations(session, grid)  # on their checkpoints
     not_used = evaluation_warnings(session, grid)  # a stranger's evaluation of a run: named on it, not used
-    compared = with_evaluation(metrics, evaluated)
+    compared = with_evaluation(metrics, evaluated, distribution_rows)
     budget = _ImageBudget(MAX_REPORT_IMAGE_BYTES)
     price = price_per_gpu_hour(session, grid)
     arms = []
@@ -311,6 +310,7 @@ def build_report(session: Session, grid: Grid, storage_options: dict[str, Any] |
         effects=effects,
         timestep_effects=timestep_effects(pairs, compared),
         evaluation=evaluation,
+        distribution_evaluations=distribution,
         deciding=deciding_words(session, grid),
         arms=arms,
         unreadable_records=left_out,

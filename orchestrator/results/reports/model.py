@@ -215,6 +215,7 @@ class EvaluationUsed(BaseModel):
     id: int
     images: int
     step: str  # as asked: "final", "best" or a step number
+    samples: int | None = None  # generated samples for the distribution metrics (None: none asked)
 
 
 class GridReport(BaseModel):
@@ -231,6 +232,7 @@ class GridReport(BaseModel):
     effects: list[Effect] = []
     timestep_effects: list[TimestepEffect] = []
     evaluation: EvaluationUsed | None = None  # None: the effects use the training records' evaluations
+    distribution_evaluations: list[EvaluationUsed] = []  # those that generated samples for distribution metrics
     deciding: str | None = None  # a deciding grid's header: its error rate and looks (results/deciding/decisions.py)
     arms: list[ArmReport]
     # stored records whose per-sample or per-timestep lists were left out, and why (results/record_lists.py)

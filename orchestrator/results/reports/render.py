@@ -26,10 +26,18 @@ def _num(x: float | None, digits: int = 3) -> str:
 # Why a stored record's lists can be left out: written before ingest checked them, or imported.
 LEFT_OUT_WHY = "a per-sample or per-timestep list not in the shape the node protocol declares"
 def evaluation_words(report: GridReport) -> str:
-    e = report.evaluation
-    assert e is not None
-    return (f"The effects use evaluation {e.id}: each run's {e.step} checkpoint evaluated again on {e.images} "
-            "held-out images (the same per-image noise for every run), not the training-time evaluation.")
+    """Which evaluations the effects use ("" where only the training records'): the images' metrics' and the
+    distribution metrics' (the one with the most generated samples)."""
+    words = []
+    if (e := report.evaluation) is not None:
+        words.append(f"The effects use evaluation {e.id}: each run's {e.step} checkpoint evaluated again on "
+                     f"{e.images} held-out images (the same per-image noise for every run), not the training-time "
+                     "evaluation.")  # fmt: skip
+    for d in report.distribution_evaluations:
+        words.append(f"The distribution metrics at each run's {d.step} checkpoint come from evaluation {d.id} "
+                     f"({d.samples} generated samples, sample i from the same prompt and noise in every run) where "
+                     "it generated at least as many as the training pass.")  # fmt: skip
+    return " ".join(words)
 
 
 def to_json(report: GridReport) -> str:
@@ -44,7 +52,7 @@ def to_markdown(report: GridReport) -> str:
            f"by {DISTRIBUTION} {report.version}.", ""]  # fmt: skip
     out += ["## Effects", "", *([report.deciding, ""] if report.deciding else []), *effects_markdown(report), "",
             seeds_words(report) + " Forest plots in report.html.", ""]
-    out += [evaluation_words(report), ""] if report.evaluation is not None else []
+    out += [words, ""] if (words := evaluation_words(report)) else []
     out += ["## Summary", "", *[f"- {w}" for w in s.words], ""]
     if report.unreadable_records:
         out += [f"Records left out of the statistics ({LEFT_OUT_WHY}):", "",
@@ -183,7 +191,7 @@ def to_html(report: GridReport) -> str:
          "<h2>Effects</h2>", f"<p class=deciding>{escape(report.deciding)}</p>" if report.deciding else "",
          effects_html(report),
          f"<p class=muted>{escape(seeds_words(report))}</p>",
-         f"<p class=muted>{escape(evaluation_words(report))}</p>" if report.evaluation is not None else "",
+         f"<p class=muted>{escape(words)}</p>" if (words := evaluation_words(report)) else "",
          *forest_plots(report),
          "<h2>Summary</h2><ul>", *[f"<li>{escape(w)}</li>" for w in s.words], "</ul>",
          *([f"<p class=worse>Records left out of the statistics ({escape(LEFT_OUT_WHY)}):</p><ul>",

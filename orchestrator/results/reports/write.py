@@ -3,7 +3,9 @@ the launcher, asks every housekeeping pass: write_due_reports) and into a sweep'
 
 A grid is due when all its runs are in a terminal state and no `report.written` or `report.failed`
 event names it: each grid gets its report once, whichever way it ended (finished, stopped while
-queued, failed after retries, or found ended by a restarted controller).
+queued, failed after retries, or found ended by a restarted controller). It waits for the grid's evaluations
+that are queued or running, among them the distribution pass at the best checkpoints that a grid measuring
+distribution metrics gets first (results/best_distribution.py).
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from typing import Any
 from sqlalchemy import exists, select
 from sqlalchemy.orm import Session
 
-from orchestrator.db.models import Event, Grid, Run
+from orchestrator.db.models import Evaluation, Event, Grid, Run
 from orchestrator.db.session import session_scope
+from orchestrator.results.best_distribution import queue_best_pass
 from orchestrator.results.deciding.decider import decision_pending
 from orchestrator.results.pass_listener import PassListener
 from orchestrator.results.reports.build import build_report
@@ -24,10 +27,11 @@ from orchestrator.results.reports.model import GridReport
 from orchestrator.results.reports.render import RENDERERS
 from orchestrator.results.reports.tracker_table import record_effects, record_look_effects
 from orchestrator.settings import Settings
-from orchestrator.vocabulary import TERMINAL_STATES
+from orchestrator.vocabulary import TERMINAL_STATES, EvaluationState
 
 log = logging.getLogger(__name__)
 REPORT_EVENTS = ("report.written", "report.failed")
+EVALUATION_ENDED = (EvaluationState.completed, EvaluationState.failed)
 
 
 def report_dir(settings: Settings, grid_id: int) -> Path:
@@ -53,12 +57,13 @@ def write_rendered(report: GridReport, out: Path) -> list[Path]:
 
 
 def due_grids(session: Session) -> list[int]:
-    """Grids with runs, none of them still active, and no report event yet (a deciding grid: once its
-    decision has ended, results/deciding/decider.py)."""
+    """Grids with runs, none of them still active nor any of their evaluations, and no report event yet (a
+    deciding grid: once its decision has ended, results/deciding/decider.py)."""
     active = exists().where(Run.grid_id == Grid.id, Run.state.not_in(TERMINAL_STATES))
+    evaluating = exists().where(Evaluation.grid_id == Grid.id, Evaluation.state.not_in(EVALUATION_ENDED))
     has_runs = exists().where(Run.grid_id == Grid.id)
     reported = exists().where(Event.grid_id == Grid.id, Event.run_id.is_(None), Event.kind.in_(REPORT_EVENTS))
-    grids = session.scalars(select(Grid).where(has_runs, ~active, ~reported).order_by(Grid.id))
+    grids = session.scalars(select(Grid).where(has_runs, ~active, ~evaluating, ~reported).order_by(Grid.id))
     return [g.id for g in grids if not decision_pending(session, g)]  # a deciding grid: after its last look
 
 
@@ -75,6 +80,8 @@ def write_due_reports(settings: Settings) -> list[int]:
             if grid is None:
                 continue
             try:
+                if queue_best_pass(session, grid) is not None:
+                    continue  # the report once the pass at the best checkpoints has ended
                 report = build_report(session, grid, settings.checkpoint_options)
                 write_rendered(report, out)
             except Exception as exc:  # noqa: BLE001 - a report must never stop the launcher

@@ -44,9 +44,8 @@ def test_the_crossed_interval_matches_a_hand_computation() -> None:
 
 def test_no_seed_noise_gives_the_images_only_variance() -> None:
     """Every seed with the same mean over the images (their rows differ image by image): the seed component
-    is zero, not negative, and the SE is the paired one over the images of the seed-averaged differences.
-    Its df stay below n - 1: three seeds that agree cannot rule out a seed component, so the seeds keep
-    their weight in the df (crossed.py), and the interval is at least the images-only one."""
+    is zero, not negative, and the interval is the paired t-interval over the images of the seed-averaged
+    differences, on n - 1 df: a seed mean square of zero bounds the seed component at zero too (crossed.py)."""
     row = TABLE[0]
     wobble = [0.002, -0.002, 0.001, -0.001, 0.0, 0.0]
     table = [row, [x + w for x, w in zip(row, wobble, strict=True)], [x - w for x, w in zip(row, wobble, strict=True)]]
@@ -54,7 +53,7 @@ def test_no_seed_noise_gives_the_images_only_variance() -> None:
     assert effect is not None and effect.components is not None and effect.components.seed == 0
     cols = [sum(r[i] for r in table) / 3 for i in range(6)]
     assert effect.se == pytest.approx(stats.tstd(cols) / math.sqrt(6))
-    assert effect.df is not None and 2 <= effect.df < 5
+    assert effect.df == pytest.approx(5)
     half = stats.t.ppf(0.975, effect.df) * stats.tstd(cols) / math.sqrt(6)
     assert (effect.low, effect.high) == (pytest.approx(sum(cols) / 6 - half), pytest.approx(sum(cols) / 6 + half))
 

@@ -8,8 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from orchestrator.db.models import Grid
+from orchestrator.db.models import Evaluation, EvaluationResult, Grid
 from orchestrator.db.session import session_scope
+from orchestrator.fleet.inventory import LOCAL
+from orchestrator.grids.evaluations import ASKED
 from orchestrator.grids.service import GridCreate, create_grid
 from orchestrator.results.reports.build import build_report
 from orchestrator.results.reports.render import to_json, to_markdown
@@ -60,3 +62,48 @@ def test_cmmd_effect_is_crossed_over_its_samples_and_a_standin_is_descriptive(da
         assert f"CMMD ({STANDIN}: stand-in extractor: descriptive)" in markdown
     else:
         assert not effect.standin and {c.verdict for c in comparisons} == {"worse"}
+
+
+def _evaluation(session, grid: Grid, images: int, samples: int | None, seed: int) -> int:  # noqa: ANN001
+    """A completed evaluation of every run's step-STEP checkpoint on the controller's own machine (believed for
+    any run): its images' metric, and CMMD on `samples` generated samples where given (worse: +0.5, as trained)."""
+    rng = np.random.default_rng(seed)
+    done = Evaluation(grid_id=grid.id, images=images, step="final", state="completed")
+    session.add(done)
+    session.flush()
+    for run in grid.runs:
+        extra: dict = {ASKED: {"samples": samples, "metrics": ["cmmd"]}} if samples else {}
+        if samples:
+            values = (rng.normal(1.0, 0.3, samples) + (0.5 if run.arm == "worse" else 0.0)).tolist()
+            extra |= {"cmmd": float(np.mean(values)), "cmmd_n": samples, "cmmd_se": 0.01, "cmmd_extractor": REAL,
+                      "cmmd_samples": values}  # fmt: skip
+        session.add(EvaluationResult(evaluation_id=done.id, run_id=run.id, step=STEP, state="completed", node=LOCAL,
+                                     val_flow_loss=0.5, extra=extra))  # fmt: skip
+    session.flush()
+    return done.id
+
+
+def _cmmd(report) -> object:  # noqa: ANN001
+    return next(e for e in report.effects if (e.arm, e.metric, e.against) == ("worse", "cmmd", "control"))
+
+
+def test_the_distribution_metrics_use_the_evaluation_with_the_most_samples(database_url: str) -> None:
+    """An evaluation on more images that measured no distribution metric keeps the training records' CMMD (it
+    used to drop it from the report); one that generated 64 samples gives the CMMD effect over n = 64 though
+    another has more images, and the report says which evaluation each kind of metric uses."""
+    grid_id = _grid(database_url, REAL)
+    with session_scope(database_url) as session:
+        grid = session.get(Grid, grid_id)
+        images = _evaluation(session, grid, images=128, samples=None, seed=1)
+        report = build_report(session, grid)
+        assert report.evaluation is not None and report.evaluation.id == images
+        assert report.distribution_evaluations == [] and _cmmd(report).n == N
+        sampled = _evaluation(session, grid, images=16, samples=64, seed=2)
+        report = build_report(session, grid)
+    assert report.evaluation is not None and report.evaluation.id == images
+    assert [(d.id, d.samples) for d in report.distribution_evaluations] == [(sampled, 64)]
+    effect = _cmmd(report)
+    assert effect.n == 64 and effect.k == 2 and 0.3 < effect.diff < 0.7
+    words = to_markdown(report)
+    assert f"The effects use evaluation {images}" in words
+    assert f"at each run's final checkpoint come from evaluation {sampled} (64 generated" in words
