@@ -22,6 +22,7 @@ same trace (lost diversity in half the directions) that CMMD barely sees and FD 
 
     python bench/distribution_sim.py            # 2000 replicates a cell, more cells
     python bench/distribution_sim.py --quick    # 600 a cell at k = 3, n = 500: about 4 minutes on 2 idle cores
+    python bench/distribution_sim.py --reps 1200 --cell 4:500   # one cell (a process per cell runs them in parallel)
 
 The last line reads `cmmd coverage C (lowest over the cells with n >= 500, k >= 3; highest H) ...`.
 """
@@ -183,10 +184,14 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="600 replicates of k = 3, n = 500 per scenario")
     ap.add_argument("--reps", type=int, help="replicates a cell (overrides --quick)")
     ap.add_argument("--tau", type=float, default=TAU, help=f"a seed's offset SD ({TAU_DOMINANT}: seeds dominant)")
+    ap.add_argument("--cell", action="append", metavar="K:N", help="only these cells (seeds:samples), e.g. 4:500")
+    ap.add_argument("--bias-reps", type=int, help="replicates of the bias table's rows (0: no table)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     reps = args.reps or (600 if args.quick else 2000)
     cells = [(3, 500)] if args.quick else [(2, 100), (3, 100), (3, 500), (4, 500), (3, 2000)]
+    if args.cell:
+        cells = [(int(k), int(n)) for k, n in (c.split(":") for c in args.cell)]
     rng = np.random.default_rng(58)
     print(f"{reps} replicates a cell, d = {D}, seed offset SD {args.tau}, reference set as large as the samples, "
           "95% nominal")
@@ -209,7 +214,9 @@ def main() -> None:
             fd_cover = got.fd_hits / got.fd_counted if got.fd_counted else math.nan
             print(f"| {name} | {k} | {n} | {cover:.3f} | {got.se_over_sd:.2f} | {got.df:.1f} | {got.seed_share:.0%} "
                   f"| {fd_cover:.3f} |", flush=True)  # fmt: skip
-    bias_table(rng, (100, 500) if args.quick else (50, 100, 500, 2000), 100 if args.quick else 300)
+    bias_reps = args.bias_reps if args.bias_reps is not None else (100 if args.quick else 300)
+    if bias_reps:
+        bias_table(rng, (100, 500) if args.quick else (50, 100, 500, 2000), bias_reps)
     print(f"({time.monotonic() - start:.0f} s)")
     print(f"cmmd coverage {low:.3f} (lowest over the cells with n >= 500, k >= 3; highest {high:.3f}); null mean of "
           f"the paired difference {null_mean:+.5f} ± {null_se:.5f} (within 2 SE of 0: {abs(null_mean) <= 2 * null_se})")
