@@ -26,9 +26,17 @@ On the GPU machine: `bash bench/decide_gpu.sh [args]` (the carried wheels and Ra
 `--distribution-samples N` (issue 58): the fixed grid's runs also score CMMD (eval.distribution) on N samples at
 their last checkpoint; its table follows, and the GPU-hours are compared with and without those passes' seconds.
 
+`--order fixed-only` (issue 58 item 6, second half): only the fixed grid is submitted and watched (no deciding
+grid). `--lr-factor F` (default 0.1): the inline arm is A with lr x F, named "A-lr10" for F = 0.1 (1/F where
+that is a whole number) and "A-lrx10" for F = 10. `--arms` (default A,C,lr): which arms both grids hold, "lr"
+standing for the inline arm; A (the control) must be among them. So a known-worse arm told apart on CMMD:
+    bash bench/decide_gpu.sh --order fixed-only --arms A,lr --lr-factor 10 --distribution-samples 512 ...
+(6 runs at 3 seeds: A and A-lrx10.)
+
 Dry run on a CPU machine with logical GPUs (about 7 minutes on 2 shared cores):
     PYTHONPATH=. ABLATE_LOGICAL_GPUS=4 python bench/decide_gpu.py --size tiny --steps 20 --every 10 --batch 4 \
         --num-images 64 --held-out 64 --num-samples 16 --sampler-steps 2 --distribution-samples 16
+and of the CMMD grid (under a minute): the same with `--order fixed-only --arms A,lr --lr-factor 10`.
 """
 
 from __future__ import annotations
@@ -55,10 +63,23 @@ from orchestrator.db.session import session_scope  # noqa: E402
 from orchestrator.results.deciding.decisions import grid_looks, look_comparisons  # noqa: E402
 
 A_LR = 3.0e-4  # arms/A.yaml
-ARMS: list[Any] = ["A", "C", {"parent": "A", "name": "A-lr10", "schedule": {"lr": A_LR / 10}}]
 TERMINAL = {"completed", "stopped", "failed"}
 DISTRIBUTION_LAST_ONLY = 10_000  # eval.distribution.every: a pass at the last checkpoint only
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def lr_arm(factor: float) -> dict[str, Any]:
+    """A with its lr x factor, inline: "A-lr10" (lr / 10) for 0.1, as issue 50's records name it, where 1 / factor
+    is a whole number; else "A-lrx10" (lr x 10), "A-lrx0.3"."""
+    inverse = round(1 / factor)
+    if factor < 1 and abs(1 / factor - inverse) < 1e-9:
+        return {"parent": "A", "name": f"A-lr{inverse}", "schedule": {"lr": A_LR / inverse}}
+    return {"parent": "A", "name": f"A-lrx{factor:g}", "schedule": {"lr": A_LR * factor}}
+
+
+def arms(args: argparse.Namespace) -> list[Any]:
+    """The grids' arms from --arms: names from arms/, "lr" standing for the inline arm (lr x --lr-factor)."""
+    return [lr_arm(args.lr_factor) if a == "lr" else a for a in args.arms]
 
 
 def overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -81,14 +102,14 @@ def bodies(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
               "max_images": args.max_images, "margin": {HEADLINE: 0.0}}  # fmt: skip
     if args.max_gpu_hours is not None:  # else the submit's worst case, stored with the grid
         decide["max_gpu_hours"] = args.max_gpu_hours
-    common = {"arms": ARMS, "overrides": overrides(args), "control": "A"}
+    common = {"arms": arms(args), "overrides": overrides(args), "control": "A"}
     fixed = {**common, "overrides": overrides(args)}
     if args.distribution_samples:  # issue 58: CMMD on the fixed grid's last checkpoints (its passes timed apart)
         fixed["overrides"]["eval"]["distribution"] = {
             "metrics": ["cmmd"], "samples": args.distribution_samples, "every": DISTRIBUTION_LAST_ONLY,
             "sampler_steps": args.sampler_steps}  # fmt: skip
     return {"decide": {"name": f"decide {args.size} x{args.steps}", **common, "decide": decide},
-            "fixed": {"name": f"fixed3 {args.size} x{args.steps}", **fixed, "seeds": args.fixed_seeds}}
+            "fixed": {"name": f"fixed3 {args.size} x{args.steps}", **fixed, "seeds": args.fixed_seeds}}  # fmt: skip
 
 
 def get(url: str, path: str, **params: Any) -> Any:
@@ -178,7 +199,7 @@ def num(x: float | None, f: str = ".4f") -> str:
 def look_lines(database_url: str, gid: int) -> list[str]:
     """Each look of the deciding grid, from its stored looks (the repeated confidence interval is there)."""
     out = ["| look | comparison | diff | repeated CI | decision | alpha spent | k | n | action |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     with session_scope(database_url) as session:
         for look in grid_looks(session, gid):
             for c in look_comparisons(look):
@@ -198,7 +219,7 @@ def budget_lines(database_url: str, gid: int, spent_h: float) -> list[str]:
     cap = decide.get("max_gpu_hours")
     room = f"{spent_h / cap:.2f} of it spent" if cap else "no cap"
     return [f"The deciding grid's stored budget: max_gpu_hours {num(cap, '.4f')} ({room}), max_looks "
-            f"{decide.get('max_looks')}, max_evaluations {decide.get('max_evaluations')}"]
+            f"{decide.get('max_looks')}, max_evaluations {decide.get('max_evaluations')}"]  # fmt: skip
 
 
 def comparison_table(decided: list[dict[str, Any]], fixed: list[dict[str, Any]]) -> list[str]:
@@ -217,6 +238,18 @@ def comparison_table(decided: list[dict[str, Any]], fixed: list[dict[str, Any]])
     return out
 
 
+def effect_table(effects: list[dict[str, Any]]) -> list[str]:
+    """One grid's comparisons on one metric as the report JSON gives them (a stand-in's marked descriptive)."""
+    return ["| comparison | diff [95% interval] | k | n | per seed | seed SD | eval SE | reading | extractor |",
+            "|---|---|---|---|---|---|---|---|---|",
+            *(f"| {e['arm']} - {e['other_arm']} | {e['diff']:+.4f} [{num(e['low'], '+.4f')}, "
+              f"{num(e['high'], '+.4f')}] | {e['k']} | {e.get('n') or '-'} | "
+              f"{' '.join(format(d['diff'], '+.4f') for d in e.get('per_seed') or []) or '-'} | "
+              f"{num(e.get('seed_sd'))} | {num(e.get('eval_se'))} | {e.get('reading', '-')} | "
+              f"{e.get('extractor') or '-'}{' (stand-in: descriptive)' if e.get('standin') else ''} |"
+              for e in effects)]  # fmt: skip
+
+
 def ablate_status(database_url: str, gid: int) -> str:
     env = dict(os.environ, ABLATE_DATABASE_URL=database_url, COLUMNS="160")
     proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "status", str(gid)], capture_output=True,
@@ -230,9 +263,8 @@ def run(args: argparse.Namespace, home: Path, say: Any) -> None:
     with serving(home, args.port, TOKEN) as url:
         say(f"controller healthy after {time.monotonic() - t0:.1f} s", "")
         answers: dict[str, dict[str, Any]] = {}
-        order = [["decide"], ["fixed"]] if args.order == "sequential" else [["decide", "fixed"]]
-        if args.order == "fixed-first":
-            order = [["fixed"], ["decide"]]
+        order = {"sequential": [["decide"], ["fixed"]], "together": [["decide", "fixed"]],
+                 "fixed-first": [["fixed"], ["decide"]], "fixed-only": [["fixed"]]}[args.order]  # fmt: skip
         done: dict[str, bool] = {}
         for batch in order:
             for label in batch:
@@ -243,7 +275,7 @@ def run(args: argparse.Namespace, home: Path, say: Any) -> None:
                 if label == "fixed" and args.distribution_samples and left < args.distribution_min_left:
                     body["overrides"]["eval"].pop("distribution", None)  # the fixed grid first: no time for passes
                     say(f"fixed grid submitted without eval.distribution: {left:.0f} s left, under "
-                        f"--distribution-min-left {args.distribution_min_left:.0f}", "")
+                        f"--distribution-min-left {args.distribution_min_left:.0f}", "")  # fmt: skip
                 resp = httpx.post(f"{url}/api/grids", json=body, headers=AUTH, timeout=60)
                 resp.raise_for_status()
                 answers[label] = resp.json()
@@ -277,26 +309,25 @@ def report(url: str, database_url: str, answers: dict[str, dict[str, Any]], done
         d, f = c["decide"], c["fixed"]
         ratio = lambda k: f"{d[k] / f[k]:.3f}" if d[k] and f[k] else "-"  # noqa: E731
         say("", f"decided / fixed: GPU-h recorded {ratio('recorded_h')}, held {ratio('held_h')}, "
-            f"wall {ratio('wall_s')}")
+            f"wall {ratio('wall_s')}")  # fmt: skip
         if f["dist_h"]:  # the fixed grid's distribution passes are issue 58's, not deciding's: compared without
             less = lambda k: (f"{(d[k] - d['dist_h']) / (f[k] - f['dist_h']):.3f}"  # noqa: E731
-                              if f[k] > f["dist_h"] else "-")
+                              if f[k] > f["dist_h"] else "-")  # fmt: skip
             say("", f"without the distribution passes' seconds: GPU-h recorded {less('recorded_h')}, held "
-                f"{less('held_h')}")
+                f"{less('held_h')}")  # fmt: skip
     for label, x in c.items():
         say("", f"{label} runs (from the grid's submission; GPU-s as the trainer recorded them):", "",
             *(f"- {row}" for row in x["rows"]))  # fmt: skip
-    decided = [e for e in effects.get("decide", []) if e.get("decision")] or effects.get("fixed", [])
-    say("", "Each comparison on the decided metric (report JSON; the fixed grid's own 95% crossed interval):", "",
-        *comparison_table(decided, effects.get("fixed", [])), "")  # fmt: skip
+    if "decide" in gids:
+        decided = [e for e in effects["decide"] if e.get("decision")] or effects.get("fixed", [])
+        say("", "Each comparison on the decided metric (report JSON; the fixed grid's own 95% crossed interval):", "",
+            *comparison_table(decided, effects.get("fixed", [])), "")  # fmt: skip
+    else:  # --order fixed-only
+        say("", f"The fixed grid's {HEADLINE} (report JSON; its 95% crossed interval):", "",
+            *effect_table(effects.get("fixed", [])), "")  # fmt: skip
     cmmd = headline_effects(url, gids["fixed"], "cmmd") if "fixed" in gids else []
     if cmmd:
-        say("The fixed grid's CMMD (x1000, its last checkpoints; report JSON):", "",
-            "| comparison | diff [95% interval] | k | n | reading | extractor |", "|---|---|---|---|---|---|",
-            *(f"| {e['arm']} - {e['other_arm']} | {e['diff']:+.4f} [{num(e['low'], '+.4f')}, "
-              f"{num(e['high'], '+.4f')}] | {e['k']} | {e.get('n') or '-'} | {e.get('reading', '-')} | "
-              f"{e.get('extractor', '-')} |" for e in cmmd),
-            "")  # fmt: skip
+        say("The fixed grid's CMMD (x1000, its last checkpoints; report JSON):", "", *effect_table(cmmd), "")
     if "decide" in gids:
         say("The deciding grid's looks (decision_looks table):", "", *look_lines(database_url, gids["decide"]), "",
             "`ablate status` of the deciding grid:", "", "```", ablate_status(database_url, gids["decide"]).rstrip(),
@@ -318,19 +349,47 @@ def main() -> None:
     ap.add_argument("--min-seeds", type=int, default=2)
     ap.add_argument("--max-seeds", type=int, default=3)
     ap.add_argument("--max-images", type=int, default=None)
-    ap.add_argument("--max-gpu-hours", type=float, default=None,
-                    help="decide.max_gpu_hours (default: the product's, the worst case the submit projects)")
+    ap.add_argument(
+        "--max-gpu-hours",
+        type=float,
+        default=None,
+        help="decide.max_gpu_hours (default: the product's, the worst case the submit projects)",
+    )
     ap.add_argument("--fixed-seeds", type=int, default=3)
-    ap.add_argument("--distribution-samples", type=int, default=0,
-                    help="issue 58: the fixed grid's runs score CMMD on this many samples at their last checkpoint")
-    ap.add_argument("--distribution-min-left", type=float, default=0.0,
-                    help="... only where this many seconds of --timeout are left when the fixed grid is submitted")
-    ap.add_argument("--order", default="sequential", choices=["sequential", "fixed-first", "together"])
+    ap.add_argument(
+        "--distribution-samples",
+        type=int,
+        default=0,
+        help="issue 58: the fixed grid's runs score CMMD on this many samples at their last checkpoint",
+    )
+    ap.add_argument(
+        "--distribution-min-left",
+        type=float,
+        default=0.0,
+        help="... only where this many seconds of --timeout are left when the fixed grid is submitted",
+    )
+    ap.add_argument(
+        "--order",
+        default="sequential",
+        choices=["sequential", "fixed-first", "together", "fixed-only"],
+        help="fixed-only: the fixed grid alone (no deciding grid)",
+    )
+    ap.add_argument("--lr-factor", type=float, default=0.1, help='the inline arm ("lr" in --arms): A with lr x this')
+    ap.add_argument(
+        "--arms",
+        type=lambda s: [a.strip() for a in s.split(",") if a.strip()],
+        default=["A", "C", "lr"],
+        help='comma-separated: arm names from arms/, "lr" for the inline arm; A (the control) among them',
+    )
     ap.add_argument("--borrow", action="store_true", help="the deciding grid borrows the fixed grid's seed variances")
     ap.add_argument("--port", type=int, default=8767)
     ap.add_argument("--timeout", type=float, default=480, help="seconds from the controller's start")
     ap.add_argument("--out", type=Path, default=None, help="write the report here")
     args = ap.parse_args()
+    if "A" not in args.arms or len(args.arms) < 2 or len(set(args.arms)) != len(args.arms):
+        ap.error("--arms needs A (the control) and at least one other arm, each once")
+    if args.lr_factor <= 0 or args.lr_factor == 1:
+        ap.error("--lr-factor must be positive and not 1")
     if args.borrow and args.order != "fixed-first":
         ap.error("--borrow needs --order fixed-first: the deciding grid borrows from the fixed grid, run first")
     home = Path(tempfile.mkdtemp(prefix="ablate-decide-"))
