@@ -70,7 +70,7 @@ class EvaluationView(Public):
                                                                    "distribution": _distribution(r)})
                 for r in evaluation.results]  # fmt: skip
         cost = sum(r.gpu_seconds or 0.0 for r in runs)
-        asked = next((a for r in evaluation.results if isinstance(a := (r.extra or {}).get(ASKED), dict)), {})
+        asked = _asked(evaluation)
         return cls(
             id=evaluation.id, grid_id=evaluation.grid_id, images=evaluation.images, step=evaluation.step,
             state=evaluation.state, error=evaluation.error, created_at=evaluation.created_at,

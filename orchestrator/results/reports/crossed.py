@@ -46,7 +46,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 SEED_DF_BOUND = 0.25  # the seed mean square's upper confidence bound the df is read at (1 - this): at the
-# median the simulated coverage of a 3x arm fell to about 93% at 3 seeds; here it holds 95% or more
+# median the simulated coverage of a 3x arm fell to about 93% at 3 seeds; here it holds 94% or more
 # (bench/interval_coverage.py)
 SHARE_BOUND = 0.1  # the budget's "up to": the seed share at its mean square's one-sided 90% upper bound
 

@@ -26,8 +26,8 @@ def _num(x: float | None, digits: int = 3) -> str:
 # Why a stored record's lists can be left out: written before ingest checked them, or imported.
 LEFT_OUT_WHY = "a per-sample or per-timestep list not in the shape the node protocol declares"
 def evaluation_words(report: GridReport) -> str:
-    """Which evaluations the effects use ("" where only the training records'): the images' metrics' and the
-    distribution metrics' (the one with the most generated samples)."""
+    """Which evaluations the effects use ("" where only the training records'): the images' metrics' and each
+    that generated samples for the distribution metrics (read where it has at least the training pass's)."""
     words = []
     if (e := report.evaluation) is not None:
         words.append(f"The effects use evaluation {e.id}: each run's {e.step} checkpoint evaluated again on "
