@@ -19,6 +19,7 @@ from orchestrator.vocabulary import TrackerName
 from tests.kit.polling import wait_for
 from tests.kit.settings import tiny_overrides
 from tests.orchestrator.trackers.tracker_files import (
+    FORWARDING_BOUND_S,
     STOPPED_ARM,
     forwarded_events,
     mlflow_events,
@@ -27,11 +28,15 @@ from tests.orchestrator.trackers.tracker_files import (
     tensorboard_runs,
     tracker_environment,
     wait_closed,
+    wait_grid_closed,
     wandb_events,
     wandb_runs,
 )
 
 TINY = tiny_overrides(30)
+# Two tiny arms take about 20 s on an idle machine and 3 minutes beside two CPU-bound processes; the bound
+# only fails the test loudly.
+ARMS_BOUND_S = 900.0
 
 
 @pytest.fixture(scope="module")
@@ -74,14 +79,18 @@ def test_a_grid_run_by_the_launcher_reaches_three_trackers_and_no_tracker_key_re
             with session_scope(database_url) as session:
                 return all(session.get_one(Run, i).state in ("completed", "stopped") for i in ids)
 
-        wait_for(ended, "both arms to end", timeout=240)
+        # Each wait is on the condition the reads below need, read from the database; the trackers' own
+        # files are read only once the launcher (and its tracker lanes) stopped writing them.
+        wait_for(ended, "both arms to end", timeout=ARMS_BOUND_S)
         for run_id in ids:
             for tracker in TrackerName:
                 wait_closed(database_url, run_id, tracker)
-        wait_for(lambda: mlflow_runs()["served grid"].info.status == "FINISHED", "the grid's MLflow parent run to end")
-        wait_for(lambda: effects_sent(database_url, grid_id), "the grid's effects table to reach each tracker")
+        wait_grid_closed(database_url, grid_id, TrackerName.mlflow)
+        wait_for(lambda: effects_sent(database_url, grid_id), "the grid's effects table to reach each tracker",
+                 timeout=FORWARDING_BOUND_S)  # fmt: skip
     finally:
         launcher.stop()
+    assert mlflow_runs()["served grid"].info.status == "FINISHED"
     with session_scope(database_url) as session:
         runs = [session.get_one(Run, i) for i in ids]
         steps = {r.id: session.scalars(select(Metric.step).where(Metric.run_id == r.id).order_by(Metric.step)).all()

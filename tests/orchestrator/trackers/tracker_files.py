@@ -104,10 +104,28 @@ def forwarded_events(database_url: str, run_id: int) -> list[tuple[str, str]]:
             select(Event).where(Event.run_id == run_id, Event.kind.in_(FORWARDED_EVENTS)).order_by(Event.id))]
 
 
+# A bound on a tracker lane's work once the runs ended, under a loaded 2-core machine: it only fails a test
+# loudly (the lanes poll every 0.2 s and take a few seconds idle), it never times anything.
+FORWARDING_BOUND_S = 300.0
+
+
 def wait_closed(database_url: str, run_id: int, tracker: str) -> None:
     def closed() -> bool:
         with session_scope(database_url) as session:
             return bool(session.scalar(select(TrackerRun.closed).where(TrackerRun.run_id == run_id,
                                                                        TrackerRun.tracker == tracker)))
 
-    wait_for(closed, f"run {run_id}'s {tracker} run to be closed")
+    wait_for(closed, f"run {run_id}'s {tracker} run to be closed", timeout=FORWARDING_BOUND_S)
+
+
+def wait_grid_closed(database_url: str, grid_id: int, tracker: str) -> None:
+    """Wait until the lane finished the grid's own tracker run (an MLflow parent run): read from the lane's
+    cursor, which it sets only after the tracker took the end. Never poll the tracker's files while a lane
+    writes them: MLflow's file store rewrites a run's meta.yaml in place, and a read in between fails."""
+
+    def closed() -> bool:
+        with session_scope(database_url) as session:
+            return bool(session.scalar(select(TrackerRun.closed).where(
+                TrackerRun.grid_id == grid_id, TrackerRun.run_id.is_(None), TrackerRun.tracker == tracker)))
+
+    wait_for(closed, f"grid {grid_id}'s {tracker} run to be finished", timeout=FORWARDING_BOUND_S)
