@@ -5,17 +5,24 @@ launcher's EvaluationJobs."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from sqlalchemy import select
 
 from model.spec import ArmSpec
-from orchestrator.db.models import Evaluation, Grid, ReferencePin, Run
+from orchestrator.db.models import Evaluation, Grid, Metric, ReferencePin, Run
 from orchestrator.db.session import session_scope
 from orchestrator.grids.evaluations import EvaluationCreate, create_evaluation
+from orchestrator.grids.service import GridCreate, create_grid
 from orchestrator.runs.evaluation_jobs import evaluation_args
+from orchestrator.runs.launcher import Launcher
 from orchestrator.runs.reference_pins import refused_references
 from orchestrator.settings import Settings
+from tests.kit.polling import wait_for
+from tests.kit.readers import run_of
+from tests.kit.settings import tiny_overrides
+from tests.orchestrator.runs.test_evaluation_refusals import HOSTILE
 from tests.orchestrator.runs.test_evaluation_trust import IMAGES, _answer, _grid, _jobs, _record
 from worker.protocol import reference_key
 
@@ -95,3 +102,30 @@ def test_an_evaluation_job_carries_the_pins_of_the_labels_it_may_score_with(
         job = session.get_one(Evaluation, eid).results[1]  # B's job: the same split, so the same key
         args = evaluation_args(settings, session, job)
         assert args.evaluation is not None and args.evaluation.reference_pins[key] == HONEST
+
+
+def test_a_training_record_naming_other_reference_features_fails_its_run_and_stores_nothing(
+    database_url: str, tmp_path: Path
+) -> None:
+    """The same check on a training run's records, through the real launcher and a node that lies (the hostile
+    agent, tests/orchestrator/fleet/hostile_agent.py: CMMD scored against features of sha256 FORGED)."""
+    with session_scope(database_url) as session:
+        grid = create_grid(session, GridCreate(name="trained-pinned", arms=["A"], overrides=tiny_overrides(steps=4)))
+        run = grid.runs[0]
+        session.add(ReferencePin(key=reference_key(LABEL, ArmSpec.model_validate(run.spec)), label=LABEL,
+                                 sha256=HONEST, node="trusted-one", run_id=None))  # fmt: skip
+        session.flush()
+        run_id = run.id
+    settings = Settings(database_url=database_url, home_dir=tmp_path / "storage", launcher_interval_s=0.2,
+                        max_retries=0)  # fmt: skip
+    launcher = Launcher(settings, local_agent=[sys.executable, str(HOSTILE), "other-reference", FORGED])
+    launcher.start()
+    try:
+        wait_for(lambda: run_of(database_url, run_id).state == "failed", "the lying node's run to fail", 60)
+    finally:
+        assert launcher.stop()
+    error = run_of(database_url, run_id).error or ""
+    assert f"reference features (sha256 {FORGED[:16]}) are not the ones the controller pinned" in error, error
+    assert "refused, nothing of the reply stored" in error
+    with session_scope(database_url) as session:
+        assert session.scalars(select(Metric).where(Metric.run_id == run_id)).all() == []
