@@ -44,6 +44,7 @@ from orchestrator.runs.evaluation_record import (
     SEEN_KEY,
     bounded_wall_time,
     distribution_asked,
+    diverged_skip,
     refused_evaluation,
     seen_seconds,
 )
@@ -122,7 +123,8 @@ def not_placed_workers(session: Session, node: str, names: list[str]) -> list[st
 
 def settle(evaluation: Evaluation) -> None:
     """The evaluation's state from its jobs': failed once one failed (the jobs still queued with it),
-    completed once all completed, running once one was placed."""
+    completed once all completed or were skipped (a diverged run's: evaluation_record.diverged_skip), running
+    once one was placed."""
     jobs = evaluation.results
     failed = [j for j in jobs if j.state == EvaluationState.failed]
     if failed:
@@ -132,7 +134,7 @@ def settle(evaluation: Evaluation) -> None:
         evaluation.state = EvaluationState.failed
         first_line = ((failed[0].error or "").splitlines() or [""])[0]  # the job keeps the whole text
         evaluation.error = f"run {failed[0].run_id}: {first_line}"[:4000]
-    elif all(j.state == EvaluationState.completed for j in jobs):
+    elif all(j.state in (EvaluationState.completed, EvaluationState.skipped) for j in jobs):
         evaluation.state = EvaluationState.completed
     elif any(j.state != EvaluationState.queued for j in jobs):
         evaluation.state = EvaluationState.running
@@ -228,7 +230,14 @@ class EvaluationJobs:
                 self._kill(worker)
                 return True
             records = [r.values() for r in reply.records]
-            refused = refused_records(reply.records, job.run_id, None) or refused_metrics(records)
+            refused = refused_records(reply.records, job.run_id, None)
+            skip = next((why for r in records if (why := diverged_skip(job, r)) is not None), None)
+            if refused is None and skip is not None:
+                job.state, job.error, job.finished_at = EvaluationState.skipped, skip[:4000], utcnow()
+                settle(job.evaluation)
+                self._kill(worker)
+                return True
+            refused = refused or refused_metrics(records)
             if refused is None:
                 refused = next((why for r in records if (why := refused_evaluation(job, r)) is not None), None)
             if refused is None:
