@@ -129,3 +129,21 @@ def test_a_training_record_naming_other_reference_features_fails_its_run_and_sto
     assert "refused, nothing of the reply stored" in error
     with session_scope(database_url) as session:
         assert session.scalars(select(Metric).where(Metric.run_id == run_id)).all() == []
+
+
+def test_a_diverged_runs_cmmd_nan_skips_its_job_and_the_evaluation_completes(database_url: str, tmp_path: Path) -> None:
+    """Issue 63's "run 5: node local sent cmmd 'nan' with SE 'nan' ... refused, nothing stored", which failed the
+    whole evaluation of the demo's grid: the diverged run's job is skipped with the reason, the others measured."""
+    _, eid = _distribution_evaluation(database_url, "diverged-cmmd")
+    with session_scope(database_url) as session:
+        run = session.scalars(select(Run).join(Run.grid).where(Grid.name == "diverged-cmmd", Run.arm == "B")).one()
+        run.decision, run.decision_step = "diverged", 4
+    jobs = _jobs(database_url, tmp_path)
+    nan = _cmmd(1.0, HONEST) | {"cmmd": "nan", "cmmd_se": "nan", "cmmd_samples": ["nan"] * SAMPLES}
+    skipped = _answer(jobs, database_url, eid, "B", "diverged-cmmd-b", _record(0.45) | nan)
+    measured = _answer(jobs, database_url, eid, "A", "diverged-cmmd-vouched", _record(0.5) | _cmmd(6.0, HONEST))
+    assert (skipped.state, measured.state) == ("skipped", "completed"), (skipped.error, measured.error)
+    assert "measures cmmd nan, cmmd_se nan" in skipped.error, skipped.error
+    with session_scope(database_url) as session:
+        evaluation = session.get_one(Evaluation, eid)
+        assert (evaluation.state, evaluation.error) == ("completed", None)
