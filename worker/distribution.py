@@ -10,7 +10,7 @@ computed once per data split and extractor and reused by every run and evaluatio
 - Reference: the grid's held-out split (data.held_out images, at least the samples), embedded once. Its
   features are kept under `<node dir>/references/<key>.pt` and, with a checkpoint store, in
   `<store root>/references/<key>.pt` (worker/references.py: the store's copy is read only where the controller
-  pinned the key, and used only when it is the pinned features). The key (worker/protocol.py reference_key)
+  pinned the key, and used only when it is the pinned features). The key (worker/reference_keys.py)
   hashes the extractor's label and the data section, so every arm and seed of a grid (and any grid on the same
   split) scores against the same features.
 Every measured record carries `distribution_seconds` (the pass's wall time: the planner prices a pass from
@@ -31,7 +31,7 @@ from torch import nn
 
 from model.distribution_pass import distribution_metrics, embed, generate_samples, to_signed
 from model.spec import ArmSpec
-from worker.protocol import reference_key
+from worker.reference_keys import reference_key
 from worker.references import ReferenceCache
 
 EMBED_BATCH = 32

@@ -27,8 +27,6 @@ module where it handles a request, never at its own import.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import re
 from enum import StrEnum
@@ -51,6 +49,7 @@ from pydantic import (
 
 from model.command_spec import CommandEnd
 from model.spec import ArmSpec, DistributionMetric
+from worker.reference_keys import MAX_REFERENCES, ExtractorLabel, ReferenceKey, Sha256
 from worker.run_files import RECORDS_PER_POLL
 
 PROTOCOL = 2  # 2: a start request carries `args` (WorkerArgs), no longer `kwargs`
@@ -146,24 +145,6 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-# -- reference features of the distribution metrics ----------------------------------------------------
-
-MAX_REFERENCES = 16  # labels a record or a job names (a job: every label its metrics may carry, nine today)
-ReferenceKey = Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")]
-Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
-ExtractorLabel = Annotated[str, Field(max_length=200)]  # a registry label (orchestrator/runs/ingest.py checks it)
-
-
-def reference_key(label: str, spec: ArmSpec) -> str:
-    """What a distribution metric's reference features depend on: the extractor (its label says stand-in) and
-    the held-out split. Both ends compute it: the node to find the features, the controller to pin them
-    (orchestrator/runs/reference_pins.py)."""
-    # the split, not the training seed: seeds of a grid with one split_seed share one reference
-    data = spec.data.model_dump(mode="json", exclude={"seed", "split_seed", "loader_workers", "max_unreadable"})
-    ingredients = {"extractor": label, "data": data, "split": spec.data.dataset_seed(), "resolution": spec.resolution()}
-    return hashlib.sha256(json.dumps(ingredients, sort_keys=True).encode()).hexdigest()[:32]
-
-
 # -- requests ------------------------------------------------------------------------------------------
 
 
@@ -176,8 +157,7 @@ class EvaluationArgs(_Strict):
     storage: dict[str, Any] | None = None  # the run's worker.checkpoint_store.StoreConfig: where else to find it
     samples: Annotated[int, Field(ge=8, le=4096)] | None = None  # distribution metrics' generated samples
     metrics: list[DistributionMetric] | None = None  # which (worker/distribution.py); None: not asked
-    # reference key -> the sha256 of the features the controller pinned for it: the node uses no others
-    reference_pins: Annotated[dict[ReferenceKey, Sha256], Field(max_length=MAX_REFERENCES)] = {}
+    reference_pins: Annotated[dict[ReferenceKey, Sha256], Field(max_length=MAX_REFERENCES)] = {}  # key -> pinned sha
 
 
 class WorkerArgs(_Strict):

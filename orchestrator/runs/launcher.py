@@ -64,11 +64,11 @@ from orchestrator.runs.placement import (
     run_dir,
     worker_args,
 )
-from orchestrator.runs.reference_pins import names_references, refused_references
+from orchestrator.runs.reference_pins import checked_references
 from orchestrator.runs.replan import Held, Replanner
 from orchestrator.runs.run_end import finish_run, requeue_run
 from orchestrator.runs.storage import record_storage, run_storage_url, seen_seq
-from orchestrator.runs.trust import trusted_nodes, trusted_only
+from orchestrator.runs.trust import trusted_only
 from orchestrator.settings import Settings
 from orchestrator.vocabulary import ACTIVE_STATES, TERMINAL_STATES, GridSource, RunState
 from worker.protocol import WorkerLost, WorkerReply, refused_records, worker_name
@@ -364,12 +364,7 @@ class Launcher:
             return True
         records = [record.values() for record in reply.records]
         refused = refused_records(reply.records, worker.run_id, worker.after_step) or refused_metrics(records)
-        if refused is None and names_references(records):
-            with session_scope(self.settings.database_url) as session:
-                if (run := session.get(Run, worker.run_id)) is not None:
-                    refused = refused_references(session, run, worker.node, records, trusted_nodes(session))
-                if refused is not None:
-                    session.rollback()  # a refused reply pins nothing
+        refused = refused or checked_references(self.settings.database_url, worker.run_id, worker.node, records)
         if refused is not None:
             self._fail_worker(worker, f"node {worker.node} sent {refused}: refused, nothing of the reply stored")
             return True

@@ -25,9 +25,12 @@ from sqlalchemy.orm import Session
 
 from model.extractors.registry import EXTRACTOR_FOR_METRIC, FINAL_EXTRACTOR_FOR_METRIC, labels_for_metric
 from model.spec import ArmSpec
-from orchestrator.db.models import ReferencePin, Run
+from orchestrator.db.models import Run
+from orchestrator.db.reference_pin import ReferencePin
+from orchestrator.db.session import session_scope
 from orchestrator.runs.checkpoint import EXTRACTOR_SUFFIX
-from worker.protocol import reference_key
+from orchestrator.runs.trust import trusted_nodes
+from worker.reference_keys import reference_key
 
 SHAS = "distribution_sha256"  # the record's field: extractor label -> sha256 of the features it scored against
 
@@ -69,6 +72,19 @@ def refused_references(session: Session, run: Run, node: str, records: Iterable[
                         f"{sha[:16]}) are not the ones the controller pinned (sha256 {pin.sha256[:16]}, from node "
                         f"{pin.node}): a node's copy of the reference was not the pinned one")
     return None
+
+
+def checked_references(database_url: str, run_id: int, node: str, records: list[dict[str, Any]]) -> str | None:
+    """refused_references for a training run's records, in a transaction of its own (the launcher's): the pins
+    a reply names are committed, unless the reply is refused."""
+    if not names_references(records):
+        return None
+    with session_scope(database_url) as session:
+        run = session.get(Run, run_id)
+        refused = None if run is None else refused_references(session, run, node, records, trusted_nodes(session))
+        if refused is not None:
+            session.rollback()  # a refused reply pins nothing
+        return refused
 
 
 def pins_for(session: Session, spec: ArmSpec, metrics: Iterable[str]) -> dict[str, str]:

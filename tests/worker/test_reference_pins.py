@@ -16,7 +16,7 @@ import torch
 from model.extractors import WEIGHTS_DIR_ENV
 from tests.worker.test_train import spec_for
 from worker.evaluation import evaluate_arm
-from worker.protocol import reference_key
+from worker.reference_keys import reference_key
 from worker.references import REFERENCES, features_sha
 from worker.train import train_arm
 

@@ -11,7 +11,8 @@ from pathlib import Path
 from sqlalchemy import select
 
 from model.spec import ArmSpec
-from orchestrator.db.models import Evaluation, Grid, Metric, ReferencePin, Run
+from orchestrator.db.models import Evaluation, Grid, Metric, Run
+from orchestrator.db.reference_pin import ReferencePin
 from orchestrator.db.session import session_scope
 from orchestrator.grids.evaluations import EvaluationCreate, create_evaluation
 from orchestrator.grids.service import GridCreate, create_grid
@@ -24,7 +25,7 @@ from tests.kit.readers import run_of
 from tests.kit.settings import tiny_overrides
 from tests.orchestrator.runs.test_evaluation_refusals import HOSTILE
 from tests.orchestrator.runs.test_evaluation_trust import IMAGES, _answer, _grid, _jobs, _record
-from worker.protocol import reference_key
+from worker.reference_keys import reference_key
 
 SAMPLES = 8
 # Pins are by key (extractor label and split), and the grids here share one split: each test its own label.
