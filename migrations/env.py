@@ -3,6 +3,7 @@
 from alembic import context
 from sqlalchemy import engine_from_config, pool
 
+from orchestrator.db import reference_pin  # noqa: F401 - its table, in Base.metadata
 from orchestrator.db.models import Base
 from orchestrator.settings import load_settings
 

@@ -91,12 +91,13 @@ LIVE_GRID_STATES = frozenset({GridState.queued, GridState.running})
 
 class EvaluationState(StrEnum):
     """An evaluation of a grid's stored checkpoints, and each run's job in it: queued -> running ->
-    completed | failed (orchestrator/runs/evaluation_jobs.py)."""
+    completed | failed (orchestrator/runs/evaluation_jobs.py); a job also -> skipped (a diverged run's)."""
 
     queued = "queued"
     running = "running"
     completed = "completed"
     failed = "failed"
+    skipped = "skipped"  # a job whose run the detector stopped as diverged and whose checkpoint measures non-finite
 
 
 class SweepState(StrEnum):

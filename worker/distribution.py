@@ -9,18 +9,18 @@ computed once per data split and extractor and reused by every run and evaluatio
   the label goes on every value (`<metric>_extractor`) and the reason into the run's fallbacks.
 - Reference: the grid's held-out split (data.held_out images, at least the samples), embedded once. Its
   features are kept under `<node dir>/references/<key>.pt` and, with a checkpoint store, in
-  `<store root>/references/<key>.pt`, with the sha256 of their bytes checked on every read (a copy that
-  fails it is computed again, and the record says so). The key hashes the extractor's label and the data
-  section, so every arm and seed of a grid (and any grid on the same split) reads the same features.
+  `<store root>/references/<key>.pt` (worker/references.py: the store's copy is read only where the controller
+  pinned the key, and used only when it is the pinned features). The key (worker/reference_keys.py)
+  hashes the extractor's label and the data section, so every arm and seed of a grid (and any grid on the same
+  split) scores against the same features.
 Every measured record carries `distribution_seconds` (the pass's wall time: the planner prices a pass from
-it), `distribution_reference` (the features' sha256, the same for every run of a grid) and where they came from.
+it), `distribution_sha256` (label -> the features' sha256: the controller checks it against its pin) and
+`distribution_reference` (the same in words, with where the features came from).
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -31,85 +31,10 @@ from torch import nn
 
 from model.distribution_pass import distribution_metrics, embed, generate_samples, to_signed
 from model.spec import ArmSpec
+from worker.reference_keys import reference_key
+from worker.references import ReferenceCache
 
-REFERENCES = "references"
 EMBED_BATCH = 32
-
-
-def _features_sha(features: torch.Tensor) -> str:
-    return hashlib.sha256(features.contiguous().numpy().tobytes()).hexdigest()
-
-
-def reference_key(label: str, spec: ArmSpec) -> str:
-    """What a reference's features depend on: the extractor (its label says stand-in) and the data split."""
-    # the split, not the training seed: seeds of a grid with one split_seed share one reference
-    data = spec.data.model_dump(mode="json", exclude={"seed", "split_seed", "loader_workers", "max_unreadable"})
-    ingredients = {"extractor": label, "data": data, "split": spec.data.dataset_seed(), "resolution": spec.resolution()}
-    return hashlib.sha256(json.dumps(ingredients, sort_keys=True).encode()).hexdigest()[:32]
-
-
-class ReferenceCache:
-    """Reference features by key: in this process, on the node's disk, in the checkpoint store."""
-
-    def __init__(self, node_dir: Path, store: dict[str, Any] | None = None) -> None:
-        self.local = node_dir / REFERENCES
-        self.store = store  # {"url": the store root, "options": fsspec options} or None
-        self.memory: dict[str, tuple[torch.Tensor, str]] = {}
-        self.notes: list[str] = []  # a refused or unreachable copy: said on the record
-
-    def _read(self, path: Path, key: str) -> tuple[torch.Tensor, str] | None:
-        try:
-            saved = torch.load(path, map_location="cpu", weights_only=True)
-        except (OSError, RuntimeError, EOFError) as exc:
-            self.notes.append(f"reference {key} unreadable at {path} ({type(exc).__name__}): computed again")
-            return None
-        features, sha = saved.get("features"), saved.get("sha256")
-        if not isinstance(features, torch.Tensor) or _features_sha(features) != sha:
-            self.notes.append(f"reference {key} at {path} fails its sha256: computed again")
-            return None
-        return features, sha
-
-    def _store_fs(self) -> tuple[Any, str] | None:
-        if not self.store:
-            return None
-        from worker.checkpoint_store import open_fs
-
-        return open_fs(self.store["url"], self.store.get("options"))
-
-    def get(self, key: str, compute: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, str, str]:
-        """(features, sha256, where from: memory | node | store | computed)."""
-        if key in self.memory:
-            return (*self.memory[key], "memory")
-        path = self.local / f"{key}.pt"
-        found, where = (self._read(path, key), "node") if path.is_file() else (None, "")
-        if found is None and self.store:
-            try:
-                fs, root = self._store_fs()  # type: ignore[misc]
-                if fs.exists(f"{root}/{REFERENCES}/{key}.pt"):
-                    self.local.mkdir(parents=True, exist_ok=True)
-                    fs.get(f"{root}/{REFERENCES}/{key}.pt", str(path))
-                    found, where = self._read(path, key), "store"
-            except OSError as exc:
-                self.notes.append(f"reference store unreachable ({exc}): computed on this node")
-        if found is None:
-            features = compute().float().cpu().contiguous()
-            found, where = (features, _features_sha(features)), "computed"
-            self._write(path, key, *found)
-        self.memory[key] = found
-        return (*found, where)
-
-    def _write(self, path: Path, key: str, features: torch.Tensor, sha: str) -> None:
-        self.local.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{time.monotonic_ns()}.part")  # runs on one node may write it at once
-        torch.save({"features": features, "sha256": sha}, tmp)
-        tmp.replace(path)
-        try:
-            if (opened := self._store_fs()) is not None:
-                fs, root = opened
-                fs.makedirs(f"{root}/{REFERENCES}", exist_ok=True)
-                fs.put(str(path), f"{root}/{REFERENCES}/{key}.pt")
-        except OSError as exc:
-            self.notes.append(f"reference {key} not stored in the checkpoint store ({exc}): kept on this node")
 
 
 def store_root(storage: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -124,14 +49,15 @@ class DistributionPass:
 
     def __init__(self, spec: ArmSpec, device: torch.device | str, node_dir: Path,
                  storage: dict[str, Any] | None = None, *, samples: int | None = None,
-                 metrics: list[str] | None = None, final: bool = False) -> None:  # fmt: skip
+                 metrics: list[str] | None = None, final: bool = False,
+                 pins: dict[str, str] | None = None) -> None:  # fmt: skip
         dist = spec.eval.distribution
         self.spec, self.device = spec, torch.device(device)
         self.metrics = list(metrics if metrics is not None else dist.metrics)
         self.samples = samples or dist.samples
         self.every = dist.every
         self.root = store_root(storage)
-        self.cache = ReferenceCache(node_dir, self.root)
+        self.cache = ReferenceCache(node_dir, self.root, pins)  # pins: the job's EvaluationArgs.reference_pins
         self.final = final  # after the night: the final extractors (DINOv2 ViT-L/14)
         self._extractors: dict[str, Any] | None = None
 
@@ -194,6 +120,7 @@ class DistributionPass:
             references[metric], shas[ex.label], where[ex.label] = features, sha, source
         out = distribution_metrics(generated, self.metrics, extractors, references, EMBED_BATCH)
         m = self.spec.data.held_out
+        out["distribution_sha256"] = dict(shas)
         out["distribution_reference"] = "; ".join(f"{label}: sha256 {sha[:16]}, m={m} held-out images ({where[label]})"
                                                   for label, sha in shas.items())  # fmt: skip
         if self.cache.notes:

@@ -117,7 +117,7 @@ def evaluate_arm(
     if samples and asked:  # the node's reference cache lies beside its compile cache, as training's does
         node_dir = Path(compile_cache["dir"]).parent if compile_cache else out_dir
         dist = DistributionPass(spec, dev, node_dir, evaluation.get("storage"), samples=samples, metrics=asked,
-                                final=True)  # fmt: skip
+                                final=True, pins=evaluation.get("reference_pins"))  # fmt: skip
         metrics |= dist.measure(
             parts.emas["model"].module if use_ema else parts.model,
             parts.emas["text_encoder"].module if use_ema and "text_encoder" in parts.emas else parts.text_encoder,

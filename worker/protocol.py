@@ -49,6 +49,7 @@ from pydantic import (
 
 from model.command_spec import CommandEnd
 from model.spec import ArmSpec, DistributionMetric
+from worker.reference_keys import MAX_REFERENCES, ExtractorLabel, ReferenceKey, Sha256
 from worker.run_files import RECORDS_PER_POLL
 
 PROTOCOL = 2  # 2: a start request carries `args` (WorkerArgs), no longer `kwargs`
@@ -156,6 +157,7 @@ class EvaluationArgs(_Strict):
     storage: dict[str, Any] | None = None  # the run's worker.checkpoint_store.StoreConfig: where else to find it
     samples: Annotated[int, Field(ge=8, le=4096)] | None = None  # distribution metrics' generated samples
     metrics: list[DistributionMetric] | None = None  # which (worker/distribution.py); None: not asked
+    reference_pins: Annotated[dict[ReferenceKey, Sha256], Field(max_length=MAX_REFERENCES)] = {}  # key -> pinned sha
 
 
 class WorkerArgs(_Strict):
@@ -327,6 +329,8 @@ class CheckpointRecord(BaseModel):
     is_best: StrictBool | None = None
     samples: dict[str, Any] | None = None  # the step's sample images (worker/samples.py)
     fallbacks: list[StrictStr] | None = None  # what the trainer did instead of what was asked
+    # extractor label -> the sha256 of the reference features its distribution metrics were scored against
+    distribution_sha256: Annotated[dict[ExtractorLabel, Sha256], Field(max_length=MAX_REFERENCES)] | None = None
     # the list fields, as LIST_SHAPES declares them (a test holds the two together)
     recon_lpips_samples: PerSample | None = None
     text_lpips_samples: PerSample | None = None

@@ -9,8 +9,8 @@ registry: names, pins, which metric uses which; pinned_files: where weights lie,
 hub; networks: the architectures and the small stand-in; extractor: Extractor and load_extractor.
 """
 
-from model.extractors.extractor import Extractor, StandIn, load_extractor
-from model.extractors.networks import ExtractorLoadError
+from typing import TYPE_CHECKING, Any
+
 from model.extractors.pinned_files import (
     WEIGHTS_DIR_ENV,
     ExtractorWeightsError,
@@ -23,9 +23,28 @@ from model.extractors.registry import (
     FINAL_EXTRACTOR_FOR_METRIC,
     ExtractorEntry,
     PinnedFile,
+    StandInKind,
     UnknownExtractor,
     extractor_entry,
+    extractor_label,
+    labels_for_metric,
 )
+
+if TYPE_CHECKING:
+    from model.extractors.extractor import Extractor, StandIn, load_extractor
+    from model.extractors.networks import ExtractorLoadError
+
+# torch behind these: imported on first use, so the controller reads the registry (labels, pins) without torch
+_WITH_TORCH = {"Extractor": "extractor", "StandIn": "extractor", "load_extractor": "extractor",
+               "ExtractorLoadError": "networks"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WITH_TORCH:
+        import importlib
+
+        return getattr(importlib.import_module(f"model.extractors.{_WITH_TORCH[name]}"), name)
+    raise AttributeError(f"module 'model.extractors' has no attribute {name!r}")
 
 __all__ = [
     "EXTRACTORS",
@@ -38,9 +57,12 @@ __all__ = [
     "ExtractorWeightsError",
     "PinnedFile",
     "StandIn",
+    "StandInKind",
     "UnknownExtractor",
     "WeightsHashError",
     "default_weights_dir",
     "extractor_entry",
+    "extractor_label",
+    "labels_for_metric",
     "load_extractor",
 ]

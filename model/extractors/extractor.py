@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from model.extractors.networks import SMALL_DIM, SMALL_RESOLUTION, build, load_pretrained, standin_seed
 from model.extractors.pinned_files import ExtractorWeightsError, default_weights_dir, resolve_weights
-from model.extractors.registry import ExtractorEntry, extractor_entry
+from model.extractors.registry import ExtractorEntry, extractor_entry, extractor_label
 
 StandIn = Literal["auto", "small", "architecture"]
 BATCH = 64  # images per forward pass: bounds activation memory whatever batch the caller hands in
@@ -34,12 +34,7 @@ class Extractor:
         self.name = entry.name
         self.stand_in = stand_in is not None
         self.kind = stand_in or "weights"  # "weights" | "small" | "architecture"
-        if stand_in == "small":
-            self.label = f"{entry.name} small random stand-in (no weights)"
-        elif stand_in == "architecture":
-            self.label = f"{entry.name} random stand-in (no weights)"
-        else:
-            self.label = entry.name
+        self.label = extractor_label(entry.name, stand_in)  # type: ignore[arg-type]
         self.dim = SMALL_DIM if stand_in == "small" else entry.dim
         self.resolution = SMALL_RESOLUTION if stand_in == "small" else entry.resolution
         self.normalised = entry.normalised

@@ -110,6 +110,28 @@ FINAL_EXTRACTOR_FOR_METRIC: dict[str, str] = {
 }
 
 
+# The stand-ins an extractor may be replaced by where its weights are missing (model/extractors/extractor.py).
+StandInKind = Literal["small", "architecture"]
+STANDIN_SUFFIX: dict[StandInKind, str] = {
+    "small": "small random stand-in (no weights)",
+    "architecture": "random stand-in (no weights)",
+}
+
+
+def extractor_label(name: str, stand_in: StandInKind | None = None) -> str:
+    """What every metric computed with extractor `name` carries (`<metric>_extractor`): its name, and for a
+    stand-in the words "random stand-in", so a value of random features is never judged as real."""
+    return name if stand_in is None else f"{name} {STANDIN_SUFFIX[stand_in]}"
+
+
+def labels_for_metric(metric: str) -> dict[str, bool]:
+    """Every label a value of `metric` may carry, during training or in a final evaluation -> whether it is a
+    stand-in's. A label outside it is refused (orchestrator/runs/ingest.py): it is no extractor of ours."""
+    names = {m[metric] for m in (EXTRACTOR_FOR_METRIC, FINAL_EXTRACTOR_FOR_METRIC) if metric in m}
+    labels = {extractor_label(n): False for n in sorted(names)}
+    return labels | {extractor_label(n, kind): True for n in sorted(names) for kind in STANDIN_SUFFIX}
+
+
 class UnknownExtractor(ValueError):
     """A name that is not in EXTRACTORS; the message lists the known ones."""
 

@@ -34,7 +34,7 @@ def _value(job: dict[str, Any], metric: str) -> str:
 
 def _result_lines(evaluation: dict[str, Any], runs: dict[int, str]) -> list[str]:
     lines = []
-    for job in evaluation["runs"]:
+    for job in (j for j in evaluation["runs"] if j["state"] != "skipped"):  # the skipped: their reasons, after
         dist = job.get("distribution") or {}
         asked = evaluation.get("metrics") or []
         shown = "".join(f", {m} {_value(dist, m)} [{dist.get(f'{m}_extractor')}]" for m in asked)
@@ -100,4 +100,6 @@ def evaluate_command(
     typer.echo(f"evaluation {eid} completed in {evaluation['gpu_seconds']:.1f} GPU-seconds:")
     for line in _result_lines(evaluation, runs):
         typer.echo(line)
+    for why in evaluation.get("skipped") or []:
+        typer.echo(f"  skipped: {why}")
     typer.echo(f"the report (ablate report {grid_id}) now uses it for its effects")

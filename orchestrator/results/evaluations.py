@@ -63,6 +63,7 @@ class EvaluationView(Public):
     samples: int | None = None  # generated samples for the distribution metrics (None: not asked)
     metrics: list[str] = []  # the distribution metrics asked
     runs: list[EvaluationRun]
+    skipped: list[str] = []  # each skipped job's reason (a diverged run's checkpoint), "run N diverged ..."
 
     @classmethod
     def from_row(cls, evaluation: Evaluation) -> Self:
@@ -76,6 +77,7 @@ class EvaluationView(Public):
             state=evaluation.state, error=evaluation.error, created_at=evaluation.created_at,
             finished_at=evaluation.finished_at, gpu_seconds=cost, runs=runs,
             samples=asked.get("samples"), metrics=asked.get("metrics") or [],
+            skipped=[r.error or f"run {r.run_id}" for r in runs if r.state == EvaluationState.skipped],
         )  # fmt: skip
 
 

@@ -44,11 +44,13 @@ from orchestrator.runs.evaluation_record import (
     SEEN_KEY,
     bounded_wall_time,
     distribution_asked,
+    diverged_skip,
     refused_evaluation,
     seen_seconds,
 )
 from orchestrator.runs.ingest import metric_values, refused_metrics
 from orchestrator.runs.placement import choose_node, not_placed, run_dir
+from orchestrator.runs.reference_pins import pins_for, refused_references
 from orchestrator.runs.storage import worker_data_store, worker_storage
 from orchestrator.runs.trust import evaluation_nodes, evaluator_refused, trusted_nodes
 from orchestrator.settings import Settings
@@ -84,13 +86,16 @@ def evaluation_dir(settings: Settings, job_id: int) -> str:
     return str(settings.home_dir.resolve() / "evaluations" / str(job_id))
 
 
-def evaluation_args(settings: Settings, job: EvaluationResult) -> WorkerArgs:
-    """What the node's agent builds the job's worker from: the run's spec on one GPU, its checkpoint's step."""
+def evaluation_args(settings: Settings, session: Session, job: EvaluationResult) -> WorkerArgs:
+    """What the node's agent builds the job's worker from: the run's spec on one GPU, its checkpoint's step, and
+    the reference features the controller pinned for its distribution metrics."""
     run = job.run
     source = run.checkpoint_dir or str(run_dir(settings, run.id))
+    spec = ArmSpec.model_validate({**run.spec, "gpus": JOB_GPUS})
+    asked = distribution_asked(job)
     return WorkerArgs(
         run_id=run.id,
-        spec=ArmSpec.model_validate({**run.spec, "gpus": JOB_GPUS}),
+        spec=spec,
         out_dir=evaluation_dir(settings, job.id),
         lpips_weights=str(settings.lpips_weights.resolve()) if settings.lpips_weights else None,
         torch_threads=settings.worker_threads,
@@ -99,7 +104,7 @@ def evaluation_args(settings: Settings, job: EvaluationResult) -> WorkerArgs:
         evaluation=EvaluationArgs(
             step=job.step, source_dir=source, images=job.evaluation.images,
             storage=worker_storage(settings, run.checkpoint_url) if run.checkpoint_url else None,
-            **distribution_asked(job),
+            **asked, reference_pins=pins_for(session, spec, asked.get("metrics") or []),
         ),
     )  # fmt: skip
 
@@ -118,7 +123,8 @@ def not_placed_workers(session: Session, node: str, names: list[str]) -> list[st
 
 def settle(evaluation: Evaluation) -> None:
     """The evaluation's state from its jobs': failed once one failed (the jobs still queued with it),
-    completed once all completed, running once one was placed."""
+    completed once all completed or were skipped (a diverged run's: evaluation_record.diverged_skip), running
+    once one was placed."""
     jobs = evaluation.results
     failed = [j for j in jobs if j.state == EvaluationState.failed]
     if failed:
@@ -128,7 +134,7 @@ def settle(evaluation: Evaluation) -> None:
         evaluation.state = EvaluationState.failed
         first_line = ((failed[0].error or "").splitlines() or [""])[0]  # the job keeps the whole text
         evaluation.error = f"run {failed[0].run_id}: {first_line}"[:4000]
-    elif all(j.state == EvaluationState.completed for j in jobs):
+    elif all(j.state in (EvaluationState.completed, EvaluationState.skipped) for j in jobs):
         evaluation.state = EvaluationState.completed
     elif any(j.state != EvaluationState.queued for j in jobs):
         evaluation.state = EvaluationState.running
@@ -190,7 +196,7 @@ class EvaluationJobs:
         settle(job.evaluation)
         session.commit()  # on record before the node holds it (a restart adopts it; a hello is checked)
         try:
-            args = evaluation_args(self.settings, job)
+            args = evaluation_args(self.settings, session, job)
         except ValueError as exc:  # a stored spec this version no longer accepts
             self._fail(session, job, f"its run's spec cannot be evaluated: {exc}")
             return False
@@ -224,10 +230,21 @@ class EvaluationJobs:
                 self._kill(worker)
                 return True
             records = [r.values() for r in reply.records]
-            refused = refused_records(reply.records, job.run_id, None) or refused_metrics(records)
+            refused = refused_records(reply.records, job.run_id, None)
+            skip = next((why for r in records if (why := diverged_skip(job, r)) is not None), None)
+            if refused is None and skip is not None:
+                job.state, job.error, job.finished_at = EvaluationState.skipped, skip[:4000], utcnow()
+                settle(job.evaluation)
+                self._kill(worker)
+                return True
+            refused = refused or refused_metrics(records)
             if refused is None:
                 refused = next((why for r in records if (why := refused_evaluation(job, r)) is not None), None)
+            if refused is None:
+                refused = refused_references(session, job.run, worker.node, records, trusted_nodes(session))
             if refused is not None:
+                session.rollback()  # a refused record pins nothing
+                job = session.get(EvaluationResult, worker.job_id)
                 self._fail(session, job, f"node {worker.node} sent {refused}: refused, nothing stored")
             elif records:
                 self._store(job, records[-1])

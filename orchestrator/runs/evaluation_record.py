@@ -23,6 +23,7 @@ from typing import Any
 from orchestrator.db.models import EvaluationResult, aware, utcnow
 from orchestrator.grids.evaluations import ASKED
 from orchestrator.numbers import is_finite
+from orchestrator.vocabulary import RunDecision
 
 JOB_GPUS = 1  # an evaluation is one process on one GPU, whatever the arm trained on
 # The metrics an evaluation measures per held-out image (model/evaluate.py), each with `_n` and `_samples`.
@@ -101,6 +102,24 @@ def refused_distribution(record: dict[str, Any], samples: int, metrics: list[str
             if not math.isclose(sum(per) / samples, value, rel_tol=1e-6, abs_tol=1e-6):
                 return f"{metric} {value:g} is not the mean of its {metric}_samples ({sum(per) / samples:g})"
     return None
+
+
+def diverged_skip(job: EvaluationResult, record: dict[str, Any]) -> str | None:
+    """Why the job is skipped rather than failed, or None: the detector stopped its run as diverged and the
+    record measures a non-finite value (a diverged checkpoint's), which would otherwise fail every run's
+    evaluation. The other runs are measured; the evaluation names this one as skipped."""
+    run = job.run
+    if run.decision != RunDecision.DIVERGED:
+        return None
+    keys = [*PER_IMAGE_METRICS, *(asked := distribution_asked(job)).get("metrics", [])]
+    nonfinite = [f"{k} {record[k]}" for k in keys if k in record and record[k] is not None
+                 and not (isinstance(record[k], int | float) and is_finite(record[k]))]  # fmt: skip
+    nonfinite += [f"{k}_se {record[f'{k}_se']}" for k in asked.get("metrics", [])
+                  if isinstance(record.get(f"{k}_se"), str)]  # fmt: skip
+    if not nonfinite:
+        return None
+    return (f"run {run.id} diverged (the detector stopped it at step {run.decision_step}): its checkpoint of step "
+            f"{job.step} measures {', '.join(nonfinite[:3])}; skipped, the other runs measured")
 
 
 def refused_evaluation(job: EvaluationResult, record: dict[str, Any]) -> str | None:

@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from model.extractors.registry import labels_for_metric
 from model.spec import STANDIN, DetectorPolicy
 from orchestrator.db.events import record_event
 from orchestrator.db.models import METRIC_FIELDS, Event, Grid, Metric, Run, utcnow
@@ -94,13 +95,33 @@ def _refused_list(key: str, values: Any) -> str | None:
     return None
 
 
+def _refused_label(key: str, label: Any) -> str | None:
+    """Why `label` cannot be the extractor label `key` (`<metric>_extractor`), or None: it must be one the
+    extractor registry gives that metric (a real network's or a stand-in's), never free node text that a report
+    prints and whose missing "stand-in" would have random features judged as real."""
+    if label is None:
+        return None
+    metric = key.removesuffix(EXTRACTOR_SUFFIX)
+    known = labels_for_metric(metric)
+    if not known:
+        return f"{key}: {metric[:40]!r} is no distribution metric of the extractor registry"
+    if label in known:
+        return None
+    long = isinstance(label, str) and len(label) > 40
+    shown = f"{label[:40]!r}... ({len(label)} characters)" if long else repr(label)
+    return f"{key} {shown}: not a label of {metric}'s extractors ({'; '.join(known)})"
+
+
 def refused_metrics(records: list[dict[str, Any]]) -> str | None:
     """Why a worker's records cannot be stored, or None. Every metric column, every other number and every
-    value of a per-sample or per-timestep list is checked against its range (runs/metric_ranges.py), and
-    fallback notes are a short list of short strings. Linear in the records' size."""
+    value of a per-sample or per-timestep list is checked against its range (runs/metric_ranges.py), every
+    extractor label against the registry, and fallback notes are a short list of short strings. Linear in the
+    records' size."""
     for record in records:
         step = record.get("step")
         for key, value in record.items():
+            if key.endswith(EXTRACTOR_SUFFIX) and (why := _refused_label(key, value)):
+                return f"a record of step {step} with {why}"
             numeric = isinstance(value, int | float) and not isinstance(value, bool)
             if (key in FLOAT_FIELDS or key in INT_FIELDS or numeric) and (why := _refused_number(key, value)):
                 return f"a record of step {step} with {why}"

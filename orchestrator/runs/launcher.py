@@ -64,6 +64,7 @@ from orchestrator.runs.placement import (
     run_dir,
     worker_args,
 )
+from orchestrator.runs.reference_pins import checked_references
 from orchestrator.runs.replan import Held, Replanner
 from orchestrator.runs.run_end import finish_run, requeue_run
 from orchestrator.runs.storage import record_storage, run_storage_url, seen_seq
@@ -363,6 +364,7 @@ class Launcher:
             return True
         records = [record.values() for record in reply.records]
         refused = refused_records(reply.records, worker.run_id, worker.after_step) or refused_metrics(records)
+        refused = refused or checked_references(self.settings.database_url, worker.run_id, worker.node, records)
         if refused is not None:
             self._fail_worker(worker, f"node {worker.node} sent {refused}: refused, nothing of the reply stored")
             return True

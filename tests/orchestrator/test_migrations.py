@@ -10,6 +10,7 @@ from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, inspect, text
 
+from orchestrator.db import reference_pin  # noqa: F401 - its table, in Base.metadata as in migrations/env.py
 from orchestrator.db.models import Base
 from orchestrator.db.session import alembic_config, upgrade
 

@@ -11,7 +11,7 @@ import torch
 
 from model.extractors import WEIGHTS_DIR_ENV
 from tests.worker.test_train import spec_for
-from worker.distribution import REFERENCES
+from worker.references import REFERENCES
 from worker.train import train_arm
 
 DIST = {"metrics": ["cmmd", "fd_dinov2"], "samples": 32, "every": 2, "sampler_steps": 2}

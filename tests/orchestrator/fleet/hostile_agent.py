@@ -20,6 +20,8 @@ Lies in valid replies (what the controller must not believe):
     deep            a poll reply nested 100,000 deep
     bigint          a poll reply with an integer of 5,000 digits
     other-run       a record that names another run
+    label           a CMMD whose extractor label is 1,000,075 characters of HTML and markdown (issue 63)
+    other-reference a CMMD scored against reference features of sha256 ARG (64 hex digits; issue 63)
     error-text      the worker failed, with ARG as its error (escape sequences, say)
 
 Replies that break the protocol (ARG: a canary file that appears only if something the node sent ran):
@@ -75,6 +77,13 @@ def worker_reply(name: str) -> dict:
         out["records"] = [{**record, "fallbacks": [f"note {i}" for i in range(int(arg))]}]
     elif mode == "other-run":
         out["records"] = [{**record, "run_id": run_id + 1000}]
+    elif mode in ("label", "other-reference"):
+        label = "clip-vit-l-14-336 small random stand-in (no weights)"
+        if mode == "label":  # a tag, a remote image, and bulk: the issue's 1,000,075 characters
+            label = '<img src=x onerror="alert(1)">![p](https://attacker.example/p.png)'
+            label += "A" * (1_000_075 - len(label))
+        cmmd = {"cmmd": 5.0, "cmmd_se": 0.1, "cmmd_n": 8, "cmmd_samples": [5.0] * 8, "cmmd_extractor": label}
+        out["records"] = [{**record, **cmmd, "distribution_sha256": {label[:200]: arg or "a" * 64}}]
     elif mode == "error-text":
         out.update(state="error", error=arg)
     elif mode.startswith("forged-") or mode in ("storage-flood", "storage-data"):

@@ -43,6 +43,7 @@ REFUSED: dict[str, tuple[str, str]] = {
     "forged-rented.replacement": ("", "storage.log.0.kind: Input should be 'checkpoint.stored'"),
     "storage-flood": (str(STORAGE_LOG_MAX + 1), f"storage.log: List should have at most {STORAGE_LOG_MAX} items"),
     "storage-data": ("", "storage.log.0.data.node_name: Extra inputs are not permitted"),
+    "label": ("", "cmmd_extractor '<img src=x onerror=\"alert(1)\">![p](https'... (1000075 characters): not a label"),
     "deep": ("", "not JSON (nested deeper than 32"),
     "bigint": ("", "not JSON (Exceeds the limit (4300 digits)"),
 }

@@ -235,3 +235,27 @@ def test_a_cost_stored_before_it_was_bounded_reads_as_the_jobs_time(database_url
         view = EvaluationView.from_row(session.get_one(Evaluation, eid))
         assert [r.gpu_seconds for r in view.runs if r.id == job.id] == [pytest.approx(7.0)]
         assert view.gpu_seconds == pytest.approx(7.0)
+
+
+def test_a_diverged_runs_non_finite_checkpoint_is_skipped_and_named_and_the_others_measured(
+    database_url: str, tmp_path: Path
+) -> None:
+    """Issue 63, bad input from honest runs: `ablate evaluate` on the demo's grid failed as a whole ("run 5: node
+    local sent cmmd 'nan' ... refused, nothing stored"), run 5 being the arm the detector stopped as diverged."""
+    _, eid = _grid(database_url, "diverged")
+    with session_scope(database_url) as session:
+        diverged = _job(session, eid, "B").run
+        diverged.decision, diverged.decision_step = "diverged", STEP
+    jobs = _jobs(database_url, tmp_path)
+    nan = {"step": STEP, "val_flow_loss": "nan", "val_flow_loss_n": IMAGES, "val_flow_loss_se": "nan",
+           "val_flow_loss_samples": ["nan"] * IMAGES, "evaluated_images": IMAGES, "wall_time_s": 3.0}  # fmt: skip
+    skipped = _answer(jobs, database_url, eid, "B", LOCAL, nan)
+    control = _answer(jobs, database_url, eid, "A", LOCAL, _record(A_LOSS))
+    assert (skipped.state, control.state) == ("skipped", "completed"), (skipped.error, control.error)
+    assert control.val_flow_loss == pytest.approx(A_LOSS)
+    with session_scope(database_url) as session:
+        view = EvaluationView.from_row(session.get_one(Evaluation, eid))
+    assert view.state == "completed" and view.error is None
+    (why,) = view.skipped
+    assert why.startswith(f"run {skipped.run_id} diverged (the detector stopped it at step {STEP})"), why
+    assert "measures val_flow_loss nan" in why and "the other runs measured" in why

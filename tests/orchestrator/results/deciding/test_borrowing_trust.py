@@ -20,7 +20,7 @@ from model.flow_headline import FLOW_T_WEIGHTS, HEADLINE, headline_fields
 from orchestrator.db.models import Grid, Node, Run
 from orchestrator.db.session import session_scope
 from orchestrator.grids.service import GridCreate, create_grid
-from orchestrator.results.deciding.borrowing import earlier_seed_variances
+from orchestrator.results.deciding.borrowing import auto_grids, earlier_seed_variances, run_values
 from orchestrator.results.deciding.decider import decide_due_grids
 from orchestrator.results.deciding.decisions import ComparisonLook, look_comparisons
 from orchestrator.runs.ingest import insert_metrics
@@ -116,3 +116,32 @@ def test_a_trusted_run_evaluated_on_a_stranger_counts_as_the_stranger(settings: 
         later = create_grid(session, GridCreate(name="later", arms=["A", B], overrides=TINY, decide=decide))
         found = earlier_seed_variances(session, later, [HEADLINE])[HEADLINE]
     assert (found["A"].df, found["B"].df) == (1, 2) and found["A"].grids == (earlier,)
+
+
+def test_auto_borrows_nothing_from_a_strangers_runs_whose_provenance_matches_ours(
+    settings: Settings, stranger: str
+) -> None:
+    """Issue 63, not yet probed: `borrow_from: "auto"` matches earlier runs by what their records say (the code a
+    worker reported, the data manifest). A stranger's runs claiming our very commit, clean tree, still lend
+    nothing: where a run came from is the controller's placement, not the record's word."""
+    commit = {"git": {"commit": "0" * 40, "dirty": False}}
+    earlier = earlier_grid(settings, "spoofed provenance", 1e-3, stranger)
+    with session_scope(settings.database_url) as session:
+        for run in session.scalars(select(Run).where(Run.grid_id == earlier)):
+            run.versions = commit  # the stranger's records claim the code the deciding grid runs
+        decide = {"min_seeds": 1, "max_seeds": 4, "borrow_from": "auto"}
+        grid = create_grid(session, GridCreate(name="decides auto", arms=["A", B], overrides=TINY, decide=decide))
+        noise = np.random.default_rng(7).normal(0, 0.008, IMAGES)
+        for run in grid.runs:
+            finish(session, run, IMAGE_VALUES + (0.02 + noise if run.arm == "B" else 0.0), None)
+            run.versions = commit
+        grid_id = grid.id
+        assert earlier in auto_grids(session, grid, [v for vs in run_values(session, grid, [HEADLINE], set()).values()
+                                                     for v in vs])  # fmt: skip
+        found = earlier_seed_variances(session, grid, [HEADLINE])[HEADLINE]
+        assert set(found) == {"A", "B"} and all(v.df == 0 for v in found.values())
+        assert all("came from node rented-1, not trusted" in (v.refused or "") for v in found.values()), found
+    assert decide_due_grids(settings) == [grid_id]
+    (c,) = look_comparisons(looks_of(settings, grid_id)[0])
+    assert c.decision == "open" and c.action == "seed", c
+    assert "came from node rented-1, not trusted" in c.reason, c.reason
