@@ -109,7 +109,8 @@ def _move_verified(tmp: Path, dest: Path, pinned: PinnedFile) -> Path:
 def copy_from_store(entry: ExtractorEntry, weights_dir: Path, store_url: str,
                     store_options: dict[str, Any] | None = None) -> list[Path]:
     """The entry's files that are missing under weights_dir, copied from the checkpoint store and hash-checked
-    (a node's way to its weights). ExtractorWeightsError when the store lacks one."""
+    (a node's way to its weights). ExtractorWeightsError when the store lacks one or holds another file in
+    its place (corrupt: not kept, and a stand-in may stand for it where one is allowed)."""
     fs, _ = _fs(store_url, store_options)
     copied = []
     for pinned in _missing(entry, weights_dir):
@@ -128,7 +129,12 @@ def copy_from_store(entry: ExtractorEntry, weights_dir: Path, store_url: str,
                     if read > pinned.size:  # a store file larger than the pin is refused without reading it all
                         break
                     tmp.write(block)
-        copied.append(_move_verified(Path(tmp.name), dest, pinned))
+        try:
+            copied.append(_move_verified(Path(tmp.name), dest, pinned))
+        except WeightsHashError as exc:  # any store-writing node could have put it there: absent, not fatal
+            raise ExtractorWeightsError(f"{entry.name}: {source} in the checkpoint store is corrupt ({exc.found} is "
+                                        f"not the pinned sha256 {exc.expected}), treated as absent: `ablate "
+                                        f"weights fetch {entry.name}` replaces it") from None
     return copied
 
 

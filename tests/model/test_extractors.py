@@ -200,8 +200,13 @@ def test_a_node_copies_its_weights_from_the_store_and_hashes_them_first(tmp_path
     stored.write_bytes(bytes(data))
     assert store_state(entry, store) == "corrupt"
     fresh = tmp_path / "fresh-node"
-    with pytest.raises(WeightsHashError, match=entry.files[0].sha256):
-        load_extractor(entry.name, weights_dir=fresh, store_url=store, stand_in="auto")
+    with pytest.raises(ExtractorWeightsError, match=entry.files[0].sha256):
+        load_extractor(entry.name, weights_dir=fresh, store_url=store)
+    assert not (fresh / entry.name / entry.files[0].filename).exists()
+    # ... and, where a stand-in is allowed, absent: before, it failed every node's pass (WeightsHashError)
+    ex = load_extractor(entry.name, weights_dir=fresh, store_url=store, stand_in="auto")
+    assert ex.stand_in and ex.kind == "small" and ex.reason is not None
+    assert "corrupt" in ex.reason and entry.files[0].sha256 in ex.reason
     assert not (fresh / entry.name / entry.files[0].filename).exists()
 
 
