@@ -102,7 +102,8 @@ def load_extractor(
       provide missing ones. Nothing is downloaded here.
     stand_in "auto": the real weights where they are, else a stand-in labelled as one with the reason: the
       real architecture with seeded random weights on a GPU (its costs are real), the small one on a CPU.
-      A file with the wrong hash is still an error, never a reason to fall back.
+      A file with the wrong hash on this node's own disk is still an error, never a reason to fall back; a
+      corrupt file in the store (any store-writing node can put one there) is absent, the reason saying so.
     stand_in "architecture" / "small": that stand-in, whatever weights exist.
     Every stand-in is the same network for a given name in every process, so its features are paired across arms.
     """

@@ -109,7 +109,8 @@ def _move_verified(tmp: Path, dest: Path, pinned: PinnedFile) -> Path:
 def copy_from_store(entry: ExtractorEntry, weights_dir: Path, store_url: str,
                     store_options: dict[str, Any] | None = None) -> list[Path]:
     """The entry's files that are missing under weights_dir, copied from the checkpoint store and hash-checked
-    (a node's way to its weights). ExtractorWeightsError when the store lacks one."""
+    (a node's way to its weights). ExtractorWeightsError when the store lacks one or holds another file in
+    its place (corrupt: not kept, and a stand-in may stand for it where one is allowed)."""
     fs, _ = _fs(store_url, store_options)
     copied = []
     for pinned in _missing(entry, weights_dir):
@@ -128,7 +129,12 @@ def copy_from_store(entry: ExtractorEntry, weights_dir: Path, store_url: str,
                     if read > pinned.size:  # a store file larger than the pin is refused without reading it all
                         break
                     tmp.write(block)
-        copied.append(_move_verified(Path(tmp.name), dest, pinned))
+        try:
+            copied.append(_move_verified(Path(tmp.name), dest, pinned))
+        except WeightsHashError as exc:  # any store-writing node could have put it there: absent, not fatal
+            raise ExtractorWeightsError(f"{entry.name}: {source} in the checkpoint store is corrupt ({exc.found} is "
+                                        f"not the pinned sha256 {exc.expected}), treated as absent: `ablate "
+                                        f"weights fetch {entry.name}` replaces it") from None
     return copied
 
 
@@ -168,31 +174,49 @@ def download_from_hub(entry: ExtractorEntry, weights_dir: Path) -> list[Path]:
 def stage_in_store(entry: ExtractorEntry, weights_dir: Path, store_url: str,
                    store_options: dict[str, Any] | None = None) -> list[str]:
     """The entry's verified local files uploaded to <store>/weights/<name>/ (a file already there with the pinned
-    size is left alone; nodes hash what they copy anyway). Returns the store paths written."""
+    sha256 is left alone; one with another is replaced: any store-writing node could have put it there).
+    Returns the store paths written."""
     fs, _ = _fs(store_url, store_options)
     written = []
     for pinned in entry.files:
         source = verify(local_path(entry, pinned, weights_dir), pinned)
         target = store_path(store_url, entry, pinned)
         _, inner = _fs(target, store_options)
-        if fs.isfile(inner) and fs.size(inner) == pinned.size:
+        state = _store_file_state(fs, inner, pinned)
+        if state == "staged":
             continue
         fs.makedirs(inner.rsplit("/", 1)[0], exist_ok=True)
         part = f"{inner}.part"
         fs.put_file(str(source), part)
+        if state == "corrupt":
+            fs.rm(inner, recursive=True)  # a folder or wrong file in its place; the pinned one is uploaded
         fs.mv(part, inner)
         written.append(target)
     return written
 
 
-def staged_in_store(entry: ExtractorEntry, store_url: str, store_options: dict[str, Any] | None = None) -> bool:
-    """Every file of the entry is in the store with its pinned size (its hash is checked where it is loaded)."""
+def _store_file_state(fs: Any, inner: str, pinned: PinnedFile) -> str:
+    """'staged' (the pinned sha256), 'corrupt' (another file or folder at its path) or 'no' (nothing there)."""
+    if not fs.exists(inner):
+        return "no"
+    if not fs.isfile(inner) or fs.size(inner) != pinned.size:
+        return "corrupt"
+    digest = hashlib.sha256()
+    with fs.open(inner, "rb") as handle:
+        while block := handle.read(CHUNK):
+            digest.update(block)
+    return "staged" if digest.hexdigest() == pinned.sha256 else "corrupt"
+
+
+def store_state(entry: ExtractorEntry, store_url: str, store_options: dict[str, Any] | None = None) -> str:
+    """The entry's files in the store: 'staged' (every one the pinned file, by sha256), 'corrupt' (one is
+    something else: nodes refuse it, and `ablate weights fetch` replaces it) or 'no' (one is missing)."""
     fs, _ = _fs(store_url, store_options)
+    states = set()
     for pinned in entry.files:
         _, inner = _fs(store_path(store_url, entry, pinned), store_options)
-        if not (fs.isfile(inner) and fs.size(inner) == pinned.size):
-            return False
-    return True
+        states.add(_store_file_state(fs, inner, pinned))
+    return "corrupt" if "corrupt" in states else "no" if "no" in states else "staged"
 
 
 def resolve_weights(entry: ExtractorEntry, weights_dir: Path, store_url: str | None = None,

@@ -27,7 +27,7 @@ def _size(n: int) -> str:
 def list_weights() -> None:
     """Each extractor's pinned files (repo, revision, sha256) and whether they are staged: on this machine
     (ABLATE_WEIGHTS_DIR) and in the checkpoint store (where nodes copy them from)."""
-    from model.extractors.pinned_files import default_weights_dir, local_path, staged_in_store
+    from model.extractors.pinned_files import default_weights_dir, local_path, store_state
     from model.extractors.registry import EXTRACTORS
 
     settings = load_settings()
@@ -35,7 +35,7 @@ def list_weights() -> None:
     rows = []
     for entry in EXTRACTORS.values():
         try:
-            in_store = "staged" if staged_in_store(entry, store, settings.checkpoint_options) else "no"
+            in_store = store_state(entry, store, settings.checkpoint_options)
         except Exception as exc:  # noqa: BLE001 - an unreachable store is a cell, not a traceback
             in_store = f"unknown ({type(exc).__name__})"
         for pinned in entry.files:
@@ -63,7 +63,7 @@ def fetch(name: Annotated[str, typer.Argument(help="An extractor, as `ablate wei
         download_from_hub,
         resolve_weights,
         stage_in_store,
-        staged_in_store,
+        store_state,
     )
     from model.extractors.registry import UnknownExtractor, extractor_entry
 
@@ -75,7 +75,8 @@ def fetch(name: Annotated[str, typer.Argument(help="An extractor, as `ablate wei
         raise CLIError(str(exc)) from None
     local_dir = default_weights_dir()
     try:
-        if staged_in_store(entry, store, options):
+        state = store_state(entry, store, options)
+        if state == "staged":
             typer.echo(f"{entry.name}: already staged in {store}/weights/{entry.name}/ (nodes check each file's "
                        "sha256 before use)")
             return
@@ -88,5 +89,6 @@ def fetch(name: Annotated[str, typer.Argument(help="An extractor, as `ablate wei
         first = (str(exc).strip().splitlines() or [""])[0][:200]
         raise CLIError(f"{entry.name}: staging in {store} failed ({type(exc).__name__}: {first})") from None
     source = f"downloaded from {entry.repo}@{entry.revision[:12]}" if fetched else f"from {local_dir / entry.name}"
+    replaced = " (replacing a corrupt file there)" if state == "corrupt" else ""
     typer.echo(f"{entry.name}: {len(written)} file(s) ({_size(entry.weights_bytes)}) {source}, sha256-checked, "
-               f"staged in {store}/weights/{entry.name}/")
+               f"staged in {store}/weights/{entry.name}/{replaced}")

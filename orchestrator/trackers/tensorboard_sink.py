@@ -32,6 +32,15 @@ def run_folder(run: TrackedRun) -> str:
     return f"{grid_folder(run.grid_id, run.grid_name)}/{run.arm}"
 
 
+def literal(text: str) -> str:
+    """`text` as a Markdown code block, shown as typed: a node's label, an event's message or a caption may
+    hold HTML, a remote image or a link, which TensorBoard's Text tab would otherwise render. The fence is
+    longer than any run of backticks in the text, so none closes it early."""
+    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}\n{text}\n{fence}"
+
+
 def effects_markdown(table: GridEffects) -> str:
     """The effects as a Markdown table (TensorBoard's Text tab renders it)."""
 
@@ -81,18 +90,20 @@ class TensorBoardSink:
             tag = "samples/" + image.name.removesuffix(".png")
             writer.add_image(tag, png_array(image.png), point.step, dataformats="HWC")
         if point.images:
-            writer.add_text("samples/captions", "\n\n".join(f"{i.name}: {i.caption}" for i in point.images), point.step)
+            writer.add_text("samples/captions", literal("\n\n".join(f"{i.name}: {i.caption}" for i in point.images)),
+                            point.step)  # fmt: skip
         writer.add_text("judged_metric", point.judged_metric, point.step)
         for key, label in point.labels.items():  # beside the metric: which network's features it measured
-            writer.add_text(key, label, point.step)
+            writer.add_text(key, literal(label), point.step)
         writer.flush()
 
     def status(self, run_id: int, status: Status) -> None:
         writer = self.writers[run_id]
         for note in status.notes:
-            writer.add_text(f"events/{note.kind}", note.message, note.step)
+            writer.add_text(f"events/{note.kind}", literal(note.message), note.step)
         if status.decision is not None:
-            writer.add_text("decision", f"{status.decision} at step {status.decision_step}: {status.decision_reason}",
+            writer.add_text("decision", literal(f"{status.decision} at step {status.decision_step}: "
+                                                f"{status.decision_reason}"),
                             status.decision_step or 0)
         writer.flush()
         if status.ended:

@@ -182,13 +182,13 @@ def test_a_file_whose_hash_differs_is_refused_naming_it_and_both_hashes_even_wit
 
 def test_a_node_copies_its_weights_from_the_store_and_hashes_them_first(tmp_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch):
-    from model.extractors.pinned_files import stage_in_store, staged_in_store
+    from model.extractors.pinned_files import stage_in_store, store_state
 
     entry, _ = _tiny_weights(tmp_path, "dinov2", monkeypatch)
     store = f"file://{tmp_path / 'store'}"
-    assert not staged_in_store(entry, store)
+    assert store_state(entry, store) == "no"
     stage_in_store(entry, tmp_path / "weights", store)
-    assert staged_in_store(entry, store)
+    assert store_state(entry, store) == "staged"
     node = tmp_path / "node-weights"
     ex = load_extractor(entry.name, weights_dir=node, store_url=store)
     assert not ex.stand_in and (node / entry.name / entry.files[0].filename).is_file()
@@ -198,9 +198,15 @@ def test_a_node_copies_its_weights_from_the_store_and_hashes_them_first(tmp_path
     data = bytearray(stored.read_bytes())
     data[-1] ^= 0xFF
     stored.write_bytes(bytes(data))
+    assert store_state(entry, store) == "corrupt"
     fresh = tmp_path / "fresh-node"
-    with pytest.raises(WeightsHashError, match=entry.files[0].sha256):
-        load_extractor(entry.name, weights_dir=fresh, store_url=store, stand_in="auto")
+    with pytest.raises(ExtractorWeightsError, match=entry.files[0].sha256):
+        load_extractor(entry.name, weights_dir=fresh, store_url=store)
+    assert not (fresh / entry.name / entry.files[0].filename).exists()
+    # ... and, where a stand-in is allowed, absent: before, it failed every node's pass (WeightsHashError)
+    ex = load_extractor(entry.name, weights_dir=fresh, store_url=store, stand_in="auto")
+    assert ex.stand_in and ex.kind == "small" and ex.reason is not None
+    assert "corrupt" in ex.reason and entry.files[0].sha256 in ex.reason
     assert not (fresh / entry.name / entry.files[0].filename).exists()
 
 

@@ -94,6 +94,42 @@ def test_fetch_stages_a_verified_local_file_in_the_store_once_and_refuses_a_tamp
     assert not (store / "weights" / "tiny" / "model.safetensors").exists()
 
 
+@pytest.mark.parametrize("corrupt", ["same size", "other size", "a folder"])
+def test_a_corrupt_staged_file_is_listed_corrupt_and_fetch_replaces_it(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch, corrupt: str):
+    """A store-writing node put something else at the pinned file's path. Before, at the pinned size, `weights
+    list` said `staged` and `weights fetch` said "already staged", so the operator's tool never replaced it."""
+    from typer.testing import CliRunner
+
+    from orchestrator.cli import _register, app
+
+    _register()
+    weights, store = tmp_path / "weights", tmp_path / "store"
+    local = weights / "tiny" / "model.safetensors"
+    local.parent.mkdir(parents=True)
+    local.write_bytes(b"pinned tiny weights")
+    pinned = PinnedFile(local.name, hashlib.sha256(local.read_bytes()).hexdigest(), local.stat().st_size)
+    monkeypatch.setitem(EXTRACTORS, "tiny", replace(EXTRACTORS["dinov2-vit-b-14"], name="tiny", files=(pinned,)))
+    monkeypatch.setenv("ABLATE_WEIGHTS_DIR", str(weights))
+    monkeypatch.setenv("ABLATE_CHECKPOINT_URL", f"file://{store}")
+    staged = store / "weights" / "tiny" / "model.safetensors"
+    staged.parent.mkdir(parents=True)
+    if corrupt == "a folder":
+        (staged / "x").mkdir(parents=True)
+    else:
+        staged.write_bytes(b"hostile tiny weightZ" if corrupt == "same size" else b"hostile")
+
+    listed = CliRunner().invoke(app, ["weights", "list"], env={"COLUMNS": "400"})
+    (row,) = [line for line in listed.output.splitlines() if line.startswith("│ tiny")]
+    assert row.rstrip(" │").endswith("corrupt"), row
+    fetched = CliRunner().invoke(app, ["weights", "fetch", "tiny"])
+    assert fetched.exit_code == 0, fetched.output
+    assert "replacing a corrupt file there" in fetched.output and "already staged" not in fetched.output
+    assert staged.read_bytes() == b"pinned tiny weights"
+    listed = CliRunner().invoke(app, ["weights", "list"], env={"COLUMNS": "400"})
+    (row,) = [line for line in listed.output.splitlines() if line.startswith("│ tiny")]
+    assert row.rstrip(" │").endswith("staged"), row
+
 
 def test_a_store_that_cannot_be_written_is_one_line_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     from typer.testing import CliRunner

@@ -1,10 +1,11 @@
 """A deciding grid's budget: what it has spent, what its next work costs, and the caps no look queues work
 past (results/deciding/decider.py asks before it queues anything).
 
-- GPU-hours: the runs' measured GPU-hours (their records') and the evaluation jobs' measured GPU-seconds,
-  plus the next work's price (a seed: its arm's measured mean, else the estimate the submit's worst case
-  used; an evaluation: each job's start and its images at the slowest rate the grid's jobs measured), against
-  decide.max_gpu_hours (grids/deciding.py: by default that worst case, stored with the grid).
+- GPU-hours: the runs' held GPU-hours (each run's GPUs x the time the controller held them for it, from its
+  own placement and end timestamps: what a node claims never lowers it) and the evaluation jobs' measured
+  GPU-seconds, plus the next work's price (a seed: its arm's mean held GPU-hours, else the estimate the
+  submit's worst case used; an evaluation: each job's start and its images at the slowest rate the grid's
+  jobs measured), against decide.max_gpu_hours (grids/deciding.py: by default that worst case, stored with the grid).
 - Looks and evaluations: decide.max_looks, decide.max_evaluations.
 - Images: an images action asks for more images than the grid's largest evaluation asked for, or is none;
   where that evaluation measured fewer images than it asked, the readable count is the budget.
@@ -13,18 +14,19 @@ past (results/deciding/decider.py asks before it queues anything).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from datetime import datetime
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from model.spec import ArmSpec
-from orchestrator.db.models import Evaluation, EvaluationResult, Grid, Metric, Run
+from orchestrator.db.models import Evaluation, EvaluationResult, Grid, Run, aware, utcnow
 from orchestrator.grids.deciding import ESTIMATE, DecideSpec, decide_of, evaluation_job_hours, with_budget
 from orchestrator.grids.evaluations import evaluated_runs
 from orchestrator.grids.projection import project
 from orchestrator.results.deciding import sequential
 from orchestrator.results.evaluations import job_gpu_seconds
+from orchestrator.runs.placement import arm_gpus
 from orchestrator.vocabulary import EvaluationState
 
 
@@ -47,24 +49,29 @@ def _finite_hours(value: float | None) -> float | None:
     return float(value) if value is not None and math.isfinite(value) and value >= 0 else None
 
 
-def measured_hours(session: Session, runs: Sequence[Run]) -> dict[int, float]:
-    """Each run's GPU-hours as its records measured them (the largest finite value; a run on the CPU
-    records 0), by run id; runs without a record are absent."""
-    out: dict[int, float] = {}
-    rows = session.execute(select(Metric.run_id, Metric.gpu_hours).where(Metric.run_id.in_([r.id for r in runs])))
-    for run_id, hours in rows:
-        h = _finite_hours(hours)
-        if h is not None:
-            out[run_id] = max(out.get(run_id, 0.0), h)
-    return out
+def held_hours(run: Run, now: datetime) -> float | None:
+    """The GPU-hours the controller held for `run`: its arm's GPUs x the time from its placement to its end
+    (to `now` while it runs), both as the controller recorded them; None for a run never placed. A node's
+    `gpu_hours` record is its own word and counts for nothing here: one claiming 1e-6 for a run it held an
+    hour would make that arm's seeds look free."""
+    if run.started_at is None:
+        return None
+    try:
+        gpus = arm_gpus(run.spec)
+    except ValueError:  # a spec this version no longer reads: one GPU, the least an arm holds
+        gpus = 1
+    end = aware(run.finished_at) if run.finished_at is not None else aware(now)
+    return max((end - aware(run.started_at)).total_seconds(), 0.0) / 3600 * gpus
 
 
 def spent_gpu_hours(session: Session, grid: Grid) -> float:
-    """What the grid has spent: its runs' measured GPU-hours and every evaluation job's measured GPU-seconds
-    (at most its placement-to-end time: results/evaluations.py job_gpu_seconds)."""
+    """What the grid has spent: its runs' held GPU-hours (held_hours) and every evaluation job's measured
+    GPU-seconds (at most its placement-to-end time: results/evaluations.py job_gpu_seconds)."""
+    now = utcnow()
     jobs = session.scalars(select(EvaluationResult).join(Evaluation).where(Evaluation.grid_id == grid.id))
     seconds = [_finite_hours(job_gpu_seconds(job)) for job in jobs]
-    return sum(measured_hours(session, grid.runs).values()) + sum(s / 3600 for s in seconds if s is not None)
+    runs = sum(h for h in (held_hours(r, now) for r in grid.runs) if h is not None)
+    return runs + sum(s / 3600 for s in seconds if s is not None)
 
 
 def evaluations_of(session: Session, grid: Grid) -> int:
@@ -73,9 +80,12 @@ def evaluations_of(session: Session, grid: Grid) -> int:
 
 
 def run_hours(session: Session, run: Run) -> float:
-    """What one more run like `run` costs: the mean measured GPU-hours of its arm's runs, else the estimate
-    the worst case was priced at (grids/deciding.py worst_case_gpu_hours); 0 for a command arm unmeasured."""
-    measured = [h for h in measured_hours(session, [r for r in run.grid.runs if r.arm == run.arm]).values() if h]
+    """What one more run like `run` costs: the mean held GPU-hours of its arm's ended runs (held_hours), else
+    the estimate the worst case was priced at (grids/deciding.py worst_case_gpu_hours); 0 for a command arm
+    unmeasured."""
+    now = utcnow()
+    ended = [r for r in run.grid.runs if r.arm == run.arm and r.finished_at is not None]
+    measured = [h for h in (held_hours(r, now) for r in ended) if h]
     if measured:
         return sum(measured) / len(measured)
     try:

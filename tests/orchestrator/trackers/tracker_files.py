@@ -50,9 +50,20 @@ def tensorboard_runs(root: Path) -> dict[str, Any]:
 
 
 def tb_text(acc: Any, tag: str) -> list[tuple[int, str]]:  # noqa: ANN401 - an EventAccumulator
+    """The tag's texts by step, as typed: a node-supplied text is written as a Markdown code block
+    (tensorboard_sink.literal), read back here without its fence."""
     if f"{tag}/text_summary" not in acc.Tags()["tensors"]:
         return []
-    return [(e.step, e.tensor_proto.string_val[0].decode()) for e in acc.Tensors(f"{tag}/text_summary")]
+    return [(e.step, unfenced(e.tensor_proto.string_val[0].decode())) for e in acc.Tensors(f"{tag}/text_summary")]
+
+
+def unfenced(text: str) -> str:
+    """A Markdown code block's content; any other text as it is."""
+    lines = text.split("\n")
+    fence = lines[0]
+    if len(lines) >= 2 and len(fence) >= 3 and set(fence) == {"`"} and lines[-1] == fence:
+        return "\n".join(lines[1:-1])
+    return text
 
 
 def mlflow_runs() -> dict[str, Any]:

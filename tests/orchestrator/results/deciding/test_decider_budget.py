@@ -60,13 +60,16 @@ def records(run: Run, images: list[int], gpu_hours: float | None) -> dict[str, A
 
 
 def run_wave(settings: Settings, grid_id: int, first_images: int, gpu_hours: float | None = None,
-             job_seconds: float = 30.0) -> None:  # fmt: skip
-    """Every queued run trained and every queued evaluation measured, as nodes would answer: an evaluation
-    of n images measures those of the first n that can be read."""
+             job_seconds: float = 30.0, held_h: float = 0.0) -> None:  # fmt: skip
+    """Every queued run trained (held `held_h` hours on its one GPU, as the controller's placement and end
+    times say; its node claims `gpu_hours`) and every queued evaluation measured, as nodes would answer: an
+    evaluation of n images measures those of the first n that can be read."""
     with session_scope(settings.database_url) as session:
         for run in session.scalars(select(Run).where(Run.grid_id == grid_id, Run.state == "queued")):
             session.add(Metric(run_id=run.id, **records(run, list(range(first_images)), gpu_hours)))
             run.state, run.last_checkpoint_step, run.checkpoint_dir = "completed", STEP, f"/ckpt/{run.id}"
+            run.finished_at = datetime.now(UTC)
+            run.started_at = run.finished_at - timedelta(hours=held_h)
             run.node, run.nodes = NODE, [NODE]
         for evaluation in session.scalars(select(Evaluation).where(Evaluation.grid_id == grid_id,
                                                                     Evaluation.state == "queued")):  # fmt: skip
@@ -142,11 +145,11 @@ def test_a_comparison_closed_undecided_is_never_judged_or_paid_for_again(setting
 
 @pytest.mark.parametrize(("cap", "seeds_added"), [(5.0, 0), (6.0, 1)])
 def test_no_look_queues_work_past_max_gpu_hours(settings: Settings, cap: float, seeds_added: int) -> None:
-    """Two arms at two seeds, each run measured at 1 GPU-hour: 4 spent. One more seed of both arms costs 2
-    (the arms' measured mean), so a cap of 5 refuses it and the look is the last, saying why; 6 allows it."""
+    """Two arms at two seeds, each run held 1 GPU-hour: 4 spent. One more seed of both arms costs 2 (the arms'
+    mean), so a cap of 5 refuses it and the look is the last, saying why; 6 allows it."""
     decide = {**NEVER, "min_seeds": 2, "max_seeds": 4, "max_gpu_hours": cap}
     grid_id = submit(settings, f"cap-{cap}", decide, first_images=SPLIT)  # every image measured: seeds only
-    run_wave(settings, grid_id, first_images=SPLIT, gpu_hours=1.0)
+    run_wave(settings, grid_id, first_images=SPLIT, gpu_hours=1.0, held_h=1.0)
     decide_due_grids(settings)
     ((look, (c,)),) = looks_of(settings, grid_id)
     with session_scope(settings.database_url) as session:
@@ -157,6 +160,26 @@ def test_no_look_queues_work_past_max_gpu_hours(settings: Settings, cap: float, 
         return
     assert (look.final, c.decision, c.action) == (True, "undecided", None)
     words = "at the GPU-hours budget: 4 spent, the next work 2 more, of 5 (decide.max_gpu_hours)"
+    assert words in c.reason and events(settings, grid_id, "decide.budget") == [words]
+
+
+@pytest.mark.parametrize("claim", [0.5, 1e-6, -1.0, float("nan")])
+def test_the_gpu_hours_cap_counts_what_the_controller_held_not_what_nodes_claim(settings: Settings,
+                                                                                claim: float) -> None:  # fmt: skip
+    """Cap 2.5, every run held half an hour on its GPU: 4 runs have spent 2.0, and one more seed of both arms
+    (1.0 at the arms' held mean) would pass the cap, whatever the nodes claim. Before, a node claiming 1e-6
+    GPU-h for its runs made them free: the cap saw 4e-6 spent and bought seed after seed."""
+    decide = {**NEVER, "min_seeds": 2, "max_seeds": 8, "max_gpu_hours": 2.5}
+    grid_id = submit(settings, "lying", decide, first_images=SPLIT)
+    for _ in range(4):
+        run_wave(settings, grid_id, first_images=SPLIT, gpu_hours=claim, held_h=0.5)
+        decide_due_grids(settings)
+    with session_scope(settings.database_url) as session:
+        grid = session.get(Grid, grid_id)
+        assert grid is not None and len(grid.runs) == 4
+    ((look, (c,)),) = looks_of(settings, grid_id)
+    assert (look.final, c.decision, c.action) == (True, "undecided", None)
+    words = "at the GPU-hours budget: 2 spent, the next work 1 more, of 2.5 (decide.max_gpu_hours)"
     assert words in c.reason and events(settings, grid_id, "decide.budget") == [words]
 
 
