@@ -48,7 +48,7 @@ from pydantic import (
 )
 
 from model.command_spec import CommandEnd
-from model.spec import ArmSpec, DistributionMetric
+from model.spec import MAX_REFERENCE_VALUES, ArmSpec, DistributionMetric
 from worker.run_files import RECORDS_PER_POLL
 
 PROTOCOL = 2  # 2: a start request carries `args` (WorkerArgs), no longer `kwargs`
@@ -254,6 +254,7 @@ MAX_EVAL_SAMPLES = 4096  # values per `*_samples` list and grid rows: model/spec
 MAX_TIMESTEPS = 64  # timesteps of the held-out flow loss (model/evaluate.py VAL_TIMESTEPS is 8)
 MAX_SKIPPED_NAMES = 64  # names in a record's skipped_files (the trainer sends the first 10)
 SAMPLES_SUFFIX = "_samples"  # `<metric>_samples`: one value per held-out sample, any metric's
+REFERENCE_SUFFIX = "_per_reference"  # `<mmd>_per_reference`: one value per reference image (or group of them)
 # Names the controller keeps in a stored record for its own bookkeeping (orchestrator/runs/ingest.py
 # metric_values: the non-finite values SQLite cannot hold): a node's record never carries them.
 CONTROLLER_FIELDS = ("nonfinite",)
@@ -266,6 +267,8 @@ def _rectangular(grid: list[list[Any]]) -> list[list[Any]]:
 
 
 PerSample = Annotated[list[Number], Field(max_length=MAX_EVAL_SAMPLES)]  # sample i of every arm pairs up
+# An MMD's per-reference-image values (model/distribution_pass.py): reference image a of every arm pairs up.
+PerReference = Annotated[list[Number], Field(max_length=MAX_REFERENCE_VALUES)]
 PerTimestep = Annotated[list[Number], Field(max_length=MAX_TIMESTEPS)]
 FlowGrid = Annotated[list[PerTimestep], Field(max_length=MAX_EVAL_SAMPLES), AfterValidator(_rectangular)]
 Timesteps = Annotated[list[Annotated[StrictFloat, Field(ge=0, le=1)]], Field(max_length=MAX_TIMESTEPS)]
@@ -277,6 +280,8 @@ LIST_SHAPES: dict[str, Any] = {
     "text_lpips_samples": PerSample,
     "text_manip_delta_samples": PerSample,
     "val_flow_loss_samples": PerSample,
+    "cmmd_per_reference": PerReference,
+    "dino_mmd_per_reference": PerReference,
     "val_flow_loss_grid": FlowGrid,  # (sample x timestep) losses
     "val_flow_loss_by_t": PerTimestep,  # the grid's mean per timestep
     "val_flow_loss_t": Timesteps,  # the timesteps, in [0, 1]
@@ -332,6 +337,8 @@ class CheckpointRecord(BaseModel):
     text_lpips_samples: PerSample | None = None
     text_manip_delta_samples: PerSample | None = None
     val_flow_loss_samples: PerSample | None = None
+    cmmd_per_reference: PerReference | None = None
+    dino_mmd_per_reference: PerReference | None = None
     val_flow_loss_grid: FlowGrid | None = None
     val_flow_loss_by_t: PerTimestep | None = None
     val_flow_loss_t: Timesteps | None = None

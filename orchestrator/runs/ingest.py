@@ -30,7 +30,7 @@ from orchestrator.runs.detector import (
 from orchestrator.runs.metric_ranges import ANY_METRIC_BOUND, out_of_range, overflowed
 from orchestrator.runs.trust import untrusted_control
 from orchestrator.vocabulary import STOP_DECISIONS, RunDecision
-from worker.protocol import NONFINITE_TEXT, SAMPLES_SUFFIX  # how a node writes non-finite floats, per-sample lists
+from worker.protocol import NONFINITE_TEXT, REFERENCE_SUFFIX, SAMPLES_SUFFIX  # a node's non-finite floats, lists
 
 # Bind parameters per INSERT: below SQLite's default limit (32766 since 3.32) and Postgres' (65535).
 MAX_BIND_PARAMS = 30_000
@@ -74,10 +74,12 @@ def _refused_number(name: str, value: Any) -> str | None:
 
 
 def _list_metric(key: str) -> str | None:
-    """The metric whose range a list field's values take: `<metric>_samples`, and the flow loss's grid and
-    per-timestep means (their shapes are the protocol's: worker/protocol.py CheckpointRecord)."""
+    """The metric whose range a list field's values take: `<metric>_samples`, `<mmd>_per_reference`, and the flow
+    loss's grid and per-timestep means (their shapes are the protocol's: worker/protocol.py CheckpointRecord)."""
     if key in ("val_flow_loss_grid", "val_flow_loss_by_t"):
         return "val_flow_loss"
+    if key.endswith(REFERENCE_SUFFIX):  # an MMD's per-reference values: pseudo-values of the same range
+        return key.removesuffix(REFERENCE_SUFFIX)
     return key.removesuffix(SAMPLES_SUFFIX) if key.endswith(SAMPLES_SUFFIX) else None
 
 
