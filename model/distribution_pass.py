@@ -92,21 +92,22 @@ def _mean_se(values: Tensor) -> tuple[float, float]:
     return float(v.mean()), float(v.std(unbiased=True) / math.sqrt(len(v)))
 
 
-def score(metric: str, features: Tensor, ref_features: Tensor, label: str) -> dict[str, Any]:
+def score(metric: str, features: Tensor, ref_features: Tensor, label: str, normalise: bool = True) -> dict[str, Any]:
     """The record fields of `metric` for generated `features` against `ref_features` (both (n, d)):
     `<metric>`, `_se`, `_n`, `_extractor` and, for an MMD, `_samples` (the per-sample values, mean = value) and
     `_per_reference` (the per-reference-image values, grouped to at most MAX_REFERENCE_VALUES). `_se` is the
     generated samples' part alone: the reference is common to every checkpoint of a run, so a run's own curve
-    does not see its noise; an effect between arms adds it (orchestrator/results/reports/stats.py)."""
+    does not see its noise; an effect between arms adds it (orchestrator/results/reports/stats.py).
+    normalise=False: the MMDs take the features as they are (a known-truth simulation's, bench/distribution_sim.py)."""
     n = len(features)
     out: dict[str, Any] = {f"{metric}_n": n, f"{metric}_extractor": label}
     if metric in MMD_METRICS:
-        ref = reference(ref_features)
-        values = mmd_contributions(features, ref)  # x1000, the U-statistic's pseudo-values
+        ref = reference(ref_features, normalise=normalise)
+        values = mmd_contributions(features, ref, normalise=normalise)  # x1000, the U-statistic's pseudo-values
         out[metric], out[f"{metric}_se"] = _mean_se(values)
         out[f"{metric}_samples"] = values.tolist()
-        out[f"{metric}_per_reference"] = grouped_means(mmd_reference_contributions(features, ref),
-                                                       MAX_REFERENCE_VALUES).tolist()  # fmt: skip
+        refs = mmd_reference_contributions(features, ref, normalise=normalise)
+        out[f"{metric}_per_reference"] = grouped_means(refs, MAX_REFERENCE_VALUES).tolist()
     elif metric == "fd_dinov2":
         est = fd_jackknife(features, frechet_reference(ref_features, fd_groups(n)))
         out[metric], out[f"{metric}_se"] = est.value, est.se  # the plug-in value, as the field reports it
