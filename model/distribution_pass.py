@@ -37,7 +37,7 @@ from model.distribution_stats import (
 )
 from model.evaluate import generate, sample_noise
 from model.flow import FlowMatching
-from model.spec import MAX_REFERENCE_VALUES
+from model.spec import MAX_REFERENCE_VALUES, REFERENCE_SUFFIX
 
 STREAM_DISTRIBUTION = 3  # noise stream of the distribution pass's samples (model/evaluate.py's streams are 0-2)
 MMD_METRICS = ("cmmd", "dino_mmd")  # per-sample values: paired across arms, enter the crossed interval
@@ -107,7 +107,7 @@ def score(metric: str, features: Tensor, ref_features: Tensor, label: str, norma
         out[metric], out[f"{metric}_se"] = _mean_se(values)
         out[f"{metric}_samples"] = values.tolist()
         refs = mmd_reference_contributions(features, ref, normalise=normalise)
-        out[f"{metric}_per_reference"] = grouped_means(refs, MAX_REFERENCE_VALUES).tolist()
+        out[f"{metric}{REFERENCE_SUFFIX}"] = grouped_means(refs, MAX_REFERENCE_VALUES).tolist()
     elif metric == "fd_dinov2":
         est = fd_jackknife(features, frechet_reference(ref_features, fd_groups(n)))
         out[metric], out[f"{metric}_se"] = est.value, est.se  # the plug-in value, as the field reports it

@@ -254,7 +254,6 @@ MAX_EVAL_SAMPLES = 4096  # values per `*_samples` list and grid rows: model/spec
 MAX_TIMESTEPS = 64  # timesteps of the held-out flow loss (model/evaluate.py VAL_TIMESTEPS is 8)
 MAX_SKIPPED_NAMES = 64  # names in a record's skipped_files (the trainer sends the first 10)
 SAMPLES_SUFFIX = "_samples"  # `<metric>_samples`: one value per held-out sample, any metric's
-REFERENCE_SUFFIX = "_per_reference"  # `<mmd>_per_reference`: one value per reference image (or group of them)
 # Names the controller keeps in a stored record for its own bookkeeping (orchestrator/runs/ingest.py
 # metric_values: the non-finite values SQLite cannot hold): a node's record never carries them.
 CONTROLLER_FIELDS = ("nonfinite",)
@@ -267,8 +266,7 @@ def _rectangular(grid: list[list[Any]]) -> list[list[Any]]:
 
 
 PerSample = Annotated[list[Number], Field(max_length=MAX_EVAL_SAMPLES)]  # sample i of every arm pairs up
-# An MMD's per-reference-image values (model/distribution_pass.py): reference image a of every arm pairs up.
-PerReference = Annotated[list[Number], Field(max_length=MAX_REFERENCE_VALUES)]
+PerReference = Annotated[list[Number], Field(max_length=MAX_REFERENCE_VALUES)]  # an MMD's, reference image a pairs
 PerTimestep = Annotated[list[Number], Field(max_length=MAX_TIMESTEPS)]
 FlowGrid = Annotated[list[PerTimestep], Field(max_length=MAX_EVAL_SAMPLES), AfterValidator(_rectangular)]
 Timesteps = Annotated[list[Annotated[StrictFloat, Field(ge=0, le=1)]], Field(max_length=MAX_TIMESTEPS)]
@@ -280,8 +278,7 @@ LIST_SHAPES: dict[str, Any] = {
     "text_lpips_samples": PerSample,
     "text_manip_delta_samples": PerSample,
     "val_flow_loss_samples": PerSample,
-    "cmmd_per_reference": PerReference,
-    "dino_mmd_per_reference": PerReference,
+    "cmmd_per_reference": PerReference, "dino_mmd_per_reference": PerReference,  # model/distribution_pass.py
     "val_flow_loss_grid": FlowGrid,  # (sample x timestep) losses
     "val_flow_loss_by_t": PerTimestep,  # the grid's mean per timestep
     "val_flow_loss_t": Timesteps,  # the timesteps, in [0, 1]

@@ -23,10 +23,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from model.spec import REFERENCE_SUFFIX
 from orchestrator.db.models import EvaluationResult, aware, utcnow
 from orchestrator.grids.evaluations import ASKED
 from orchestrator.numbers import is_finite
-from worker.protocol import REFERENCE_SUFFIX
 
 JOB_GPUS = 1  # an evaluation is one process on one GPU, whatever the arm trained on
 # The metrics an evaluation measures per held-out image (model/evaluate.py), each with `_n` and `_samples`.

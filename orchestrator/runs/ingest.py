@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from model.spec import STANDIN, DetectorPolicy
+from model.spec import REFERENCE_SUFFIX, STANDIN, DetectorPolicy
 from orchestrator.db.events import record_event
 from orchestrator.db.models import METRIC_FIELDS, Event, Grid, Metric, Run, utcnow
 from orchestrator.numbers import is_finite, json_safe
@@ -30,7 +30,7 @@ from orchestrator.runs.detector import (
 from orchestrator.runs.metric_ranges import ANY_METRIC_BOUND, out_of_range, overflowed
 from orchestrator.runs.trust import untrusted_control
 from orchestrator.vocabulary import STOP_DECISIONS, RunDecision
-from worker.protocol import NONFINITE_TEXT, REFERENCE_SUFFIX, SAMPLES_SUFFIX  # a node's non-finite floats, lists
+from worker.protocol import NONFINITE_TEXT, SAMPLES_SUFFIX  # how a node writes non-finite floats, per-sample lists
 
 # Bind parameters per INSERT: below SQLite's default limit (32766 since 3.32) and Postgres' (65535).
 MAX_BIND_PARAMS = 30_000

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from model.flow_headline import HEADLINE, headline_fields, weighted_row
+from model.spec import REFERENCE_SUFFIX
 from orchestrator.db.models import METRIC_FIELDS, Metric
 from orchestrator.numbers import finite_or_none, is_finite
 from orchestrator.results.record_lists import stored_list
@@ -29,7 +30,7 @@ from orchestrator.results.reports.crossed import (
     reference_part,
     unpaired_interval,
 )
-from worker.protocol import NONFINITE_TEXT, REFERENCE_SUFFIX
+from worker.protocol import NONFINITE_TEXT
 
 # Quality metrics with stored standard errors, and which way is better (text_manip_delta: a larger
 # response to an edited caption is better; the detector's secondary policy says the same).
