@@ -19,7 +19,7 @@ from orchestrator.db.models import Grid, Metric
 from orchestrator.db.session import session_scope
 from orchestrator.grids.service import GridCreate, create_grid
 from orchestrator.results.reports.build import build_report
-from orchestrator.results.reports.stats import across_seeds, difference
+from orchestrator.results.reports.stats import across_arms, across_seeds, difference
 from orchestrator.runs.ingest import insert_metrics
 
 D, V, RHO = 8, 0.02, 0.8  # embeddings' dims and spread; RHO: the share of a sample's spread its prompt fixes
@@ -111,3 +111,20 @@ def test_the_report_says_its_cmmd_interval_covers_the_reference_images(database_
     assert effect.budget is not None and effect.budget.reference > 0.5  # the samples barely differ; the reference does
     assert "reference images" in effect.budget.words
     assert effect.se is not None and effect.se > 0.9 * float(np.std(ref_spread, ddof=1)) / math.sqrt(R)
+
+
+def test_arms_on_different_seeds_add_the_reference_part_of_their_means_difference() -> None:
+    """A deciding grid's control may hold more seeds than the arm: the unpaired reading takes each side's mean
+    per reference image over its own seeds, and their difference's spread / R."""
+    rng = np.random.default_rng(5)
+    arm = rng.normal(1.5, 0.01, (3, N)).tolist()
+    other = rng.normal(1.0, 0.01, (2, N)).tolist()
+    tilt = rng.normal(0, 0.05, R)
+    arm_refs = (1.5 + tilt + rng.normal(0, 0.001, (3, R))).tolist()
+    other_refs = (1.0 + rng.normal(0, 0.001, (2, R))).tolist()
+    with_refs = across_arms(arm, other, (arm_refs, other_refs))
+    without = across_arms(arm, other)
+    assert with_refs is not None and without is not None and with_refs.components is not None
+    by_hand = np.mean(arm_refs, axis=0) - np.mean(other_refs, axis=0)
+    assert with_refs.components.reference == pytest.approx(float(np.var(by_hand, ddof=1)) / R, rel=1e-9)
+    assert with_refs.components.references == R and with_refs.se > 2 * without.se  # type: ignore[operator]
