@@ -241,8 +241,9 @@ def main() -> None:
     if bias_reps:
         bias_table(rng, (100, 500) if args.quick else (50, 100, 500, 2000), bias_reps)
     print(f"({time.monotonic() - start:.0f} s)")
-    print(f"cmmd coverage {low:.3f} (lowest over the cells with n >= 500, k >= 3; highest {high:.3f}); null mean of "
-          f"the paired difference {null_mean:+.5f} ± {null_se:.5f} (within 2 SE of 0: {abs(null_mean) <= 2 * null_se})")
+    null = (f"null mean of the paired difference {null_mean:+.5f} ± {null_se:.5f} (within 2 SE of 0: "
+            f"{abs(null_mean) <= 2 * null_se})" if math.isfinite(null_mean) else "no null cell run")
+    print(f"cmmd coverage {low:.3f} (lowest over the cells with n >= 500, k >= 3; highest {high:.3f}); {null}")
 
 
 if __name__ == "__main__":
