@@ -27,8 +27,8 @@ U_yy = mean_a h_a) is the same formula from the other side:
 
 mean_a rho_a equals MMD²_u exactly too, and the two-sample jackknife variance is var(c) / n + var(rho) / m.
 Between two arms on one reference set rho_a(arm) - rho_a(control) = Delta U_xx - 2 (s_a(arm) - s_a(control)):
-the reference part of the difference's variance is its spread over a, / m. Measured by simulation (bench/
-distribution_sim.py): without it a paired interval of arms that differ covered 89-92% at 5-8 seeds.
+the reference part of the difference's variance is its spread over a, / m. Without it, intervals of arms that
+differ covered 91.5-93.7% at 5-8 seeds by simulation (bench/distribution_sim.py, the tests' model).
 
 Why not CMMD's linear approximation: on unit vectors with sigma = 10, k ~= 1 - |a - b|² / 200, so
 CMMD ~= 10 |mean(x) - mean(y)|² (the paper's "nearly linear"; 0.1% in a 768-d check); that is why CMMD barely

@@ -36,8 +36,9 @@ A distribution metric's MMD has a third sampling noise: the reference images it 
 shared by every seed, image and arm. It cancels from the difference only near the null, and no seed or image
 spread shows it, so an effect adds it as a fixed part of the grand mean's variance (`ReferencePart`: the spread
 over the reference images of the per-reference values' difference, averaged over the seeds, / their count R, on
-R - 1 df), the same whatever k and n. Without it, a simulation's intervals of arms that differ covered 91.7% at
-5 seeds and 89.2% at 8 (bench/distribution_sim.py).
+R - 1 df), the same whatever k and n. Without it, where arms differ and seeds vary little, intervals covered
+93.3-93.7% at 5 and 8 seeds in bench/distribution_sim.py's large shift and 91.5% at 8 in the tests' model
+(0.955-0.960 with it; docs/benchmarks.md, issue 62).
 
 The noise budget says what its seed share rests on: the share as measured and the share with the seed mean
 square at its 90% upper bound ("seeds 3%, up to 91% (2 seeds: not measured)"), since a share read from a
