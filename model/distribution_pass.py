@@ -4,8 +4,12 @@ and score them against a reference set's features (CMMD, DINO-MMD, FD-DINOv2; mo
 Pairing: sample i is generated from held-out caption i with noise seeded by (eval.seed, STREAM_DISTRIBUTION, i)
 on the CPU, so it is the same prompt and noise for every arm, seed, checkpoint and evaluation; the per-sample
 MMD values (`<metric>_samples`) then pair across arms image by image, as val_flow_loss's do, and the report's
-crossed seeds x images interval reads them unchanged. FD splits into jackknife groups, not samples: its record
-carries the value, the jackknife SE and the estimated small-n bias, and no per-sample list.
+crossed seeds x images interval reads them unchanged. The reference images are one draw shared by every arm,
+seed and sample, so their noise is in no per-sample list: each MMD also carries its per-reference-image values
+(`<metric>_per_reference`, group means past MAX_REFERENCE_VALUES), whose paired difference's spread over the
+reference images, / their count, is the reference part of an effect's variance. FD splits into jackknife
+groups, not samples: its record carries the value, the jackknife SE and the estimated small-n bias, and no
+per-sample list.
 
 No classifier-free guidance: the trainer never drops captions, so the model has no unconditional path to guide
 with (eval.distribution.guidance > 1 is refused at submit, model/spec.py). Pure model code: the caller hands in
@@ -22,9 +26,18 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor, nn
 
-from model.distribution_stats import FD_GROUPS, fd_jackknife, frechet_reference, mmd_contributions, reference
+from model.distribution_stats import (
+    FD_GROUPS,
+    fd_jackknife,
+    frechet_reference,
+    grouped_means,
+    mmd_contributions,
+    mmd_reference_contributions,
+    reference,
+)
 from model.evaluate import generate, sample_noise
 from model.flow import FlowMatching
+from model.spec import MAX_REFERENCE_VALUES, REFERENCE_SUFFIX
 
 STREAM_DISTRIBUTION = 3  # noise stream of the distribution pass's samples (model/evaluate.py's streams are 0-2)
 MMD_METRICS = ("cmmd", "dino_mmd")  # per-sample values: paired across arms, enter the crossed interval
@@ -79,15 +92,22 @@ def _mean_se(values: Tensor) -> tuple[float, float]:
     return float(v.mean()), float(v.std(unbiased=True) / math.sqrt(len(v)))
 
 
-def score(metric: str, features: Tensor, ref_features: Tensor, label: str) -> dict[str, Any]:
+def score(metric: str, features: Tensor, ref_features: Tensor, label: str, normalise: bool = True) -> dict[str, Any]:
     """The record fields of `metric` for generated `features` against `ref_features` (both (n, d)):
-    `<metric>`, `_se`, `_n`, `_extractor` and, for an MMD, `_samples` (the per-sample values, mean = value)."""
+    `<metric>`, `_se`, `_n`, `_extractor` and, for an MMD, `_samples` (the per-sample values, mean = value) and
+    `_per_reference` (the per-reference-image values, grouped to at most MAX_REFERENCE_VALUES). `_se` is the
+    generated samples' part alone: the reference is common to every checkpoint of a run, so a run's own curve
+    does not see its noise; an effect between arms adds it (orchestrator/results/reports/stats.py).
+    normalise=False: the MMDs take the features as they are (a known-truth simulation's, bench/distribution_sim.py)."""
     n = len(features)
     out: dict[str, Any] = {f"{metric}_n": n, f"{metric}_extractor": label}
     if metric in MMD_METRICS:
-        values = mmd_contributions(features, reference(ref_features))  # x1000, the U-statistic's pseudo-values
+        ref = reference(ref_features, normalise=normalise)
+        values = mmd_contributions(features, ref, normalise=normalise)  # x1000, the U-statistic's pseudo-values
         out[metric], out[f"{metric}_se"] = _mean_se(values)
         out[f"{metric}_samples"] = values.tolist()
+        refs = mmd_reference_contributions(features, ref, normalise=normalise)
+        out[f"{metric}{REFERENCE_SUFFIX}"] = grouped_means(refs, MAX_REFERENCE_VALUES).tolist()
     elif metric == "fd_dinov2":
         est = fd_jackknife(features, frechet_reference(ref_features, fd_groups(n)))
         out[metric], out[f"{metric}_se"] = est.value, est.se  # the plug-in value, as the field reports it

@@ -282,6 +282,10 @@ class AdaLNSpec(Strict):
 DISTRIBUTION_METRICS = ("cmmd", "dino_mmd", "fd_dinov2", "fid")
 DESCRIPTIVE_METRICS = frozenset({"fid"})
 DistributionMetric = Literal["cmmd", "dino_mmd", "fd_dinov2", "fid"]
+# Per-reference-image values an MMD record carries (`<metric>_per_reference`, model/distribution_pass.py): one
+# per held-out reference image up to this, group means beyond, so a record stays bounded whatever data.held_out.
+MAX_REFERENCE_VALUES = 4096
+REFERENCE_SUFFIX = "_per_reference"  # `<mmd>_per_reference`: one value per reference image (or group of them)
 
 
 class DistributionSpec(Strict):

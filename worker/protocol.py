@@ -48,7 +48,7 @@ from pydantic import (
 )
 
 from model.command_spec import CommandEnd
-from model.spec import ArmSpec, DistributionMetric
+from model.spec import MAX_REFERENCE_VALUES, ArmSpec, DistributionMetric
 from worker.reference_keys import MAX_REFERENCES, ExtractorLabel, ReferenceKey, Sha256
 from worker.run_files import RECORDS_PER_POLL
 
@@ -268,6 +268,7 @@ def _rectangular(grid: list[list[Any]]) -> list[list[Any]]:
 
 
 PerSample = Annotated[list[Number], Field(max_length=MAX_EVAL_SAMPLES)]  # sample i of every arm pairs up
+PerReference = Annotated[list[Number], Field(max_length=MAX_REFERENCE_VALUES)]  # an MMD's, reference image a pairs
 PerTimestep = Annotated[list[Number], Field(max_length=MAX_TIMESTEPS)]
 FlowGrid = Annotated[list[PerTimestep], Field(max_length=MAX_EVAL_SAMPLES), AfterValidator(_rectangular)]
 Timesteps = Annotated[list[Annotated[StrictFloat, Field(ge=0, le=1)]], Field(max_length=MAX_TIMESTEPS)]
@@ -279,6 +280,7 @@ LIST_SHAPES: dict[str, Any] = {
     "text_lpips_samples": PerSample,
     "text_manip_delta_samples": PerSample,
     "val_flow_loss_samples": PerSample,
+    "cmmd_per_reference": PerReference, "dino_mmd_per_reference": PerReference,  # model/distribution_pass.py
     "val_flow_loss_grid": FlowGrid,  # (sample x timestep) losses
     "val_flow_loss_by_t": PerTimestep,  # the grid's mean per timestep
     "val_flow_loss_t": Timesteps,  # the timesteps, in [0, 1]
@@ -336,6 +338,8 @@ class CheckpointRecord(BaseModel):
     text_lpips_samples: PerSample | None = None
     text_manip_delta_samples: PerSample | None = None
     val_flow_loss_samples: PerSample | None = None
+    cmmd_per_reference: PerReference | None = None
+    dino_mmd_per_reference: PerReference | None = None
     val_flow_loss_grid: FlowGrid | None = None
     val_flow_loss_by_t: PerTimestep | None = None
     val_flow_loss_t: Timesteps | None = None

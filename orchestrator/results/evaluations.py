@@ -181,11 +181,13 @@ def _asked(evaluation: Evaluation) -> dict[str, Any]:
     return next((a for r in evaluation.results if isinstance(a := (r.extra or {}).get(ASKED), dict)), {})
 
 
-DISTRIBUTION_PARTS = ("", "_se", "_n", "_extractor", "_samples")  # a distribution metric's keys in a row's extra
+# a distribution metric's keys in a row's extra (an MMD's per-reference values: model/distribution_pass.py)
+DISTRIBUTION_PARTS = ("", "_se", "_n", "_extractor", "_samples", "_per_reference")
 
 
 def distribution_keys(extra: dict[str, Any] | None, metrics: tuple[str, ...] = DISTRIBUTION) -> dict[str, Any]:
-    """The `metrics`' values in `extra` (each distribution metric with its SE, n, extractor, per-sample list)."""
+    """The `metrics`' values in `extra` (each distribution metric with its SE, n, extractor, per-sample and
+    per-reference lists)."""
     extra = extra or {}
     return {f"{m}{p}": extra[f"{m}{p}"] for m in metrics if m in extra for p in DISTRIBUTION_PARTS
             if f"{m}{p}" in extra}  # fmt: skip

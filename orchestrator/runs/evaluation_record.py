@@ -10,6 +10,9 @@ otherwise have the evaluation asked for again and again, and its values stand fo
 Distribution metrics asked for (the job's `extra["asked"]`: samples and metrics) must each be there with
 `<metric>_n` equal to the samples asked, a finite value and SE, an extractor label, and (CMMD, DINO-MMD) as many
 finite per-sample values as samples, whose mean is the value: a node cannot claim a CMMD its samples do not give.
+An MMD's per-reference values (`<metric>_per_reference`), where sent, are at least 3 finite numbers (their count
+bounded by the protocol); a record from a node before them is stored without, and its effects leave the
+reference's noise out as they always did.
 
 The wall time it claims is its cost (the decider prices an images action from it), so it is bounded by
 what the controller saw: the time from the job's placement to its record.
@@ -20,6 +23,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from model.spec import REFERENCE_SUFFIX
 from orchestrator.db.models import EvaluationResult, aware, utcnow
 from orchestrator.grids.evaluations import ASKED
 from orchestrator.numbers import is_finite
@@ -101,6 +105,9 @@ def refused_distribution(record: dict[str, Any], samples: int, metrics: list[str
                 return f"{count} finite values in {metric}_samples, not {samples} for the samples asked"
             if not math.isclose(sum(per) / samples, value, rel_tol=1e-6, abs_tol=1e-6):
                 return f"{metric} {value:g} is not the mean of its {metric}_samples ({sum(per) / samples:g})"
+            refs = record.get(f"{metric}{REFERENCE_SUFFIX}")
+            if refs is not None and (not isinstance(refs, list) or len(refs) < 3 or not all(map(_number, refs))):
+                return f"{metric}{REFERENCE_SUFFIX}: not a list of 3 or more finite values (one per reference image)"
     return None
 
 

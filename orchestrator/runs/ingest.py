@@ -15,7 +15,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from model.extractors.registry import labels_for_metric
-from model.spec import STANDIN, DetectorPolicy
+from model.spec import REFERENCE_SUFFIX, STANDIN, DetectorPolicy
 from orchestrator.db.events import record_event
 from orchestrator.db.models import METRIC_FIELDS, Event, Grid, Metric, Run, utcnow
 from orchestrator.numbers import is_finite, json_safe
@@ -75,10 +75,12 @@ def _refused_number(name: str, value: Any) -> str | None:
 
 
 def _list_metric(key: str) -> str | None:
-    """The metric whose range a list field's values take: `<metric>_samples`, and the flow loss's grid and
-    per-timestep means (their shapes are the protocol's: worker/protocol.py CheckpointRecord)."""
+    """The metric whose range a list field's values take: `<metric>_samples`, `<mmd>_per_reference`, and the flow
+    loss's grid and per-timestep means (their shapes are the protocol's: worker/protocol.py CheckpointRecord)."""
     if key in ("val_flow_loss_grid", "val_flow_loss_by_t"):
         return "val_flow_loss"
+    if key.endswith(REFERENCE_SUFFIX):  # an MMD's per-reference values: pseudo-values of the same range
+        return key.removesuffix(REFERENCE_SUFFIX)
     return key.removesuffix(SAMPLES_SUFFIX) if key.endswith(SAMPLES_SUFFIX) else None
 
 

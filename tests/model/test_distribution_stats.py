@@ -16,9 +16,11 @@ from model.distribution_stats import (
     frechet_distance,
     frechet_reference,
     gaussian_fit,
+    grouped_means,
     l2_normalise,
     mmd2,
     mmd_contributions,
+    mmd_reference_contributions,
     reference,
 )
 
@@ -54,6 +56,24 @@ def test_per_sample_values_are_jackknife_pseudo_values_whose_mean_is_the_u_stati
     for i in (0, 7, 19):
         left_out = mmd2(torch.cat([x[:i], x[i + 1 :]]), y)
         assert float(values[i]) == pytest.approx(n * whole - (n - 1) * left_out, rel=1e-8, abs=1e-9)
+
+
+def test_per_reference_values_are_the_reference_sides_pseudo_values_whose_mean_is_the_u_statistic():
+    gen = torch.Generator().manual_seed(11)
+    x, y = torch.randn(14, 6, generator=gen) + 0.3, torch.randn(21, 6, generator=gen)
+    values = mmd_reference_contributions(x, reference(y))
+    m, whole = len(y), mmd2(x, y)
+    assert len(values) == m and float(values.mean()) == pytest.approx(whole, rel=1e-10)
+    for a in (0, 9, 20):
+        left_out = mmd2(x, torch.cat([y[:a], y[a + 1 :]]))
+        assert float(values[a]) == pytest.approx(m * whole - (m - 1) * left_out, rel=1e-8, abs=1e-9)
+
+
+def test_grouped_means_bound_the_list_and_keep_the_mean_of_equal_groups():
+    values = torch.arange(12, dtype=torch.float64)
+    assert torch.equal(grouped_means(values, 12), values)
+    grouped = grouped_means(values, 4)  # value a in group a % 4: (0, 4, 8), (1, 5, 9), ...
+    assert grouped.tolist() == [4.0, 5.0, 6.0, 7.0] and float(grouped.mean()) == float(values.mean())
 
 
 def test_a_paired_difference_of_per_sample_values_is_the_difference_of_the_statistics():

@@ -36,6 +36,8 @@ def test_every_kth_checkpoint_and_the_last_carry_the_metrics_paired_and_labelled
     for r in (measured, last):
         assert r["cmmd_n"] == 32 and len(r["cmmd_samples"]) == 32
         assert r["cmmd"] == pytest.approx(sum(r["cmmd_samples"]) / 32, abs=1e-9)  # the U-statistic exactly
+        assert len(r["cmmd_per_reference"]) == 40  # one per held-out reference image, whose mean is it too
+        assert r["cmmd"] == pytest.approx(sum(r["cmmd_per_reference"]) / 40, abs=1e-9)
         assert r["cmmd_se"] > 0 and r["distribution_seconds"] > 0
         assert r["fd_dinov2_n"] == 32 and r["fd_dinov2_se"] > 0 and "fd_dinov2_samples" not in r
         assert "stand-in" in r["cmmd_extractor"] and "stand-in" in r["fd_dinov2_extractor"]

@@ -98,7 +98,8 @@ def test_a_records_lists_have_declared_shapes_and_the_text_of_a_non_finite_value
                          ("val_flow_loss_t", "0.25,0.75"), ("val_flow_loss_t", [1.5]), ("skipped_files", 7),
                          ("skipped_files", ["x"] * 65), ("recon_lpips_samples", [0.5] * 4097),
                          ("text_lpips_samples", ["0.5"]), ("val_flow_loss_by_t", [True]),
-                         ("val_flow_loss_samples", [10**400])):  # fmt: skip
+                         ("val_flow_loss_samples", [10**400]), ("cmmd_per_reference", [0.5] * 4097),
+                         ("dino_mmd_per_reference", "many")):  # fmt: skip
         with pytest.raises(ValidationError) as bad:
             CheckpointRecord.model_validate({"step": 5, field: value})
         assert first_error(bad.value).startswith(field), (field, first_error(bad.value))

@@ -62,6 +62,7 @@ def compare(arm: str, m: Metric, other_arm: str, o: Metric | None, metric: str, 
     return Comparison(
         **base, **values, diff=d.diff, se=d.se, low=d.low, high=d.high, pairing=d.pairing, n=d.n,
         verdict=verdict, words=text, samples=list(d.samples) if d.samples is not None else None,
+        reference=list(d.reference) if d.reference is not None else None,
     )  # fmt: skip
 
 

@@ -64,7 +64,9 @@ def noise_words(e: SeedEffect) -> str:
     """What the interval covers, row by row (the table's "interval covers")."""
     df = f"t on {e.df:.1f} df" if e.df is not None else "normal"
     if e.interval == "crossed":
-        return f"training seeds (k={e.k}) and evaluation images (n={e.n}), crossed; {df}"
+        refs = e.components.references if e.components is not None else 0
+        ref = f", and the reference images (R={refs})" if refs else ""
+        return f"training seeds (k={e.k}) and evaluation images (n={e.n}), crossed{ref}; {df}"
     if e.interval == "independent":
         return (f"training seeds (k={e.k}) and evaluation images, independent SEs (no per-image values paired "
                 f"on every seed): conservative; {df}")  # fmt: skip
@@ -107,7 +109,7 @@ def noise_budget(comp: Components, df: float | None, arms: Sequence[RunCost]) ->
                         f"{cost(images_cost, 'min')}"),
     ]  # fmt: skip
     return NoiseBudget(seeds=seed, images=image, rest=rest, words=budget_words(comp), narrowing=options,
-                       seeds_priced=comp.seed_share_with(comp.seed_priced))
+                       seeds_priced=comp.seed_share_with(comp.seed_priced), reference=comp.reference_share())
 
 
 def metric_order(judge: str) -> list[str]:
@@ -152,7 +154,8 @@ def grid_effects(arms: Sequence[RunComparisons], judge: str,
                     continue
                 comps = [(a.seed, a.comparisons[i], a) for a, i in found]
                 diffs = [Difference(c.diff, c.se, c.low, c.high, c.pairing or "independent", c.n,  # type: ignore[arg-type]
-                                    samples=tuple(c.samples) if c.samples is not None else None)
+                                    samples=tuple(c.samples) if c.samples is not None else None,
+                                    reference=tuple(c.reference) if c.reference is not None else None)
                          for _, c, _ in comps]  # fmt: skip
                 seff = across_seeds(diffs)
                 if seff is None:

@@ -32,6 +32,8 @@ class Comparison(BaseModel):
     extractor: str | None = None  # a distribution metric's extractor label (it says stand-in where it is one)
     # The per-image differences (paired): one row of the effect's seeds x images table; not serialised.
     samples: list[float] | None = Field(default=None, exclude=True)
+    # An MMD's per-reference-image differences: the reference's part of the effect's variance; not serialised.
+    reference: list[float] | None = Field(default=None, exclude=True)
     words: str
 
 
@@ -133,6 +135,7 @@ class NoiseBudget(BaseModel):
     # The seed share a deciding grid's chooser prices a seed at (crossed.py Components.seed_priced): above
     # zero however small the seeds' mean square came out. None in reports from before it.
     seeds_priced: float | None = None
+    reference: float = 0.0  # the reference images' share (an MMD's effect): no seed or image narrows it
 
 
 EffectReading = Literal[

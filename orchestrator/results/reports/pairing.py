@@ -10,7 +10,7 @@ from orchestrator.db.models import Grid, Metric, Run
 from orchestrator.results.reports.costs import RunCost
 from orchestrator.results.reports.effects import effect_reading, noise_budget
 from orchestrator.results.reports.model import Effect
-from orchestrator.results.reports.stats import SeedEffect, across_arms, per_image
+from orchestrator.results.reports.stats import SeedEffect, across_arms, per_image, per_reference
 
 
 class Pairing:
@@ -58,6 +58,22 @@ def _table(runs: list[Run], rows: dict[int, list], step_of: dict[int, int | None
     return out
 
 
+def _references(runs: list[Run], rows: dict[int, list], step_of: dict[int, int | None], metric: str,
+                seeds: list[int]) -> list[list[float]] | None:  # fmt: skip
+    """The per-reference values (an MMD) of the runs of `seeds` at their step, in that order; None unless every
+    one has them."""
+    by_seed = {r.seed: r for r in runs}
+    out = []
+    for seed in seeds:
+        run = by_seed[seed]
+        row = next((m for m in rows.get(run.id, []) if m.step == step_of.get(run.id)), None)
+        values = per_reference(row, metric) if row is not None else None
+        if values is None:
+            return None
+        out.append(values)
+    return out
+
+
 def _seeds_at(runs: list[Run], rows: dict[int, list], step_of: dict[int, int | None]) -> set[int]:
     """The seeds of `runs` with a row at their step (step_of, by run id)."""
     return {r.seed for r in runs if any(m.step == step_of.get(r.id) for m in rows.get(r.id, []))}
@@ -95,7 +111,10 @@ def every_seed(effects: list[Effect], pairing: Pairing, rows: dict[int, list], f
             table_a, table_b = _table(mine, rows, final_step, e.metric), _table(theirs, rows, other_step, e.metric)
             at_step = all(final_step.get(r.id) == e.step for r in mine if r.seed in table_a)  # else paired, by step
             if set(table_a) != set(table_b) and at_step:
-                seff = across_arms(list(table_a.values()), list(table_b.values()))
+                ref_a = _references(mine, rows, final_step, e.metric, list(table_a))
+                ref_b = _references(theirs, rows, other_step, e.metric, list(table_b))
+                refs = (ref_a, ref_b) if ref_a is not None and ref_b is not None else None
+                seff = across_arms(list(table_a.values()), list(table_b.values()), refs)
         if seff is None or seff.components is None or table_a is None or table_b is None:
             out.append(e)
             continue

@@ -5,6 +5,10 @@ Pairing: the evaluation seeds its noise per sample (model/evaluate.py), so sampl
 generated from the same noise and target; per-sample differences then have SE sd(d)/sqrt(n), far
 tighter than the two arms' SEs combined. Without stored per-sample values the arms are treated as
 independent: SE sqrt(se_a^2 + se_b^2), an upper bound when samples are positively correlated.
+
+An MMD (CMMD, DINO-MMD) is measured against reference images shared by both arms: where both rows carry their
+per-reference values (model/distribution_pass.py), the spread of their difference over the reference images,
+/ R, is added to the paired variance (and, across seeds, to the crossed one: crossed.py `reference_part`).
 """
 
 from __future__ import annotations
@@ -15,10 +19,17 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from model.flow_headline import HEADLINE, headline_fields, weighted_row
+from model.spec import REFERENCE_SUFFIX
 from orchestrator.db.models import METRIC_FIELDS, Metric
 from orchestrator.numbers import finite_or_none, is_finite
 from orchestrator.results.record_lists import stored_list
-from orchestrator.results.reports.crossed import Components, crossed_interval, unpaired_interval
+from orchestrator.results.reports.crossed import (
+    Components,
+    ReferencePart,
+    crossed_interval,
+    reference_part,
+    unpaired_interval,
+)
 from worker.protocol import NONFINITE_TEXT
 
 # Quality metrics with stored standard errors, and which way is better (text_manip_delta: a larger
@@ -52,6 +63,13 @@ def per_sample(m: Metric, metric: str) -> list[float] | None:
     return values if values and all(is_finite(x) for x in values) else None
 
 
+def per_reference(m: Metric, metric: str) -> list[float] | None:
+    """An MMD's per-reference-image values, if the worker stored them: a list of 3 or more finite numbers, else
+    None (a record from before them: its effects leave the reference's noise out)."""
+    values = stored_list(m.extra, f"{metric}{REFERENCE_SUFFIX}")
+    return values if values and len(values) >= 3 and all(is_finite(x) for x in values) else None
+
+
 def t_quantile(df: float | None) -> float:
     """Two-sided 95% quantile of Student's t with `df` degrees of freedom (normal when df is None)."""
     from scipy.stats import norm, t  # lazily: the API imports this module and must start fast
@@ -71,6 +89,7 @@ class Difference:
     n: int | None  # pairs (paired) or the smaller arm's n (independent), when known
     missing: str | None = None  # why there is no interval, where there is none
     samples: tuple[float, ...] | None = None  # the per-image differences (paired): a row of the crossed table
+    reference: tuple[float, ...] | None = None  # an MMD's per-reference-image differences (paired), where stored
 
 
 def difference(a: Metric, b: Metric, metric: str) -> Difference | None:
@@ -82,7 +101,9 @@ def difference(a: Metric, b: Metric, metric: str) -> Difference | None:
     diff = a_val - b_val
     sa, sb = per_sample(a, metric), per_sample(b, metric)
     if sa and sb and len(sa) == len(sb) > 1:
-        return _paired([x - y for x, y in zip(sa, sb, strict=True)], diff)
+        ra, rb = per_reference(a, metric), per_reference(b, metric)
+        refs = [x - y for x, y in zip(ra, rb, strict=True)] if ra and rb and len(ra) == len(rb) else None
+        return _paired([x - y for x, y in zip(sa, sb, strict=True)], diff, refs)
     se_a, se_b = value_of(a, f"{metric}_se"), value_of(b, f"{metric}_se")
     n_a, n_b = value_of(a, f"{metric}_n"), value_of(b, f"{metric}_n")
     n_a, n_b = (int(n_a) if n_a else None), (int(n_b) if n_b else None)
@@ -105,8 +126,9 @@ def _interval(d: Difference, df: float | None = None) -> Difference:
     half = t_quantile(df) * d.se if d.se is not None and is_finite(d.se) else math.inf
     if not is_finite(d.diff) or not is_finite(half) or not is_finite(d.diff + half) or not is_finite(d.diff - half):
         return Difference(d.diff, None, None, None, d.pairing, d.n, "the interval is not finite (values too large)",
-                          d.samples)  # fmt: skip
-    return Difference(d.diff, d.se, d.diff - half, d.diff + half, d.pairing, d.n, samples=d.samples)
+                          d.samples, d.reference)  # fmt: skip
+    return Difference(d.diff, d.se, d.diff - half, d.diff + half, d.pairing, d.n, samples=d.samples,
+                      reference=d.reference)
 
 
 def paired_difference(arm: list[Metric], control: list[Metric], metric: str) -> dict[str, Any]:
@@ -143,11 +165,20 @@ def flow_grid(m: Metric) -> list[list[float]] | None:
     return grid
 
 
-def _paired(d: list[float], value: float) -> Difference:
-    """`value` with the t-interval of the mean of the per-sample differences `d` (len >= 2)."""
+def _paired(d: list[float], value: float, reference: list[float] | None = None) -> Difference:
+    """`value` with the t-interval of the mean of the per-sample differences `d` (len >= 2); with an MMD's
+    per-reference differences, their part of the variance added (Satterthwaite df over the two)."""
     mean = sum(d) / len(d)
-    se = math.sqrt(sum((x - mean) * (x - mean) for x in d) / (len(d) - 1)) / math.sqrt(len(d))  # inf, not OverflowError
-    return _interval(Difference(value, se, None, None, "paired", len(d), samples=tuple(d)), len(d) - 1)
+    var = sum((x - mean) * (x - mean) for x in d) / (len(d) - 1) / len(d)  # inf, not OverflowError
+    ref = reference_part([reference]) if reference is not None else None
+    df: float = len(d) - 1
+    if ref is not None and ref.variance > 0 and var < math.inf:
+        total = var + ref.variance
+        df = total * total / (var * var / (len(d) - 1) + ref.variance * ref.variance / (ref.count - 1))
+        var = total
+    refs = tuple(reference) if ref is not None else None
+    return _interval(Difference(value, math.sqrt(var), None, None, "paired", len(d), samples=tuple(d),
+                                reference=refs), df)  # fmt: skip
 
 
 def per_image(m: Metric, metric: str) -> list[float] | None:
@@ -227,12 +258,22 @@ def _crossed_rows(per_seed: list[Difference]) -> list[tuple[float, ...]] | None:
     return rows  # type: ignore[return-value]
 
 
-def across_arms(arm: list[list[float]], other: list[list[float]]) -> SeedEffect | None:
+def _reference_of(per_seed: list[Difference]) -> ReferencePart | None:
+    """The reference's part of the crossed variance where every seed's difference carries its per-reference
+    differences, of one length; else None."""
+    refs = [d.reference for d in per_seed]
+    return reference_part(refs) if all(r is not None for r in refs) else None  # type: ignore[arg-type]
+
+
+def across_arms(arm: list[list[float]], other: list[list[float]],
+                references: tuple[list[list[float]], ...] | None = None) -> SeedEffect | None:  # fmt: skip
     """The arm's mean less the other's where they ran different seeds, each over its own seeds (rows) and the
     same images (columns): the unpaired crossed interval (crossed.py), so no seed of either is dropped. None
     unless each has two or more seeds of one length n >= 2. `k` is the fewer seeds; seed_sd and eval_se
-    are the paired reading's (per-seed differences), left to the caller."""
-    crossed = unpaired_interval(arm, other, t_quantile)
+    are the paired reading's (per-seed differences), left to the caller. `references`: each side's per-reference
+    values by seed (an MMD), for the reference's part of the variance."""
+    ref = reference_part(*references) if references is not None else None
+    crossed = unpaired_interval(arm, other, t_quantile, ref)
     if crossed is None or not is_finite(crossed.low) or not is_finite(crossed.high):
         return None
     c = crossed.components
@@ -255,7 +296,7 @@ def across_seeds(per_seed: list[Difference]) -> SeedEffect | None:
     mean = sum(diffs) / k
     seed_sd = math.sqrt(sum((x - mean) * (x - mean) for x in diffs) / (k - 1))  # inf, not OverflowError
     rows = _crossed_rows(per_seed)
-    crossed = crossed_interval(rows, t_quantile) if rows is not None else None
+    crossed = crossed_interval(rows, t_quantile, _reference_of(per_seed)) if rows is not None else None
     if crossed is not None and is_finite(crossed.low) and is_finite(crossed.high):  # else past a float's range
         c = crossed.components
         return SeedEffect(mean, crossed.low, crossed.high, k, seed_sd, eval_se, "crossed", crossed.se,

@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from model.spec import ArmSpec
-from orchestrator.db.models import Metric, Run
+from orchestrator.db.models import EvaluationResult, Metric, Run
 from orchestrator.db.session import session_scope
 from orchestrator.runs.evaluation_record import refused_distribution
 from orchestrator.runs.ingest import ingest
@@ -88,6 +88,10 @@ def test_the_controller_refuses_distribution_values_the_samples_do_not_give() ->
     assert "names its extractor" in refused_distribution({**good, "cmmd_extractor": None}, 4, ["cmmd"])
     assert "not a finite value" in refused_distribution(good | {"cmmd": "nan"}, 4, ["cmmd"])
     assert "fd_dinov2_n None" in refused_distribution(good, 4, ["cmmd", "fd_dinov2"])  # asked, not measured
+    assert refused_distribution(good | {"cmmd_per_reference": [0.1, 0.5, 0.9]}, 4, ["cmmd"]) is None
+    for refs in ([0.5, 0.5], [0.5, "nan", 0.5], "0.5"):  # the reference's values: 3 or more finite numbers
+        assert "cmmd_per_reference: not a list of 3" in refused_distribution(good | {"cmmd_per_reference": refs},
+                                                                              4, ["cmmd"])  # fmt: skip
 
 
 def test_an_evaluation_on_64_samples_trains_nothing_and_the_reports_cmmd_n_becomes_64(
@@ -117,6 +121,8 @@ def test_an_evaluation_on_64_samples_trains_nothing_and_the_reports_cmmd_n_becom
     with session_scope(settings.database_url) as session:  # no training step: the same rows
         after = sorted((m.run_id, m.step, m.val_flow_loss) for m in session.scalars(
             select(Metric).where(Metric.run_id.in_(ids))))  # fmt: skip
+        jobs = session.scalars(select(EvaluationResult).where(EvaluationResult.evaluation_id == eid)).all()
+        assert jobs and {len(j.extra["cmmd_per_reference"]) for j in jobs} == {HELD_OUT}  # one per reference image
     assert after == before
     effects = cmmd_effects(client, grid)
     assert effects and {e["n"] for e in effects} == {MORE} and all(e["low"] is not None for e in effects)

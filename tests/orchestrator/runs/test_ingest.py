@@ -191,6 +191,8 @@ def test_each_value_of_a_records_lists_is_ranged_and_an_overflow_is_stored_as_in
     assert "val_flow_loss_grid holding val_flow_loss -1 is outside" in refused_metrics(
         [_record(50, 0.8, val_flow_loss_grid=[[0.5, -1.0]])])
     assert "integer of 401 digits" in refused_metrics([_record(50, 0.8, val_flow_loss_by_t=[10**400])])
+    assert "cmmd_per_reference holding cmmd -9000 is outside its range" in refused_metrics(
+        [_record(50, 0.8, cmmd_per_reference=[1.5, -9000.0])])  # an MMD's per-reference values: its range
     flow = {"val_flow_loss_samples": [0.5, 1e200, "nan"], "val_flow_loss_grid": [[0.5, 1e35], [0.4, "inf"]]}
     assert refused_metrics([_record(50, 0.8, **flow)]) is None
     (run_id,) = _grid(database_url, ["A"])
