@@ -20,7 +20,7 @@ from model.flow_headline import FLOW_T_WEIGHTS, HEADLINE, headline_fields
 from orchestrator.db.models import Grid, Node, Run
 from orchestrator.db.session import session_scope
 from orchestrator.grids.service import GridCreate, create_grid
-from orchestrator.results.deciding.borrowing import earlier_seed_variances
+from orchestrator.results.deciding.borrowing import earlier_spreads
 from orchestrator.results.deciding.decider import decide_due_grids
 from orchestrator.results.deciding.decisions import ComparisonLook, look_comparisons
 from orchestrator.runs.ingest import insert_metrics
@@ -114,5 +114,5 @@ def test_a_trusted_run_evaluated_on_a_stranger_counts_as_the_stranger(settings: 
         assert grid is not None
         decide = {"min_seeds": 1, "borrow_from": [earlier]}
         later = create_grid(session, GridCreate(name="later", arms=["A", B], overrides=TINY, decide=decide))
-        found = earlier_seed_variances(session, later, [HEADLINE])[HEADLINE]
+        found = earlier_spreads(session, later, [HEADLINE]).arms[HEADLINE]
     assert (found["A"].df, found["B"].df) == (1, 2) and found["A"].grids == (earlier,)
