@@ -346,10 +346,11 @@ def queue_actions(session: Session, grid: Grid, comparisons: Sequence[Comparison
 
 def catch_up(session: Session, grid: Grid) -> Evaluation | None:
     """Where the effects use an evaluation (more images than the training records) that the wave's new
-    seeds are not in, evaluate every run again on those images before the look: the report takes one
-    evaluation for all runs, and a seed scored on other images would leave the comparison's interval the
-    conservative "independent" one. None where every run was already asked for on those images (a run
-    whose evaluation failed is not asked again: the look then takes the effects as they are)."""
+    seeds are not in, evaluate those runs alone on its images before the look: a seed scored on other images
+    would leave the comparison's interval the conservative "independent" one, and the runs already scored
+    keep their rows (results/evaluations.py largest_evaluation reads the two evaluations as one). None
+    where every run was already asked for on those images (a run whose evaluation failed is not asked
+    again: the look then takes the effects as they are)."""
     info, _ = largest_evaluation(session, grid)
     if info is None:
         return None
@@ -366,9 +367,9 @@ def catch_up(session: Session, grid: Grid) -> Evaluation | None:
         if not session.scalar(select(exists().where(Event.grid_id == grid.id, Event.message == words))):
             session.add(Event(grid_id=grid.id, kind="decide.budget", message=words))
         return None
-    evaluation = create_evaluation(session, grid, EvaluationCreate(images=info.images))
-    words = (f"evaluate every run on {info.images} held-out images (evaluation {evaluation.id}) before the look: "
-             + ", ".join(f"{r.arm} s{r.seed}" for r in missing) + " not yet scored on them")  # fmt: skip
+    evaluation = create_evaluation(session, grid, EvaluationCreate(images=info.images), only=missing)
+    words = (f"evaluate {', '.join(f'{r.arm} s{r.seed}' for r in missing)} on {info.images} held-out images "
+             f"(evaluation {evaluation.id}) before the look: not yet scored on them; the other runs keep theirs")
     data = {"evaluation": evaluation.id, "images": info.images, "runs": [r.id for r in missing]}
     session.add(Event(grid_id=grid.id, kind="decide.catch_up", message=words, data=data))
     session.flush()
