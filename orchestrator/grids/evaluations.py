@@ -17,6 +17,7 @@ Used by the REST API and the CLI, so both get the same checks and the same error
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -116,11 +117,13 @@ def _distribution_asked(body: EvaluationCreate, runs: list[Run], split: int) -> 
     return {"samples": samples, "metrics": metrics}
 
 
-def create_evaluation(session: Session, grid: Grid, body: EvaluationCreate,
-                      distribution_only: bool = False) -> Evaluation:  # fmt: skip
+def create_evaluation(session: Session, grid: Grid, body: EvaluationCreate, distribution_only: bool = False,
+                      only: Sequence[Run] | None = None) -> Evaluation:  # fmt: skip
     """Check the request against the grid and store it with one queued job per run (the caller commits);
     an InvalidBody (HTTP 422) names `images` or `step` and what would be accepted. `distribution_only`: the
-    report reads only its distribution metrics (the pass at the best checkpoints, results/best_distribution.py)."""
+    report reads only its distribution metrics (the pass at the best checkpoints, results/best_distribution.py).
+    `only`: jobs for these of the grid's runs alone (a decider's catch-up, which scores the runs an earlier
+    evaluation of the same images did not; the images asked are still checked against every run's split)."""
     active = [r for r in grid.runs if r.state not in TERMINAL_STATES]
     if active:
         names = ", ".join(f"{r.arm} s{r.seed}" for r in active[:5])
@@ -138,6 +141,8 @@ def create_evaluation(session: Session, grid: Grid, body: EvaluationCreate,
     asked = _distribution_asked(body, runs, split)
     if asked and distribution_only:
         asked[DISTRIBUTION_ONLY] = True
+    if only is not None:
+        runs = [r for r in runs if r.id in {o.id for o in only}]
     steps = {r.id: _step_of(session, r, body.step) for r in runs}
     evaluation = Evaluation(grid_id=grid.id, images=images, step=str(body.step), state=EvaluationState.queued)
     session.add(evaluation)

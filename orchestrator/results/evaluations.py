@@ -127,15 +127,21 @@ def _believed(evaluation: Evaluation, trusted: set[str]) -> tuple[dict[int, Eval
 def largest_evaluation(session: Session, grid: Grid) -> tuple[EvaluationUsed | None, dict[int, EvaluationResult]]:
     """The grid's completed evaluation with the most images (the newest of equals) and its row per run id,
     only the rows whose node may speak for the run (`_believed`), of the largest with any such row;
-    (None, {}) when the grid has none. One asked only for distribution metrics (results/best_distribution.py)
-    is not a candidate."""
+    (None, {}) when the grid has none. A run it has no row for takes its row from an older completed
+    evaluation of the same images and step: a catch-up (results/deciding/decider.py) scores only the runs
+    not yet scored, and one run's value on the same images and checkpoint is the same whichever job measured
+    it. One asked only for distribution metrics (results/best_distribution.py) is not a candidate."""
     trusted = trusted_nodes(session)
-    for found in _completed(session, grid):
-        if _asked(found).get(DISTRIBUTION_ONLY):
-            continue  # the distribution pass at the best checkpoints: its images' metrics stand for nothing
+    candidates = [e for e in _completed(session, grid) if not _asked(e).get(DISTRIBUTION_ONLY)]
+    for i, found in enumerate(candidates):
         rows, _ = _believed(found, trusted)
-        if rows:
-            return EvaluationUsed(id=found.id, images=found.images, step=found.step), rows
+        if not rows:
+            continue
+        for older in candidates[i + 1:]:  # the newest row of each run wins
+            if (older.images, older.step) == (found.images, found.step):
+                for run_id, row in _believed(older, trusted)[0].items():
+                    rows.setdefault(run_id, row)
+        return EvaluationUsed(id=found.id, images=found.images, step=found.step), rows
     return None, {}
 
 

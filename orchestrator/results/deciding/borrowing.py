@@ -41,7 +41,7 @@ from orchestrator.db.models import EvaluationResult, Grid, Metric, Run
 from orchestrator.grids.deciding import AUTO, MAX_BORROW, decide_of
 from orchestrator.grids.replicates import SEED_ENV
 from orchestrator.numbers import is_finite
-from orchestrator.results.deciding.borrowed import SeedVariance, pooled_arms, run_spread
+from orchestrator.results.deciding.borrowed import SeedVariance, difference_of, paired_spread, pooled_arms, run_spread
 from orchestrator.results.evaluations import largest_evaluation
 from orchestrator.results.reports.stats import value_of
 from orchestrator.runs.trust import nodes_of, trusted_nodes
@@ -62,6 +62,7 @@ class RunValue:
     code: str | None  # the code its worker ran, as a version text (code_of)
     data: str | None  # the prepared data's manifest sha256 its records name
     strangers: tuple[str, ...]  # the nodes it came from that are not trusted (none: it may be borrowed)
+    trained: str | None = None  # its training seed (training_seed): runs of two arms with one pair up
 
 
 def arm_identity(spec: dict[str, Any]) -> str | None:
@@ -79,6 +80,20 @@ def arm_identity(spec: dict[str, Any]) -> str | None:
         data = arm.data.model_copy(update={"seed": 0, "split_seed": arm.data.dataset_seed()})
         arm = arm.model_copy(update={"data": data})
     return json.dumps(arm.model_dump(mode="json"), sort_keys=True)
+
+
+def training_seed(spec: dict[str, Any]) -> str | None:
+    """The seed a run trained with, as text: a built-in arm's data.seed (initialisation and data order), a
+    command arm's ABLATE_SEED. Runs of two arms at one training seed share their seed's initialisation and
+    data order: their difference is paired. None where the spec does not say."""
+    command = spec.get("command")
+    if isinstance(command, dict):
+        env = command.get("env")
+        seed = env.get(SEED_ENV) if isinstance(env, dict) else None
+        return f"command {seed}" if seed is not None else None
+    data = spec.get("data")
+    seed = data.get("seed", 0) if isinstance(data, dict) else 0  # the spec's default
+    return f"data {seed}" if isinstance(seed, int) else None
 
 
 def code_of(run: Run) -> str | None:
@@ -122,7 +137,8 @@ def run_values(session: Session, grid: Grid, metrics: Sequence[str], trusted: se
             found.append(RunValue(
                 run_id=r.id, identity=identity, value=float(value), images=int(images) if is_finite(images) else None,  # type: ignore[arg-type]
                 code=code_of(r), data=manifest if isinstance(manifest, str) else None,
-                strangers=tuple(n for n in dict.fromkeys(sources) if n not in trusted)))  # fmt: skip
+                strangers=tuple(n for n in dict.fromkeys(sources) if n not in trusted),
+                trained=training_seed(r.spec)))  # fmt: skip
     return values
 
 
@@ -133,8 +149,15 @@ def grid_spread(grid_id: int, values: Sequence[RunValue]) -> SeedVariance | None
     spread = run_spread(kept)
     if spread is not None:
         return SeedVariance(spread.value, spread.df, (grid_id,))
+    if len(values) < 2:
+        return None
+    return refused_by(grid_id, values)
+
+
+def refused_by(grid_id: int, values: Sequence[RunValue]) -> SeedVariance | None:
+    """A refusal naming the nodes not trusted that `values` came from; None where every one is trusted."""
     strangers = sorted({n for v in values if v.strangers for n in v.strangers})
-    if not strangers or len(values) < 2:
+    if not strangers:
         return None
     return SeedVariance(0.0, 0.0, (grid_id,), refused=(
         f"grid {grid_id}'s runs of this arm came from node {', '.join(strangers)}, not trusted: a node's "
@@ -171,11 +194,60 @@ def _ran(run: Run, codes: set[tuple[str, str | None]]) -> bool:
     return code is not None and any(identity == i and same_code(code, c) for i, c in codes)  # type: ignore[arg-type]
 
 
-def earlier_seed_variances(session: Session, grid: Grid, metrics: Sequence[str]) -> dict[str, dict[str, SeedVariance]]:
+def pair_spread(grid_id: int, a: Sequence[RunValue], b: Sequence[RunValue]) -> SeedVariance | None:
+    """A difference's seed variance in one earlier grid from its two arms' runs at matched training seeds
+    (`paired_spread`), the pairs with a run from a node not trusted left out, named by the grid; refused
+    where those leave fewer than two of at least two pairs; None under two matched seeds."""
+    ours, theirs = ({v.trained: v for v in values if v.trained is not None} for values in (a, b))
+    matched = [s for s in ours if s in theirs]
+    kept = [s for s in matched if not ours[s].strangers and not theirs[s].strangers]
+    spread = paired_spread({s: ours[s].value for s in kept}, {s: theirs[s].value for s in kept})
+    if spread is not None:
+        return SeedVariance(spread.value, spread.df, (grid_id,), paired=True)
+    if len(matched) < 2:
+        return None
+    return refused_by(grid_id, [v for s in matched for v in (ours[s], theirs[s])])
+
+
+@dataclass(frozen=True)
+class EarlierSpreads:
+    """Per metric, what the earlier grids measured of the seeds of a grid's arms: each arm's own spread, and
+    each pair of arms' paired difference where both ran at matched seeds. `matched`: the pairs of the grid's
+    own arms whose seed s share a training seed (only their comparisons are paired)."""
+
+    arms: dict[str, dict[str, SeedVariance]]
+    pairs: dict[str, dict[tuple[str, str], SeedVariance]]
+    matched: frozenset[tuple[str, str]]
+
+    def difference(self, metric: str, arm: str, other: str) -> SeedVariance | None:
+        """The comparison's borrowed seed variance: the earlier grids' paired differences where both its grids
+        matched the two arms' seeds, else the arms' own spreads summed (difference_of); None where neither."""
+        pair = _pair(arm, other)
+        paired = self.pairs.get(metric, {}).get(pair)
+        if paired is not None and pair in self.matched:
+            return paired
+        arms = self.arms.get(metric, {})
+        return difference_of(arms.get(arm), arms.get(other))
+
+
+def _pair(a: str, b: str) -> tuple[str, str]:
+    return (a, b) if a <= b else (b, a)
+
+
+def matched_pairs(grid: Grid) -> frozenset[tuple[str, str]]:
+    """The pairs of the grid's arms whose seed 0 runs trained at one training seed: every seed s then does."""
+    first = {r.arm: training_seed(r.spec) for r in grid.runs if r.seed == 0}
+    return frozenset(_pair(a, b) for a in first for b in first
+                     if a != b and first[a] is not None and first[a] == first[b])  # fmt: skip
+
+
+def earlier_spreads(session: Session, grid: Grid, metrics: Sequence[str]) -> EarlierSpreads:
     """Per metric, each arm of `grid` with its seed variance from the grids its decide.borrow_from names (or,
     "auto", finds): per earlier grid the spread of that arm's runs from trusted nodes (grid_spread), pooled
-    over the grids (`pooled_arms`, naming them); each earlier grid is read once for all `metrics`. An arm
-    no earlier grid ran at least twice is absent; one whose runs came from nodes not trusted is refused."""
+    over the grids (`pooled_arms`, naming them); and each pair of its arms with the spread of their paired
+    differences in the grids that ran both at matched seeds (pair_spread), pooled the same way. Each earlier
+    grid is read once for all `metrics`. An arm no earlier grid ran at least twice is absent; one whose runs
+    came from nodes not trusted is refused."""
     decide = decide_of(grid)
     borrow = decide.borrow_from if decide is not None else []
     identities = {r.arm: arm_identity(r.spec) for r in grid.runs if r.seed == 0}  # every arm has a seed 0
@@ -184,11 +256,13 @@ def earlier_seed_variances(session: Session, grid: Grid, metrics: Sequence[str])
     mine = run_values(session, grid, metrics, trusted) if auto else {}
     grid_ids = auto_grids(session, grid, [v for values in mine.values() for v in values]) if auto else list(borrow)
     per_arm: dict[str, dict[str, list[SeedVariance]]] = {m: {arm: [] for arm in identities} for m in metrics}
+    per_pair: dict[str, dict[tuple[str, str], list[SeedVariance]]] = {m: {} for m in metrics}
     for grid_id in grid_ids:
         earlier = session.get(Grid, grid_id)
         if earlier is None:  # deleted since the submit
             continue
         for metric, values in run_values(session, earlier, metrics, trusted).items():
+            same_arm: dict[str, list[RunValue]] = {}
             for arm, identity in identities.items():
                 if identity is None:
                     continue
@@ -196,8 +270,17 @@ def earlier_seed_variances(session: Session, grid: Grid, metrics: Sequence[str])
                 if auto:
                     own = [v for v in mine[metric] if v.identity == identity]
                     same = [v for v in same if matches(v, own)]
+                same_arm[arm] = same
                 spread = grid_spread(grid_id, same)
                 if spread is not None:
                     per_arm[metric][arm].append(spread)
-    pooled = {m: {arm: pooled_arms(spreads) for arm, spreads in arms.items()} for m, arms in per_arm.items()}
-    return {m: {arm: v for arm, v in arms.items() if v is not None} for m, arms in pooled.items()}
+            for a in same_arm:
+                for b in same_arm:
+                    paired = pair_spread(grid_id, same_arm[a], same_arm[b]) if a < b else None
+                    if paired is not None:
+                        per_pair[metric].setdefault((a, b), []).append(paired)
+    arms = {m: {arm: pooled_arms(spreads) for arm, spreads in found.items()} for m, found in per_arm.items()}
+    pairs = {m: {pair: pooled_arms(spreads) for pair, spreads in found.items()} for m, found in per_pair.items()}
+    return EarlierSpreads(arms={m: {arm: v for arm, v in found.items() if v is not None} for m, found in arms.items()},
+                          pairs={m: {p: v for p, v in found.items() if v is not None} for m, found in pairs.items()},
+                          matched=matched_pairs(grid))  # fmt: skip

@@ -17,8 +17,9 @@ max_evaluations evaluations; an images action that would ask for no more images 
 evaluation asked for is no action, and where that evaluation measured fewer images than it asked (images of
 the split that cannot be read) the images budget is the readable count, said in an event and the look's
 reason (results/deciding/budget.py). A grid whose decide.borrow_from names earlier grids reads a comparison
-whose two arms they ran with those arms' seed variance (deciding/borrowing.py, deciding/borrowed.py):
-pooled with its own seeds', or alone on one seed; the look's reason says which.
+whose two arms they ran with the seed variance of their difference there (deciding/borrowing.py,
+deciding/borrowed.py: the paired differences' where those grids matched the arms' seeds, else the arms'
+own summed): pooled with its own seeds', or alone on one seed; the look's reason says which.
 
 A look is stored (`decision_looks`, unique per grid and wave) in the same commit as the runs or the
 evaluation it queued and its events, so a controller that restarts mid-decision finds either the whole
@@ -48,10 +49,9 @@ from orchestrator.results.deciding.borrowed import (
     SeedVariance,
     borrowed_reading,
     crossed_parts,
-    difference_of,
     floor_refusal,
 )
-from orchestrator.results.deciding.borrowing import earlier_seed_variances
+from orchestrator.results.deciding.borrowing import earlier_spreads
 from orchestrator.results.deciding.budget import (
     budget_of,
     evaluation_hours,
@@ -266,8 +266,8 @@ def take_look(session: Session, grid: Grid) -> DecisionLook:
     last_look = wave + 1 >= (decide.max_looks or 1)  # the last look the grid may take: judged as the last
     failed = session.scalar(select(exists().where(Evaluation.grid_id == grid.id,
                                                   Evaluation.state == EvaluationState.failed)))  # fmt: skip
-    # Each arm's seed variance from the earlier grids it names, per decided metric (each grid read once).
-    earlier = earlier_seed_variances(session, grid, list(decide.margin)) if decide.borrow_from else {}
+    # The arms' seed variances from the earlier grids it names, per decided metric (each grid read once).
+    earlier = earlier_spreads(session, grid, list(decide.margin)) if decide.borrow_from else None
     jobs = evaluation_jobs(session, grid)
     effects = [e for e in current_effects(session, grid) if e.metric in decide.margin]
     readable, short = readable_images(images, max((e.n or 0 for e in effects), default=0), max_images)
@@ -277,8 +277,7 @@ def take_look(session: Session, grid: Grid) -> DecisionLook:
         at_images = (stopped or last_look or failed or next_images(max_images, images, e.n or 0) is None
                      or (e.n or 0) >= readable)  # fmt: skip
         prior = previous.get((e.arm, e.metric, e.against))
-        arms = earlier.get(e.metric, {})
-        borrowed = difference_of(arms.get(e.arm), arms.get(e.other_arm))
+        borrowed = earlier.difference(e.metric, e.arm, e.other_arm) if earlier is not None else None
         c = judge_comparison(e, judged, wave + 1, readable, at_seeds, at_images, prior, borrowed, jobs)
         if c.look == wave + 1:  # judged at this look (a closed one keeps its reason)
             c.reason += short
@@ -347,10 +346,11 @@ def queue_actions(session: Session, grid: Grid, comparisons: Sequence[Comparison
 
 def catch_up(session: Session, grid: Grid) -> Evaluation | None:
     """Where the effects use an evaluation (more images than the training records) that the wave's new
-    seeds are not in, evaluate every run again on those images before the look: the report takes one
-    evaluation for all runs, and a seed scored on other images would leave the comparison's interval the
-    conservative "independent" one. None where every run was already asked for on those images (a run
-    whose evaluation failed is not asked again: the look then takes the effects as they are)."""
+    seeds are not in, evaluate those runs alone on its images before the look: a seed scored on other images
+    would leave the comparison's interval the conservative "independent" one, and the runs already scored
+    keep their rows (results/evaluations.py largest_evaluation reads the two evaluations as one). None
+    where every run was already asked for on those images (a run whose evaluation failed is not asked
+    again: the look then takes the effects as they are)."""
     info, _ = largest_evaluation(session, grid)
     if info is None:
         return None
@@ -367,9 +367,9 @@ def catch_up(session: Session, grid: Grid) -> Evaluation | None:
         if not session.scalar(select(exists().where(Event.grid_id == grid.id, Event.message == words))):
             session.add(Event(grid_id=grid.id, kind="decide.budget", message=words))
         return None
-    evaluation = create_evaluation(session, grid, EvaluationCreate(images=info.images))
-    words = (f"evaluate every run on {info.images} held-out images (evaluation {evaluation.id}) before the look: "
-             + ", ".join(f"{r.arm} s{r.seed}" for r in missing) + " not yet scored on them")  # fmt: skip
+    evaluation = create_evaluation(session, grid, EvaluationCreate(images=info.images), only=missing)
+    words = (f"evaluate {', '.join(f'{r.arm} s{r.seed}' for r in missing)} on {info.images} held-out images "
+             f"(evaluation {evaluation.id}) before the look: not yet scored on them; the other runs keep theirs")
     data = {"evaluation": evaluation.id, "images": info.images, "runs": [r.id for r in missing]}
     session.add(Event(grid_id=grid.id, kind="decide.catch_up", message=words, data=data))
     session.flush()

@@ -19,7 +19,7 @@ from model.spec import ArmSpec
 from orchestrator.db.models import DecisionLook, Grid
 from orchestrator.grids import deciding
 from orchestrator.grids.deciding import DecideSpec, decide_of, family_size, submitted_pairs, with_budget
-from orchestrator.grids.replicates import projected_gpu_hours
+from orchestrator.grids.projection import project
 from orchestrator.numbers import json_safe
 from orchestrator.results.reports.model import Effect
 
@@ -195,7 +195,8 @@ def decision_json(session: Session, grid: Grid) -> dict | None:
 class DecideCost(BaseModel):
     """What a deciding grid may cost, projected at submit: the worst case, every comparison open to the
     budget (grids/deciding.py worst_case_gpu_hours: its arms at max_seeds, their evaluations included), the
-    default of decide.max_gpu_hours; and the expected GPU-hours of training (results/deciding/sequential.py, its
+    default of decide.max_gpu_hours; and the expected GPU-hours, runs and evaluation jobs priced as the worst
+    case prices them (results/deciding/sequential.py, its
     simulated grids with the measured headline's noise and no true effect: the longest case); None where a
     command arm cannot be projected. `budget`: the decide as stored, its caps filled in."""
 
@@ -219,10 +220,17 @@ def budget_words(budget: DecideSpec) -> str:
             f"{budget.max_evaluations} evaluations")  # fmt: skip
 
 
+def run_hours(spec: ArmSpec) -> float | None:
+    """One run as the worst case prices it (grids/deciding.py worst_case_gpu_hours): its training and its
+    fixed cost (start, checkpoint evaluations); None for a command arm."""
+    run = project(spec, deciding.ESTIMATE)
+    return run.hours + run.fixed_hours if run.hours is not None else None
+
+
 def decide_cost(arms: list[tuple[str, ArmSpec]], control: str | None, decide: DecideSpec) -> DecideCost:
     from orchestrator.results.deciding import sequential
 
-    hours = {label: projected_gpu_hours(spec) for label, spec in arms}
+    hours = {label: run_hours(spec) for label, spec in arms}
     pairs = submitted_pairs(arms, control)
     budget = with_budget(decide, arms, control)
     images = min((min(s.eval.num_samples, s.data.held_out) for _, s in arms), default=1) or 1
@@ -240,10 +248,13 @@ def decide_cost(arms: list[tuple[str, ArmSpec]], control: str | None, decide: De
     # The simulation's time grows with comparisons x studies: about 2,000 of them (a second or two), so a
     # submit of many arms answers as fast as A-D's (400 studies); fewer studies only widen its noise.
     studies = min(400, max(40, 2000 // len(pairs)))
+    specs = dict(arms)
     expected = sequential.expected_gpu_hours(known, pairs, min_seeds=decide.min_seeds, images=images,
                                              alpha=comparison_alpha_of(decide, m), futility=futility_of(decide),
-                                             studies=studies, borrowed=bool(decide.borrow_from), **common)  # fmt: skip
+                                             studies=studies, borrowed=bool(decide.borrow_from),
+                                             job_hours=lambda arm, n: deciding.evaluation_job_hours(specs[arm], n),
+                                             **common)  # fmt: skip
     words = (f"{head}: worst case {worst:,.4g} GPU-hours (every comparison open to the budget, its evaluations "
-             f"included), expected {expected:,.4g} of training (projected at an H100's measured rate); "
-             f"{budget_words(budget)}")  # fmt: skip
+             f"included), expected {expected:,.4g} (its evaluations included; projected at an H100's measured "
+             f"rate); {budget_words(budget)}")  # fmt: skip
     return DecideCost(worst_case_gpu_hours=worst, expected_gpu_hours=expected, words=words, budget=budget)

@@ -57,7 +57,7 @@ values (tests/orchestrator/results/deciding/test_sequential.py).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Literal, Protocol
@@ -389,15 +389,18 @@ def worst_case_gpu_hours(seed_hours: Mapping[str, float], comparisons: Sequence[
 def expected_gpu_hours(seed_hours: Mapping[str, float], comparisons: Sequence[tuple[str, str]], *,
                        min_seeds: int, max_seeds: int, images: int, max_images: int, image_hours: float,
                        alpha: float = 0.05, futility: float = 0.0, variance: VarianceComponents = MEASURED,
-                       effect: float = 0.0, studies: int = 200, seed: int = 0,
-                       borrowed: bool = False) -> float:  # fmt: skip
+                       effect: float = 0.0, studies: int = 200, seed: int = 0, borrowed: bool = False,
+                       job_hours: Callable[[str, int], float] | None = None) -> float:  # fmt: skip
     """The mean GPU-hours over `studies` simulated grids (numpy, well under a second): every comparison's
     mean drawn with `variance` (the measured headline's by default) and true `effect` (0: no arm differs),
     decided (on decision_df of the given components) and acted on by the functions above; comparisons draw
     independently (arms shared for cost only). The SE is taken as known (the variance's own draw is left
     out), so this approximates what bench/decide_sim.py measures with the variance estimated as a grid
     does (docs/benchmarks.md, issue 50). `borrowed`: the grid borrows its arms' seed variance from earlier
-    grids (results/deciding/borrowed.py), so a comparison on one seed is read; else one seed is open until a second."""
+    grids (results/deciding/borrowed.py), so a comparison on one seed is read; else one seed is open until a second.
+    `job_hours(arm, n)`: one evaluation job of a run of `arm` on n images, counted as the worst case counts
+    them (grids/deciding.py): every run of an arm at each images action, and a catch-up of each seed added
+    after one; None: evaluations priced by `image_hours` alone."""
     rng = np.random.default_rng(seed)
     pairs = list(comparisons)
     total = 0.0
@@ -431,8 +434,12 @@ def expected_gpu_hours(seed_hours: Mapping[str, float], comparisons: Sequence[tu
                                            max_seeds=max_seeds, max_images=max_images)  # fmt: skip
             wave = plan_wave(actions)
             for arm, k in wave.seeds.items():
+                if job_hours is not None and evaluated[arm] > images and k > seeds[arm]:  # their catch-up
+                    total += (k - seeds[arm]) * job_hours(arm, evaluated[arm])
                 seeds[arm] = max(seeds[arm], k)
             for arm, n in wave.images.items():
+                if job_hours is not None and n > evaluated[arm]:  # every run of the arm evaluated on n images
+                    total += seeds[arm] * job_hours(arm, n)
                 evaluated[arm] = max(evaluated[arm], n)
         total += sum(seeds[a] * (seed_hours[a] + evaluated[a] * image_hours) for a in seeds)
     return total / studies

@@ -10,7 +10,11 @@ from typing import get_args
 import pytest
 from fastapi.testclient import TestClient
 
-from orchestrator.grids.deciding import BORROW_CHECK, DECIDABLE_METRICS, IMAGE_STEP, ErrorRate
+from model.spec import ArmSpec
+from orchestrator.db.models import Grid
+from orchestrator.db.session import session_scope
+from orchestrator.grids.deciding import BORROW_CHECK, DECIDABLE_METRICS, ESTIMATE, IMAGE_STEP, ErrorRate
+from orchestrator.grids.projection import project
 from orchestrator.results.deciding.borrowed import CHECK
 from orchestrator.results.deciding.sequential import IMAGE_STEP as MATHS_IMAGE_STEP
 from orchestrator.results.deciding.sequential import ErrorRate as MathsErrorRate
@@ -145,3 +149,23 @@ def test_submit_with_decide_beside_seeds_is_one_line_naming_both(empty_database_
     proc = ablate("submit", str(grid), "--seeds", "3", env=env, cwd=tmp_path)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "`decide`" in proc.stderr and "`seeds`" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_the_expected_cost_counts_runs_and_evaluations_as_the_worst_case_does(client: TestClient) -> None:
+    """Issue 62: at tiny size the submit said "expected 0.0000" beside a worst case of 0.1125, pricing only
+    training while a start and evaluation jobs are most of a short run. With min_seeds = max_seeds the grid
+    has no seed to choose: expected and worst case run the same seeds, each with its start, and the expected
+    evaluates no more than the worst case, so it lands between the runs alone and the worst case."""
+    overrides = {"model": {"size": "tiny"}, "schedule": {"steps": 100}}
+    body = {"name": "tiny", "arms": ["A", "C"], "overrides": overrides, "decide": {"min_seeds": 2, "max_seeds": 2}}
+    resp = client.post("/api/grids", json=body, headers=AUTH)
+    assert resp.status_code == 201, resp.text
+    created = resp.json()
+    worst, expected = created["worst_case_gpu_hours"], created["expected_gpu_hours"]
+    with session_scope(client.app.state.settings.database_url) as session:  # type: ignore[attr-defined]
+        grid = session.get(Grid, created["id"])
+        assert grid is not None
+        specs = [ArmSpec.model_validate(r.spec) for r in grid.runs]
+    runs = sum(p.hours + p.fixed_hours for p in (project(spec, ESTIMATE) for spec in specs))  # type: ignore[operator]
+    assert len(specs) == 4 and runs < expected <= worst, (runs, expected, worst)
+    assert f"expected {expected:,.4g} (its evaluations included" in created["cost"]

@@ -19,10 +19,12 @@ from orchestrator.results.deciding.borrowed import (
     borrowed_reading,
     crossed_parts,
     difference_of,
+    paired_spread,
     pooled_arms,
     run_spread,
     seed_reading,
 )
+from orchestrator.results.deciding.borrowing import EarlierSpreads
 from orchestrator.results.reports.crossed import components
 
 
@@ -45,6 +47,26 @@ def test_difference_of_two_arms_sums_them_on_satterthwaites_df() -> None:
     assert d.df == pytest.approx(16 / (1 / 2 + 9 / 4))  # (a + b)^2 / (a^2/df_a + b^2/df_b) = 5.82
     assert 4 < d.df < 6  # between the smaller arm's df and their sum
     assert difference_of(SeedVariance(1.0, 2), None) is None and difference_of(None, SeedVariance(1.0, 2)) is None
+
+
+def test_matched_seeds_borrow_the_paired_differences_spread_not_the_arms_summed() -> None:
+    """Issue 62's GPU runs (tiny, 100 steps, seeds 0-2 of each arm): the per-seed differences C - A are
+    0.0068 / 0.0091 / 0.0084, SD 0.0012, where the arms' own variances summed give SD 0.0154 (13x)."""
+    a = {"data 0": 0.6150, "data 1": 0.6224, "data 2": 0.6359}
+    c = {"data 0": 0.6218, "data 1": 0.6315, "data 2": 0.6443}
+    paired = paired_spread(c, a)
+    assert paired is not None and paired.paired and paired.df == 2
+    assert math.sqrt(paired.value) == pytest.approx(0.00118, abs=1e-5)
+    summed = difference_of(run_spread(list(a.values())), run_spread(list(c.values())))
+    assert summed is not None and not summed.paired
+    assert math.sqrt(summed.value) == pytest.approx(0.0155, abs=1e-4)
+    # Only the seeds both arms ran pair up; under two, nothing is paired.
+    assert paired_spread(c, {**a, "data 3": 9.0}) == paired
+    assert paired_spread(c, {"data 0": 0.6150, "data 7": 0.6224}) is None
+    # The look's reason says which it read.
+    images = SeedVariance(1e-6, 3)
+    assert "their paired differences at matched seeds" in borrowed_reading(None, images, 1, paired).seeds.note
+    assert "spreads summed (seeds not matched)" in borrowed_reading(None, images, 1, summed).seeds.note
 
 
 def test_the_check_refuses_own_seeds_spreading_ten_times_the_earlier_ones() -> None:
@@ -132,3 +154,15 @@ def test_a_borrowed_variance_from_an_arm_that_changed_undercovers_on_one_seed() 
     one_seed = null_call_rate(1, spread_now=3.0, spread_then=1.0)
     assert one_seed > 0.08
     assert null_call_rate(2, spread_now=3.0, spread_then=1.0) < one_seed
+
+
+def test_a_comparison_reads_the_paired_spread_only_where_its_own_arms_share_seeds() -> None:
+    """EarlierSpreads.difference: the earlier grids' paired differences where the grid's own seed s of both
+    arms trained at one training seed, else the arms' spreads summed (the rule for independent seeds)."""
+    pair = SeedVariance(0.1, 2, (3,), paired=True)
+    arms = {"m": {"A": SeedVariance(1.0, 2, (3,)), "C": SeedVariance(2.0, 2, (3,))}}
+    matched = EarlierSpreads(arms=arms, pairs={"m": {("A", "C"): pair}}, matched=frozenset({("A", "C")}))
+    assert matched.difference("m", "C", "A") == matched.difference("m", "A", "C") == pair
+    unmatched = EarlierSpreads(arms=arms, pairs={"m": {("A", "C"): pair}}, matched=frozenset())
+    assert unmatched.difference("m", "C", "A") == difference_of(arms["m"]["C"], arms["m"]["A"])
+    assert unmatched.difference("m", "C", "B") is None

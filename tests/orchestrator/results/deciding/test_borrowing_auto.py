@@ -18,7 +18,7 @@ from model.flow_headline import FLOW_T_WEIGHTS, HEADLINE, headline_fields
 from orchestrator.db.models import Grid, Node
 from orchestrator.db.session import session_scope
 from orchestrator.grids.service import GridCreate, create_grid
-from orchestrator.results.deciding.borrowing import earlier_seed_variances
+from orchestrator.results.deciding.borrowing import earlier_spreads
 from orchestrator.results.deciding.decider import decide_due_grids
 from orchestrator.results.deciding.decisions import look_comparisons
 from orchestrator.runs.ingest import insert_metrics
@@ -85,10 +85,10 @@ def test_auto_borrows_from_the_grid_of_the_same_arms_code_data_and_images_only(s
     with session_scope(settings.database_url) as session:
         grid, fixed = session.get(Grid, auto["grid_id"]), session.get(Grid, auto["fixed"])
         assert grid is not None and fixed is not None
-        found = earlier_seed_variances(session, grid, [HEADLINE])[HEADLINE]
+        found = earlier_spreads(session, grid, [HEADLINE]).arms[HEADLINE]
         named = fixed.decide = {"borrow_from": [auto["fixed"]]}  # the same grid named by id reads the same
         assert named
-        by_id = earlier_seed_variances(session, fixed, [HEADLINE])[HEADLINE]
+        by_id = earlier_spreads(session, fixed, [HEADLINE]).arms[HEADLINE]
         session.rollback()
     assert sorted(found) == ["A", "A-lr30"]
     for arm, v in found.items():
@@ -109,7 +109,8 @@ def test_auto_with_no_earlier_grid_of_its_code_reads_its_own_seeds(settings: Set
         assert grid is not None
         for run in grid.runs:
             run.versions = {**CODE, "git": {"commit": "1111111bbb", "dirty": False}}
-        assert earlier_seed_variances(session, grid, [HEADLINE]) == {HEADLINE: {}}
+        none = earlier_spreads(session, grid, [HEADLINE])
+        assert none.arms == {HEADLINE: {}} and none.pairs == {HEADLINE: {}}
         session.rollback()
 
 

@@ -29,7 +29,7 @@ from orchestrator.db.models import Grid, Metric
 from orchestrator.db.session import session_scope
 from orchestrator.grids.replicates import replicate_spec
 from orchestrator.grids.service import GridCreate, create_grid
-from orchestrator.results.deciding.borrowing import arm_identity, earlier_seed_variances
+from orchestrator.results.deciding.borrowing import arm_identity, earlier_spreads
 from orchestrator.results.deciding.decider import decide_due_grids
 from orchestrator.results.deciding.decisions import look_comparisons
 from orchestrator.results.reports.stats import value_of
@@ -78,7 +78,7 @@ def test_each_arm_borrows_the_spread_of_its_own_earlier_runs(settings: Settings,
     with session_scope(settings.database_url) as session:
         grid, earlier = session.get(Grid, borrowing["grid_id"]), session.get(Grid, borrowing["earlier"])
         assert grid is not None and earlier is not None
-        found = earlier_seed_variances(session, grid, [HEADLINE])[HEADLINE]
+        found = earlier_spreads(session, grid, [HEADLINE]).arms[HEADLINE]
         finals: dict[str, list[float]] = {}
         for run in earlier.runs:
             last = session.scalars(select(Metric).where(Metric.run_id == run.id).order_by(Metric.step.desc())).first()
@@ -87,7 +87,7 @@ def test_each_arm_borrows_the_spread_of_its_own_earlier_runs(settings: Settings,
         other = {"parent": "A", "name": "A-lr30", "schedule": {"lr": 9.1e-3}}
         decide = {"min_seeds": 1, "borrow_from": [earlier.id]}
         unlike = create_grid(session, GridCreate(name="unlike", arms=["A", other], overrides=TINY, decide=decide))
-        partial = earlier_seed_variances(session, unlike, [HEADLINE])[HEADLINE]
+        partial = earlier_spreads(session, unlike, [HEADLINE]).arms[HEADLINE]
     assert sorted(found) == ["A", "A-lr30"]
     for arm, v in found.items():
         assert v.df == 2 and v.value == pytest.approx(statistics.variance(finals[arm]))  # 3 seeds: 2 df

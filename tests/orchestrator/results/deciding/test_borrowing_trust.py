@@ -20,7 +20,7 @@ from model.flow_headline import FLOW_T_WEIGHTS, HEADLINE, headline_fields
 from orchestrator.db.models import Grid, Node, Run
 from orchestrator.db.session import session_scope
 from orchestrator.grids.service import GridCreate, create_grid
-from orchestrator.results.deciding.borrowing import auto_grids, earlier_seed_variances, run_values
+from orchestrator.results.deciding.borrowing import auto_grids, earlier_spreads, run_values
 from orchestrator.results.deciding.decider import decide_due_grids
 from orchestrator.results.deciding.decisions import ComparisonLook, look_comparisons
 from orchestrator.runs.ingest import insert_metrics
@@ -114,7 +114,7 @@ def test_a_trusted_run_evaluated_on_a_stranger_counts_as_the_stranger(settings: 
         assert grid is not None
         decide = {"min_seeds": 1, "borrow_from": [earlier]}
         later = create_grid(session, GridCreate(name="later", arms=["A", B], overrides=TINY, decide=decide))
-        found = earlier_seed_variances(session, later, [HEADLINE])[HEADLINE]
+        found = earlier_spreads(session, later, [HEADLINE]).arms[HEADLINE]
     assert (found["A"].df, found["B"].df) == (1, 2) and found["A"].grids == (earlier,)
 
 
@@ -138,7 +138,7 @@ def test_auto_borrows_nothing_from_a_strangers_runs_whose_provenance_matches_our
         grid_id = grid.id
         assert earlier in auto_grids(session, grid, [v for vs in run_values(session, grid, [HEADLINE], set()).values()
                                                      for v in vs])  # fmt: skip
-        found = earlier_seed_variances(session, grid, [HEADLINE])[HEADLINE]
+        found = earlier_spreads(session, grid, [HEADLINE]).arms[HEADLINE]
         assert set(found) == {"A", "B"} and all(v.df == 0 for v in found.values())
         assert all("came from node rented-1, not trusted" in (v.refused or "") for v in found.values()), found
     assert decide_due_grids(settings) == [grid_id]

@@ -19,6 +19,7 @@ from orchestrator.grids.deciding import DecideSpec, add_seed
 from orchestrator.grids.service import GridCreate, create_grid
 from orchestrator.results.deciding.decider import decide_due_grids, due_looks, queue_actions
 from orchestrator.results.deciding.decisions import ComparisonLook, look_comparisons
+from orchestrator.results.evaluations import largest_evaluation
 from orchestrator.results.reports.build import build_report
 from orchestrator.results.reports.render import RENDERERS
 from orchestrator.runs.ingest import insert_metrics
@@ -155,7 +156,9 @@ def test_only_deciding_grids_are_looked_at(settings: Settings) -> None:
 
 def test_seeds_added_after_an_evaluation_are_scored_on_its_images_before_the_look(settings: Settings) -> None:
     """The effects use the grid's largest evaluation; a seed added after it was not in it. Before the next
-    look every run is evaluated again on those images (once: a catch-up that failed is not asked again)."""
+    look the new seed's runs alone are evaluated on those images (issue 62: the catch-up scored all 8 runs
+    where 2 were new), once: a catch-up that failed is not asked again. One that completed stands beside the
+    first, and the look reads every run on those images."""
     arms = ["A", {"parent": "A", "name": "A-lr", "schedule": {"lr": 3.03e-4}}]
     with session_scope(settings.database_url) as session:
         grid = create_grid(session, GridCreate(name="catch-up", arms=arms, overrides=TINY, decide={}))
@@ -173,7 +176,7 @@ def test_seeds_added_after_an_evaluation_are_scored_on_its_images_before_the_loo
     assert grid_id not in decide_due_grids(settings)  # no look: the catch-up first
     with session_scope(settings.database_url) as session:
         (catch,) = session.scalars(select(Evaluation).where(Evaluation.grid_id == grid_id, Evaluation.id != done_id))
-        assert (catch.images, len(catch.results)) == (4, 6)
+        assert catch.images == 4 and sorted((r.run.arm, r.run.seed) for r in catch.results) == [("A", 2), ("A-lr", 2)]
         kinds = [e.kind for e in session.scalars(select(Event).where(Event.grid_id == grid_id))]
         assert kinds.count("decide.catch_up") == 1 and "decide.look" not in kinds
         catch.state = "failed"
@@ -181,3 +184,15 @@ def test_seeds_added_after_an_evaluation_are_scored_on_its_images_before_the_loo
             row.state = "failed"
     assert grid_id in decide_due_grids(settings)  # every run was asked: the look is taken as things are
     assert [look.wave for look in looks_of(settings, grid_id)] == [0]
+    with session_scope(settings.database_url) as session:  # had it completed, it would stand beside the first
+        grid = session.get(Grid, grid_id)
+        catch = session.get(Evaluation, catch.id)
+        assert grid is not None and catch is not None
+        catch.state = "completed"
+        for row in catch.results:
+            row.state, row.node = "completed", LOCAL
+        used, rows = largest_evaluation(session, grid)
+        assert used is not None and used.id == catch.id and used.images == 4
+        assert sorted((row.evaluation_id, row.run.seed) for row in rows.values()) == sorted(
+            [(done_id, 0), (done_id, 0), (done_id, 1), (done_id, 1), (catch.id, 2), (catch.id, 2)])  # fmt: skip
+        session.rollback()
