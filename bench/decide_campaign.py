@@ -27,6 +27,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
+from decide_looks import TableReading, grid_study
 from decide_sim import (
     ALPHA,
     ARMS,
@@ -42,9 +43,9 @@ from decide_sim import (
     Reading,
     borrowed_of,
     correct,
+    decide_spec,
     draw,
     fixed_hours,
-    judge_look,
     read,
 )
 
@@ -58,9 +59,6 @@ from orchestrator.results.deciding.borrowed import (
 )
 from orchestrator.results.deciding.sequential import (
     FUTILITY,
-    Action,
-    Verdict,
-    plan_wave,
 )
 from orchestrator.results.reports.crossed import crossed_interval
 from orchestrator.results.reports.stats import t_quantile
@@ -108,37 +106,25 @@ def follow_up(values: dict[str, np.ndarray], lenders: Lenders, design: Design, t
               ) -> tuple[dict[str, int], dict[str, int]]:  # fmt: skip
     """One deciding grid of the campaign (decide_sim's study, read with the campaign's borrowed variances);
     returns each arm's seeds and images at its end."""
-    seeds, evaluated = dict.fromkeys(ARMS, design.min_seeds), dict.fromkeys(ARMS, design.images)
-    history: dict[tuple[str, str], list[float]] = {p: [] for p in COMPARISONS}
-    open_ = list(COMPARISONS)
-    while open_:
-        actions = {}
-        for p in list(open_):
-            k, n = min(seeds[p[0]], seeds[p[1]]), min(evaluated[p[0]], evaluated[p[1]])
-            diff = values[p[0]][:k, :n] - values[p[1]][:k, :n]
-            r = reading(diff, difference_of(lent(lenders, p[0], n), lent(lenders, p[1], n)), design, tally)
-            at_budget = k >= design.max_seeds and n >= design.max_images
-            if r is None:  # one seed, nothing to borrow: the decider takes a seed ("no interval across seeds")
-                actions[p] = Action("seed", k + 1, n, 0.0, math.inf, 0.0, "one more seed")
-                continue
-            look, action = judge_look(r, history[p], p, k, n, design, at_budget)
-            if action is not None:
-                actions[p] = action
-                continue
-            open_.remove(p)
-            if look.decision in (Verdict.BETTER, Verdict.WORSE):
-                if p in NULL:
-                    tally.nulls_called[index] += 1
-                elif correct(p, look.low, look.high):
-                    tally.power[index] += 1
-        wave = plan_wave(actions)
-        for arm, k in wave.seeds.items():
-            seeds[arm] = max(seeds[arm], k)
-        for arm, n in wave.images.items():
-            evaluated[arm] = max(evaluated[arm], n)
-        if not wave.seeds and not wave.images:
-            break  # nothing left that could decide what is open
-    tally.hours += sum(seeds[a] * (SEED_HOURS[a] + evaluated[a] * IMAGE_HOURS) for a in ARMS)
+
+    def read_pair(diff: np.ndarray, p: tuple[str, str]) -> TableReading:
+        n = diff.shape[1]
+        r = reading(diff, difference_of(lent(lenders, p[0], n), lent(lenders, p[1], n)), design, tally)
+        if r is None:  # one seed, nothing to borrow: the decider takes a seed ("no interval across seeds")
+            return TableReading(float(diff.mean()), None, None, None)
+        return TableReading(r.mean, r.se, r.df, r.variance)
+
+    out = grid_study(values, COMPARISONS, decide_spec(design), read_pair, SEED_HOURS, IMAGE_HOURS,
+                     images=design.images, max_images=design.max_images)  # fmt: skip
+    for p in COMPARISONS:
+        c = out.looks[p]
+        if c.decision in ("better", "worse"):
+            if p in NULL:
+                tally.nulls_called[index] += 1
+            elif c.decision == "better":
+                tally.power[index] += 1
+    seeds, evaluated = out.seeds, dict.fromkeys(ARMS, out.images)
+    tally.hours += out.hours
     for p in COMPARISONS:  # the fixed design on the same study, for power
         if p not in NULL:
             table = (values[p[0]][:FIXED_SEEDS, :FIXED_IMAGES] - values[p[1]][:FIXED_SEEDS, :FIXED_IMAGES]).tolist()

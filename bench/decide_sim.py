@@ -1,43 +1,35 @@
 """Does a grid that decides hold its error rate, at the fixed design's power, for fewer GPU-hours? Simulated
-studies of arms A-D with the lineage comparisons (B-A, C-B, C-A, D-C, D-A), each run the way the launcher
-runs a grid with `decide`: every arm starts with min_seeds seeds evaluated on 64 images; after each wave
-every open comparison is read by the report's own crossed interval (orchestrator/results/reports/crossed.py)
-and decided at its look by orchestrator/results/deciding/sequential.py `decide`; each still open takes
-`choose_action` (evaluate on more images, or one more seed of both arms), `plan_wave` gathers them, and
-the study ends when no comparison is open. The fixed design to beat reads the same studies' first 3 seeds
-and 64 images with the report's 95% crossed interval.
+studies of arms A-D with the lineage comparisons (B-A, C-B, C-A, D-C, D-A), each decided look by look
+through the product's own rule, orchestrator/results/deciding/plan_look.py `plan_look` (bench/decide_looks.py):
+every arm starts with min_seeds seeds scored on 64 images; each look reads every open comparison by the
+report's crossed interval (orchestrator/results/reports/crossed.py) and does the work plan_look returns.
 
-Each arm's value on seed s and image i is mean + seed_s + image_i + rest_si (all normal, per arm), so a
-comparison's table of paired differences has the measured components of the difference: seed SD
-(each arm seed_sd/sqrt 2), image SD (each arm's own response to an image, image_sd/sqrt 2; what all arms
-share cancels) and rest SD; comparisons that share an arm are correlated as in a real grid. Profiles: the
-weighted headline's components measured on H100s (seed 0.001, image 0.011, rest 0.0018) and the plain
-mean's (0.0083, 0.044, 0.0106), each with equal seed SDs and with arm D's seed SD 3x the others (a shortcut
-pooling seed variance across arms would undercover D-C, a null comparison). True means: A = B = 0 and
-C = D = -effect (lower is better), so B-A and D-C are null and C-B, C-A, D-A differ by the effect, 0.0075 or
-0.002 (with two null comparisons among these five the other three differ by the same amount).
+Each arm's value on seed s and image i is mean + seed_s + image_i + rest_si (normal, per arm), so a
+comparison's table of paired differences has the difference's components: seed SD (each arm seed_sd/sqrt 2),
+image SD (each arm's own response to an image) and rest SD; comparisons that share an arm are correlated as
+in a real grid. Profiles: the weighted headline's components measured on H100s (seed 0.001, image 0.011,
+rest 0.0018), mixed, seed-dominated, the plain mean's (0.0083, 0.044, 0.0106), and "correlated seeds":
+seed s of every arm shares an effect of SD 0.0108 (initialisation and data order), each arm's own 0.0012
+in the difference, as measured on a GPU. Arm D's seed SD 1x or 3x the others'. True means: A = B = 0 and
+C = D = -effect (lower is better), so B-A and D-C are null and C-B, C-A, D-A differ by the effect.
 
 Costs: training per seed A 6.66, B 3.15, C 3.16, D 3.23 GPU-h (seed-size rates on one H100); evaluation
-10 s per 64 images (issue 33's evaluation passes at small size on one H100, docs/benchmarks.md), 256
-held-out images available.
+10 s per 64 images on one run, 256 held-out images.
 
     python bench/decide_sim.py              # 10,000 studies a cell, the table in docs/benchmarks.md
     python bench/decide_sim.py --quick      # 1,000 a cell; ends with the one line below
 
-The last line reads `type_I <max over cells and looks> power <min ratio to fixed> gpu_hours_vs_fixed3
-<ratio>`: type I is the cumulative rejection rate of the null comparisons by each look, its largest; power
-the share of studies where a non-null comparison is called in the right direction, as a ratio to the fixed
-design's on the same studies (the lowest over cells and comparisons); GPU-hours the mean over studies as a
-fraction of the fixed design's, the largest over the weighted headline's cells (the metric a grid decides
-on; the plain mean's are in the table). The line before it gives the lowest power ratio against the fixed
-design at a level that holds alpha (its own 95% interval calls 5% to 7% of the null comparisons here).
+The last line reads `gpu_hours_vs_fixed3 G type_I T power P hours_vs_best_fixed H`: G the mean GPU-hours over
+the headline's default cells as a fraction of the fixed 3 seeds x 64 images design's (largest); T the
+cumulative rejection rate of the null comparisons by each look, its largest over every cell; P the default
+spec's power at a true effect of 2 SE (lowest over the "equal power" profiles); H its GPU-hours averaged
+over true effects of 0, 1 and 2 SE over the cheapest fixed k x n design that reaches P (bench/equal_power.py),
+largest over those profiles.
 
 `--earlier K0 --min-seeds 1` runs a grid that borrows (`decide.borrow_from`): each study also draws an
-earlier grid of the same arms on K0 seeds and 64 images (from the same model, so arm D's seeds spread 3x
-there too; `--earlier-spread S` makes its D's spread S instead: an arm that changed since), and each
-comparison is read as results/deciding/borrowed.py reads it, the earlier grid's per-arm variances pooled with its
-own seeds' or alone on one seed. `--borrow DF` is the shortcut that fails: one measured seed variance for
-every arm, as if from an earlier grid on DF df (docs/benchmarks.md, issue 50).
+earlier grid of the same arms on K0 seeds and 64 images (`--earlier-spread S`: arm D's spread S there), read
+as results/deciding/borrowed.py reads it. `--borrow DF` is the shortcut that fails: one measured seed
+variance for every arm, as if from an earlier grid on DF df (docs/benchmarks.md, issue 50).
 """
 
 from __future__ import annotations
@@ -50,6 +42,9 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from bench.decide_looks import TableReading, grid_study, table_interval
+from bench.equal_power import FIXED_SEEDS as FIXED_DESIGN_SEEDS
+from bench.equal_power import SE_UNITS, equal_power, fixed_designs, se_unit
 from orchestrator.grids.deciding import DecideSpec
 from orchestrator.results.deciding.borrowed import (
     CHECK,
@@ -62,23 +57,10 @@ from orchestrator.results.deciding.borrowed import (
 from orchestrator.results.deciding.sequential import (
     FUTILITY,
     SEED_DF_QUANTILE,
-    Action,
-    Costs,
-    ErrorRate,
-    Look,
     Variance,
-    Verdict,
-    choose_action,
-    decide,
     decision_df,
-    information_fraction,
     mean_variance,
-    plan_wave,
-    projected_fraction,
 )
-from orchestrator.results.reports import crossed
-from orchestrator.results.reports.crossed import Components, CrossedInterval
-from orchestrator.results.reports.stats import t_quantile
 
 ARMS = ("A", "B", "C", "D")
 COMPARISONS = (("B", "A"), ("C", "B"), ("C", "A"), ("D", "C"), ("D", "A"))
@@ -88,6 +70,12 @@ IMAGE_HOURS = 10.0 / 64 / 3600  # one image evaluated on one run
 FIXED_SEEDS, FIXED_IMAGES = 3, 64
 PROFILES = {"headline": (0.001, 0.011, 0.0018), "mixed": (0.002, 0.011, 0.004),
             "seed-dominated": (0.006, 0.0015, 0.006), "plain mean": (0.0083, 0.044, 0.0106)}  # fmt: skip
+# Seed s of every arm shares its initialisation and data order: a seed effect common to every arm (SD per arm)
+# on top of each arm's own. Measured on a GPU (tiny, 100 steps, A and C): per-seed differences SD 0.0012,
+# the arms' own seed SDs summed in variance 0.0154 (so about 0.0108 shared per arm).
+SHARED_SEED_SD = {"correlated seeds": 0.0108}
+PROFILES["correlated seeds"] = (0.0012, 0.011, 0.0018)
+EQUAL_POWER_PROFILES = ("headline", "mixed", "seed-dominated", "correlated seeds")
 DEFAULT = DecideSpec()  # the product's default spec: what a user gets who sets nothing
 EFFECTS = (0.0075, 0.002)
 ALPHA = 0.05
@@ -127,6 +115,8 @@ class Tally:
     # The fixed design's t statistics (mean / SE), for its power at a level that holds alpha (below)
     null_t: list[float] = field(default_factory=list)
     effect_t: dict[str, list[float]] = field(default_factory=dict)
+    equal_power: bool = False  # also tally every fixed k x n design (bench/equal_power.py)
+    fixed_calls: dict[tuple[int, int], int] = field(default_factory=dict)  # correct calls of the differing pairs
 
 
 def merged(a: Tally, b: Tally) -> Tally:
@@ -136,8 +126,8 @@ def merged(a: Tally, b: Tally) -> Tally:
     return Tally(a.studies + b.studies, plus(a.null_by_look, b.null_by_look), a.null_fixed + b.null_fixed,
                  plus(a.power, b.power), plus(a.power_fixed, b.power_fixed), a.hours + b.hours,
                  a.seeds_added + b.seeds_added, a.null_t + b.null_t,
-                 {key: a.effect_t.get(key, []) + b.effect_t.get(key, [])
-                  for key in {*a.effect_t, *b.effect_t}})  # fmt: skip
+                 {key: a.effect_t.get(key, []) + b.effect_t.get(key, []) for key in {*a.effect_t, *b.effect_t}},
+                 a.equal_power, plus(a.fixed_calls, b.fixed_calls))  # fmt: skip
 
 
 def held_power(t: Tally, key: str) -> float:
@@ -155,12 +145,14 @@ def fixed_hours() -> float:
 def draw(rng: np.random.Generator, cell: Cell, design: Design) -> dict[str, np.ndarray]:
     """Each arm's seeds x images values (max_seeds x max_images)."""
     seed_sd, image_sd, rest_sd = PROFILES[cell.profile]
-    k, n = max(design.max_seeds, FIXED_SEEDS), design.max_images
+    k, n = max(design.max_seeds, max(FIXED_DESIGN_SEEDS)), design.max_images
+    # seed s alike in every arm (drawn only where the profile has it, so the other profiles' draws stay as they were)
+    shared = rng.normal(0, SHARED_SEED_SD[cell.profile], (k, 1)) if cell.profile in SHARED_SEED_SD else 0.0
     out = {}
     for arm in ARMS:
         mean = -cell.effect if arm in ("C", "D") else 0.0
         s_sd = seed_sd / math.sqrt(2) * (cell.spread if arm == "D" else 1.0)
-        out[arm] = (mean + rng.normal(0, s_sd, (k, 1)) + rng.normal(0, image_sd / math.sqrt(2), (1, n))
+        out[arm] = (mean + shared + rng.normal(0, s_sd, (k, 1)) + rng.normal(0, image_sd / math.sqrt(2), (1, n))
                     + rng.normal(0, rest_sd / math.sqrt(2), (k, n)))  # fmt: skip
     return out
 
@@ -182,24 +174,6 @@ def earlier_grid(rng: np.random.Generator, cell: Cell, design: Design) -> dict[s
 def correct(pair: tuple[str, str], low: float, high: float) -> bool:
     """Called in the right direction: C and D are better (lower) than A and B."""
     return high < 0 if pair in (("C", "B"), ("C", "A"), ("D", "A")) else False
-
-
-def table_components(diff: np.ndarray) -> Components:
-    """The report's components of a k x n table of differences (crossed.py `components`), its mean squares
-    summed by numpy: crossed.py sums them in Python, 7 ms a table of 8 x 256, most of a study's time. The
-    reading of the mean squares (clipping, df, the priced seed) is crossed.py's own (tests: equal to it)."""
-    k, n = diff.shape
-    grand, rows, cols = float(diff.mean()), diff.mean(axis=1), diff.mean(axis=0)
-    ms_seed = n * float(((rows - grand) ** 2).sum()) / (k - 1)
-    ms_rest = float(((diff - rows[:, None] - cols[None, :] + grand) ** 2).sum()) / ((k - 1) * (n - 1))
-    ms_image = k * float(((cols - grand) ** 2).sum()) / (n - 1)
-    side = crossed._Side(k, ms_seed, ms_rest, cols.tolist(), grand)
-    return crossed._read([side], ms_image / k, n)
-
-
-def table_interval(diff: np.ndarray) -> CrossedInterval:
-    """The report's crossed interval of a k x n table of differences (crossed.py `crossed_interval`)."""
-    return crossed._interval(float(diff.mean()), table_components(diff), t_quantile)
 
 
 @dataclass(frozen=True)
@@ -257,53 +231,43 @@ def borrowed_of(diff: np.ndarray, seeds: SeedVariance, design: Design, floor: fl
     return Reading(float(diff.mean()), r.se, r.df, Variance(r.seeds.variance.value, images.value * n, 0.0))
 
 
-def judge_look(r: Reading, fractions: list[float], pair: tuple[str, str], k: int, n: int, design: Design, last: bool,
-               alpha: float = ALPHA, error_rate: ErrorRate = "per-comparison") -> tuple[Look, Action | None]:
-    """One comparison's look as the decider takes it: this look's information fraction appended to `fractions`,
-    the boundary's decision, and for an open comparison the chooser's next action (None once it is closed).
-    The one place every simulation here takes a look, so a change to the fraction or the boundary reaches all."""
-    fractions.append(information_fraction(k, n, design.max_seeds, design.max_images))
-    projected = projected_fraction(r.variance, k, n, design.max_seeds, design.max_images)
-    look = decide(r.mean, r.se, r.df, fractions, k=k, n=n, alpha=alpha, last=last, futility=design.futility,
-                  error_rate=error_rate, futility_fraction=projected)  # fmt: skip
-    if look.decision != Verdict.OPEN:
-        return look, None
-    costs = Costs(SEED_HOURS[pair[0]], SEED_HOURS[pair[1]], IMAGE_HOURS)
-    return look, choose_action(r.variance, k, n, costs, max_seeds=design.max_seeds, max_images=design.max_images)
+def decide_spec(design: Design, alpha: float = ALPHA) -> DecideSpec:
+    """The DecideSpec a grid of the design runs (its comparison's alpha, the simulation's split)."""
+    return DecideSpec(alpha=alpha, min_seeds=design.min_seeds, max_seeds=design.max_seeds,
+                      max_images=design.max_images, futility=design.futility)  # fmt: skip
+
+
+def reader(design: Design, prior_seed: float, earlier: dict[str, SeedVariance] | None):  # noqa: ANN201
+    """The study's `read` for grid_study: the report's crossed interval (read), or as a grid that borrows."""
+
+    def read_pair(diff: np.ndarray, pair: tuple[str, str]) -> TableReading:
+        if earlier is None and design.borrow_df <= 0 and diff.shape[0] < 2:  # one seed, nothing borrowed
+            return TableReading(float(diff.mean()), None, None, None)
+        r = read(diff, design, prior_seed) if earlier is None else read_borrowed(diff, pair, earlier, design)
+        return TableReading(r.mean, r.se, r.df, r.variance)
+
+    return read_pair
 
 
 def study(values: dict[str, np.ndarray], design: Design, tally: Tally, prior_seed: float = 0.0,
           earlier: dict[str, SeedVariance] | None = None) -> None:  # fmt: skip
+    """One study: the grid decided look by look through the product's plan_look (bench/decide_looks.py), then
+    the fixed designs on the same values."""
     seeds = dict.fromkeys(ARMS, design.min_seeds)
     if design.borrow_df > 0:  # one seed of each arm but the control, whose replicates stay at min_seeds
         seeds.update(dict.fromkeys(ARMS[1:], 1))
-    evaluated = dict.fromkeys(ARMS, design.images)
-    history: dict[tuple[str, str], list[float]] = {p: [] for p in COMPARISONS}
-    open_ = list(COMPARISONS)
-    while open_:
-        actions = {}
-        for p in list(open_):
-            k, n = min(seeds[p[0]], seeds[p[1]]), min(evaluated[p[0]], evaluated[p[1]])
-            diff = values[p[0]][:k, :n] - values[p[1]][:k, :n]
-            r = read(diff, design, prior_seed) if earlier is None else read_borrowed(diff, p, earlier, design)
-            look, action = judge_look(r, history[p], p, k, n, design, k >= design.max_seeds and n >= design.max_images)
-            if action is not None:
-                actions[p] = action
-                continue
-            open_.remove(p)
-            if look.decision in (Verdict.BETTER, Verdict.WORSE):
-                if p in NULL:
-                    tally.null_by_look[look.look] = tally.null_by_look.get(look.look, 0) + 1
-                elif correct(p, look.low, look.high):
-                    key = "-".join(p)
-                    tally.power[key] = tally.power.get(key, 0) + 1
-        wave = plan_wave(actions)
-        for arm, k in wave.seeds.items():
-            seeds[arm] = max(seeds[arm], k)
-        for arm, n in wave.images.items():
-            evaluated[arm] = max(evaluated[arm], n)
-    tally.hours += sum(seeds[a] * (SEED_HOURS[a] + evaluated[a] * IMAGE_HOURS) for a in ARMS)
-    tally.seeds_added += sum(seeds[a] - 2 for a in ARMS)
+    out = grid_study(values, COMPARISONS, decide_spec(design), reader(design, prior_seed, earlier), SEED_HOURS,
+                     IMAGE_HOURS, min_seeds=seeds, images=design.images, max_images=design.max_images)  # fmt: skip
+    for p in COMPARISONS:
+        c = out.looks[p]
+        if c.decision in ("better", "worse"):
+            if p in NULL:
+                tally.null_by_look[c.look] = tally.null_by_look.get(c.look, 0) + 1
+            elif c.decision == "better":
+                key = "-".join(p)
+                tally.power[key] = tally.power.get(key, 0) + 1
+    tally.hours += out.hours
+    tally.seeds_added += sum(out.seeds[a] - 2 for a in ARMS)
     for p in COMPARISONS:  # the fixed design on the same study
         ci = table_interval(values[p[0]][:FIXED_SEEDS, :FIXED_IMAGES] - values[p[1]][:FIXED_SEEDS, :FIXED_IMAGES])
         t_stat = ci.mean / ci.se if ci.se > 0 else 0.0
@@ -315,12 +279,19 @@ def study(values: dict[str, np.ndarray], design: Design, tally: Tally, prior_see
         if correct(p, ci.low, ci.high):
             key = "-".join(p)
             tally.power_fixed[key] = tally.power_fixed.get(key, 0) + 1
+    if tally.equal_power:  # every fixed k x n design's correct calls, for the comparison at equal power
+        for k, n in fixed_designs():
+            for p in COMPARISONS:
+                if p in NULL:
+                    continue
+                ci = table_interval(values[p[0]][:k, :n] - values[p[1]][:k, :n])
+                tally.fixed_calls[k, n] = tally.fixed_calls.get((k, n), 0) + correct(p, ci.low, ci.high)
 
 
 def run_cell(args: tuple[Cell, Design, int, int]) -> tuple[Cell, Tally]:
     cell, design, studies, seed = args
     rng = np.random.default_rng(seed)
-    tally = Tally(studies=studies)
+    tally = Tally(studies=studies, equal_power=cell.variant == "equal power")
     prior_seed = PROFILES[cell.profile][0] ** 2  # the measured (1x) seed variance of a difference
     for _ in range(studies):
         earlier = earlier_grid(rng, cell, design) if design.earlier_seeds > 0 else None
@@ -332,7 +303,7 @@ def variant(name: str, base: Design) -> Design:
     """The design a variant runs: the base (the product's default DecideSpec, or the command line's) as it is,
     or with one setting a user may change. Futility off where a setting is varied: futility only ever removes
     calls, so off is where the error rate is tested hardest."""
-    if name == "default":
+    if name in ("default", "equal power"):
         return base
     off = replace(base, futility=0.0)
     if name == "futility off":
@@ -345,7 +316,7 @@ def variant(name: str, base: Design) -> Design:
     raise ValueError(f"unknown variant {name!r}: one of {', '.join(VARIANTS)}")
 
 
-VARIANTS = ("default", "futility off", "max_seeds 2", "max_seeds 3", "max_seeds 16", "borrowed")
+VARIANTS = ("default", "equal power", "futility off", "max_seeds 2", "max_seeds 3", "max_seeds 16", "borrowed")
 
 
 def cells(variants: tuple[str, ...], full: bool) -> list[Cell]:
@@ -353,9 +324,12 @@ def cells(variants: tuple[str, ...], full: bool) -> list[Cell]:
     D's seeds at 1x and 3x the others' spread, at the large effect (and the headline's small one); each other
     variant on the headline and seed-dominated, 1x and 3x. `full` adds the plain mean and the small effect
     everywhere."""
-    profiles = [p for p in PROFILES if full or p != "plain mean"]
+    profiles = [p for p in PROFILES if (full or p != "plain mean") and p not in SHARED_SEED_SD]
     out = []
     for v in variants:
+        if v == "equal power":  # true effects of 0, 1 and 2 SE of the fixed 3 x 64 design (bench/equal_power.py)
+            out += [Cell(p, 1.0, x * se_unit(*PROFILES[p]), v) for p in EQUAL_POWER_PROFILES for x in SE_UNITS]
+            continue
         ps = profiles if v == "default" or full else ["headline", "seed-dominated"]
         out += [Cell(p, s, EFFECTS[0], v) for p in ps for s in (1.0, 3.0)]
         out += [Cell(p, s, EFFECTS[1], v) for p in ps for s in (1.0, 3.0)
@@ -437,7 +411,26 @@ def main() -> None:
     print(f"({time.monotonic() - start:.0f} s; the default spec's power against the fixed design at a level "
           f"holding alpha: lowest ratio {worst_held:.3f})")  # fmt: skip
     hours = max(headline_hours, default=math.nan)
-    print(f"type_I {worst_type1:.4f} power {worst_ratio:.3f} gpu_hours_vs_fixed3 {hours:.3f}")
+    powers, ratios = [], []
+    print("| profile | power at 2 SE | cheapest fixed k x n at that power (its power, GPU-h) | GPU-h at 0 / 1 / 2 SE "
+          "| hours_vs_best_fixed |")  # fmt: skip
+    print("|---|---|---|---|---|")
+    for profile in EQUAL_POWER_PROFILES:
+        at = {c.effect / se_unit(*PROFILES[c.profile]): t for c, t in by_cell.items()
+              if c.variant == "equal power" and c.profile == profile}  # fmt: skip
+        if len(at) < len(SE_UNITS):
+            continue
+        big = at[max(at)]
+        power = sum(big.power.values()) / (3 * big.studies)
+        fixed_power = {d: calls / (3 * big.studies) for d, calls in big.fixed_calls.items()}
+        e = equal_power(power, [at[x].hours / at[x].studies for x in sorted(at)], fixed_power, SEED_HOURS,
+                        IMAGE_HOURS)  # fmt: skip
+        powers.append(power)
+        ratios.append(e.ratio)
+        print(f"| {profile} | {power:.3f} | {e.words()} | {' / '.join(f'{h:.1f}' for h in e.hours)} | "
+              f"{'' if e.reached else '<'}{e.ratio:.3f} |")  # fmt: skip
+    print(f"gpu_hours_vs_fixed3 {hours:.3f} type_I {worst_type1:.4f} power {min(powers, default=math.nan):.3f} "
+          f"hours_vs_best_fixed {max(ratios, default=math.nan):.3f}")  # fmt: skip
 
 
 if __name__ == "__main__":

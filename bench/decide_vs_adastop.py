@@ -56,6 +56,7 @@ from importlib.metadata import version
 
 import numpy as np
 
+from bench.decide_looks import grid_study
 from bench.decide_sim import (
     ALPHA,
     ARMS,
@@ -66,16 +67,14 @@ from bench.decide_sim import (
     SEED_HOURS,
     Cell,
     Design,
+    decide_spec,
     draw,
-    judge_look,
-    read,
+    reader,
 )
 from orchestrator.grids.deciding import DecideSpec
 from orchestrator.results.deciding.sequential import (
     FUTILITY,
-    Verdict,
     comparison_alpha,
-    plan_wave,
 )
 
 SPLIT = 256  # held-out images: the default DecideSpec's max_images (None) is the whole split
@@ -131,35 +130,15 @@ def familywise_error(calls: dict[str, str]) -> bool:
 
 def ours(values: dict[str, np.ndarray], spec: DecideSpec) -> tuple[Outcome, int]:
     """The decision pass over one study at the spec, each comparison at its familywise share of alpha:
-    bench/decide_sim.py `study`'s loop, every comparison's call kept."""
+    the product's plan_look over the study (bench/decide_looks.py), every comparison's call kept."""
     design = Design(min_seeds=spec.min_seeds, max_seeds=spec.max_seeds, max_images=SPLIT,
                     futility=FUTILITY if spec.futility is None else spec.futility)  # fmt: skip
     alpha = comparison_alpha(ALPHA, len(COMPARISONS), "familywise")
-    seeds = dict.fromkeys(ARMS, design.min_seeds)
-    evaluated = dict.fromkeys(ARMS, design.images)
-    fractions: dict[tuple[str, str], list[float]] = {p: [] for p in COMPARISONS}
-    calls = {key(p): "none" for p in COMPARISONS}
-    open_ = list(COMPARISONS)
-    while open_:
-        actions = {}
-        for p in list(open_):
-            k, n = min(seeds[p[0]], seeds[p[1]]), min(evaluated[p[0]], evaluated[p[1]])
-            r = read(values[p[0]][:k, :n] - values[p[1]][:k, :n], design, 0.0)
-            last = k >= design.max_seeds and n >= design.max_images
-            look, action = judge_look(r, fractions[p], p, k, n, design, last, alpha, "familywise")
-            if action is not None:
-                actions[p] = action
-                continue
-            open_.remove(p)
-            if look.decision in (Verdict.BETTER, Verdict.WORSE):
-                calls[key(p)] = str(look.decision)
-        wave = plan_wave(actions)
-        for arm, k in wave.seeds.items():
-            seeds[arm] = max(seeds[arm], k)
-        for arm, n in wave.images.items():
-            evaluated[arm] = max(evaluated[arm], n)
-    hours = sum(seeds[a] * (SEED_HOURS[a] + evaluated[a] * IMAGE_HOURS) for a in ARMS)
-    return Outcome(calls, hours), sum(seeds.values())
+    out = grid_study(values, COMPARISONS, decide_spec(design, alpha), reader(design, 0.0, None), SEED_HOURS,
+                     IMAGE_HOURS, images=design.images, max_images=SPLIT)  # fmt: skip
+    calls = {key(p): out.looks[p].decision if out.looks[p].decision in ("better", "worse") else "none"
+             for p in COMPARISONS}  # fmt: skip
+    return Outcome(calls, out.hours), sum(out.seeds.values())
 
 
 def scores_of(values: dict[str, np.ndarray], own_images: bool) -> dict[str, np.ndarray]:

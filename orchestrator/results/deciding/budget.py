@@ -112,10 +112,15 @@ def evaluation_hours(session: Session, grid: Grid, images: int) -> float:
 
 def over_budget(session: Session, grid: Grid, budget: DecideSpec, cost: float, evaluation: bool) -> str | None:
     """Which cap of the grid work costing `cost` GPU-hours (an evaluation, where `evaluation`) would pass, in
-    words; None where it passes none."""
-    if evaluation and budget.max_evaluations is not None and evaluations_of(session, grid) >= budget.max_evaluations:
+    words; None where it passes none (refusal_of, with the grid's spend and evaluations so far)."""
+    return refusal_of(budget, spent_gpu_hours(session, grid), evaluations_of(session, grid), cost, evaluation)
+
+
+def refusal_of(budget: DecideSpec, spent: float, evaluations: int, cost: float, evaluation: bool) -> str | None:
+    """Which cap work costing `cost` GPU-hours (an evaluation, where `evaluation`) would pass after `spent`
+    GPU-hours and `evaluations` evaluations, in words; None where it passes none."""
+    if evaluation and budget.max_evaluations is not None and evaluations >= budget.max_evaluations:
         return f"at the evaluations budget: {budget.max_evaluations} evaluations (decide.max_evaluations)"
-    spent = spent_gpu_hours(session, grid)
     if budget.max_gpu_hours is not None and spent + cost > budget.max_gpu_hours:
         return (f"at the GPU-hours budget: {spent:.4g} spent, the next work {cost:.4g} more, of "
                 f"{budget.max_gpu_hours:.4g} (decide.max_gpu_hours)")  # fmt: skip

@@ -2,8 +2,11 @@
 in orchestrator/loop.py before the report writer) that, on each housekeeping pass, looks at every deciding
 grid whose current wave has ended (every run and every evaluation of the grid in a terminal state).
 
-At a look: every comparison's effect on the decided metrics (the report's own code: build.py
-`grid_effects_now`, with the largest completed evaluation in place of the runs' final rows), the decision
+A look is results/deciding/plan_look.py `plan_look` (pure; the simulations in bench/ call it too): this
+module gathers its state (`look_state`) and queues the work it returns (`queue_work`). A comparison is first
+evaluated on every image the split allows where that costs little beside a seed, then seeds are bought to
+planned counts (2, 3, 5, 8). At a look: every comparison's effect on the decided metrics (the report's own
+code: build.py `grid_effects_now`, with the largest completed evaluation in place of the runs' final rows), the decision
 at this look from the group-sequential maths (results/deciding/sequential.py), and for each comparison still open
 the action the chooser gives: one more seed of both arms (grids/deciding.py `add_seed`: new queued runs,
 the next seed index, the same split) or an evaluation on more held-out images (grids/evaluations.py). An
@@ -56,19 +59,19 @@ from orchestrator.results.deciding.budget import (
     budget_of,
     evaluation_hours,
     evaluation_jobs,
-    next_images,
+    evaluations_of,
     over_budget,
     readable_images,
     run_hours,
+    spent_gpu_hours,
 )
 from orchestrator.results.deciding.decisions import (
-    CLOSED,
     ComparisonLook,
-    futility_of,
     grid_comparison_alpha,
     grid_looks,
     look_comparisons,
 )
+from orchestrator.results.deciding.plan_look import LookState, Reading, Work, judge, plan_look, plan_work
 from orchestrator.results.evaluations import distribution_evaluations, largest_evaluation
 from orchestrator.results.pass_listener import PassListener
 from orchestrator.results.reports.build import grid_effects_now
@@ -198,98 +201,75 @@ def not_borrowed(e: Effect, earlier: SeedVariance | None) -> str:
     return f"; seed variance not borrowed: {refusal}" if refusal else ""
 
 
+def reading_of(e: Effect, decide: DecideSpec, earlier: SeedVariance | None = None,
+               jobs: Sequence[tuple[float, int]] = ()) -> Reading:  # fmt: skip
+    """The comparison as a look reads it (plan_look.py `Reading`): with its arms' seed variance from earlier
+    grids (decide.borrow_from), pooled with its own seeds' (or alone, on one seed), where there is one;
+    else crossed, on the maths' decision df (the seed mean square at its upper bound, so a draw of seeds that
+    happens to agree does not also buy many df), or the report's own df. `jobs`: the grid's evaluation jobs
+    so far, pricing the images action (action_costs)."""
+    common = dict(arm=e.arm, against=e.against, other_arm=e.other_arm, metric=e.metric, diff=e.diff, low=e.low,
+                  high=e.high, k=e.k, n=e.n, standin=e.standin, costs=action_costs(e, jobs))  # fmt: skip
+    borrowed = borrowed_look(e, earlier, decide.check) if earlier is not None and not e.standin else None
+    if borrowed is not None:
+        r, v = borrowed
+        return Reading(**common, se=r.se, df=r.df, variance=v, note=f"; seed variance: {r.seeds.note}")  # type: ignore[arg-type]
+    if e.se is None or not e.se > 0 or e.k < 2:  # no interval across seeds
+        return Reading(**common, se=None, df=None, variance=None, note=not_borrowed(e, earlier))  # type: ignore[arg-type]
+    v = components_of(e)
+    df = sequential.decision_df(v, e.k, e.n or 1) if e.budget is not None else e.df
+    return Reading(**common, se=e.se, df=df, variance=v)  # type: ignore[arg-type]
+
+
 def judge_comparison(e: Effect, decide: DecideSpec, look: int, max_images: int, at_seeds: bool, at_images: bool,
                      previous: ComparisonLook | None, earlier: SeedVariance | None = None,
                      jobs: Sequence[tuple[float, int]] = ()) -> ComparisonLook:  # fmt: skip
-    """One comparison at this look: a decided comparison keeps its decision (and the look it was taken
-    at); an open one is judged against this look's boundary (results/deciding/sequential.py `decide`), with the
-    information fractions its earlier looks recorded, and given the chooser's next action. `earlier`: the
-    seed variance of the comparison's paired difference from earlier grids of both arms (decide.borrow_from),
-    pooled with its own seeds' (or alone, on one seed) where there is one. `jobs`: the grid's evaluation
-    jobs so far, pricing the images action (action_costs)."""
-    base = dict(arm=e.arm, against=e.against, other_arm=e.other_arm, metric=e.metric, diff=e.diff, low=e.low,
-                high=e.high, k=e.k, n=e.n)  # fmt: skip
-    if previous is not None and previous.decision in CLOSED:  # closed for good: never judged again
-        return previous.model_copy(update={**base, "action": None})
-    fractions = list(previous.fractions) if previous is not None else []
-    if e.standin:  # a stand-in network's metric (LPIPS, or a distribution metric's extractor) carries no verdict
-        return ComparisonLook(**base, decision="undecided", look=look, fractions=fractions,
-                              alpha_spent=previous.alpha_spent if previous is not None else 0.0,
-                              reason=f"{e.metric} from a random stand-in network: never called better or worse")  # type: ignore[arg-type]  # fmt: skip
-    max_images = max(max_images, e.n or 1)  # already past it (the training records' n): at the budget
-    last = at_seeds and at_images
-    borrowed = borrowed_look(e, earlier, decide.check) if earlier is not None else None
-    if borrowed is None and (e.se is None or not e.se > 0 or e.k < 2):  # no interval yet: open until the budget
-        spent = previous.alpha_spent if previous is not None else 0.0
-        action = None if at_seeds else "seed"  # one seed (min_seeds 1) or a failed run: a seed gives one
-        return ComparisonLook(**base, decision="open" if action else "undecided", look=look, alpha_spent=spent,
-                              fractions=fractions, action=action,
-                              reason="no interval across seeds to judge" + not_borrowed(e, earlier))  # type: ignore[arg-type]  # fmt: skip
-    if borrowed is not None:
-        reading, v = borrowed
-        se, df, note = reading.se, reading.df, f"; seed variance: {reading.seeds.note}"
-    else:
-        # Crossed: the maths' decision df (the seed mean square at its upper bound, so a draw of seeds that
-        # happens to agree does not also buy many df); otherwise the report's own df.
-        v, se, note = components_of(e), e.se, ""
-        df = sequential.decision_df(v, e.k, e.n or 1) if e.budget is not None else e.df
-    fractions.append(sequential.information_fraction(e.k, e.n or 1, decide.max_seeds, max_images))
-    verdict = sequential.decide(e.diff, se, df, fractions, k=e.k, n=e.n or 1, alpha=decide.alpha,  # type: ignore[arg-type]
-                                direction="lower", margin=decide.margin.get(e.metric) or None, last=last,
-                                futility=futility_of(decide),
-                                futility_fraction=sequential.projected_fraction(v, e.k, e.n or 1, decide.max_seeds,
-                                                                                max_images))  # fmt: skip
-    base.update(low=verdict.low, high=verdict.high)  # the look's repeated confidence interval
-    c = ComparisonLook(**base, decision=verdict.decision.value, look=look, alpha_spent=verdict.alpha_spent,
-                       fractions=fractions, reason=verdict.reason + note)  # type: ignore[arg-type]  # fmt: skip
-    if c.decision == "open":
-        act = sequential.choose_action(v, e.k, e.n or 1, action_costs(e, jobs),
-                                       max_seeds=decide.max_seeds if not at_seeds else e.k,
-                                       max_images=max_images if not at_images else e.n or 1)  # fmt: skip
-        c.action = None if act.kind == "none" else act.kind
-        c.decision = "open" if c.action is not None else "undecided"
-    return c
+    """One comparison at this look, read from its effect (reading_of) and judged as plan_look judges it
+    (plan_look.py `judge`)."""
+    return judge(reading_of(e, decide, earlier, jobs), decide, look, max_images, at_seeds, at_images, previous)
 
 
-def take_look(session: Session, grid: Grid) -> DecisionLook:
-    """The look after the grid's current wave, with the work it queues (flushed; the caller commits)."""
+def look_state(session: Session, grid: Grid) -> LookState:
+    """What the grid's next look knows (plan_look.py `LookState`), gathered from the database."""
     decide = budget_of(grid)
     # Each comparison judged at its own alpha: decide.alpha, or familywise its share alpha/m (decisions.py).
     judged = decide.model_copy(update={"alpha": grid_comparison_alpha(grid, decide)})
     looks = grid_looks(session, grid.id)
     wave = len(looks)
-    previous = {c.key(): c for c in look_comparisons(looks[-1] if looks else None)}
-    seeds = arm_seeds(grid)
     images, split = _images_now(session, grid)
     max_images = max(min(decide.max_images or split, split), 1)  # 1: nothing to evaluate (command arms)
-    stopped = any(r.decision == RunDecision.USER for r in grid.runs)  # the user stopped it: add nothing
-    last_look = wave + 1 >= (decide.max_looks or 1)  # the last look the grid may take: judged as the last
     failed = session.scalar(select(exists().where(Evaluation.grid_id == grid.id,
                                                   Evaluation.state == EvaluationState.failed)))  # fmt: skip
     # The arms' seed variances from the earlier grids it names, per decided metric (each grid read once).
     earlier = earlier_spreads(session, grid, list(decide.margin)) if decide.borrow_from else None
     jobs = evaluation_jobs(session, grid)
     effects = [e for e in current_effects(session, grid) if e.metric in decide.margin]
-    readable, short = readable_images(images, max((e.n or 0 for e in effects), default=0), max_images)
-    comparisons: list[ComparisonLook] = []
+    readings = []
     for e in effects:
-        at_seeds = stopped or last_look or max(seeds.get(e.arm, 0), seeds.get(e.other_arm, 0)) >= decide.max_seeds
-        at_images = (stopped or last_look or failed or next_images(max_images, images, e.n or 0) is None
-                     or (e.n or 0) >= readable)  # fmt: skip
-        prior = previous.get((e.arm, e.metric, e.against))
         borrowed = earlier.difference(e.metric, e.arm, e.other_arm) if earlier is not None else None
-        c = judge_comparison(e, judged, wave + 1, readable, at_seeds, at_images, prior, borrowed, jobs)
-        if c.look == wave + 1:  # judged at this look (a closed one keeps its reason)
-            c.reason += short
-        comparisons.append(c)
-    actions, refusal = queue_actions(session, grid, comparisons, decide, max_images, images)
-    if last_look and not stopped:
-        refusal = f"at the looks budget: {decide.max_looks} looks (decide.max_looks)"
-    for c in comparisons:
-        if c.decision == "open" and not actions:  # nothing left that could decide it
-            c.decision, c.action = "undecided", None
-        if refusal is not None and c.decision == "undecided" and c.look == wave + 1:
-            c.reason += f"; {refusal}"
+        readings.append(reading_of(e, judged, borrowed, jobs))
+    readable, short = readable_images(images, max((e.n or 0 for e in effects), default=0), max_images)
+    first = {r.arm: r for r in grid.runs if r.seed == 0}
+    start = evaluation_hours(session, grid, 0)
+    return LookState(
+        readings=readings, decide=judged, look=wave + 1, seeds=arm_seeds(grid), images_asked=images,
+        max_images=max_images, readable=readable, short=short, spent=spent_gpu_hours(session, grid),
+        seed_hours={a: run_hours(session, r) for a, r in first.items()}, evaluation_start=start,
+        evaluation_image=evaluation_hours(session, grid, 1) - start, evaluations=evaluations_of(session, grid),
+        previous={c.key(): c for c in look_comparisons(looks[-1] if looks else None)},
+        stopped=any(r.decision == RunDecision.USER for r in grid.runs),  # the user stopped it: add nothing
+        last_look=wave + 1 >= (decide.max_looks or 1),  # the last look the grid may take: judged as the last
+        failed=bool(failed),
+    )  # fmt: skip
+
+
+def take_look(session: Session, grid: Grid) -> DecisionLook:
+    """The look after the grid's current wave, with the work it queues (flushed; the caller commits): its
+    state gathered (look_state), planned (plan_look.py `plan_look`), its work queued (queue_work)."""
+    state = look_state(session, grid)
+    plan = plan_look(state)
+    comparisons, wave = plan.comparisons, state.look - 1
+    actions = queue_work(session, grid, plan.work)
     look = DecisionLook(grid_id=grid.id, wave=wave, comparisons=[c.model_dump(mode="json") for c in comparisons],
                         actions=actions, final=not actions)  # fmt: skip
     session.add(look)
@@ -297,51 +277,48 @@ def take_look(session: Session, grid: Grid) -> DecisionLook:
     words = ", ".join(f"{c.arm} vs {c.other_arm} {c.decision}" for c in comparisons) or "no comparison measured"
     session.add(Event(grid_id=grid.id, kind="decide.look", message=f"look {wave + 1}: {words}",
                       data={"wave": wave, "open": len(open_), "final": not actions}))  # fmt: skip
-    if short:
-        session.add(Event(grid_id=grid.id, kind="decide.images_budget", message=short.removeprefix("; "),
-                          data={"wave": wave, "images": readable, "asked": images}))  # fmt: skip
-    if refusal is not None and not actions:
-        session.add(Event(grid_id=grid.id, kind="decide.budget", message=refusal, data={"wave": wave}))
+    if state.short:
+        session.add(Event(grid_id=grid.id, kind="decide.images_budget", message=state.short.removeprefix("; "),
+                          data={"wave": wave, "images": state.readable, "asked": state.images_asked}))  # fmt: skip
+    if plan.refusal is not None and not actions:
+        session.add(Event(grid_id=grid.id, kind="decide.budget", message=plan.refusal, data={"wave": wave}))
     for a in actions:
         session.add(Event(grid_id=grid.id, kind="decide.action", message=a["words"], data=a))
     session.flush()
     return look
 
 
+def queue_work(session: Session, grid: Grid, work: Work) -> list[dict]:
+    """Queue a look's work (plan_look.py `Work`): an evaluation of every run on its images, or each arm's new
+    seeds up to its count; returns the actions as stored."""
+    if work.images is not None:
+        evaluation = create_evaluation(session, grid, EvaluationCreate(images=work.images))
+        words = f"evaluate every run on {work.images} held-out images (evaluation {evaluation.id})"
+        return [{"action": "images", "images": work.images, "evaluation": evaluation.id, "words": words}]
+    runs = []
+    while missing := [a for a, k in work.seeds.items() if arm_seeds(grid).get(a, 0) < k]:
+        runs += add_seed(grid, missing)
+    if not runs:
+        return []
+    session.flush()
+    many = len(runs) > len(work.seeds)
+    words = ("seeds up to " if many else "one more seed of ") + ", ".join(f"{r.arm} (seed {r.seed})" for r in runs)
+    return [{"action": "seed", "arms": list(work.seeds), "runs": [r.id for r in runs], "words": words}]
+
+
 def queue_actions(session: Session, grid: Grid, comparisons: Sequence[ComparisonLook], decide: DecideSpec,
                   max_images: int, images: int | None) -> tuple[list[dict], str | None]:  # fmt: skip
-    """Queue this look's work: an evaluation on more images where any open comparison asks for one (it
-    serves every comparison, and needs no run active), else one more seed of each arm an open comparison
-    asks one for (both its arms), below max_seeds. Nothing where the images asked are no more than the
-    grid's largest evaluation asked for, or where the work would pass `decide`'s caps. Returns the actions
-    as stored, and which cap refused the work (over_budget), if one did."""
-    open_ = [c for c in comparisons if c.decision == "open"]
-    n = next_images(max_images, images, max((c.n or 0 for c in open_), default=0))
-    if n is None:
-        for c in open_:
-            c.action = None if c.action == "images" else c.action  # no images left to ask for
-    if n is not None and any(c.action == "images" for c in open_):
-        refusal = over_budget(session, grid, decide, evaluation_hours(session, grid, n), True)
-        if refusal is not None:
-            return [], refusal
-        evaluation = create_evaluation(session, grid, EvaluationCreate(images=n))
-        for c in open_:
-            c.action = "images"  # one evaluation serves every open comparison this wave
-        return [{"action": "images", "images": n, "evaluation": evaluation.id,
-                 "words": f"evaluate every run on {n} held-out images (evaluation {evaluation.id})"}], None  # fmt: skip
-    seeds = arm_seeds(grid)
-    arms = [a for a in seeds if any(c.action == "seed" and a in (c.arm, c.other_arm) for c in open_)]
-    arms = [a for a in arms if seeds[a] < decide.max_seeds]
-    if not arms:
-        return [], None
+    """Queue the work judged comparisons ask for (plan_look.py `plan_work` on the grid's seeds, spend and
+    prices, then queue_work). Returns the actions as stored, and which cap refused the work, if one did."""
     first = {r.arm: r for r in grid.runs if r.seed == 0}
-    refusal = over_budget(session, grid, decide, sum(run_hours(session, first[a]) for a in arms), False)
-    if refusal is not None:
-        return [], refusal
-    runs = add_seed(grid, arms)
-    session.flush()
-    return [{"action": "seed", "arms": arms, "runs": [r.id for r in runs],
-             "words": "one more seed of " + ", ".join(f"{r.arm} (seed {r.seed})" for r in runs)}], None  # fmt: skip
+    start = evaluation_hours(session, grid, 0)
+    state = LookState(readings=(), decide=decide, look=0, seeds=arm_seeds(grid), images_asked=images,
+                      max_images=max_images, readable=max_images, spent=spent_gpu_hours(session, grid),
+                      seed_hours={a: run_hours(session, r) for a, r in first.items()}, evaluation_start=start,
+                      evaluation_image=evaluation_hours(session, grid, 1) - start,
+                      evaluations=evaluations_of(session, grid))  # fmt: skip
+    work, refusal = plan_work(comparisons, state)
+    return queue_work(session, grid, work), refusal
 
 
 def catch_up(session: Session, grid: Grid) -> Evaluation | None:

@@ -11,24 +11,26 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[4]
-LINE = re.compile(r"^type_I (\S+) power (\S+) gpu_hours_vs_fixed3 (\S+)$")
+LINE = re.compile(r"^gpu_hours_vs_fixed3 (\S+) type_I (\S+) power (\S+) hours_vs_best_fixed (\S+)$")
 
 
-def run_sim(*extra: str) -> list[str]:
+def run_sim(*extra: str, variants: tuple[str, ...] = ("default",)) -> list[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    args = [sys.executable, "bench/decide_sim.py", "--studies", "30", "--workers", "1", "--variant", "default", *extra]
+    chosen = [x for v in variants for x in ("--variant", v)]
+    args = [sys.executable, "bench/decide_sim.py", "--studies", "30", "--workers", "1", *chosen, *extra]
     out = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=True).stdout
     return out.strip().splitlines()
 
 
 def test_the_simulation_ends_with_its_line_and_holds_type_one_loosely() -> None:
     """At the product's default DecideSpec (max_seeds 8, read from DecideSpec(), not a bench-own design)."""
-    lines = run_sim()
+    lines = run_sim(variants=("default", "equal power"))
     found = LINE.match(lines[-1])
     assert found, lines[-1]
-    type_one, power, hours = map(float, found.groups())
+    hours, type_one, power, vs_best = map(float, found.groups())
+    assert vs_best > 0  # against the cheapest fixed k x n design at the grid's power (bench/equal_power.py)
     assert 0 <= type_one <= 0.15  # 60 null comparisons a cell, the largest of 7 cells' cumulative rates
-    assert power >= 0  # a ratio; 30 studies call the smallest effects too seldom to bound it
+    assert power >= 0  # the power at 2 SE; 30 studies call the smallest effects too seldom to bound it
     assert any(line.startswith("default: Design(min_seeds=2, max_seeds=8,") for line in lines)
     big = next(line for line in lines if line.startswith("| default | headline | 1x | 0.0075 |"))
     called = [float(x.split()[0]) for x in big.split("|")[6].split("/")]  # C-B, C-A, D-A (fixed)
