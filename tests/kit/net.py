@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from contextlib import contextmanager
 from typing import Any
 
@@ -36,3 +37,17 @@ def served(app: Any) -> Iterator[str]:  # noqa: ANN401 - an ASGI app
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+CLI_TOKEN = "test-token-of-the-cli"  # the CLI refuses a token under 16 characters
+
+
+@contextmanager
+def controller_env(database_url: str, home: Path) -> Iterator[dict[str, str]]:
+    """The REST API on `database_url` served for real (no launcher), as the environment the CLI finds it by:
+    ABLATE_URL and ABLATE_API_TOKEN."""
+    from orchestrator.app import create_app
+    from orchestrator.settings import Settings
+
+    with served(create_app(Settings(database_url=database_url, home_dir=home), CLI_TOKEN)) as url:
+        yield {"ABLATE_URL": url, "ABLATE_API_TOKEN": CLI_TOKEN}
