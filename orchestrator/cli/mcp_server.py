@@ -10,7 +10,7 @@ from orchestrator.cli import app
 from orchestrator.cli.remote import UrlOption
 
 NO_CAP = ("refused: a grid submitted through ablate mcp must carry a GPU-hours cap: add decide.max_gpu_hours "
-          "(e.g. decide: {alpha: 0.05, max_gpu_hours: 4}); plan_grid prices it first")
+          "(e.g. decide: {alpha: 0.05, max_gpu_hours: 4}); the plan tool prices it first")
 
 
 def build_server(url: str | None) -> Any:  # noqa: ANN401 - an mcp MCPServer
