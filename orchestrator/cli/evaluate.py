@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from orchestrator.cli import CLIError, app
-from orchestrator.cli.remote import UrlOption, controller
+from orchestrator.cli.remote import UrlOption, controller, send
 
 if TYPE_CHECKING:
     from orchestrator.client import Client
@@ -66,20 +66,22 @@ def evaluate_command(
     """Evaluate every run's stored checkpoint of the grid again on N held-out images (the same per-image
     noise as training's evaluation, so the runs pair), one GPU job per run on the nodes, without a
     training step; the grid's report then uses the largest completed evaluation."""
-    from orchestrator.client import ApiError
-
     with controller(url, token_needed=True) as client:
         if cancel is not None:
             ended = client.cancel_evaluation(grid_id, cancel)
             typer.echo(f"evaluation {ended.id} of grid {grid_id}: {ended.error}")
             return
         body = {"images": images, "samples": samples, "metrics": _metrics(metrics), "step": _step(step)}
-        try:
-            eid = client.evaluate(grid_id, body)
-        except ApiError as exc:
-            if exc.status == 404:
-                raise CLIError(f"no grid with id {grid_id} on {client.url}") from None
-            raise
+        base, resp = send("POST", f"/api/grids/{grid_id}/evaluations", url, json=body)
+        if resp.status_code == 404:
+            raise CLIError(f"no grid with id {grid_id} on {base}")
+        if resp.status_code == 422:  # each field as its option: --samples: ...
+            detail = resp.json().get("detail", [])
+            raise CLIError("; ".join(f"--{(e['loc'][1:] or ['body'])[0]}: {e['msg']}" for e in detail)
+                           or resp.text[:300])
+        if resp.status_code != 202:
+            raise CLIError(f"{base} answered {resp.status_code}: {resp.text[:200]}")
+        eid = resp.json()["id"]
         asked = f", {samples} samples for {metrics}" if samples or metrics else ""
         typer.echo(f"evaluation {eid} of grid {grid_id} queued: {images or 'the runs eval.num_samples'} images"
                    f"{asked} at step {step}; `ablate evaluate {grid_id} --cancel {eid}` cancels it")
