@@ -103,10 +103,12 @@ def _follow(client: Client, grid_id: int, eid: int) -> EvaluationView:
     while True:
         evaluation = client.evaluation(grid_id, eid)
         done = sum(1 for j in evaluation.runs if j.state == "completed")
-        progress = (evaluation.state, done, evaluation.waiting)
+        # Why it waits, while nothing of it runs: no node up, no GPUs, every GPU busy.
+        waiting = evaluation.waiting if evaluation.state == "queued" else None
+        progress = (evaluation.state, done, waiting)
         if progress != shown:
             shown = progress
-            why = f" ({evaluation.waiting})" if evaluation.waiting else ""
+            why = f" ({waiting})" if waiting else ""
             typer.echo(f"{evaluation.state}: {done}/{len(evaluation.runs)} runs evaluated{why}", err=True)
         if evaluation.state in ("completed", "failed"):
             return evaluation
