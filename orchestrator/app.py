@@ -10,7 +10,19 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from orchestrator.api.errors import install_error_handlers
-from orchestrator.api.routes import arms, evaluations, events, grids, health, nodes, reports, runs, samples, schedules
+from orchestrator.api.routes import (
+    arms,
+    decisions,
+    evaluations,
+    events,
+    grids,
+    health,
+    nodes,
+    reports,
+    runs,
+    samples,
+    schedules,
+)
 from orchestrator.dashboard import install as install_dashboard
 from orchestrator.settings import Settings
 from orchestrator.web.guard import TokenGuard
@@ -66,7 +78,7 @@ def create_app(settings: Settings, api_token: str) -> FastAPI:
     app.state.shutdown_hooks = []
     install_error_handlers(app)
     # Routers are included here, one per resource (orchestrator/api/routes/*.py).
-    for module in (health, arms, grids, evaluations, reports, runs, samples, nodes, schedules, events):
+    for module in (health, arms, grids, decisions, evaluations, reports, runs, samples, nodes, schedules, events):
         app.include_router(module.router)
     # The web dashboard: pages at / and /grids/{id}, their JSON, the CSV export, static files.
     install_dashboard(app)

@@ -18,17 +18,22 @@ import httpx
 from pydantic import TypeAdapter
 
 from orchestrator.api.schemas import (
+    EventPublic,
     GridCreate,
     GridCreated,
     GridDetail,
     GridPublic,
     GridStopped,
     MetricPublic,
+    NodePublic,
     RunPublic,
     RunStopped,
 )
+from orchestrator.grids.projection import Rates, RatesPublic
 from orchestrator.grids.stopping import nothing_to_ask
 from orchestrator.messages import errors_text
+from orchestrator.results.deciding.grid_decision import GridDecision
+from orchestrator.results.evaluations import EvaluationView
 from orchestrator.results.reports.model import GridReport
 
 T = TypeVar("T")
@@ -99,6 +104,33 @@ class Client:
         """The grid's report (what `effects` reads), as GET /api/grids/{id}/report.json has it now."""
         return self._get(f"/api/grids/{grid_id}/report.json", GridReport)
 
+    def report_text(self, grid_id: int, fmt: str) -> str:
+        """The report rendered by the controller: "html", "json" or "md"."""
+        return self._request("GET", f"/api/grids/{grid_id}/report.{fmt}").text
+
+    def decision(self, grid_id: int) -> GridDecision:
+        """A deciding grid's decision: each comparison's verdict and interval, spend against its cap, what is open."""
+        return self._get(f"/api/grids/{grid_id}/decision", GridDecision)
+
+    def events(self, node: str | None = None, run: int | None = None, grid: int | None = None,
+               kind: str | None = None, limit: int = 100) -> list[EventPublic]:
+        """Events newest first (the token: a node's commands are infrastructure)."""
+        params = {k: v for k, v in {"node": node, "run": run, "grid": grid, "kind": kind}.items() if v is not None}
+        return self._parse(self._request("GET", "/api/events", params={**params, "limit": limit}),
+                           list[EventPublic])
+
+    def nodes(self) -> list[NodePublic]:
+        """The registered nodes (the token)."""
+        return self._get("/api/nodes", list[NodePublic])
+
+    def rates(self, gpu_model: str | None = None) -> Rates:
+        """The steps per second the controller measured (what a plan projects runs with)."""
+        params = {"gpu_model": gpu_model} if gpu_model else {}
+        return self._parse(self._request("GET", "/api/rates", params=params), RatesPublic).rates()
+
+    def evaluation(self, grid_id: int, evaluation_id: int) -> EvaluationView:
+        return self._get(f"/api/grids/{grid_id}/evaluations/{evaluation_id}", EvaluationView)
+
     def metrics(self, run_id: int) -> Any:  # noqa: ANN401 - a DataFrame, or a list of dicts
         """Every checkpoint of the run, one row per step (metrics, their SEs and n; `extra` left out)."""
         points = self._get(f"/api/runs/{run_id}/metrics", list[MetricPublic])
@@ -128,6 +160,15 @@ class Client:
         for run_id in run_ids:
             done.append(self._stop_run(run_id))
         return done
+
+    def evaluate(self, grid_id: int, body: dict[str, Any]) -> int:
+        """Queue an evaluation of the grid's stored checkpoints (POST /api/grids/{id}/evaluations); its id."""
+        return int(self._request("POST", f"/api/grids/{grid_id}/evaluations", json=body).json()["id"])
+
+    def cancel_evaluation(self, grid_id: int, evaluation_id: int) -> EvaluationView:
+        """Cancel an evaluation: its queued jobs never start, its running ones are ended."""
+        return self._parse(self._request("DELETE", f"/api/grids/{grid_id}/evaluations/{evaluation_id}"),
+                           EvaluationView)
 
     def _stop_run(self, run_id: int) -> RunStopped:
         before = self.run(run_id)  # an unknown id is a 404 here, before anything is asked

@@ -103,6 +103,9 @@ class Settings(BaseSettings):
     home_dir: Path = DEFAULT_DIR
     host: str = "127.0.0.1"
     port: Annotated[int, Field(ge=1, le=65535)] = 8000
+    # The controller the CLI and `ablate mcp` talk to (ABLATE_URL, e.g. https://ablate.lab:8000); unset:
+    # http://host:port. Every command reads and changes a controller's state through its REST API only.
+    url: str | None = None
     # Logical GPUs to declare to a local Ray on a machine without GPUs (tests, the demo);
     # 0 = let Ray detect the real ones.
     logical_gpus: Annotated[int, Field(ge=0)] = 0

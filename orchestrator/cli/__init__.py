@@ -102,6 +102,7 @@ def _register() -> None:
         evaluate,  # noqa: F401
         events,  # noqa: F401
         importer,  # noqa: F401
+        mcp_server,  # noqa: F401
         model_info,  # noqa: F401
         nodes,  # noqa: F401
         plan,  # noqa: F401

@@ -12,6 +12,7 @@ from rich.console import Console
 
 from model.spec import STANDIN
 from orchestrator.cli import CLIError, app, free_port
+from orchestrator.cli.remote import JsonOption, UrlOption, controller, print_json, send
 from orchestrator.cli.tables import Column, print_table
 from orchestrator.messages import database_error_text, errors_text, masked_url, validation_text
 from orchestrator.numbers import number
@@ -78,45 +79,6 @@ def load_grid_file(path: Path) -> dict[str, Any]:
     return data
 
 
-def server_and_token(url: str | None) -> tuple[str, str]:
-    """The running server's base URL (`url`, else ABLATE_HOST:ABLATE_PORT) and its API token."""
-    from orchestrator.server import read_token
-
-    settings = load_settings()
-    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
-    token = read_token(settings)
-    if token is None:
-        raise CLIError(f"no API token: set ABLATE_API_TOKEN or start the server once (it writes {settings.token_file})")
-    return (url or f"http://{host}:{settings.port}").rstrip("/"), token
-
-
-def server(url: str | None) -> tuple[str, dict[str, str]]:
-    """The running server's base URL and its token's header."""
-    base, token = server_and_token(url)
-    return base, {"Authorization": f"Bearer {token}"}
-
-
-def call(method: Any, base: str, path: str, **kwargs: Any) -> Any:
-    """One request to the server: unreachable or a rejected token is one clear line."""
-    import httpx
-
-    try:
-        resp = method(f"{base}{path}", timeout=30, **kwargs)
-    except httpx.HTTPError:
-        raise CLIError(unreachable_text(base)) from None
-    if resp.status_code == 401:
-        raise CLIError(token_rejected_text(base))
-    return resp
-
-
-def unreachable_text(base: str) -> str:
-    return f"no ablate server reachable at {base}: start one with `ablate serve` or pass --url"
-
-
-def token_rejected_text(base: str) -> str:
-    return f"{base} rejected the API token: use the server's (ABLATE_API_TOKEN or {load_settings().token_file})"
-
-
 def resolved_grid_file(grid_file: Path, seeds: int | None) -> tuple[dict[str, Any], Any, list[Any]]:
     """A grid file read (`seeds` over the file's), validated and its arms resolved: (the data, the
     GridCreate, its (label, ArmSpec) pairs); a CLIError naming the file and the field otherwise."""
@@ -137,7 +99,7 @@ def resolved_grid_file(grid_file: Path, seeds: int | None) -> tuple[dict[str, An
 @app.command()
 def submit(
     grid_file: Annotated[Path, typer.Argument(help="YAML grid: name, arms, overrides, control (see arms/demo.yaml)")],
-    url: Annotated[str | None, typer.Option(help="Server URL (default: http://ABLATE_HOST:ABLATE_PORT)")] = None,
+    url: UrlOption = None,
     seeds: Annotated[
         int | None,
         typer.Option(help="Training seeds per arm (1-16): each arm runs N times on one held-out split; "
@@ -146,8 +108,6 @@ def submit(
 ) -> None:
     """Submit a grid to the running server; prints the new grid's id (and on stderr, with several seeds, its
     cost first, then the server's night plan for it)."""
-    import httpx
-
     from orchestrator.grids.replicates import grid_cost
 
     # Checked here first so a bad spec fails at once, with its path, even without a server.
@@ -159,8 +119,7 @@ def submit(
     elif body.seeds > 1:  # what replicates cost, said before anything is queued
         typer.echo(f"submitting {grid_cost([spec for _, spec in resolved], body.seeds).text()}", err=True)
 
-    base, headers = server(url)
-    resp = call(httpx.post, base, "/api/grids", json=data, headers=headers)
+    base, resp = send("POST", "/api/grids", url, json=data)
     if resp.status_code == 422:
         detail = resp.json().get("detail", [])
         raise CLIError(f"{grid_file}: {errors_text(detail, root='(grid)', skip=1)}")
@@ -176,36 +135,34 @@ def submit(
 
 
 @app.command()
-def status(grid_id: Annotated[int | None, typer.Argument(help="Show this grid's runs")] = None) -> None:
-    """List grids, or show one grid's runs with their latest metrics (reads ABLATE_DATABASE_URL)."""
-    from sqlalchemy import select
-    from sqlalchemy.exc import SQLAlchemyError
-
-    from orchestrator.api.schemas import GridDetail, GridPublic
+def status(
+    grid_id: Annotated[int | None, typer.Argument(help="Show this grid's runs")] = None,
+    url: UrlOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """List the controller's grids, or show one grid's runs with their latest metrics and, for a deciding
+    grid, each comparison's decision (GET /api/grids, /api/grids/{id} and its /decision)."""
     from orchestrator.cli.decisions import print_decisions
-    from orchestrator.db.models import Grid
-    from orchestrator.db.session import session_scope
-    from orchestrator.grids.service import latest_metrics
-    from orchestrator.results.judge import judge_metric
+    from orchestrator.client import ApiError
 
-    settings = load_settings()
-    try:
-        with session_scope(settings.database_url) as session:
-            if grid_id is None:
-                _print_grids([GridPublic.from_row(g) for g in session.scalars(select(Grid).order_by(Grid.id.desc()))])
-                return
-            grid = session.get(Grid, grid_id) if 1 <= grid_id < 2**31 else None
-            if grid is None:
-                raise CLIError(f"no grid with id {grid_id}; `ablate status` lists them")
-            latest = latest_metrics(session, [r.id for r in grid.runs])
-            judges = {r.id: judge_metric(r, getattr(latest.get(r.id), "lpips_backbone", None) == STANDIN)
-                      for r in grid.runs}  # fmt: skip
-            _print_runs(GridDetail.from_rows(grid, latest), judges)
-            print_decisions(session, grid, console)  # a deciding grid: each comparison's decision
-    except SQLAlchemyError as exc:
-        raise CLIError(
-            f"cannot read {masked_url(settings.database_url)}: {database_error_text(exc)} (run `ablate db upgrade`?)"
-        ) from None
+    with controller(url) as client:
+        if grid_id is None:
+            grids = client.grids()
+            print_json(grids) if as_json else _print_grids(grids)
+            return
+        try:
+            grid = client.grid(grid_id)
+        except ApiError as exc:
+            if exc.status in (404, 422):
+                raise CLIError(f"no grid with id {grid_id}; `ablate status` lists them") from None
+            raise
+        decision = client.decision(grid_id) if grid.decide else None
+    if as_json:
+        print_json({"grid": grid, "decision": decision})
+        return
+    _print_runs(grid)
+    if decision is not None:
+        print_decisions(decision, console)
 
 
 def _print_grids(grids: list[GridPublic]) -> None:
@@ -238,14 +195,14 @@ def run_columns(judged: str, lpips_column: bool) -> list[Column]:
     ]
 
 
-def _print_runs(grid: GridDetail, judges: dict[int, str]) -> None:
-    """The grid's runs, led by the metric the detector judges each on (`judges`: run id -> metric): the
-    held-out flow loss where LPIPS is the random stand-in, whose values cannot tell arms apart."""
+def _print_runs(grid: GridDetail) -> None:
+    """The grid's runs, led by the metric the detector judges each on (its `judged_metric`): the held-out
+    flow loss where LPIPS is the random stand-in, whose values cannot tell arms apart."""
     from orchestrator.results.reports.effects import METRIC_WORDS
 
     rows = []
     for r in grid.runs:
-        judge = judges.get(r.id, "recon_lpips")
+        judge = r.judged_metric
         value = number(getattr(r, judge))
         if getattr(r, f"{judge}_se") is not None:
             value += f" ± {getattr(r, f'{judge}_se'):.3f}"
@@ -260,10 +217,10 @@ def _print_runs(grid: GridDetail, judges: dict[int, str]) -> None:
         arm = f"{r.arm} s{r.seed}" if grid.seeds > 1 else r.arm
         rows.append([str(r.id), arm, state, number(r.latest_step), value, recon, number(r.iter_per_sec, ".3g"),
                      decision])
-    lpips_column = any(judges.get(r.id, "recon_lpips") != "recon_lpips" for r in grid.runs)
+    lpips_column = any(r.judged_metric != "recon_lpips" for r in grid.runs)
     if not lpips_column:
         rows = [row[:5] + row[6:] for row in rows]
-    words = {METRIC_WORDS.get(judges.get(r.id, "recon_lpips"), "judged") for r in grid.runs}
+    words = {METRIC_WORDS.get(r.judged_metric, "judged") for r in grid.runs}
     judged = words.pop() if len(words) == 1 else "judged metric"
     seeds = f", {grid.seeds} seeds per arm" if grid.seeds > 1 else ""
     columns = run_columns(judged, lpips_column)

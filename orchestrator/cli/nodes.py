@@ -1,7 +1,8 @@
 """`ablate nodes ...`: register rented GPU nodes, probe them, bootstrap/drain/tear them down.
 
-Talks to the database directly (ABLATE_DATABASE_URL), like `ablate status`: SSH keys and known-hosts
-files are paths on the controller machine, so these commands run there.
+`nodes list` reads the controller's GET /api/nodes (ABLATE_URL, the token). The commands that change a node
+still act on the database directly (ABLATE_DATABASE_URL): SSH keys and known-hosts files are paths on the
+controller machine, so they run there.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Annotated
 import typer
 
 from orchestrator.cli import app, migrated_database_url, service_errors
+from orchestrator.cli.remote import JsonOption, UrlOption, controller, print_json
 from orchestrator.cli.tables import Column, print_table
 
 nodes_app = typer.Typer(no_args_is_help=True, help="Rented GPU nodes reached over SSH (known host keys only).")
@@ -84,10 +86,9 @@ def set_(
 
 
 @nodes_app.command("list")
-def list_() -> None:
-    """Registered nodes with their state, price and GPUs from the last probe."""
-    from orchestrator.db.session import session_scope
-    from orchestrator.fleet.inventory import list_nodes, state_text
+def list_(url: UrlOption = None, as_json: JsonOption = False) -> None:
+    """Registered nodes with their state, price and GPUs from the last probe (GET /api/nodes)."""
+    from orchestrator.fleet.inventory import state_text
 
     columns = [
         Column("name"),
@@ -97,22 +98,26 @@ def list_() -> None:
         Column("gpus", priority=1),
         Column("last probe", priority=4),
     ]
+    with controller(url, token_needed=True) as client:
+        found = client.nodes()
+    if as_json:
+        print_json(found)
+        return
     rows = []
-    with service_errors(), session_scope(migrated_database_url()) as session:
-        for n in list_nodes(session):
-            gpus = ", ".join(sorted({g["name"] for g in n.gpus}))
-            gpus = f"{len(n.gpus)}x {gpus}" if n.gpus else "-"
-            gpus += f" (declared {n.declared_gpus or '-'})" + (", trusted" if n.trusted else "")
-            rows.append(
-                [
-                    n.name,
-                    f"{n.user}@{n.host}:{n.port}",
-                    state_text(n.state, n.state_detail),
-                    f"{n.price_per_hour:g}",
-                    gpus,
-                    n.last_probe.get("probed_at", "-"),
-                ]
-            )
+    for n in found:
+        gpus = ", ".join(sorted({g.name for g in n.gpus}))
+        gpus = f"{len(n.gpus)}x {gpus}" if n.gpus else "-"
+        gpus += f" (declared {n.declared_gpus or '-'})" + (", trusted" if n.trusted else "")
+        rows.append(
+            [
+                n.name,
+                f"{n.user}@{n.host}:{n.port}",
+                state_text(n.state, n.state_detail),
+                f"{n.price_per_hour:g}",
+                gpus,
+                n.last_probe.get("probed_at", "-"),
+            ]
+        )
     print_table("nodes", columns, rows)
 
 

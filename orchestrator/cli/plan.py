@@ -10,8 +10,7 @@ import typer
 from orchestrator.cli import CLIError, app
 from orchestrator.cli.core import resolved_grid_file
 from orchestrator.cli.plan_table import print_plan
-from orchestrator.messages import database_error_text
-from orchestrator.settings import load_settings
+from orchestrator.cli.remote import JsonOption, UrlOption, api_token, controller_url, print_json, said
 
 if TYPE_CHECKING:
     from orchestrator.grids.projection import Rates
@@ -34,19 +33,18 @@ def parse_pairs(text: str | None, option: str, key_kind: str) -> dict[str, float
     return pairs
 
 
-def stored_rates(gpu_model: str | None) -> Rates:
-    """The measured rates in the configured database; none (a note on stderr) when it cannot be read."""
-    from sqlalchemy.exc import SQLAlchemyError
+def controller_rates(gpu_model: str | None, url: str | None) -> Rates:
+    """The rates the controller measured (GET /api/rates); none, with a note on stderr, where no controller
+    answers: every cost is then the FLOP estimate or the --hours given."""
+    from orchestrator.client import ApiError, Client
+    from orchestrator.grids.projection import Rates
 
-    from orchestrator.db.session import session_scope
-    from orchestrator.grids.projection import Rates, measured_rates
-
-    settings = load_settings()
+    base = controller_url(url)
     try:
-        with session_scope(settings.database_url) as session:
-            return measured_rates(session, gpu_model)
-    except SQLAlchemyError as exc:
-        typer.echo(f"no measured rates read ({database_error_text(exc)}): every cost is the FLOP estimate",
+        with Client(base, api_token()) as client:
+            return client.rates(gpu_model)
+    except ApiError as exc:
+        typer.echo(f"no measured rates read ({said(exc, base)}): costs are the FLOP estimate or --hours",
                    err=True)
         return Rates(None, {})
 
@@ -67,10 +65,14 @@ def plan(
     gpu_model: Annotated[
         str | None, typer.Option(help="Whose measured rates to use (default: the GPU model most runs recorded)")
     ] = None,
+    url: UrlOption = None,
+    as_json: JsonOption = False,
 ) -> None:
     """Print the night plan: each run's GPUs, start and end, the night and its lower bound (total GPU-hours
     over GPUs). Runs take the GPU counts the plan chooses where the grid says `gpus_per_arm: auto`."""
     from orchestrator.grids.night import plan_grid
+    from orchestrator.grids.projection import Rates
+
     _, body, resolved = resolved_grid_file(grid_file, seeds)
     given_hours = parse_pairs(hours, "--hours", "ARM")
     unknown = sorted(set(given_hours) - {label for label, _ in resolved})
@@ -86,7 +88,13 @@ def plan(
     if not auto:
         typer.echo(f"{grid_file} names no gpus_per_arm: auto, so each arm keeps its own GPU count; "
                    "add it to let the plan choose", err=True)
-    found = plan_grid(resolved, body.first_seeds(), {"node": gpus}, stored_rates(gpu_model), auto,
+    # Every run's hours given: the plan needs no measured rate, and no controller is asked.
+    every_arm = {label for label, _ in resolved} <= set(given_hours)
+    rates = Rates(None, {}) if every_arm else controller_rates(gpu_model, url)
+    found = plan_grid(resolved, body.first_seeds(), {"node": gpus}, rates, auto,
                       hours=given_hours, scaling=given_scaling)
     assert found is not None  # one node of `gpus` >= 1
+    if as_json:
+        print_json(found)
+        return
     print_plan(found)

@@ -4,16 +4,12 @@ happened. Stopping what ended or is being stopped already is no error; an unknow
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
 from orchestrator.cli import CLIError, app
-from orchestrator.cli.core import server_and_token, token_rejected_text, unreachable_text
-from orchestrator.cli.tables import terminal_safe
-
-if TYPE_CHECKING:
-    from orchestrator.client import ApiError
+from orchestrator.cli.remote import UrlOption, controller_url, required_token, said
 
 
 @app.command("stop")
@@ -22,7 +18,7 @@ def stop_command(
         list[int] | None, typer.Argument(metavar="RUN_ID...", help="Runs to stop (ablate status shows their ids)")
     ] = None,
     grid: Annotated[int | None, typer.Option("--grid", help="Stop every run of this grid")] = None,
-    url: Annotated[str | None, typer.Option(help="Server URL (default: http://ABLATE_HOST:ABLATE_PORT)")] = None,
+    url: UrlOption = None,
 ) -> None:
     """Stop runs as POST /api/runs/{id}/stop does: a queued run at once, a running one at its next step with
     its checkpoint kept. With --grid, every run of the grid (POST /api/grids/{id}/stop)."""
@@ -30,7 +26,7 @@ def stop_command(
 
     if not run_ids and grid is None:
         raise CLIError("stop what? give run ids (ablate stop 12 13) or a grid (ablate stop --grid 3)")
-    base, token = server_and_token(url)
+    base, token = controller_url(url), required_token()
     unknown: list[str] = []
     with Client(base, token) as client:
         targets: list[tuple[int | None, int | None]] = [(None, grid)] if grid is not None else []
@@ -41,17 +37,8 @@ def stop_command(
                 if exc.status == 404:  # the others are still stopped; this id is named at the end
                     unknown.append(exc.message)
                     continue
-                raise CLIError(_said(exc, base)) from None
+                raise CLIError(said(exc, base)) from None
             for run in done:
                 typer.echo(f"run {run.run_id} ({run.arm} s{run.seed}): {run.message}")
     if unknown:
         raise CLIError(f"{'; '.join(unknown)} on {base}")
-
-
-
-def _said(exc: ApiError, base: str) -> str:
-    if exc.status == 0:
-        return unreachable_text(base)
-    if exc.status == 401:
-        return token_rejected_text(base)
-    return terminal_safe(str(exc))

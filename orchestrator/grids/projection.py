@@ -26,6 +26,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import BaseModel
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -81,6 +82,31 @@ class Rates:
             if gpus > 1 and single:
                 ratios.setdefault(gpus, []).append(rate / single)
         return {gpus: statistics.median(found) for gpus, found in sorted(ratios.items())}
+
+
+class MeasuredRate(BaseModel):
+    arm_key: str
+    gpus: int
+    steps_per_s: float
+
+
+class RatesPublic(BaseModel):
+    """Rates over JSON (GET /api/rates, which `ablate plan` reads): the dict keyed by (arm key, GPUs) as rows."""
+
+    gpu_model: str | None
+    steps_per_s: list[MeasuredRate]
+    fixed_s: dict[str, tuple[float, float]]
+    distribution_s: dict[str, float]
+
+    @classmethod
+    def of(cls, rates: Rates) -> RatesPublic:
+        rows = [MeasuredRate(arm_key=k, gpus=g, steps_per_s=v) for (k, g), v in sorted(rates.steps_per_s.items())]
+        return cls(gpu_model=rates.gpu_model, steps_per_s=rows, fixed_s=rates.fixed_s,
+                   distribution_s=rates.distribution_s)
+
+    def rates(self) -> Rates:
+        return Rates(self.gpu_model, {(r.arm_key, r.gpus): r.steps_per_s for r in self.steps_per_s},
+                     dict(self.fixed_s), dict(self.distribution_s))
 
 
 def measured_rates(session: Session, gpu_model: str | None) -> Rates:

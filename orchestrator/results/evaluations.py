@@ -62,6 +62,8 @@ class EvaluationView(Public):
     gpu_seconds: float  # the jobs' measured GPU time, summed over those that reported
     samples: int | None = None  # generated samples for the distribution metrics (None: not asked)
     metrics: list[str] = []  # the distribution metrics asked
+    # Why its queued jobs wait, as the launcher last said (no node up, no GPUs, all busy); None: none waits.
+    waiting: str | None = None
     runs: list[EvaluationRun]
     skipped: list[str] = []  # each skipped job's reason (a diverged run's checkpoint), "run N diverged ..."
 
@@ -71,12 +73,13 @@ class EvaluationView(Public):
                                                                    "distribution": _distribution(r)})
                 for r in evaluation.results]  # fmt: skip
         cost = sum(r.gpu_seconds or 0.0 for r in runs)
+        waiting = next((r.error for r in runs if r.state == EvaluationState.queued and r.error), None)
         asked = _asked(evaluation)
         return cls(
             id=evaluation.id, grid_id=evaluation.grid_id, images=evaluation.images, step=evaluation.step,
             state=evaluation.state, error=evaluation.error, created_at=evaluation.created_at,
             finished_at=evaluation.finished_at, gpu_seconds=cost, runs=runs,
-            samples=asked.get("samples"), metrics=asked.get("metrics") or [],
+            samples=asked.get("samples"), metrics=asked.get("metrics") or [], waiting=waiting,
             skipped=[r.error or f"run {r.run_id}" for r in runs if r.state == EvaluationState.skipped],
         )  # fmt: skip
 

@@ -11,8 +11,10 @@ from typing import Annotated, Any, Self
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model, field_validator
 
 from model.flow_headline import HEADLINE
+from model.spec import STANDIN
 from orchestrator.db.models import METRIC_FIELDS, Grid, Metric, Run
 from orchestrator.grids.night import PlanPublic
+from orchestrator.results.judge import judge_metric
 from orchestrator.results.reports.stats import value_of
 from orchestrator.vocabulary import RentedState, SweepState
 
@@ -88,11 +90,14 @@ class RunSummary(MetricValues):  # type: ignore[misc, valid-type]
     # The flow headline (model/flow_headline.py): what the detector judges on the flow loss.
     val_flow_ivw: float | None = None
     val_flow_ivw_se: float | None = None
+    # The metric the detector judges it on (results/judge.py): what `ablate status` leads with.
+    judged_metric: str = "recon_lpips"
 
     @classmethod
     def from_row(cls, run: Run, latest: Metric | None) -> Self:
         """The run's row with `latest` (its newest checkpoint, or None) flattened in."""
-        out = cls.model_validate(run)
+        standin = latest is not None and latest.lpips_backbone == STANDIN
+        out = cls.model_validate(run).model_copy(update={"judged_metric": judge_metric(run, standin)})
         if latest is None:
             return out
         metrics = {name: getattr(latest, name) for name in METRIC_FIELDS}

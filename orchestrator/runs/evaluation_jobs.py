@@ -68,6 +68,8 @@ from worker.protocol import (
 log = logging.getLogger("ablate.evaluations")
 
 EVALUATE_FN = "worker.evaluation:evaluate_arm"
+# Why nothing starts on a machine without GPUs: the launcher's log and every waiting evaluation say it.
+NO_GPUS = "no node has GPUs; set ABLATE_LOGICAL_GPUS=N to declare N logical ones on this machine"
 
 
 @dataclass
@@ -142,6 +144,23 @@ def settle(evaluation: Evaluation) -> None:
         evaluation.finished_at = utcnow()
 
 
+CANCELLED = "cancelled by the user"
+
+
+def cancel(evaluation: Evaluation) -> bool:
+    """End an evaluation no longer wanted: its queued and running jobs fail as cancelled (a running job's
+    worker is ended at the launcher's next poll, which kills a worker whose job is no longer running).
+    False where it had ended already."""
+    if evaluation.state in (EvaluationState.completed, EvaluationState.failed):
+        return False
+    for job in evaluation.results:
+        if job.state in (EvaluationState.queued, EvaluationState.running):
+            job.state, job.error, job.finished_at = EvaluationState.failed, CANCELLED, utcnow()
+    settle(evaluation)
+    evaluation.error = CANCELLED
+    return True
+
+
 class EvaluationJobs:
     """The launcher's evaluation workers: launch, poll replies, adopt after a restart, re-queue or fail."""
 
@@ -174,6 +193,7 @@ class EvaluationJobs:
             trusted = trusted_nodes(session)
             for job in queued:
                 if choose_node(free, JOB_GPUS) is None:
+                    self._hold(queued)
                     return
                 allowed = evaluation_nodes(job.run, free, trusted)
                 home = job.run.node
@@ -182,6 +202,19 @@ class EvaluationJobs:
                     self._wait(job, free, trusted)
                 elif self._start(session, job, node):
                     free[node] -= JOB_GPUS
+
+    def _hold(self, queued: list[EvaluationResult]) -> None:
+        """Say on each queued job why no GPU is free for it, so `ablate evaluate` prints it at once."""
+        up = self.pool.up()
+        if not up:
+            why = "waiting: no node is up (ablate nodes list; `ablate serve` starts this machine's)"
+        elif not any(entry.gpus for entry in up.values()):
+            why = f"waiting: {NO_GPUS}"
+        else:
+            why = "waiting for a GPU: every one is busy with runs or evaluations"
+        for job in queued:
+            if job.error != why:
+                job.error = why
 
     @staticmethod
     def _wait(job: EvaluationResult, free: dict[str, int], trusted: set[str]) -> None:

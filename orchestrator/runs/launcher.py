@@ -51,7 +51,7 @@ from orchestrator.db.transitions import transition
 from orchestrator.fleet.node_pool import NodePool
 from orchestrator.messages import strip_ansi
 from orchestrator.runs.command_code import CodeRefused, ship_code
-from orchestrator.runs.evaluation_jobs import EvaluationJobs, not_placed_workers
+from orchestrator.runs.evaluation_jobs import NO_GPUS, EvaluationJobs, not_placed_workers
 from orchestrator.runs.grow import Grower
 from orchestrator.runs.ingest import ingest, last_step, refused_metrics
 from orchestrator.runs.placement import (
@@ -244,7 +244,7 @@ class Launcher:
             free[name] = entry.gpus - held
         if self.pool.up() and not any(e.gpus for e in self.pool.up().values()) and not self._warned_no_gpu:
             self._warned_no_gpu = True
-            log.warning("no node has GPUs; set ABLATE_LOGICAL_GPUS=N to declare N logical ones on this machine")
+            log.warning(NO_GPUS)
         return free
 
     def _launch_queued(self) -> None:

@@ -1,4 +1,5 @@
-"""A port free on loopback (or another address of this machine) now; an app served for real in a thread."""
+"""A port free on loopback (or another address of this machine) now; an app served for real in a thread; a
+controller served for the CLI."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from orchestrator.cli import free_port as port_if_free
@@ -36,3 +38,34 @@ def served(app: Any) -> Iterator[str]:  # noqa: ANN401 - an ASGI app
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+CLI_TOKEN = "test-token-of-the-cli"  # the CLI refuses a token under 16 characters
+
+
+@contextmanager
+def controller_env(database_url: str, home: Path) -> Iterator[dict[str, str]]:
+    """The REST API on `database_url` served for real (no launcher), as the environment the CLI finds it by:
+    ABLATE_URL and ABLATE_API_TOKEN."""
+    from orchestrator.app import create_app
+    from orchestrator.settings import Settings
+
+    with served(create_app(Settings(database_url=database_url, home_dir=home), CLI_TOKEN)) as url:
+        yield {"ABLATE_URL": url, "ABLATE_API_TOKEN": CLI_TOKEN}
+
+
+# The commands that read a controller: run with a database only, the test serves one on it for the call.
+CONTROLLER_READS = (("status",), ("events",), ("report",), ("nodes", "list"), ("plan",))
+
+
+@contextmanager
+def controller_for(args: tuple[str, ...], env: dict[str, str], home: Path) -> Iterator[dict[str, str]]:
+    """ABLATE_URL and its token of a controller served on env's ABLATE_DATABASE_URL, where `args` read one
+    and env names none; else nothing (the command runs as it was asked)."""
+    database_url = env.get("ABLATE_DATABASE_URL")
+    reads = any(args[: len(command)] == command for command in CONTROLLER_READS)
+    if not reads or database_url is None or "ABLATE_URL" in env:
+        yield {}
+        return
+    with controller_env(database_url, home) as found:
+        yield found

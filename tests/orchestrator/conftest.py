@@ -14,6 +14,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -21,6 +22,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+
+from tests.kit.net import controller_for
 
 if TYPE_CHECKING:
     from fastapi.testclient import TestClient
@@ -139,12 +142,15 @@ AblateCLI = Callable[..., subprocess.CompletedProcess[str]]
 
 @pytest.fixture(scope="session")
 def ablate_cli() -> AblateCLI:
-    """Run the installed `ablate` command against a database: `ablate_cli(database_url, "import", ...)`."""
+    """Run the installed `ablate` command against a database: `ablate_cli(database_url, "import", ...)`; a
+    command that reads a controller reads one served on that database."""
     exe = shutil.which("ablate") or str(Path(sys.executable).parent / "ablate")
 
     def run(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
         env = {**os.environ, "ABLATE_DATABASE_URL": database_url}
-        return subprocess.run([exe, *args], env=env, capture_output=True, text=True, timeout=120)
+        with tempfile.TemporaryDirectory() as home, controller_for(args, env, Path(home)) as controller:
+            return subprocess.run([exe, *args], env={**env, **controller}, capture_output=True, text=True,
+                                  timeout=120)
 
     return run
 

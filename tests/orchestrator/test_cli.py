@@ -18,14 +18,17 @@ from orchestrator.db.models import Node
 from orchestrator.db.session import session_scope
 from orchestrator.settings import Settings
 from orchestrator.vocabulary import NodeState
-from tests.kit.net import free_port
+from tests.kit.net import controller_for, free_port
 
 
 def ablate(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """A command that reads a controller, given only a database, reads a controller served on it."""
     exe = shutil.which("ablate") or ""
     cmd = [exe, *args] if exe else [sys.executable, "-c", "from orchestrator.cli import main; main()", *args]
-    full_env = {**os.environ, **env, "COLUMNS": "200", "NO_COLOR": "1"}
-    return subprocess.run(cmd, env=full_env, cwd=cwd, capture_output=True, text=True, timeout=120)
+    home = Path(env.get("ABLATE_HOME_DIR") or cwd / ".ablate")
+    with controller_for(args, env, home) as controller:
+        full_env = {**os.environ, **env, **controller, "COLUMNS": "200", "NO_COLOR": "1"}
+        return subprocess.run(cmd, env=full_env, cwd=cwd, capture_output=True, text=True, timeout=120)
 
 
 @pytest.fixture
@@ -131,7 +134,8 @@ def test_submit_without_server_says_so(env: dict[str, str], tmp_path: Path) -> N
     proc = ablate("submit", str(grid), env={**env, "ABLATE_API_TOKEN": "t" * 16}, cwd=tmp_path)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        "error: no ablate server reachable at http://127.0.0.1:9: start one with `ablate serve` or pass --url"
+        "error: no ablate server reachable at http://127.0.0.1:9: start one with `ablate serve`, or point ABLATE_URL "
+        "(or --url) at one"
     ]
 
 

@@ -16,6 +16,7 @@ from rich.console import Console
 from orchestrator.cli import free_port
 from orchestrator.cli.tables import Column, print_table
 from orchestrator.numbers import number
+from tests.kit.net import controller_for
 
 COLUMNS = [
     Column("arm"),
@@ -74,7 +75,9 @@ def test_nodes_list_into_a_pipe_on_a_fresh_database(tmp_path: Path) -> None:
     add = [exe, "nodes", "add", "ceon1", "--host", host, "--user", "ceon1", "--key", str(key), "--gpus", "4"]
     added = subprocess.run(add, env=env, capture_output=True, text=True, timeout=120)
     assert added.returncode == 0, added.stderr
-    listed = subprocess.run([exe, "nodes", "list"], env=env, capture_output=True, text=True, timeout=120)
+    with controller_for(("nodes", "list"), env, tmp_path / "home") as controller:  # a controller on that database
+        listed = subprocess.run([exe, "nodes", "list"], env={**env, **controller}, capture_output=True, text=True,
+                                timeout=120)  # fmt: skip
     assert listed.returncode == 0, listed.stderr
     assert f"ceon1@{host}:22" in listed.stdout and "registered" in listed.stdout and "…" not in listed.stdout
 

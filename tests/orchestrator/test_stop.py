@@ -130,7 +130,8 @@ def test_ablate_stop_without_a_server_a_token_or_a_target_is_one_line(
     assert nothing.returncode == 2 and nothing.stderr.startswith("error: stop what?")
     dead = ablate("stop", "1", "--url", "http://127.0.0.1:9", home=tmp_path)
     assert (dead.returncode, dead.stderr.strip()) == (
-        2, "error: no ablate server reachable at http://127.0.0.1:9: start one with `ablate serve` or pass --url")
+        2, "error: no ablate server reachable at http://127.0.0.1:9: start one with `ablate serve`, or point "
+           "ABLATE_URL (or --url) at one")
     grid_id, ids = grid_in_every_state(base, database_url)
     rejected = f"error: {base} rejected the API token: use the server's (ABLATE_API_TOKEN or {tmp_path}/api_token)"
     for target in ([str(ids[1])], ["--grid", str(grid_id)]):

@@ -45,12 +45,17 @@ def write_report(session: Session, grid: Grid, out: Path, storage_options: dict[
 
 
 def write_rendered(report: GridReport, out: Path) -> list[Path]:
+    return write_texts({ext: render(report) for ext, render in RENDERERS.items()}, out)
+
+
+def write_texts(texts: dict[str, str], out: Path) -> list[Path]:
+    """Each rendered report (format -> text) as out/report.{format}, `out` created; returns the paths."""
     out.mkdir(parents=True, exist_ok=True)
     paths = []
-    for ext, render in RENDERERS.items():
+    for ext, text in texts.items():
         path = out / f"report.{ext}"
         tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(render(report), encoding="utf-8")
+        tmp.write_text(text, encoding="utf-8")
         tmp.replace(path)  # a reader never sees half a report
         paths.append(path)
     return paths

@@ -19,6 +19,7 @@ from orchestrator.fleet.probe import probe_node
 from orchestrator.grids.service import GridCreate, create_grid
 from orchestrator.runs.launcher import Launcher
 from orchestrator.settings import Settings
+from tests.kit.net import controller_env
 from tests.kit.nodes import add_ssh_node
 from tests.kit.polling import wait_for
 from tests.kit.settings import tiny_overrides
@@ -54,8 +55,10 @@ def test_a_node_s_terminal_escapes_never_reach_the_operator_s_terminal(
     assert "\x1b]52" in _error(database_url, run_id), "the stored error is what the node sent"
 
     env = {**os.environ, "ABLATE_DATABASE_URL": database_url, "COLUMNS": "300", "PYTHONPATH": os.getcwd()}
-    shown = subprocess.run([sys.executable, "-c", "from orchestrator.cli import main; main()", "status", str(grid_id)],
-                           env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    with controller_env(database_url, tmp_path / "controller") as controller:  # `status` reads a controller
+        shown = subprocess.run([sys.executable, "-c", "from orchestrator.cli import main; main()", "status",
+                                str(grid_id)], env={**env, **controller}, capture_output=True, text=True,
+                               timeout=120)  # fmt: skip
     assert shown.returncode == 0, shown.stderr
     assert "boom" in shown.stdout and "at step 3" in shown.stdout, shown.stdout
     for bad in ("\x1b", "\x07", "\x9b", "\u202e", "52;c;"):

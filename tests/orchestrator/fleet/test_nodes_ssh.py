@@ -25,6 +25,7 @@ from orchestrator.fleet.inventory import get_node
 from orchestrator.fleet.probe import probe_node
 from orchestrator.fleet.safe_fetch import fetch_tree
 from orchestrator.fleet.shell import CommandFailed, NodeShell
+from tests.kit.net import controller_env
 from tests.kit.nodes import add_ssh_node
 
 
@@ -150,7 +151,8 @@ def test_bootstrap_installs_venv_and_starts_then_teardown_removes(database_url: 
     assert _node(database_url, "quad-boot").state == "registered"
 
 
-def test_failed_bootstrap_marks_the_node_until_the_next_one(database_url: str, sshd, monkeypatch) -> None:  # noqa: ANN001
+def test_failed_bootstrap_marks_the_node_until_the_next_one(database_url: str, sshd, monkeypatch,  # noqa: ANN001
+                                                            tmp_path: Path) -> None:
     """A start that exits 126 leaves the node `bootstrap_failed (start: exit 126)`, through the teardown that
     follows, in `ablate nodes list` too; the next bootstrap that succeeds clears it."""
     from orchestrator.cli import _register as register_commands
@@ -169,7 +171,10 @@ def test_failed_bootstrap_marks_the_node_until_the_next_one(database_url: str, s
 
     register_commands()
     monkeypatch.setenv("ABLATE_DATABASE_URL", database_url)
-    listed = CliRunner().invoke(app, ["nodes", "list"])
+    with controller_env(database_url, tmp_path / "controller") as env:  # `nodes list` reads a controller
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        listed = CliRunner().invoke(app, ["nodes", "list"])
     assert listed.exit_code == 0 and "bootstrap_failed (start: exit 126)" in listed.output, listed.output
 
     fixed = failing.model_copy(update={"start": ["true"]})
@@ -274,7 +279,8 @@ def test_remote_dir_is_normalised_and_quoted() -> None:
     assert variables["remote_dir"] == "'my runs'" and variables["python"] == "'/opt/py 3/bin/python3'"
 
 
-def test_cli_add_list_probe_remove(database_url: str, sshd, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+def test_cli_add_list_probe_remove(database_url: str, sshd, monkeypatch: pytest.MonkeyPatch,  # noqa: ANN001
+                                   tmp_path: Path) -> None:
     from orchestrator.cli import _register as register_commands
 
     register_commands()
@@ -285,7 +291,10 @@ def test_cli_add_list_probe_remove(database_url: str, sshd, monkeypatch: pytest.
     args += ["--gpus", "4"]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
-    listed = runner.invoke(app, ["nodes", "list"])
+    with controller_env(database_url, tmp_path / "controller") as env:  # `nodes list` reads a controller
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        listed = runner.invoke(app, ["nodes", "list"])
     assert listed.exit_code == 0 and "cli-node" in listed.output and "3.2" in listed.output
     probed = runner.invoke(app, ["nodes", "probe", "cli-node"])
     assert probed.exit_code == 0, probed.output

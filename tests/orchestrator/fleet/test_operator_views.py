@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ from orchestrator.grids.service import GridCreate, create_grid
 from orchestrator.results.views import RunSummary
 from orchestrator.runs.placement import claim_for_launch, mark_running
 from orchestrator.settings import Settings
-from tests.kit.net import free_port
+from tests.kit.net import controller_for, free_port
 from tests.kit.nodes import add_ssh_node
 from tests.kit.settings import tiny_overrides
 
@@ -32,9 +33,11 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 def ablate(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """A read asks a controller served on `database_url` (tests/kit/net.py controller_for)."""
     env = {**os.environ, "ABLATE_DATABASE_URL": database_url, "COLUMNS": "250", "PYTHONPATH": os.getcwd()}
-    return subprocess.run([sys.executable, "-c", "from orchestrator.cli import main; main()", *args],
-                          env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    with tempfile.TemporaryDirectory() as home, controller_for(args, env, Path(home)) as controller:
+        return subprocess.run([sys.executable, "-c", "from orchestrator.cli import main; main()", *args],
+                              env={**env, **controller}, capture_output=True, text=True, timeout=120)  # fmt: skip
 
 
 def test_a_node_s_events_and_a_run_s_are_listed_by_rest_and_cli(database_url: str, sshd, tmp_path: Path) -> None:  # noqa: ANN001
