@@ -9,6 +9,7 @@ from sqlalchemy.orm import Session
 
 from orchestrator.cli.tables import Column, print_table
 from orchestrator.db.models import Grid
+from orchestrator.numbers import readable
 from orchestrator.results.deciding.decisions import decision_state, latest_look, look_comparisons
 
 COLUMNS = [Column("comparison"), Column("metric", priority=2), Column("decision"), Column("look", justify="right"),
@@ -26,10 +27,10 @@ def print_decisions(session: Session, grid: Grid, console: Console) -> None:
     rows = []
     for c in look_comparisons(latest_look(session, grid.id)):
         name = f"{c.arm} vs {c.other_arm} ({c.against})"
-        rows.append([name, c.metric, c.decision, str(c.look), f"{c.alpha_spent:.4g}", str(c.k), str(c.n or "-"),
+        rows.append([name, c.metric, c.decision, str(c.look), readable(c.alpha_spent), str(c.k), str(c.n or "-"),
                      running.get(f"{name} on {c.metric}", "-"), c.reason or "-"])  # fmt: skip
     where = "decision ended" if state.final else f"{len(state.open)} open"
-    title = f"grid {grid.id} decides at {state.rate}: {state.looks} look(s), {where}"
+    title = f"grid {grid.id} decides at {state.rate}: {state.looks} look(s), {where}; {state.spend}"
     if not rows:
         console.print(f"{title}: no look yet (the first comes when every arm's first seeds have ended)")
         return
