@@ -28,6 +28,17 @@ def validation_text(exc: ValidationError, root: str = "(input)") -> str:
     return errors_text(exc.errors(include_url=False, include_context=False, include_input=False), root)
 
 
+def yaml_error_text(exc: Exception) -> str:
+    """A YAML parse error as one line with where it is: "line 3, column 6: expected ',' or ']', but got ':'
+    (while parsing a flow sequence from line 2)". PyYAML's marks count from 0; an editor's from 1."""
+    mark, problem = getattr(exc, "problem_mark", None), getattr(exc, "problem", None)
+    if mark is None or not problem:
+        return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    context, started = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    where = f" from line {started.line + 1}" if started is not None and started.line != mark.line else ""
+    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}" + (f" ({context}{where})" if context else "")
+
+
 def database_error_text(exc: BaseException) -> str:
     """The first line of a database error (the driver's own message, without SQLAlchemy's SQL dump)."""
     return (str(getattr(exc, "orig", None) or exc).strip().splitlines() or [type(exc).__name__])[0]

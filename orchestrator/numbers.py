@@ -34,3 +34,16 @@ def number(value: object, spec: str = ".4g") -> str:
     if value is None:
         return "-"
     return format(value, spec) if isinstance(value, float) else str(value)
+
+
+SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
+
+
+def readable(value: float, digits: int = 4) -> str:
+    """A small probability or cost as a reader reads it: "0.0123", "0.000803", and below 0.0001
+    "8.03 × 10⁻⁸" rather than Python's "8.03e-08"."""
+    if value == 0 or not math.isfinite(value) or abs(value) >= 1e-4:
+        return format(value, f".{digits}g")
+    mantissa, exponent = format(value, f".{min(digits, 3) - 1}e").split("e")
+    mantissa = mantissa.rstrip("0").rstrip(".")
+    return f"{mantissa} × 10{str(int(exponent)).translate(SUPERSCRIPT)}"

@@ -35,6 +35,18 @@ from worker.reference_keys import reference_key
 from worker.references import ReferenceCache
 
 EMBED_BATCH = 32
+REASON_CHARS = 300  # a fallback reason's first line is kept to this many characters, cut at a word
+
+
+def first_line_clipped(text: str, limit: int = REASON_CHARS) -> str:
+    """The text's first line, whole where it fits in `limit` characters, else cut at the last word that fits
+    and ended with an ellipsis (a word cut in two reads as a different word)."""
+    line = (text.splitlines() or [""])[0]
+    if len(line) <= limit:
+        return line
+    head = line[: limit - 1]
+    cut = head.rsplit(" ", 1)[0] if " " in head else head
+    return cut.rstrip(" ,;:") + "…"
 
 
 def store_root(storage: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -85,7 +97,7 @@ class DistributionPass:
     def fallbacks(self) -> list[str]:
         """A line per stand-in extractor: why the real weights were not used (the run's fallbacks)."""
         seen = {ex.label: ex for ex in self.extractors().values() if ex.stand_in}
-        return [f"{label}: {(ex.reason or '').splitlines()[0][:300]}" for label, ex in seen.items()]
+        return [f"{label}: {first_line_clipped(ex.reason or '')}" for label, ex in seen.items()]
 
     def measure(self, model: nn.Module, text_encoder: nn.Module, flow: Any, dataset: Any,
                 autocast: Callable[[], Any] = contextlib.nullcontext) -> dict[str, Any]:  # fmt: skip

@@ -27,9 +27,14 @@ class SafeJSONResponse(JSONResponse):
         return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode("ascii")
 
 
+VALUE_ERROR_PREFIX = "Value error, "  # pydantic's words before a validator's own message
+
+
 def _detail(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    # The offending input is not echoed back: it can be large and it is what the client just sent.
-    return [{k: v for k, v in err.items() if k in ("loc", "msg", "type")} for err in errors]
+    # The offending input is not echoed back: it can be large and it is what the client just sent. A
+    # validator's message is the reason itself, so pydantic's prefix goes.
+    return [{k: (str(v).removeprefix(VALUE_ERROR_PREFIX) if k == "msg" else v) for k, v in err.items()
+             if k in ("loc", "msg", "type")} for err in errors]  # fmt: skip
 
 
 async def _request_invalid(_: Request, exc: Exception) -> JSONResponse:

@@ -14,7 +14,7 @@ from model.spec import STANDIN
 from orchestrator.cli import CLIError, app, free_port
 from orchestrator.cli.remote import JsonOption, UrlOption, controller, print_json, send
 from orchestrator.cli.tables import Column, print_table
-from orchestrator.messages import database_error_text, errors_text, masked_url, validation_text
+from orchestrator.messages import database_error_text, errors_text, masked_url, validation_text, yaml_error_text
 from orchestrator.numbers import number
 from orchestrator.settings import Settings, load_settings
 from orchestrator.vocabulary import RunState
@@ -73,7 +73,7 @@ def load_grid_file(path: Path) -> dict[str, Any]:
     except OSError as exc:
         raise CLIError(f"cannot read {path}: {exc.strerror}") from None
     except yaml.YAMLError as exc:
-        raise CLIError(f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+        raise CLIError(f"{path} is not valid YAML: {yaml_error_text(exc)}") from None
     if not isinstance(data, dict):
         raise CLIError(f"{path} must hold a mapping with name, arms, overrides, control")
     return data

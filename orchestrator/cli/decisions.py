@@ -7,6 +7,7 @@ from __future__ import annotations
 from rich.console import Console
 
 from orchestrator.cli.tables import Column, print_table
+from orchestrator.numbers import readable
 from orchestrator.results.deciding.grid_decision import GridDecision
 
 COLUMNS = [Column("comparison"), Column("metric", priority=2), Column("decision"), Column("look", justify="right"),
@@ -24,10 +25,10 @@ def print_decisions(decision: GridDecision, console: Console) -> None:
     rows = []
     for c in decision.comparisons:
         name = f"{c.arm} vs {c.other_arm} ({c.against})"
-        rows.append([name, c.metric, c.decision, str(c.look), f"{c.alpha_spent:.4g}", str(c.k), str(c.n or "-"),
+        rows.append([name, c.metric, c.decision, str(c.look), readable(c.alpha_spent), str(c.k), str(c.n or "-"),
                      running.get(f"{name} on {c.metric}", "-"), c.reason or "-"])  # fmt: skip
     where = "decision ended" if state.final else f"{len(state.open)} open"
-    title = f"grid {decision.grid_id} decides at {state.rate}: {state.looks} look(s), {where}"
+    title = f"grid {decision.grid_id} decides at {state.rate}: {state.looks} look(s), {where}; {state.spend}"
     if not rows:
         console.print(f"{title}: no look yet (the first comes when every arm's first seeds have ended)")
         return

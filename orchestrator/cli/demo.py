@@ -281,6 +281,16 @@ def _follow(console: Console, settings: Settings, grid_id: int, t0: float, url: 
     console.print()
 
 
+def closing_lines(url: str, grid_id: int, hold: bool) -> list[str]:
+    """The demo's last lines: the report's link, and whether its links outlive the command (they end with it
+    unless --hold keeps the server up)."""
+    report = f"report (each arm against its parent and the control): {url}api/grids/{grid_id}/report.html"
+    if hold:
+        return [report, "serving the dashboard; Ctrl-C to end"]
+    return [report, "the dashboard and report links end with this command: `ablate demo --hold` keeps them up "
+                    f"(or `ablate report {grid_id}` writes the report to files)"]
+
+
 @app.command()
 def demo(
     port: Annotated[int | None, typer.Option(help="Dashboard/API port (default: ABLATE_PORT, else any free)")] = None,
@@ -335,9 +345,9 @@ def demo(
             if r["reason"] and r["state"] != RunState.completed and not r["detector_stop"]:
                 console.print(f"  {r['arm']}: {r['reason'].splitlines()[0]}")
         console.print(f"checkpoints: {Path(settings.home_dir).resolve() / 'runs'}")
-        console.print(f"report (each arm against its parent and the control): {url}api/grids/{grid_id}/report.html")
+        for line in closing_lines(url, grid_id, hold):
+            console.print(line)
         if hold:
-            console.print("serving the dashboard; Ctrl-C to end")
             while True:
                 time.sleep(1)
     except KeyboardInterrupt:

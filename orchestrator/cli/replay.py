@@ -18,7 +18,7 @@ def load_policy(path: Path | None) -> DetectorPolicy:
     import yaml
     from pydantic import ValidationError
 
-    from orchestrator.messages import validation_text
+    from orchestrator.messages import validation_text, yaml_error_text
 
     if path is None:
         return DetectorPolicy()
@@ -27,7 +27,7 @@ def load_policy(path: Path | None) -> DetectorPolicy:
     except FileNotFoundError:
         raise CLIError(f"policy file {str(path)!r} not found") from None
     except yaml.YAMLError as exc:
-        raise CLIError(f"policy file {str(path)!r} is not valid YAML/JSON: {str(exc).splitlines()[0]}") from None
+        raise CLIError(f"policy file {str(path)!r} is not valid YAML/JSON: {yaml_error_text(exc)}") from None
     if data is None:
         data = {}
     if isinstance(data, dict) and set(data) == {"detector"}:

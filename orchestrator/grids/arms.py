@@ -10,6 +10,7 @@ import yaml
 
 from arms import ARMS_DIR
 from model.spec import ArmSpec
+from orchestrator.messages import yaml_error_text
 
 LINEAGE_KEYS = ("name", "parent", "description")
 
@@ -37,7 +38,7 @@ def arm_files(arms_dir: Path = ARMS_DIR) -> dict[str, dict[str, Any]]:
         try:
             data = yaml.safe_load(path.read_text()) or {}
         except yaml.YAMLError as exc:
-            raise ArmError(f"{path}: not valid YAML: {exc}") from exc
+            raise ArmError(f"{path}: not valid YAML: {yaml_error_text(exc)}") from exc
         if not isinstance(data, dict):
             raise ArmError(f"{path}: must hold a mapping of spec sections")
         raw[path.stem] = data

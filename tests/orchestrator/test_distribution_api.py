@@ -47,3 +47,11 @@ def test_the_spec_is_stored_on_each_run(client: TestClient) -> None:
         run = client.get(f"/api/runs/{summary['id']}", headers=AUTH).json()
         assert run["spec"]["eval"]["distribution"] == {"metrics": ["cmmd", "fd_dinov2"], "samples": 32, "every": 3,
                                                        "sampler_steps": 50, "guidance": 1.0}  # fmt: skip
+
+
+def test_an_evaluation_asking_fid_says_why_without_pydantics_prefix(client: TestClient) -> None:
+    resp = client.post("/api/grids/1/evaluations", json={"samples": 32, "metrics": ["fid"]}, headers=AUTH)
+    assert resp.status_code == 422, resp.text
+    error = resp.json()["detail"][0]
+    assert error["loc"][:2] == ["body", "metrics"] and "use fd_dinov2" in error["msg"]
+    assert not error["msg"].startswith("Value error"), error["msg"]

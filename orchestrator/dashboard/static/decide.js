@@ -4,11 +4,19 @@
 // effects.js calls them, with the page's data and its element helper.
 "use strict";
 
+// A small probability as orchestrator/numbers.py readable() writes it: "0.0123", and below 0.0001 "8.03 × 10⁻⁸".
+function readable(value) {
+  if (value === 0 || !Number.isFinite(value) || Math.abs(value) >= 1e-4) return String(Number(value.toPrecision(4)));
+  const [mantissa, exponent] = value.toExponential(2).split("e");
+  const sup = { "-": "⁻", 0: "⁰", 1: "¹", 2: "²", 3: "³", 4: "⁴", 5: "⁵", 6: "⁶", 7: "⁷", 8: "⁸", 9: "⁹" };
+  return `${mantissa.replace(/\.?0+$/, "")} × 10${String(Number(exponent)).replace(/./g, (c) => sup[c])}`;
+}
+
 window.AblateDecide = {
   // The effect's decision words: "better · look 2 · α spent 0.0123 · k=3 n=256", or "—" off the decided metrics.
   words(e) {
     return e.decision
-      ? `${e.decision} · look ${e.look} · α spent ${Number(e.alpha_spent).toPrecision(3)} · k=${e.k} n=${e.n ?? "—"}`
+      ? `${e.decision} · look ${e.look} · α spent ${readable(Number(e.alpha_spent))} · k=${e.k} n=${e.n ?? "—"}`
       : "—";
   },
 
@@ -24,7 +32,7 @@ window.AblateDecide = {
     const s = d.decide;
     const where = s.final ? "decision ended" : `${s.open.length} open`;
     panel.querySelector(".hint").textContent =
-      `${s.rate} at every look · ${s.looks} look(s) · ${s.decided} decided · ${s.undecided} undecided · ${where}`;
+      `${s.rate} at every look · ${s.looks} look(s) · ${s.decided} decided · ${s.undecided} undecided · ${where} · ${s.spend}`;
     const list = panel.querySelector(".open-comparisons");
     list.replaceChildren(...s.open.map((o) => el("li", { "data-look": o.look }, `${o.comparison}: look ${o.look}, running ${o.running}`)));
   },

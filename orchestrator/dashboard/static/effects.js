@@ -1,6 +1,7 @@
 // The grid page's effects table: each arm against its parent and the control across the grid's training
 // seeds. The judged metric's rows lead (the first screen shows them), the other real metrics follow, and
-// the stand-in LPIPS rows, which can carry no verdict, are folded under one line that says why. One
+// the stand-in rows, which can carry no verdict, are folded under a line that says why (LPIPS apart from the
+// distribution metrics, whose weights `ablate weights fetch` stages). One
 // column list (COLUMNS) draws the header and every row of both tables: a new column is one entry.
 "use strict";
 
@@ -19,7 +20,7 @@ window.AblateEffects = function (kit) {
       (e.seed_sd !== null ? `seed SD ${fmt(e.seed_sd, 4)}` : (e.eval_se !== null ? `eval SE ${fmt(e.eval_se, 4)}` : "—")) },
     { key: "covers", title: "interval covers", cell: (e) => e.noise },
     // The noise budget: where the variance is, and what narrows it most for its cost.
-    { key: "budget", title: "noise budget", cell: (e) => (e.budget ? e.budget.words : (e.k < 2 ? "one seed: training noise not measured" : "—")) },
+    { key: "budget", title: "noise budget", cell: (e) => (e.budget ? e.budget.words : "—") },  // one seed: the reading says so
     { key: "narrow", title: "to narrow it", cell: (e) => (e.budget ? e.budget.narrowing.map((o) => o.words).join("; ") : "—") },
     // A deciding grid only (decide.js): the decision, its look, the alpha spent, k and n; then why.
     { key: "decision", title: "decision", when: (d) => Boolean(d.decide), cls: (e) => `decision ${e.decision || ""}`,
@@ -27,8 +28,10 @@ window.AblateEffects = function (kit) {
     { key: "why", title: "why", when: (d) => Boolean(d.decide), cell: (e) => window.AblateDecide.why(e) },
   ];
 
+  // As orchestrator/results/reports/effects.py reading_words: a deciding grid's undecided metric is descriptive.
   function reading(e) {
-    return e.standin ? "stand-in" : e.reading;
+    if (e.standin) return "stand-in";
+    return e.descriptive ? `descriptive: ${e.reading}` : e.reading;
   }
 
   function head(table, columns) {
@@ -53,20 +56,31 @@ window.AblateEffects = function (kit) {
     const judge = document.getElementById("effects-judge");
     judge.textContent = d.judge ? `judged: ${d.effects.find((e) => e.metric === d.judge)?.words || d.judge}` : "";
     const main = document.getElementById("effects");
-    const folded = document.getElementById("effects-standin");
     const columns = COLUMNS.filter((c) => !c.when || c.when(d));
     head(main, columns);
-    head(folded.querySelector("table"), columns);
-    // The judged metric first, then the others in the order the server gives them.
-    const real = d.effects.filter((e) => !e.standin);
-    const ordered = [...real.filter((e) => e.metric === d.judge), ...real.filter((e) => e.metric !== d.judge)];
+    // A deciding grid's decided metrics lead (shown even where a stand-in scored them: the decision is on
+    // them), then the judged metric, then the others in the order the server gives them.
+    const decided = d.decide ? d.effects.filter((e) => d.decide.metrics.includes(e.metric)) : [];
+    const rest = d.effects.filter((e) => !decided.includes(e));
+    const real = rest.filter((e) => !e.standin);
+    const ordered = [...decided, ...real.filter((e) => e.metric === d.judge), ...real.filter((e) => e.metric !== d.judge)];
     main.querySelector("tbody").replaceChildren(...ordered.map((e) => row(e, d.judge, columns)));
-    const standin = d.effects.filter((e) => e.standin);
-    folded.querySelector("tbody").replaceChildren(...standin.map((e) => row(e, d.judge, columns)));
-    folded.hidden = standin.length === 0;
-    folded.querySelector("summary").textContent =
-      `${standin.length} stand-in LPIPS row(s) folded: scored with a random LPIPS backbone (no real weights here), they can carry no verdict; ${WEIGHTS_HOW}.`;
-    main.hidden = real.length === 0;
+    // Stand-in rows carry no verdict: folded, LPIPS's apart from the distribution metrics' (an extractor
+    // label), each under a line that says how to get the real weights.
+    const folds = [
+      ["effects-standin", rest.filter((e) => e.standin && !e.extractor),
+        (n) => `${n} stand-in LPIPS row(s) folded: scored with a random LPIPS backbone (no real weights here), they can carry no verdict; ${WEIGHTS_HOW}.`],
+      ["effects-standin-distribution", rest.filter((e) => e.standin && e.extractor),
+        (n) => `${n} stand-in distribution row(s) (CMMD, DINO-MMD, FD-DINOv2) folded: scored with a random stand-in extractor (no pinned weights on the nodes), they can carry no verdict; stage the weights with \`ablate weights fetch\`.`],
+    ];
+    for (const [id, rows, words] of folds) {
+      const folded = document.getElementById(id);
+      head(folded.querySelector("table"), columns);
+      folded.querySelector("tbody").replaceChildren(...rows.map((e) => row(e, d.judge, columns)));
+      folded.hidden = rows.length === 0;
+      folded.querySelector("summary").textContent = words(rows.length);
+    }
+    main.hidden = ordered.length === 0;
     document.getElementById("effects-empty").hidden = d.effects.length > 0;
     window.AblateDecide.render(d, el);  // a deciding grid: what is still open and what runs for it
   }

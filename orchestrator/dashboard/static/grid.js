@@ -56,6 +56,17 @@
     return el("span", { class: `badge state-${state}`, "data-state": state }, extra || state);
   }
 
+  // GPU-hours with enough digits that a CPU demo's hundredths do not read "0.0".
+  function hoursText(h) {
+    return h >= 10 ? h.toFixed(1) : String(Number(h.toPrecision(2)));
+  }
+
+  // Runs on logical GPUs of the CPU record no GPU-hours: the charts against GPU-hours would be empty.
+  function noGpuHours(d) {
+    const hours = d.runs.map((r) => lastOf(r.series.gpu_hours)).filter((v) => v !== null);
+    return hours.length > 0 && hours.every((h) => h === 0);
+  }
+
   function renderHeader(d) {
     document.getElementById("grid-name").textContent = d.name;
     const st = document.getElementById("grid-state");
@@ -67,8 +78,14 @@
     const counts = new Map();
     for (const r of d.runs) counts.set(r.state, (counts.get(r.state) || 0) + 1);
     st.title = Array.from(counts, ([state, n]) => `${n} ${state}`).join(", ");
-    document.getElementById("grid-meta").textContent = `${d.runs.length} arms (${st.title}) · control ${d.control ?? "—"} · ${d.source}` +
-      (total !== null ? ` · ${total.toFixed(1)} GPU-hours` : "");
+    // Arms and runs apart: a grid of 2 arms x 3 seeds is 6 runs, not "6 arms".
+    const perArm = new Map();
+    for (const r of d.runs) perArm.set(r.arm, (perArm.get(r.arm) || 0) + 1);
+    const seeds = new Set(perArm.values());
+    const size = d.runs.length === perArm.size ? `${perArm.size} arms`
+      : `${perArm.size} arms x ${seeds.size === 1 ? `${[...seeds][0]} seeds` : "up to " + Math.max(...seeds) + " seeds"} = ${d.runs.length} runs`;
+    document.getElementById("grid-meta").textContent = `${size} (${st.title}) · control ${d.control ?? "—"} · ${d.source}` +
+      (total !== null ? ` · ${hoursText(total)} GPU-hours` : "");
     document.getElementById("control-name").textContent = d.control ? `(${d.control})` : "";
     const live = document.getElementById("live");
     live.hidden = !d.live;
@@ -212,7 +229,12 @@
       if (note !== null && STANDIN_KEYS.has(key)) return fold.open ? document.getElementById(`row-standin-${axis}`) : null;
       return document.getElementById(rows[axis]);
     };
-    for (const [axis, xKey, xLabel] of [["step", "step", "step"], ["hours", "gpu_hours", "GPU-hours"]]) {
+    if (noGpuHours(d)) {
+      document.getElementById(rows.hours).append(el("p", { class: "nodata", id: "no-gpu-hours" },
+        "No charts against GPU-hours: the runs recorded 0 GPU-hours (they trained on the CPU, on logical GPUs); " +
+        "the charts by step show the same curves."));
+    }
+    for (const [axis, xKey, xLabel] of [["step", "step", "step"], ...(noGpuHours(d) ? [] : [["hours", "gpu_hours", "GPU-hours"]])]) {
       for (const q of measured(d)) {
         if (place(q.key, axis) === null) continue;
         charts.push(chartCard(place(q.key, axis), {

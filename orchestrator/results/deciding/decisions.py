@@ -20,7 +20,8 @@ from orchestrator.db.models import DecisionLook, Grid
 from orchestrator.grids import deciding
 from orchestrator.grids.deciding import DecideSpec, decide_of, family_size, submitted_pairs, with_budget
 from orchestrator.grids.projection import project
-from orchestrator.numbers import json_safe
+from orchestrator.numbers import json_safe, readable
+from orchestrator.results.deciding.budget import budget_of, spent_gpu_hours
 from orchestrator.results.reports.model import Effect
 
 Decision = Literal["better", "worse", "equivalent", "undecided", "open"]
@@ -75,18 +76,21 @@ def look_comparisons(look: DecisionLook | None) -> list[ComparisonLook]:
 
 
 def with_decisions(session: Session, grid: Grid, effects: list[Effect]) -> list[Effect]:
-    """The effects of a deciding grid with each decided metric's decision from the latest look (the others
-    unchanged); a grid that does not decide, or has not looked yet, keeps its effects as they are."""
-    if not grid.decide:
+    """The effects of a deciding grid, its decided metrics' rows first, each with its decision from the latest
+    look, and every row's reading marked descriptive: a fixed-sample interval (the plain mean's beside the
+    decided headline's, or the decided row's own) is no call at the grid's error rate, its decision is; a grid
+    that does not decide keeps its effects as they are."""
+    decide = decide_of(grid)
+    if decide is None:
         return effects
     found = {c.key(): c for c in look_comparisons(latest_look(session, grid.id))}
     out = []
     for e in effects:
         c = found.get((e.arm, e.metric, e.against))
-        out.append(e if c is None else e.model_copy(update={
-            "decision": c.decision, "look": c.look, "alpha_spent": c.alpha_spent,
-            "decision_reason": c.reason or None}))  # fmt: skip
-    return out
+        decision = {} if c is None else {"decision": c.decision, "look": c.look, "alpha_spent": c.alpha_spent,
+                                         "decision_reason": c.reason or None}  # fmt: skip
+        out.append(e.model_copy(update={"descriptive": True, **decision}))
+    return sorted(out, key=lambda e: e.metric not in decide.margin)  # stable: each part keeps the report's order
 
 
 def submitted_arms(grid: Grid) -> list[tuple[str, ArmSpec]]:
@@ -143,6 +147,19 @@ class DecisionState(BaseModel):
     decided: int
     undecided: int
     open: list[OpenComparison]
+    metrics: list[str]  # the decided metrics (decide.margin's): their rows lead the effects table
+    spent_gpu_hours: float  # the runs' and evaluation jobs' measured GPU-hours (results/deciding/budget.py)
+    max_gpu_hours: float | None  # decide.max_gpu_hours as stored (its worst case by default); None: no cap
+    spend: str  # spend_words: "spent 1.23 of 40 GPU-hours (3%, decide.max_gpu_hours)"
+
+
+def spend_words(spent: float, cap: float | None) -> str:
+    """What a deciding grid has spent against its cap, in words, with enough digits for a CPU demo's
+    hundredths of an hour."""
+    if cap is None:
+        return f"spent {readable(spent, 3)} GPU-hours (no decide.max_gpu_hours cap)"
+    return (f"spent {readable(spent, 3)} of {readable(cap, 3)} GPU-hours ({100 * spent / cap:.0f}%, "
+            "decide.max_gpu_hours)")
 
 
 def decision_state(session: Session, grid: Grid) -> DecisionState | None:
@@ -165,11 +182,13 @@ def decision_state(session: Session, grid: Grid) -> DecisionState | None:
     decide = decide_of(grid)
     assert decide is not None
     m = family_size(submitted_arms(grid), grid.control_arm, decide)
+    spent, cap = spent_gpu_hours(session, grid), budget_of(grid).max_gpu_hours
     return DecisionState(
         alpha=decide.alpha, error_rate=decide.error_rate, comparison_alpha=comparison_alpha_of(decide, m),
         rate=rate_words(decide, m), looks=len(looks), final=bool(last is not None and last.final),
         decided=sum(c.decision in DECIDED for c in comps), undecided=sum(c.decision == "undecided" for c in comps),
-        open=open_,
+        open=open_, metrics=list(decide.margin), spent_gpu_hours=spent, max_gpu_hours=cap,
+        spend=spend_words(spent, cap),
     )  # fmt: skip
 
 
@@ -183,7 +202,7 @@ def deciding_words(session: Session, grid: Grid) -> str | None:
     where = ("decision ended" if state.final else f"{len(state.open)} open") if state.looks else "no look yet"
     return (f"Decided look by look, {decide.min_seeds} to {decide.max_seeds} seeds, at {state.rate}, held over "
             f"all looks: {state.looks} look(s), {state.decided} decided, {state.undecided} undecided, "
-            f"{where}.")  # fmt: skip
+            f"{where}; {state.spend}.")  # fmt: skip
 
 
 def decision_json(session: Session, grid: Grid) -> dict | None:

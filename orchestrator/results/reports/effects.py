@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from html import escape
 
+from orchestrator.numbers import readable
 from orchestrator.results.reports.costs import RunCost
 from orchestrator.results.reports.crossed import Components, budget_words
 from orchestrator.results.reports.model import (
@@ -208,9 +209,8 @@ HEADER = ("arm", "metric", "vs", "step", "difference [95% CI]", "reading", "seed
 
 def budget_cells(e: Effect) -> tuple[str, str]:
     """The noise budget's shares and its options, as two cells ("-" where the interval is not crossed)."""
-    if e.budget is None:
-        why = "one seed: training noise not measured" if e.k < 2 else "-"
-        return why, "-"
+    if e.budget is None:  # one seed: the reading and "interval covers" already say so, once is enough
+        return "-", "-"
     return e.budget.words, "; ".join(o.words for o in e.budget.narrowing)
 
 
@@ -223,7 +223,7 @@ def decision_words(e: Effect) -> str:
     n=256): the interval excludes zero at look 2"; "-" where the grid does not decide this metric."""
     if e.decision is None:
         return "-"
-    spent = f", alpha spent {e.alpha_spent:.4g}" if e.alpha_spent is not None else ""
+    spent = f", alpha spent {readable(e.alpha_spent)}" if e.alpha_spent is not None else ""
     why = f": {e.decision_reason}" if e.decision_reason else ""
     return f"{e.decision} (look {e.look}{spent}, k={e.k}, n={e.n or '-'}){why}"
 
@@ -233,10 +233,18 @@ def header(effects: list[Effect]) -> tuple[str, ...]:
     return (*HEADER, "decision") if any(e.decision is not None for e in effects) else HEADER
 
 
+def reading_words(e: Effect) -> str:
+    """The reading cell: "stand-in" where a stand-in scored it; a deciding grid's undecided metric's reading
+    marked "descriptive: ..." (no call at the grid's error rate)."""
+    if e.standin:
+        return "stand-in"
+    return f"descriptive: {e.reading}" if e.descriptive else e.reading
+
+
 def _rows(effects: list[Effect]) -> list[list[str]]:
     decides = any(e.decision is not None for e in effects)
-    return [[e.arm, _metric_label(e), e.against, str(e.step), effect_cell(e),
-             "stand-in" if e.standin else e.reading, str(e.k), _n(e), _spread(e), e.noise, *budget_cells(e),
+    return [[e.arm, _metric_label(e), e.against, str(e.step), effect_cell(e), reading_words(e), str(e.k), _n(e),
+             _spread(e), e.noise, *budget_cells(e),
              *([decision_words(e)] if decides else [])]
             for e in effects]  # fmt: skip
 

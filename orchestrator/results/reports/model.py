@@ -176,6 +176,9 @@ class Effect(BaseModel):
     look: int | None = None
     alpha_spent: float | None = None
     decision_reason: str | None = None
+    # A deciding grid's row: its reading (a fixed-sample interval) describes the data, no call at the grid's
+    # error rate (its decision, on a decided metric, is): shown as "descriptive: ...".
+    descriptive: bool = False
 
 
 class TimestepEffect(BaseModel):

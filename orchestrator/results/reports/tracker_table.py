@@ -20,6 +20,7 @@ from orchestrator.db.models import DecisionLook, Event, Grid
 from orchestrator.db.session import session_scope
 from orchestrator.results.deciding.decider import current_effects
 from orchestrator.results.deciding.decisions import latest_look, with_decisions
+from orchestrator.results.reports.effects import reading_words
 from orchestrator.results.reports.model import Effect
 from orchestrator.settings import Settings
 
@@ -69,7 +70,7 @@ def _finite(x: float | None) -> float | None:
 def effect_row(e: Effect) -> EffectRow:
     ns = {s.n for s in e.per_seed if s.n}
     n = e.n if e.n is not None else (ns.pop() if len(ns) == 1 else None)
-    decision = e.decision or ("stand-in: no verdict" if e.standin else e.reading)
+    decision = e.decision or ("stand-in: no verdict" if e.standin else reading_words(e))
     return EffectRow(arm=e.arm, vs=f"{e.other_arm} ({e.against})", metric=e.metric, diff=_finite(e.diff),
                      low=_finite(e.low), high=_finite(e.high), k=e.k, n=n, decision=decision, covers=e.noise)
 

@@ -107,7 +107,9 @@ def test_the_demo_grid_s_first_screen_answers(base_url: str, demo_grid_id: int, 
     page.click("#effects-standin > summary")
     page.wait_for_selector("figure.chart[data-key='recon_lpips'][data-axis='step'][data-drawn]")
     opened = first_screen(page, HEADLINE)
-    assert len(opened["lpips_charts"]) == 9 and len(opened["standin_effects"]) == standin_rows
+    # by step and paired (the demo's runs trained on the CPU: no charts against GPU-hours, and a line says why)
+    assert len(opened["lpips_charts"]) == 6 and len(opened["standin_effects"]) == standin_rows
+    assert "the runs recorded 0 GPU-hours (they trained on the CPU" in page.inner_text("#no-gpu-hours")
     assert min(c["top"] for c in opened["lpips_charts"]) > opened["judged_chart"][0]["bottom"]
     assert min(c["right"] - c["left"] for c in opened["lpips_charts"]) > 400
     assert opened["scroll_width"] <= WIDTH

@@ -82,7 +82,8 @@ def report_rows(settings: Any, grid_id: int) -> list[dict[str, Any]]:  # noqa: A
     report = json.loads((report_dir(settings, grid_id) / "report.json").read_text())
     return [{"arm": e["arm"], "vs": f"{e['other_arm']} ({e['against']})", "metric": e["metric"], "diff": e["diff"],
              "low": e["low"], "high": e["high"], "k": e["k"], "n": e["n"],
-             "decision": e["decision"] or ("stand-in: no verdict" if e["standin"] else e["reading"]),
+             "decision": e["decision"] or ("stand-in: no verdict" if e["standin"] else
+                                           f"descriptive: {e['reading']}" if e["descriptive"] else e["reading"]),
              "covers": e["noise"]} for e in report["effects"]]  # fmt: skip
 
 

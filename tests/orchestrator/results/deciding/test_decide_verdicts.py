@@ -83,7 +83,7 @@ def test_an_arm_equal_to_its_parent_ends_equivalent_and_the_report_says_why(sett
     assert words in RENDERERS["md"](report) and words in RENDERERS["html"](report)
     assert '"decision_reason": "the interval lies inside +-0.05"' in RENDERERS["json"](report)
     header = ("Decided look by look, 2 to 2 seeds, at alpha 0.05 per comparison, held over all looks: 1 look(s), "
-              "1 decided, 0 undecided, decision ended.")  # fmt: skip
+              "1 decided, 0 undecided, decision ended; spent 0 of 0.0667 GPU-hours (0%, decide.max_gpu_hours).")
     assert report.deciding == header and header in RENDERERS["md"](report)
 
 
