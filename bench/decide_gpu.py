@@ -250,8 +250,9 @@ def effect_table(effects: list[dict[str, Any]]) -> list[str]:
               for e in effects)]  # fmt: skip
 
 
-def ablate_status(database_url: str, gid: int) -> str:
-    env = dict(os.environ, ABLATE_DATABASE_URL=database_url, COLUMNS="160")
+def ablate_status(url: str, gid: int) -> str:
+    """`ablate status GID` as a user runs it: through the server's REST API (ABLATE_URL), with its token."""
+    env = dict(os.environ, ABLATE_URL=url, ABLATE_API_TOKEN=TOKEN, COLUMNS="160")
     proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "status", str(gid)], capture_output=True,
                           text=True, env=env, timeout=120)  # fmt: skip
     return proc.stdout + proc.stderr
@@ -330,7 +331,7 @@ def report(url: str, database_url: str, answers: dict[str, dict[str, Any]], done
         say("The fixed grid's CMMD (x1000, its last checkpoints; report JSON):", "", *effect_table(cmmd), "")
     if "decide" in gids:
         say("The deciding grid's looks (decision_looks table):", "", *look_lines(database_url, gids["decide"]), "",
-            "`ablate status` of the deciding grid:", "", "```", ablate_status(database_url, gids["decide"]).rstrip(),
+            "`ablate status` of the deciding grid:", "", "```", ablate_status(url, gids["decide"]).rstrip(),
             "```")  # fmt: skip
 
 
