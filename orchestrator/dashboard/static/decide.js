@@ -13,11 +13,15 @@ function readable(value) {
 }
 
 window.AblateDecide = {
-  // The effect's decision words: "better · look 2 · α spent 0.0123 · k=3 n=256", or "—" off the decided metrics.
+  // The effect's decision words: "better · look 2 · α spent 0.0123 · k=3 n=256 · repeated CI [-0.031, -0.0042]",
+  // or "—" off the decided metrics. The look's interval is the one the decision rests on; the row's own interval
+  // (its seeds' fixed-sample one, without a borrowed seed variance) may read otherwise.
   words(e) {
-    return e.decision
-      ? `${e.decision} · look ${e.look} · α spent ${readable(Number(e.alpha_spent))} · k=${e.k} n=${e.n ?? "—"}`
-      : "—";
+    if (!e.decision) return "—";
+    const signed = (x) => (x >= 0 ? "+" : "") + Number(x.toPrecision(4));
+    const ci = e.decision_low != null && e.decision_high != null
+      ? ` · repeated CI [${signed(e.decision_low)}, ${signed(e.decision_high)}]` : "";
+    return `${e.decision} · look ${e.look} · α spent ${readable(Number(e.alpha_spent))} · k=${e.k} n=${e.n ?? "—"}${ci}`;
   },
 
   // Why the look decided so: "the interval lies inside +-0.01", "futile: conditional power 0.04 at the budget".

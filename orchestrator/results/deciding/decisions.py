@@ -20,7 +20,7 @@ from orchestrator.db.models import DecisionLook, Grid
 from orchestrator.grids import deciding
 from orchestrator.grids.deciding import DecideSpec, decide_of, family_size, submitted_pairs, with_budget
 from orchestrator.grids.projection import project
-from orchestrator.numbers import json_safe, readable
+from orchestrator.numbers import finite_or_none, json_safe, readable
 from orchestrator.results.deciding.budget import budget_of, spent_gpu_hours
 from orchestrator.results.reports.model import Effect
 
@@ -88,7 +88,8 @@ def with_decisions(session: Session, grid: Grid, effects: list[Effect]) -> list[
     for e in effects:
         c = found.get((e.arm, e.metric, e.against))
         decision = {} if c is None else {"decision": c.decision, "look": c.look, "alpha_spent": c.alpha_spent,
-                                         "decision_reason": c.reason or None}  # fmt: skip
+                                         "decision_reason": c.reason or None, "decision_low": finite_or_none(c.low),
+                                         "decision_high": finite_or_none(c.high)}  # fmt: skip
         out.append(e.model_copy(update={"descriptive": True, **decision}))
     return sorted(out, key=lambda e: e.metric not in decide.margin)  # stable: each part keeps the report's order
 

@@ -219,13 +219,18 @@ def _n(e: Effect) -> str:
 
 
 def decision_words(e: Effect) -> str:
-    """A deciding grid's decision on this effect and why, e.g. "better (look 2, alpha spent 0.0123, k=3,
-    n=256): the interval excludes zero at look 2"; "-" where the grid does not decide this metric."""
+    """A deciding grid's decision on this effect, the look's repeated interval it rests on, and why, e.g.
+    "better (look 2, alpha spent 0.0123, k=3, n=256; repeated CI [-0.031, -0.0042]): the interval excludes
+    zero at look 2"; "-" where the grid does not decide this metric. The interval is said because the row's
+    own (its seeds' fixed-sample interval, without a borrowed seed variance) may include zero beside a call."""
     if e.decision is None:
         return "-"
     spent = f", alpha spent {readable(e.alpha_spent)}" if e.alpha_spent is not None else ""
+    ci = ""
+    if e.decision_low is not None and e.decision_high is not None:
+        ci = f"; repeated CI [{e.decision_low:+.4g}, {e.decision_high:+.4g}]"
     why = f": {e.decision_reason}" if e.decision_reason else ""
-    return f"{e.decision} (look {e.look}{spent}, k={e.k}, n={e.n or '-'}){why}"
+    return f"{e.decision} (look {e.look}{spent}, k={e.k}, n={e.n or '-'}{ci}){why}"
 
 
 def header(effects: list[Effect]) -> tuple[str, ...]:

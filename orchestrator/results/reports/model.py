@@ -176,6 +176,10 @@ class Effect(BaseModel):
     look: int | None = None
     alpha_spent: float | None = None
     decision_reason: str | None = None
+    # The look's repeated confidence interval the decision rests on (a borrowed seed variance's included): not
+    # the row's `low`/`high`, the grid's own seeds' fixed-sample interval, which may read otherwise.
+    decision_low: float | None = None
+    decision_high: float | None = None
     # A deciding grid's row: its reading (a fixed-sample interval) describes the data, no call at the grid's
     # error rate (its decision, on a decided metric, is): shown as "descriptive: ...".
     descriptive: bool = False

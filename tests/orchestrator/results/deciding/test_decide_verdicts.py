@@ -79,7 +79,10 @@ def test_an_arm_equal_to_its_parent_ends_equivalent_and_the_report_says_why(sett
     assert -0.05 < c.low < 0 < c.high < 0.05 and c.reason == "the interval lies inside +-0.05"
     (effect,) = [e for e in report.effects if e.decision is not None]
     assert (effect.decision, effect.decision_reason) == ("equivalent", c.reason)
-    words = "equivalent (look 1, alpha spent 0.05, k=2, n=16): the interval lies inside +-0.05"
+    # The decision's own interval (the look's repeated one) travels with it, beside the row's descriptive one.
+    assert (effect.decision_low, effect.decision_high) == (c.low, c.high)
+    words = (f"equivalent (look 1, alpha spent 0.05, k=2, n=16; repeated CI [{c.low:+.4g}, {c.high:+.4g}]): "
+             "the interval lies inside +-0.05")
     assert words in RENDERERS["md"](report) and words in RENDERERS["html"](report)
     assert '"decision_reason": "the interval lies inside +-0.05"' in RENDERERS["json"](report)
     header = ("Decided look by look, 2 to 2 seeds, at alpha 0.05 per comparison, held over all looks: 1 look(s), "
@@ -90,7 +93,8 @@ def test_an_arm_equal_to_its_parent_ends_equivalent_and_the_report_says_why(sett
 def test_a_margin_narrower_than_the_interval_leaves_it_undecided(settings: Settings) -> None:
     _, (c,), report = decided(settings, "narrow", ARMS[:2], {**AT_THE_BUDGET, "margin": {"val_flow_ivw": 1e-5}})
     assert c.decision == "undecided" and c.reason.startswith("at the budget, neither excluded nor inside the margin")
-    assert "undecided (look 1, alpha spent 0.05, k=2, n=16): at the budget" in RENDERERS["md"](report)
+    words = f"undecided (look 1, alpha spent 0.05, k=2, n=16; repeated CI [{c.low:+.4g}, {c.high:+.4g}]): at the budget"
+    assert words in RENDERERS["md"](report)
 
 
 @pytest.mark.parametrize(("error_rate", "each"), [("per-comparison", 0.05), ("familywise", 0.025)])

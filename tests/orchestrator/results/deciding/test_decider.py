@@ -111,7 +111,7 @@ def test_the_decision_is_shown_in_the_report_the_dashboard_and_status(settings: 
     assert decided.alpha_spent == pytest.approx(1e-9)
     assert all(e.decision is None for e in report.effects if e.metric != "val_flow_ivw")
     markdown = RENDERERS["md"](report)
-    assert "| decision |" in markdown and "undecided (look 2, alpha spent 1 × 10⁻⁹, k=3, n=4)" in markdown
+    assert "| decision |" in markdown and "undecided (look 2, alpha spent 1 × 10⁻⁹, k=3, n=4" in markdown
     assert "undecided (look 2" in RENDERERS["html"](report)
     assert [e["decision"] for e in detail["effects"] if e["metric"] == "val_flow_ivw"] == ["undecided"]
     assert (detail["decide"]["final"], detail["decide"]["open"], detail["decide"]["undecided"]) == (True, [], 1)
