@@ -219,6 +219,44 @@ def test_a_deciding_grids_trackers_see_each_look_then_the_final_report(
         assert same_rows(parts[-1][1], want)
 
 
+def test_a_deciding_grids_mlflow_parent_stays_open_while_a_look_can_add_runs(
+    database_url: str, tmp_path: Path, tracker_env: Path, trained: tuple[Path, list[dict[str, Any]]]
+) -> None:
+    """Between waves every run has ended, yet the next look adds seeds: the parent run stays RUNNING and the
+    new seeds' runs open under it; it is FINISHED once the final look ended the decision."""
+    out, records = trained
+    settings = settings_for(database_url, tmp_path)
+    decide = {"alpha": 1e-9, "min_seeds": 2, "max_seeds": 3, "futility": 0}
+    with session_scope(database_url) as session:
+        grid_id = create_grid(session, GridCreate(name="open parent", arms=ARMS, overrides=TINY, decide=decide,
+                                                  trackers=["mlflow"])).id  # fmt: skip
+    forwarder = Forwarder(settings)
+    try:
+        run_wave(database_url, grid_id, out, records)
+        forward(forwarder, ["mlflow"])  # every run of wave 1 ended and finished in MLflow; no look yet
+        assert mlflow_runs()["open parent"].info.status == "RUNNING"
+        assert decide_due_grids(settings) == [grid_id]  # look 1: B vs A open, a third seed of each queued
+        forward(forwarder, ["mlflow"])
+        assert mlflow_runs()["open parent"].info.status == "RUNNING"
+        run_wave(database_url, grid_id, out, records)
+        forward(forwarder, ["mlflow"])
+        runs = mlflow_runs()
+        parent = runs["open parent"]
+        assert parent.info.status == "RUNNING"
+        assert {name: r.data.tags["mlflow.parentRunId"] for name, r in runs.items() if name != "open parent"} == {
+            arm: parent.info.run_id for arm in ("A-s0", "A-s1", "A-s2", "B-s0", "B-s1", "B-s2")}
+        assert decide_due_grids(settings) == [grid_id]  # look 2, at max_seeds: final
+        ReportWriter(settings).housekeeping()
+        forward(forwarder, ["mlflow"])
+    finally:
+        forwarder.stop()
+    parent = mlflow_runs()["open parent"]
+    assert parent.info.status == "FINISHED" and parent.data.tags["ablate.runs"] == "6 completed"
+    with session_scope(database_url) as session:
+        assert session.scalar(select(TrackerRun.closed).where(TrackerRun.grid_id == grid_id,
+                                                              TrackerRun.run_id.is_(None)))  # fmt: skip
+
+
 def test_a_tracker_that_refuses_the_table_is_named_on_the_grid_once_and_sent_later(
     database_url: str, tmp_path: Path, tracker_env: Path, trained: tuple[Path, list[dict[str, Any]]],
     monkeypatch: pytest.MonkeyPatch,
