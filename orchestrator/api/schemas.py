@@ -74,6 +74,9 @@ class GridCreated(BaseModel):
     # (orchestrator/results/deciding/decisions.py decide_cost); None for a grid with fixed seeds or a command arm.
     worst_case_gpu_hours: float | None = None
     expected_gpu_hours: float | None = None
+    # What was accepted but will not do what was asked, in words: a decided metric whose extractor weights are
+    # not staged (orchestrator/grids/standin_decisions.py), so its nodes would measure it with a stand-in.
+    warnings: list[str] = []
 
 
 class ArmPublic(BaseModel):

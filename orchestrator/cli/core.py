@@ -126,6 +126,8 @@ def submit(
     if resp.status_code != 201:
         raise CLIError(f"{base} answered {resp.status_code}: {resp.text[:200]}")
     created = resp.json()
+    for warning in created.get("warnings") or []:  # accepted, yet it will not do what was asked: said first
+        typer.echo(f"warning: {warning}", err=True)
     if created.get("plan"):  # the server's plan over its nodes, on stderr: stdout stays the id alone
         from orchestrator.cli.plan_table import print_plan
         from orchestrator.grids.night import PlanPublic

@@ -81,7 +81,7 @@ def build_sink(name: TrackerName, settings: Settings) -> Sink:
     if name == TrackerName.mlflow:
         from orchestrator.trackers.mlflow_sink import MlflowSink
 
-        return MlflowSink()
+        return MlflowSink(settings.home_dir)
     if name == TrackerName.wandb:
         from orchestrator.trackers.wandb_sink import WandbSink
 

@@ -1,5 +1,7 @@
 """When a grid's own tracker run ends: once every run of the grid ended and each was finished in that
-tracker, the grid's run (an MLflow parent run) is finished too, with a state for the whole grid."""
+tracker, and no look of a deciding grid can add more runs (its decision ended: a final look), the grid's run
+(an MLflow parent run) is finished too, with a state for the whole grid. Between a deciding grid's waves every
+run has ended, yet the next look may queue seeds: their runs open under a parent still RUNNING."""
 
 from __future__ import annotations
 
@@ -9,7 +11,8 @@ from collections.abc import Sequence
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from orchestrator.db.models import Run, TrackerRun
+from orchestrator.db.models import Grid, Run, TrackerRun
+from orchestrator.results.deciding.decider import decision_pending
 from orchestrator.trackers.base import GroupEnd
 from orchestrator.vocabulary import DETECTOR_STOPS, TERMINAL_STATES, RunState, TrackerName
 
@@ -26,7 +29,7 @@ def grid_end_state(runs: Sequence[tuple[str, str | None]]) -> RunState:
 
 def ended_groups(session: Session, tracker: TrackerName) -> list[GroupEnd]:
     """The grids whose tracker run `tracker` opened and has not finished, now that each of their runs ended
-    and was finished in the tracker."""
+    and was finished in the tracker, and (a deciding grid) its decision ended."""
     groups = session.scalars(
         select(TrackerRun).where(TrackerRun.tracker == tracker, TrackerRun.run_id.is_(None),
                                  TrackerRun.external_id.is_not(None), TrackerRun.closed.is_(False))
@@ -40,6 +43,9 @@ def ended_groups(session: Session, tracker: TrackerName) -> list[GroupEnd]:
             TrackerRun.tracker == tracker, TrackerRun.grid_id == group.grid_id, TrackerRun.closed.is_(True))))
         if not {run_id for run_id, _, _ in runs} <= finished:
             continue  # a run's last status is still on its way: the children end before their parent
+        grid = session.get(Grid, group.grid_id)
+        if grid is not None and decision_pending(session, grid):
+            continue  # its next look may add seeds: they belong under this parent, still open
         counts = Counter(state for _, state, _ in runs)
         words = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
         state = grid_end_state([(state, decision) for _, state, decision in runs])

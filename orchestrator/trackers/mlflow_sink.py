@@ -1,7 +1,10 @@
 """MLflow: the grid as a parent run, each arm a child run, through MlflowClient.
 
 Where runs go is MLflow's own configuration: MLFLOW_TRACKING_URI (a server, or a file store such as
-file:///srv/mlruns) and MLFLOW_EXPERIMENT_NAME (default "ablate"). A resumed run logs into the same MLflow
+file:///srv/mlruns) and MLFLOW_EXPERIMENT_NAME (default "ablate"). Their artifacts go where that URI says
+(`artifact_root`): a server or a file store keeps its own; a database store (sqlite:///srv/mlflow.db) gets the
+folder `mlruns` beside its file, where MLflow's client alone would write ./mlruns in the controller's working
+directory. A resumed run logs into the same MLflow
 run (its id is kept in the database); samples are artifacts under samples/step_<step>/, logged as the
 PNG files they are (nothing is decoded). Every event of an arm is its artifact events.json (the latest
 also the tag ablate.last_event); the grid's parent run is terminated when the grid ends. The grid's effects
@@ -15,7 +18,9 @@ from __future__ import annotations
 import os
 import re
 import time
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 from orchestrator.trackers.base import GridEffects, GroupEnd, Opened, Point, Status, TrackedRun, png_files
 from orchestrator.vocabulary import RunState, TrackerName
@@ -27,6 +32,23 @@ END_STATUS = {RunState.completed: "FINISHED", RunState.stopped: "KILLED", RunSta
 EVENTS_ARTIFACT = "events.json"  # every event of the run, oldest first: [{"step", "kind", "message"}]
 EFFECTS_ARTIFACT = "effects.json"  # the grid's effects: {"at", "columns", "rows": [{column: value}]}
 _TAG_UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]+")  # MLflow tag keys: letters, digits, _ - . / and spaces
+# Stores whose server or folder holds the artifacts itself: the experiment is created with its own default.
+SELF_STORING = frozenset({"http", "https", "file", "databricks", "databricks-uc", "uc"})
+ARTIFACTS_FOLDER = "mlruns"  # beside a database store's file, as MLflow names its local folder
+
+
+def artifact_root(tracking_uri: str, home: Path) -> str | None:
+    """Where a new experiment's artifacts go for `tracking_uri`: None where the store decides (a server, a file
+    store), `mlruns` beside a local SQLite file, else `home`/mlruns (a database on another host names no folder
+    here). MLflow's client would put a database store's artifacts in ./mlruns of whatever folder it ran in."""
+    scheme = urlparse(tracking_uri).scheme.split("+", 1)[0].lower()
+    if scheme in SELF_STORING or not scheme:  # no scheme: a path, MLflow's file store
+        return None
+    if scheme == "sqlite":
+        path = tracking_uri.split(":///", 1)[1] if ":///" in tracking_uri else ""
+        if path and path != ":memory:":
+            return (Path(path).expanduser().resolve().parent / ARTIFACTS_FOLDER).as_uri()
+    return (home.expanduser().resolve() / ARTIFACTS_FOLDER).as_uri()
 
 
 def effect_tag(row: dict[str, Any]) -> tuple[str, str]:
@@ -59,10 +81,12 @@ def flat_params(spec: dict[str, Any], prefix: str = "") -> dict[str, str]:
 class MlflowSink:
     name = TrackerName.mlflow
 
-    def __init__(self) -> None:
+    def __init__(self, home: Path) -> None:
+        """`home`: the controller's folder, where a database store on another host gets its artifacts."""
         from mlflow.tracking import MlflowClient
 
         self.client = MlflowClient()  # MLFLOW_TRACKING_URI, or MLflow's default
+        self.home = home
         self._experiment_id: str | None = None
         self.runs: dict[int, str] = {}  # ablate run id -> MLflow run id
 
@@ -70,7 +94,11 @@ class MlflowSink:
         if self._experiment_id is None:
             name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or DEFAULT_EXPERIMENT
             found = self.client.get_experiment_by_name(name)
-            self._experiment_id = found.experiment_id if found is not None else self.client.create_experiment(name)
+            if found is None:
+                where = artifact_root(self.client.tracking_uri, self.home)
+                self._experiment_id = self.client.create_experiment(name, artifact_location=where)
+            else:  # an experiment keeps the artifact location it was created with
+                self._experiment_id = found.experiment_id
         return self._experiment_id
 
     def open(self, run: TrackedRun) -> Opened:

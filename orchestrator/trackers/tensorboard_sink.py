@@ -2,9 +2,9 @@
 
 `tensorboard --logdir <ABLATE_TENSORBOARD_DIR>` shows the arms side by side. A resumed run writes a new
 event file into the same folder, which TensorBoard reads as one run; the forwarder's cursor keeps it from
-writing a step twice. The grid's effects (each comparison's interval, decision and what it covers) are the
-text `effects` of the grid's own folder, a Markdown table at the look it was taken after (0: a grid that
-does not decide), so the Text tab shows each look's table in turn.
+writing a step twice. The grid's effects (each comparison's interval, decision, the look's reason for it and
+what the interval covers) are the text `effects` of the grid's own folder, a Markdown table at the look it
+was taken after (0: a grid that does not decide), so the Text tab shows each look's table in turn.
 """
 
 from __future__ import annotations
@@ -45,9 +45,10 @@ def effects_markdown(table: GridEffects) -> str:
     """The effects as a Markdown table (TensorBoard's Text tab renders it)."""
 
     def cell(x: object) -> str:
-        if x is None:
+        if x is None or x == "":
             return "-"
-        return f"{x:+.4g}" if isinstance(x, float) else str(x).replace("|", "/")
+        # a reason may run over lines: one table row keeps it whole
+        return f"{x:+.4g}" if isinstance(x, float) else " ".join(str(x).replace("|", "/").split())
 
     lines = [f"effects, {table.at}", "", "| " + " | ".join(table.columns) + " |",
              "|" + "---|" * len(table.columns)]  # fmt: skip

@@ -8,13 +8,15 @@ from fastapi import APIRouter, Query, status
 from sqlalchemy import select
 from sqlalchemy.orm import selectinload
 
-from model.spec import ArmSpec
+from model.extractors.pinned_files import default_weights_dir
+from model.spec import DISTRIBUTION_METRICS, ArmSpec
 from orchestrator.api.schemas import GridCreate, GridCreated, GridDetail, GridPublic, GridStopped
 from orchestrator.db.models import Grid
 from orchestrator.grids.gpu_share import node_gpus
 from orchestrator.grids.night import PlanPublic
 from orchestrator.grids.replicates import grid_cost
 from orchestrator.grids.service import PathPolicy, create_grid, gpu_memory_cap_gib, latest_metrics
+from orchestrator.grids.standin_decisions import decided_standin_warnings
 from orchestrator.grids.stopping import stop_grid
 from orchestrator.results.deciding.decisions import decide_cost
 from orchestrator.web.deps import AUTH_RESPONSES, MAX_ID, AuthDep, SessionDep, SettingsDep, get_or_404
@@ -34,7 +36,9 @@ def submit_grid(body: GridCreate, session: SessionDep, settings: SettingsDep, _:
     costs: runs and projected GPU-hours, and the night plan (each run's GPUs, start and end, the night and
     its lower bound) when any node's GPUs are known. Invalid arms, arms whose estimated peak GPU memory exceeds
     ABLATE_MAX_GPU_MEMORY_GIB or that ask for more GPUs than the largest node has, and trackers whose
-    client is not installed answer 422 naming the field path (and the estimate, or the extra to install)."""
+    client is not installed answer 422 naming the field path (and the estimate, or the extra to install).
+    A decision on a distribution metric whose extractor weights are not staged is accepted with a warning
+    naming the metric and `ablate weights fetch NAME` (its nodes would measure it with a stand-in)."""
     cap = gpu_memory_cap_gib(session, settings.max_gpu_memory_gib)
     paths = PathPolicy.from_settings(settings)
     nodes = node_gpus(session, settings)
@@ -44,11 +48,14 @@ def submit_grid(body: GridCreate, session: SessionDep, settings: SettingsDep, _:
     first = [(r.arm, ArmSpec.model_validate(r.spec)) for r in grid.runs if r.seed == 0]
     cost = grid_cost([spec for _, spec in first], grid.seeds)
     deciding = decide_cost(first, grid.control_arm, body.decide) if body.decide is not None else None
+    warnings = [] if body.decide is None else decided_standin_warnings(
+        [m for m in body.decide.margin if m in DISTRIBUTION_METRICS], default_weights_dir(),
+        settings.checkpoint_root, settings.checkpoint_options)  # fmt: skip
     return GridCreated(id=grid.id, runs=cost.runs, seeds=cost.seeds, projected_gpu_hours=cost.gpu_hours,
                        cost=cost.text() + (f"; {deciding.words}" if deciding else ""),
                        plan=None if grid.plan is None else PlanPublic.model_validate(grid.plan),
                        worst_case_gpu_hours=deciding.worst_case_gpu_hours if deciding else None,
-                       expected_gpu_hours=deciding.expected_gpu_hours if deciding else None)
+                       expected_gpu_hours=deciding.expected_gpu_hours if deciding else None, warnings=warnings)
 
 
 @router.get("", response_model=list[GridPublic])

@@ -1,6 +1,7 @@
 """The effects table a grid's trackers get (orchestrator/trackers/ sends it): the report's effects, one row
 each, with the 95% interval, the decision (a deciding grid's at its latest look, else what the interval
-can tell) and what the interval covers.
+can tell), why that look decided so (its reason: empty where no look judged the row) and what the interval
+covers.
 
 It is a snapshot stored as a grid event (`effects`) when the report is written and, for a deciding grid,
 after each look: a tracker reached late (down, or a controller restarted) still gets the table as it was
@@ -26,7 +27,7 @@ from orchestrator.settings import Settings
 
 log = logging.getLogger(__name__)
 EFFECTS_EVENT = "effects"
-COLUMNS = ("arm", "vs", "metric", "diff", "low", "high", "k", "n", "decision", "covers")
+COLUMNS = ("arm", "vs", "metric", "diff", "low", "high", "k", "n", "decision", "reason", "covers")
 
 
 class EffectRow(BaseModel):
@@ -41,6 +42,7 @@ class EffectRow(BaseModel):
     k: int  # training seeds compared
     n: int | None  # evaluation images (None: they differ between seeds)
     decision: str  # a deciding grid's decision, else the report's reading ("within noise", ...)
+    reason: str = ""  # the look's reason for `decision` ("" where no look judged it; a table stored before it had none)
     covers: str  # the noise the interval covers, in words
 
     def cells(self) -> list[float | int | str | None]:
@@ -72,7 +74,8 @@ def effect_row(e: Effect) -> EffectRow:
     n = e.n if e.n is not None else (ns.pop() if len(ns) == 1 else None)
     decision = e.decision or ("stand-in: no verdict" if e.standin else reading_words(e))
     return EffectRow(arm=e.arm, vs=f"{e.other_arm} ({e.against})", metric=e.metric, diff=_finite(e.diff),
-                     low=_finite(e.low), high=_finite(e.high), k=e.k, n=n, decision=decision, covers=e.noise)
+                     low=_finite(e.low), high=_finite(e.high), k=e.k, n=n, decision=decision,
+                     reason=e.decision_reason or "", covers=e.noise)  # fmt: skip
 
 
 def record_effects(session: Session, grid: Grid, effects: list[Effect], final: bool) -> EffectsTable | None:

@@ -24,6 +24,7 @@ from orchestrator.db.session import session_scope
 from orchestrator.grids.arms import resolve
 from orchestrator.grids.service import GridCreate, create_grid
 from orchestrator.results.deciding.decider import decide_due_grids
+from orchestrator.results.deciding.decisions import grid_looks
 from orchestrator.results.reports.write import ReportWriter, report_dir
 from orchestrator.runs.ingest import ingest
 from orchestrator.trackers.forwarder import Forwarder
@@ -36,7 +37,8 @@ from worker.train import train_arm
 TINY = tiny_overrides(20)
 ARMS = ["A", {"parent": "A", "name": "B", "schedule": {"lr": 3.03e-4}}]
 ALL = ["tensorboard", "mlflow", "wandb"]
-COLUMNS = ("arm", "vs", "metric", "diff", "low", "high", "k", "n", "decision", "covers")  # the issue's, then covers
+# the issue's, the look's reason for the decision, then what the interval covers
+COLUMNS = ("arm", "vs", "metric", "diff", "low", "high", "k", "n", "decision", "reason", "covers")
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +86,7 @@ def report_rows(settings: Any, grid_id: int) -> list[dict[str, Any]]:  # noqa: A
              "low": e["low"], "high": e["high"], "k": e["k"], "n": e["n"],
              "decision": e["decision"] or ("stand-in: no verdict" if e["standin"] else
                                            f"descriptive: {e['reading']}" if e["descriptive"] else e["reading"]),
-             "covers": e["noise"]} for e in report["effects"]]  # fmt: skip
+             "reason": e["decision_reason"] or "", "covers": e["noise"]} for e in report["effects"]]  # fmt: skip
 
 
 def same_rows(got: list[dict[str, Any]], want: list[dict[str, Any]]) -> bool:
@@ -205,6 +207,15 @@ def test_a_deciding_grids_trackers_see_each_look_then_the_final_report(
     assert [(step, text.splitlines()[0]) for step, text in texts] == [
         (1, "effects, look 1"), (2, "effects, final report (look 2)")]
     assert "| B | A (parent) | val_flow_ivw |" in texts[0][1] and "| open |" in texts[0][1]
+    # Each look's reason travels with its decision: the stored look's words, in every tracker's table.
+    reasons = [[r["reason"] for r in e.data["rows"] if r["metric"] == "val_flow_ivw"] for e in tables]
+    assert all(len(r) == 1 and r[0] for r in reasons), reasons
+    with session_scope(database_url) as session:
+        looks = grid_looks(session, grid_id)
+        stored = [[c["reason"] for c in look.comparisons if c["metric"] == "val_flow_ivw"] for look in looks]
+    assert reasons == stored
+    for (_, text), (reason,) in zip(texts, reasons, strict=True):
+        assert f"| open | {reason} |" in text or f"| undecided | {reason} |" in text
     parent = mlflow_runs()["deciding"]
     doc = mlflow_effects(parent.info.run_id)
     assert doc["at"] == "final report (look 2)" and same_rows(doc["rows"], want)
@@ -217,6 +228,44 @@ def test_a_deciding_grids_trackers_see_each_look_then_the_final_report(
         "B-s1": ["look 1", "final report (look 2)"], "B-s2": ["final report (look 2)"]}
     for parts in wb.values():
         assert same_rows(parts[-1][1], want)
+
+
+def test_a_deciding_grids_mlflow_parent_stays_open_while_a_look_can_add_runs(
+    database_url: str, tmp_path: Path, tracker_env: Path, trained: tuple[Path, list[dict[str, Any]]]
+) -> None:
+    """Between waves every run has ended, yet the next look adds seeds: the parent run stays RUNNING and the
+    new seeds' runs open under it; it is FINISHED once the final look ended the decision."""
+    out, records = trained
+    settings = settings_for(database_url, tmp_path)
+    decide = {"alpha": 1e-9, "min_seeds": 2, "max_seeds": 3, "futility": 0}
+    with session_scope(database_url) as session:
+        grid_id = create_grid(session, GridCreate(name="open parent", arms=ARMS, overrides=TINY, decide=decide,
+                                                  trackers=["mlflow"])).id  # fmt: skip
+    forwarder = Forwarder(settings)
+    try:
+        run_wave(database_url, grid_id, out, records)
+        forward(forwarder, ["mlflow"])  # every run of wave 1 ended and finished in MLflow; no look yet
+        assert mlflow_runs()["open parent"].info.status == "RUNNING"
+        assert decide_due_grids(settings) == [grid_id]  # look 1: B vs A open, a third seed of each queued
+        forward(forwarder, ["mlflow"])
+        assert mlflow_runs()["open parent"].info.status == "RUNNING"
+        run_wave(database_url, grid_id, out, records)
+        forward(forwarder, ["mlflow"])
+        runs = mlflow_runs()
+        parent = runs["open parent"]
+        assert parent.info.status == "RUNNING"
+        assert {name: r.data.tags["mlflow.parentRunId"] for name, r in runs.items() if name != "open parent"} == {
+            arm: parent.info.run_id for arm in ("A-s0", "A-s1", "A-s2", "B-s0", "B-s1", "B-s2")}
+        assert decide_due_grids(settings) == [grid_id]  # look 2, at max_seeds: final
+        ReportWriter(settings).housekeeping()
+        forward(forwarder, ["mlflow"])
+    finally:
+        forwarder.stop()
+    parent = mlflow_runs()["open parent"]
+    assert parent.info.status == "FINISHED" and parent.data.tags["ablate.runs"] == "6 completed"
+    with session_scope(database_url) as session:
+        assert session.scalar(select(TrackerRun.closed).where(TrackerRun.grid_id == grid_id,
+                                                              TrackerRun.run_id.is_(None)))  # fmt: skip
 
 
 def test_a_tracker_that_refuses_the_table_is_named_on_the_grid_once_and_sent_later(

@@ -280,6 +280,46 @@ def test_mlflow_closes_the_grids_parent_run_only_when_its_last_run_ended(
         assert group.closed
 
 
+def test_mlflow_artifacts_go_beside_a_database_store_not_into_the_controllers_working_folder(
+    database_url: str, tmp_path: Path, tracker_env: Path, trained: tuple[Path, list[dict[str, Any]]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """MLFLOW_TRACKING_URI names an SQLite store elsewhere: the run's spec, events and samples land in `mlruns`
+    beside that file, and the controller's working folder gets no ./mlruns (MLflow's client default)."""
+    store = tmp_path / "store"
+    store.mkdir()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store / 'mlflow.db'}")
+    working = tmp_path / "controller-cwd"
+    working.mkdir()
+    monkeypatch.chdir(working)
+    out, records = trained
+    ids = submit(database_url, ["mlflow"], out, arms=["A"])
+    ingest_and_end(database_url, ids, records, end=True)
+    forwarder = Forwarder(settings_for(database_url, tmp_path / "home"))
+    try:
+        forward(forwarder, TrackerName.mlflow)
+    finally:
+        forwarder.stop()
+    run = mlflow_runs()["A"]
+    assert run.info.artifact_uri.startswith((store / "mlruns").as_uri() + "/")
+    assert [e["kind"] for e in mlflow_events(run.info.run_id)] == ["started", "completed"]
+    kept = {p.relative_to(store / "mlruns").parts[-1] for p in (store / "mlruns").rglob("*") if p.is_file()}
+    assert {"spec.json", "events.json"} <= kept and any(name.endswith(".png") for name in kept)
+    assert not (working / "mlruns").exists() and list(working.iterdir()) == []
+
+
+def test_mlflow_artifact_root_follows_the_tracking_uri(tmp_path: Path) -> None:
+    from orchestrator.trackers.mlflow_sink import artifact_root
+
+    home = tmp_path / "home"
+    assert artifact_root(f"sqlite:///{tmp_path}/db/mlflow.db", home) == (tmp_path / "db" / "mlruns").as_uri()
+    assert artifact_root("postgresql+psycopg://mlflow@db.lab/mlflow", tmp_path / "home") == (
+        tmp_path / "home" / "mlruns").as_uri()  # a database elsewhere: the controller's home, never its cwd
+    for own in ("http://mlflow.lab:5000", "https://user:pw@mlflow.lab", (tmp_path / "mlruns").as_uri(),
+                str(tmp_path / "mlruns"), "databricks"):
+        assert artifact_root(own, tmp_path / "home") is None, own  # the server or file store decides
+
+
 class BlockedSink:
     """A tracker that hangs until released, then refuses: stands for a tracker server that stopped answering."""
 
