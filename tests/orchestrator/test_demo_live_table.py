@@ -87,3 +87,19 @@ def test_the_live_table_fits_80_columns_keeps_its_header_and_cuts_no_word() -> N
     # Fitted once for the widest cells: the step and the GPU fit beside the short "judged" header.
     assert [h.strip() for h in headers.pop().strip("┃").split("┃")] == ["arm", "state", "GPU", "step", "judged",
                                                                        "best"]
+
+
+def test_the_judged_metric_is_named_from_the_spec_before_any_checkpoint(database_url: str) -> None:
+    # On the LPIPS stand-in the detector judges the flow headline; a queued arm has no metric yet to say so,
+    # and the header named "recon LPIPS" until the first checkpoint came.
+    from model.spec import STANDIN
+    from orchestrator.cli.demo import _rows, demo_grid
+    from orchestrator.db.session import session_scope
+    from orchestrator.grids.service import GridCreate, create_grid
+    from orchestrator.settings import Settings
+
+    with session_scope(database_url) as session:
+        grid_id = create_grid(session, GridCreate(**demo_grid(STANDIN))).id
+    rows = _rows(Settings(database_url=database_url), grid_id)
+    assert [r["state"] for r in rows] == ["queued"] * 5
+    assert {r["judge_words"] for r in rows} == {JUDGED}
