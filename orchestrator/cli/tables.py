@@ -87,6 +87,9 @@ def fit(columns: Sequence[Column], rows: Sequence[Sequence[Cell]], width: int | 
             if table_width(headers, rows, keep) <= width:
                 break
         keep.remove(i)
+    for i in keep:  # the columns that always stay may still take their short header
+        if columns[i].short is not None and table_width(headers, rows, keep) > width:
+            headers[i] = columns[i].short
     dropped = [i for i in order if i not in keep]
     # A column dropped before a later short header made room comes back, most important first, while it fits.
     for i in reversed(dropped):
@@ -94,9 +97,6 @@ def fit(columns: Sequence[Column], rows: Sequence[Sequence[Cell]], width: int | 
         if table_width(headers, rows, wider) > width:
             break
         keep = wider
-    for i in keep:  # the columns that always stay may still take their short header
-        if columns[i].short is not None and table_width(headers, rows, keep) > width:
-            headers[i] = columns[i].short
     return headers, keep
 
 
@@ -151,7 +151,8 @@ def print_table(
     console = console or Console()
     if console.is_terminal:
         table, _ = build(title, columns, rows, console.width, show_lines)
-        console.print(table)
+        # Wrapped here even on a soft-wrapping console: else the terminal breaks a long caption mid-word.
+        console.print(table, soft_wrap=False)
         return
     table, needed = build(title, columns, rows, None, show_lines)
     # A file or pipe has no width: print at the table's own, so no cell is folded or cut.
