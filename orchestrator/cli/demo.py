@@ -32,7 +32,16 @@ from orchestrator.numbers import number
 from orchestrator.settings import Settings, load_settings
 from orchestrator.vocabulary import DETECTOR_STOPS, TERMINAL_STATES, RunDecision, RunState
 
-console = Console(soft_wrap=True)  # long lines are not hard-wrapped (into a file they stay one line)
+
+def demo_console(**options: Any) -> Console:
+    """The demo's console: on a terminal its lines wrap between words at the terminal's width (left to the
+    terminal, they broke mid-word); into a file or a pipe each line stays whole, at no assumed width."""
+    out = Console(**options)
+    out.soft_wrap = not out.is_terminal
+    return out
+
+
+console = demo_console()
 DEMO_GRID = ARMS_DIR / "demo.yaml"
 DEMO_GPUS = 5  # one per arm of arms/demo.yaml, so the broken arm trains beside the others
 

@@ -103,3 +103,19 @@ def test_the_judged_metric_is_named_from_the_spec_before_any_checkpoint(database
     rows = _rows(Settings(database_url=database_url), grid_id)
     assert [r["state"] for r in rows] == ["queued"] * 5
     assert {r["judge_words"] for r in rows} == {JUDGED}
+
+
+def test_the_demos_last_lines_wrap_between_words_on_a_terminal_and_stay_whole_into_a_file() -> None:
+    from orchestrator.cli.demo import closing_lines, demo_console
+
+    lines = closing_lines("http://127.0.0.1:8765/", 7, hold=False)
+    words = set(" ".join(lines).split())
+    terminal = demo_console(file=io.StringIO(), width=WIDTH, force_terminal=True, color_system=None)
+    for line in lines:
+        terminal.print(line)
+    shown = terminal.file.getvalue()  # type: ignore[attr-defined]
+    assert max(cell_len(line) for line in shown.splitlines()) <= WIDTH and set(shown.split()) == words, shown
+    into_a_file = demo_console(file=io.StringIO(), width=WIDTH)
+    for line in lines:
+        into_a_file.print(line)
+    assert into_a_file.file.getvalue().splitlines() == lines  # type: ignore[attr-defined]
