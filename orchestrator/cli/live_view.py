@@ -1,7 +1,8 @@
 """A display redrawn in place (the demo's live table): its lines wrapped at the terminal's width, never cut.
 
-Rich's Live redraws through the console's own print, so on a soft-wrapping console (the demo's, whose lines
-into a file stay whole) nothing is wrapped and Live crops each line at the terminal's edge, mid-word.
+Rich's Live redraws through the console's own print, so on a soft-wrapping console (the demo's was one)
+nothing is wrapped and Live crops each line at the terminal's edge, mid-word. Wrapped here, the view reads
+the same whatever console it is drawn on.
 """
 
 from __future__ import annotations
