@@ -47,3 +47,12 @@ def readable(value: float, digits: int = 4) -> str:
     mantissa, exponent = format(value, f".{min(digits, 3) - 1}e").split("e")
     mantissa = mantissa.rstrip("0").rstrip(".")
     return f"{mantissa} × 10{str(int(exponent)).translate(SUPERSCRIPT)}"
+
+
+def estimate(value: float) -> str:
+    """A projection's size without false precision and never rounded to nothing: one decimal from 10 up
+    ("41.2"), else two significant digits ("3.2", "0.0023", "5.7 × 10⁻⁶"): a tiny grid's GPU-hours do not
+    read "0.0"."""
+    if value >= 10:
+        return f"{value:,.1f}"
+    return readable(value, 2)

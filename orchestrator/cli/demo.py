@@ -12,25 +12,36 @@ import contextlib
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 import yaml
 from rich.console import Console, Group
-from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from arms import ARMS_DIR
 from model.spec import STANDIN
 from orchestrator.cli import CLIError, app, free_port
+from orchestrator.cli.live_view import WrappedAtWidth, live_view
 from orchestrator.cli.tables import Column, print_table
 from orchestrator.cli.tables import build as build_table
 from orchestrator.numbers import number
 from orchestrator.settings import Settings, load_settings
 from orchestrator.vocabulary import DETECTOR_STOPS, TERMINAL_STATES, RunDecision, RunState
 
-console = Console(soft_wrap=True)  # long lines are not hard-wrapped (into a file they stay one line)
+
+def demo_console(**options: Any) -> Console:
+    """The demo's console: on a terminal its lines wrap between words at the terminal's width (left to the
+    terminal, they broke mid-word); into a file or a pipe each line stays whole, at no assumed width."""
+    out = Console(**options)
+    out.soft_wrap = not out.is_terminal
+    return out
+
+
+console = demo_console()
 DEMO_GRID = ARMS_DIR / "demo.yaml"
 DEMO_GPUS = 5  # one per arm of arms/demo.yaml, so the broken arm trains beside the others
 
@@ -118,8 +129,11 @@ def _rows(settings: Settings, grid_id: int) -> list[dict[str, Any]]:
                 # one worker holds one device for its wall time: its device-hours
                 saved = projected_hours_saved(steps, run.decision_step, at_stop.wall_time_s / 3600)
             row = RunSummary.from_row(run, latest).model_dump()  # arm, state, decision, best_step, ...
-            standin = any(m.lpips_backbone == STANDIN for m in metrics)
-            judge = resolve_policy(ArmSpec.model_validate(run.spec).detector, standin).metric
+            spec = ArmSpec.model_validate(run.spec)
+            # The spec says the backbone before the first checkpoint does: the judged metric (the live table's
+            # header) is the same from the first refresh on.
+            standin = spec.eval.lpips_backbone == STANDIN or any(m.lpips_backbone == STANDIN for m in metrics)
+            judge = resolve_policy(spec.detector, standin).metric
             row.update(
                 judge=judge,
                 judge_words=METRIC_WORDS.get(judge, judge),
@@ -146,20 +160,59 @@ def _saved(hours: float | None) -> str:
     return "-" if hours is None else f"{hours:.4f} ({hours * 3600:.0f} s)"
 
 
-def _stop_lines(rows: list[dict[str, Any]]) -> list[str]:
-    """One line per arm the detector stopped: decision, step, the best checkpoint kept, the reason."""
+def _shown_path(path: str | None) -> str | None:
+    """A checkpoint's path relative to the working directory where it lies under it (short enough for a line
+    of an 80-column terminal), else as stored."""
+    if not path:
+        return path
+    with contextlib.suppress(ValueError):
+        return str(Path(path).relative_to(Path.cwd()))
+    return path
+
+
+def _stop_lines(rows: list[dict[str, Any]]) -> list[Text]:
+    """One line per arm the detector stopped: decision, step, the best checkpoint kept, the reason (plain
+    text: a reason's brackets are not markup)."""
     return [
-        f"{r['arm']} stopped by the detector at step {r['decision_step']} ({r['decision']}); kept its best "
-        f"checkpoint, step {r['best_step']}: {r['best_checkpoint']}\n  reason: {r['reason']}"
+        Text(f"{r['arm']} stopped by the detector at step {r['decision_step']} ({r['decision']}); kept its best "
+             f"checkpoint, step {r['best_step']}: {_shown_path(r['best_checkpoint'])}\n  reason: {r['reason']}")
         for r in rows
         if r["detector_stop"]
+    ]
+
+
+# The widest a live cell's number can be: a judged metric (LPIPS, the flow loss) below 10 in magnitude, an
+# arm's iterations a second below 1000, a stop's savings below 10,000 s. A wider cell re-fits the table.
+WIDEST_METRIC = -9.999
+WIDEST_ITER_S = 999.9
+WIDEST_SAVED_H = 9999 / 3600
+
+
+def widest_progress_row(rows: list[dict[str, Any]]) -> list[str]:
+    """The widest content each live column can take over the whole demo, from what is known at submit (the
+    arms' names, their steps): the table is fitted to it once, so its header stays the same while cells grow
+    ("queued" to "stopped (diverged @150)", "-" to "0.0056 (20 s)")."""
+    steps = max((r["steps"] or 0 for r in rows), default=0)
+    stops = [f"{RunState.stopped} ({d} @{steps})" for d in DETECTOR_STOPS]
+    states = [*(str(s) for s in RunState), *stops]
+    metric = number(WIDEST_METRIC, ".3f")
+    return [
+        max((r["arm"] for r in rows), key=len, default=""),
+        max(states, key=len),
+        "99",
+        f"{steps}/{steps}",
+        metric,
+        f"{metric} @{steps}",
+        number(WIDEST_ITER_S, ".1f"),
+        _saved(WIDEST_SAVED_H),
     ]
 
 
 def _progress_table(
     rows: list[dict[str, Any]], elapsed: float, url: str, device: str = "CPU", width: int | None = None
 ) -> Group:
-    """The live table, fitted to `width` (the terminal's) by hiding whole columns; None: whole."""
+    """The live table, fitted to `width` (the terminal's) by hiding whole columns, chosen for the widest
+    content they can take (the same columns on every refresh); None: whole."""
     columns = [
         Column("arm"),
         Column("state"),
@@ -185,7 +238,8 @@ def _progress_table(
                 _saved(r["hours_saved"]),
             ]
         )
-    table, _ = build_table(f"ablate demo: {elapsed:4.0f} s   dashboard {url}", columns, cells, width)
+    title = f"ablate demo: {elapsed:4.0f} s   dashboard {url}"
+    table, _ = build_table(title, columns, cells, width, widest=widest_progress_row(rows))
     return Group(table, *_stop_lines(rows))
 
 
@@ -260,16 +314,20 @@ class _ApiServer:
         self.thread.join(5)
 
 
-def _follow(console: Console, settings: Settings, grid_id: int, t0: float, url: str, device: str) -> None:
+def _follow(
+    console: Console, read_rows: Callable[[], list[dict[str, Any]]], t0: float, url: str, device: str,
+    poll_s: float = 1.0,
+) -> None:
     """Until every arm is final: a live table on a terminal; into a file or pipe, a line per stop (a live
     table there would be printed at an arbitrary width)."""
     announced: set[str] = set()
-    live = Live(console=console, refresh_per_second=2, transient=False) if console.is_terminal else None
+    live = live_view(console) if console.is_terminal else None
     with live or contextlib.nullcontext():
         while True:
-            rows = _rows(settings, grid_id)
+            rows = read_rows()
             if live is not None:
-                live.update(_progress_table(rows, time.monotonic() - t0, url, device, console.width))
+                frame = _progress_table(rows, time.monotonic() - t0, url, device, console.width)
+                live.update(WrappedAtWidth(frame), refresh=True)
             else:
                 for r in rows:
                     if r["state"] in TERMINAL_STATES and r["arm"] not in announced:
@@ -277,7 +335,7 @@ def _follow(console: Console, settings: Settings, grid_id: int, t0: float, url: 
                         console.print(f"{time.monotonic() - t0:4.0f} s  {r['arm']} {r['state']}", soft_wrap=True)
             if rows and all(r["state"] in TERMINAL_STATES for r in rows):
                 break
-            time.sleep(1.0)
+            time.sleep(poll_s)
     console.print()
 
 
@@ -333,7 +391,7 @@ def demo(
             grid_id = create_grid(session, GridCreate(**body)).id
         labels = [a if isinstance(a, str) else a["name"] for a in body["arms"]]
         console.print(f"submitted grid {grid_id} ({', '.join(labels)}); dashboard: {url}")
-        _follow(console, settings, grid_id, t0, url, device)
+        _follow(console, lambda: _rows(settings, grid_id), t0, url, device)
         elapsed = time.monotonic() - t0
         rows = _rows(settings, grid_id)
         print_table("ablate demo: result per arm", summary_columns(device, judged(rows)), summary_rows(rows), console)

@@ -2,7 +2,9 @@
 
 On a terminal narrower than the table, columns are first given their short header, then dropped, lowest
 priority first, and the caption names what was hidden; a cell is never cut or wrapped. Written to a file or
-a pipe (not a terminal), the table is printed whole at the width it needs.
+a pipe (not a terminal), the table is printed whole at the width it needs. A table redrawn in place (the
+demo's live table) is fitted to the widest content its columns can take, so its header and its columns stay
+the same from one refresh to the next.
 """
 
 from __future__ import annotations
@@ -88,23 +90,38 @@ def fit(columns: Sequence[Column], rows: Sequence[Sequence[Cell]], width: int | 
     for i in keep:  # the columns that always stay may still take their short header
         if columns[i].short is not None and table_width(headers, rows, keep) > width:
             headers[i] = columns[i].short
+    dropped = [i for i in order if i not in keep]
+    # A column dropped before a later short header made room comes back, most important first, while it fits.
+    for i in reversed(dropped):
+        wider = sorted([*keep, i])
+        if table_width(headers, rows, wider) > width:
+            break
+        keep = wider
     return headers, keep
 
 
 def build(
-    title: str, columns: Sequence[Column], rows: Sequence[Sequence[Cell]], width: int | None, show_lines: bool = False
+    title: str,
+    columns: Sequence[Column],
+    rows: Sequence[Sequence[Cell]],
+    width: int | None,
+    show_lines: bool = False,
+    widest: Sequence[Cell] | None = None,
 ) -> tuple[Table, int]:
-    """The table fitted to `width` (None: whole) and the width it needs."""
+    """The table fitted to `width` (None: whole) and the width it needs. `widest`: a row of the widest content
+    each column can take (a table redrawn as its rows change): the columns are chosen, and sized, for it, so
+    a later refresh with longer cells keeps the same header."""
     rows = [[_safe(cell) for cell in row] for row in rows]
     title = terminal_safe(title)
-    headers, keep = fit(columns, rows, width)
+    sizing = [*rows, [_safe(cell) for cell in widest]] if widest is not None else rows
+    headers, keep = fit(columns, sizing, width)
     hidden = [columns[i].header for i in range(len(columns)) if i not in keep]
     caption = None
     if hidden:
         caption = f"hidden on this narrow terminal: {', '.join(hidden)} (widen it, or pipe to a file for all)"
-    needed = max(table_width(headers, rows, keep), cell_len(title), cell_len(caption or ""))
+    needed = max(table_width(headers, sizing, keep), cell_len(title), cell_len(caption or ""))
     # Too narrow even for the columns that always stay: their text folds onto more lines, never cut.
-    fits = width is None or table_width(headers, rows, keep) <= width
+    fits = width is None or table_width(headers, sizing, keep) <= width
     table = Table(  # Text, not markup: titles hold user text ("[/]" in a grid name is not a closing tag)
         title=Text(title, style="italic"),
         title_justify="left",
@@ -113,8 +130,10 @@ def build(
         show_lines=show_lines,
     )
     for i in keep:
+        # As wide as the widest content it can take: the table keeps its shape from one refresh to the next.
+        least = max(cell_len(headers[i]), _width(widest[i])) if widest is not None and fits else None
         table.add_column(
-            headers[i], justify=columns[i].justify, no_wrap=fits, overflow="fold"
+            headers[i], justify=columns[i].justify, no_wrap=fits, overflow="fold", min_width=least
         )  # type: ignore[arg-type]
     for row in rows:
         table.add_row(*(row[i] for i in keep))
@@ -132,7 +151,8 @@ def print_table(
     console = console or Console()
     if console.is_terminal:
         table, _ = build(title, columns, rows, console.width, show_lines)
-        console.print(table)
+        # Wrapped here even on a soft-wrapping console: else the terminal breaks a long caption mid-word.
+        console.print(table, soft_wrap=False)
         return
     table, needed = build(title, columns, rows, None, show_lines)
     # A file or pipe has no width: print at the table's own, so no cell is folded or cut.

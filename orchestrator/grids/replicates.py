@@ -11,8 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from model.spec import ArmSpec, estimate_params
+from orchestrator.numbers import estimate
 
 MAX_SEEDS = 16
+SHOWN_IN_SECONDS_BELOW = 0.01  # GPU-hours: under 36 s the cost is also given in GPU-seconds
 SEED_ENV = "ABLATE_SEED"  # a command arm's replicate index; using it is the researcher's script's job
 
 # The projection's rate: arm A at seed size trained 218.8k image tokens/s on one H100 (docs/benchmarks.md,
@@ -72,7 +74,11 @@ class GridCost:
 
     def text(self) -> str:
         """E.g. "5 arms x 3 seeds = 15 runs, about 41.2 GPU-hours (H100, projected)"."""
-        hours = f"about {self.projected:,.1f} GPU-hours (projected at an H100's measured rate"
+        # A tiny grid's hours are a fraction of a minute: its seconds too, which read at a glance.
+        seconds = ""
+        if 0 < self.projected < SHOWN_IN_SECONDS_BELOW:
+            seconds = f", {estimate(self.projected * 3600)} GPU-seconds"
+        hours = f"about {estimate(self.projected)} GPU-hours{seconds} (projected at an H100's measured rate"
         hours += ", command arms not included)" if self.gpu_hours is None else ")"
         return f"{self.arms} arms x {self.seeds} seeds = {self.runs} runs, {hours}"
 

@@ -60,6 +60,29 @@ def test_a_file_gets_the_whole_table_whatever_the_width() -> None:
     assert len({len(line) for line in out.splitlines()[1:]}) == 1, "every row of the table on one line"
 
 
+def test_a_soft_wrapping_terminal_gets_the_caption_wrapped_by_words_and_a_column_back_where_it_fits() -> None:
+    # The demo's console soft-wraps (its lines into a file stay whole): the caption naming the hidden columns
+    # was printed on one 186-character line, for the terminal to break mid-word.
+    columns = [Column("arm"), Column("GPU", priority=4), Column("state / decision"),
+               Column("first held-out flow loss (weighted headline)", priority=2, short="first"),
+               Column("best held-out flow loss (weighted headline) ± SE", short="best ± SE"),
+               Column("@ step"), Column("final held-out flow loss (weighted headline)", priority=1, short="final"),
+               Column("iter/s", priority=3), Column("CPU-h saved", priority=5, short="saved")]  # fmt: skip
+    rows = [["A", "0", "completed", "1.234 @50", "0.234 ± 0.012", "400", "0.234", "9.0", "-"],
+            ["A-lr500x", "4", "stopped / diverged @150", "1.234 @50", "0.913 ± 0.012", "100", "nan", "9.0",
+             "0.0056 (20 s)"]]  # fmt: skip
+    console = Console(file=io.StringIO(), width=80, soft_wrap=True, force_terminal=True, color_system=None)
+    print_table("ablate demo: result per arm", columns, rows, console)
+    out = console.file.getvalue()  # type: ignore[attr-defined]
+    assert max(len(line) for line in out.splitlines()) <= 80, out
+    caption = " ".join(out.split("└")[1].split("\n", 1)[1].split())
+    assert caption.startswith("hidden on this narrow terminal: GPU, first held-out flow loss (weighted headline), "
+                              "iter/s, CPU-h saved"), caption
+    # Every column went while the best column's long header was in the way; once it took its short one,
+    # the final value fits again and comes back.
+    assert "┃ final ┃" in out
+
+
 def test_nodes_list_into_a_pipe_on_a_fresh_database(tmp_path: Path) -> None:
     """`ablate nodes add` and `ablate nodes list | cat` on a database no command has migrated yet: the
     commands migrate it, and the long address is printed whole (COLUMNS=80 as a small terminal sets)."""
