@@ -88,17 +88,23 @@ def test_a_csv_at_the_caps_imports(database_url: str, ablate_cli, tmp_path: Path
     assert out.returncode == 0, out.stderr[-2000:]
 
 
-def test_formulas_in_a_csv_are_stored_inert(database_url: str, ablate_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    """A run named `=cmd|...` (mapped to arm A) and metric columns named `=HYPERLINK(...)`, `@SUM(1)`, `+1` and
-    `-1`: stored with a leading ' wherever they reach the dashboard's CSV export, the trackers' chart names
-    (their own CSV exports) and the import's event text; the numbers are kept."""
-    run = "=cmd|' /C calc'!A0"
+FORMULA_COLUMNS = '"=HYPERLINK(""http://evil.example/x"",""click"")",@SUM(1),+1,-1,train_loss'
+
+
+def import_formulas(database_url: str, ablate_cli, tmp_path: Path, run: str, *arm: str) -> int:  # type: ignore[no-untyped-def]
+    """Two checkpoints of `run` under metric columns a spreadsheet would run; the new grid's id."""
     path = tmp_path / "formula.csv"
-    path.write_text('run,step,"=HYPERLINK(""http://evil.example/x"",""click"")",@SUM(1),+1,-1,train_loss\n'
-                    f'"{run}",100,0.3,0.4,0.5,0.6,0.9\n"{run}",200,0.2,0.4,0.5,0.6,0.8\n')  # fmt: skip
-    out = ablate_cli(database_url, "import", str(path), "--name", "formulas", "--arm", f"{run}=A")
+    path.write_text(f'run,step,{FORMULA_COLUMNS}\n"{run}",100,0.3,0.4,0.5,0.6,0.9\n"{run}",200,0.2,0.4,0.5,0.6,0.8\n')
+    out = ablate_cli(database_url, "import", str(path), "--name", "formulas", *arm)
     assert out.returncode == 0, out.stderr
-    grid_id = int(out.stdout.split()[1])
+    return int(out.stdout.split()[1])
+
+
+def test_formula_metric_names_are_stored_inert(database_url: str, ablate_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Metric columns named `=HYPERLINK(...)`, `@SUM(1)`, `+1` and `-1` are stored with a leading ' wherever they
+    reach the trackers' chart names (and so their own CSV exports) and the dashboard's CSV export; the numbers
+    are kept."""
+    grid_id = import_formulas(database_url, ablate_cli, tmp_path, "A_base")
     with session_scope(database_url) as s:
         grid = s.get(Grid, grid_id)
         assert grid is not None
@@ -108,9 +114,18 @@ def test_formulas_in_a_csv_are_stored_inert(database_url: str, ablate_cli, tmp_p
         assert {"'=HYPERLINK(\"http://evil.example/x\",\"click\")", "'@SUM(1)", "'+1", "'-1"} <= names, names
         assert series[-1]["'@SUM(1)"] == 0.4 and series[-1]["train_loss"] == 0.8
         assert not [n for n in names if n.startswith(FORMULA_START)], names
-        (event,) = s.scalars(select(Event).where(Event.run_id == a.id, Event.kind == "imported")).all()
-        inert = "'" + run
-        assert event.data["label"] == inert and event.data["key"] == inert and f"of {inert!r}" in event.message
         exported = metrics_csv(s, grid)
     cells = [cell for row in list(csv.reader(io.StringIO(exported)))[1:] for cell in row]
     assert not [c for c in cells if c.startswith(FORMULA_START)], exported
+
+
+def test_a_formula_run_name_is_mapped_and_stored_inert(database_url: str, ablate_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A run named `=cmd|...` maps to arm A with `--arm` (the letter follows the last `=`: the first split the
+    key off empty) and its name reaches the import's event, forwarded to the trackers, with a leading '."""
+    run = "=cmd|' /C calc'!A0"
+    grid_id = import_formulas(database_url, ablate_cli, tmp_path, run, "--arm", f"{run}=A")
+    with session_scope(database_url) as s:
+        (a,) = s.scalars(select(Run).where(Run.grid_id == grid_id)).all()
+        (event,) = s.scalars(select(Event).where(Event.run_id == a.id, Event.kind == "imported")).all()
+        inert = "'" + run
+        assert event.data["label"] == inert and event.data["key"] == inert and f"of {inert!r}" in event.message
