@@ -61,12 +61,18 @@ def hostile(tmp_path: Path, kind: str) -> tuple[Path, str]:
     if kind == "long run":
         path.write_text("run,step,train_loss\n" + "A" * 5000 + ",100,0.5\n")
         return path, "line 2: a run name of 5000 characters ('AAA"
+    if kind == "nan past comments":  # the line named is the file's, its leading # lines counted
+        path.write_text("# curves as published\n# by a study\nrun,step,train_loss\nA_base,100,0.9\n\nA_base,200,NaN\n")
+        return path, "line 6, column 'train_loss': 'NaN' is not a finite number"
     cell = {"nan": "nan", "inf": "inf", "-inf": "-Infinity", "overflow": "1e999"}[kind]
     path.write_text(f"run,step,train_loss,recon_lpips\nA_base,100,0.9,0.5\nA_base,200,0.8,{cell}\n")
     return path, f"line 3, column 'recon_lpips': '{cell}' is not a finite number; leave the cell empty"
 
 
-@pytest.mark.parametrize("kind", ["huge", "rows", "columns", "long name", "long run", "nan", "inf", "-inf", "overflow"])
+HOSTILE = ["huge", "rows", "columns", "long name", "long run", "nan", "inf", "-inf", "overflow", "nan past comments"]
+
+
+@pytest.mark.parametrize("kind", HOSTILE)
 def test_a_hostile_csv_is_refused_in_one_line_and_nothing_stored_changes(
     database_url: str, ablate_cli, earlier: tuple[int, int, int], tmp_path: Path, kind: str  # type: ignore[no-untyped-def]
 ) -> None:
