@@ -16,7 +16,7 @@ from orchestrator.messages import database_error_text, masked_url, validation_te
 def _arm_map(pairs: list[str]) -> dict[str, str]:
     out: dict[str, str] = {}
     for pair in pairs:
-        key, sep, letter = pair.partition("=")
+        key, sep, letter = pair.rpartition("=")  # the letter follows the last "=": a key may hold one
         if not sep or not key or not letter:
             raise CLIError(f"--arm {pair!r}: expected CURVE_KEY=ARM_LETTER, e.g. --arm baseline=A")
         out[key] = letter

@@ -39,6 +39,7 @@ from orchestrator.results.samples import sample_index
 from orchestrator.results.views import RunSummary, SweepPublic
 from orchestrator.runs.checkpoint import EXTRACTOR_SUFFIX
 from orchestrator.runs.storage import STORAGE_EVENTS, storage_alarms
+from orchestrator.spreadsheet_text import csv_safe
 from orchestrator.vocabulary import STOP_DECISIONS, TERMINAL_STATES, GridState, NodeState, RentedState, RunState
 
 # Events whose data carries the detector's `warnings` (orchestrator.runs.detector.Decision.warnings).
@@ -397,18 +398,6 @@ def grid_detail(session: Session, grid: Grid, alarm_minutes: float = 15.0) -> di
 
 
 CSV_RUN_COLUMNS = ("grid_id", "grid", "run_id", "arm", "state", "decision", "decision_step", "step")
-
-
-# A cell starting with one of these is a formula to Excel, LibreOffice and Google Sheets
-# (OWASP "CSV injection"): `=HYPERLINK(...)` in a grid name would be live in the exported sheet.
-FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
-
-
-def csv_safe(value: Any) -> Any:
-    """Text that a spreadsheet would run as a formula, prefixed with ' so it stays text; numbers as they are."""
-    if isinstance(value, str) and value.startswith(FORMULA_START):
-        return "'" + value
-    return value
 
 
 def metrics_csv(session: Session, grid: Grid) -> str:

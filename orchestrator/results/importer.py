@@ -25,6 +25,7 @@ from orchestrator.results.curves import Curve
 from orchestrator.runs.checkpoint import EXTRACTOR_SUFFIX
 from orchestrator.runs.detector import ReplayResult, replay
 from orchestrator.runs.ingest import insert_metrics
+from orchestrator.spreadsheet_text import csv_safe
 from orchestrator.vocabulary import GridSource, RunState
 
 # Fixture keys with a DB column of another name. elapsed_hours: one arm holds one GPU, so the
@@ -76,8 +77,10 @@ IMPORTED_EXTRACTOR = "as published (imported)"
 
 def _record(raw: Mapping[str, Any]) -> dict[str, Any]:
     """A fixture checkpoint as a worker record: fixture keys renamed to their DB columns, each distribution
-    metric labelled with its extractor where the curves name none."""
-    record = dict(raw)
+    metric labelled with its extractor where the curves name none. A key or text value a spreadsheet would
+    run (`=HYPERLINK(...)` as a column's name) is made inert: it becomes a tracker's chart name and a cell of
+    the trackers' and the dashboard's CSV exports."""
+    record = {csv_safe(key): csv_safe(value) for key, value in raw.items()}
     for key, column in RENAMED.items():
         if key in record and column not in record:
             record[column] = record.pop(key)
@@ -158,13 +161,14 @@ def import_curves(
     for run, (key, curve) in zip(grid.runs, curves.items(), strict=True):
         pairs.append((run, curve))
         insert_metrics(session, run.id, [_record(raw) for raw in curve.raw])
+        label = csv_safe(curve.label)  # a run's name in the file: an event's text, forwarded to the trackers
         session.add(
             Event(
                 run_id=run.id,
                 grid_id=grid.id,
                 kind="imported",
-                message=f"{len(curve.raw)} checkpoints of {curve.label!r}" + (f" from {source}" if source else ""),
-                data={"key": key, "label": curve.label, "source": source, "checkpoints": len(curve.raw)},
+                message=f"{len(curve.raw)} checkpoints of {label!r}" + (f" from {source}" if source else ""),
+                data={"key": csv_safe(key), "label": label, "source": source, "checkpoints": len(curve.raw)},
             )
         )
     # Each arm under its own spec's detector policy unless one was given; run.arm labels are unique.

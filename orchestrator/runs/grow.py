@@ -9,7 +9,8 @@ arithmetic (worker/micro_batch.py resumed_micro_batch): growing is a stop and a 
   (1, 2, 4, ...) that its batch divides into.
 - Whose hours: each live run's hours left (runs/replan.py `remaining_hours`): a record's rate moves only its
   own run's, within bounds of what the plan expects, so a node claiming its run crawls cannot hold the
-  grid's night and keep every other arm from growing; past the bounds the plan's projection stands.
+  grid's night and keep every other arm from growing; past the bounds the plan's projection stands, and
+  within them the run's hours left are at most what the pace the controller saw its records arrive at says.
 - When: the plan drawn from now with the arm on the larger count (its hours left over the speedup, the
   grid's queued runs placed around it) ends the grid's night earlier than the plan with it kept, by more
   than the growth costs. The cost is `grow_resume_s` (the restart from the stored compile cache: about

@@ -16,7 +16,11 @@ node left), or a node joined or left.
   on): RATE_SPAN of hours measured or given, ESTIMATE_SPAN of a FLOP estimate (an H100 at arm A's rate). A
   rate past that, either way, is a claim the controller cannot check (one record of 1e-6 it/s made a
   run 194,000 h from its end and held the whole grid's night, so no other arm grew): the plan's projection
-  stands in for it, and a `progress.claim_refused` event says so once per record. Hours left are finite.
+  stands in for it, and a `progress.claim_refused` event says so once per record. Within the span, a claim
+  still moves them no further than the pace the controller saw (runs/observed_pace.py: the steps its records
+  reached over the time from the attempt's placement to their arrival, both on the controller's clock): a
+  claim 9x (or, of an estimate, 9e4x) slower than that held the grid's night, and a `progress.claim_bounded`
+  event says so once per record. Hours left are finite.
 - What starts: the runs whose slot starts now. The others wait for theirs, so a run the plan puts on all
   four GPUs once A ends is not started early on one.
 - What is kept: the redrawn plan is stored on the grid (`Grid.plan`, with `drawn_at`), slots of its live
@@ -42,6 +46,7 @@ from orchestrator.grids.night import PlanPublic, SlotPublic, run_name
 from orchestrator.grids.planner import PlanNode, PlanRun, gpu_choices, plan_night, speedup
 from orchestrator.grids.projection import GIVEN, MEASURED
 from orchestrator.grids.replicates import projected_gpu_hours
+from orchestrator.runs.observed_pace import observed_hours_left
 from orchestrator.runs.placement import arm_gpus, choose_node
 from orchestrator.vocabulary import RunState
 
@@ -56,6 +61,7 @@ RATE_SPAN = 10.0
 # model on a CPU runs 13,000x below it (56 it/s against 725,000), so only a claim past this is refused.
 ESTIMATE_SPAN = 1e5
 CLAIM_REFUSED = "progress.claim_refused"  # the run's event: a record's rate out of bounds, the plan kept
+CLAIM_BOUNDED = "progress.claim_bounded"  # the run's event: its claim slower than the controller saw it go
 
 
 @dataclass(frozen=True)
@@ -302,16 +308,28 @@ def _from_progress(run: Run, gpus: int, now: datetime, scaling: Mapping[int, flo
     eval_s = min(evaluation_s(extra), expected.span * every / expected.rate)  # type: ignore[union-attr]
     left = max(steps - last.step, 0)
     since_h = max((aware(now) - aware(last.created_at)).total_seconds() / 3600, 0.0)
-    return max((left / rate + math.ceil(left / every) * eval_s) / 3600 - since_h, 0.0)
+    claimed = max((left / rate + math.ceil(left / every) * eval_s) / 3600 - since_h, 0.0)
+    # At most what the controller saw: a rate in the span may still be 1e5x below the run's real pace.
+    seen = observed_hours_left(session, run, steps, now)
+    if seen is not None and seen < claimed:
+        _claim_said(session, run, last, CLAIM_BOUNDED,
+                    f"its claim projects {claimed:.3g} h left, the pace the controller saw {seen:.3g} h")
+        return seen
+    return claimed
 
 
 def _claim_refused(session: Session, run: Run, last: Metric, why: str) -> None:
-    """The event that says a record's rate was not believed, once per record (each pass asks again)."""
-    said = session.scalars(select(Event.data).where(Event.run_id == run.id, Event.kind == CLAIM_REFUSED)).all()
+    """The event that says a record's rate was not believed (the plan's projection kept)."""
+    _claim_said(session, run, last, CLAIM_REFUSED, f"{why}; its hours left are projected from the plan")
+
+
+def _claim_said(session: Session, run: Run, last: Metric, kind: str, why: str) -> None:
+    """The event of `kind` that says how a record's claim was taken, once per record (each pass asks again)."""
+    said = session.scalars(select(Event.data).where(Event.run_id == run.id, Event.kind == kind)).all()
     if any((d or {}).get("step") == last.step for d in said):
         return
-    session.add(Event(run_id=run.id, grid_id=run.grid_id, kind=CLAIM_REFUSED, data={"step": last.step},
-                      message=f"step {last.step}: {why}; its hours left are projected from the plan"))  # fmt: skip
+    session.add(Event(run_id=run.id, grid_id=run.grid_id, kind=kind, data={"step": last.step},
+                      message=f"step {last.step}: {why}"))  # fmt: skip
     log.info("run %s: %s", run.id, why)
 
 

@@ -15,7 +15,6 @@ Malformed input raises CurvesError naming the file and what is wrong.
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import struct
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.results.curves import Curve, CurvesError, parse_curves
+from orchestrator.trackers.csv_table import checked_name, finite_cell, read_csv_table
 
 # The .wandb transaction log: LevelDB's log format with W&B's file header (wandb's own writer).
 WANDB_HEADER = struct.Struct("<4sHB")  # b":W&B", magic 0xBEE1, version 0
@@ -185,59 +185,47 @@ def wandb_runs_curves(paths: list[Path]) -> dict[str, Any]:
     return {name: {"label": name, "checkpoints": _checkpoints(rows)} for name, rows in ordered}
 
 
-def _step_of(path: Path, i: int, line: dict[str, Any], column: str) -> int:
+def _step_of(path: Path, n: int, line: dict[str, Any], column: str) -> int:
     step = _number(line[column])
     if step is None or not math.isfinite(step) or step < 0 or step != int(step):
-        raise CurvesError(f"{path}: line {i + 2}: {column} must be a non-negative integer, got {line[column]!r}")
+        raise CurvesError(f"{path}: line {n}: {column} must be a non-negative integer, got {line[column]!r}")
     return int(step)
-
-
-def _uncommented(fh: Iterator[str]) -> Iterator[str]:
-    """The lines of a CSV file past its leading `#` comment lines (a fixture saying where its format comes from)."""
-    header_seen = False
-    for line in fh:
-        if header_seen or not line.startswith("#"):
-            header_seen = True
-            yield line
 
 
 def wandb_csv_curves(path: Path) -> dict[str, Any]:
     """A curves document from a CSV export: W&B's (a run's history, or a chart's export of several runs), or a
     table of several runs, one row per run and evaluation (`run`, `step` and a column per metric: the form of
-    PRX's published FID / CMMD / DINO-MMD curves). Leading `#` lines are comments."""
-    try:
-        with path.open(newline="") as fh:
-            reader = csv.DictReader(_uncommented(fh))
-            columns = reader.fieldnames or []
-            table = list(reader)
-    except (csv.Error, UnicodeDecodeError) as exc:  # a field past csv's limit, bytes that are not text
-        raise CurvesError(f"{path}: not a readable CSV file: {exc}"[:2000]) from None
+    PRX's published FID / CMMD / DINO-MMD curves). Leading `#` lines are comments. Read within caps, a
+    non-finite cell refused (trackers/csv_table.py)."""
+    columns, table = read_csv_table(path)
     if "run" in columns and "step" in columns:  # several runs, one row per run and step
         by_run: dict[str, dict[int, dict[str, float]]] = {}
-        for i, line in enumerate(table):
-            run = (line["run"] or "").strip()
+        for n, line in table:
+            run = checked_name(path, n, (line["run"] or "").strip())
             if not run:
-                raise CurvesError(f"{path}: line {i + 2}: the run column is empty: name the run (A_baseline)")
-            values = {_metric_name(k): _number(v) for k, v in line.items() if k and k not in ("run", "step")}
-            rows_of = by_run.setdefault(run, {}).setdefault(_step_of(path, i, line, "step"), {})
+                raise CurvesError(f"{path}: line {n}: the run column is empty: name the run (A_baseline)")
+            values = {_metric_name(k): finite_cell(path, n, k, v) for k, v in line.items()
+                      if k and k not in ("run", "step")}  # fmt: skip
+            rows_of = by_run.setdefault(run, {}).setdefault(_step_of(path, n, line, "step"), {})
             rows_of.update({k: v for k, v in values.items() if v is not None})
         return {run: {"label": run, "checkpoints": _checkpoints(rows)} for run, rows in by_run.items()}
     if "_step" in columns:  # one run's history
         rows: dict[int, dict[str, float]] = {}
-        for i, line in enumerate(table):
-            step = _step_of(path, i, line, "_step")
-            values = {_metric_name(k): _number(v) for k, v in line.items() if k and not k.startswith("_")}
+        for n, line in table:
+            step = _step_of(path, n, line, "_step")
+            values = {_metric_name(k): finite_cell(path, n, k, v) for k, v in line.items()
+                      if k and not k.startswith("_")}  # fmt: skip
             rows.setdefault(step, {}).update({k: v for k, v in values.items() if v is not None})
         return {path.stem: {"label": path.stem, "checkpoints": _checkpoints(rows)}}
     if "Step" in columns:  # a chart's export: "<run> - <metric>" per column
         runs: dict[str, dict[int, dict[str, float]]] = {}
-        for i, line in enumerate(table):
-            step = _step_of(path, i, line, "Step")
+        for n, line in table:
+            step = _step_of(path, n, line, "Step")
             for column, cell in line.items():
                 if not column or column == "Step" or " - " not in column or column.endswith(("__MIN", "__MAX")):
                     continue
                 run, metric = column.rsplit(" - ", 1)
-                value = _number(cell)
+                value = finite_cell(path, n, column, cell)
                 if value is not None:
                     runs.setdefault(run, {}).setdefault(step, {})[_metric_name(metric)] = value
         return {run: {"label": run, "checkpoints": _checkpoints(rows)} for run, rows in runs.items()}
