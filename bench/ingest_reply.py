@@ -43,8 +43,9 @@ def main() -> None:
     from orchestrator.fleet.agent_link import parse_reply
     from orchestrator.grids.service import GridCreate, create_grid
     from orchestrator.runs.ingest import MAX_FALLBACKS, ingest, last_step, refused_metrics
-    from worker.protocol import MAX_REPLY_BYTES, PollResult, refused_records, worker_name
+    from worker.protocol import MAX_REPLY_BYTES, PollResult, refused_records
     from worker.run_files import RECORDS_PER_POLL
+    from worker.worker_names import worker_name
 
     url = args.database_url or f"sqlite:///{Path(tempfile.mkdtemp()) / 'bench.db'}"
     upgrade(url)

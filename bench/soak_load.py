@@ -186,7 +186,7 @@ def fault_workers(env: Env, n: int = 2) -> dict[str, Any]:
 
     from orchestrator.db.models import Run
     from orchestrator.db.session import session_scope
-    from worker.protocol import worker_name
+    from worker.worker_names import worker_name
 
     running: list[Any] = []
     t_wait = time.monotonic()

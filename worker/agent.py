@@ -87,7 +87,8 @@ class Agent:
     def hello(self, request: HelloRequest) -> Hello:
         import ray
 
-        from worker.protocol import PROTOCOL, WORKER_PREFIXES, Hello
+        from worker.protocol import PROTOCOL, Hello
+        from worker.worker_names import WORKER_PREFIXES
 
         names = [n for n in ray.util.list_named_actors() if n.startswith(WORKER_PREFIXES)]
         return Hello(

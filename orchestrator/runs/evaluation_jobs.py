@@ -55,15 +55,8 @@ from orchestrator.runs.storage import worker_data_store, worker_storage
 from orchestrator.runs.trust import evaluation_nodes, evaluator_refused, trusted_nodes
 from orchestrator.settings import Settings
 from orchestrator.vocabulary import EvaluationState
-from worker.protocol import (
-    EvaluationArgs,
-    WorkerArgs,
-    WorkerLost,
-    WorkerReply,
-    evaluation_worker_name,
-    parse_evaluation_name,
-    refused_records,
-)
+from worker.protocol import EvaluationArgs, WorkerArgs, WorkerLost, WorkerReply, refused_records
+from worker.worker_names import evaluation_worker_name, parse_evaluation_name
 
 log = logging.getLogger("ablate.evaluations")
 

@@ -71,7 +71,8 @@ from orchestrator.runs.storage import record_storage, run_storage_url, seen_seq
 from orchestrator.runs.trust import trusted_only
 from orchestrator.settings import Settings
 from orchestrator.vocabulary import ACTIVE_STATES, TERMINAL_STATES, GridSource, RunState
-from worker.protocol import WorkerLost, WorkerReply, refused_records, worker_name
+from worker.protocol import WorkerLost, WorkerReply, refused_records
+from worker.worker_names import worker_name
 
 log = logging.getLogger("ablate.launcher")
 

@@ -24,7 +24,8 @@ from orchestrator.db.transitions import transition
 from orchestrator.runs.storage import worker_compile_cache, worker_data_store, worker_storage
 from orchestrator.settings import Settings
 from orchestrator.vocabulary import RunState
-from worker.protocol import WorkerArgs, parse_worker_name
+from worker.protocol import WorkerArgs
+from worker.worker_names import parse_worker_name
 
 
 def claim_for_launch(session: Session, run: Run, checkpoint_dir: str) -> bool:

@@ -151,7 +151,7 @@ def test_a_lost_worker_whose_disk_is_gone_resumes_from_s3(
     from orchestrator.runs.launcher import Launcher
     from orchestrator.runs.placement import run_dir
     from orchestrator.settings import Settings
-    from worker.protocol import worker_name
+    from worker.worker_names import worker_name
 
     ray = ray_with_aws_env
     options = {"endpoint_url": s3_endpoint}

@@ -21,14 +21,11 @@ from worker.protocol import (
     Number,
     PollResult,
     StartRequest,
-    evaluation_worker_name,
     first_error,
     jsonable,
-    parse_evaluation_name,
-    parse_worker_name,
     refused_records,
-    worker_name,
 )
+from worker.worker_names import evaluation_worker_name, parse_evaluation_name, parse_worker_name, worker_name
 
 
 def test_a_worker_name_round_trips_and_a_foreign_one_is_none() -> None:

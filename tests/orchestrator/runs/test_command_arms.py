@@ -21,7 +21,7 @@ from tests.kit.launcher import RAY_NAMESPACE
 from tests.kit.polling import wait_for
 from tests.kit.readers import all_ended, events_of, metrics_of, run_of
 from tests.kit.settings import tiny_overrides
-from worker.protocol import worker_name
+from worker.worker_names import worker_name
 
 HERE = Path(__file__).resolve().parent
 STAND_IN = HERE / "command_trainer"  # a stdlib trainer with a flag per behaviour

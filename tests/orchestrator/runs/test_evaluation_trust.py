@@ -24,7 +24,8 @@ from orchestrator.runs.evaluation_jobs import EvaluationJobs, JobWorker
 from orchestrator.runs.trust import evaluation_nodes, trusted_nodes
 from orchestrator.settings import Settings
 from tests.kit.settings import tiny_overrides
-from worker.protocol import WorkerReply, evaluation_worker_name
+from worker.protocol import WorkerReply
+from worker.worker_names import evaluation_worker_name
 
 STEP, IMAGES = 4, 16
 # Honest per-image flow losses: the control A worse than B by 0.05 on every image.

@@ -26,7 +26,7 @@ from tests.kit.launcher import RAY_NAMESPACE, launcher_settings_for
 from tests.kit.polling import wait_for
 from tests.kit.readers import all_ended, events_of, metrics_of, runs_of, steps_of
 from tests.kit.settings import tiny_overrides
-from worker.protocol import worker_name
+from worker.worker_names import worker_name
 
 TINY = tiny_overrides(steps=40)
 
