@@ -25,8 +25,9 @@ def get_decision(grid_id: int, session: SessionDep) -> GridDecision:
 @router.get("/rates", response_model=RatesPublic)
 def get_rates(
     session: SessionDep,
-    gpu_model: Annotated[str | None, Query(max_length=200, description="default: the GPU model most runs recorded")]
-    = None,
+    # Printable text only: a GPU's name as nvidia-smi gives it; a NUL would reach Postgres and fail there (a 500).
+    gpu_model: Annotated[str | None, Query(max_length=200, pattern=r"^[^\x00-\x1f\x7f]*$",
+                                           description="default: the GPU model most runs recorded")] = None,
 ) -> RatesPublic:
     """Steps per second measured per arm key and GPU count, and each arm key's fixed cost: what `ablate plan`
     projects a grid's runs with."""
