@@ -24,7 +24,8 @@ from orchestrator.results.deciding.budget import next_images, refusal_of
 from orchestrator.results.deciding.decisions import CLOSED, ComparisonLook, futility_of
 
 # An evaluation of every run on the split's images costs at most this share of one more seed of both arms:
-# evaluate them all before judging (at seed size: about 40 GPU-s against 3.2 GPU-h a run, about 0.3%).
+# evaluate them all before judging (at seed size and the eval defaults, 256 images are about 600 GPU-s on an
+# H100 against 3.2 GPU-h a run, about 5%: docs/benchmarks.md, issue 62's evaluation cost).
 IMAGES_FIRST_SHARE = 0.1
 NOT_JUDGED = "not judged yet"  # the reason of a comparison asking to be evaluated on the split's images first
 
