@@ -80,7 +80,12 @@ class GridCost:
             seconds = f", {estimate(self.projected * 3600)} GPU-seconds"
         hours = f"about {estimate(self.projected)} GPU-hours{seconds} (projected at an H100's measured rate"
         hours += ", command arms not included)" if self.gpu_hours is None else ")"
-        return f"{self.arms} arms x {self.seeds} seeds = {self.runs} runs, {hours}"
+        return f"{counted(self.arms, 'arm')} x {counted(self.seeds, 'seed')} = {counted(self.runs, 'run')}, {hours}"
+
+
+def counted(n: int, noun: str) -> str:
+    """ "1 seed", "3 seeds": the count and its noun, singular for one."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def grid_cost(specs: list[ArmSpec], seeds: int) -> GridCost:

@@ -29,3 +29,10 @@ def test_hours_keep_two_significant_digits_below_ten_and_one_decimal_above() -> 
     seed_size = _cost(["A", "B", "C", "D"], 3)
     assert f"about {seed_size.projected:,.1f} GPU-hours (projected" in seed_size.text()
     assert "GPU-seconds" not in seed_size.text()
+
+
+def test_one_seed_and_one_arm_read_singular() -> None:
+    """Issue 64 item 7: "3 arms x 1 seeds = 3 runs" read so on a one-seed grid."""
+    assert GridCost(3, 1, 3, 2.0, 2.0).text().startswith("3 arms x 1 seed = 3 runs, ")
+    assert GridCost(1, 1, 1, 2.0, 2.0).text().startswith("1 arm x 1 seed = 1 run, ")
+    assert GridCost(2, 3, 6, 2.0, 2.0).text().startswith("2 arms x 3 seeds = 6 runs, ")
