@@ -8,7 +8,7 @@ from pydantic import BaseModel
 from sqlalchemy.orm import Session
 
 from orchestrator.db.models import Grid
-from orchestrator.results.deciding.budget import budget_of, spent_gpu_hours
+from orchestrator.results.deciding.budget import spent_gpu_hours
 from orchestrator.results.deciding.decisions import (
     ComparisonLook,
     DecisionState,
@@ -30,8 +30,9 @@ class GridDecision(BaseModel):
     @classmethod
     def of(cls, session: Session, grid: Grid) -> GridDecision:
         state = decision_state(session, grid)
-        spent = spent_gpu_hours(session, grid)
         if state is None:
-            return cls(grid_id=grid.id, state=None, comparisons=[], spent_gpu_hours=spent, max_gpu_hours=None)
+            return cls(grid_id=grid.id, state=None, comparisons=[], spent_gpu_hours=spent_gpu_hours(session, grid),
+                       max_gpu_hours=None)  # fmt: skip
+        # The state has read the spend and the cap already: the same numbers, not a second pass over the jobs.
         return cls(grid_id=grid.id, state=state, comparisons=look_comparisons(latest_look(session, grid.id)),
-                   spent_gpu_hours=spent, max_gpu_hours=budget_of(grid).max_gpu_hours)  # fmt: skip
+                   spent_gpu_hours=state.spent_gpu_hours, max_gpu_hours=state.max_gpu_hours)  # fmt: skip
