@@ -127,17 +127,19 @@ def _images_now(session: Session, grid: Grid) -> tuple[int | None, int]:
 def components_of(e: Effect) -> sequential.Variance:
     """The per-observation variance components of the effect's differences, read back from its crossed
     noise budget (shares of the mean's variance se^2); an interval that is not crossed is all seed. The seed
-    component is the one the budget prices a seed at (`seeds_priced`: its median given the seeds' mean square
-    and that it is not negative), never the clipped zero a small 1- or 2-df mean square gives, so one more
-    seed never looks worthless to the chooser (bench/chooser_cost.py)."""
+    component is the one the budget's words print and price a seed at (`seeds_priced`: its median given the
+    seeds' mean square and that it is not negative, crossed.py Components.priced_share), never the clipped
+    zero a small 1- or 2-df mean square gives, so one more seed never looks worthless to the chooser
+    (bench/chooser_cost.py) and the chooser's seed is the budget's: seed/k is seeds_priced of the mean's
+    variance with the images, rest and reference parts as measured."""
     var, k, n = (e.se or 0.0) ** 2, e.k, e.n or 1
     if e.budget is None:
         return sequential.Variance(seed=var * k, image=0.0, rest=0.0)
     b = e.budget
     seed = b.seeds * var * k
-    others = (b.images + b.rest) * var  # the image and rest part of the mean's variance
+    others = (b.images + b.rest + b.reference) * var  # the mean's variance but the seeds'
     if b.seeds_priced is not None and b.seeds_priced < 1 and others > 0:
-        seed = max(seed, k * others * b.seeds_priced / (1 - b.seeds_priced))
+        seed = k * others * b.seeds_priced / (1 - b.seeds_priced)
     return sequential.Variance(seed=seed, image=b.images * var * n, rest=b.rest * var * k * n)
 
 

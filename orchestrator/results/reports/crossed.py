@@ -40,11 +40,18 @@ R - 1 df), the same whatever k and n. Without it, where arms differ and seeds va
 93.3-93.7% at 5 and 8 seeds in bench/distribution_sim.py's large shift and 91.5% at 8 in the tests' model
 (0.955-0.960 with it; docs/benchmarks.md, issue 62).
 
-The noise budget says what its seed share rests on: the share as measured and the share with the seed mean
-square at its 90% upper bound ("seeds 3%, up to 91% (2 seeds: not measured)"), since a share read from a
-mean square with 1 or 2 df is mostly noise and the clipped point is biased low. The chooser of a deciding
-grid prices a seed at the seed component's median given the mean square and that it is not negative
-(`Components.seed_priced`): above zero however small the draw, near the point where the seeds have df.
+The noise budget's seed share is the one the chooser of a deciding grid prices a seed at
+(`Components.seed_priced`: the seed component's median given its mean square and that it is not negative),
+beside the share with the seed mean square at its 90% upper bound: "seeds 45%, up to 70%"; images and rest
+are their shares beside that seed part, so the words sum to 100%. Why not the clipped point (ANOVA's MS
+difference, taken as zero where negative): a ratio of a mean square on k - 1 df, it read low on average
+(true 77% read 53% at 2 seeds, 63% at 3, 71% at 5). The median reads within 0.05 of the truth on average at
+4 seeds, 0.04 at 5 and 0.025 at 8 over true shares 10-98%, regressing a little to the middle (low shares
+read high, high ones low). No share held to 0-100% can be unbiased at both ends on a 1- or 2-df mean square
+(the median read 28% for 10% and 76% for 90% at 2 seeds, 16% and 83% at 3), so under POINT_SEEDS seeds the
+budget prints the bound first and names the median as the seed's price, not as a measurement: "seeds up to
+91%, priced at 48% (2 seeds: not measured)". The bound holds the true share in about 90% of tables.
+Simulated in bench/seed_share.py (docs/benchmarks.md, issue 62).
 """
 
 from __future__ import annotations
@@ -57,6 +64,7 @@ SEED_DF_BOUND = 0.25  # the seed mean square's upper confidence bound the df is 
 # median the simulated coverage of a 3x arm fell to about 93% at 3 seeds; here it holds 94% or more
 # (bench/interval_coverage.py)
 SHARE_BOUND = 0.1  # the budget's "up to": the seed share at its mean square's one-sided 90% upper bound
+POINT_SEEDS = 4  # the fewest seeds whose priced share the budget prints as the seeds' share (module docstring)
 
 
 @dataclass(frozen=True)
@@ -98,9 +106,17 @@ class Components:
 
     def seed_share_with(self, seed: float) -> float:
         """The seeds' share of the grand mean's variance were the seed component `seed` (the rest as measured)."""
-        others = self.image / self.n + self.rest / (self.k * self.n) + self.reference
-        total = seed / self.k + others
-        return seed / self.k / total if total > 0 else 0.0
+        return self.shares_with(seed)[0]
+
+    def shares_with(self, seed: float) -> tuple[float, float, float]:
+        """(seeds, images, rest) as `shares`, were the seed component `seed` (the others as measured)."""
+        parts = (seed / self.k, self.image / self.n, self.rest / (self.k * self.n))
+        total = sum(parts) + self.reference
+        return (parts[0] / total, parts[1] / total, parts[2] / total) if total > 0 else (0.0, 0.0, 0.0)
+
+    def priced_share(self) -> float:
+        """The seeds' share the budget prints and the chooser prices a seed at (`seed_priced`'s)."""
+        return self.seed_share_with(self.seed_priced)
 
 
 @dataclass(frozen=True)
@@ -299,10 +315,15 @@ def _measured(k: int) -> str:
 
 
 def budget_words(comp: Components) -> str:
-    """e.g. "seeds 8%, up to 61% (3 seeds: loosely measured) · images 90% · rest 2%": the seed share as
-    measured and at its 90% upper bound (rest: the seed-by-image interaction and evaluation noise); an MMD's
-    effect adds " · reference images 12%"."""
-    seed, image, rest = comp.shares()
+    """e.g. "seeds 45%, up to 70% · images 53% · rest 2%": the seeds' share as the
+    chooser prices a seed (`priced_share`) and at its mean square's 90% upper bound, images and rest beside it
+    (rest: the seed-by-image interaction and evaluation noise); under POINT_SEEDS seeds the bound first, "seeds
+    up to 61%, priced at 38% (3 seeds: loosely measured)"; an MMD's effect adds " · reference images 12%"."""
+    seed, image, rest = comp.shares_with(comp.seed_priced)
     high = comp.seed_share_with(comp.seed_high)
-    ref = f" · reference images {comp.reference_share():.0%}" if comp.references else ""
-    return f"seeds {seed:.0%}, up to {high:.0%}{_measured(comp.k)} · images {image:.0%} · rest {rest:.0%}{ref}"
+    ref = f" · reference images {max(1 - seed - image - rest, 0.0):.0%}" if comp.references else ""
+    if comp.k >= POINT_SEEDS:
+        seeds = f"seeds {seed:.0%}, up to {high:.0%}"
+    else:
+        seeds = f"seeds up to {high:.0%}, priced at {seed:.0%}"
+    return f"{seeds}{_measured(comp.k)} · images {image:.0%} · rest {rest:.0%}{ref}"

@@ -110,7 +110,7 @@ def noise_budget(comp: Components, df: float | None, arms: Sequence[RunCost]) ->
                         f"{cost(images_cost, 'min')}"),
     ]  # fmt: skip
     return NoiseBudget(seeds=seed, images=image, rest=rest, words=budget_words(comp), narrowing=options,
-                       seeds_priced=comp.seed_share_with(comp.seed_priced), reference=comp.reference_share())
+                       seeds_priced=comp.priced_share(), reference=comp.reference_share())
 
 
 def metric_order(judge: str) -> list[str]:

@@ -130,10 +130,12 @@ class NoiseBudget(BaseModel):
     seeds: float
     images: float
     rest: float  # the seed x image interaction and evaluation noise
-    words: str  # "seeds 8%, up to 30% · images 90% · rest 2%"
+    words: str  # "seeds 45%, up to 70% · images 53% · rest 2%": seeds at seeds_priced, images and rest beside it
     narrowing: list[Narrowing]
-    # The seed share a deciding grid's chooser prices a seed at (crossed.py Components.seed_priced): above
-    # zero however small the seeds' mean square came out. None in reports from before it.
+    # The seed share the words print and a deciding grid's chooser prices a seed at (crossed.py
+    # Components.priced_share): above zero however small the seeds' mean square came out. The three shares
+    # above are as measured (seeds clipped at zero), what decider.components_of reads the components back
+    # from. None in reports from before it.
     seeds_priced: float | None = None
     reference: float = 0.0  # the reference images' share (an MMD's effect): no seed or image narrows it
 

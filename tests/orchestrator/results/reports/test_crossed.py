@@ -103,8 +103,12 @@ def test_the_noise_budget_shares_and_options() -> None:
     seed_high = max(ms_seed * 2 / stats.chi2.ppf(0.1, 2) - c.rest, 0) / 6
     up_to = seed_high / 3 / (seed_high / 3 + c.image / 6 + c.rest / 18)
     assert up_to > budget.seeds + 0.2
-    assert budget.words == (f"seeds {budget.seeds:.0%}, up to {up_to:.0%} (3 seeds: loosely measured) · "
-                            f"images {budget.images:.0%} · rest {budget.rest:.0%}")
+    # Under 4 seeds the bound first, and the share the chooser prices a seed at; images and rest beside it.
+    assert budget.seeds_priced is not None and budget.seeds <= budget.seeds_priced < up_to
+    _, image, rest = c.shares_with(c.seed_priced)
+    assert budget.seeds_priced + image + rest == pytest.approx(1)
+    assert budget.words == (f"seeds up to {up_to:.0%}, priced at {budget.seeds_priced:.0%} (3 seeds: loosely "
+                            f"measured) · images {image:.0%} · rest {rest:.0%}")  # fmt: skip
     seed, images = budget.narrowing
     q = stats.t.ppf(0.975, effect.df)
     assert seed.half_width == pytest.approx(q * math.sqrt(c.seed / 4 + c.image / 6 + c.rest / 24))
