@@ -45,10 +45,10 @@ The noise budget's seed share is the one the chooser of a deciding grid prices a
 beside the share with the seed mean square at its 90% upper bound: "seeds 45%, up to 70%"; images and rest
 are their shares beside that seed part, so the words sum to 100%. Why not the clipped point (ANOVA's MS
 difference, taken as zero where negative): a ratio of a mean square on k - 1 df, it read low on average
-(true 77% read 53% at 2 seeds, 63% at 3, 71% at 5). The median reads within 0.05 of the truth on average at
+(true 77% read 52% at 2 seeds, 63% at 3, 71% at 5). The median reads within 0.05 of the truth on average at
 4 seeds, 0.04 at 5 and 0.025 at 8 over true shares 10-98%, regressing a little to the middle (low shares
 read high, high ones low). No share held to 0-100% can be unbiased at both ends on a 1- or 2-df mean square
-(the median read 28% for 10% and 76% for 90% at 2 seeds, 16% and 83% at 3), so under POINT_SEEDS seeds the
+(the median read 28% for 10% and 77% for 90% at 2 seeds, 16% and 83% at 3), so under POINT_SEEDS seeds the
 budget prints the bound first and names the median as the seed's price, not as a measurement: "seeds up to
 91%, priced at 48% (2 seeds: not measured)". The bound holds the true share in about 90% of tables.
 Simulated in bench/seed_share.py (docs/benchmarks.md, issue 62).
