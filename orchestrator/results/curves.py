@@ -114,7 +114,8 @@ def parse_curves(data: Any, source: str = "curves") -> dict[str, Curve]:
         total += len(rows)
         if total > MAX_CHECKPOINTS:
             raise CurvesError(f"{where}: more than {MAX_CHECKPOINTS} checkpoints over all arms, more than an import "
-                              "reads; keep every Nth step or import the arms in several grids")  # fmt: skip
+                              "reads; keep every Nth step (a W&B or TensorBoard run that logged every step: export "
+                              "its history as a CSV of every Nth step)")  # fmt: skip
         checkpoints: list[tuple[Checkpoint, dict[str, Any]]] = []
         seen: set[int] = set()
         for i, row in enumerate(rows):
@@ -160,7 +161,7 @@ def load_curves(path: str | Path) -> dict[str, Curve]:
         size = path.stat().st_size
         if size > MAX_CURVES_BYTES:
             raise CurvesError(f"{path}: {size} bytes, more than the {MAX_CURVES_BYTES} an import reads; keep every "
-                              "Nth step or import the arms in several grids")  # fmt: skip
+                              "Nth step")  # fmt: skip
         text = path.read_text()
     except FileNotFoundError:
         raise CurvesError(f"curves file {str(path)!r} not found") from None

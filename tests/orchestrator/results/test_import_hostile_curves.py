@@ -149,3 +149,18 @@ def test_non_finite_values_from_wandb(database_url: str, ablate_cli, tmp_path: P
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
     assert f"{path}: arm 'A_base', checkpoint 1 (step 200): field 'recon_lpips_n' is a count" in out.stderr
     assert stored(database_url) == before
+
+
+def test_a_wandb_run_past_the_checkpoint_cap_is_refused_with_the_fix(tmp_path: Path) -> None:
+    """The caps hold for every form read into curves: a W&B run that logged MAX_CHECKPOINTS + 1 steps."""
+    from orchestrator.results.curves import CurvesError
+    from orchestrator.trackers.exports import tracker_export_curves
+    from tests.orchestrator.trackers.test_exports import history, run_record, wandb_file
+
+    steps = [history(s, train_loss=0.5) for s in range(MAX_CHECKPOINTS + 1)]
+    path = wandb_file(tmp_path / "run-r1.wandb", [run_record("A_base"), *steps])
+    with pytest.raises(CurvesError) as caught:
+        tracker_export_curves(path)
+    said = str(caught.value)
+    assert said.startswith(f"{path}: arm 'A_base': more than {MAX_CHECKPOINTS} checkpoints"), said
+    assert "export its history as a CSV of every Nth step" in said
