@@ -65,5 +65,8 @@ def test_the_grid_page_shows_a_skipped_evaluation_job_with_its_reason(  # type: 
     assert f"Evaluation {eid} skipped (B)" in page.inner_text(f"{line} summary")
     why = page.text_content(f"{line} li[data-arm='B']") or ""
     assert f"run {b_id} diverged (the detector stopped it at step {STEP})" in why
+    # the effects line names the evaluation the effects use and the run it skipped
+    assert f"on evaluation {eid}:" in page.inner_text("#effects-seeds")
+    assert "(skipped: B, on its own records)" in page.inner_text("#effects-seeds")
     assert errors == []
     page.close()
