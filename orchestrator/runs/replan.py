@@ -67,7 +67,7 @@ ESTIMATE_SPAN = 1e5
 # in bursts make that pace uneven.
 PACE_SPAN = 2.0
 CLAIM_REFUSED = "progress.claim_refused"  # the run's event: a record's rate out of bounds, the plan kept
-CLAIM_BOUNDED = "progress.claim_bounded"  # the run's event: its claim slower than the controller saw it go
+CLAIM_BOUNDED = "progress.claim_bounded"  # the run's event: its claim slower (or far faster) than it was seen to go
 
 
 @dataclass(frozen=True)
