@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from typing import Any, Self
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from orchestrator.db.models import Evaluation, EvaluationResult, Grid, aware
@@ -200,3 +200,31 @@ def distribution_keys(extra: dict[str, Any] | None, metrics: tuple[str, ...] = D
     extra = extra or {}
     return {f"{m}{p}": extra[f"{m}{p}"] for m in metrics if m in extra for p in DISTRIBUTION_PARTS
             if f"{m}{p}" in extra}  # fmt: skip
+
+
+def skipped_jobs(session: Session, grid: Grid) -> dict[int, list[dict[str, Any]]]:
+    """Per run id, each of the grid's evaluation jobs that was skipped (a diverged run's checkpoint that measures
+    non-finite values: runs/evaluation_record.py diverged_skip), oldest first: the evaluation, the step, its
+    images and the reason stored on the job. The dashboard shows them, so a run an evaluation left out is not
+    read as measured (its effects use its own records)."""
+    rows = session.execute(
+        select(EvaluationResult.run_id, Evaluation.id, EvaluationResult.step, Evaluation.images, EvaluationResult.error)
+        .join(Evaluation, Evaluation.id == EvaluationResult.evaluation_id)
+        .where(Evaluation.grid_id == grid.id, EvaluationResult.state == EvaluationState.skipped)
+        .order_by(Evaluation.id, EvaluationResult.id)
+    ).all()  # fmt: skip
+    out: dict[int, list[dict[str, Any]]] = {}
+    for run_id, evaluation_id, step, images, error in rows:
+        out.setdefault(run_id, []).append({"evaluation": evaluation_id, "step": step, "images": images,
+                                           "reason": error or f"run {run_id}: skipped, no reason stored"})  # fmt: skip
+    return out
+
+
+def job_states(session: Session, grid_id: int) -> list[list[Any]]:
+    """How many of the grid's evaluation jobs are in each state, as [state, count] pairs (the dashboard's
+    version token: a job completed or skipped changes what the grid page shows)."""
+    rows = session.execute(
+        select(EvaluationResult.state, func.count()).join(Evaluation).where(Evaluation.grid_id == grid_id)
+        .group_by(EvaluationResult.state).order_by(EvaluationResult.state)
+    ).all()  # fmt: skip
+    return [[state, count] for state, count in rows]

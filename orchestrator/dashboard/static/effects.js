@@ -47,8 +47,11 @@ window.AblateEffects = function (kit) {
   }
 
   function render(d) {
+    // A run whose job of that evaluation was skipped (a diverged run's) is not on it: named, its own records stand.
+    const skipped = d.evaluation ? d.runs.filter((r) => (r.evaluations_skipped || []).some((j) => j.evaluation === d.evaluation.id)).map((r) => r.label) : [];
     const evaluated = d.evaluation
-      ? ` · on evaluation ${d.evaluation.id}: each run's ${d.evaluation.step} checkpoint on ${d.evaluation.images} held-out images`
+      ? ` · on evaluation ${d.evaluation.id}: each run's ${d.evaluation.step} checkpoint on ${d.evaluation.images} held-out images` +
+        (skipped.length ? ` (skipped: ${skipped.join(", ")}, on its own records)` : "")
       : "";
     document.getElementById("effects-seeds").textContent = (d.seeds > 1
       ? `${d.seeds} training seeds per arm: mean of the per-seed paired differences; the interval covers what its row says (crossed: seeds and images)`

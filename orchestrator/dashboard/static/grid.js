@@ -121,6 +121,7 @@
       if (r.storage && r.storage.alarm) notes.push(el("span", { class: "tag alarm", title: r.storage.last_error || "" }, `checkpoints unstored ${fmt(r.storage.minutes_unstored, 0)} min`));
       if (r.data.waiting) notes.push(el("span", { class: "tag alarm data-wait", title: `fix: ${r.data.fix}` }, `waits for data ${pct(r.data.wait_fraction)}`));
       if (r.data.skipped_images > 0) notes.push(el("span", { class: "tag fallback skipped", title: `files that failed to decode, skipped: ${r.data.skipped_files.join(", ")}` }, `${r.data.skipped_images} images skipped`));
+      for (const j of r.evaluations_skipped || []) notes.push(el("span", { class: "tag warning evaluation-skipped", "data-evaluation": j.evaluation, title: j.reason }, `evaluation ${j.evaluation} skipped: ${j.reason.split(/[:;(]/)[0].trim()}`));
       if (r.gpu_name) notes.push(el("span", { class: "tag plain" }, r.gpu_name));
       const detector = r.decision && r.decision !== VOCAB.decision.continue
         ? el("span", {}, badge(stopped(r) ? VOCAB.run_state.stopped : r.decision, r.decision), r.decision_step !== null ? ` @${r.decision_step} ` : " ",
