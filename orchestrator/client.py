@@ -12,7 +12,8 @@ raises `ApiError` naming the status and the API's own message.
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
+from urllib.parse import quote
 
 import httpx
 from pydantic import TypeAdapter
@@ -26,6 +27,7 @@ from orchestrator.api.schemas import (
     GridStopped,
     MetricPublic,
     NodePublic,
+    ProbeResult,
     RunPublic,
     RunStopped,
 )
@@ -38,6 +40,7 @@ from orchestrator.results.reports.model import GridReport
 
 T = TypeVar("T")
 TIMEOUT_S = 30.0
+NodeAction = Literal["bootstrap", "drain", "teardown"]
 # An effect's nested parts (the noise budget, each seed's difference) stay on the report; a table row is flat.
 EFFECT_NESTED = frozenset({"budget", "per_seed"})
 
@@ -71,12 +74,13 @@ def table(rows: list[dict[str, Any]]) -> Any:  # noqa: ANN401 - a DataFrame, or 
 
 
 class Client:
-    """One ablate server. `token` is needed for what changes something (submit, stop); reads go without."""
+    """One ablate server. `token` is needed for what changes something (submit, stop); reads go without.
+    `timeout` None waits for an answer as long as it takes (a node's SSH work); connecting never does."""
 
-    def __init__(self, url: str, token: str | None = None, timeout: float = TIMEOUT_S) -> None:
+    def __init__(self, url: str, token: str | None = None, timeout: float | None = TIMEOUT_S) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.url = url.rstrip("/")
-        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=httpx.Timeout(timeout, connect=TIMEOUT_S))
 
     def close(self) -> None:
         self.http.close()
@@ -169,6 +173,27 @@ class Client:
         """Cancel an evaluation: its queued jobs never start, its running ones are ended."""
         return self._parse(self._request("DELETE", f"/api/grids/{grid_id}/evaluations/{evaluation_id}"),
                            EvaluationView)
+
+    def add_node(self, body: dict[str, Any]) -> NodePublic:
+        """Register a node (POST /api/nodes); its key files are paths on the controller, under its
+        ABLATE_SSH_KEY_DIRS."""
+        return self._parse(self._request("POST", "/api/nodes", json=body), NodePublic)
+
+    def update_node(self, name: str, body: dict[str, Any]) -> NodePublic:
+        """Declare a node's GPUs or trust (PATCH /api/nodes/{name})."""
+        return self._parse(self._request("PATCH", f"/api/nodes/{quote(name, safe='')}", json=body), NodePublic)
+
+    def remove_node(self, name: str) -> None:
+        """Forget a node; the machine is not touched."""
+        self._request("DELETE", f"/api/nodes/{quote(name, safe='')}")
+
+    def probe_node(self, name: str) -> ProbeResult:
+        """The controller SSHes to the node: its GPUs, free disk and Python, stored on the node."""
+        return self._parse(self._request("POST", f"/api/nodes/{quote(name, safe='')}/probe"), ProbeResult)
+
+    def node_action(self, name: str, action: NodeAction) -> NodePublic:
+        """Bootstrap, drain or tear down a node over SSH; answers when its commands have ended."""
+        return self._parse(self._request("POST", f"/api/nodes/{quote(name, safe='')}/{action}"), NodePublic)
 
     def _stop_run(self, run_id: int) -> RunStopped:
         before = self.run(run_id)  # an unknown id is a 404 here, before anything is asked
