@@ -30,6 +30,7 @@ from orchestrator.api.schemas import (
     ProbeResult,
     RunPublic,
     RunStopped,
+    SchedulePublic,
 )
 from orchestrator.grids.projection import Rates, RatesPublic
 from orchestrator.grids.stopping import nothing_to_ask
@@ -127,6 +128,10 @@ class Client:
         """The registered nodes (the token)."""
         return self._get("/api/nodes", list[NodePublic])
 
+    def schedules(self) -> list[SchedulePublic]:
+        """The schedules with their latest sweeps (the token)."""
+        return self._get("/api/schedules", list[SchedulePublic])
+
     def rates(self, gpu_model: str | None = None) -> Rates:
         """The steps per second the controller measured (what a plan projects runs with)."""
         params = {"gpu_model": gpu_model} if gpu_model else {}
@@ -194,6 +199,18 @@ class Client:
     def node_action(self, name: str, action: NodeAction) -> NodePublic:
         """Bootstrap, drain or tear down a node over SSH; answers when its commands have ended."""
         return self._parse(self._request("POST", f"/api/nodes/{quote(name, safe='')}/{action}"), NodePublic)
+
+    def create_schedule(self, body: dict[str, Any]) -> SchedulePublic:
+        """Store a schedule (POST /api/schedules); its grid is validated now, against the controller's limits."""
+        return self._parse(self._request("POST", "/api/schedules", json=body), SchedulePublic)
+
+    def schedule_action(self, name: str, action: Literal["pause", "resume"]) -> SchedulePublic:
+        """Pause a schedule's fires, or fire again from its next cron time."""
+        return self._parse(self._request("POST", f"/api/schedules/{quote(name, safe='')}/{action}"), SchedulePublic)
+
+    def delete_schedule(self, name: str) -> None:
+        """Delete a schedule and its sweep history (a 409 while a sweep is under way)."""
+        self._request("DELETE", f"/api/schedules/{quote(name, safe='')}")
 
     def _stop_run(self, run_id: int) -> RunStopped:
         before = self.run(run_id)  # an unknown id is a 404 here, before anything is asked
