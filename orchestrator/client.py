@@ -12,6 +12,7 @@ raises `ApiError` naming the status and the API's own message.
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal, TypeVar
 from urllib.parse import quote
 
@@ -19,6 +20,7 @@ import httpx
 from pydantic import TypeAdapter
 
 from orchestrator.api.schemas import (
+    CurvesImport,
     EventPublic,
     GridCreate,
     GridCreated,
@@ -169,6 +171,16 @@ class Client:
         for run_id in run_ids:
             done.append(self._stop_run(run_id))
         return done
+
+    def import_curves(self, body: CurvesImport | dict[str, Any]) -> GridDetail:
+        """Store recorded curves as a finished grid, the detector replayed over them (POST /api/grids/import)."""
+        if isinstance(body, CurvesImport):
+            body = body.model_dump(mode="json", exclude_unset=True)
+        # A diverged curve holds NaN: sent as the literal the controller's JSON reader takes (httpx refuses it).
+        content = json.dumps(body, allow_nan=True)
+        resp = self._request("POST", "/api/grids/import", content=content,
+                             headers={"Content-Type": "application/json"})
+        return self._parse(resp, GridDetail)
 
     def evaluate(self, grid_id: int, body: dict[str, Any]) -> int:
         """Queue an evaluation of the grid's stored checkpoints (POST /api/grids/{id}/evaluations); its id."""
