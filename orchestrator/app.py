@@ -18,6 +18,7 @@ from orchestrator.api.routes import (
     grids,
     health,
     imports,
+    instances,
     nodes,
     reports,
     runs,
@@ -80,7 +81,8 @@ def create_app(settings: Settings, api_token: str) -> FastAPI:
     install_error_handlers(app)
     # Routers are included here, one per resource (orchestrator/api/routes/*.py); POST /api/grids/import
     # before the grids' own.
-    resources = (health, arms, imports, grids, decisions, evaluations, reports, runs, samples, nodes, schedules, events)
+    resources = (health, arms, imports, grids, decisions, evaluations, reports, runs, samples, nodes, schedules, events,
+                 instances)
     for module in resources:
         app.include_router(module.router)
     # The web dashboard: pages at / and /grids/{id}, their JSON, the CSV export, static files.

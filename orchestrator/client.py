@@ -34,6 +34,7 @@ from orchestrator.api.schemas import (
     RunStopped,
     SchedulePublic,
 )
+from orchestrator.fleet.providers.owned import InstanceDestroyed, OwnedInstances
 from orchestrator.grids.projection import Rates, RatesPublic
 from orchestrator.grids.stopping import nothing_to_ask
 from orchestrator.messages import errors_text
@@ -134,6 +135,10 @@ class Client:
         """The schedules with their latest sweeps (the token)."""
         return self._get("/api/schedules", list[SchedulePublic])
 
+    def instances(self) -> OwnedInstances:
+        """What the controller rented now, asked of each provider it has a key for, with the cost so far."""
+        return self._get("/api/instances", OwnedInstances)
+
     def rates(self, gpu_model: str | None = None) -> Rates:
         """The steps per second the controller measured (what a plan projects runs with)."""
         params = {"gpu_model": gpu_model} if gpu_model else {}
@@ -223,6 +228,11 @@ class Client:
     def delete_schedule(self, name: str) -> None:
         """Delete a schedule and its sweep history (a 409 while a sweep is under way)."""
         self._request("DELETE", f"/api/schedules/{quote(name, safe='')}")
+
+    def destroy_instance(self, provider: str, instance_id: str, force: bool = False) -> InstanceDestroyed:
+        """End a rental and wait for the provider to confirm it (409: not this controller's, unless `force`)."""
+        path = f"/api/instances/{quote(provider, safe='')}/{quote(instance_id, safe='')}"
+        return self._parse(self._request("DELETE", path, params={"force": force}), InstanceDestroyed)
 
     def _stop_run(self, run_id: int) -> RunStopped:
         before = self.run(run_id)  # an unknown id is a 404 here, before anything is asked

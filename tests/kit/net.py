@@ -64,7 +64,7 @@ def controller_env(database_url: str, home: Path) -> Iterator[dict[str, str]]:
 # The commands that ask a controller: run with a database only, the test serves one on it for the call.
 # `schedules run` is the sweep loop itself: it works on the database.
 CONTROLLER_COMMANDS = (
-    ("status",), ("events",), ("report",), ("plan",), ("nodes",), ("import",),
+    ("status",), ("events",), ("report",), ("plan",), ("nodes",), ("import",), ("instances",),
     *(("schedules", command) for command in ("create", "list", "pause", "resume", "delete")),
 )  # fmt: skip
 
