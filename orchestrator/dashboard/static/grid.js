@@ -82,14 +82,20 @@
     const perArm = new Map();
     for (const r of d.runs) perArm.set(r.arm, (perArm.get(r.arm) || 0) + 1);
     const seeds = new Set(perArm.values());
-    const size = d.runs.length === perArm.size ? `${perArm.size} arms`
-      : `${perArm.size} arms x ${seeds.size === 1 ? `${[...seeds][0]} seeds` : "up to " + Math.max(...seeds) + " seeds"} = ${d.runs.length} runs`;
+    const arms = plural(perArm.size, "arm");
+    const size = d.runs.length === perArm.size ? arms
+      : `${arms} x ${seeds.size === 1 ? plural([...seeds][0], "seed") : "up to " + plural(Math.max(...seeds), "seed")} = ${plural(d.runs.length, "run")}`;
     document.getElementById("grid-meta").textContent = `${size} (${st.title}) · control ${d.control ?? "—"} · ${d.source}` +
       (total !== null ? ` · ${hoursText(total)} GPU-hours` : "");
     document.getElementById("control-name").textContent = d.control ? `(${d.control})` : "";
     const live = document.getElementById("live");
     live.hidden = !d.live;
     live.textContent = `live · updated ${new Date().toLocaleTimeString()}`;
+  }
+
+  // "1 seed", "3 seeds": the header counts read as words.
+  function plural(n, word) {
+    return `${n} ${word}${n === 1 ? "" : "s"}`;
   }
 
   function lastOf(arr) {
