@@ -10,6 +10,9 @@ The checkpoint is read from the run's directory where this node holds it (`ckpt_
 when that is the step), else from the run's checkpoint storage, copied into this job's own directory.
 Nothing of the run's directory is written.
 
+`measures` (the evaluation's per-image metrics; None: every one) without an LPIPS metric measures the flow loss
+alone: none of the LPIPS metrics' sampling (a deciding grid's look on the flow loss, grids/deciding.py).
+
 With `samples` and `metrics` (the distribution metrics, worker/distribution.py) it also generates that many
 samples, sample i from the same prompt and noise as in every run and in training's own passes, and scores them
 with the final extractors against the held-out split's reference features (read from the node or the store
@@ -33,6 +36,7 @@ from worker.run_files import BEST_NAME, ckpt_name
 from worker.train_parts import build
 from worker.train_record import EVAL_BATCH, restore_parts
 
+LPIPS_KEYS = ("recon_lpips", "text_lpips", "text_manip_delta")  # asked for none: the flow loss alone, no sampling
 SOURCE_NAME = "source.pt"  # a checkpoint copied from storage into the job's directory
 
 
@@ -107,11 +111,12 @@ def evaluate_arm(
     )  # fmt: skip
     restore_parts(parts, state, {})
     use_ema = spec.eval.use_ema and "model" in parts.emas
+    measures = evaluation.get("measures") or list(LPIPS_KEYS) + ["val_flow_loss"]
     metrics = evaluate(
         parts.emas["model"].module if use_ema else parts.model,
         parts.emas["text_encoder"].module if use_ema and "text_encoder" in parts.emas else parts.text_encoder,
         parts.flow, parts.dataset, spec.eval, parts.lpips, parts.device,
-        batch_size=EVAL_BATCH, autocast=parts.autocast,
+        batch_size=EVAL_BATCH, autocast=parts.autocast, lpips=bool(set(measures) & set(LPIPS_KEYS)),
     )  # fmt: skip
     samples, asked = evaluation.get("samples"), evaluation.get("metrics")
     if samples and asked:  # the node's reference cache lies beside its compile cache, as training's does

@@ -105,6 +105,9 @@ class _Strict(BaseModel):
 # -- requests ------------------------------------------------------------------------------------------
 
 
+PerImageMetric = Literal["recon_lpips", "text_lpips", "text_manip_delta", "val_flow_loss"]
+
+
 class EvaluationArgs(_Strict):
     """A worker that evaluates one stored checkpoint again instead of training (worker/evaluation.py)."""
 
@@ -115,6 +118,9 @@ class EvaluationArgs(_Strict):
     samples: Annotated[int, Field(ge=8, le=4096)] | None = None  # distribution metrics' generated samples
     metrics: list[DistributionMetric] | None = None  # which (worker/distribution.py); None: not asked
     reference_pins: Annotated[dict[ReferenceKey, Sha256], Field(max_length=MAX_REFERENCES)] = {}  # key -> pinned sha
+    # The per-image metrics to measure (model/evaluate.py); None: every one. Without an LPIPS metric, the flow
+    # loss alone: no sampling.
+    measures: Annotated[list[PerImageMetric], Field(min_length=1, max_length=4)] | None = None
 
 
 class WorkerArgs(_Strict):

@@ -36,6 +36,7 @@ from model.spec import ArmSpec
 from orchestrator.db.models import Evaluation, EvaluationResult, utcnow
 from orchestrator.db.session import session_scope
 from orchestrator.fleet.node_pool import NodePool
+from orchestrator.grids.evaluations import flow_only, measured_by
 from orchestrator.numbers import json_safe
 from orchestrator.runs.evaluation_record import (
     ASKED,
@@ -100,6 +101,7 @@ def evaluation_args(settings: Settings, session: Session, job: EvaluationResult)
             step=job.step, source_dir=source, images=job.evaluation.images,
             storage=worker_storage(settings, run.checkpoint_url) if run.checkpoint_url else None,
             **asked, reference_pins=pins_for(session, spec, asked.get("metrics") or []),
+            measures=list(measured) if flow_only(measured := measured_by(job.evaluation)) else None,
         ),
     )  # fmt: skip
 

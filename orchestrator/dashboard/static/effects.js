@@ -46,9 +46,15 @@ window.AblateEffects = function (kit) {
       }));
   }
 
+  // An evaluation that measured no LPIPS metric (a deciding grid's look on the flow loss): null is every one.
+  function flowOnly(measures) {
+    return Array.isArray(measures) && !measures.some((m) => ["recon_lpips", "text_lpips", "text_manip_delta"].includes(m));
+  }
+
   function render(d) {
     const evaluated = d.evaluation
       ? ` · on evaluation ${d.evaluation.id}: each run's ${d.evaluation.step} checkpoint on ${d.evaluation.images} held-out images`
+        + (flowOnly(d.evaluation.measures) ? " (the flow loss alone, the metric the grid decides on: its LPIPS metrics are the training-time evaluation's)" : "")
       : "";
     document.getElementById("effects-seeds").textContent = (d.seeds > 1
       ? `${d.seeds} training seeds per arm: mean of the per-seed paired differences; the interval covers what its row says (crossed: seeds and images)`

@@ -41,8 +41,15 @@ from sqlalchemy.orm import Session
 
 from orchestrator.db.models import DecisionLook, Evaluation, EvaluationResult, Event, Grid, Metric
 from orchestrator.db.session import session_scope
-from orchestrator.grids.deciding import DecideSpec, add_seed, arm_seeds
-from orchestrator.grids.evaluations import EvaluationCreate, create_evaluation, evaluated_runs, held_out_size
+from orchestrator.grids.deciding import DecideSpec, add_seed, arm_seeds, decide_of, measures_of
+from orchestrator.grids.evaluations import (
+    EvaluationCreate,
+    create_evaluation,
+    evaluated_runs,
+    flow_only,
+    held_out_size,
+    measured_by,
+)
 from orchestrator.grids.projection import START_S
 from orchestrator.results.deciding import sequential
 from orchestrator.results.deciding.borrowed import (
@@ -81,6 +88,7 @@ from orchestrator.vocabulary import TERMINAL_STATES, EvaluationState, RunDecisio
 
 log = logging.getLogger("ablate.decide")
 EVALUATION_DONE = (EvaluationState.completed, EvaluationState.failed)
+FLOW_ONLY_WORDS = ": the flow loss alone, the metric the grid decides on; no LPIPS sampling"
 
 
 def wave_ended(session: Session, grid: Grid) -> bool:
@@ -292,9 +300,12 @@ def queue_work(session: Session, grid: Grid, work: Work) -> list[dict]:
     """Queue a look's work (plan_look.py `Work`): an evaluation of every run on its images, or each arm's new
     seeds up to its count; returns the actions as stored."""
     if work.images is not None:
-        evaluation = create_evaluation(session, grid, EvaluationCreate(images=work.images))
-        words = f"evaluate every run on {work.images} held-out images (evaluation {evaluation.id})"
-        return [{"action": "images", "images": work.images, "evaluation": evaluation.id, "words": words}]
+        measures = measures_of(decide_of(grid))
+        evaluation = create_evaluation(session, grid, EvaluationCreate(images=work.images), measures=measures)
+        words = (f"evaluate every run on {work.images} held-out images (evaluation {evaluation.id}"
+                 f"{FLOW_ONLY_WORDS if flow_only(measures) else ''})")  # fmt: skip
+        return [{"action": "images", "images": work.images, "evaluation": evaluation.id, "words": words,
+                 "measures": list(measures)}]  # fmt: skip
     runs = []
     while missing := [a for a, k in work.seeds.items() if arm_seeds(grid).get(a, 0) < k]:
         runs += add_seed(grid, missing)
@@ -344,7 +355,9 @@ def catch_up(session: Session, grid: Grid) -> Evaluation | None:
         if not session.scalar(select(exists().where(Event.grid_id == grid.id, Event.message == words))):
             session.add(Event(grid_id=grid.id, kind="decide.budget", message=words))
         return None
-    evaluation = create_evaluation(session, grid, EvaluationCreate(images=info.images), only=missing)
+    measures = measured_by(session.get(Evaluation, info.id))  # what the runs already scored were measured on
+    evaluation = create_evaluation(session, grid, EvaluationCreate(images=info.images), only=missing,
+                                   measures=measures)  # fmt: skip
     words = (f"evaluate {', '.join(f'{r.arm} s{r.seed}' for r in missing)} on {info.images} held-out images "
              f"(evaluation {evaluation.id}) before the look: not yet scored on them; the other runs keep theirs")
     data = {"evaluation": evaluation.id, "images": info.images, "runs": [r.id for r in missing]}
