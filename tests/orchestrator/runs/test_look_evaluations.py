@@ -57,9 +57,11 @@ def run_until_ended(settings: Settings, ray_cluster: str, tmp_path: Path, eid: i
     launcher = Launcher(launcher_settings_for(settings.database_url, tmp_path, ray_cluster, max_retries=1))
     launcher.start()
     try:
-        def ended() -> bool:
+        def ended() -> bool:  # the evaluation, and every job of it (a batch's others go on after one failed)
             with session_scope(settings.database_url) as session:
-                return session.get(Evaluation, eid).state in ("completed", "failed")
+                evaluation = session.get(Evaluation, eid)
+                return evaluation.state in ("completed", "failed") and all(
+                    j.state not in ("queued", "running") for j in evaluation.results)
 
         wait_for(ended, f"evaluation {eid} to end", timeout=300, interval=0.5)
     finally:
@@ -107,6 +109,9 @@ def test_a_looks_evaluation_measures_the_flow_loss_alone_for_less(
         assert session.get(Evaluation, eid).state == "completed", session.get(Evaluation, eid).error
         jobs = list(session.scalars(select(EvaluationResult).where(EvaluationResult.evaluation_id == eid)))
         assert len(jobs) == 4
+        # One worker (one start) scored the 4 runs on the one node, each run's record stored on its own job.
+        assert len({job.extra["worker"] for job in jobs}) == 1 and {job.node for job in jobs} == {"local"}
+        assert len({job.val_flow_loss for job in jobs}) == 4  # each run's own checkpoint, not one run's 4 times
         for job in jobs:
             assert job.val_flow_loss is not None and job.val_flow_loss_n == HELD_OUT
             assert job.extra["val_flow_ivw_n"] == HELD_OUT  # the decided headline, from the stored grid
@@ -125,7 +130,29 @@ def test_a_looks_evaluation_measures_the_flow_loss_alone_for_less(
     live = client.get(f"/api/dashboard/grids/{grid}").json()
     assert live["evaluation"]["measures"] == ["val_flow_loss"]
 
-    # A user's evaluation (the API, `ablate evaluate`) measures every metric, recorded as such.
+
+def test_a_batched_run_whose_checkpoint_is_gone_fails_alone_and_the_others_are_stored(
+    settings: Settings, grid: int, ray_cluster: str, tmp_path: Path
+) -> None:
     with session_scope(settings.database_url) as session:
-        user = create_evaluation(session, session.get(Grid, grid), EvaluationCreate(images=8))
-        assert user.measures == list(EVERY_METRIC)
+        g = session.get(Grid, grid)
+        user = create_evaluation(session, g, EvaluationCreate(images=8))  # a user's (`ablate evaluate`)
+        assert user.measures == list(EVERY_METRIC)  # measures every metric, recorded as such
+        eid = user.id
+        first = sorted(g.runs, key=lambda r: r.id)[0]
+        gone, first_id = Path(first.checkpoint_dir), first.id
+    aside = gone.with_name(gone.name + ".aside")
+    gone.rename(aside)
+    try:
+        run_until_ended(settings, ray_cluster, tmp_path, eid)
+        with session_scope(settings.database_url) as session:
+            evaluation = session.get(Evaluation, eid)
+            by_run = {j.run_id: j for j in evaluation.results}
+            assert evaluation.state == "failed" and evaluation.error.startswith(f"run {first_id}: ")
+            assert by_run[first_id].state == "failed" and f"no checkpoint of step {STEPS}" in by_run[first_id].error
+            others = [j for r, j in by_run.items() if r != first_id]
+            assert [j.state for j in others] == ["completed"] * 3, [(j.state, j.error) for j in others]
+            assert all(j.val_flow_loss_n == 8 and j.recon_lpips_n == 8 for j in others)  # a user's: everything
+            assert len({j.extra["worker"] for j in others}) == 1
+    finally:
+        aside.rename(gone)
