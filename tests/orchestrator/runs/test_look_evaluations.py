@@ -156,3 +156,29 @@ def test_a_batched_run_whose_checkpoint_is_gone_fails_alone_and_the_others_are_s
             assert len({j.extra["worker"] for j in others}) == 1
     finally:
         aside.rename(gone)
+
+
+def test_a_restarted_controller_adopts_a_batch_with_its_worker(
+    settings: Settings, grid: int, ray_cluster: str, tmp_path: Path
+) -> None:
+    with session_scope(settings.database_url) as session:
+        eid = create_evaluation(session, session.get(Grid, grid), EvaluationCreate(images=HELD_OUT)).id
+
+    def jobs() -> list[tuple[str, int, dict]]:
+        with session_scope(settings.database_url) as session:
+            return [(j.state, j.attempt, dict(j.extra or {})) for j in session.get(Evaluation, eid).results]
+
+    first = Launcher(launcher_settings_for(settings.database_url, tmp_path, ray_cluster, max_retries=1))
+    first.start()
+    try:  # stopped once the batch is placed, before its records are in: its worker scores on
+        placed = wait_for(lambda: (js := jobs()) and all(s == "running" for s, _, _ in js) and js,
+                          "the batch placed", timeout=60, interval=0.05)
+    finally:
+        first.stop()
+    assert len({extra["batch_worker"] for _, _, extra in placed}) == 1  # every job names the batch's worker
+    run_until_ended(settings, ray_cluster, tmp_path, eid)
+    ended = jobs()
+    # Adopted whole: no job re-queued (a new attempt, a new worker), every run stored from the one worker.
+    assert [(s, a) for s, a, _ in ended] == [("completed", 0)] * 4, ended
+    assert len({extra["worker"] for _, _, extra in ended}) == 1
+    assert not any("batch_worker" in extra for _, _, extra in ended)  # stored rows carry the record's extra
