@@ -6,7 +6,9 @@ run's (runs/trust.py evaluator_refused: the run's own node, first, where its che
 trusted one; only a trusted one for the control of a grid with control_on_trusted; a job waits for one,
 saying so), through the same node pool, agent and `start` op as a run, with
 `WorkerArgs.evaluation` set; the worker (worker/evaluation.py) yields one record, the checkpoint's
-metrics on the asked images, and trains nothing. States: queued -> running -> completed | failed.
+metrics on the asked images, and trains nothing. The jobs of one evaluation that land on one node share
+one worker (runs/evaluation_batch.py: one start, each run's checkpoint in turn, one record per run naming
+its run_id, handled per job here). States: queued -> running -> completed | failed.
 
 - Placement is on record (the job's `node` and `attempt`, committed) before the node is asked, so a
   node's hello that names an evaluation worker is checked like a run's (`not_placed`).
