@@ -21,7 +21,7 @@ from model.flow_headline import HEADLINE
 from model.spec import ArmSpec
 from orchestrator.db.models import Grid, Run
 from orchestrator.grids.evaluations import EVERY_METRIC, FLOW_METRICS, flow_only
-from orchestrator.grids.projection import START_S, Rates, evaluation_pass_seconds, project
+from orchestrator.grids.projection import START_S, Rates, evaluation_pass_seconds, image_passes, project
 from orchestrator.grids.replicates import MAX_SEEDS, replicate_spec
 from orchestrator.vocabulary import RunState
 
@@ -227,6 +227,12 @@ def measures_of(decide: DecideSpec | None) -> tuple[str, ...]:
     if decide is not None and set(decide.margin) <= set(FLOW_DECIDED):
         return FLOW_METRICS
     return EVERY_METRIC
+
+
+def image_share(spec: ArmSpec, measures: Sequence[str]) -> float:
+    """What an image of an evaluation measuring `measures` costs, as a share of one measuring every metric
+    (a training checkpoint's evaluation, whose measured pass prices an image): its forward passes' ratio."""
+    return image_passes(spec, flow_only(measures)) / image_passes(spec)
 
 
 def evaluation_job_hours(spec: ArmSpec, images: int, measures: Sequence[str] = EVERY_METRIC) -> float:

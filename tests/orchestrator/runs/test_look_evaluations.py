@@ -21,7 +21,7 @@ from orchestrator.grids.deciding import DecideSpec, evaluation_job_hours, measur
 from orchestrator.grids.evaluations import EVERY_METRIC, FLOW_METRICS, EvaluationCreate, create_evaluation
 from orchestrator.grids.service import GridCreate, create_grid
 from orchestrator.results.deciding.budget import evaluation_hours
-from orchestrator.results.deciding.decider import queue_work
+from orchestrator.results.deciding.decider import action_costs, current_effects, look_state, queue_work
 from orchestrator.results.deciding.plan_look import Work
 from orchestrator.runs.evaluation_record import refused_rows
 from orchestrator.runs.ingest import ingest
@@ -97,6 +97,12 @@ def test_a_looks_evaluation_measures_the_flow_loss_alone_for_less(
         per_image = evaluation_job_hours(spec, 1, FLOW_METRICS) - evaluation_job_hours(spec, 0, FLOW_METRICS)
         full_image = evaluation_job_hours(spec, 1) - evaluation_job_hours(spec, 0)
         assert per_image == pytest.approx(full_image * 8 / (4 * spec.eval.sampler_steps + 8))
+        # The chooser prices an image of the look's evaluation at its passes' share of training's evaluation.
+        state, effects = look_state(session, g), {(e.arm, e.metric, e.against): e for e in current_effects(session, g)}
+        assert state.readings
+        for r in state.readings:
+            full_image = action_costs(effects[r.key()]).image
+            assert r.costs.image == pytest.approx(full_image * 8 / (4 * spec.eval.sampler_steps + 8))
         [action] = queue_work(session, g, Work(images=HELD_OUT, hours=flow))
         eid = action["evaluation"]
         assert action["measures"] == ["val_flow_loss"] and "the flow loss alone" in action["words"]
