@@ -22,7 +22,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from orchestrator.db.models import Evaluation, EvaluationResult, Grid, aware
-from orchestrator.grids.evaluations import ASKED, DISTRIBUTION_ONLY
+from orchestrator.grids.evaluations import ASKED, DISTRIBUTION_ONLY, EVERY_METRIC, measured_by
 from orchestrator.results.reports.model import EvaluationUsed
 from orchestrator.results.reports.stats import DISTRIBUTION
 from orchestrator.results.views import MetricValues, Public, UTCDatetime
@@ -62,6 +62,9 @@ class EvaluationView(Public):
     gpu_seconds: float  # the jobs' measured GPU time, summed over those that reported
     samples: int | None = None  # generated samples for the distribution metrics (None: not asked)
     metrics: list[str] = []  # the distribution metrics asked
+    # The per-image metrics its jobs measure: every one, or the flow loss alone (a deciding grid's look whose
+    # decided metrics are the flow loss's: no LPIPS sampling; grids/evaluations.py)
+    measures: list[str] = list(EVERY_METRIC)
     # Why its queued jobs wait, as the launcher last said (no node up, no GPUs, all busy); None: none waits.
     waiting: str | None = None
     runs: list[EvaluationRun]
@@ -80,6 +83,7 @@ class EvaluationView(Public):
             state=evaluation.state, error=evaluation.error, created_at=evaluation.created_at,
             finished_at=evaluation.finished_at, gpu_seconds=cost, runs=runs,
             samples=asked.get("samples"), metrics=asked.get("metrics") or [], waiting=waiting,
+            measures=list(measured_by(evaluation)),
             skipped=[r.error or f"run {r.run_id}" for r in runs if r.state == EvaluationState.skipped],
         )  # fmt: skip
 
@@ -144,7 +148,8 @@ def largest_evaluation(session: Session, grid: Grid) -> tuple[EvaluationUsed | N
             if (older.images, older.step) == (found.images, found.step):
                 for run_id, row in _believed(older, trusted)[0].items():
                     rows.setdefault(run_id, row)
-        return EvaluationUsed(id=found.id, images=found.images, step=found.step), rows
+        used = EvaluationUsed(id=found.id, images=found.images, step=found.step, measures=list(measured_by(found)))
+        return used, rows
     return None, {}
 
 
