@@ -61,6 +61,13 @@
     return h >= 10 ? h.toFixed(1) : String(Number(h.toPrecision(2)));
   }
 
+  // A run's GPU-hours; one that trained on the CPU (logical GPUs) records 0: "CPU", not a "0.0" that reads as free.
+  function gpuHoursCell(h) {
+    if (h === null || h === undefined) return el("td", { class: "num" }, "—");
+    return h === 0 ? el("td", { class: "num", title: "trained on the CPU (logical GPUs): no GPU-hours recorded" }, "CPU")
+      : el("td", { class: "num" }, hoursText(h));
+  }
+
   // Runs on logical GPUs of the CPU record no GPU-hours: the charts against GPU-hours would be empty.
   function noGpuHours(d) {
     const hours = d.runs.map((r) => lastOf(r.series.gpu_hours)).filter((v) => v !== null);
@@ -141,7 +148,7 @@
         el("td", { class: "num judged", title: r.judge_metric || "" }, fmt(lastOf(s[r.judge_metric || "recon_lpips"] || []), 4)),
         el("td", { class: "nowrap" }, r.best_step !== null ? `${fmt(r.best_value, 4)} @${r.best_step}` : "—"),
         el("td", {}, detector),
-        el("td", { class: "num" }, fmt(lastOf(s.gpu_hours), 1)),
+        gpuHoursCell(lastOf(s.gpu_hours)),
         el("td", { class: "num" }, fmt(lastOf(s.iter_per_sec))),
         el("td", { class: `num data-wait${r.data.waiting ? " alarm" : ""}` }, pct(r.data.wait_fraction)),
         el("td", { class: "num micro", title: r.data.loader_workers !== null ? `${r.data.loader_workers} loader workers` : null },

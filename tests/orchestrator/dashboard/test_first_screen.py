@@ -110,6 +110,9 @@ def test_the_demo_grid_s_first_screen_answers(base_url: str, demo_grid_id: int, 
     # by step and paired (the demo's runs trained on the CPU: no charts against GPU-hours, and a line says why)
     assert len(opened["lpips_charts"]) == 6 and len(opened["standin_effects"]) == standin_rows
     assert "the runs recorded 0 GPU-hours (they trained on the CPU" in page.inner_text("#no-gpu-hours")
+    # ... and the runs table's GPU-h column says CPU, not a "0.0" that reads as free (issue 64 item 7)
+    gpu_h = page.locator("#arms tbody tr td:nth-child(7)").all_inner_texts()
+    assert gpu_h and set(gpu_h) == {"CPU"}, gpu_h
     assert min(c["top"] for c in opened["lpips_charts"]) > opened["judged_chart"][0]["bottom"]
     assert min(c["right"] - c["left"] for c in opened["lpips_charts"]) > 400
     assert opened["scroll_width"] <= WIDTH
