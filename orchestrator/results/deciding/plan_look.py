@@ -161,7 +161,7 @@ def judge(r: Reading, decide: DecideSpec, look: int, max_images: int, at_seeds: 
                               fractions=fractions, action=action, reason="no interval across seeds to judge" + r.note)  # type: ignore[arg-type]  # fmt: skip
     v, n = r.variance, r.n or 1
     projected = sequential.projected_fraction(v, r.k, n, decide.max_seeds, max_images)
-    fractions.append(sequential.information_fraction(r.k, n, decide.max_seeds, max_images))
+    fractions.append(sequential.information_fraction(v, r.k, n, decide.max_seeds, max_images))
     verdict = sequential.decide(r.diff, r.se, r.df, fractions, k=r.k, n=n, alpha=decide.alpha, direction="lower",
                                 margin=decide.margin.get(r.metric) or None, last=at_seeds and at_images,
                                 futility=futility_of(decide),

@@ -6,9 +6,9 @@ GPU-hour) and the GPU-hours a decided grid can cost. Pure: numpy and scipy only,
 The design (Jennison & Turnbull 2000, "Group Sequential Methods with Applications to Clinical Trials",
 chapters 2, 7, 9 and 11):
 - Information at a look is 1/SE^2 of the comparison's crossed mean (seeds x images, the report's crossed.py);
-  its fraction is taken from the plan, the seeds x images measured over the budget's (max_seeds seeds,
-  max_images images), never from the look's own variance components (information_fraction says why). The
-  fractions of earlier looks are kept as they were recorded.
+  its fraction is the budget's variance (max_seeds seeds, max_images images) over the look's, projected from
+  the look's components with the seed part at its upper confidence bound, never as measured
+  (information_fraction says why). The fractions of earlier looks are kept as they were recorded.
 - Alpha is spent by information fraction (Lan & DeMets 1983), alpha/2 on each side as R's ldbounds and
   gsDesign (test.type 2) do: O'Brien-Fleming type, each side 2 - 2 Phi(z_{1-alpha/4}/sqrt t), by default
   (almost nothing early, nearly the whole alpha at the budget), or Pocock type, alpha ln(1 + (e-1) t) in all.
@@ -117,19 +117,26 @@ SEED_DF_QUANTILE = 0.1  # the seed mean square's upper confidence bound decision
 FUTILITY = 0.2  # the conditional power under which the simulation closes an open comparison undecided
 
 
+def seed_upper(v: VarianceComponents, k: int, n: int, quantile: float = SEED_DF_QUANTILE) -> float:
+    """The seed component with its mean square (rest + n seed, on k - 1 df) at its upper confidence bound
+    (k-1) MS / chi2_{k-1}(quantile): what decision_df and information_fraction read the seeds at."""
+    from scipy.special import chdtri  # lazily: the API imports this module and must start fast
+
+    ms_seed = (v.rest + n * v.seed) * (k - 1) / float(chdtri(k - 1, 1 - quantile))
+    return (ms_seed - v.rest) / n
+
+
 def decision_df(v: VarianceComponents, k: int, n: int, quantile: float = SEED_DF_QUANTILE) -> float:
     """Degrees of freedom for a decision: Satterthwaite's over the crossed mean's mean squares (as the
-    report's), but with the seed mean square at its upper confidence bound (k-1) MS / chi2_{k-1}(quantile).
+    report's), but with the seed mean square at its upper confidence bound (seed_upper).
     Why: with few seeds the seed mean square has k - 1 df, and a draw where it is small by chance gets both
     a smaller SE and, by Satterthwaite, many df, so its t is read too far out; the bound keeps the seeds'
     weight in the df (a clipped seed component counts at the rest's mean square). The SE is not changed.
     inf where the variance is exactly zero."""
-    from scipy.special import chdtri  # lazily: the API imports this module and must start fast
-
     if k < 2 or n < 2:
         raise ValueError(f"decision_df needs k >= 2 seeds and n >= 2 images (a seeds x images table), got k={k}, n={n}")
     ms_rest = v.rest
-    ms_seed = (v.rest + n * v.seed) * (k - 1) / float(chdtri(k - 1, 1 - quantile))
+    ms_seed = v.rest + n * seed_upper(v, k, n, quantile)
     ms_image = v.rest + k * v.image
     # Var * k n = MS_seed + MS_image - MS_rest with both components kept; the terms as crossed.py drops them
     terms = [(ms_seed, k - 1)]
@@ -140,15 +147,27 @@ def decision_df(v: VarianceComponents, k: int, n: int, quantile: float = SEED_DF
     return total * total / spread if spread > 0 else math.inf
 
 
-def information_fraction(k: int, n: int, max_seeds: int, max_images: int) -> float:
-    """This look's information over the budget's, from the plan: the seeds x images measured over those
-    the budget measures, k n / (max_seeds max_images), at most 1. Why not from the variance components
-    (Var(budget)/Var(k, n)): those are the same noisy estimate the SE rests on, so a look whose seed mean
-    square came out small by chance got a small SE, a large fraction and most of the alpha at once; at
-    max_seeds 8 with futility off that called 6.5% to 9.2% of null comparisons (bench/decide_sim.py,
-    docs/benchmarks.md). The plan's fraction is at most the true one wherever seeds or images dominate,
-    so it spends alpha late rather than early."""
-    return min(1.0, k * n / (max_seeds * max_images))
+def information_fraction(v: VarianceComponents | None, k: int, n: int, max_seeds: int, max_images: int,
+                         quantile: float = SEED_DF_QUANTILE) -> float:  # fmt: skip
+    """This look's information over the budget's, Var(budget) / Var(k, n), projected from the look's
+    components with the seed part at its upper confidence bound (seed_upper), at most 1. Why the bound:
+    the components are the same noisy estimate the SE rests on, and read as measured a look whose seed mean
+    square came out small by chance got a small SE, a large fraction and most of the alpha at once (at
+    max_seeds 8 with futility off, 6.5% to 9.2% of null comparisons called: bench/decide_sim.py,
+    docs/benchmarks.md). Why not the plan's k n / (max_seeds max_images) alone, as before issue 62: where
+    images dominate, 2 seeds on the whole split hold most of the budget's information (about 0.6 on the
+    headline) and the plan's 0.25 kept the early looks' boundaries out of reach, so a clear effect bought
+    seeds it did not need. With the seeds at their bound the fraction lies between the plan's (seeds
+    dominate) and the measured one (images dominate). The plan's where no seed mean square is read (one
+    seed, v None)."""
+    plan = min(1.0, k * n / (max_seeds * max_images))
+    if v is None or k < 2 or n < 2:
+        return plan
+    bounded = Variance(seed_upper(v, k, n, quantile), v.image, v.rest)
+    now = mean_variance(bounded, k, n)
+    if not now > 0:
+        return plan
+    return max(plan, min(1.0, mean_variance(bounded, max_seeds, max_images) / now))
 
 
 def projected_fraction(v: VarianceComponents, k: int, n: int, max_seeds: int, max_images: int) -> float:
@@ -418,7 +437,7 @@ def expected_gpu_hours(seed_hours: Mapping[str, float], comparisons: Sequence[tu
                 score, had = state[p]
                 score += rng.normal(effect * (info - had), math.sqrt(info - had)) if info > had else 0.0
                 state[p] = (score, info)
-                history[p].append(information_fraction(k, n, max_seeds, max_images))
+                history[p].append(information_fraction(variance, k, n, max_seeds, max_images))
                 at_budget = k >= max_seeds and n >= max_images
                 if k < 2 and not borrowed and k < max_seeds:  # no seed variance to read: a second seed first
                     actions[p] = Action("seed", k + 1, n, 0.0, 0.0, 0.0, "a second seed")

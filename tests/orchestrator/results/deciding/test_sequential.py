@@ -22,6 +22,7 @@ from orchestrator.results.deciding.sequential import (
     decision_df,
     expected_gpu_hours,
     information_fraction,
+    mean_variance,
     nominal_level,
     plan_wave,
     worst_case_gpu_hours,
@@ -167,12 +168,26 @@ def test_familywise_alpha_is_bonferroni() -> None:
     assert comparison_alpha(0.05, 5, "familywise") == pytest.approx(0.01)
 
 
-def test_information_fraction_is_the_plans_never_the_components() -> None:
-    """The seeds x images measured over the budget's: the same whatever the look's variance estimate says."""
-    assert information_fraction(2, 64, 8, 256) == pytest.approx(2 * 64 / (8 * 256))
-    assert information_fraction(2, 256, 8, 256) == pytest.approx(0.25)
-    assert information_fraction(8, 256, 8, 256) == 1.0
-    assert information_fraction(9, 300, 8, 256) == 1.0  # past the budget (the training records' n): at it
+def test_information_fraction_reads_the_seeds_at_their_bound() -> None:
+    """Var(budget) / Var(look) with the seed part at its upper bound: where images dominate, 3 and 5 seeds on
+    the whole split hold more than the plan's k n / (K N) (0.375, 0.625), which kept the boundaries out of
+    reach; at 2 seeds (one df: the bound is 63x the mean square) and where seeds dominate it stays near the
+    plan's; a seed mean square small by chance does not buy the fraction it measures; one seed (no mean
+    square) reads the plan's."""
+    headline = Variance(0.001**2, 0.011**2, 0.0018**2)  # the measured headline difference's components
+    for k, plan, least in ((3, 0.375, 0.44), (5, 0.625, 0.75)):
+        measured = mean_variance(headline, 8, 256) / mean_variance(headline, k, 256)
+        assert least < information_fraction(headline, k, 256, 8, 256) < measured  # above the plan's, below the measured
+        assert plan < least
+    assert information_fraction(headline, 2, 256, 8, 256) == pytest.approx(0.25, abs=0.02)
+    seeds = Variance(0.006**2, 0.0015**2, 0.006**2)
+    assert information_fraction(seeds, 2, 256, 8, 256) == pytest.approx(0.25, abs=0.02)
+    lucky = Variance(0.0, 0.011**2, 0.0018**2)  # the seed mean square at or under the rest's: clipped to 0
+    assert information_fraction(lucky, 2, 256, 8, 256) < mean_variance(lucky, 8, 256) / mean_variance(lucky, 2, 256)
+    assert information_fraction(None, 2, 64, 8, 256) == pytest.approx(2 * 64 / (8 * 256))
+    assert information_fraction(headline, 1, 256, 8, 256) == pytest.approx(1 / 8)
+    assert information_fraction(headline, 8, 256, 8, 256) == 1.0
+    assert information_fraction(headline, 9, 300, 8, 256) == 1.0  # past the budget (the training records' n)
 
 
 def test_few_df_spend_only_the_alpha_the_look_adds() -> None:
