@@ -156,6 +156,23 @@ def flow_loss_metrics(grid: Tensor) -> dict[str, Any]:
     }
 
 
+def flow_only(model: nn.Module, text_encoder: nn.Module, flow: FlowMatching, dataset: Any, eval_spec: EvalSpec,
+              device: str | torch.device, *, batch_size: int = 32) -> dict[str, Any]:
+    """`evaluate`'s flow loss fields alone on the same images, noise and times (eval mode for the call)."""
+    images, captions = dataset.held_out(eval_spec.num_samples)
+    was_training = (model.training, text_encoder.training)
+    model.eval()
+    text_encoder.eval()
+    try:
+        cuda = [torch.cuda.current_device()] if torch.device(device).type == "cuda" else []
+        with torch.random.fork_rng(devices=cuda), torch.no_grad():
+            grid = flow_loss_grid(model, text_encoder, flow, images, captions, eval_spec.seed, device, batch_size)
+    finally:
+        model.train(was_training[0])
+        text_encoder.train(was_training[1])
+    return flow_loss_metrics(grid)
+
+
 def _to_lpips_range(dataset: Any, images: Tensor) -> Tensor:
     """Pixel range -> [-1, 1], clamped (generations can overshoot the data range)."""
     return dataset.to_unit(images).clamp(0, 1) * 2 - 1
@@ -173,6 +190,7 @@ def evaluate(
     batch_size: int = 32,
     autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
     keep_images: bool = False,
+    lpips: bool = True,
 ) -> dict[str, Any]:
     """The three metrics on `eval_spec.num_samples` held-out images / caption pairs.
 
@@ -186,7 +204,13 @@ def evaluate(
     keep_images: also return "images", the generations already made for the metrics (no extra sampling):
     the first SAMPLE_IMAGES targets with their reconstructions and text-only samples, and the first
     SAMPLE_PAIRS caption/edit generations, each a list of (caption, (3, H, W) float tensor in [0, 1]).
+
+    lpips False: the flow loss alone (`flow_loss_metrics`, VAL_TIMESTEPS forwards an image), none of the
+    LPIPS metrics' sampling (SAMPLER passes of eval.sampler_steps each): what an evaluation that decides on
+    the flow loss asks for (orchestrator/grids/deciding.py measures_of). No LPIPS key is returned then.
     """
+    if not lpips:
+        return flow_only(model, text_encoder, flow, dataset, eval_spec, device, batch_size=batch_size)
     n = eval_spec.num_samples
     images, captions = dataset.held_out(n)
     manip_note = None if getattr(dataset, "supports_edits", True) else NO_EDITS_NOTE

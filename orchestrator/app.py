@@ -17,6 +17,8 @@ from orchestrator.api.routes import (
     events,
     grids,
     health,
+    imports,
+    instances,
     nodes,
     reports,
     runs,
@@ -77,8 +79,11 @@ def create_app(settings: Settings, api_token: str) -> FastAPI:
     app.state.startup_hooks = []
     app.state.shutdown_hooks = []
     install_error_handlers(app)
-    # Routers are included here, one per resource (orchestrator/api/routes/*.py).
-    for module in (health, arms, grids, decisions, evaluations, reports, runs, samples, nodes, schedules, events):
+    # Routers are included here, one per resource (orchestrator/api/routes/*.py); POST /api/grids/import
+    # before the grids' own.
+    resources = (health, arms, imports, grids, decisions, evaluations, reports, runs, samples, nodes, schedules, events,
+                 instances)
+    for module in resources:
         app.include_router(module.router)
     # The web dashboard: pages at / and /grids/{id}, their JSON, the CSV export, static files.
     install_dashboard(app)

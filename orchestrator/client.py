@@ -12,12 +12,15 @@ raises `ApiError` naming the status and the API's own message.
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+import json
+from typing import Any, Literal, TypeVar
+from urllib.parse import quote
 
 import httpx
 from pydantic import TypeAdapter
 
 from orchestrator.api.schemas import (
+    CurvesImport,
     EventPublic,
     GridCreate,
     GridCreated,
@@ -26,9 +29,12 @@ from orchestrator.api.schemas import (
     GridStopped,
     MetricPublic,
     NodePublic,
+    ProbeResult,
     RunPublic,
     RunStopped,
+    SchedulePublic,
 )
+from orchestrator.fleet.providers.owned import InstanceDestroyed, OwnedInstances
 from orchestrator.grids.projection import Rates, RatesPublic
 from orchestrator.grids.stopping import nothing_to_ask
 from orchestrator.messages import errors_text
@@ -38,6 +44,7 @@ from orchestrator.results.reports.model import GridReport
 
 T = TypeVar("T")
 TIMEOUT_S = 30.0
+NodeAction = Literal["bootstrap", "drain", "teardown"]
 # An effect's nested parts (the noise budget, each seed's difference) stay on the report; a table row is flat.
 EFFECT_NESTED = frozenset({"budget", "per_seed"})
 
@@ -71,12 +78,13 @@ def table(rows: list[dict[str, Any]]) -> Any:  # noqa: ANN401 - a DataFrame, or 
 
 
 class Client:
-    """One ablate server. `token` is needed for what changes something (submit, stop); reads go without."""
+    """One ablate server. `token` is needed for what changes something (submit, stop); reads go without.
+    `timeout` None waits for an answer as long as it takes (a node's SSH work); connecting never does."""
 
-    def __init__(self, url: str, token: str | None = None, timeout: float = TIMEOUT_S) -> None:
+    def __init__(self, url: str, token: str | None = None, timeout: float | None = TIMEOUT_S) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.url = url.rstrip("/")
-        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=httpx.Timeout(timeout, connect=TIMEOUT_S))
 
     def close(self) -> None:
         self.http.close()
@@ -123,6 +131,14 @@ class Client:
         """The registered nodes (the token)."""
         return self._get("/api/nodes", list[NodePublic])
 
+    def schedules(self) -> list[SchedulePublic]:
+        """The schedules with their latest sweeps (the token)."""
+        return self._get("/api/schedules", list[SchedulePublic])
+
+    def instances(self) -> OwnedInstances:
+        """What the controller rented now, asked of each provider it has a key for, with the cost so far."""
+        return self._get("/api/instances", OwnedInstances)
+
     def rates(self, gpu_model: str | None = None) -> Rates:
         """The steps per second the controller measured (what a plan projects runs with)."""
         params = {"gpu_model": gpu_model} if gpu_model else {}
@@ -161,6 +177,16 @@ class Client:
             done.append(self._stop_run(run_id))
         return done
 
+    def import_curves(self, body: CurvesImport | dict[str, Any]) -> GridDetail:
+        """Store recorded curves as a finished grid, the detector replayed over them (POST /api/grids/import)."""
+        if isinstance(body, CurvesImport):
+            body = body.model_dump(mode="json", exclude_unset=True)
+        # A diverged curve holds NaN: sent as the literal the controller's JSON reader takes (httpx refuses it).
+        content = json.dumps(body, allow_nan=True)
+        resp = self._request("POST", "/api/grids/import", content=content,
+                             headers={"Content-Type": "application/json"})
+        return self._parse(resp, GridDetail)
+
     def evaluate(self, grid_id: int, body: dict[str, Any]) -> int:
         """Queue an evaluation of the grid's stored checkpoints (POST /api/grids/{id}/evaluations); its id."""
         return int(self._request("POST", f"/api/grids/{grid_id}/evaluations", json=body).json()["id"])
@@ -169,6 +195,44 @@ class Client:
         """Cancel an evaluation: its queued jobs never start, its running ones are ended."""
         return self._parse(self._request("DELETE", f"/api/grids/{grid_id}/evaluations/{evaluation_id}"),
                            EvaluationView)
+
+    def add_node(self, body: dict[str, Any]) -> NodePublic:
+        """Register a node (POST /api/nodes); its key files are paths on the controller, under its
+        ABLATE_SSH_KEY_DIRS."""
+        return self._parse(self._request("POST", "/api/nodes", json=body), NodePublic)
+
+    def update_node(self, name: str, body: dict[str, Any]) -> NodePublic:
+        """Declare a node's GPUs or trust (PATCH /api/nodes/{name})."""
+        return self._parse(self._request("PATCH", f"/api/nodes/{quote(name, safe='')}", json=body), NodePublic)
+
+    def remove_node(self, name: str) -> None:
+        """Forget a node; the machine is not touched."""
+        self._request("DELETE", f"/api/nodes/{quote(name, safe='')}")
+
+    def probe_node(self, name: str) -> ProbeResult:
+        """The controller SSHes to the node: its GPUs, free disk and Python, stored on the node."""
+        return self._parse(self._request("POST", f"/api/nodes/{quote(name, safe='')}/probe"), ProbeResult)
+
+    def node_action(self, name: str, action: NodeAction) -> NodePublic:
+        """Bootstrap, drain or tear down a node over SSH; answers when its commands have ended."""
+        return self._parse(self._request("POST", f"/api/nodes/{quote(name, safe='')}/{action}"), NodePublic)
+
+    def create_schedule(self, body: dict[str, Any]) -> SchedulePublic:
+        """Store a schedule (POST /api/schedules); its grid is validated now, against the controller's limits."""
+        return self._parse(self._request("POST", "/api/schedules", json=body), SchedulePublic)
+
+    def schedule_action(self, name: str, action: Literal["pause", "resume"]) -> SchedulePublic:
+        """Pause a schedule's fires, or fire again from its next cron time."""
+        return self._parse(self._request("POST", f"/api/schedules/{quote(name, safe='')}/{action}"), SchedulePublic)
+
+    def delete_schedule(self, name: str) -> None:
+        """Delete a schedule and its sweep history (a 409 while a sweep is under way)."""
+        self._request("DELETE", f"/api/schedules/{quote(name, safe='')}")
+
+    def destroy_instance(self, provider: str, instance_id: str, force: bool = False) -> InstanceDestroyed:
+        """End a rental and wait for the provider to confirm it (409: not this controller's, unless `force`)."""
+        path = f"/api/instances/{quote(provider, safe='')}/{quote(instance_id, safe='')}"
+        return self._parse(self._request("DELETE", path, params={"force": force}), InstanceDestroyed)
 
     def _stop_run(self, run_id: int) -> RunStopped:
         before = self.run(run_id)  # an unknown id is a 404 here, before anything is asked

@@ -10,6 +10,9 @@ The checkpoint is read from the run's directory where this node holds it (`ckpt_
 when that is the step), else from the run's checkpoint storage, copied into this job's own directory.
 Nothing of the run's directory is written.
 
+`measures` (the evaluation's per-image metrics; None: every one) without an LPIPS metric measures the flow loss
+alone: none of the LPIPS metrics' sampling (a deciding grid's look on the flow loss, grids/deciding.py).
+
 With `samples` and `metrics` (the distribution metrics, worker/distribution.py) it also generates that many
 samples, sample i from the same prompt and noise as in every run and in training's own passes, and scores them
 with the final extractors against the held-out split's reference features (read from the node or the store
@@ -29,10 +32,13 @@ from model.evaluate import evaluate
 from model.spec import ArmSpec
 from worker import checkpoint as ckpt
 from worker.distribution import DistributionPass
+from worker.failure import describe_error
+from worker.protocol import EVALUATION_ERROR
 from worker.run_files import BEST_NAME, ckpt_name
 from worker.train_parts import build
 from worker.train_record import EVAL_BATCH, restore_parts
 
+LPIPS_KEYS = ("recon_lpips", "text_lpips", "text_manip_delta")  # asked for none: the flow loss alone, no sampling
 SOURCE_NAME = "source.pt"  # a checkpoint copied from storage into the job's directory
 
 
@@ -83,9 +89,31 @@ def evaluate_arm(
     compile_cache: dict[str, Any] | None = None,
 ) -> Iterator[dict[str, Any]]:
     """One record: the evaluation metrics of checkpoint `evaluation["step"]` on `evaluation["images"]`
-    held-out images (train_arm's signature, so the actor runs it in train_arm's place)."""
-    del should_stop  # one pass, nothing compiled: the record is the whole job
-    out_dir = Path(out_dir)
+    held-out images (train_arm's signature, so the actor runs it in train_arm's place). With
+    `evaluation["batch"]` (several runs of one evaluation on this GPU, one start): one record per run in turn,
+    each naming its `run_id`; a run whose checkpoint or evaluation fails yields a record with its
+    `evaluation_error` instead, and the next run is evaluated."""
+    shared: dict[str, Any] = {}  # metric parts reused across a batch's runs: the LPIPS network, the datasets
+    if not evaluation.get("batch"):
+        yield evaluate_one(spec, Path(out_dir), device, lpips_weights, evaluation, data_store, compile_cache, shared)
+        return
+    for item in evaluation["batch"]:
+        if should_stop is not None and should_stop():
+            return
+        asked = {**evaluation, **{k: v for k, v in item.items() if k not in ("spec", "run_id")}, "batch": None}
+        run_id = int(item["run_id"])
+        try:
+            record = evaluate_one(ArmSpec.model_validate(item["spec"]), Path(out_dir) / str(run_id), device,
+                                  lpips_weights, asked, data_store, compile_cache, shared)  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - this run's failure, named on its own record; the next runs go on
+            record = {"step": int(item["step"]), EVALUATION_ERROR: describe_error(exc)[:4000]}
+        yield {**record, "run_id": run_id}
+
+
+def evaluate_one(spec: ArmSpec, out_dir: Path, device: str, lpips_weights: Path | None, evaluation: dict[str, Any],
+                 data_store: dict[str, Any] | None, compile_cache: dict[str, Any] | None,
+                 shared: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    """One run's checkpoint evaluated (evaluate_arm's record), with the parts in `shared` reused."""
     out_dir.mkdir(parents=True, exist_ok=True)
     step, images = int(evaluation["step"]), int(evaluation["images"])
     t0 = time.perf_counter()
@@ -103,15 +131,16 @@ def evaluate_arm(
         fetched = fetch_prepared(spec.data.url, DataStore.from_dict(data_store), pin=pin)
     parts = build(
         spec, dev, lpips_weights, fp8_linears=state.get("fp8_linears"), micro_batch=state.get("micro_batch"),
-        data_root=Path(fetched.path) if fetched is not None else None, data_pin=pin,
+        data_root=Path(fetched.path) if fetched is not None else None, data_pin=pin, shared=shared,
     )  # fmt: skip
     restore_parts(parts, state, {})
     use_ema = spec.eval.use_ema and "model" in parts.emas
+    measures = evaluation.get("measures") or list(LPIPS_KEYS) + ["val_flow_loss"]
     metrics = evaluate(
         parts.emas["model"].module if use_ema else parts.model,
         parts.emas["text_encoder"].module if use_ema and "text_encoder" in parts.emas else parts.text_encoder,
         parts.flow, parts.dataset, spec.eval, parts.lpips, parts.device,
-        batch_size=EVAL_BATCH, autocast=parts.autocast,
+        batch_size=EVAL_BATCH, autocast=parts.autocast, lpips=bool(set(measures) & set(LPIPS_KEYS)),
     )  # fmt: skip
     samples, asked = evaluation.get("samples"), evaluation.get("metrics")
     if samples and asked:  # the node's reference cache lies beside its compile cache, as training's does
@@ -125,7 +154,7 @@ def evaluate_arm(
         )  # fmt: skip
         metrics["fallbacks"] = dist.fallbacks()  # a stand-in extractor and why, as on a training record
         metrics["distribution_generated"] = samples  # not `_samples`: that suffix is a per-sample list
-    yield {
+    return {
         "step": step,
         **metrics,
         "eval_weights": "ema" if use_ema else "live",

@@ -105,8 +105,26 @@ class _Strict(BaseModel):
 # -- requests ------------------------------------------------------------------------------------------
 
 
+PerImageMetric = Literal["recon_lpips", "text_lpips", "text_manip_delta", "val_flow_loss"]
+
+
+MAX_BATCH = 256  # runs one evaluation worker may score in turn
+EVALUATION_ERROR = "evaluation_error"  # a batched run's record: why its checkpoint could not be evaluated
+
+
+class BatchedRun(_Strict):
+    """One more run an evaluation worker scores after loading its checkpoint in turn (EvaluationArgs.batch)."""
+
+    run_id: Annotated[int, Field(ge=0)]
+    spec: ArmSpec
+    step: _Step
+    source_dir: Path_
+    storage: dict[str, Any] | None = None
+
+
 class EvaluationArgs(_Strict):
-    """A worker that evaluates one stored checkpoint again instead of training (worker/evaluation.py)."""
+    """A worker that evaluates one stored checkpoint again instead of training (worker/evaluation.py), or
+    (`batch`) several runs' checkpoints of one evaluation in turn, with one start."""
 
     step: _Step  # the checkpoint evaluated; its record carries this step
     source_dir: Path_  # the run's directory (its checkpoints where this node holds them)
@@ -115,6 +133,11 @@ class EvaluationArgs(_Strict):
     samples: Annotated[int, Field(ge=8, le=4096)] | None = None  # distribution metrics' generated samples
     metrics: list[DistributionMetric] | None = None  # which (worker/distribution.py); None: not asked
     reference_pins: Annotated[dict[ReferenceKey, Sha256], Field(max_length=MAX_REFERENCES)] = {}  # key -> pinned sha
+    # The per-image metrics to measure (model/evaluate.py); None: every one. Without an LPIPS metric, the flow
+    # loss alone: no sampling.
+    measures: Annotated[list[PerImageMetric], Field(min_length=1, max_length=4)] | None = None
+    # Set: the runs this worker scores, each its own record naming its run_id (the args' own run among them)
+    batch: Annotated[list[BatchedRun], Field(min_length=1, max_length=MAX_BATCH)] | None = None
 
 
 class WorkerArgs(_Strict):

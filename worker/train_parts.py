@@ -108,6 +108,15 @@ def has_trainable(module: nn.Module) -> bool:
     return any(p.requires_grad for p in module.parameters())
 
 
+def _shared(shared: dict[str, Any] | None, key: tuple, make: Callable[[], Any]) -> Any:
+    """`make()`, kept in `shared` under `key` and reused from there (None: made each time)."""
+    if shared is None:
+        return make()
+    if key not in shared:
+        shared[key] = make()
+    return shared[key]
+
+
 def build(
     spec: ArmSpec,
     device: torch.device,
@@ -117,6 +126,7 @@ def build(
     data_root: Path | None = None,
     data_pin: str | None = None,
     world: World | None = None,
+    shared: dict[str, Any] | None = None,
 ) -> Parts:
     """Construct a run's parts; model init uses the global RNG seeded from data.seed.
 
@@ -125,16 +135,20 @@ def build(
     the micro-batch the resumed run trained with (not searched again). data_root: the local copy of
     data.url (fetched by train_arm), else None. data_pin: the sha256 of the prepared manifest the resumed
     run started on (its checkpoint record's data_manifest_sha256): a different one is refused. world: this
-    rank of a data-parallel arm; the ranks agree on the smallest micro-batch any of them fits.
+    rank of a data-parallel arm; the ranks agree on the smallest micro-batch any of them fits. shared: parts
+    kept across calls in one process and reused where their spec is the same (an evaluation job scoring
+    several runs: the LPIPS network, the dataset); None: everything built anew.
     """
     world = world or World()
     torch.manual_seed(spec.data.seed)
     fallbacks: list[str] = []
-    dataset = build_dataset(spec, data_root, data_pin)
+    dataset = _shared(shared, ("dataset", spec.data.model_dump_json(), str(data_root), data_pin),
+                      lambda: build_dataset(spec, data_root, data_pin))
     if not dataset.supports_edits:  # known now, so the first record already says so
         fallbacks.append(NO_EDITS_NOTE)
     # LPIPS and the teacher first: a missing weights file should fail before any work is done.
-    lpips = load_lpips(spec.eval, weights=lpips_weights, device=str(device))
+    lpips_key = ("lpips", spec.eval.lpips_backbone, spec.eval.lpips_weights, str(lpips_weights), str(device))
+    lpips = _shared(shared, lpips_key, lambda: load_lpips(spec.eval, weights=lpips_weights, device=str(device)))
     if lpips.label == STANDIN:
         fallbacks.append(LPIPS_STANDIN_FALLBACK)
     text_encoder = build_text_encoder(spec, dataset).to(device)

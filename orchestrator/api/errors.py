@@ -1,6 +1,6 @@
 """Error responses, one status per kind of domain error (orchestrator/errors.py): an invalid body
 422 naming the field path, not found 404, a state conflict 409, a node that cannot be reached or
-refuses a command 424. Routes raise; they never build error responses themselves.
+refuses a command, or a rented-node provider that fails, 424. Routes raise; they never build error responses themselves.
 
 Error bodies echo field names from the request, which may hold any text (lone surrogates
 included), so they are rendered as ASCII JSON: whatever the input, the answer is never a 500.
@@ -20,6 +20,7 @@ from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
 
 from orchestrator.errors import Conflict, InvalidBody, NotFound
 from orchestrator.fleet.errors import NodeError
+from orchestrator.fleet.providers.base import ProviderError
 
 
 class SafeJSONResponse(JSONResponse):
@@ -75,5 +76,6 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(NotFound, _message(status.HTTP_404_NOT_FOUND))
     app.add_exception_handler(Conflict, _message(status.HTTP_409_CONFLICT))
     app.add_exception_handler(NodeError, _message(status.HTTP_424_FAILED_DEPENDENCY))
+    app.add_exception_handler(ProviderError, _message(status.HTTP_424_FAILED_DEPENDENCY))
     for exc in (OperationalError, InterfaceError, DisconnectionError):
         app.add_exception_handler(exc, _database_unavailable)

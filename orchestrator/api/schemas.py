@@ -17,6 +17,7 @@ from orchestrator.fleet.inventory import NodeCreate, NodeUpdate
 from orchestrator.grids.night import PlanPublic
 from orchestrator.grids.service import GridCreate
 from orchestrator.grids.stopping import GridStopped, RunStopped
+from orchestrator.results.curves_import import CurvesImport
 from orchestrator.results.views import (
     GridDetail,
     GridPublic,
@@ -35,6 +36,7 @@ from orchestrator.vocabulary import NodeState
 
 __all__ = [
     "ArmPublic",
+    "CurvesImport",
     "EventPublic",
     "GridCreate",
     "GridCreated",

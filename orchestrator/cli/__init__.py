@@ -72,27 +72,6 @@ def free_port(host: str, preferred: int, or_any: bool = False) -> int | None:
     return None
 
 
-def migrated_database_url() -> str:
-    """The configured database, migrated to the newest schema first, as `ablate serve` does, so a command
-    run on a fresh machine finds its tables; an unreachable database is one clear line."""
-    from pathlib import Path
-
-    from sqlalchemy.exc import SQLAlchemyError
-
-    from orchestrator.db.session import upgrade
-    from orchestrator.messages import database_error_text, masked_url
-    from orchestrator.settings import load_settings
-
-    url = load_settings().database_url
-    if url.startswith("sqlite:///"):  # the embedded default: its directory, owner-only as serve makes it
-        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    try:
-        upgrade(url)
-    except SQLAlchemyError as exc:
-        raise CLIError(f"cannot migrate {masked_url(url)}: {database_error_text(exc)}") from None
-    return url
-
-
 def _register() -> None:
     # Imported for their side effect of adding commands to `app`.
     from orchestrator.cli import (

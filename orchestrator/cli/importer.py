@@ -1,16 +1,26 @@
 """`ablate import CURVES --name NAME`: store recorded curves (ablate's curves JSON, a W&B CSV export or offline
 runs, TensorBoard event files, a CSV of runs such as PRX's FID / CMMD / DINO-MMD curves) as a finished grid,
-detector replayed."""
+detector replayed.
+
+The file is read here, in whichever format it is, and its curves are sent to the controller's POST
+/api/grids/import (ABLATE_URL or --url, the token), which stores the grid.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from orchestrator.cli import CLIError, app
-from orchestrator.messages import database_error_text, masked_url, validation_text
+from orchestrator.cli.remote import UrlOption, controller
+
+if TYPE_CHECKING:
+    from orchestrator.api.schemas import GridDetail
+    from orchestrator.results.curves import Curve
+
+IMPORT_TIMEOUT_S = 600.0  # the controller replays the detector and stores every checkpoint before it answers
 
 
 def _arm_map(pairs: list[str]) -> dict[str, str]:
@@ -44,6 +54,7 @@ def import_command(
     policy: Annotated[
         Path | None, typer.Option("--policy", help="DetectorPolicy YAML/JSON for every arm (default: each arm's spec)")
     ] = None,
+    url: UrlOption = None,
 ) -> None:
     """Import recorded curves as a finished grid and replay the collapse detector over them.
 
@@ -52,19 +63,14 @@ def import_command(
     DINO-MMD) come in as fid, cmmd and dino_mmd, labelled as published; `--policy` with `metric: cmmd` replays
     the detector on CMMD. One run per curve (state
     completed, or stopped where the detector stops it, with its reason and best checkpoint), one metric
-    row per checkpoint. Prints the grid id and each arm's verdict.
+    row per checkpoint. The controller stores it (POST /api/grids/import). Prints the grid id and each
+    arm's verdict.
     """
     import json
 
-    from pydantic import ValidationError
-    from sqlalchemy.exc import SQLAlchemyError
-
     from orchestrator.cli.replay import load_policy
-    from orchestrator.db.session import session_scope, upgrade
-    from orchestrator.grids.service import GridError
     from orchestrator.results.curves import CurvesError, load_curves
-    from orchestrator.results.importer import CurvesImportError, arm_letters, import_curves, start_times_of
-    from orchestrator.settings import load_settings
+    from orchestrator.results.importer import CurvesImportError, arm_letters, start_times_of
     from orchestrator.trackers.exports import tracker_export_curves
 
     pol = load_policy(policy) if policy is not None else None
@@ -77,33 +83,47 @@ def import_command(
         raise CLIError(f"cannot read {curves}: {exc.strerror or exc}") from None
     arm_map = _arm_map(arm or [])
     try:
-        arm_letters(loaded, arm_map)  # fail on unmapped curves before touching the database
+        arm_letters(loaded, arm_map)  # unmapped curves fail here, before anything is sent
     except CurvesImportError as exc:
         raise CLIError(f"{curves}: {exc}") from None
     starts = start_times_of(json.loads(curves.read_text())) if exported is None else {}
-    settings = load_settings()
-    try:
-        upgrade(settings.database_url)
-        with session_scope(settings.database_url) as session:
-            grid = import_curves(
-                session,
-                loaded,
-                name,
-                control=control,
-                arm_map=arm_map,
-                policy=pol,
-                source=curves.name,
-                start_times=starts,
-            )
-            rows = [(r.arm, r.state, r.decision, r.decision_step, r.best_step, r.best_value) for r in grid.runs]
-            grid_id = grid.id
-    except (CurvesImportError, GridError) as exc:
-        raise CLIError(f"{curves}: {exc}") from None
-    except ValidationError as exc:  # the grid record itself, e.g. a blank or over-long --name
-        raise CLIError(f"invalid grid: {validation_text(exc, root='(grid)')}") from None
-    except SQLAlchemyError as exc:
-        raise CLIError(f"cannot write to {masked_url(settings.database_url)}: {database_error_text(exc)}") from None
-    typer.echo(f"grid {grid_id} {name!r}: {len(rows)} arms imported from {curves}")
-    for arm_name, state, decision, step, best_step, best_value in rows:
-        best = f"best {best_value:.4f} @{best_step}" if best_value is not None else "no best"
-        typer.echo(f"  {arm_name}: {state:<9} {decision} @{step}  ({best})")
+    body = {
+        "name": name,
+        "curves": _document(loaded, starts),
+        "control": control,
+        "arms": arm_map,
+        "policy": pol.model_dump(mode="json") if pol is not None else None,
+        "source": curves.name,
+    }
+    grid = _send(body, curves, url)
+    typer.echo(f"grid {grid.id} {name!r}: {len(grid.runs)} arms imported from {curves}")
+    for r in grid.runs:
+        best = f"best {r.best_value:.4f} @{r.best_step}" if r.best_value is not None else "no best"
+        typer.echo(f"  {r.arm}: {r.state:<9} {r.decision} @{r.decision_step}  ({best})")
+
+
+def _document(curves: dict[str, Curve], starts: dict[str, str]) -> dict[str, Any]:
+    """The curves in ablate's curves JSON schema, whatever format they were read from: what the API takes."""
+    doc: dict[str, Any] = {}
+    for key, curve in curves.items():
+        doc[key] = {"label": curve.label, "checkpoints": list(curve.raw)}
+        if key in starts:
+            doc[key]["start_time"] = starts[key]
+    return doc
+
+
+def _send(body: dict[str, Any], curves: Path, url: str | None) -> GridDetail:
+    """POST /api/grids/import; what the controller refuses names the file, then the field."""
+    from orchestrator.cli.tables import terminal_safe
+    from orchestrator.client import ApiError
+
+    with controller(url, token_needed=True, timeout=IMPORT_TIMEOUT_S) as client:
+        try:
+            return client.import_curves(body)
+        except ApiError as exc:
+            if exc.status == 413:
+                raise CLIError(f"{curves}: its curves are more than the controller takes in one request "
+                               f"(ABLATE_MAX_BODY_BYTES on the controller)") from None
+            if exc.status != 422:
+                raise  # unreachable, a rejected token: the controller's own one line
+            raise CLIError(f"{curves}: {terminal_safe(exc.message)}") from None

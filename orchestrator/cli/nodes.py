@@ -1,21 +1,26 @@
 """`ablate nodes ...`: register rented GPU nodes, probe them, bootstrap/drain/tear them down.
 
-`nodes list` reads the controller's GET /api/nodes (ABLATE_URL, the token). The commands that change a node
-still act on the database directly (ABLATE_DATABASE_URL): SSH keys and known-hosts files are paths on the
-controller machine, so they run there.
+Every command asks the controller's REST API under /api/nodes (ABLATE_URL or --url, the token): the
+controller holds the nodes and does their SSH work, so key and known-hosts files are paths on the
+controller machine, under its ABLATE_SSH_KEY_DIRS.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from orchestrator.cli import app, migrated_database_url, service_errors
+from orchestrator.cli import app
 from orchestrator.cli.remote import JsonOption, UrlOption, controller, print_json
 from orchestrator.cli.tables import Column, print_table
+
+if TYPE_CHECKING:
+    from orchestrator.api.schemas import NodePublic
+    from orchestrator.client import NodeAction
+
+NameArgument = Annotated[str, typer.Argument(help="Node name")]
 
 nodes_app = typer.Typer(no_args_is_help=True, help="Rented GPU nodes reached over SSH (known host keys only).")
 app.add_typer(nodes_app, name="nodes")
@@ -26,7 +31,7 @@ def add(
     name: Annotated[str, typer.Argument(help="A short unique name, e.g. quad-4090-a")],
     host: Annotated[str, typer.Option(help="Host name or IP address")],
     user: Annotated[str, typer.Option(help="SSH user")],
-    key: Annotated[Path, typer.Option(help="Private key file on this machine")],
+    key: Annotated[Path, typer.Option(help="Private key file on the controller machine (under ABLATE_SSH_KEY_DIRS)")],
     gpus: Annotated[
         int, typer.Option(help="GPUs the node has: it uses the lower of this and its probe (its own nvidia-smi)")
     ],
@@ -38,50 +43,48 @@ def add(
     trusted: Annotated[
         bool, typer.Option(help="Its values may stop arms on other nodes (the stall rule against its control)")
     ] = False,
+    url: UrlOption = None,
 ) -> None:
     """Register a node. Its host key must already be in the known-hosts file (`ssh-keyscan`)."""
-    from orchestrator.db.session import session_scope
-    from orchestrator.fleet.errors import NodeError
-    from orchestrator.fleet.inventory import NodeCreate, add_node, key_path_problems
+    body = {
+        "name": name,
+        "host": host,
+        "port": port,
+        "user": user,
+        "key_path": _controller_path(key),
+        "known_hosts_path": _controller_path(known_hosts) if known_hosts else None,
+        "price_per_hour": price_per_hour,
+        "gpus": gpus,
+        "trusted": trusted,
+    }
+    with controller(url, token_needed=True) as client:
+        node = client.add_node(body)
+    typer.echo(f"registered node {node.name} ({node.user}@{node.host}:{node.port}); "
+               f"check it with `ablate nodes probe {node.name}`")
 
-    with service_errors():
-        body = NodeCreate(
-            gpus=gpus,
-            trusted=trusted,
-            name=name,
-            host=host,
-            port=port,
-            user=user,
-            key_path=str(key),
-            known_hosts_path=str(known_hosts) if known_hosts else None,
-            price_per_hour=price_per_hour,
-        )
-        # The operator's own machine: any directory, but the files must exist.
-        problems = key_path_problems(body, [Path("/")])
-        if problems:
-            raise NodeError("; ".join(f"{field}: {msg}" for field, msg in problems.items()))
-        with session_scope(migrated_database_url()) as session:
-            add_node(session, body)
-    typer.echo(f"registered node {name} ({user}@{host}:{port}); check it with `ablate nodes probe {name}`")
+
+def _controller_path(path: Path) -> str:
+    """A relative path made absolute here (the controller's working directory is not this shell's); `~` is
+    left for the controller to expand, as its home is the one meant."""
+    return str(path if path.is_absolute() or str(path).startswith("~") else path.absolute())
 
 
 @nodes_app.command("set")
 def set_(
-    name: Annotated[str, typer.Argument(help="Node name")],
+    name: NameArgument,
     gpus: Annotated[int | None, typer.Option(help="GPUs the node has (it uses the lower of this and its probe)")] = (
         None
     ),
     trusted: Annotated[
         bool | None, typer.Option("--trusted/--untrusted", help="Whether its values may stop arms on other nodes")
     ] = None,
+    url: UrlOption = None,
 ) -> None:
     """Declare what you know of a registered node: its GPU count, whether its values are trusted."""
-    from orchestrator.db.session import session_scope
-    from orchestrator.fleet.inventory import NodeUpdate, update_node
-
-    with service_errors(), session_scope(migrated_database_url()) as session:
-        node = update_node(session, name, NodeUpdate(gpus=gpus, trusted=trusted))
-        shown = f"{node.declared_gpus or 'no'} GPUs declared, {'trusted' if node.trusted else 'not trusted'}"
+    body = {k: v for k, v in {"gpus": gpus, "trusted": trusted}.items() if v is not None}
+    with controller(url, token_needed=True) as client:
+        node = client.update_node(name, body)
+    shown = f"{node.declared_gpus or 'no'} GPUs declared, {'trusted' if node.trusted else 'not trusted'}"
     typer.echo(f"node {name}: {shown}")
 
 
@@ -122,51 +125,43 @@ def list_(url: UrlOption = None, as_json: JsonOption = False) -> None:
 
 
 @nodes_app.command("probe")
-def probe(name: Annotated[str, typer.Argument(help="Node name")]) -> None:
-    """SSH to the node; print JSON with gpus (nvidia-smi), free disk (GB) and the Python version."""
-    from orchestrator.fleet.probe import probe_node
+def probe(name: NameArgument, url: UrlOption = None) -> None:
+    """The controller SSHes to the node; prints JSON with gpus (nvidia-smi), free disk (GB) and the Python
+    version."""
+    with controller(url, token_needed=True, timeout=None) as client:
+        print_json(client.probe_node(name))
 
-    with service_errors():
-        result = probe_node(migrated_database_url(), name)
-    typer.echo(json.dumps(result, indent=2))
+
+def _act(name: str, action: NodeAction, url: str | None) -> NodePublic:
+    """The controller runs the node's commands over SSH; the answer comes when they have ended."""
+    with controller(url, token_needed=True, timeout=None) as client:
+        return client.node_action(name, action)
 
 
 @nodes_app.command("bootstrap")
-def bootstrap(name: Annotated[str, typer.Argument(help="Node name")]) -> None:
-    """Install the worker environment and start the node's own Ray (ABLATE_NODE_* settings)."""
-    from orchestrator.fleet.bootstrap import BootstrapConfig, bootstrap_node
-
-    with service_errors():
-        found = bootstrap_node(migrated_database_url(), name, BootstrapConfig())
-    typer.echo(f"node {name} joined with {len(found['gpus'])} GPUs")
+def bootstrap(name: NameArgument, url: UrlOption = None) -> None:
+    """Install the worker environment and start the node's own Ray (the controller's ABLATE_NODE_* settings)."""
+    node = _act(name, "bootstrap", url)
+    typer.echo(f"node {name} joined with {len(node.gpus)} GPUs")
 
 
 @nodes_app.command("drain")
-def drain(name: Annotated[str, typer.Argument(help="Node name")]) -> None:
+def drain(name: NameArgument, url: UrlOption = None) -> None:
     """Stop the node's own Ray (its arms are re-queued elsewhere); the environment stays for the next bootstrap."""
-    from orchestrator.fleet.bootstrap import BootstrapConfig, drain_node
-
-    with service_errors():
-        drain_node(migrated_database_url(), name, BootstrapConfig())
+    _act(name, "drain", url)
     typer.echo(f"node {name} drained")
 
 
 @nodes_app.command("teardown")
-def teardown(name: Annotated[str, typer.Argument(help="Node name")]) -> None:
+def teardown(name: NameArgument, url: UrlOption = None) -> None:
     """Stop the node's own Ray and delete the node's working directory."""
-    from orchestrator.fleet.bootstrap import BootstrapConfig, teardown_node
-
-    with service_errors():
-        teardown_node(migrated_database_url(), name, BootstrapConfig())
+    _act(name, "teardown", url)
     typer.echo(f"node {name} torn down")
 
 
 @nodes_app.command("remove")
-def remove(name: Annotated[str, typer.Argument(help="Node name")]) -> None:
+def remove(name: NameArgument, url: UrlOption = None) -> None:
     """Forget a node (its command events stay, unlinked). Does not touch the machine."""
-    from orchestrator.db.session import session_scope
-    from orchestrator.fleet.inventory import remove_node
-
-    with service_errors(), session_scope(migrated_database_url()) as session:
-        remove_node(session, name)
+    with controller(url, token_needed=True) as client:
+        client.remove_node(name)
     typer.echo(f"removed node {name}")

@@ -48,14 +48,14 @@ def required_token() -> str:
 
 
 @contextmanager
-def controller(url: str | None = None, token_needed: bool = False) -> Iterator[Client]:
+def controller(url: str | None = None, token_needed: bool = False, timeout: float | None = 30.0) -> Iterator[Client]:
     """A Client of the controller; its errors (unreachable, a rejected token, 404, 422) leave as one-line
-    CLIErrors that say what to do."""
+    CLIErrors that say what to do. `timeout` None: a node's SSH work, which takes as long as it takes."""
     from orchestrator.client import ApiError, Client
 
     base = controller_url(url)
     token = required_token() if token_needed else api_token()
-    with Client(base, token) as client:
+    with Client(base, token, timeout) as client:
         try:
             yield client
         except ApiError as exc:
@@ -70,7 +70,8 @@ def said(exc: ApiError, base: str) -> str:
         return unreachable_text(base)
     if exc.status == 401:
         return token_rejected_text(base)
-    return terminal_safe(exc.message if exc.status in (404, 409, 422) else str(exc))
+    # 424: a node the controller could not reach or whose command failed; its message names the node.
+    return terminal_safe(exc.message if exc.status in (404, 409, 422, 424) else str(exc))
 
 
 def unreachable_text(base: str) -> str:

@@ -1,26 +1,24 @@
 """`ablate offers PROVIDER ...` and `ablate instances [destroy ID]`: what could be rented, what is rented.
 
-Both talk to the providers' APIs with the keys from settings (ABLATE_VAST_API_KEY[_FILE],
-ABLATE_RUNPOD_API_KEY[_FILE]); `instances` lists what this controller (ABLATE_CONTROLLER_ID) rented,
-on every provider that has a key configured.
+`offers` asks a provider's API with the key from this machine's settings (ABLATE_VAST_API_KEY[_FILE],
+ABLATE_RUNPOD_API_KEY[_FILE]); it reads no controller state. `instances` asks the controller's REST API
+(GET /api/instances, DELETE /api/instances/{provider}/{id}; ABLATE_URL or --url, the token): what the
+controller rented, on every provider it has a key for, under its own id.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from orchestrator.cli import CLIError, app, migrated_database_url, service_errors
+from orchestrator.cli import CLIError, app, service_errors
+from orchestrator.cli.remote import JsonOption, UrlOption, controller, print_json
 from orchestrator.fleet.providers.request import PROVIDERS, RENTING
-
-if TYPE_CHECKING:
-    from orchestrator.settings import Settings
 
 instances_app = typer.Typer(
     invoke_without_command=True, help="Instances this controller rented (Vast.ai, RunPod), with their cost so far."
@@ -86,44 +84,34 @@ def offers(
 
 
 @instances_app.callback()
-def instances(ctx: typer.Context) -> None:
-    """List what ablate rented now, on every provider with a key configured, with its cost so far."""
+def instances(ctx: typer.Context, url: UrlOption = None, as_json: JsonOption = False) -> None:
+    """List what the controller rented now, on every provider it has a key for, with its cost so far."""
     if ctx.invoked_subcommand is not None:
         return
-    from orchestrator.fleet.providers import provider_for
-    from orchestrator.fleet.providers.credentials import MissingApiKey
-    from orchestrator.settings import load_settings
-
-    settings = load_settings()
-    ours = _controller_id(settings)
-    table = Table(title=f"instances rented by controller {ours!r}")
+    with controller(url, token_needed=True, timeout=None) as client:  # each provider is asked in turn
+        found = client.instances()
+    if not found.providers:
+        raise CLIError("the controller has no provider API key configured: set ABLATE_VAST_API_KEY_FILE or "
+                       "ABLATE_RUNPOD_API_KEY_FILE where it runs")
+    if as_json:
+        print_json(found)
+        return
+    table = Table(title=f"instances rented by controller {found.controller_id!r}")
     for col in ("provider", "id", "sweep", "state", "gpus", "$/h", "cost so far", "ssh"):
         table.add_column(col)
-    now, total, asked = time.time(), 0.0, 0
-    for name in RENTING:
-        with _provider_errors():
-            try:
-                provider = provider_for(name, settings)
-            except MissingApiKey:
-                continue  # not configured: nothing can have been rented there
-            asked += 1
-            owned = provider.list_owned(ours)
-        for i in owned:
-            cost = i.cost_so_far(now)
-            total += cost or 0.0
-            table.add_row(
-                name,
-                i.instance_id,
-                str(i.label.sweep_id) if i.label else "-",
-                f"{i.state} ({i.status})",
-                str(i.gpus),
-                f"{i.price_per_hour:.3f}",
-                "-" if cost is None else f"{cost:.3f}",
-                f"{i.ssh_user}@{i.ssh_host}:{i.ssh_port}" if i.ssh_host else "-",
-            )
-    if not asked:
-        raise CLIError("no provider API key configured: set ABLATE_VAST_API_KEY_FILE or ABLATE_RUNPOD_API_KEY_FILE")
+    for i in found.instances:
+        table.add_row(
+            i.provider,
+            i.instance_id,
+            "-" if i.sweep_id is None else str(i.sweep_id),
+            f"{i.state} ({i.status})",
+            str(i.gpus),
+            f"{i.price_per_hour:.3f}",
+            "-" if i.cost_so_far is None else f"{i.cost_so_far:.3f}",
+            i.ssh or "-",
+        )
     Console().print(table)
+    total = sum(i.cost_so_far or 0.0 for i in found.instances)
     typer.echo(f"{table.row_count} instance(s), {total:.2f} billed so far")
 
 
@@ -134,45 +122,19 @@ def destroy(
     force: Annotated[
         bool, typer.Option("--force", help="Destroy it even if it is not labelled by this controller")
     ] = False,
+    url: UrlOption = None,
 ) -> None:
-    """Destroy one instance this controller rented and wait until the provider confirms it is gone. An
+    """Destroy one instance the controller rented and wait until the provider confirms it is gone. An
     instance labelled by another controller, or not by ablate, is refused unless --force: the account may
     be shared, and an id mistyped by one digit is someone else's machine."""
-    from orchestrator.fleet.providers import provider_for
-    from orchestrator.fleet.providers.base import InstanceState
-    from orchestrator.fleet.providers.lifecycle import Timing, destroy_confirmed
-    from orchestrator.settings import load_settings
-
     if provider not in RENTING:
         raise CLIError(f"--provider must be one of {', '.join(RENTING)}")
-    settings = load_settings()
-    with _provider_errors():
-        rented = provider_for(provider, settings)
-        found = rented.describe(instance_id)
-        if found.state is InstanceState.gone:
-            typer.echo(f"{provider} instance {instance_id} is already gone")
-            return
-        ours = _controller_id(settings)
-        if not force and (found.label is None or found.label.controller_id != ours):
-            whose = "no ablate label" if found.label is None else f"label {found.label.encode()}"
-            raise CLIError(
-                f"{provider} instance {instance_id} has {whose}: not rented by this controller ({ours}); "
-                "not destroyed (--force destroys it anyway)"
-            )
-        confirmed = destroy_confirmed(rented, instance_id, Timing(poll_s=2.0))
-    if not confirmed:
-        raise CLIError(f"{provider} instance {instance_id}: destroy NOT confirmed; check the provider's console")
-    typer.echo(f"{provider} instance {instance_id} destroyed")
-
-
-def _controller_id(settings: Settings) -> str:
-    """ABLATE_CONTROLLER_ID, or the id this installation's database holds (migrated first, as serve does)."""
-    from orchestrator.fleet.providers.identity import controller_id
-
-    if settings.controller_id is None:
-        migrated_database_url()
-    with service_errors():
-        return controller_id(settings)
+    with controller(url, token_needed=True, timeout=None) as client:  # until the provider confirms
+        done = client.destroy_instance(provider, instance_id, force)
+    if done.outcome == "already_gone":
+        typer.echo(f"{provider} instance {instance_id} is already gone")
+    else:
+        typer.echo(f"{provider} instance {instance_id} destroyed")
 
 
 @contextmanager

@@ -1,7 +1,8 @@
 """`ablate schedules ...`: cron-fired sweeps on rented nodes (create, list, pause, resume, delete, run).
 
-Talks to the database directly (ABLATE_DATABASE_URL), like `ablate nodes` and `ablate status`.
-`ablate schedules run` is the sweep loop for a controller that does not run it inside `ablate serve`.
+create, list, pause, resume and delete ask the controller's REST API under /api/schedules (ABLATE_URL or
+--url, the token). `ablate schedules run` is the sweep loop itself, for a controller that does not run it
+inside `ablate serve`: it works on the controller's database (ABLATE_DATABASE_URL).
 """
 
 from __future__ import annotations
@@ -12,13 +13,16 @@ from typing import Annotated
 import typer
 from rich.text import Text
 
-from orchestrator.cli import app, migrated_database_url, service_errors
+from orchestrator.cli import app, service_errors
 from orchestrator.cli.core import load_grid_file
+from orchestrator.cli.remote import JsonOption, UrlOption, controller, print_json
 from orchestrator.cli.tables import Column, print_table
 from orchestrator.settings import load_settings
 
 schedules_app = typer.Typer(no_args_is_help=True, help="Cron-fired sweeps on rented nodes (cron times are UTC).")
 app.add_typer(schedules_app, name="schedules")
+
+NameArgument = Annotated[str, typer.Argument(help="Schedule name")]
 
 
 @schedules_app.command("create")
@@ -34,27 +38,20 @@ def create(
     misfire: Annotated[
         str, typer.Option(help="A fire missed while the controller was down: run_once (late) or skip")
     ] = "run_once",
+    url: UrlOption = None,
 ) -> None:
     """Schedule a grid: at each fire, provision the nodes, run it, copy results back, tear down."""
-    from orchestrator.db.session import session_scope
-    from orchestrator.sweeps.schedules import ScheduleCreate, create_schedule
-
-    body_grid = load_grid_file(grid)
-    node_list = [n.strip() for n in nodes.split(",") if n.strip()] if nodes is not None else None
-    wanted = load_grid_file(request) if request is not None else None  # the same YAML reading and errors
-    with service_errors():
-        body = ScheduleCreate(
-            name=name,
-            cron=cron,
-            grid=body_grid,
-            nodes=node_list,
-            request=wanted,  # type: ignore[arg-type]
-            budget=budget,
-            misfire=misfire,  # type: ignore[arg-type]
-        )
-        with session_scope(migrated_database_url()) as session:
-            schedule = create_schedule(session, body)
-            first = schedule.next_fire_at
+    body = {
+        "name": name,
+        "cron": cron,
+        "grid": load_grid_file(grid),
+        "nodes": [n.strip() for n in nodes.split(",") if n.strip()] if nodes is not None else None,
+        "request": load_grid_file(request) if request is not None else None,  # the same YAML reading and errors
+        "budget": budget,
+        "misfire": misfire,
+    }
+    with controller(url, token_needed=True) as client:
+        first = client.create_schedule(body).next_fire_at
     typer.echo(f"schedule {name} created; first fire {first:%Y-%m-%d %H:%M} UTC")
 
 
@@ -77,13 +74,8 @@ def _wanted(request: dict | None) -> Text:
 
 
 @schedules_app.command("list")
-def list_() -> None:
-    """Schedules with their next fire and their latest sweep."""
-    from orchestrator.api.schemas import SchedulePublic
-    from orchestrator.db.session import session_scope
-    from orchestrator.fleet.inventory import list_nodes
-    from orchestrator.sweeps.schedules import list_schedules
-
+def list_(url: UrlOption = None, as_json: JsonOption = False) -> None:
+    """Schedules with their next fire and their latest sweep (GET /api/schedules)."""
     columns = [
         Column("name"),
         Column("cron", priority=2),
@@ -94,61 +86,55 @@ def list_() -> None:
         Column("next fire", priority=1),
         Column("last sweep"),
     ]
+    with controller(url, token_needed=True) as client:
+        found = client.schedules()
+        if as_json:
+            print_json(found)
+            return
+        states = {n.name: n.state for n in client.nodes()}  # a node whose teardown failed is shown in red
     rows = []
-    with service_errors(), session_scope(migrated_database_url()) as session:
-        states = {n.name: n.state for n in list_nodes(session)}
-        for s in list_schedules(session):
-            p = SchedulePublic.model_validate(s)
-            last = "-"
-            if p.sweeps:
-                w = p.sweeps[0]
-                last = f"#{w.id} {w.state} spent {w.spend:.2f}" + (" (late)" if w.late else "")
-            nxt = f"{p.next_fire_at:%Y-%m-%d %H:%M}" if p.next_fire_at and not p.paused else "-"
-            rows.append(
-                [
-                    p.name,
-                    p.cron,
-                    Text(",").join(_node_cell(n, states.get(n)) for n in p.nodes) if p.nodes else _wanted(p.request),
-                    "-" if p.budget is None else f"{p.budget:g}",
-                    p.misfire,
-                    "paused" if p.paused else "active",
-                    nxt,
-                    last,
-                ]
-            )
+    for p in found:
+        last = "-"
+        if p.sweeps:
+            w = p.sweeps[0]
+            last = f"#{w.id} {w.state} spent {w.spend:.2f}" + (" (late)" if w.late else "")
+        nxt = f"{p.next_fire_at:%Y-%m-%d %H:%M}" if p.next_fire_at and not p.paused else "-"
+        rows.append(
+            [
+                p.name,
+                p.cron,
+                Text(",").join(_node_cell(n, states.get(n)) for n in p.nodes) if p.nodes else _wanted(p.request),
+                "-" if p.budget is None else f"{p.budget:g}",
+                p.misfire,
+                "paused" if p.paused else "active",
+                nxt,
+                last,
+            ]
+        )
     print_table("schedules (UTC)", columns, rows)
 
 
 @schedules_app.command("pause")
-def pause(name: Annotated[str, typer.Argument(help="Schedule name")]) -> None:
+def pause(name: NameArgument, url: UrlOption = None) -> None:
     """No more fires until resumed (a sweep under way carries on)."""
-    from orchestrator.db.session import session_scope
-    from orchestrator.sweeps.schedules import pause_schedule
-
-    with service_errors(), session_scope(migrated_database_url()) as session:
-        pause_schedule(session, name)
+    with controller(url, token_needed=True) as client:
+        client.schedule_action(name, "pause")
     typer.echo(f"schedule {name} paused")
 
 
 @schedules_app.command("resume")
-def resume(name: Annotated[str, typer.Argument(help="Schedule name")]) -> None:
+def resume(name: NameArgument, url: UrlOption = None) -> None:
     """Fire again from the next cron time (fires that fell in the pause are not run)."""
-    from orchestrator.db.session import session_scope
-    from orchestrator.sweeps.schedules import resume_schedule
-
-    with service_errors(), session_scope(migrated_database_url()) as session:
-        nxt = resume_schedule(session, name).next_fire_at
+    with controller(url, token_needed=True) as client:
+        nxt = client.schedule_action(name, "resume").next_fire_at
     typer.echo(f"schedule {name} resumed; next fire {nxt:%Y-%m-%d %H:%M} UTC")
 
 
 @schedules_app.command("delete")
-def delete(name: Annotated[str, typer.Argument(help="Schedule name")]) -> None:
+def delete(name: NameArgument, url: UrlOption = None) -> None:
     """Delete a schedule and its sweep history (refused while a sweep is under way)."""
-    from orchestrator.db.session import session_scope
-    from orchestrator.sweeps.schedules import delete_schedule
-
-    with service_errors(), session_scope(migrated_database_url()) as session:
-        delete_schedule(session, name)
+    with controller(url, token_needed=True) as client:
+        client.delete_schedule(name)
     typer.echo(f"schedule {name} deleted")
 
 

@@ -25,6 +25,7 @@ from model.spec import STANDIN
 from orchestrator.db.models import METRIC_FIELDS, Event, Grid, Metric, Node, RentedInstance, Run, Schedule, Sweep
 from orchestrator.grids.arms import LINEAGE_KEYS, ArmError, changes, flatten, resolve
 from orchestrator.numbers import finite_or_none, is_finite
+from orchestrator.results import evaluations as evaluation_reads
 from orchestrator.results.data_feed import data_feed
 from orchestrator.results.deciding.decisions import decision_json, with_decisions
 from orchestrator.results.evaluations import distribution_evaluations, evaluation_warnings, largest_evaluation
@@ -204,7 +205,8 @@ def grid_version(session: Session, grid_id: int, alarm_minutes: float = 15.0) ->
     alarms = sorted(rid for rid, a in storage_alarms(session, list(grid_runs), alarm_minutes).items() if a["alarm"])
     plan = session.scalar(select(Grid.plan).where(Grid.id == grid_id)) or {}  # redrawn by the launcher
     drawn = [plan.get("drawn_at"), plan.get("night_h")]
-    blob = json.dumps([[list(r) for r in runs], list(metrics), flagged, stored, alarms, drawn], default=str)
+    jobs = evaluation_reads.job_states(session, grid_id)  # a job ended changes the effects or the warnings
+    blob = json.dumps([[list(r) for r in runs], list(metrics), flagged, stored, alarms, drawn, jobs], default=str)
     return hashlib.sha1(blob.encode()).hexdigest()[:16]
 
 
@@ -328,6 +330,7 @@ def grid_detail(session: Session, grid: Grid, alarm_minutes: float = 15.0) -> di
     control = pairing.control(0)
     evaluation, evaluated = largest_evaluation(session, grid)  # more images, no retraining: what the effects use
     not_used = evaluation_warnings(session, grid)  # a stranger's evaluation of a run: a warning on it, not used
+    skipped = evaluation_reads.skipped_jobs(session, grid)  # a diverged run's job skipped: shown, with why
     judge, effects = grid_effects_now(grid, metrics, evaluated, distribution_evaluations(session, grid)[1])
     effects = with_decisions(session, grid, effects)  # a deciding grid: each decided effect's decision
     arm_index = {arm: i for i, arm in enumerate(dict.fromkeys(r.arm for r in runs))}
@@ -355,6 +358,7 @@ def grid_detail(session: Session, grid: Grid, alarm_minutes: float = 15.0) -> di
             best_from_detector=r.best_step is not None,
             fallbacks=r.fallbacks or [],
             warnings=warnings.get(r.id, []) + not_used.get(r.id, []),
+            evaluations_skipped=skipped.get(r.id, []),
             lpips_backbones=backbones,
             standin_steps=standin,
             extractors=_extractors(ms),

@@ -208,6 +208,8 @@ class Evaluation(Base):
     grid_id: Mapped[int] = mapped_column(ForeignKey("grids.id", ondelete="CASCADE"), index=True)
     images: Mapped[int] = mapped_column(Integer)
     step: Mapped[str] = mapped_column(String(16))  # as asked: "final", "best" or a step number
+    # Per-image metrics its jobs measure (grids/evaluations.py EVERY_METRIC, or the flow loss alone); None: all
+    measures: Mapped[list[Any] | None] = mapped_column()
     state: Mapped[str] = mapped_column(String(16), default=EvaluationState.queued)  # an EvaluationState
     error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

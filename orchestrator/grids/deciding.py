@@ -20,7 +20,8 @@ from sqlalchemy.orm import Session
 from model.flow_headline import HEADLINE
 from model.spec import ArmSpec
 from orchestrator.db.models import Grid, Run
-from orchestrator.grids.projection import Rates, fixed_cost, project
+from orchestrator.grids.evaluations import EVERY_METRIC, FLOW_METRICS, flow_only
+from orchestrator.grids.projection import START_S, Rates, evaluation_pass_seconds, image_passes, project
 from orchestrator.grids.replicates import MAX_SEEDS, replicate_spec
 from orchestrator.vocabulary import RunState
 
@@ -33,6 +34,7 @@ UNDECIDABLE_METRICS = {
     "fid": "FID is descriptive: its small-n bias depends on the model, and it has no per-sample contributions",
 }
 DEFAULT_MARGIN = {HEADLINE: 0.0}
+FLOW_DECIDED = (HEADLINE, "val_flow_loss")  # decided metrics an evaluation of the flow loss alone measures
 # The error rate alpha holds: each comparison's chance of a wrong call, or (familywise) the chance of any wrong
 # call among the grid's comparisons, each then spending alpha/m (results/deciding/sequential.py comparison_alpha;
 # its ErrorRate, which a test holds equal to this one).
@@ -218,12 +220,27 @@ def default_looks(decide: DecideSpec, specs: Sequence[ArmSpec]) -> tuple[int, in
     return min(1 + steps + seeds, MAX_LOOKS), min(steps + seeds, MAX_LOOKS)
 
 
-def evaluation_job_hours(spec: ArmSpec, images: int) -> float:
-    """One run's evaluation job on `images` held-out images, estimated as the planner prices a checkpoint's
-    evaluation (grids/projection.py fixed_cost: a start, then one evaluation pass)."""
-    once = spec.schedule.model_copy(update={"steps": 1, "checkpoint_every": 1})
-    one = spec.model_copy(update={"eval": spec.eval.model_copy(update={"num_samples": images}), "schedule": once})
-    return fixed_cost(one, None)[0]
+def measures_of(decide: DecideSpec | None) -> tuple[str, ...]:
+    """The per-image metrics a look's evaluation measures: the flow loss alone where every metric the grid
+    decides on (decide.margin) is the flow loss's (val_flow_ivw, val_flow_loss), which skips the LPIPS
+    metrics' sampling, most of an evaluation's cost; else every one (grids/evaluations.py EVERY_METRIC)."""
+    if decide is not None and set(decide.margin) <= set(FLOW_DECIDED):
+        return FLOW_METRICS
+    return EVERY_METRIC
+
+
+def image_share(spec: ArmSpec, measures: Sequence[str]) -> float:
+    """What an image of an evaluation measuring `measures` costs, as a share of one measuring every metric
+    (a training checkpoint's evaluation, whose measured pass prices an image): its forward passes' ratio."""
+    return image_passes(spec, flow_only(measures)) / image_passes(spec)
+
+
+def evaluation_job_hours(spec: ArmSpec, images: int, measures: Sequence[str] = EVERY_METRIC) -> float:
+    """One run's evaluation job on `images` held-out images measuring `measures`, estimated as the planner
+    prices a checkpoint's evaluation (grids/projection.py fixed_cost: a start, then one evaluation pass of the
+    sampler's and the flow loss's forward passes, or the flow loss's alone)."""
+    start = START_S[spec.precision.compile is not False]
+    return (start + evaluation_pass_seconds(spec, images, flow_only=flow_only(measures))) / 3600
 
 
 def worst_case_gpu_hours(arms: Sequence[tuple[str, ArmSpec]], control: str | None,
@@ -239,7 +256,7 @@ def worst_case_gpu_hours(arms: Sequence[tuple[str, ArmSpec]], control: str | Non
         run = project(specs[label], ESTIMATE)
         if run.hours is None:
             return None
-        evaluations = sum(evaluation_job_hours(specs[label], n) for n in [*asked, *asked[-1:]])
+        evaluations = sum(evaluation_job_hours(specs[label], n, measures_of(decide)) for n in [*asked, *asked[-1:]])
         total += decide.max_seeds * (run.hours + run.fixed_hours + evaluations)
     return total if math.isfinite(total) else None
 

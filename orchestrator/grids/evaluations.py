@@ -36,6 +36,26 @@ MAX_IMAGES = 100_000  # far past any held-out split; the split's own size is the
 StepChoice = Literal["final", "best"] | Annotated[int, Field(ge=0, le=MAX_STEP)]
 
 
+# The per-image metrics an evaluation may measure (model/evaluate.py): the LPIPS metrics, from generating each
+# image (the sampler's eval.sampler_steps passes, most of an evaluation's cost), and the flow loss (8 forward
+# passes an image; its headline val_flow_ivw is read from its grid). An evaluation records which it measured
+# (`Evaluation.measures`): every one where a user asked (`ablate evaluate`), the flow loss alone where a
+# deciding grid's look asked and every metric it decides on is the flow loss's (grids/deciding.py measures_of).
+LPIPS_METRICS = ("recon_lpips", "text_lpips", "text_manip_delta")
+FLOW_METRICS = ("val_flow_loss",)
+EVERY_METRIC = (*LPIPS_METRICS, *FLOW_METRICS)
+
+
+def measured_by(evaluation: Evaluation) -> tuple[str, ...]:
+    """The per-image metrics `evaluation` measured (one stored before they were recorded: every one)."""
+    return tuple(evaluation.measures) if evaluation.measures else EVERY_METRIC
+
+
+def flow_only(measures: Sequence[str]) -> bool:
+    """Whether an evaluation measuring `measures` skips the LPIPS metrics' sampling."""
+    return not set(measures) & set(LPIPS_METRICS)
+
+
 ASKED = "asked"  # a job's `extra` key: the distribution samples and metrics its record must carry
 DISTRIBUTION_ONLY = "distribution_only"  # in ASKED: the images' metrics of this evaluation stand for nothing
 
@@ -118,12 +138,15 @@ def _distribution_asked(body: EvaluationCreate, runs: list[Run], split: int) -> 
 
 
 def create_evaluation(session: Session, grid: Grid, body: EvaluationCreate, distribution_only: bool = False,
-                      only: Sequence[Run] | None = None) -> Evaluation:  # fmt: skip
+                      only: Sequence[Run] | None = None,
+                      measures: Sequence[str] = EVERY_METRIC) -> Evaluation:  # fmt: skip
     """Check the request against the grid and store it with one queued job per run (the caller commits);
     an InvalidBody (HTTP 422) names `images` or `step` and what would be accepted. `distribution_only`: the
     report reads only its distribution metrics (the pass at the best checkpoints, results/best_distribution.py).
     `only`: jobs for these of the grid's runs alone (a decider's catch-up, which scores the runs an earlier
-    evaluation of the same images did not; the images asked are still checked against every run's split)."""
+    evaluation of the same images did not; the images asked are still checked against every run's split).
+    `measures`: the per-image metrics its jobs measure (EVERY_METRIC; a deciding grid's look asks the flow loss
+    alone where it decides on nothing else), recorded on the evaluation."""
     active = [r for r in grid.runs if r.state not in TERMINAL_STATES]
     if active:
         names = ", ".join(f"{r.arm} s{r.seed}" for r in active[:5])
@@ -144,7 +167,10 @@ def create_evaluation(session: Session, grid: Grid, body: EvaluationCreate, dist
     if only is not None:
         runs = [r for r in runs if r.id in {o.id for o in only}]
     steps = {r.id: _step_of(session, r, body.step) for r in runs}
-    evaluation = Evaluation(grid_id=grid.id, images=images, step=str(body.step), state=EvaluationState.queued)
+    if not measures or set(measures) - set(EVERY_METRIC):
+        raise ValueError(f"an evaluation measures some of {', '.join(EVERY_METRIC)}, not {list(measures)}")
+    evaluation = Evaluation(grid_id=grid.id, images=images, step=str(body.step), state=EvaluationState.queued,
+                            measures=[m for m in EVERY_METRIC if m in measures])  # fmt: skip
     session.add(evaluation)
     session.flush()
     for r in runs:

@@ -41,7 +41,7 @@ GIVEN = "given"  # a what-if: `ablate plan --hours`
 # H200 at seed size, docs/benchmarks.md; 17 s from the stored compile cache) where it compiles.
 START_S = {True: 60.0, False: 15.0}
 SAMPLER_PASSES = 4  # an evaluation generates each held-out image 4 times (recon, text-only, an edit pair)
-FLOW_TIMES = 8  # and scores the flow loss at 8 fixed times (model/evaluate.py)
+FLOW_TIMES = 8  # and scores the flow loss at 8 fixed times (model/evaluate.py); a flow-only one, only this
 
 
 def arm_key(spec: ArmSpec) -> str:
@@ -260,6 +260,17 @@ def fixed_cost(spec: ArmSpec, measured: tuple[float, float] | None) -> tuple[flo
         start_s, eval_s = measured
         return (start_s + evaluations * eval_s) / 3600, MEASURED
     compiles = spec.precision.compile is not False  # None: on for CUDA, where the night runs
-    images = spec.eval.num_samples * (SAMPLER_PASSES * spec.eval.sampler_steps + FLOW_TIMES)
-    eval_s = images * tokens_per_image(spec) / 3 / tokens_per_s_of(spec)  # a forward pass: ~1/3 of a step
+    eval_s = evaluation_pass_seconds(spec, spec.eval.num_samples)
     return (START_S[compiles] + evaluations * eval_s) / 3600, ESTIMATED
+
+
+def image_passes(spec: ArmSpec, flow_only: bool = False) -> int:
+    """Forward passes an evaluation spends on one held-out image: the LPIPS metrics' sampling and the flow
+    loss's times, or (flow_only: an evaluation that measures the flow loss alone) the flow loss's times."""
+    return FLOW_TIMES if flow_only else SAMPLER_PASSES * spec.eval.sampler_steps + FLOW_TIMES
+
+
+def evaluation_pass_seconds(spec: ArmSpec, images: int, flow_only: bool = False) -> float:
+    """One evaluation pass over `images` held-out images, estimated from FLOPs (a forward pass: about a
+    third of a training step's), without the job's start."""
+    return images * image_passes(spec, flow_only) * tokens_per_image(spec) / 3 / tokens_per_s_of(spec)

@@ -18,11 +18,11 @@ from __future__ import annotations
 import math
 from typing import Any, Self
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from orchestrator.db.models import Evaluation, EvaluationResult, Grid, aware
-from orchestrator.grids.evaluations import ASKED, DISTRIBUTION_ONLY
+from orchestrator.grids.evaluations import ASKED, DISTRIBUTION_ONLY, EVERY_METRIC, measured_by
 from orchestrator.results.reports.model import EvaluationUsed
 from orchestrator.results.reports.stats import DISTRIBUTION
 from orchestrator.results.views import MetricValues, Public, UTCDatetime
@@ -62,6 +62,9 @@ class EvaluationView(Public):
     gpu_seconds: float  # the jobs' measured GPU time, summed over those that reported
     samples: int | None = None  # generated samples for the distribution metrics (None: not asked)
     metrics: list[str] = []  # the distribution metrics asked
+    # The per-image metrics its jobs measure: every one, or the flow loss alone (a deciding grid's look whose
+    # decided metrics are the flow loss's: no LPIPS sampling; grids/evaluations.py)
+    measures: list[str] = list(EVERY_METRIC)
     # Why its queued jobs wait, as the launcher last said (no node up, no GPUs, all busy); None: none waits.
     waiting: str | None = None
     runs: list[EvaluationRun]
@@ -80,6 +83,7 @@ class EvaluationView(Public):
             state=evaluation.state, error=evaluation.error, created_at=evaluation.created_at,
             finished_at=evaluation.finished_at, gpu_seconds=cost, runs=runs,
             samples=asked.get("samples"), metrics=asked.get("metrics") or [], waiting=waiting,
+            measures=list(measured_by(evaluation)),
             skipped=[r.error or f"run {r.run_id}" for r in runs if r.state == EvaluationState.skipped],
         )  # fmt: skip
 
@@ -144,7 +148,8 @@ def largest_evaluation(session: Session, grid: Grid) -> tuple[EvaluationUsed | N
             if (older.images, older.step) == (found.images, found.step):
                 for run_id, row in _believed(older, trusted)[0].items():
                     rows.setdefault(run_id, row)
-        return EvaluationUsed(id=found.id, images=found.images, step=found.step), rows
+        used = EvaluationUsed(id=found.id, images=found.images, step=found.step, measures=list(measured_by(found)))
+        return used, rows
     return None, {}
 
 
@@ -200,3 +205,31 @@ def distribution_keys(extra: dict[str, Any] | None, metrics: tuple[str, ...] = D
     extra = extra or {}
     return {f"{m}{p}": extra[f"{m}{p}"] for m in metrics if m in extra for p in DISTRIBUTION_PARTS
             if f"{m}{p}" in extra}  # fmt: skip
+
+
+def skipped_jobs(session: Session, grid: Grid) -> dict[int, list[dict[str, Any]]]:
+    """Per run id, each of the grid's evaluation jobs that was skipped (a diverged run's checkpoint that measures
+    non-finite values: runs/evaluation_record.py diverged_skip), oldest first: the evaluation, the step, its
+    images and the reason stored on the job. The dashboard shows them, so a run an evaluation left out is not
+    read as measured (its effects use its own records)."""
+    rows = session.execute(
+        select(EvaluationResult.run_id, Evaluation.id, EvaluationResult.step, Evaluation.images, EvaluationResult.error)
+        .join(Evaluation, Evaluation.id == EvaluationResult.evaluation_id)
+        .where(Evaluation.grid_id == grid.id, EvaluationResult.state == EvaluationState.skipped)
+        .order_by(Evaluation.id, EvaluationResult.id)
+    ).all()  # fmt: skip
+    out: dict[int, list[dict[str, Any]]] = {}
+    for run_id, evaluation_id, step, images, error in rows:
+        out.setdefault(run_id, []).append({"evaluation": evaluation_id, "step": step, "images": images,
+                                           "reason": error or f"run {run_id}: skipped, no reason stored"})  # fmt: skip
+    return out
+
+
+def job_states(session: Session, grid_id: int) -> list[list[Any]]:
+    """How many of the grid's evaluation jobs are in each state, as [state, count] pairs (the dashboard's
+    version token: a job completed or skipped changes what the grid page shows)."""
+    rows = session.execute(
+        select(EvaluationResult.state, func.count()).join(Evaluation).where(Evaluation.grid_id == grid_id)
+        .group_by(EvaluationResult.state).order_by(EvaluationResult.state)
+    ).all()  # fmt: skip
+    return [[state, count] for state, count in rows]

@@ -6,7 +6,9 @@ run's (runs/trust.py evaluator_refused: the run's own node, first, where its che
 trusted one; only a trusted one for the control of a grid with control_on_trusted; a job waits for one,
 saying so), through the same node pool, agent and `start` op as a run, with
 `WorkerArgs.evaluation` set; the worker (worker/evaluation.py) yields one record, the checkpoint's
-metrics on the asked images, and trains nothing. States: queued -> running -> completed | failed.
+metrics on the asked images, and trains nothing. The jobs of one evaluation that land on one node share
+one worker (runs/evaluation_batch.py: one start, each run's checkpoint in turn, one record per run naming
+its run_id, handled per job here). States: queued -> running -> completed | failed.
 
 - Placement is on record (the job's `node` and `attempt`, committed) before the node is asked, so a
   node's hello that names an evaluation worker is checked like a run's (`not_placed`).
@@ -36,7 +38,9 @@ from model.spec import ArmSpec
 from orchestrator.db.models import Evaluation, EvaluationResult, utcnow
 from orchestrator.db.session import session_scope
 from orchestrator.fleet.node_pool import NodePool
+from orchestrator.grids.evaluations import flow_only, measured_by
 from orchestrator.numbers import json_safe
+from orchestrator.runs.evaluation_batch import BATCH_KEY, WORKER_KEY, Batches, batch_members, batched_run
 from orchestrator.runs.evaluation_record import (
     ASKED,
     CLAIMED_KEY,
@@ -52,10 +56,18 @@ from orchestrator.runs.ingest import metric_values, refused_metrics
 from orchestrator.runs.placement import choose_node, not_placed, run_dir
 from orchestrator.runs.reference_pins import pins_for, refused_references
 from orchestrator.runs.storage import worker_data_store, worker_storage
-from orchestrator.runs.trust import evaluation_nodes, evaluator_refused, trusted_nodes
+from orchestrator.runs.trust import evaluator_refused, trusted_nodes
 from orchestrator.settings import Settings
 from orchestrator.vocabulary import EvaluationState
-from worker.protocol import EvaluationArgs, WorkerArgs, WorkerLost, WorkerReply, refused_records
+from worker.protocol import (
+    EVALUATION_ERROR,
+    CheckpointRecord,
+    EvaluationArgs,
+    WorkerArgs,
+    WorkerLost,
+    WorkerReply,
+    refused_records,
+)
 from worker.worker_names import evaluation_worker_name, parse_evaluation_name
 
 log = logging.getLogger("ablate.evaluations")
@@ -74,6 +86,10 @@ class JobWorker:
     node: str
     started: bool = False
     launched_at: float = field(default_factory=time.monotonic)
+    job_ids: list[int] = field(default_factory=list)  # every job it scores (a batch's), job_id first
+
+    def __post_init__(self) -> None:
+        self.job_ids = self.job_ids or [self.job_id]
 
 
 def evaluation_dir(settings: Settings, job_id: int) -> str:
@@ -100,6 +116,7 @@ def evaluation_args(settings: Settings, session: Session, job: EvaluationResult)
             step=job.step, source_dir=source, images=job.evaluation.images,
             storage=worker_storage(settings, run.checkpoint_url) if run.checkpoint_url else None,
             **asked, reference_pins=pins_for(session, spec, asked.get("metrics") or []),
+            measures=list(measured) if flow_only(measured := measured_by(job.evaluation)) else None,
         ),
     )  # fmt: skip
 
@@ -177,24 +194,27 @@ class EvaluationJobs:
 
     def launch(self, free: dict[str, int]) -> None:
         """Queued jobs in order, each on its run's node when that has a GPU free, else on another node whose
-        values may stand for the run's (evaluation_nodes); a job with none waits, its `error` saying why."""
+        values may stand for the run's (evaluation_nodes), the jobs of one evaluation on one node batched into
+        one worker (runs/evaluation_batch.py); a job with none waits, its `error` saying why."""
         with session_scope(self.settings.database_url) as session:
             queued = session.scalars(
                 select(EvaluationResult).where(EvaluationResult.state == EvaluationState.queued)
                 .order_by(EvaluationResult.id)
             ).all()  # fmt: skip
             trusted = trusted_nodes(session)
+            batches, held = Batches(free, trusted), []
             for job in queued:
+                if batches.place(job) is not None:
+                    continue
                 if choose_node(free, JOB_GPUS) is None:
-                    self._hold(queued)
-                    return
-                allowed = evaluation_nodes(job.run, free, trusted)
-                home = job.run.node
-                node = home if allowed.get(home or "", 0) >= JOB_GPUS else choose_node(allowed, JOB_GPUS)
-                if node is None:
+                    held.append(job)
+                else:
                     self._wait(job, free, trusted)
-                elif self._start(session, job, node):
-                    free[node] -= JOB_GPUS
+            if held:
+                self._hold(held)
+            for node, jobs in batches.batches:
+                if not self._start(session, jobs, node):
+                    free[node] += JOB_GPUS
 
     def _hold(self, queued: list[EvaluationResult]) -> None:
         """Say on each queued job why no GPU is free for it, so `ablate evaluate` prints it at once."""
@@ -216,22 +236,40 @@ class EvaluationJobs:
         why = evaluator_refused(job.run, elsewhere[0], trusted)
         job.error = f"waiting for a GPU on the run's own node or a trusted one: {why}"[:4000]
 
-    def _start(self, session: Session, job: EvaluationResult, node: str) -> bool:
-        name = evaluation_worker_name(job.id, job.attempt)
-        job.state, job.node, job.started_at, job.error = EvaluationState.running, node, utcnow(), None
-        settle(job.evaluation)
+    def _start(self, session: Session, jobs: list[EvaluationResult], node: str) -> bool:
+        """One worker on `node` for `jobs` (one, or a batch of one evaluation's: each run in turn, one start)."""
+        lead = jobs[0]
+        name = evaluation_worker_name(lead.id, lead.attempt)
+        for job in jobs:
+            job.state, job.node, job.started_at, job.error = EvaluationState.running, node, utcnow(), None
+        if len(jobs) > 1:
+            batch_members(jobs, name)
+        settle(lead.evaluation)
         session.commit()  # on record before the node holds it (a restart adopts it; a hello is checked)
         try:
-            args = evaluation_args(self.settings, session, job)
+            args = evaluation_args(self.settings, session, lead)
         except ValueError as exc:  # a stored spec this version no longer accepts
-            self._fail(session, job, f"its run's spec cannot be evaluated: {exc}")
+            for job in jobs:
+                self._fail(session, job, f"its run's spec cannot be evaluated: {exc}")
             return False
+        if len(jobs) > 1:
+            items = []
+            for job in jobs:
+                try:
+                    items.append(batched_run(self.settings, job))
+                except ValueError as exc:
+                    self._fail(session, job, f"its run's spec cannot be evaluated: {exc}")
+            jobs = [j for j in jobs if j.state == EvaluationState.running]
+            assert args.evaluation is not None
+            args.evaluation.batch = items
         if self.pool.start(node, name, args) is None:
-            self._fail(session, job, f"node {node} could not start evaluation worker {name}: "
-                                     f"{self.pool.nodes[node].error}")
+            for job in jobs:
+                self._fail(session, job, f"node {node} could not start evaluation worker {name}: "
+                                         f"{self.pool.nodes[node].error}")
             return False
-        self.workers[job.id] = JobWorker(job.id, name, node)
-        log.info("evaluation job %s (run %s, step %s) on node %s as %s", job.id, job.run_id, job.step, node, name)
+        self.workers[lead.id] = JobWorker(lead.id, name, node, job_ids=[j.id for j in jobs])
+        log.info("evaluation jobs %s (runs %s) on node %s as %s", [j.id for j in jobs], [j.run_id for j in jobs],
+                 node, name)  # fmt: skip
         return True
 
     # replies ----------------------------------------------------------------------------------------
@@ -246,46 +284,60 @@ class EvaluationJobs:
 
     def _collect(self, worker: JobWorker, reply: WorkerReply | WorkerLost) -> bool:
         worker.started = True
-        with session_scope(self.settings.database_url) as session:
-            job = session.get(EvaluationResult, worker.job_id)
-            if job is None or job.state != EvaluationState.running:  # deleted with its grid, or already ended
-                self._kill(worker)
-                return True
-            if isinstance(reply, WorkerLost):
-                self._requeue(session, job, f"worker {worker.name} lost ({reply.error})")
-                self._kill(worker)
-                return True
-            records = [r.values() for r in reply.records]
-            refused = refused_records(reply.records, job.run_id, None)
-            skip = next((why for r in records if (why := diverged_skip(job, r)) is not None), None)
-            if refused is None and skip is not None:
-                job.state, job.error, job.finished_at = EvaluationState.skipped, skip[:4000], utcnow()
-                settle(job.evaluation)
-                self._kill(worker)
-                return True
-            refused = refused or refused_metrics(records)
-            if refused is None:
-                refused = next((why for r in records if (why := refused_evaluation(job, r)) is not None), None)
-            if refused is None:
-                refused = refused_references(session, job.run, worker.node, records, trusted_nodes(session))
-            if refused is not None:
-                session.rollback()  # a refused record pins nothing
-                job = session.get(EvaluationResult, worker.job_id)
-                self._fail(session, job, f"node {worker.node} sent {refused}: refused, nothing stored")
-            elif records:
-                self._store(job, records[-1])
-                settle(job.evaluation)
-            elif reply.state == "error":
-                self._fail(session, job, reply.error or "the worker failed without a message")
-            elif reply.state == "done":
-                self._fail(session, job, "the worker ended without a record")
-            else:
-                return False
+        batched, ended = len(worker.job_ids) > 1, isinstance(reply, WorkerLost) or reply.state in ("done", "error")
+        running = False
+        for job_id in worker.job_ids:
+            with session_scope(self.settings.database_url) as session:  # each job's own commit (or rollback)
+                job = session.get(EvaluationResult, job_id)
+                if job is None or job.state != EvaluationState.running:  # deleted with its grid, or ended
+                    continue
+                if isinstance(reply, WorkerLost):
+                    self._requeue(session, job, f"worker {worker.name} lost ({reply.error})")
+                    continue
+                records = [r for r in reply.records if not batched or r.run_id == job.run_id]
+                if not self._job_reply(session, worker, job, records, reply, batched):
+                    running = True
+        if running and not ended:
+            return False
         self._kill(worker)
         return True
 
+    def _job_reply(self, session: Session, worker: JobWorker, job: EvaluationResult, sent: list[CheckpointRecord],
+                   reply: WorkerReply, batched: bool) -> bool:  # fmt: skip
+        """Handle one job's records of a reply; True once the job has ended (stored, skipped or failed)."""
+        records = [r.values() for r in sent]
+        failed = next((r[EVALUATION_ERROR] for r in records if isinstance(r.get(EVALUATION_ERROR), str)), None)
+        if failed is not None:  # a batched run whose checkpoint could not be evaluated: its job alone fails
+            self._fail(session, job, failed)
+            return True
+        refused = refused_records(sent, job.run_id, None)
+        skip = next((why for r in records if (why := diverged_skip(job, r)) is not None), None)
+        if refused is None and skip is not None:
+            job.state, job.error, job.finished_at = EvaluationState.skipped, skip[:4000], utcnow()
+            settle(job.evaluation)
+            return True
+        refused = refused or refused_metrics(records)
+        if refused is None:
+            refused = next((why for r in records if (why := refused_evaluation(job, r)) is not None), None)
+        if refused is None:
+            refused = refused_references(session, job.run, worker.node, records, trusted_nodes(session))
+        if refused is not None:
+            session.rollback()  # a refused record pins nothing
+            job = session.get(EvaluationResult, job.id)
+            self._fail(session, job, f"node {worker.node} sent {refused}: refused, nothing stored")
+        elif records:
+            self._store(job, records[-1], worker.name)
+            settle(job.evaluation)
+        elif reply.state == "error":
+            self._fail(session, job, reply.error or "the worker failed without a message")
+        elif reply.state == "done":
+            self._fail(session, job, "the worker ended without a record" + (" of this run" if batched else ""))
+        else:
+            return False
+        return True
+
     @staticmethod
-    def _store(job: EvaluationResult, record: dict) -> None:
+    def _store(job: EvaluationResult, record: dict, worker: str) -> None:
         """The record as the job's result; its wall time and cost bounded by the controller's own (the
         claim and the time seen kept beside them in `extra`)."""
         values = metric_values(record)
@@ -296,6 +348,8 @@ class EvaluationJobs:
         if "nonfinite" in extra and not extra["nonfinite"]:
             del extra["nonfinite"]
         extra[CLAIMED_KEY], extra[SEEN_KEY] = json_safe(claimed), seen
+        extra[WORKER_KEY] = worker  # one name for every job of a batch: scored with one start
+        extra.pop("run_id", None)  # a batched record's: the job's own run, checked (refused_records)
         if (asked := distribution_asked(job)) and isinstance(extra, dict):
             extra[ASKED] = asked  # what the record was checked against, kept with it
         for key, value in values.items():
@@ -315,6 +369,7 @@ class EvaluationJobs:
             self._fail(session, job, f"worker lost {job.attempt} times; last: {why}")
             return
         job.state, job.node = EvaluationState.queued, None
+        job.extra = {k: v for k, v in (job.extra or {}).items() if k != BATCH_KEY}
         log.info("evaluation job %s re-queued (attempt %s): %s", job.id, job.attempt, why)
 
     def _kill(self, worker: JobWorker) -> None:
@@ -324,21 +379,28 @@ class EvaluationJobs:
     # restart, lost nodes, unplaced workers ------------------------------------------------------------
 
     def reconcile(self) -> None:
-        """Adopt the live workers of running jobs we do not track; re-queue those on no node."""
+        """Adopt the live workers of running jobs we do not track (a batch's jobs with its worker, by the
+        name each keeps: BATCH_KEY); re-queue those on no node."""
         with session_scope(self.settings.database_url) as session:
             running = session.scalars(
                 select(EvaluationResult).where(EvaluationResult.state == EvaluationState.running)
-            ).all()
+                .order_by(EvaluationResult.id)
+            ).all()  # fmt: skip
+            tracked = {i for w in self.workers.values() for i in w.job_ids}
+            by_name: dict[str, list[EvaluationResult]] = {}
             for job in running:
-                if job.id in self.workers:
-                    continue
-                name = evaluation_worker_name(job.id, job.attempt)
+                if job.id not in tracked:
+                    name = (job.extra or {}).get(BATCH_KEY) or evaluation_worker_name(job.id, job.attempt)
+                    by_name.setdefault(name, []).append(job)
+            for name, jobs in by_name.items():
                 node = self.pool.find(name)
-                if node is not None:
-                    self.workers[job.id] = JobWorker(job.id, name, node)
+                parsed = parse_evaluation_name(name)
+                if node is not None and parsed is not None:
+                    self.workers[parsed[0]] = JobWorker(parsed[0], name, node, job_ids=[j.id for j in jobs])
                     log.info("adopted evaluation worker %s on node %s", name, node)
                 elif self.pool.all_heard():
-                    self._requeue(session, job, f"worker {name} not found on any node after a controller restart")
+                    for job in jobs:
+                        self._requeue(session, job, f"worker {name} not found on any node after a controller restart")
 
     def lose_node(self, node: str, why: str) -> None:
         for worker in [w for w in self.workers.values() if w.node == node]:

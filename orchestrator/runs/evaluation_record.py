@@ -25,13 +25,13 @@ from typing import Any
 
 from model.spec import REFERENCE_SUFFIX
 from orchestrator.db.models import EvaluationResult, aware, utcnow
-from orchestrator.grids.evaluations import ASKED
+from orchestrator.grids.evaluations import ASKED, EVERY_METRIC, flow_only, measured_by
 from orchestrator.numbers import is_finite
 from orchestrator.vocabulary import RunDecision
 
 JOB_GPUS = 1  # an evaluation is one process on one GPU, whatever the arm trained on
 # The metrics an evaluation measures per held-out image (model/evaluate.py), each with `_n` and `_samples`.
-PER_IMAGE_METRICS = ("recon_lpips", "text_lpips", "text_manip_delta", "val_flow_loss")
+PER_IMAGE_METRICS = EVERY_METRIC
 MMD_METRICS = ("cmmd", "dino_mmd")  # distribution metrics with per-sample values (model/distribution_pass.py)
 # Controller's own keys in a stored job's `extra`: the node's claimed wall time and the one it saw.
 CLAIMED_KEY, SEEN_KEY = "wall_time_claimed_s", "wall_time_seen_s"
@@ -45,8 +45,17 @@ def unreadable_named_by_run(fallbacks: list[Any] | None) -> set[str]:
     return {f.removeprefix(prefix) for f in fallbacks or [] if isinstance(f, str) and f.startswith(prefix)}
 
 
-def refused_rows(record: dict[str, Any], images: int, run_fallbacks: list[Any] | None) -> str | None:
-    """Why `record` does not measure the `images` asked for, or None. `run_fallbacks`: the run's fallbacks."""
+def refused_rows(record: dict[str, Any], images: int, run_fallbacks: list[Any] | None,
+                 measures: tuple[str, ...] = PER_IMAGE_METRICS) -> str | None:  # fmt: skip
+    """Why `record` does not measure the `images` asked for, or None. `run_fallbacks`: the run's fallbacks.
+    `measures`: the per-image metrics asked; where the LPIPS metrics were not (the flow loss alone), the flow
+    loss must be measured and no LPIPS value may be claimed (it would stand for a sampling that was not asked)."""
+    if flow_only(measures):
+        claimed = [m for m in PER_IMAGE_METRICS if m not in measures and record.get(m) is not None]
+        if claimed:
+            return f"{', '.join(claimed)} on an evaluation that asked for {', '.join(measures)} alone"
+        if record.get("val_flow_loss") is None:
+            return f"no val_flow_loss on an evaluation that asked for {', '.join(measures)}"
     named = list(dict.fromkeys(record.get("skipped_files") or []))
     if named:
         unknown = [n for n in named if n not in unreadable_named_by_run(run_fallbacks)]
@@ -136,7 +145,7 @@ def refused_evaluation(job: EvaluationResult, record: dict[str, Any]) -> str | N
     asked = distribution_asked(job)
     if asked and (why := refused_distribution(record, asked["samples"], asked["metrics"])) is not None:
         return why
-    return refused_rows(record, job.evaluation.images, job.run.fallbacks)
+    return refused_rows(record, job.evaluation.images, job.run.fallbacks, measured_by(job.evaluation))
 
 
 def seen_seconds(job: EvaluationResult) -> float:

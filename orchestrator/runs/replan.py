@@ -20,7 +20,10 @@ node left), or a node joined or left.
   still moves them no further than the pace the controller saw (runs/observed_pace.py: the steps its records
   reached over the time from the attempt's placement to their arrival, both on the controller's clock): a
   claim 9x (or, of an estimate, 9e4x) slower than that held the grid's night, and a `progress.claim_bounded`
-  event says so once per record. Hours left are finite.
+  event says so once per record. Nor faster: a claim more than PACE_SPAN (2x) faster than the pace the
+  controller saw between the node's own records (the first of the attempt to the latest, by arrival)
+  is replaced by it, with the same event (9e4x faster, inside an estimate's span, made a run's hours left
+  about 0, its GPUs free now, and a queued run was due on them). Hours left are finite.
 - What starts: the runs whose slot starts now. The others wait for theirs, so a run the plan puts on all
   four GPUs once A ends is not started early on one.
 - What is kept: the redrawn plan is stored on the grid (`Grid.plan`, with `drawn_at`), slots of its live
@@ -46,7 +49,7 @@ from orchestrator.grids.night import PlanPublic, SlotPublic, run_name
 from orchestrator.grids.planner import PlanNode, PlanRun, gpu_choices, plan_night, speedup
 from orchestrator.grids.projection import GIVEN, MEASURED
 from orchestrator.grids.replicates import projected_gpu_hours
-from orchestrator.runs.observed_pace import observed_hours_left
+from orchestrator.runs.observed_pace import observed_hours_left, paced_hours_left
 from orchestrator.runs.placement import arm_gpus, choose_node
 from orchestrator.vocabulary import RunState
 
@@ -60,8 +63,11 @@ RATE_SPAN = 10.0
 # Of a FLOP estimate (the plan's source "estimated", or no plan): it is an H100's at arm A's rate, and a tiny
 # model on a CPU runs 13,000x below it (56 it/s against 725,000), so only a claim past this is refused.
 ESTIMATE_SPAN = 1e5
+# A claim within this factor faster than the pace seen between its node's records stands: records that arrive
+# in bursts make that pace uneven.
+PACE_SPAN = 2.0
 CLAIM_REFUSED = "progress.claim_refused"  # the run's event: a record's rate out of bounds, the plan kept
-CLAIM_BOUNDED = "progress.claim_bounded"  # the run's event: its claim slower than the controller saw it go
+CLAIM_BOUNDED = "progress.claim_bounded"  # the run's event: its claim slower (or far faster) than it was seen to go
 
 
 @dataclass(frozen=True)
@@ -315,6 +321,14 @@ def _from_progress(run: Run, gpus: int, now: datetime, scaling: Mapping[int, flo
         _claim_said(session, run, last, CLAIM_BOUNDED,
                     f"its claim projects {claimed:.3g} h left, the pace the controller saw {seen:.3g} h")
         return seen
+    # At least about what the controller saw between the node's records: a rate in the span may be 1e5x
+    # above the run's real pace, and its GPUs then look free now.
+    paced = paced_hours_left(session, run, steps, now)
+    if paced is not None and claimed * PACE_SPAN < paced:
+        paced = min(paced, seen) if seen is not None else paced
+        _claim_said(session, run, last, CLAIM_BOUNDED, f"its claim projects {claimed:.3g} h left, more than "
+                    f"{PACE_SPAN:g}x faster than the pace the controller saw between its records ({paced:.3g} h)")
+        return paced
     return claimed
 
 

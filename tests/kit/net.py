@@ -3,6 +3,7 @@ controller served for the CLI."""
 
 from __future__ import annotations
 
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -45,26 +46,36 @@ CLI_TOKEN = "test-token-of-the-cli"  # the CLI refuses a token under 16 characte
 
 @contextmanager
 def controller_env(database_url: str, home: Path) -> Iterator[dict[str, str]]:
-    """The REST API on `database_url` served for real (no launcher), as the environment the CLI finds it by:
-    ABLATE_URL and ABLATE_API_TOKEN."""
+    """The REST API on `database_url` served for real (no launcher), migrated first as `ablate serve` does,
+    as the environment the CLI finds it by: ABLATE_URL and ABLATE_API_TOKEN. A test's SSH key files lie
+    under the temp directory: the controller takes them from there (ABLATE_SSH_KEY_DIRS)."""
     from orchestrator.app import create_app
+    from orchestrator.db.session import upgrade
     from orchestrator.settings import Settings
 
-    with served(create_app(Settings(database_url=database_url, home_dir=home), CLI_TOKEN)) as url:
+    if database_url.startswith("sqlite:///"):
+        Path(database_url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    upgrade(database_url)
+    settings = Settings(database_url=database_url, home_dir=home, ssh_key_dirs=[Path(tempfile.gettempdir())])
+    with served(create_app(settings, CLI_TOKEN)) as url:
         yield {"ABLATE_URL": url, "ABLATE_API_TOKEN": CLI_TOKEN}
 
 
-# The commands that read a controller: run with a database only, the test serves one on it for the call.
-CONTROLLER_READS = (("status",), ("events",), ("report",), ("nodes", "list"), ("plan",))
+# The commands that ask a controller: run with a database only, the test serves one on it for the call.
+# `schedules run` is the sweep loop itself: it works on the database.
+CONTROLLER_COMMANDS = (
+    ("status",), ("events",), ("report",), ("plan",), ("nodes",), ("import",), ("instances",),
+    *(("schedules", command) for command in ("create", "list", "pause", "resume", "delete")),
+)  # fmt: skip
 
 
 @contextmanager
 def controller_for(args: tuple[str, ...], env: dict[str, str], home: Path) -> Iterator[dict[str, str]]:
-    """ABLATE_URL and its token of a controller served on env's ABLATE_DATABASE_URL, where `args` read one
+    """ABLATE_URL and its token of a controller served on env's ABLATE_DATABASE_URL, where `args` ask one
     and env names none; else nothing (the command runs as it was asked)."""
     database_url = env.get("ABLATE_DATABASE_URL")
-    reads = any(args[: len(command)] == command for command in CONTROLLER_READS)
-    if not reads or database_url is None or "ABLATE_URL" in env:
+    asks = any(args[: len(command)] == command for command in CONTROLLER_COMMANDS)
+    if not asks or database_url is None or "ABLATE_URL" in env:
         yield {}
         return
     with controller_env(database_url, home) as found:

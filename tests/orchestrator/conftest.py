@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.kit.net import controller_for
+from tests.kit.net import controller_env, controller_for
 
 if TYPE_CHECKING:
     from fastapi.testclient import TestClient
@@ -153,6 +153,16 @@ def ablate_cli() -> AblateCLI:
                                   timeout=120)
 
     return run
+
+
+@pytest.fixture
+def cli_controller(database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A controller served on `database_url`, named in this process's ABLATE_URL and ABLATE_API_TOKEN, so a
+    command run in-process (typer's CliRunner) asks it; its URL."""
+    with controller_env(database_url, tmp_path / "controller") as env:
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        yield env["ABLATE_URL"]
 
 
 @pytest.fixture(scope="module")

@@ -84,8 +84,8 @@ def test_a_soft_wrapping_terminal_gets_the_caption_wrapped_by_words_and_a_column
 
 
 def test_nodes_list_into_a_pipe_on_a_fresh_database(tmp_path: Path) -> None:
-    """`ablate nodes add` and `ablate nodes list | cat` on a database no command has migrated yet: the
-    commands migrate it, and the long address is printed whole (COLUMNS=80 as a small terminal sets)."""
+    """`ablate nodes add` and `ablate nodes list | cat` through a controller on a fresh database: the long
+    address is printed whole (COLUMNS=80 as a small terminal sets)."""
     exe = shutil.which("ablate") or str(Path(sys.executable).parent / "ablate")
     key = tmp_path / "id_ed25519"
     key.write_text("not read by add\n")
@@ -96,9 +96,9 @@ def test_nodes_list_into_a_pipe_on_a_fresh_database(tmp_path: Path) -> None:
     }
     host = "ceon1-very-long-hostname.internal.example"
     add = [exe, "nodes", "add", "ceon1", "--host", host, "--user", "ceon1", "--key", str(key), "--gpus", "4"]
-    added = subprocess.run(add, env=env, capture_output=True, text=True, timeout=120)
-    assert added.returncode == 0, added.stderr
-    with controller_for(("nodes", "list"), env, tmp_path / "home") as controller:  # a controller on that database
+    with controller_for(("nodes",), env, tmp_path / "home") as controller:  # a controller on that database
+        added = subprocess.run(add, env={**env, **controller}, capture_output=True, text=True, timeout=120)
+        assert added.returncode == 0, added.stderr
         listed = subprocess.run([exe, "nodes", "list"], env={**env, **controller}, capture_output=True, text=True,
                                 timeout=120)  # fmt: skip
     assert listed.returncode == 0, listed.stderr

@@ -142,7 +142,7 @@ def _refuse(session: Session) -> None:
 
 
 def test_node_and_schedule_reads_need_the_token(client: TestClient) -> None:
-    for path in ("/api/nodes", "/api/nodes/x", "/api/schedules", "/api/schedules/x"):
+    for path in ("/api/nodes", "/api/nodes/x", "/api/schedules", "/api/schedules/x", "/api/instances"):
         resp = client.get(path)
         assert resp.status_code == 401, path
         assert resp.headers["www-authenticate"] == "Bearer"

@@ -46,9 +46,18 @@ window.AblateEffects = function (kit) {
       }));
   }
 
+  // An evaluation that measured no LPIPS metric (a deciding grid's look on the flow loss): null is every one.
+  function flowOnly(measures) {
+    return Array.isArray(measures) && !measures.some((m) => ["recon_lpips", "text_lpips", "text_manip_delta"].includes(m));
+  }
+
   function render(d) {
+    // A run whose job of that evaluation was skipped (a diverged run's) is not on it: named, its own records stand.
+    const skipped = d.evaluation ? d.runs.filter((r) => (r.evaluations_skipped || []).some((j) => j.evaluation === d.evaluation.id)).map((r) => r.label) : [];
     const evaluated = d.evaluation
-      ? ` · on evaluation ${d.evaluation.id}: each run's ${d.evaluation.step} checkpoint on ${d.evaluation.images} held-out images`
+      ? ` · on evaluation ${d.evaluation.id}: each run's ${d.evaluation.step} checkpoint on ${d.evaluation.images} held-out images` +
+        (flowOnly(d.evaluation.measures) ? " (the flow loss alone, the metric the grid decides on: its LPIPS metrics are the training-time evaluation's)" : "") +
+        (skipped.length ? ` (skipped: ${skipped.join(", ")}, on its own records)` : "")
       : "";
     document.getElementById("effects-seeds").textContent = (d.seeds > 1
       ? `${d.seeds} training seeds per arm: mean of the per-seed paired differences; the interval covers what its row says (crossed: seeds and images)`

@@ -82,14 +82,20 @@
     const perArm = new Map();
     for (const r of d.runs) perArm.set(r.arm, (perArm.get(r.arm) || 0) + 1);
     const seeds = new Set(perArm.values());
-    const size = d.runs.length === perArm.size ? `${perArm.size} arms`
-      : `${perArm.size} arms x ${seeds.size === 1 ? `${[...seeds][0]} seeds` : "up to " + Math.max(...seeds) + " seeds"} = ${d.runs.length} runs`;
+    const arms = plural(perArm.size, "arm");
+    const size = d.runs.length === perArm.size ? arms
+      : `${arms} x ${seeds.size === 1 ? plural([...seeds][0], "seed") : "up to " + plural(Math.max(...seeds), "seed")} = ${plural(d.runs.length, "run")}`;
     document.getElementById("grid-meta").textContent = `${size} (${st.title}) · control ${d.control ?? "—"} · ${d.source}` +
       (total !== null ? ` · ${hoursText(total)} GPU-hours` : "");
     document.getElementById("control-name").textContent = d.control ? `(${d.control})` : "";
     const live = document.getElementById("live");
     live.hidden = !d.live;
     live.textContent = `live · updated ${new Date().toLocaleTimeString()}`;
+  }
+
+  // "1 seed", "3 seeds": the header counts read as words.
+  function plural(n, word) {
+    return `${n} ${word}${n === 1 ? "" : "s"}`;
   }
 
   function lastOf(arr) {
@@ -121,6 +127,7 @@
       if (r.storage && r.storage.alarm) notes.push(el("span", { class: "tag alarm", title: r.storage.last_error || "" }, `checkpoints unstored ${fmt(r.storage.minutes_unstored, 0)} min`));
       if (r.data.waiting) notes.push(el("span", { class: "tag alarm data-wait", title: `fix: ${r.data.fix}` }, `waits for data ${pct(r.data.wait_fraction)}`));
       if (r.data.skipped_images > 0) notes.push(el("span", { class: "tag fallback skipped", title: `files that failed to decode, skipped: ${r.data.skipped_files.join(", ")}` }, `${r.data.skipped_images} images skipped`));
+      for (const j of r.evaluations_skipped || []) notes.push(el("span", { class: "tag warning evaluation-skipped", "data-evaluation": j.evaluation, title: j.reason }, `evaluation ${j.evaluation} skipped: ${j.reason.split(/[:;(]/)[0].trim()}`));
       if (r.gpu_name) notes.push(el("span", { class: "tag plain" }, r.gpu_name));
       const detector = r.decision && r.decision !== VOCAB.decision.continue
         ? el("span", {}, badge(stopped(r) ? VOCAB.run_state.stopped : r.decision, r.decision), r.decision_step !== null ? ` @${r.decision_step} ` : " ",

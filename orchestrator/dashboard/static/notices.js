@@ -52,6 +52,12 @@ window.AblateNotices = function (kit) {
         out.push({ kind: "data-wait", key: r.data.fix, title: "Waiting for data", message: `Fix: ${r.data.fix}.`, arm: r.arm,
           detail: `waits for data ${pct(r.data.wait_fraction)} of its time.` });
       }
+      // An evaluation job skipped (a diverged run's checkpoint measures NaN): the run was not measured.
+      for (const j of r.evaluations_skipped || []) {
+        out.push({ kind: "evaluation-skipped", key: String(j.evaluation), title: `Evaluation ${j.evaluation} skipped`,
+          message: `not measured on its ${j.images} images at step ${j.step}; the effects use the arm's own records.`,
+          arm: r.arm, detail: j.reason });
+      }
       if (r.state === vocab.run_state.failed && r.error) {
         const first = r.error.split("\n")[0];
         out.push({ kind: "failed", key: first, title: "Failed", message: first, arm: r.arm, detail: r.error });

@@ -14,6 +14,7 @@ past (results/deciding/decider.py asks before it queues anything).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from datetime import datetime
 
 from sqlalchemy import select
@@ -21,8 +22,15 @@ from sqlalchemy.orm import Session
 
 from model.spec import ArmSpec
 from orchestrator.db.models import Evaluation, EvaluationResult, Grid, Run, aware, utcnow
-from orchestrator.grids.deciding import ESTIMATE, DecideSpec, decide_of, evaluation_job_hours, with_budget
-from orchestrator.grids.evaluations import evaluated_runs
+from orchestrator.grids.deciding import (
+    ESTIMATE,
+    DecideSpec,
+    decide_of,
+    evaluation_job_hours,
+    measures_of,
+    with_budget,
+)
+from orchestrator.grids.evaluations import evaluated_runs, measured_by
 from orchestrator.grids.projection import project
 from orchestrator.results.deciding import sequential
 from orchestrator.results.evaluations import job_gpu_seconds
@@ -95,18 +103,21 @@ def run_hours(session: Session, run: Run) -> float:
     return (p.hours or 0.0) + p.fixed_hours
 
 
-def evaluation_hours(session: Session, grid: Grid, images: int) -> float:
-    """An evaluation of every evaluated run on `images` images: each job a start (estimated) and its images
-    at the slowest per-image rate the grid's completed jobs measured, else the estimate."""
-    total, jobs = 0.0, evaluation_jobs(session, grid)
+def evaluation_hours(session: Session, grid: Grid, images: int, measures: Sequence[str] | None = None) -> float:
+    """An evaluation of every evaluated run on `images` images measuring `measures` (None: what the grid's
+    looks measure, grids/deciding.py measures_of): each job a start (estimated) and its images at the slowest
+    per-image rate the grid's completed jobs of evaluations that measured the same metrics measured, else the
+    estimate (a flow-only evaluation priced by its flow loss's passes alone)."""
+    measures = tuple(measures) if measures is not None else measures_of(decide_of(grid))
+    total, jobs = 0.0, evaluation_jobs(session, grid, measures)
     for run in evaluated_runs(grid):
         try:
             spec = ArmSpec.model_validate(run.spec)
         except ValueError:
             continue
-        start = evaluation_job_hours(spec, 0)
+        start = evaluation_job_hours(spec, 0, measures)
         rates = [max(s / 3600 - start, 0.0) / n for s, n in jobs if n > 0]
-        total += start + images * (max(rates) if rates else evaluation_job_hours(spec, 1) - start)
+        total += start + images * (max(rates) if rates else evaluation_job_hours(spec, 1, measures) - start)
     return total
 
 
@@ -146,11 +157,13 @@ def readable_images(asked: int | None, measured: int, max_images: int) -> tuple[
                     f"{measured} of the {asked} it asked for)")  # fmt: skip
 
 
-def evaluation_jobs(session: Session, grid: Grid) -> list[tuple[float, int]]:
+def evaluation_jobs(session: Session, grid: Grid, measures: Sequence[str] | None = None) -> list[tuple[float, int]]:
     """The grid's completed evaluation jobs as (measured GPU-seconds, at most the job's placement-to-end time:
     job_gpu_seconds; images): what an evaluation job's start and images are priced from (action_costs,
-    evaluation_hours)."""
-    rows = session.execute(select(EvaluationResult, Evaluation.images).join(Evaluation).where(
+    evaluation_hours). `measures`: only the jobs of evaluations that measured those metrics (a full
+    evaluation's images cost many times a flow-only one's)."""
+    rows = session.execute(select(EvaluationResult, Evaluation).join(Evaluation).where(
         Evaluation.grid_id == grid.id, EvaluationResult.state == EvaluationState.completed)).all()  # fmt: skip
-    jobs = [(_finite_hours(job_gpu_seconds(job)), int(n)) for job, n in rows]
+    same = [(job, e.images) for job, e in rows if measures is None or set(measured_by(e)) == set(measures)]
+    jobs = [(_finite_hours(job_gpu_seconds(job)), int(n)) for job, n in same]
     return [(s, n) for s, n in jobs if s is not None]

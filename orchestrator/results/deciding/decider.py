@@ -39,10 +39,18 @@ from sqlalchemy import exists, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from model.spec import ArmSpec
 from orchestrator.db.models import DecisionLook, Evaluation, EvaluationResult, Event, Grid, Metric
 from orchestrator.db.session import session_scope
-from orchestrator.grids.deciding import DecideSpec, add_seed, arm_seeds
-from orchestrator.grids.evaluations import EvaluationCreate, create_evaluation, evaluated_runs, held_out_size
+from orchestrator.grids.deciding import DecideSpec, add_seed, arm_seeds, decide_of, image_share, measures_of
+from orchestrator.grids.evaluations import (
+    EvaluationCreate,
+    create_evaluation,
+    evaluated_runs,
+    flow_only,
+    held_out_size,
+    measured_by,
+)
 from orchestrator.grids.projection import START_S
 from orchestrator.results.deciding import sequential
 from orchestrator.results.deciding.borrowed import (
@@ -81,6 +89,7 @@ from orchestrator.vocabulary import TERMINAL_STATES, EvaluationState, RunDecisio
 
 log = logging.getLogger("ablate.decide")
 EVALUATION_DONE = (EvaluationState.completed, EvaluationState.failed)
+FLOW_ONLY_WORDS = ": the flow loss alone, the metric the grid decides on; no LPIPS sampling"
 
 
 def wave_ended(session: Session, grid: Grid) -> bool:
@@ -143,13 +152,15 @@ def components_of(e: Effect) -> sequential.Variance:
     return sequential.Variance(seed=seed, image=b.images * var * n, rest=b.rest * var * k * n)
 
 
-def action_costs(e: Effect, jobs: Sequence[tuple[float, int]] = ()) -> sequential.Costs:
+def action_costs(e: Effect, jobs: Sequence[tuple[float, int]] = (), share: float = 1.0) -> sequential.Costs:
     """What one more seed of each arm, one image on one run and one run's evaluation job start cost in
     GPU-hours, from the effect's noise budget (the runs' own measured rates: costs.py). Unmeasured: a seed
     1 h, and an evaluation pass of the n images 5% of a run, so the chooser still compares the two by their
     variance. A job's start: the grid's completed evaluation `jobs` (evaluation_jobs), each less its images
     at that rate, on average; before any has run, a start without compile (grids/projection.py START_S).
-    On a short run the start, not the images, is most of what an evaluation costs."""
+    On a short run the start, not the images, is most of what an evaluation costs. `share`: an image of the
+    grid's evaluations against one of training's (grids/deciding.py image_share: the flow loss alone costs
+    its 8 passes of the sampler's and its)."""
     options = {o.action: o for o in (e.budget.narrowing if e.budget is not None else [])}
     seed = options["seed"].cost / 2 if "seed" in options and options["seed"].cost else 1.0
     images = options.get("images")
@@ -157,6 +168,7 @@ def action_costs(e: Effect, jobs: Sequence[tuple[float, int]] = ()) -> sequentia
         image = images.cost / 60 / (sequential.IMAGE_STEP * e.n * 2 * e.k)
     else:
         image = 0.05 * seed / max(e.n or 1, 1)
+    image *= share
     starts = [max(gpu_s / 3600 - job_images * image, 0.0) for gpu_s, job_images in jobs]
     job = sum(starts) / len(starts) if starts else START_S[False] / 3600
     return sequential.Costs(seed_a=seed, seed_b=seed, image=image, image_job=job)
@@ -204,14 +216,14 @@ def not_borrowed(e: Effect, earlier: SeedVariance | None) -> str:
 
 
 def reading_of(e: Effect, decide: DecideSpec, earlier: SeedVariance | None = None,
-               jobs: Sequence[tuple[float, int]] = ()) -> Reading:  # fmt: skip
+               jobs: Sequence[tuple[float, int]] = (), share: float = 1.0) -> Reading:  # fmt: skip
     """The comparison as a look reads it (plan_look.py `Reading`): with its arms' seed variance from earlier
     grids (decide.borrow_from), pooled with its own seeds' (or alone, on one seed), where there is one;
     else crossed, on the maths' decision df (the seed mean square at its upper bound, so a draw of seeds that
     happens to agree does not also buy many df), or the report's own df. `jobs`: the grid's evaluation jobs
-    so far, pricing the images action (action_costs)."""
+    so far, pricing the images action (action_costs, at `share` of training's image)."""
     common = dict(arm=e.arm, against=e.against, other_arm=e.other_arm, metric=e.metric, diff=e.diff, low=e.low,
-                  high=e.high, k=e.k, n=e.n, standin=e.standin, costs=action_costs(e, jobs))  # fmt: skip
+                  high=e.high, k=e.k, n=e.n, standin=e.standin, costs=action_costs(e, jobs, share))  # fmt: skip
     borrowed = borrowed_look(e, earlier, decide.check) if earlier is not None and not e.standin else None
     if borrowed is not None:
         r, v = borrowed
@@ -231,6 +243,15 @@ def judge_comparison(e: Effect, decide: DecideSpec, look: int, max_images: int, 
     return judge(reading_of(e, decide, earlier, jobs), decide, look, max_images, at_seeds, at_images, previous)
 
 
+def _image_share(grid: Grid, measures: Sequence[str]) -> float:
+    """An image of the grid's look evaluations against one of its training evaluations (image_share, at its
+    first run's spec; 1 where that no longer validates)."""
+    try:
+        return image_share(ArmSpec.model_validate(grid.runs[0].spec), measures) if grid.runs else 1.0
+    except ValueError:
+        return 1.0
+
+
 def look_state(session: Session, grid: Grid) -> LookState:
     """What the grid's next look knows (plan_look.py `LookState`), gathered from the database."""
     decide = budget_of(grid)
@@ -244,12 +265,14 @@ def look_state(session: Session, grid: Grid) -> LookState:
                                                   Evaluation.state == EvaluationState.failed)))  # fmt: skip
     # The arms' seed variances from the earlier grids it names, per decided metric (each grid read once).
     earlier = earlier_spreads(session, grid, list(decide.margin)) if decide.borrow_from else None
-    jobs = evaluation_jobs(session, grid)
+    measures = measures_of(decide)
+    jobs = evaluation_jobs(session, grid, measures)  # the starts of evaluations measuring the same
+    share = _image_share(grid, measures)
     effects = [e for e in current_effects(session, grid) if e.metric in decide.margin]
     readings = []
     for e in effects:
         borrowed = earlier.difference(e.metric, e.arm, e.other_arm) if earlier is not None else None
-        readings.append(reading_of(e, judged, borrowed, jobs))
+        readings.append(reading_of(e, judged, borrowed, jobs, share))
     readable, short = readable_images(images, max((e.n or 0 for e in effects), default=0), max_images)
     first = {r.arm: r for r in grid.runs if r.seed == 0}
     start = evaluation_hours(session, grid, 0)
@@ -294,9 +317,12 @@ def queue_work(session: Session, grid: Grid, work: Work) -> list[dict]:
     """Queue a look's work (plan_look.py `Work`): an evaluation of every run on its images, or each arm's new
     seeds up to its count; returns the actions as stored."""
     if work.images is not None:
-        evaluation = create_evaluation(session, grid, EvaluationCreate(images=work.images))
-        words = f"evaluate every run on {work.images} held-out images (evaluation {evaluation.id})"
-        return [{"action": "images", "images": work.images, "evaluation": evaluation.id, "words": words}]
+        measures = measures_of(decide_of(grid))
+        evaluation = create_evaluation(session, grid, EvaluationCreate(images=work.images), measures=measures)
+        words = (f"evaluate every run on {work.images} held-out images (evaluation {evaluation.id}"
+                 f"{FLOW_ONLY_WORDS if flow_only(measures) else ''})")  # fmt: skip
+        return [{"action": "images", "images": work.images, "evaluation": evaluation.id, "words": words,
+                 "measures": list(measures)}]  # fmt: skip
     runs = []
     while missing := [a for a, k in work.seeds.items() if arm_seeds(grid).get(a, 0) < k]:
         runs += add_seed(grid, missing)
@@ -346,7 +372,9 @@ def catch_up(session: Session, grid: Grid) -> Evaluation | None:
         if not session.scalar(select(exists().where(Event.grid_id == grid.id, Event.message == words))):
             session.add(Event(grid_id=grid.id, kind="decide.budget", message=words))
         return None
-    evaluation = create_evaluation(session, grid, EvaluationCreate(images=info.images), only=missing)
+    measures = measured_by(session.get(Evaluation, info.id))  # what the runs already scored were measured on
+    evaluation = create_evaluation(session, grid, EvaluationCreate(images=info.images), only=missing,
+                                   measures=measures)  # fmt: skip
     words = (f"evaluate {', '.join(f'{r.arm} s{r.seed}' for r in missing)} on {info.images} held-out images "
              f"(evaluation {evaluation.id}) before the look: not yet scored on them; the other runs keep theirs")
     data = {"evaluation": evaluation.id, "images": info.images, "runs": [r.id for r in missing]}

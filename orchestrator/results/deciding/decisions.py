@@ -268,11 +268,15 @@ def decide_cost(arms: list[tuple[str, ArmSpec]], control: str | None, decide: De
     # The simulation's time grows with comparisons x studies: about 2,000 of them (a second or two), so a
     # submit of many arms answers as fast as A-D's (400 studies); fewer studies only widen its noise.
     studies = min(400, max(40, 2000 // len(pairs)))
-    specs = dict(arms)
+    specs, measured = dict(arms), deciding.measures_of(decide)
+
+    def job_hours(arm: str, n: int) -> float:
+        return deciding.evaluation_job_hours(specs[arm], n, measured)
+
     expected = sequential.expected_gpu_hours(known, pairs, min_seeds=decide.min_seeds, images=images,
                                              alpha=comparison_alpha_of(decide, m), futility=futility_of(decide),
                                              studies=studies, borrowed=bool(decide.borrow_from),
-                                             job_hours=lambda arm, n: deciding.evaluation_job_hours(specs[arm], n),
+                                             job_hours=job_hours,
                                              **common)  # fmt: skip
     words = (f"{head}: worst case {worst:,.4g} GPU-hours (every comparison open to the budget, its evaluations "
              f"included), expected {expected:,.4g} (its evaluations included; projected at an H100's measured "

@@ -228,6 +228,9 @@ class EvaluationUsed(BaseModel):
     images: int
     step: str  # as asked: "final", "best" or a step number
     samples: int | None = None  # generated samples for the distribution metrics (None: none asked)
+    # The per-image metrics it measured (grids/evaluations.py EVERY_METRIC, or the flow loss alone: a deciding
+    # grid's look, whose effects then read the LPIPS metrics from the training records); None: every one.
+    measures: list[str] | None = None
 
 
 class GridReport(BaseModel):

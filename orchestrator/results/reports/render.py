@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from html import escape
 
+from orchestrator.grids.evaluations import flow_only
 from orchestrator.results.reports.effects import (
     effects_html,
     effects_markdown,
@@ -33,6 +34,9 @@ def evaluation_words(report: GridReport) -> str:
         words.append(f"The effects use evaluation {e.id}: each run's {e.step} checkpoint evaluated again on "
                      f"{e.images} held-out images (the same per-image noise for every run), not the training-time "
                      "evaluation.")  # fmt: skip
+        if e.measures is not None and flow_only(e.measures):
+            words.append(f"Evaluation {e.id} measured the flow loss alone (the metric the grid decides on, no LPIPS "
+                         "sampling): the LPIPS metrics are the training-time evaluation's.")  # fmt: skip
     for d in report.distribution_evaluations:
         words.append(f"The distribution metrics at each run's {d.step} checkpoint come from evaluation {d.id} "
                      f"({d.samples} generated samples, sample i from the same prompt and noise in every run) where "

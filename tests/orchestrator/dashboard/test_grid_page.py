@@ -2,7 +2,7 @@
 import`, served by the real app with uvicorn, the grid page loaded and checked (four arms drawn on the canvas,
 B's detector stop marked with its reason), a screenshot taken (into the test's temporary directory;
 ABLATE_UPDATE_SCREENSHOT=1 also copies it to docs/screenshots/grid.png for the README); live grids, storage and
-data alarms, and a command arm's own metrics."""
+data alarms, a command arm's own metrics, and the header's counts read as words."""
 
 from __future__ import annotations
 
@@ -383,3 +383,24 @@ def test_a_distribution_metric_is_charted_naming_its_standin_extractor(  # type:
     assert page.get_attribute("figure.chart[data-key='paired_cmmd']", "data-drawn") == "worse"
     assert page.locator("figure.chart[data-key='dino_mmd']").count() == 0
     page.close()
+
+
+@needs_chromium
+def test_the_header_counts_one_arm_and_one_seed_in_the_singular(  # type: ignore[no-untyped-def]
+    base_url: str, database_url: str, browser_context
+) -> None:
+    from orchestrator.db.session import session_scope
+    from orchestrator.grids.service import GridCreate, create_grid
+
+    tiny = {"model": {"size": "tiny"}}
+    with session_scope(database_url) as s:
+        one = create_grid(s, GridCreate(name="one arm", arms=["A"], overrides=tiny)).id
+        seeded = create_grid(s, GridCreate(name="one arm, seeds", arms=["A"], seeds=2, overrides=tiny)).id
+    page = browser_context.new_page()
+    said = {}
+    for grid_id in (one, seeded):
+        page.goto(f"{base_url}/grids/{grid_id}")
+        page.wait_for_selector("main#grid[data-ready='true']", timeout=20_000)
+        said[grid_id] = page.inner_text("#grid-meta")
+    assert said[one].startswith("1 arm (1 queued)"), said[one]
+    assert said[seeded].startswith("1 arm x 2 seeds = 2 runs (2 queued)"), said[seeded]

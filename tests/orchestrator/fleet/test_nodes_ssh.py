@@ -284,30 +284,31 @@ def test_cli_add_list_probe_remove(database_url: str, sshd, monkeypatch: pytest.
     from orchestrator.cli import _register as register_commands
 
     register_commands()
-    monkeypatch.setenv("ABLATE_DATABASE_URL", database_url)
     runner = CliRunner()
     args = ["nodes", "add", "cli-node", "--host", sshd.host, "--port", str(sshd.port), "--user", sshd.user]
     args += ["--key", str(sshd.client_key), "--known-hosts", str(sshd.known_hosts), "--price-per-hour", "3.2"]
     args += ["--gpus", "4"]
-    result = runner.invoke(app, args)
-    assert result.exit_code == 0, result.output
-    with controller_env(database_url, tmp_path / "controller") as env:  # `nodes list` reads a controller
+    with controller_env(database_url, tmp_path / "controller") as env:  # every `nodes` command asks a controller
         for key, value in env.items():
             monkeypatch.setenv(key, value)
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0, result.output
         listed = runner.invoke(app, ["nodes", "list"])
-    assert listed.exit_code == 0 and "cli-node" in listed.output and "3.2" in listed.output
-    probed = runner.invoke(app, ["nodes", "probe", "cli-node"])
-    assert probed.exit_code == 0, probed.output
-    assert len(json.loads(probed.output)["gpus"]) == 4
+        assert listed.exit_code == 0 and "cli-node" in listed.output and "3.2" in listed.output
+        probed = runner.invoke(app, ["nodes", "probe", "cli-node"])
+        assert probed.exit_code == 0, probed.output
+        assert len(json.loads(probed.output)["gpus"]) == 4
 
-    bad = runner.invoke(app, ["nodes", "add", "x", "--host", "h", "--user", "u", "--key", "/nonexistent/key",
-                              "--gpus", "1"])
-    assert bad.exit_code != 0 and "key_path" in str(bad.exception) + bad.output
+        bad = runner.invoke(app, ["nodes", "add", "x", "--host", "h", "--user", "u", "--key", "/nonexistent/key",
+                                  "--gpus", "1"])
+        assert bad.exit_code != 0 and "key_path" in str(bad.exception) + bad.output
 
-    removed = runner.invoke(app, ["nodes", "remove", "cli-node"])
-    assert removed.exit_code == 0
-    with session_scope(database_url) as session:
-        assert session.scalar(select(Node).where(Node.name == "cli-node")) is None
+        removed = runner.invoke(app, ["nodes", "remove", "cli-node"])
+        assert removed.exit_code == 0
+        with session_scope(database_url) as session:
+            assert session.scalar(select(Node).where(Node.name == "cli-node")) is None
+        gone = runner.invoke(app, ["nodes", "probe", "cli-node"])
+    assert gone.exit_code != 0 and "cli-node" in str(gone.exception), gone.output
 
 
 def test_nodes_over_rest(database_url: str, sshd, tmp_path: Path) -> None:  # noqa: ANN001

@@ -94,7 +94,8 @@ def test_import_bad_input_is_one_clear_line(database_url: str, tmp_path: Path, a
 def test_import_runs_with_any_token_setting(
     database_url: str, ablate_cli, monkeypatch: pytest.MonkeyPatch  # type: ignore[no-untyped-def]
 ) -> None:
-    """Importing a file needs no API token, so a short one set for another purpose does not stop it."""
+    """Importing sends the controller's token (ablate_cli names it), so a short one set before for another
+    purpose does not stop it."""
     monkeypatch.setenv("ABLATE_API_TOKEN", "short")
     out = ablate_cli(database_url, "import", str(FIXTURE), "--name", "short-token")
     assert out.returncode == 0, out.stderr

@@ -123,10 +123,11 @@ SEEN_AT = START + timedelta(seconds=360)
 SEEN_H = 80 * 360 / 20 / 3600  # the 80 steps left at the 20 steps in 360 s the controller saw: 0.4 h
 
 
-def lying(run: Run, rate: float) -> None:
-    """The run placed at START on one GPU; its records arrive at the honest pace, each claiming `rate`."""
+def lying(run: Run, rate: float, arrivals: tuple[int, int] = (180, 360)) -> None:
+    """The run placed at START on one GPU; its records of steps 10 and 20 arrive `arrivals` seconds after it
+    (by default at the honest pace), each claiming `rate`."""
     running(run, None)
-    for step, at in ((10, 180), (20, 360)):
+    for step, at in zip((10, 20), arrivals, strict=True):
         run.metrics.append(Metric(step=step, iter_per_sec=rate, created_at=START + timedelta(seconds=at),
                                   extra={"ranks": 1}))
 
@@ -174,13 +175,15 @@ def test_a_claim_slower_than_the_pace_seen_does_not_redraw_the_plan_around_it(
 
 
 def test_a_claim_faster_than_the_pace_seen_stands(database_url: str) -> None:
-    """The pace seen counts the attempt's start too, so an honest rate above it projects its run."""
+    """The pace seen counts the attempt's start too, so an honest rate above it projects its run: 3x the
+    plan's, its records 60 s apart (as fast as it says) after a 120 s start."""
+    at = START + timedelta(seconds=240)
     with session_scope(database_url) as session:
         grid = quad_grid(session, "quick", {"P": 0.5, "Q": 3.0})
         p, _ = grid.runs
-        lying(p, 3 * EXPECTED)
+        lying(p, 3 * EXPECTED, (180, 240))
         session.flush()
-        assert remaining_hours(p, 1, SEEN_AT) == pytest.approx(80 / (3 * EXPECTED) / 3600)
+        assert remaining_hours(p, 1, at) == pytest.approx(80 / (3 * EXPECTED) / 3600)
         assert not session.scalars(select(Event).where(Event.run_id == p.id, Event.kind == CLAIM_BOUNDED)).all()
 
 

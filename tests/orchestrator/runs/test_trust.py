@@ -13,6 +13,7 @@ from orchestrator.fleet.inventory import LOCAL
 from orchestrator.grids.service import GridCreate, create_grid
 from orchestrator.runs.ingest import ingest
 from orchestrator.vocabulary import RunState
+from tests.kit.net import controller_env
 
 OVERRIDES = {"schedule": {"steps": 100}, "detector": {"metric": "recon_lpips", "stall_margin": 0.1}}
 
@@ -111,21 +112,24 @@ def test_the_operator_declares_gpus_and_trust_from_the_cli(
     from orchestrator.cli import app
 
     register_commands()
-    monkeypatch.setenv("ABLATE_DATABASE_URL", database_url)
     key = tmp_path / "id_ed25519"
     key.write_text("k")
     runner = CliRunner()
     add = ["nodes", "add", "cli-trust", "--host", "203.0.113.5", "--user", "u", "--key", str(key)]
-    missing = runner.invoke(app, add)
-    assert missing.exit_code == 2 and "--gpus" in missing.output, missing.output
-    assert runner.invoke(app, [*add, "--gpus", "4", "--trusted"]).exit_code == 0
-    with session_scope(database_url) as session:
-        node = session.scalar(select(Node).where(Node.name == "cli-trust"))
-        assert (node.declared_gpus, node.trusted) == (4, True)
-    changed = runner.invoke(app, ["nodes", "set", "cli-trust", "--gpus", "2", "--untrusted"])
-    assert changed.exit_code == 0 and "2 GPUs declared, not trusted" in changed.output, changed.output
-    with session_scope(database_url) as session:
-        node = session.scalar(select(Node).where(Node.name == "cli-trust"))
-        assert (node.declared_gpus, node.trusted) == (2, False)
-    local = runner.invoke(app, ["nodes", "add", LOCAL, "--host", "h", "--user", "u", "--key", str(key), "--gpus", "1"])
+    with controller_env(database_url, tmp_path / "controller") as env:  # the commands ask a controller
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        missing = runner.invoke(app, add)
+        assert missing.exit_code == 2 and "--gpus" in missing.output, missing.output
+        assert runner.invoke(app, [*add, "--gpus", "4", "--trusted"]).exit_code == 0
+        with session_scope(database_url) as session:
+            node = session.scalar(select(Node).where(Node.name == "cli-trust"))
+            assert (node.declared_gpus, node.trusted) == (4, True)
+        changed = runner.invoke(app, ["nodes", "set", "cli-trust", "--gpus", "2", "--untrusted"])
+        assert changed.exit_code == 0 and "2 GPUs declared, not trusted" in changed.output, changed.output
+        with session_scope(database_url) as session:
+            node = session.scalar(select(Node).where(Node.name == "cli-trust"))
+            assert (node.declared_gpus, node.trusted) == (2, False)
+        local = runner.invoke(app, ["nodes", "add", LOCAL, "--host", "h", "--user", "u", "--key", str(key),
+                                    "--gpus", "1"])  # fmt: skip
     assert local.exit_code != 0 and "controller's own machine" in local.output + str(local.exception)

@@ -73,6 +73,7 @@ def test_request_schedules_over_rest(database_url: str) -> None:
     assert created.json()["request"]["max_price_per_gpu_hour"] == 0.45 and created.json()["nodes"] == []
 
 
+@pytest.mark.usefixtures("cli_controller")  # the commands ask a controller on the module's database
 def test_request_schedules_from_the_cli(database_url: str, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
     import yaml
     from typer.testing import CliRunner
@@ -80,7 +81,6 @@ def test_request_schedules_from_the_cli(database_url: str, tmp_path, monkeypatch
     from orchestrator.cli import _register, app
 
     _register()
-    monkeypatch.setenv("ABLATE_DATABASE_URL", database_url)
     monkeypatch.setenv("COLUMNS", "200")
     (tmp_path / "grid.yaml").write_text(yaml.safe_dump(GRID))
     (tmp_path / "rent.yaml").write_text(yaml.safe_dump(REQUEST))

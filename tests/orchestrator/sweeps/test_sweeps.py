@@ -350,6 +350,7 @@ def test_schedules_over_rest(database_url: str, node_name: str) -> None:
     assert client.get("/api/schedules/rest-nightly", headers=auth).status_code == 404
 
 
+@pytest.mark.usefixtures("cli_controller")  # the commands ask a controller on the module's database
 def test_schedules_cli(database_url: str, node_name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import yaml
     from typer.testing import CliRunner
@@ -357,7 +358,6 @@ def test_schedules_cli(database_url: str, node_name: str, tmp_path: Path, monkey
     from orchestrator.cli import _register, app
 
     _register()
-    monkeypatch.setenv("ABLATE_DATABASE_URL", database_url)
     monkeypatch.setenv("COLUMNS", "200")  # so the table does not wrap names
     grid_file = tmp_path / "grid.yaml"
     grid_file.write_text(yaml.safe_dump(GRID))
