@@ -60,6 +60,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import lru_cache
 from typing import Literal, Protocol
 
 import numpy as np
@@ -114,6 +115,7 @@ def mean_variance(v: VarianceComponents, k: int, n: int) -> float:
 
 SEED_DF_QUANTILE = 0.1  # the seed mean square's upper confidence bound decision_df takes (see there): with
 # 0.5 and 0.25 the simulation's null comparisons were called 8% to 12% of the time (bench/decide_sim.py)
+FRACTION_QUANTILE = 0.1  # information_fraction's bound on the seed mean square (see there)
 FUTILITY = 0.2  # the conditional power under which the simulation closes an open comparison undecided
 
 
@@ -148,7 +150,7 @@ def decision_df(v: VarianceComponents, k: int, n: int, quantile: float = SEED_DF
 
 
 def information_fraction(v: VarianceComponents | None, k: int, n: int, max_seeds: int, max_images: int,
-                         quantile: float = SEED_DF_QUANTILE) -> float:  # fmt: skip
+                         quantile: float | None = None) -> float:  # fmt: skip
     """This look's information over the budget's, Var(budget) / Var(k, n), projected from the look's
     components with the seed part at its upper confidence bound (seed_upper), at most 1. Why the bound:
     the components are the same noisy estimate the SE rests on, and read as measured a look whose seed mean
@@ -163,7 +165,7 @@ def information_fraction(v: VarianceComponents | None, k: int, n: int, max_seeds
     plan = min(1.0, k * n / (max_seeds * max_images))
     if v is None or k < 2 or n < 2:
         return plan
-    bounded = Variance(seed_upper(v, k, n, quantile), v.image, v.rest)
+    bounded = Variance(seed_upper(v, k, n, FRACTION_QUANTILE if quantile is None else quantile), v.image, v.rest)
     now = mean_variance(bounded, k, n)
     if not now > 0:
         return plan
@@ -222,25 +224,69 @@ class Look:
 OVERLAP_DF = 8.0  # nominal_level: below this many df a look's level is the alpha its fraction adds (Bonferroni)
 
 
-def nominal_level(ts: Sequence[float], alpha: float, spending: Spending, df: float | None) -> float:
+def nominal_level(ts: Sequence[float], alpha: float, spending: Spending, df: float | None,
+                  few_df: float | None = None) -> float:  # fmt: skip
     """The two-sided nominal level of the last look of `ts` (usable fractions, _fractions_for): on the normal
     scale (df None) the boundary's own (2 P(Z >= c_j)), which counts on the looks' overlap (Z_j and Z_i
-    correlated as sqrt(t_i/t_j)); on Student's t with df, moved toward the alpha the look's fraction adds,
-    spent(t_j) - spent(t_j-1), as the df fall, wholly so at OVERLAP_DF or fewer. Why: t statistics whose SEs
+    correlated as sqrt(t_i/t_j)); on Student's t with df, moved toward `few_df`, the level for looks whose
+    t rests on a few seeds, as the df fall, wholly so at OVERLAP_DF or fewer. Why: t statistics whose SEs
     rest on a few seeds overlap much less than their Z's (an early crossing comes from an SE small by chance,
     not from a large mean the later looks share), so the normal boundary's level, read off t at every look
-    (J&T 11.5), called 6.5% to 7.3% of null comparisons where seeds dominate, even on df k - 1 and the planned
-    fractions. The added alpha summed over the looks is alpha whatever their overlap (Bonferroni), so with
-    few df the error holds at alpha as far as each look's t holds its own level; with many df the
-    statistics are nearly normal and the boundary's level holds. OVERLAP_DF is where bench/decide_sim.py's
-    cells hold alpha with room: at 4 the seed-dominated cell called 5.2%."""
+    (J&T 11.5), called 6.5% to 7.3% of null comparisons where seeds dominate. `few_df`: the level the
+    sequential t tests of the look's seeds spend exactly (seed_limit_levels); None: the alpha the look's
+    fraction adds, spent(t_j) - spent(t_j-1), which holds alpha whatever the overlap (Bonferroni) but
+    spends only about half of it where seeds dominate (issue 62)."""
     c = boundaries(ts, alpha, spending)[-1]
     level = 2 * upper_tail(c) if math.isfinite(c) else 0.0
     if df is None:
         return level
-    added = spent(ts[-1], alpha, spending) - (spent(ts[-2], alpha, spending) if len(ts) > 1 else 0.0)
+    if few_df is None:
+        few_df = spent(ts[-1], alpha, spending) - (spent(ts[-2], alpha, spending) if len(ts) > 1 else 0.0)
     weight = max(0.0, 1.0 - OVERLAP_DF / df)
-    return added + (level - added) * weight
+    return few_df + (level - few_df) * weight
+
+
+SEED_LIMIT_DRAWS = 100_000  # null draws seed_limit_levels calibrates on (its levels vary by about 1% of alpha)
+SEED_LIMIT_LEAST = 50  # a look whose added alpha is fewer draws than this keeps the Bonferroni level
+
+
+@lru_cache(maxsize=1024)
+def seed_limit_levels(seeds: tuple[int, ...], max_seeds: int, last: bool, alpha: float,
+                      spending: Spending) -> tuple[float, ...]:  # fmt: skip
+    """Each look's two-sided nominal level where seeds dominate: there the crossed mean's t at a look on k
+    seeds is the one-sample t of the first k per-seed values (k - 1 df), and the looks' t statistics share
+    those seeds. The levels are set by simulation under the null (SEED_LIMIT_DRAWS draws, a fixed RNG seed:
+    the same levels at every call) so that the first crossing falls at look j with exactly the alpha its
+    fraction k_j / max_seeds adds (the last at 1 where `last`): the sequential t tests' own boundaries, where
+    the Bonferroni levels (the alpha each look adds, read off t) ignore that the looks share their seeds
+    and spent 2.5% to 3.5% of a 5% alpha in bench/decide_sim.py's seed-dominated cells (issue 62: "spend the
+    alpha you state"). A look that adds too little alpha to calibrate keeps the Bonferroni level."""
+    from scipy.special import stdtr  # lazily, as _t_upper_quantile
+
+    rng = np.random.default_rng(62)
+    x = rng.standard_normal((SEED_LIMIT_DRAWS, max(seeds)))
+    sums, squares = np.cumsum(x, axis=1), np.cumsum(x * x, axis=1)
+    alive = np.ones(SEED_LIMIT_DRAWS, dtype=bool)
+    levels: list[float] = []
+    before = 0.0
+    for j, k in enumerate(seeds):
+        t = 1.0 if last and j == len(seeds) - 1 else min(1.0, k / max_seeds)
+        added = max(0.0, spent(t, alpha, spending) - before)
+        before += added
+        mean = sums[:, k - 1] / k
+        sd = np.sqrt(np.maximum(squares[:, k - 1] - k * mean * mean, 0.0) / (k - 1))
+        stat = np.abs(mean) / np.maximum(sd / math.sqrt(k), 1e-300)
+        wanted = round(added * SEED_LIMIT_DRAWS)
+        if wanted < SEED_LIMIT_LEAST:  # too little to calibrate: the Bonferroni level
+            levels.append(added)
+            if added > 0:
+                alive &= stat < _t_upper_quantile(added / 2, k - 1)
+            continue
+        still = np.sort(stat[alive])[::-1]
+        c = float(still[wanted - 1]) if wanted <= still.size else 0.0
+        levels.append(float(2 * stdtr(k - 1, -c)))
+        alive &= stat < c
+    return tuple(levels)
 
 
 def _t_upper_quantile(p: float, df: float) -> float:
@@ -271,7 +317,8 @@ def _fractions_for(fractions: Sequence[float], last: bool) -> tuple[float, ...]:
 def decide(estimate: float, se: float, df: float | None, fractions: Sequence[float], *, k: int, n: int,
            alpha: float = 0.05, direction: Direction = "lower", margin: float | None = None,
            last: bool = False, spending: Spending = "obf", error_rate: ErrorRate = "per-comparison",
-           futility: float = 0.0, futility_fraction: float | None = None) -> Look:  # fmt: skip
+           futility: float = 0.0, futility_fraction: float | None = None, seeds: Sequence[int] = (),
+           max_seeds: int | None = None) -> Look:  # fmt: skip
     """The decision at this look for one comparison (arm - comparator).
 
     `fractions`: the information fraction of every look so far, this one last (earlier ones as recorded at
@@ -282,7 +329,8 @@ def decide(estimate: float, se: float, df: float | None, fractions: Sequence[flo
     decided there is undecided. `futility` (0 = off): an open comparison whose conditional power at the
     budget, under its current trend, is below this is closed undecided (non-binding, J&T 10.6);
     `futility_fraction`: this look's fraction for that conditional power alone (projected_fraction), None:
-    the boundary's.
+    the boundary's. `seeds`: each look's seed count, as `fractions`, with `max_seeds`: the levels of few df
+    are the sequential t tests' (seed_limit_levels); without them, or with a look on one seed, Bonferroni's.
     """
     if not (se > 0 and math.isfinite(se) and math.isfinite(estimate)):
         raise ValueError(f"estimate and se must be finite and se > 0, got estimate={estimate}, se={se}")
@@ -290,7 +338,10 @@ def decide(estimate: float, se: float, df: float | None, fractions: Sequence[flo
     j = len(ts)
     c = boundaries(ts, alpha, spending)[-1]
     exact = df is None or not math.isfinite(df) or df <= 0
-    level = nominal_level(ts, alpha, spending, None if exact else float(df))  # type: ignore[arg-type]
+    few_df = None
+    if max_seeds and len(seeds) == j and min(seeds) >= 2 and list(seeds) == sorted(seeds):
+        few_df = seed_limit_levels(tuple(seeds), max(max_seeds, max(seeds)), last, alpha, spending)[-1]
+    level = nominal_level(ts, alpha, spending, None if exact else float(df), few_df)  # type: ignore[arg-type]
     crit = c if exact or not math.isfinite(c) else _t_upper_quantile(level / 2, float(df))  # type: ignore[arg-type]
     half = crit * se
     low, high = estimate - half, estimate + half
