@@ -26,8 +26,7 @@ cumulative rejection rate of the null comparisons by each look, its largest over
 spec's power at a true effect of 2 SE (lowest over the "equal power" profiles); H its GPU-hours averaged
 over true effects of 0, 1 and 2 SE over the cheapest fixed k x n design that reaches P (bench/equal_power.py),
 largest over those profiles.
-The line before it names the cells whose null rate is above alpha + 2 SE (the bound each cell must hold): the
-largest rate over some 40 cells that each spend alpha lies above alpha by chance alone.
+The line before it names the cells whose null rate is above alpha + 2 SE, the bound each cell must hold.
 
 `--earlier K0 --min-seeds 1` runs a grid that borrows (`decide.borrow_from`): each study also draws an
 earlier grid of the same arms on K0 seeds and 64 images (`--earlier-spread S`: arm D's spread S there), read

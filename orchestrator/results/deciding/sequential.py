@@ -16,16 +16,17 @@ chapters 2, 7, 9 and 11):
   and Rowe (1969) over the continuation region (J&T chapter 19), for any increasing fractions (spending.py).
 - The estimate's SE is itself estimated, so each look's normal boundary is turned into its nominal
   two-sided level and read off Student's t on the look's df (J&T 11.5: the "significance level"
-  approach), the level moved toward the alpha the look's fraction adds where the df are few
-  (`nominal_level`: t statistics on a few seeds overlap less than the normal boundary counts on). The
+  approach), the level moved, where the df are few, toward the level sequential t tests on the look's
+  seeds spend (levels.py `nominal_level`, `seed_limit_levels`: t statistics on a few seeds overlap less
+  than the normal boundary counts on, and more than Bonferroni's levels count on). The
   interval mean +- that t quantile x SE is the look's repeated confidence interval (J&T chapter 9):
   together the looks' intervals cover the true effect with probability 1 - alpha, which is what every
   decision below rests on. The df is `decision_df`, not the report's Satterthwaite df: with 2 or 3 seeds
   the seed mean square has 1 or 2 df, and early looks test at small nominal levels (0.003 and below with
   O'Brien-Fleming) where the report's df put 2 to 20 times the nominal rate of null draws past the
-  boundary once seeds held half the variance or more (issue 50). The planned fractions, decision_df and
-  nominal_level together hold bench/decide_sim.py's cells at or under alpha, max_seeds 2 to 16, futility
-  on or off, own or borrowed seeds (docs/benchmarks.md, issue 56).
+  boundary once seeds held half the variance or more (issue 50). The bounded fractions, decision_df and
+  the levels together hold bench/decide_sim.py's cells within alpha + 2 SE and near alpha, max_seeds 2 to
+  16, futility on or off, own or borrowed seeds (docs/benchmarks.md, issue 62 item 2).
 - Decisions: better or worse when the interval excludes zero (the sign read by the judged metric's
   direction: for a loss, lower is better), else equivalent when a margin is set and the interval lies
   inside +-margin, else undecided at the last look (the budget: the whole remaining alpha spent), else
@@ -60,12 +61,12 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from functools import lru_cache
 from typing import Literal, Protocol
 
 import numpy as np
 
-from orchestrator.results.deciding.spending import Spending, boundaries, conditional_power, spent, upper_tail
+from orchestrator.results.deciding.levels import nominal_level, seed_limit_levels, t_upper_quantile
+from orchestrator.results.deciding.spending import Spending, boundaries, conditional_power, spent
 
 Direction = Literal["lower", "higher"]  # the judged metric's better side: "lower" for a loss
 ErrorRate = Literal["per-comparison", "familywise"]
@@ -221,81 +222,6 @@ class Look:
     reason: str
 
 
-OVERLAP_DF = 8.0  # nominal_level: below this many df a look's level is the alpha its fraction adds (Bonferroni)
-
-
-def nominal_level(ts: Sequence[float], alpha: float, spending: Spending, df: float | None,
-                  few_df: float | None = None) -> float:  # fmt: skip
-    """The two-sided nominal level of the last look of `ts` (usable fractions, _fractions_for): on the normal
-    scale (df None) the boundary's own (2 P(Z >= c_j)), which counts on the looks' overlap (Z_j and Z_i
-    correlated as sqrt(t_i/t_j)); on Student's t with df, moved toward `few_df`, the level for looks whose
-    t rests on a few seeds, as the df fall, wholly so at OVERLAP_DF or fewer. Why: t statistics whose SEs
-    rest on a few seeds overlap much less than their Z's (an early crossing comes from an SE small by chance,
-    not from a large mean the later looks share), so the normal boundary's level, read off t at every look
-    (J&T 11.5), called 6.5% to 7.3% of null comparisons where seeds dominate. `few_df`: the level the
-    sequential t tests of the look's seeds spend exactly (seed_limit_levels); None: the alpha the look's
-    fraction adds, spent(t_j) - spent(t_j-1), which holds alpha whatever the overlap (Bonferroni) but
-    spends only about half of it where seeds dominate (issue 62)."""
-    c = boundaries(ts, alpha, spending)[-1]
-    level = 2 * upper_tail(c) if math.isfinite(c) else 0.0
-    if df is None:
-        return level
-    if few_df is None:
-        few_df = spent(ts[-1], alpha, spending) - (spent(ts[-2], alpha, spending) if len(ts) > 1 else 0.0)
-    weight = max(0.0, 1.0 - OVERLAP_DF / df)
-    return few_df + (level - few_df) * weight
-
-
-SEED_LIMIT_DRAWS = 100_000  # null draws seed_limit_levels calibrates on (its levels vary by about 1% of alpha)
-SEED_LIMIT_LEAST = 50  # a look whose added alpha is fewer draws than this keeps the Bonferroni level
-
-
-@lru_cache(maxsize=1024)
-def seed_limit_levels(seeds: tuple[int, ...], max_seeds: int, last: bool, alpha: float,
-                      spending: Spending) -> tuple[float, ...]:  # fmt: skip
-    """Each look's two-sided nominal level where seeds dominate: there the crossed mean's t at a look on k
-    seeds is the one-sample t of the first k per-seed values (k - 1 df), and the looks' t statistics share
-    those seeds. The levels are set by simulation under the null (SEED_LIMIT_DRAWS draws, a fixed RNG seed:
-    the same levels at every call) so that the first crossing falls at look j with exactly the alpha its
-    fraction k_j / max_seeds adds (the last at 1 where `last`): the sequential t tests' own boundaries, where
-    the Bonferroni levels (the alpha each look adds, read off t) ignore that the looks share their seeds
-    and spent 2.5% to 3.5% of a 5% alpha in bench/decide_sim.py's seed-dominated cells (issue 62: "spend the
-    alpha you state"). A look that adds too little alpha to calibrate keeps the Bonferroni level."""
-    from scipy.special import stdtr  # lazily, as _t_upper_quantile
-
-    rng = np.random.default_rng(62)
-    x = rng.standard_normal((SEED_LIMIT_DRAWS, max(seeds)))
-    sums, squares = np.cumsum(x, axis=1), np.cumsum(x * x, axis=1)
-    alive = np.ones(SEED_LIMIT_DRAWS, dtype=bool)
-    levels: list[float] = []
-    before = 0.0
-    for j, k in enumerate(seeds):
-        t = 1.0 if last and j == len(seeds) - 1 else min(1.0, k / max_seeds)
-        added = max(0.0, spent(t, alpha, spending) - before)
-        before += added
-        mean = sums[:, k - 1] / k
-        sd = np.sqrt(np.maximum(squares[:, k - 1] - k * mean * mean, 0.0) / (k - 1))
-        stat = np.abs(mean) / np.maximum(sd / math.sqrt(k), 1e-300)
-        wanted = round(added * SEED_LIMIT_DRAWS)
-        if wanted < SEED_LIMIT_LEAST:  # too little to calibrate: the Bonferroni level
-            levels.append(added)
-            if added > 0:
-                alive &= stat < _t_upper_quantile(added / 2, k - 1)
-            continue
-        still = np.sort(stat[alive])[::-1]
-        c = float(still[wanted - 1]) if wanted <= still.size else 0.0
-        levels.append(float(2 * stdtr(k - 1, -c)))
-        alive &= stat < c
-    return tuple(levels)
-
-
-def _t_upper_quantile(p: float, df: float) -> float:
-    """x with P(T >= x) = p for Student's t on df degrees of freedom."""
-    from scipy.special import stdtrit  # lazily: the API imports this module and must start fast
-
-    return float(stdtrit(df, 1 - p)) if p > 1e-15 else float(-stdtrit(df, p))
-
-
 def _fractions_for(fractions: Sequence[float], last: bool) -> tuple[float, ...]:
     """The recorded fractions made usable: each within (0, 1), above the one before (a look whose projected
     fraction fell, as re-estimated components can make it, spends next to nothing), and only the last look
@@ -342,7 +268,7 @@ def decide(estimate: float, se: float, df: float | None, fractions: Sequence[flo
     if max_seeds and len(seeds) == j and min(seeds) >= 2 and list(seeds) == sorted(seeds):
         few_df = seed_limit_levels(tuple(seeds), max(max_seeds, max(seeds)), last, alpha, spending)[-1]
     level = nominal_level(ts, alpha, spending, None if exact else float(df), few_df)  # type: ignore[arg-type]
-    crit = c if exact or not math.isfinite(c) else _t_upper_quantile(level / 2, float(df))  # type: ignore[arg-type]
+    crit = c if exact or not math.isfinite(c) else t_upper_quantile(level / 2, float(df))  # type: ignore[arg-type]
     half = crit * se
     low, high = estimate - half, estimate + half
     common = dict(look=j, fraction=ts[-1], alpha_spent=spent(ts[-1], alpha, spending), boundary=crit,

@@ -10,8 +10,8 @@ import pytest
 from scipy.optimize import brentq
 from scipy.special import stdtrit
 
+from orchestrator.results.deciding.levels import OVERLAP_DF, nominal_level, seed_limit_levels
 from orchestrator.results.deciding.sequential import (
-    OVERLAP_DF,
     Action,
     Costs,
     Variance,
@@ -23,9 +23,7 @@ from orchestrator.results.deciding.sequential import (
     expected_gpu_hours,
     information_fraction,
     mean_variance,
-    nominal_level,
     plan_wave,
-    seed_limit_levels,
     worst_case_gpu_hours,
 )
 from orchestrator.results.deciding.spending import boundaries, exit_probabilities, spent
