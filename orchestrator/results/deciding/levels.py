@@ -82,7 +82,10 @@ def seed_limit_levels(seeds: tuple[int, ...], max_seeds: int, last: bool, alpha:
 
 
 def t_upper_quantile(p: float, df: float) -> float:
-    """x with P(T >= x) = p for Student's t on df degrees of freedom."""
+    """x with P(T >= x) = p for Student's t on df degrees of freedom (inf where p is 0: a look that spends
+    nothing never crosses)."""
     from scipy.special import stdtrit  # lazily: the API imports this module and must start fast
 
+    if not p > 0:
+        return math.inf
     return float(stdtrit(df, 1 - p)) if p > 1e-15 else float(-stdtrit(df, p))

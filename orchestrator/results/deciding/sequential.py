@@ -264,9 +264,13 @@ def decide(estimate: float, se: float, df: float | None, fractions: Sequence[flo
     j = len(ts)
     c = boundaries(ts, alpha, spending)[-1]
     exact = df is None or not math.isfinite(df) or df <= 0
+    # The sequential t tests' level where this look added seeds; a look that added only images (its seeds the
+    # look before's) tests the same seeds' t where they dominate, and keeps the alpha its fraction adds.
     few_df = None
-    if max_seeds and len(seeds) == j and min(seeds) >= 2 and list(seeds) == sorted(seeds):
-        few_df = seed_limit_levels(tuple(seeds), max(max_seeds, max(seeds)), last, alpha, spending)[-1]
+    added_seeds = j == 1 or (len(seeds) == j and seeds[-1] != seeds[-2])
+    if max_seeds and len(seeds) == j and min(seeds) >= 2 and list(seeds) == sorted(seeds) and added_seeds:
+        distinct = tuple(sorted(set(seeds)))
+        few_df = seed_limit_levels(distinct, max(max_seeds, distinct[-1]), last, alpha, spending)[-1]
     level = nominal_level(ts, alpha, spending, None if exact else float(df), few_df)  # type: ignore[arg-type]
     crit = c if exact or not math.isfinite(c) else t_upper_quantile(level / 2, float(df))  # type: ignore[arg-type]
     half = crit * se
