@@ -35,7 +35,7 @@ def planned_seeds(min_seeds: int, max_seeds: int) -> tuple[int, ...]:
     """The seed counts a grid looks at: min_seeds, then each about 1.25 times the one before (2, 3, 4, 5, 6,
     8, 10, 12, 15, ...), ending at max_seeds. Why not every seed: each look spends a wave's wait and a slice
     of alpha. Why not sparser (2, 3, 5, 8, as first built): the levels of few df are the sequential t
-    tests' own (sequential.py seed_limit_levels), so a look costs little alpha, and a comparison that is
+    tests' own (levels.py seed_limit_levels), so a look costs little alpha, and a comparison that is
     decided at 4 or 6 seeds stops paying for seeds it does not need; in bench/decide_sim.py the denser
     counts cost 5% to 10% fewer GPU-hours at the same power (docs/benchmarks.md, issue 62)."""
     counts = [min_seeds]

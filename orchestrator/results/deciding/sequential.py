@@ -158,9 +158,9 @@ def information_fraction(v: VarianceComponents | None, k: int, n: int, max_seeds
     square came out small by chance got a small SE, a large fraction and most of the alpha at once (at
     max_seeds 8 with futility off, 6.5% to 9.2% of null comparisons called: bench/decide_sim.py,
     docs/benchmarks.md). Why not the plan's k n / (max_seeds max_images) alone, as before issue 62: where
-    images dominate, 2 seeds on the whole split hold most of the budget's information (about 0.6 on the
-    headline) and the plan's 0.25 kept the early looks' boundaries out of reach, so a clear effect bought
-    seeds it did not need. With the seeds at their bound the fraction lies between the plan's (seeds
+    images dominate, 3 and 5 seeds on the whole split hold 0.46 and 0.77 of the budget's information at the
+    bound on the headline's components (the plan said 0.375 and 0.625), whose boundaries were then out of
+    reach, so a clear effect bought seeds it did not need. With the seeds at their bound the fraction lies between the plan's (seeds
     dominate) and the measured one (images dominate). The plan's where no seed mean square is read (one
     seed, v None)."""
     plan = min(1.0, k * n / (max_seeds * max_images))
