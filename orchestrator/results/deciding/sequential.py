@@ -160,9 +160,9 @@ def information_fraction(v: VarianceComponents | None, k: int, n: int, max_seeds
     docs/benchmarks.md). Why not the plan's k n / (max_seeds max_images) alone, as before issue 62: where
     images dominate, 3 and 5 seeds on the whole split hold 0.46 and 0.77 of the budget's information at the
     bound on the headline's components (the plan said 0.375 and 0.625), whose boundaries were then out of
-    reach, so a clear effect bought seeds it did not need. With the seeds at their bound the fraction lies between the plan's (seeds
-    dominate) and the measured one (images dominate). The plan's where no seed mean square is read (one
-    seed, v None)."""
+    reach, so a clear effect bought seeds it did not need. With the seeds at their bound the fraction lies
+    between the plan's (seeds dominate) and the measured one (images dominate). The plan's where no seed
+    mean square is read (one seed, v None)."""
     plan = min(1.0, k * n / (max_seeds * max_images))
     if v is None or k < 2 or n < 2:
         return plan
