@@ -14,7 +14,8 @@ in the difference, as measured on a GPU. Arm D's seed SD 1x or 3x the others'. T
 C = D = -effect (lower is better), so B-A and D-C are null and C-B, C-A, D-A differ by the effect.
 
 Costs: training per seed A 6.66, B 3.15, C 3.16, D 3.23 GPU-h (seed-size rates on one H100); evaluation
-10 s per 64 images on one run, 256 held-out images.
+10 s per 64 images on one run (`--image-seconds`: another price; a full evaluation at seed size measured
+2.36 s an image, a deciding grid's flow-loss-only look far less), 256 held-out images.
 
     python bench/decide_sim.py              # 10,000 studies a cell, the table in docs/benchmarks.md
     python bench/decide_sim.py --quick      # 1,000 a cell; ends with the one line below
@@ -25,6 +26,7 @@ cumulative rejection rate of the null comparisons by each look, its largest over
 spec's power at a true effect of 2 SE (lowest over the "equal power" profiles); H its GPU-hours averaged
 over true effects of 0, 1 and 2 SE over the cheapest fixed k x n design that reaches P (bench/equal_power.py),
 largest over those profiles.
+The line before it names the cells whose null rate is above alpha + 2 SE, the bound each cell must hold.
 
 `--earlier K0 --min-seeds 1` runs a grid that borrows (`decide.borrow_from`): each study also draws an
 earlier grid of the same arms on K0 seeds and 64 images (`--earlier-spread S`: arm D's spread S there), read
@@ -66,7 +68,7 @@ ARMS = ("A", "B", "C", "D")
 COMPARISONS = (("B", "A"), ("C", "B"), ("C", "A"), ("D", "C"), ("D", "A"))
 NULL = (("B", "A"), ("D", "C"))
 SEED_HOURS = {"A": 6.66, "B": 3.15, "C": 3.16, "D": 3.23}
-IMAGE_HOURS = 10.0 / 64 / 3600  # one image evaluated on one run
+IMAGE_HOURS = 10.0 / 64 / 3600  # one image evaluated on one run (--image-seconds: another price)
 FIXED_SEEDS, FIXED_IMAGES = 3, 64
 PROFILES = {"headline": (0.001, 0.011, 0.0018), "mixed": (0.002, 0.011, 0.004),
             "seed-dominated": (0.006, 0.0015, 0.006), "plain mean": (0.0083, 0.044, 0.0106)}  # fmt: skip
@@ -93,6 +95,7 @@ class Design:
     earlier_seeds: int = 0  # --earlier: > 0 reads each arm's seed variance pooled with an earlier grid's of it
     earlier_spread: float | None = None  # arm D's seed SD in that earlier grid (None: as in this one)
     check: float = CHECK  # the per-arm check's level (borrowed.py)
+    image_hours: float = IMAGE_HOURS  # one image evaluated on one run, for the grid and every fixed design
 
 
 @dataclass(frozen=True)
@@ -138,8 +141,8 @@ def held_power(t: Tally, key: str) -> float:
     return float((ts < -cut).mean()) if ts.size else 0.0
 
 
-def fixed_hours() -> float:
-    return sum(FIXED_SEEDS * (SEED_HOURS[a] + FIXED_IMAGES * IMAGE_HOURS) for a in ARMS)
+def fixed_hours(image_hours: float = IMAGE_HOURS) -> float:
+    return sum(FIXED_SEEDS * (SEED_HOURS[a] + FIXED_IMAGES * image_hours) for a in ARMS)
 
 
 def draw(rng: np.random.Generator, cell: Cell, design: Design) -> dict[str, np.ndarray]:
@@ -257,7 +260,8 @@ def study(values: dict[str, np.ndarray], design: Design, tally: Tally, prior_see
     if design.borrow_df > 0:  # one seed of each arm but the control, whose replicates stay at min_seeds
         seeds.update(dict.fromkeys(ARMS[1:], 1))
     out = grid_study(values, COMPARISONS, decide_spec(design), reader(design, prior_seed, earlier), SEED_HOURS,
-                     IMAGE_HOURS, min_seeds=seeds, images=design.images, max_images=design.max_images)  # fmt: skip
+                     design.image_hours, min_seeds=seeds, images=design.images,
+                     max_images=design.max_images)  # fmt: skip
     for p in COMPARISONS:
         c = out.looks[p]
         if c.decision in ("better", "worse"):
@@ -349,6 +353,9 @@ def main() -> None:
                     help="each arm's seed variance pooled with an earlier grid's of it on K0 seeds (borrowed.py)")
     ap.add_argument("--earlier-spread", type=float, help="arm D's seed SD in that earlier grid (default: as now)")
     ap.add_argument("--check", type=float, default=CHECK, help="the per-arm check's level")
+    ap.add_argument("--image-seconds", type=float, default=IMAGE_HOURS * 3600,
+                    help="GPU-seconds of one image evaluated on one run (default 10/64; 2.36 measured at seed size "
+                         "with the eval defaults' LPIPS sampling, docs/benchmarks.md)")
     ap.add_argument("--futility", type=float, default=Design.futility)
     ap.add_argument("--seed-df-quantile", type=float, default=Design.seed_df_quantile)
     ap.add_argument(
@@ -365,7 +372,7 @@ def main() -> None:
     base = Design(
         min_seeds=args.min_seeds, max_seeds=args.max_seeds, images=args.images, futility=args.futility,
         seed_df_quantile=args.seed_df_quantile, borrow_df=args.borrow, earlier_seeds=args.earlier,
-        earlier_spread=args.earlier_spread, check=args.check,
+        earlier_spread=args.earlier_spread, check=args.check, image_hours=args.image_seconds / 3600,
     )  # fmt: skip
     variants = tuple(args.variant or VARIANTS)
     start = time.monotonic()
@@ -378,15 +385,17 @@ def main() -> None:
     by_cell: dict[Cell, Tally] = {}
     for cell, tally in parts:
         by_cell[cell] = merged(by_cell[cell], tally) if cell in by_cell else tally
-    fixed = fixed_hours()
+    fixed = fixed_hours(base.image_hours)
     print(f"{studies} studies a cell; alpha {ALPHA} per comparison; fixed design: {FIXED_SEEDS} seeds x "
-          f"{FIXED_IMAGES} images, {fixed:.1f} GPU-h")  # fmt: skip
+          f"{FIXED_IMAGES} images, {fixed:.1f} GPU-h; an image on a run "
+          f"{base.image_hours * 3600:.3g} GPU-s")  # fmt: skip
     for v in variants:
         print(f"{v}: {variant(v, base)}")
     print("| spec | profile | D's seed SD | effect | type I by look (cumulative; fixed) | power C-B / C-A / D-A "
           "(fixed; fixed at a level holding alpha) | GPU-h vs fixed | seeds added per study |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|")
     worst_type1, worst_ratio, worst_held, headline_hours = 0.0, math.inf, math.inf, []
+    over = []  # cells whose null rate is above alpha + 2 SE (the done-when's bound, per cell)
     for cell, t in by_cell.items():
         nulls = len(NULL) * t.studies
         cumulative, run = [], 0
@@ -394,6 +403,8 @@ def main() -> None:
             run += t.null_by_look.get(j, 0)
             cumulative.append(run / nulls)
         worst_type1 = max([worst_type1, *cumulative])
+        if cumulative and cumulative[-1] > ALPHA + 2 * math.sqrt(ALPHA * (1 - ALPHA) / nulls):
+            over.append(f"{cell.variant} {cell.profile} {cell.spread:g}x {cumulative[-1]:.4f}")
         powers = []
         for p in ("C-B", "C-A", "D-A"):
             seq, fix, held = t.power.get(p, 0) / t.studies, t.power_fixed.get(p, 0) / t.studies, held_power(t, p)
@@ -424,11 +435,13 @@ def main() -> None:
         power = sum(big.power.values()) / (3 * big.studies)
         fixed_power = {d: calls / (3 * big.studies) for d, calls in big.fixed_calls.items()}
         e = equal_power(power, [at[x].hours / at[x].studies for x in sorted(at)], fixed_power, SEED_HOURS,
-                        IMAGE_HOURS)  # fmt: skip
+                        base.image_hours)  # fmt: skip
         powers.append(power)
         ratios.append(e.ratio)
         print(f"| {profile} | {power:.3f} | {e.words()} | {' / '.join(f'{h:.1f}' for h in e.hours)} | "
               f"{'' if e.reached else '<'}{e.ratio:.3f} |")  # fmt: skip
+    named = f": {'; '.join(over)}" if over else ""
+    print(f"null rate above alpha + 2 SE in {len(over)} of {len(by_cell)} cells{named}")
     print(f"gpu_hours_vs_fixed3 {hours:.3f} type_I {worst_type1:.4f} power {min(powers, default=math.nan):.3f} "
           f"hours_vs_best_fixed {max(ratios, default=math.nan):.3f}")  # fmt: skip
 

@@ -47,6 +47,7 @@ class ComparisonLook(BaseModel):
     look: int  # 1-based: the look this decision was taken at (a decided comparison keeps its look)
     alpha_spent: float  # the alpha spent up to this look (by its information fraction)
     fractions: list[float] = []  # the information fraction of each of its looks so far (the boundary's input)
+    seeds: list[int] = []  # the seeds of each of those looks (the levels of few df: levels.seed_limit_levels)
     action: Action | None = None  # what this look queued for it (open only)
     reason: str = ""
 

@@ -4,11 +4,12 @@ comparison's decision and the work to queue. results/deciding/decider.py `take_l
 state from the database and queues the work; bench/decide_sim.py calls `plan_look` on simulated studies,
 so the simulation measures the product's own rule.
 
-Where the looks fall (issue 62): at seed size an evaluation of a run on 256 images costs well under 1% of
-training it, so a comparison is first evaluated on every image the split allows (`images_first`) and only
-then judged; after that a look buys seeds, up to the next planned seed count (`planned_seeds`: 2, 3, 5, 8),
-not one seed at a time: each look spends alpha and a wave's start, and few looks at fixed seed counts spend
-both where they buy most. Where an evaluation is not cheap beside a seed (a short run whose evaluation is
+Where the looks fall (issue 62): at seed size an evaluation of a run on the split's images costs a few
+percent of training it (a look's evaluation of the flow loss alone, far less), so a comparison is first
+evaluated on every image the split allows (`images_first`) and only then judged; after that a look buys
+seeds, up to the next planned seed count (`planned_seeds`: 2, 3, 4, 5, 6, 8), not one seed at a time:
+each look spends alpha and a wave's start, and looks at planned seed counts spend both where they buy most.
+Where an evaluation is not cheap beside a seed (a short run whose evaluation is
 mostly its job's start), the chooser (sequential.py `choose_action`) weighs images against a seed as before.
 """
 
@@ -31,13 +32,15 @@ NOT_JUDGED = "not judged yet"  # the reason of a comparison asking to be evaluat
 
 
 def planned_seeds(min_seeds: int, max_seeds: int) -> tuple[int, ...]:
-    """The seed counts a grid looks at: min_seeds, then each about 1.6 times the one before (2, 3, 5, 8,
-    13, ...), ending at max_seeds. Why: a look at every added seed spends a wave's wait and a slice of alpha
-    each time; looks spaced as information grows (Jennison & Turnbull 2000, ch. 7: four to five looks buy
-    nearly all of what a group-sequential design can) cost fewer expected GPU-hours."""
+    """The seed counts a grid looks at: min_seeds, then each about 1.25 times the one before (2, 3, 4, 5, 6,
+    8, 10, 12, 15, ...), ending at max_seeds. Why not every seed: each look spends a wave's wait and a slice
+    of alpha. Why not sparser (2, 3, 5, 8, as first built): the levels of few df are the sequential t
+    tests' own (levels.py seed_limit_levels), so a look costs little alpha, and a comparison that is
+    decided at 4 or 6 seeds stops paying for seeds it does not need; in bench/decide_sim.py the denser
+    counts cost 5% to 10% fewer GPU-hours at the same power (docs/benchmarks.md, issue 62)."""
     counts = [min_seeds]
     while counts[-1] < max_seeds:
-        counts.append(min(max_seeds, max(counts[-1] + 1, round(counts[-1] * 1.6))))
+        counts.append(min(max_seeds, max(counts[-1] + 1, round(counts[-1] * 1.25))))
     return tuple(counts)
 
 
@@ -145,30 +148,34 @@ def judge(r: Reading, decide: DecideSpec, look: int, max_images: int, at_seeds: 
     if previous is not None and previous.decision in CLOSED:  # closed for good: never judged again
         return previous.model_copy(update={**base, "action": None})
     fractions = list(previous.fractions) if previous is not None else []
+    looked = list(previous.seeds) if previous is not None else []  # each judged look's seeds
     spent = previous.alpha_spent if previous is not None else 0.0
     if r.standin:  # a stand-in network's metric (LPIPS, or a distribution metric's extractor) carries no verdict
         words = f"{r.metric} from a random stand-in network: never called better or worse"
-        return ComparisonLook(**base, decision="undecided", look=look, fractions=fractions, alpha_spent=spent,
-                              reason=words)
+        return ComparisonLook(**base, decision="undecided", look=look, fractions=fractions, seeds=looked,
+                              alpha_spent=spent, reason=words)
     max_images = max(max_images, r.n or 1)  # already past it (the training records' n): at the budget
     if not at_images and images_first(r, max_images):
-        return ComparisonLook(**base, decision="open", look=look, fractions=fractions, alpha_spent=spent,
+        return ComparisonLook(**base, decision="open", look=look, fractions=fractions, seeds=looked, alpha_spent=spent,
                               action="images", reason=f"{NOT_JUDGED}: first evaluated on the split's {max_images} "
                               "images (an evaluation costs little beside a seed)" + r.note)  # fmt: skip
     if r.se is None or r.variance is None or not r.se > 0:  # no interval yet: open until the budget
         action = None if at_seeds else "seed"  # one seed (min_seeds 1) or a failed run: a seed gives one
         return ComparisonLook(**base, decision="open" if action else "undecided", look=look, alpha_spent=spent,
-                              fractions=fractions, action=action, reason="no interval across seeds to judge" + r.note)  # type: ignore[arg-type]  # fmt: skip
+                              fractions=fractions, seeds=looked, action=action,
+                              reason="no interval across seeds to judge" + r.note)  # type: ignore[arg-type]  # fmt: skip
     v, n = r.variance, r.n or 1
     projected = sequential.projected_fraction(v, r.k, n, decide.max_seeds, max_images)
-    fractions.append(sequential.information_fraction(r.k, n, decide.max_seeds, max_images))
+    fractions.append(sequential.information_fraction(v, r.k, n, decide.max_seeds, max_images))
+    # a look recorded before the seeds were kept leaves the list short of the fractions: Bonferroni's levels
+    seeds = [*looked, r.k]
     verdict = sequential.decide(r.diff, r.se, r.df, fractions, k=r.k, n=n, alpha=decide.alpha, direction="lower",
                                 margin=decide.margin.get(r.metric) or None, last=at_seeds and at_images,
-                                futility=futility_of(decide),
-                                futility_fraction=projected)  # fmt: skip
+                                futility=futility_of(decide), futility_fraction=projected, seeds=seeds,
+                                max_seeds=decide.max_seeds)  # fmt: skip
     base.update(low=verdict.low, high=verdict.high)  # the look's repeated confidence interval
     c = ComparisonLook(**base, decision=verdict.decision.value, look=look, alpha_spent=verdict.alpha_spent,
-                       fractions=fractions, reason=verdict.reason + r.note)  # type: ignore[arg-type]  # fmt: skip
+                       fractions=fractions, seeds=seeds, reason=verdict.reason + r.note)  # type: ignore[arg-type]  # fmt: skip
     if c.decision == "open":
         act = sequential.choose_action(v, r.k, n, r.costs, max_seeds=decide.max_seeds if not at_seeds else r.k,
                                        max_images=max_images if not at_images else n)  # fmt: skip

@@ -6,9 +6,9 @@ GPU-hour) and the GPU-hours a decided grid can cost. Pure: numpy and scipy only,
 The design (Jennison & Turnbull 2000, "Group Sequential Methods with Applications to Clinical Trials",
 chapters 2, 7, 9 and 11):
 - Information at a look is 1/SE^2 of the comparison's crossed mean (seeds x images, the report's crossed.py);
-  its fraction is taken from the plan, the seeds x images measured over the budget's (max_seeds seeds,
-  max_images images), never from the look's own variance components (information_fraction says why). The
-  fractions of earlier looks are kept as they were recorded.
+  its fraction is the budget's variance (max_seeds seeds, max_images images) over the look's, projected from
+  the look's components with the seed part at its upper confidence bound, never as measured
+  (information_fraction says why). The fractions of earlier looks are kept as they were recorded.
 - Alpha is spent by information fraction (Lan & DeMets 1983), alpha/2 on each side as R's ldbounds and
   gsDesign (test.type 2) do: O'Brien-Fleming type, each side 2 - 2 Phi(z_{1-alpha/4}/sqrt t), by default
   (almost nothing early, nearly the whole alpha at the budget), or Pocock type, alpha ln(1 + (e-1) t) in all.
@@ -16,16 +16,17 @@ chapters 2, 7, 9 and 11):
   and Rowe (1969) over the continuation region (J&T chapter 19), for any increasing fractions (spending.py).
 - The estimate's SE is itself estimated, so each look's normal boundary is turned into its nominal
   two-sided level and read off Student's t on the look's df (J&T 11.5: the "significance level"
-  approach), the level moved toward the alpha the look's fraction adds where the df are few
-  (`nominal_level`: t statistics on a few seeds overlap less than the normal boundary counts on). The
+  approach), the level moved, where the df are few, toward the level sequential t tests on the look's
+  seeds spend (levels.py `nominal_level`, `seed_limit_levels`: t statistics on a few seeds overlap less
+  than the normal boundary counts on, and more than Bonferroni's levels count on). The
   interval mean +- that t quantile x SE is the look's repeated confidence interval (J&T chapter 9):
   together the looks' intervals cover the true effect with probability 1 - alpha, which is what every
   decision below rests on. The df is `decision_df`, not the report's Satterthwaite df: with 2 or 3 seeds
   the seed mean square has 1 or 2 df, and early looks test at small nominal levels (0.003 and below with
   O'Brien-Fleming) where the report's df put 2 to 20 times the nominal rate of null draws past the
-  boundary once seeds held half the variance or more (issue 50). The planned fractions, decision_df and
-  nominal_level together hold bench/decide_sim.py's cells at or under alpha, max_seeds 2 to 16, futility
-  on or off, own or borrowed seeds (docs/benchmarks.md, issue 56).
+  boundary once seeds held half the variance or more (issue 50). The bounded fractions, decision_df and
+  the levels together hold bench/decide_sim.py's cells within alpha + 2 SE and near alpha, max_seeds 2 to
+  16, futility on or off, own or borrowed seeds (docs/benchmarks.md, issue 62 item 2).
 - Decisions: better or worse when the interval excludes zero (the sign read by the judged metric's
   direction: for a loss, lower is better), else equivalent when a margin is set and the interval lies
   inside +-margin, else undecided at the last look (the budget: the whole remaining alpha spent), else
@@ -64,7 +65,8 @@ from typing import Literal, Protocol
 
 import numpy as np
 
-from orchestrator.results.deciding.spending import Spending, boundaries, conditional_power, spent, upper_tail
+from orchestrator.results.deciding.levels import nominal_level, seed_limit_levels, t_upper_quantile
+from orchestrator.results.deciding.spending import Spending, boundaries, conditional_power, spent
 
 Direction = Literal["lower", "higher"]  # the judged metric's better side: "lower" for a loss
 ErrorRate = Literal["per-comparison", "familywise"]
@@ -114,22 +116,30 @@ def mean_variance(v: VarianceComponents, k: int, n: int) -> float:
 
 SEED_DF_QUANTILE = 0.1  # the seed mean square's upper confidence bound decision_df takes (see there): with
 # 0.5 and 0.25 the simulation's null comparisons were called 8% to 12% of the time (bench/decide_sim.py)
+FRACTION_QUANTILE = 0.1  # information_fraction's bound on the seed mean square (see there)
 FUTILITY = 0.2  # the conditional power under which the simulation closes an open comparison undecided
+
+
+def seed_upper(v: VarianceComponents, k: int, n: int, quantile: float = SEED_DF_QUANTILE) -> float:
+    """The seed component with its mean square (rest + n seed, on k - 1 df) at its upper confidence bound
+    (k-1) MS / chi2_{k-1}(quantile): what decision_df and information_fraction read the seeds at."""
+    from scipy.special import chdtri  # lazily: the API imports this module and must start fast
+
+    ms_seed = (v.rest + n * v.seed) * (k - 1) / float(chdtri(k - 1, 1 - quantile))
+    return (ms_seed - v.rest) / n
 
 
 def decision_df(v: VarianceComponents, k: int, n: int, quantile: float = SEED_DF_QUANTILE) -> float:
     """Degrees of freedom for a decision: Satterthwaite's over the crossed mean's mean squares (as the
-    report's), but with the seed mean square at its upper confidence bound (k-1) MS / chi2_{k-1}(quantile).
+    report's), but with the seed mean square at its upper confidence bound (seed_upper).
     Why: with few seeds the seed mean square has k - 1 df, and a draw where it is small by chance gets both
     a smaller SE and, by Satterthwaite, many df, so its t is read too far out; the bound keeps the seeds'
     weight in the df (a clipped seed component counts at the rest's mean square). The SE is not changed.
     inf where the variance is exactly zero."""
-    from scipy.special import chdtri  # lazily: the API imports this module and must start fast
-
     if k < 2 or n < 2:
         raise ValueError(f"decision_df needs k >= 2 seeds and n >= 2 images (a seeds x images table), got k={k}, n={n}")
     ms_rest = v.rest
-    ms_seed = (v.rest + n * v.seed) * (k - 1) / float(chdtri(k - 1, 1 - quantile))
+    ms_seed = v.rest + n * seed_upper(v, k, n, quantile)
     ms_image = v.rest + k * v.image
     # Var * k n = MS_seed + MS_image - MS_rest with both components kept; the terms as crossed.py drops them
     terms = [(ms_seed, k - 1)]
@@ -140,15 +150,27 @@ def decision_df(v: VarianceComponents, k: int, n: int, quantile: float = SEED_DF
     return total * total / spread if spread > 0 else math.inf
 
 
-def information_fraction(k: int, n: int, max_seeds: int, max_images: int) -> float:
-    """This look's information over the budget's, from the plan: the seeds x images measured over those
-    the budget measures, k n / (max_seeds max_images), at most 1. Why not from the variance components
-    (Var(budget)/Var(k, n)): those are the same noisy estimate the SE rests on, so a look whose seed mean
-    square came out small by chance got a small SE, a large fraction and most of the alpha at once; at
-    max_seeds 8 with futility off that called 6.5% to 9.2% of null comparisons (bench/decide_sim.py,
-    docs/benchmarks.md). The plan's fraction is at most the true one wherever seeds or images dominate,
-    so it spends alpha late rather than early."""
-    return min(1.0, k * n / (max_seeds * max_images))
+def information_fraction(v: VarianceComponents | None, k: int, n: int, max_seeds: int, max_images: int,
+                         quantile: float | None = None) -> float:  # fmt: skip
+    """This look's information over the budget's, Var(budget) / Var(k, n), projected from the look's
+    components with the seed part at its upper confidence bound (seed_upper), at most 1. Why the bound:
+    the components are the same noisy estimate the SE rests on, and read as measured a look whose seed mean
+    square came out small by chance got a small SE, a large fraction and most of the alpha at once (at
+    max_seeds 8 with futility off, 6.5% to 9.2% of null comparisons called: bench/decide_sim.py,
+    docs/benchmarks.md). Why not the plan's k n / (max_seeds max_images) alone, as before issue 62: where
+    images dominate, 3 and 5 seeds on the whole split hold 0.46 and 0.77 of the budget's information at the
+    bound on the headline's components (the plan said 0.375 and 0.625), whose boundaries were then out of
+    reach, so a clear effect bought seeds it did not need. With the seeds at their bound the fraction lies
+    between the plan's (seeds dominate) and the measured one (images dominate). The plan's where no seed
+    mean square is read (one seed, v None)."""
+    plan = min(1.0, k * n / (max_seeds * max_images))
+    if v is None or k < 2 or n < 2:
+        return plan
+    bounded = Variance(seed_upper(v, k, n, FRACTION_QUANTILE if quantile is None else quantile), v.image, v.rest)
+    now = mean_variance(bounded, k, n)
+    if not now > 0:
+        return plan
+    return max(plan, min(1.0, mean_variance(bounded, max_seeds, max_images) / now))
 
 
 def projected_fraction(v: VarianceComponents, k: int, n: int, max_seeds: int, max_images: int) -> float:
@@ -200,37 +222,6 @@ class Look:
     reason: str
 
 
-OVERLAP_DF = 8.0  # nominal_level: below this many df a look's level is the alpha its fraction adds (Bonferroni)
-
-
-def nominal_level(ts: Sequence[float], alpha: float, spending: Spending, df: float | None) -> float:
-    """The two-sided nominal level of the last look of `ts` (usable fractions, _fractions_for): on the normal
-    scale (df None) the boundary's own (2 P(Z >= c_j)), which counts on the looks' overlap (Z_j and Z_i
-    correlated as sqrt(t_i/t_j)); on Student's t with df, moved toward the alpha the look's fraction adds,
-    spent(t_j) - spent(t_j-1), as the df fall, wholly so at OVERLAP_DF or fewer. Why: t statistics whose SEs
-    rest on a few seeds overlap much less than their Z's (an early crossing comes from an SE small by chance,
-    not from a large mean the later looks share), so the normal boundary's level, read off t at every look
-    (J&T 11.5), called 6.5% to 7.3% of null comparisons where seeds dominate, even on df k - 1 and the planned
-    fractions. The added alpha summed over the looks is alpha whatever their overlap (Bonferroni), so with
-    few df the error holds at alpha as far as each look's t holds its own level; with many df the
-    statistics are nearly normal and the boundary's level holds. OVERLAP_DF is where bench/decide_sim.py's
-    cells hold alpha with room: at 4 the seed-dominated cell called 5.2%."""
-    c = boundaries(ts, alpha, spending)[-1]
-    level = 2 * upper_tail(c) if math.isfinite(c) else 0.0
-    if df is None:
-        return level
-    added = spent(ts[-1], alpha, spending) - (spent(ts[-2], alpha, spending) if len(ts) > 1 else 0.0)
-    weight = max(0.0, 1.0 - OVERLAP_DF / df)
-    return added + (level - added) * weight
-
-
-def _t_upper_quantile(p: float, df: float) -> float:
-    """x with P(T >= x) = p for Student's t on df degrees of freedom."""
-    from scipy.special import stdtrit  # lazily: the API imports this module and must start fast
-
-    return float(stdtrit(df, 1 - p)) if p > 1e-15 else float(-stdtrit(df, p))
-
-
 def _fractions_for(fractions: Sequence[float], last: bool) -> tuple[float, ...]:
     """The recorded fractions made usable: each within (0, 1), above the one before (a look whose projected
     fraction fell, as re-estimated components can make it, spends next to nothing), and only the last look
@@ -252,7 +243,8 @@ def _fractions_for(fractions: Sequence[float], last: bool) -> tuple[float, ...]:
 def decide(estimate: float, se: float, df: float | None, fractions: Sequence[float], *, k: int, n: int,
            alpha: float = 0.05, direction: Direction = "lower", margin: float | None = None,
            last: bool = False, spending: Spending = "obf", error_rate: ErrorRate = "per-comparison",
-           futility: float = 0.0, futility_fraction: float | None = None) -> Look:  # fmt: skip
+           futility: float = 0.0, futility_fraction: float | None = None, seeds: Sequence[int] = (),
+           max_seeds: int | None = None) -> Look:  # fmt: skip
     """The decision at this look for one comparison (arm - comparator).
 
     `fractions`: the information fraction of every look so far, this one last (earlier ones as recorded at
@@ -263,7 +255,8 @@ def decide(estimate: float, se: float, df: float | None, fractions: Sequence[flo
     decided there is undecided. `futility` (0 = off): an open comparison whose conditional power at the
     budget, under its current trend, is below this is closed undecided (non-binding, J&T 10.6);
     `futility_fraction`: this look's fraction for that conditional power alone (projected_fraction), None:
-    the boundary's.
+    the boundary's. `seeds`: each look's seed count, as `fractions`, with `max_seeds`: the levels of few df
+    are the sequential t tests' (seed_limit_levels); without them, or with a look on one seed, Bonferroni's.
     """
     if not (se > 0 and math.isfinite(se) and math.isfinite(estimate)):
         raise ValueError(f"estimate and se must be finite and se > 0, got estimate={estimate}, se={se}")
@@ -271,8 +264,15 @@ def decide(estimate: float, se: float, df: float | None, fractions: Sequence[flo
     j = len(ts)
     c = boundaries(ts, alpha, spending)[-1]
     exact = df is None or not math.isfinite(df) or df <= 0
-    level = nominal_level(ts, alpha, spending, None if exact else float(df))  # type: ignore[arg-type]
-    crit = c if exact or not math.isfinite(c) else _t_upper_quantile(level / 2, float(df))  # type: ignore[arg-type]
+    # The sequential t tests' level where this look added seeds; a look that added only images (its seeds the
+    # look before's) tests the same seeds' t where they dominate, and keeps the alpha its fraction adds.
+    few_df = None
+    added_seeds = j == 1 or (len(seeds) == j and seeds[-1] != seeds[-2])
+    if max_seeds and len(seeds) == j and min(seeds) >= 2 and list(seeds) == sorted(seeds) and added_seeds:
+        distinct = tuple(sorted(set(seeds)))
+        few_df = seed_limit_levels(distinct, max(max_seeds, distinct[-1]), last, alpha, spending)[-1]
+    level = nominal_level(ts, alpha, spending, None if exact else float(df), few_df)  # type: ignore[arg-type]
+    crit = c if exact or not math.isfinite(c) else t_upper_quantile(level / 2, float(df))  # type: ignore[arg-type]
     half = crit * se
     low, high = estimate - half, estimate + half
     common = dict(look=j, fraction=ts[-1], alpha_spent=spent(ts[-1], alpha, spending), boundary=crit,
@@ -418,7 +418,7 @@ def expected_gpu_hours(seed_hours: Mapping[str, float], comparisons: Sequence[tu
                 score, had = state[p]
                 score += rng.normal(effect * (info - had), math.sqrt(info - had)) if info > had else 0.0
                 state[p] = (score, info)
-                history[p].append(information_fraction(k, n, max_seeds, max_images))
+                history[p].append(information_fraction(variance, k, n, max_seeds, max_images))
                 at_budget = k >= max_seeds and n >= max_images
                 if k < 2 and not borrowed and k < max_seeds:  # no seed variance to read: a second seed first
                     actions[p] = Action("seed", k + 1, n, 0.0, 0.0, 0.0, "a second seed")

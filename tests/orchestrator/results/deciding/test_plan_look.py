@@ -1,6 +1,6 @@
 """plan_look, the look as one pure function (issue 62): a comparison is first evaluated on every image the
 split allows, with no alpha spent, where that costs little beside a seed; then seeds are bought to the
-planned counts (2, 3, 5, 8), not one at a time; a cap refuses the work and closes what is open."""
+planned counts (2, 3, 4, 5, 6, 8), not one at a time; a cap refuses the work and closes what is open."""
 
 from __future__ import annotations
 
@@ -26,9 +26,9 @@ def state(k: int, n: int, asked: int | None, **kw: object) -> LookState:
 
 
 def test_the_planned_seed_counts() -> None:
-    assert planned_seeds(2, 8) == (2, 3, 5, 8)
+    assert planned_seeds(2, 8) == (2, 3, 4, 5, 6, 8)
     assert planned_seeds(1, 3) == (1, 2, 3)
-    assert planned_seeds(2, 16) == (2, 3, 5, 8, 13, 16)
+    assert planned_seeds(2, 16) == (2, 3, 4, 5, 6, 8, 10, 12, 15, 16)
 
 
 def test_the_split_is_evaluated_first_without_spending_alpha() -> None:
@@ -39,15 +39,17 @@ def test_the_split_is_evaluated_first_without_spending_alpha() -> None:
 
 
 def test_seeds_are_bought_to_the_next_planned_count() -> None:
-    plan = plan_look(state(3, 256, 256))
+    plan = plan_look(state(4, 256, 256))
     (c,) = plan.comparisons
-    assert (c.decision, c.action, len(c.fractions)) == ("open", "seed", 1)
+    assert (c.decision, c.action, len(c.fractions), c.seeds) == ("open", "seed", 1, [4])
     assert plan.work.images is None and dict(plan.work.seeds) == {"A": 5, "B": 5}
-    assert plan.work.hours == 2 * 2 * 3.2
+    assert plan.work.hours == 2 * 1 * 3.2
+    plan = plan_look(state(6, 256, 256))
+    assert dict(plan.work.seeds) == {"A": 8, "B": 8}  # 6, then 8
 
 
 def test_a_cap_refuses_the_work_and_closes_what_is_open() -> None:
-    plan = plan_look(state(3, 256, 256, max_gpu_hours=10.0))
+    plan = plan_look(state(3, 256, 256, max_gpu_hours=5.0))  # a seed of both arms: 6.4 GPU-h
     (c,) = plan.comparisons
     assert not plan.work.seeds and (c.decision, c.action) == ("undecided", None)
     assert "at the GPU-hours budget" in c.reason
