@@ -150,8 +150,7 @@ def decision_df(v: VarianceComponents, k: int, n: int, quantile: float = SEED_DF
     return total * total / spread if spread > 0 else math.inf
 
 
-def information_fraction(v: VarianceComponents | None, k: int, n: int, max_seeds: int, max_images: int,
-                         quantile: float | None = None) -> float:  # fmt: skip
+def information_fraction(v: VarianceComponents | None, k: int, n: int, max_seeds: int, max_images: int) -> float:
     """This look's information over the budget's, Var(budget) / Var(k, n), projected from the look's
     components with the seed part at its upper confidence bound (seed_upper), at most 1. Why the bound:
     the components are the same noisy estimate the SE rests on, and read as measured a look whose seed mean
@@ -166,7 +165,7 @@ def information_fraction(v: VarianceComponents | None, k: int, n: int, max_seeds
     plan = min(1.0, k * n / (max_seeds * max_images))
     if v is None or k < 2 or n < 2:
         return plan
-    bounded = Variance(seed_upper(v, k, n, FRACTION_QUANTILE if quantile is None else quantile), v.image, v.rest)
+    bounded = Variance(seed_upper(v, k, n, FRACTION_QUANTILE), v.image, v.rest)
     now = mean_variance(bounded, k, n)
     if not now > 0:
         return plan
