@@ -15,19 +15,16 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
-from model.spec import ArmSpec
 from orchestrator.db.models import EvaluationResult, Metric, Run
 from orchestrator.db.session import session_scope
 from orchestrator.runs.evaluation_record import refused_distribution
-from orchestrator.runs.ingest import ingest
 from orchestrator.runs.launcher import Launcher
-from orchestrator.runs.placement import run_dir
 from orchestrator.settings import Settings
 from tests.kit.launcher import launcher_settings_for
 from tests.kit.net import served
 from tests.kit.polling import wait_for
 from tests.kit.settings import AUTH, tiny_overrides
-from worker.train import train_arm
+from tests.kit.trained_runs import train_grid_runs
 
 HELD_OUT, SAMPLES, MORE, STEPS = 64, 32, 64, 10
 CLI_TOKEN = "distribution-test-token"
@@ -43,11 +40,7 @@ def grid(client: TestClient, settings: Settings) -> int:
                                            "seeds": 2}, headers=AUTH)  # fmt: skip
     assert resp.status_code == 201, resp.text
     grid_id = resp.json()["id"]
-    with session_scope(settings.database_url) as session:
-        for run in session.scalars(select(Run).where(Run.grid_id == grid_id)):
-            out = run_dir(settings, run.id)
-            ingest(session, run, list(train_arm(ArmSpec.model_validate(run.spec), out)), detect=False)
-            run.checkpoint_dir, run.state = str(out), "completed"
+    train_grid_runs(settings, grid_id)
     return grid_id
 
 

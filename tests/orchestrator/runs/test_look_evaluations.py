@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from model.spec import ArmSpec
-from orchestrator.db.models import Evaluation, EvaluationResult, Grid, Metric, Run
+from orchestrator.db.models import Evaluation, EvaluationResult, Grid, Metric
 from orchestrator.db.session import session_scope
 from orchestrator.grids.deciding import DecideSpec, evaluation_job_hours, measures_of
 from orchestrator.grids.evaluations import EVERY_METRIC, FLOW_METRICS, EvaluationCreate, create_evaluation
@@ -24,14 +24,12 @@ from orchestrator.results.deciding.budget import evaluation_hours
 from orchestrator.results.deciding.decider import action_costs, current_effects, look_state, queue_work
 from orchestrator.results.deciding.plan_look import Work
 from orchestrator.runs.evaluation_record import refused_rows
-from orchestrator.runs.ingest import ingest
 from orchestrator.runs.launcher import Launcher
-from orchestrator.runs.placement import run_dir
 from orchestrator.settings import Settings
 from tests.kit.launcher import launcher_settings_for
 from tests.kit.polling import wait_for
 from tests.kit.settings import tiny_overrides
-from worker.train import train_arm
+from tests.kit.trained_runs import train_grid_runs
 
 HELD_OUT, TRAINED_ON, STEPS = 16, 4, 20
 LPIPS_KEYS = ("recon_lpips", "text_lpips", "text_manip_delta")
@@ -45,11 +43,7 @@ def grid(settings: Settings) -> int:
     with session_scope(settings.database_url) as session:
         grid_id = create_grid(session, GridCreate(name="looks", arms=["A", "B"], overrides=overrides,
                                                   decide=decide)).id  # fmt: skip
-    with session_scope(settings.database_url) as session:
-        for run in session.scalars(select(Run).where(Run.grid_id == grid_id)):
-            out = run_dir(settings, run.id)
-            ingest(session, run, list(train_arm(ArmSpec.model_validate(run.spec), out)), detect=False)
-            run.checkpoint_dir, run.state = str(out), "completed"
+    train_grid_runs(settings, grid_id)
     return grid_id
 
 
