@@ -73,7 +73,7 @@ class GridCreated(BaseModel):
     # The night plan over the known nodes (orchestrator/grids/night.py); None: no node's GPUs are known.
     plan: PlanPublic | None = None
     # A deciding grid (`decide`): every comparison open to the budget, and the expected GPU-hours
-    # (orchestrator/results/deciding/decisions.py decide_cost); None for a grid with fixed seeds or a command arm.
+    # (orchestrator/results/deciding/submit_cost.py decide_cost); None for a grid with fixed seeds or a command arm.
     worst_case_gpu_hours: float | None = None
     expected_gpu_hours: float | None = None
     # What was accepted but will not do what was asked, in words: a decided metric whose extractor weights are

@@ -113,7 +113,7 @@ def submit(
     # Checked here first so a bad spec fails at once, with its path, even without a server.
     data, body, resolved = resolved_grid_file(grid_file, seeds)
     if body.decide is not None:  # a deciding grid: its worst case and expected GPU-hours
-        from orchestrator.results.deciding.decisions import decide_cost
+        from orchestrator.results.deciding.submit_cost import decide_cost
 
         typer.echo(f"submitting {decide_cost(resolved, body.control, body.decide).words}", err=True)
     elif body.seeds > 1:  # what replicates cost, said before anything is queued

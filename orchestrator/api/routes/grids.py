@@ -18,7 +18,7 @@ from orchestrator.grids.replicates import grid_cost
 from orchestrator.grids.service import PathPolicy, create_grid, gpu_memory_cap_gib, latest_metrics
 from orchestrator.grids.standin_decisions import decided_standin_warnings
 from orchestrator.grids.stopping import stop_grid
-from orchestrator.results.deciding.decisions import decide_cost
+from orchestrator.results.deciding.submit_cost import decide_cost
 from orchestrator.web.deps import AUTH_RESPONSES, MAX_ID, AuthDep, SessionDep, SettingsDep, get_or_404
 
 router = APIRouter(prefix="/api/grids", tags=["grids"])

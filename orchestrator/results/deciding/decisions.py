@@ -17,9 +17,7 @@ from sqlalchemy.orm import Session
 
 from model.spec import ArmSpec
 from orchestrator.db.models import DecisionLook, Grid
-from orchestrator.grids import deciding
-from orchestrator.grids.deciding import DecideSpec, decide_of, family_size, submitted_pairs, with_budget
-from orchestrator.grids.projection import project
+from orchestrator.grids.deciding import DecideSpec, decide_of, family_size
 from orchestrator.numbers import finite_or_none, json_safe, readable
 from orchestrator.results.deciding.budget import budget_of, spent_gpu_hours
 from orchestrator.results.reports.model import Effect
@@ -213,73 +211,8 @@ def decision_json(session: Session, grid: Grid) -> dict | None:
     return state.model_dump(mode="json") if state is not None else None
 
 
-class DecideCost(BaseModel):
-    """What a deciding grid may cost, projected at submit: the worst case, every comparison open to the
-    budget (grids/deciding.py worst_case_gpu_hours: its arms at max_seeds, their evaluations included), the
-    default of decide.max_gpu_hours; and the expected GPU-hours, runs and evaluation jobs priced as the worst
-    case prices them (results/deciding/sequential.py, its
-    simulated grids with the measured headline's noise and no true effect: the longest case); None where a
-    command arm cannot be projected. `budget`: the decide as stored, its caps filled in."""
-
-    worst_case_gpu_hours: float | None
-    expected_gpu_hours: float | None
-    words: str
-    budget: DecideSpec | None = None
-
-
 def futility_of(decide: DecideSpec) -> float:
     """The grid's futility bound: its own, else the maths' default (results/deciding/sequential.py FUTILITY)."""
     from orchestrator.results.deciding import sequential
 
     return sequential.FUTILITY if decide.futility is None else decide.futility
-
-
-def budget_words(budget: DecideSpec) -> str:
-    """The caps no look goes past, in words."""
-    hours = f"{budget.max_gpu_hours:,.4g} GPU-hours" if budget.max_gpu_hours is not None else "no GPU-hours cap"
-    return (f"no look queues work past {hours} (decide.max_gpu_hours), {budget.max_looks} looks or "
-            f"{budget.max_evaluations} evaluations")  # fmt: skip
-
-
-def run_hours(spec: ArmSpec) -> float | None:
-    """One run as the worst case prices it (grids/deciding.py worst_case_gpu_hours): its training and its
-    fixed cost (start, checkpoint evaluations); None for a command arm."""
-    run = project(spec, deciding.ESTIMATE)
-    return run.hours + run.fixed_hours if run.hours is not None else None
-
-
-def decide_cost(arms: list[tuple[str, ArmSpec]], control: str | None, decide: DecideSpec) -> DecideCost:
-    from orchestrator.results.deciding import sequential
-
-    hours = {label: run_hours(spec) for label, spec in arms}
-    pairs = submitted_pairs(arms, control)
-    budget = with_budget(decide, arms, control)
-    images = min((min(s.eval.num_samples, s.data.held_out) for _, s in arms), default=1) or 1
-    max_images = max(decide.max_images or min((s.data.held_out for _, s in arms), default=images), images)
-    m = family_size(arms, control, decide)
-    head = (f"deciding: {len(arms)} arms, {len(pairs)} comparisons, {decide.min_seeds} to {decide.max_seeds} "
-            f"seeds at {rate_words(decide, m)}")  # fmt: skip
-    if any(h is None for h in hours.values()) or not pairs:
-        return DecideCost(worst_case_gpu_hours=None, expected_gpu_hours=None, budget=budget,
-                          words=f"{head}: GPU-hours not projected (command arms, or no comparison); "
-                                f"{budget_words(budget)}")  # fmt: skip
-    known = {a: float(h) for a, h in hours.items() if h is not None}
-    common = dict(max_seeds=decide.max_seeds, max_images=max_images, image_hours=0.0)
-    worst = deciding.worst_case_gpu_hours(arms, control, decide)
-    # The simulation's time grows with comparisons x studies: about 2,000 of them (a second or two), so a
-    # submit of many arms answers as fast as A-D's (400 studies); fewer studies only widen its noise.
-    studies = min(400, max(40, 2000 // len(pairs)))
-    specs, measured = dict(arms), deciding.measures_of(decide)
-
-    def job_hours(arm: str, n: int) -> float:
-        return deciding.evaluation_job_hours(specs[arm], n, measured)
-
-    expected = sequential.expected_gpu_hours(known, pairs, min_seeds=decide.min_seeds, images=images,
-                                             alpha=comparison_alpha_of(decide, m), futility=futility_of(decide),
-                                             studies=studies, borrowed=bool(decide.borrow_from),
-                                             job_hours=job_hours,
-                                             **common)  # fmt: skip
-    words = (f"{head}: worst case {worst:,.4g} GPU-hours (every comparison open to the budget, its evaluations "
-             f"included), expected {expected:,.4g} (its evaluations included; projected at an H100's measured "
-             f"rate); {budget_words(budget)}")  # fmt: skip
-    return DecideCost(worst_case_gpu_hours=worst, expected_gpu_hours=expected, words=words, budget=budget)

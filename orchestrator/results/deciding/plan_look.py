@@ -2,7 +2,8 @@
 reading, each arm's seeds, the images asked and measured, the spend and the budget) and returns each
 comparison's decision and the work to queue. results/deciding/decider.py `take_look` only gathers that
 state from the database and queues the work; bench/decide_sim.py calls `plan_look` on simulated studies,
-so the simulation measures the product's own rule.
+so the simulation measures the product's own rule, and so does the submit answer's expected GPU-hours
+(expected.py).
 
 Where the looks fall (issue 62): at seed size an evaluation of a run on the split's images costs a few
 percent of training it (a look's evaluation of the flow loss alone, far less), so a comparison is first

@@ -41,7 +41,8 @@ A grid uses it wave by wave: for each open comparison, the crossed interval of i
 `decide(mean, se, decision_df(components, k, n), fractions, k=k, n=n, last=<at max_seeds and max_images>,
 futility=FUTILITY, direction=<the judged metric's>)`; for each still open, `choose_action`; `plan_wave` over
 them says which arms get a seed and which runs are evaluated on more images (arms absent get nothing).
-`worst_case_gpu_hours` and `expected_gpu_hours` answer a submit.
+`worst_case_gpu_hours` answers a submit, with expected.py `expected_gpu_hours` (simulated grids taken
+through plan_look.py `plan_look`, the rule grids run).
 
 Libraries considered (on the package index, 2026-11):
 - gsdesign 0.1.5 (MIT, numpy only): a port of R gsDesign's three integration primitives (gridpts, h1,
@@ -58,12 +59,10 @@ values (tests/orchestrator/results/deciding/test_sequential.py).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Literal, Protocol
-
-import numpy as np
 
 from orchestrator.results.deciding.levels import nominal_level, seed_limit_levels, t_upper_quantile
 from orchestrator.results.deciding.spending import Spending, boundaries, conditional_power, spent
@@ -383,62 +382,3 @@ def worst_case_gpu_hours(seed_hours: Mapping[str, float], comparisons: Sequence[
     evaluated on max_images images."""
     arms = {arm for pair in comparisons for arm in pair}
     return sum(max_seeds * (seed_hours[a] + max_images * image_hours) for a in arms)
-
-
-def expected_gpu_hours(seed_hours: Mapping[str, float], comparisons: Sequence[tuple[str, str]], *,
-                       min_seeds: int, max_seeds: int, images: int, max_images: int, image_hours: float,
-                       alpha: float = 0.05, futility: float = 0.0, variance: VarianceComponents = MEASURED,
-                       effect: float = 0.0, studies: int = 200, seed: int = 0, borrowed: bool = False,
-                       job_hours: Callable[[str, int], float] | None = None) -> float:  # fmt: skip
-    """The mean GPU-hours over `studies` simulated grids (numpy, well under a second): every comparison's
-    mean drawn with `variance` (the measured headline's by default) and true `effect` (0: no arm differs),
-    decided (on decision_df of the given components) and acted on by the functions above; comparisons draw
-    independently (arms shared for cost only). The SE is taken as known (the variance's own draw is left
-    out), so this approximates what bench/decide_sim.py measures with the variance estimated as a grid
-    does (docs/benchmarks.md, issue 50). `borrowed`: the grid borrows its arms' seed variance from earlier
-    grids (results/deciding/borrowed.py), so a comparison on one seed is read; else one seed is open until a second.
-    `job_hours(arm, n)`: one evaluation job of a run of `arm` on n images, counted as the worst case counts
-    them (grids/deciding.py): every run of an arm at each images action, and a catch-up of each seed added
-    after one; None: evaluations priced by `image_hours` alone."""
-    rng = np.random.default_rng(seed)
-    pairs = list(comparisons)
-    total = 0.0
-    for _ in range(studies):
-        seeds = {a: min_seeds for pair in pairs for a in pair}
-        evaluated = dict.fromkeys(seeds, images)
-        history: dict[tuple[str, str], list[float]] = {p: [] for p in pairs}
-        state = {p: (0.0, 0.0) for p in pairs}  # (sum of increments on the information scale, information)
-        open_ = set(pairs)
-        while open_:
-            actions = {}
-            for p in sorted(open_):
-                k, n = min(seeds[p[0]], seeds[p[1]]), min(evaluated[p[0]], evaluated[p[1]])
-                info = 1 / mean_variance(variance, k, n)
-                score, had = state[p]
-                score += rng.normal(effect * (info - had), math.sqrt(info - had)) if info > had else 0.0
-                state[p] = (score, info)
-                history[p].append(information_fraction(variance, k, n, max_seeds, max_images))
-                at_budget = k >= max_seeds and n >= max_images
-                if k < 2 and not borrowed and k < max_seeds:  # no seed variance to read: a second seed first
-                    actions[p] = Action("seed", k + 1, n, 0.0, 0.0, 0.0, "a second seed")
-                    continue
-                df = decision_df(variance, k, n) if k > 1 else None  # the df the decision would read
-                look = decide(score / info, 1 / math.sqrt(info), df, history[p], k=k, n=n, alpha=alpha,
-                              last=at_budget, futility=futility,
-                              futility_fraction=projected_fraction(variance, k, n, max_seeds, max_images))  # fmt: skip
-                if look.decision != Verdict.OPEN:
-                    open_.discard(p)
-                    continue
-                actions[p] = choose_action(variance, k, n, Costs(seed_hours[p[0]], seed_hours[p[1]], image_hours),
-                                           max_seeds=max_seeds, max_images=max_images)  # fmt: skip
-            wave = plan_wave(actions)
-            for arm, k in wave.seeds.items():
-                if job_hours is not None and evaluated[arm] > images and k > seeds[arm]:  # their catch-up
-                    total += (k - seeds[arm]) * job_hours(arm, evaluated[arm])
-                seeds[arm] = max(seeds[arm], k)
-            for arm, n in wave.images.items():
-                if job_hours is not None and n > evaluated[arm]:  # every run of the arm evaluated on n images
-                    total += seeds[arm] * job_hours(arm, n)
-                evaluated[arm] = max(evaluated[arm], n)
-        total += sum(seeds[a] * (seed_hours[a] + evaluated[a] * image_hours) for a in seeds)
-    return total / studies
