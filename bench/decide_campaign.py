@@ -107,7 +107,7 @@ def follow_up(values: dict[str, np.ndarray], lenders: Lenders, design: Design, t
     """One deciding grid of the campaign (decide_sim's study, read with the campaign's borrowed variances);
     returns each arm's seeds and images at its end."""
 
-    def read_pair(diff: np.ndarray, p: tuple[str, str]) -> TableReading:
+    def read_pair(diff: np.ndarray, p: tuple[str, str], runs: object = None) -> TableReading:  # borrows: runs unread
         n = diff.shape[1]
         r = reading(diff, difference_of(lent(lenders, p[0], n), lent(lenders, p[1], n)), design, tally)
         if r is None:  # one seed, nothing to borrow: the decider takes a seed ("no interval across seeds")

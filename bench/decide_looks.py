@@ -1,7 +1,8 @@
 """A simulated deciding grid taken look by look through the product's own rule: orchestrator/results/deciding/
 plan_look.py `plan_look`, the function results/deciding/decider.py `take_look` calls. Each look reads every
 comparison's seeds x images table of differences (a `read` function of the caller: the report's crossed
-interval, or as a grid that borrows reads it), hands plan_look the arms' seeds, the images evaluated and
+interval, unpaired where the arms' seeds share no effect, or as a grid that borrows reads it; it also gets
+every arm's runs' values by seed), hands plan_look the arms' seeds, the images evaluated and
 what a seed and an image cost, and does the work it returns: an evaluation of every run on more images, or
 each arm's seeds raised to their planned count. bench/decide_sim.py and bench/decide_vs_adastop.py run
 their studies through `grid_study`, so what they measure is what a grid does.
@@ -24,6 +25,7 @@ from orchestrator.results.reports.crossed import Components, CrossedInterval
 from orchestrator.results.reports.stats import t_quantile
 
 Pair = tuple[str, str]
+Runs = Mapping[str, Mapping[int, float]]  # each arm's runs' values by seed, on the look's images
 
 
 def table_components(diff: np.ndarray) -> Components:
@@ -76,7 +78,7 @@ def againsts(pairs: Sequence[Pair]) -> dict[Pair, str]:
 
 
 def grid_study(values: Mapping[str, np.ndarray], pairs: Sequence[Pair], spec: DecideSpec,
-               read: Callable[[np.ndarray, Pair], TableReading], seed_hours: Mapping[str, float],
+               read: Callable[[np.ndarray, Pair, Runs], TableReading], seed_hours: Mapping[str, float],
                image_hours: float, *, min_seeds: Mapping[str, int] | None = None,
                images: int = 64, max_images: int = 256) -> GridOutcome:  # fmt: skip
     """One grid over the study's `values` (each arm's seeds x images table) decided at `spec` (its alpha the
@@ -92,12 +94,14 @@ def grid_study(values: Mapping[str, np.ndarray], pairs: Sequence[Pair], spec: De
     while True:
         look += 1
         readings = []
+        # each arm's runs by seed, valued on the images now (what decider.py reads a grid's own runs at)
+        runs = {a: dict(enumerate(values[a][: seeds[a], :n_now].mean(axis=1).tolist())) for a in arms}
         for p in pairs:
             k = min(seeds[p[0]], seeds[p[1]])
             key = (p[0], HEADLINE, against[p])
             closed = key in previous and previous[key].decision != "open"
             r = (TableReading(0.0, None, None, None) if closed
-                 else read(values[p[0]][:k, :n_now] - values[p[1]][:k, :n_now], p))  # fmt: skip
+                 else read(values[p[0]][:k, :n_now] - values[p[1]][:k, :n_now], p, runs))  # fmt: skip
             readings.append(Reading(arm=p[0], against=key[2], other_arm=p[1], metric=HEADLINE, diff=r.mean,  # type: ignore[arg-type]
                                     low=None, high=None, k=k, n=n_now, se=r.se, df=r.df, variance=r.variance,
                                     costs=Costs(seed_hours[p[0]], seed_hours[p[1]], image_hours)))  # fmt: skip

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from bench.decide_looks import TableReading, grid_study, table_interval
+from bench.decide_looks import Runs, TableReading, grid_study, table_interval
 from bench.equal_power import FIXED_SEEDS as FIXED_DESIGN_SEEDS
 from bench.equal_power import SE_UNITS, equal_power, fixed_designs, se_unit
 from orchestrator.grids.deciding import DecideSpec
@@ -63,6 +63,7 @@ from orchestrator.results.deciding.sequential import (
     decision_df,
     mean_variance,
 )
+from orchestrator.results.deciding.unpaired import unpaired_look
 
 ARMS = ("A", "B", "C", "D")
 COMPARISONS = (("B", "A"), ("C", "B"), ("C", "A"), ("D", "C"), ("D", "A"))
@@ -187,14 +188,21 @@ class Reading:
     variance: Variance  # what the fraction and the action are projected from
 
 
-def read(diff: np.ndarray, design: Design, prior_seed: float) -> Reading:
+def read(diff: np.ndarray, design: Design, prior_seed: float, pair: tuple[str, str] | None = None,
+         runs: Runs | None = None) -> Reading:  # fmt: skip
     """A comparison's k x n differences read for a decision: the report's crossed interval with
-    decision_df; with --borrow, the seed variance pooled with a prior (an earlier grid's measurement of
-    these arms, on design.borrow_df df), which also reads one seed (k = 1: the report has no interval)."""
+    decision_df, or unpaired where the arms' `runs` show no seed effect shared across arms, as the decider
+    reads them (results/deciding/unpaired.py); with --borrow, the seed variance pooled with a prior (an
+    earlier grid's measurement of these arms, on design.borrow_df df), which also reads one seed (k = 1:
+    the report has no interval)."""
     k, n = diff.shape
     if design.borrow_df <= 0:
         ci = table_interval(diff)
         comp = ci.components
+        images = crossed_parts(comp.seed, comp.image, comp.rest, k, n)[1]
+        apart = None if runs is None or pair is None else unpaired_look(runs, pair[0], pair[1], k, n, images)
+        if apart is not None:
+            return Reading(ci.mean, apart[0].se, apart[0].df, apart[1])
         return Reading(ci.mean, ci.se, decision_df(comp, k, n, design.seed_df_quantile),
                        Variance(comp.seed, comp.image, comp.rest))  # fmt: skip
     df0 = design.borrow_df
@@ -243,10 +251,13 @@ def decide_spec(design: Design, alpha: float = ALPHA) -> DecideSpec:
 def reader(design: Design, prior_seed: float, earlier: dict[str, SeedVariance] | None):  # noqa: ANN201
     """The study's `read` for grid_study: the report's crossed interval (read), or as a grid that borrows."""
 
-    def read_pair(diff: np.ndarray, pair: tuple[str, str]) -> TableReading:
+    def read_pair(diff: np.ndarray, pair: tuple[str, str], runs: Runs | None = None) -> TableReading:
         if earlier is None and design.borrow_df <= 0 and diff.shape[0] < 2:  # one seed, nothing borrowed
             return TableReading(float(diff.mean()), None, None, None)
-        r = read(diff, design, prior_seed) if earlier is None else read_borrowed(diff, pair, earlier, design)
+        if earlier is not None:
+            r = read_borrowed(diff, pair, earlier, design)
+        else:
+            r = read(diff, design, prior_seed, pair, runs)
         return TableReading(r.mean, r.se, r.df, r.variance)
 
     return read_pair

@@ -199,17 +199,25 @@ def borrowed_reading(own: SeedVariance | None, images: SeedVariance, k: int, ear
     estimated), as sequential.decision_df does and for its reason; the SE is not changed. `floor`: the
     least share of `images` a borrowed variance must reach (floor_refusal; the decider's SPREAD_FLOOR, 0:
     none). A refused one on one seed raises RefusedBorrow."""
-    from scipy.special import chdtri  # lazily: the API imports this module and must start fast
-
     if k < 1 or not (images.value >= 0 and math.isfinite(images.value)):
         raise ValueError(f"k must be >= 1 and the images' part finite and >= 0, got k={k}, {images}")
     refusal = floor_refusal(earlier, images, floor) if earlier is not None else None
     seeds = seed_reading(own, earlier, check, refusal)
-    seed_term, seed_df = seeds.variance.value / k, seeds.variance.df
+    se, df = seed_se_df(seeds.variance, images, k, df_quantile)
+    return BorrowedReading(se=se, df=df, seeds=seeds)
+
+
+def seed_se_df(seeds: SeedVariance, images: SeedVariance, k: int, df_quantile: float) -> tuple[float, float]:
+    """The grand mean difference's SE and df from its seed part (a paired difference's seed variance on its
+    df) over k seeds and its images' part: Satterthwaite's df with the seed term at its upper confidence
+    bound (df_quantile; 0: as estimated); the SE is not changed."""
+    from scipy.special import chdtri  # lazily: the API imports this module and must start fast
+
+    seed_term, seed_df = seeds.value / k, seeds.df
     var = seed_term + images.value
     if df_quantile > 0 and math.isfinite(seed_df):
         seed_term *= seed_df / float(chdtri(seed_df, 1 - df_quantile))
     terms = [(seed_term, seed_df), (images.value, images.df)]
     total = sum(t for t, _ in terms)
     spread = sum(t * t / df for t, df in terms if df > 0 and math.isfinite(df))
-    return BorrowedReading(se=math.sqrt(var), df=total * total / spread if spread > 0 else math.inf, seeds=seeds)
+    return math.sqrt(var), total * total / spread if spread > 0 else math.inf

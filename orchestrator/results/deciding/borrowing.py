@@ -284,3 +284,19 @@ def earlier_spreads(session: Session, grid: Grid, metrics: Sequence[str]) -> Ear
     return EarlierSpreads(arms={m: {arm: v for arm, v in found.items() if v is not None} for m, found in arms.items()},
                           pairs={m: {p: v for p, v in found.items() if v is not None} for m, found in pairs.items()},
                           matched=matched_pairs(grid))  # fmt: skip
+
+
+def own_runs(session: Session, grid: Grid, metrics: Sequence[str]) -> dict[str, dict[str, dict[int, float]]]:
+    """Per metric, the grid's own completed runs' values (as run_values reads them: the largest completed
+    evaluation's, else the last record) by arm and seed, for reading a comparison unpaired
+    (results/deciding/unpaired.py). Trust is not asked: the grid's own effects rest on the same values."""
+    by_id = {r.id: r for r in grid.runs}
+    out: dict[str, dict[str, dict[int, float]]] = {}
+    for metric, values in run_values(session, grid, metrics, set()).items():
+        arms: dict[str, dict[int, float]] = {}
+        for v in values:
+            run = by_id[v.run_id]
+            arms.setdefault(run.arm, {})[run.seed] = v.value
+        out[metric] = arms
+    return out
+

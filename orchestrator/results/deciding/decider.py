@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from sqlalchemy import exists, select
 from sqlalchemy.exc import IntegrityError
@@ -62,7 +62,7 @@ from orchestrator.results.deciding.borrowed import (
     crossed_parts,
     floor_refusal,
 )
-from orchestrator.results.deciding.borrowing import earlier_spreads
+from orchestrator.results.deciding.borrowing import earlier_spreads, own_runs
 from orchestrator.results.deciding.budget import (
     budget_of,
     evaluation_hours,
@@ -80,6 +80,7 @@ from orchestrator.results.deciding.decisions import (
     look_comparisons,
 )
 from orchestrator.results.deciding.plan_look import LookState, Reading, Work, judge, plan_look, plan_work
+from orchestrator.results.deciding.unpaired import unpaired_look
 from orchestrator.results.evaluations import distribution_evaluations, largest_evaluation
 from orchestrator.results.pass_listener import PassListener
 from orchestrator.results.reports.build import grid_effects_now
@@ -216,12 +217,15 @@ def not_borrowed(e: Effect, earlier: SeedVariance | None) -> str:
 
 
 def reading_of(e: Effect, decide: DecideSpec, earlier: SeedVariance | None = None,
-               jobs: Sequence[tuple[float, int]] = (), share: float = 1.0) -> Reading:  # fmt: skip
+               jobs: Sequence[tuple[float, int]] = (), share: float = 1.0,
+               runs: Mapping[str, Mapping[int, float]] | None = None) -> Reading:  # fmt: skip
     """The comparison as a look reads it (plan_look.py `Reading`): with its arms' seed variance from earlier
     grids (decide.borrow_from), pooled with its own seeds' (or alone, on one seed), where there is one;
-    else crossed, on the maths' decision df (the seed mean square at its upper bound, so a draw of seeds that
-    happens to agree does not also buy many df), or the report's own df. `jobs`: the grid's evaluation jobs
-    so far, pricing the images action (action_costs, at `share` of training's image)."""
+    else unpaired where the grid's `runs` (each arm's values by seed) show no seed effect shared across
+    arms (unpaired.py: each arm's own spread, up to twice the df); else crossed, on the maths' decision df
+    (the seed mean square at its upper bound, so a draw of seeds that happens to agree does not also buy
+    many df), or the report's own df. `jobs`: the grid's evaluation jobs so far, pricing the images action
+    (action_costs, at `share` of training's image)."""
     common = dict(arm=e.arm, against=e.against, other_arm=e.other_arm, metric=e.metric, diff=e.diff, low=e.low,
                   high=e.high, k=e.k, n=e.n, standin=e.standin, costs=action_costs(e, jobs, share))  # fmt: skip
     borrowed = borrowed_look(e, earlier, decide.check) if earlier is not None and not e.standin else None
@@ -230,9 +234,15 @@ def reading_of(e: Effect, decide: DecideSpec, earlier: SeedVariance | None = Non
         return Reading(**common, se=r.se, df=r.df, variance=v, note=f"; seed variance: {r.seeds.note}")  # type: ignore[arg-type]
     if e.se is None or not e.se > 0 or e.k < 2:  # no interval across seeds
         return Reading(**common, se=None, df=None, variance=None, note=not_borrowed(e, earlier))  # type: ignore[arg-type]
+    inputs = borrowed_inputs(e) if runs is not None and not e.standin and e.k >= 2 else None
+    apart = unpaired_look(runs, e.arm, e.other_arm, e.k, e.n or 1, inputs[1]) if runs and inputs else None
+    if apart is not None:
+        r, v = apart
+        return Reading(**common, se=r.se, df=r.df, variance=v, note=r.note)  # type: ignore[arg-type]
     v = components_of(e)
     df = sequential.decision_df(v, e.k, e.n or 1) if e.budget is not None else e.df
     return Reading(**common, se=e.se, df=df, variance=v)  # type: ignore[arg-type]
+
 
 
 def judge_comparison(e: Effect, decide: DecideSpec, look: int, max_images: int, at_seeds: bool, at_images: bool,
@@ -269,10 +279,12 @@ def look_state(session: Session, grid: Grid) -> LookState:
     jobs = evaluation_jobs(session, grid, measures)  # the starts of evaluations measuring the same
     share = _image_share(grid, measures)
     effects = [e for e in current_effects(session, grid) if e.metric in decide.margin]
+    # The grid's own runs by arm and seed, where it borrows nothing: a comparison may read them unpaired.
+    own = own_runs(session, grid, list(decide.margin)) if not decide.borrow_from else {}
     readings = []
     for e in effects:
         borrowed = earlier.difference(e.metric, e.arm, e.other_arm) if earlier is not None else None
-        readings.append(reading_of(e, judged, borrowed, jobs, share))
+        readings.append(reading_of(e, judged, borrowed, jobs, share, own.get(e.metric)))
     readable, short = readable_images(images, max((e.n or 0 for e in effects), default=0), max_images)
     first = {r.arm: r for r in grid.runs if r.seed == 0}
     start = evaluation_hours(session, grid, 0)
