@@ -2,7 +2,8 @@
 studies of arms A-D with the lineage comparisons (B-A, C-B, C-A, D-C, D-A), each decided look by look
 through the product's own rule, orchestrator/results/deciding/plan_look.py `plan_look` (bench/decide_looks.py):
 every arm starts with min_seeds seeds scored on 64 images; each look reads every open comparison by the
-report's crossed interval (orchestrator/results/reports/crossed.py) and does the work plan_look returns.
+report's crossed interval (orchestrator/results/reports/crossed.py), or unpaired where the arms' runs share no
+seed effect (results/deciding/unpaired.py, as the decider), and does the work plan_look returns.
 
 Each arm's value on seed s and image i is mean + seed_s + image_i + rest_si (normal, per arm), so a
 comparison's table of paired differences has the difference's components: seed SD (each arm seed_sd/sqrt 2),
@@ -190,17 +191,16 @@ class Reading:
 
 def read(diff: np.ndarray, design: Design, prior_seed: float, pair: tuple[str, str] | None = None,
          runs: Runs | None = None) -> Reading:  # fmt: skip
-    """A comparison's k x n differences read for a decision: the report's crossed interval with
-    decision_df, or unpaired where the arms' `runs` show no seed effect shared across arms, as the decider
-    reads them (results/deciding/unpaired.py); with --borrow, the seed variance pooled with a prior (an
-    earlier grid's measurement of these arms, on design.borrow_df df), which also reads one seed (k = 1:
-    the report has no interval)."""
+    """A comparison's k x n differences read for a decision: the report's crossed interval with decision_df,
+    or unpaired where the arms' `runs` share no seed effect, as the decider reads them (unpaired.py); with
+    --borrow, the seed variance pooled with a prior (an earlier grid's measurement of these arms, on
+    design.borrow_df df), which also reads one seed (k = 1: the report has no interval)."""
     k, n = diff.shape
     if design.borrow_df <= 0:
         ci = table_interval(diff)
         comp = ci.components
         images = crossed_parts(comp.seed, comp.image, comp.rest, k, n)[1]
-        apart = None if runs is None or pair is None else unpaired_look(runs, pair[0], pair[1], k, n, images)
+        apart = unpaired_look(runs, *pair, k, n, images) if runs and pair else None
         if apart is not None:
             return Reading(ci.mean, apart[0].se, apart[0].df, apart[1])
         return Reading(ci.mean, ci.se, decision_df(comp, k, n, design.seed_df_quantile),
@@ -221,8 +221,7 @@ def read(diff: np.ndarray, design: Design, prior_seed: float, pair: tuple[str, s
     return Reading(float(diff.mean()), math.sqrt(var), var * var / spread if spread > 0 else math.inf, v)
 
 
-def read_borrowed(diff: np.ndarray, pair: tuple[str, str], earlier: dict[str, SeedVariance],
-                  design: Design) -> Reading:  # fmt: skip
+def read_borrowed(diff: np.ndarray, pair: tuple[str, str], earlier: dict[str, SeedVariance], design: Design) -> Reading:
     """The comparison's k x n differences read as a grid that borrows reads them (results/deciding/borrowed.py):
     the table's own seed mean square pooled with the earlier grid's per-arm variances (k = 1: those alone)."""
     return borrowed_of(diff, difference_of(earlier[pair[0]], earlier[pair[1]]), design)
@@ -254,10 +253,7 @@ def reader(design: Design, prior_seed: float, earlier: dict[str, SeedVariance] |
     def read_pair(diff: np.ndarray, pair: tuple[str, str], runs: Runs | None = None) -> TableReading:
         if earlier is None and design.borrow_df <= 0 and diff.shape[0] < 2:  # one seed, nothing borrowed
             return TableReading(float(diff.mean()), None, None, None)
-        if earlier is not None:
-            r = read_borrowed(diff, pair, earlier, design)
-        else:
-            r = read(diff, design, prior_seed, pair, runs)
+        r = read_borrowed(diff, pair, earlier, design) if earlier else read(diff, design, prior_seed, pair, runs)
         return TableReading(r.mean, r.se, r.df, r.variance)
 
     return read_pair
@@ -360,8 +356,8 @@ def main() -> None:
     ap.add_argument("--max-seeds", type=int, default=Design.max_seeds)
     ap.add_argument("--min-seeds", type=int, default=Design.min_seeds)
     ap.add_argument("--images", type=int, default=Design.images, help="the images every run is evaluated on first")
-    ap.add_argument("--earlier", type=int, default=0, metavar="K0",
-                    help="each arm's seed variance pooled with an earlier grid's of it on K0 seeds (borrowed.py)")
+    ap.add_argument("--earlier", type=int, default=0, metavar="K0", help="each arm's seed variance pooled "
+                    "with an earlier grid's of it on K0 seeds (borrowed.py)")
     ap.add_argument("--earlier-spread", type=float, help="arm D's seed SD in that earlier grid (default: as now)")
     ap.add_argument("--check", type=float, default=CHECK, help="the per-arm check's level")
     ap.add_argument("--image-seconds", type=float, default=IMAGE_HOURS * 3600,
@@ -369,22 +365,15 @@ def main() -> None:
                          "with the eval defaults' LPIPS sampling, docs/benchmarks.md)")
     ap.add_argument("--futility", type=float, default=Design.futility)
     ap.add_argument("--seed-df-quantile", type=float, default=Design.seed_df_quantile)
-    ap.add_argument(
-        "--borrow",
-        type=float,
-        default=0.0,
-        metavar="DF",
-        help="the stretch: one seed of B-D, the seed variance borrowed from an earlier grid on DF df",
-    )
+    ap.add_argument("--borrow", type=float, default=0.0, metavar="DF",
+                    help="the stretch: one seed of B-D, the seed variance borrowed from an earlier grid on DF df")
     ap.add_argument("--variant", action="append", choices=VARIANTS,
                     help="run only this variant of the spec (repeatable; default: every one)")
     args = ap.parse_args()
     studies = args.studies or (1000 if args.quick else 10_000)
-    base = Design(
-        min_seeds=args.min_seeds, max_seeds=args.max_seeds, images=args.images, futility=args.futility,
-        seed_df_quantile=args.seed_df_quantile, borrow_df=args.borrow, earlier_seeds=args.earlier,
-        earlier_spread=args.earlier_spread, check=args.check, image_hours=args.image_seconds / 3600,
-    )  # fmt: skip
+    base = Design(min_seeds=args.min_seeds, max_seeds=args.max_seeds, images=args.images, futility=args.futility,
+                  seed_df_quantile=args.seed_df_quantile, borrow_df=args.borrow, earlier_seeds=args.earlier,
+                  earlier_spread=args.earlier_spread, check=args.check, image_hours=args.image_seconds / 3600)
     variants = tuple(args.variant or VARIANTS)
     start = time.monotonic()
     chunk = 250  # studies a job: each (cell, chunk) has its own RNG seed, so the table is the same however many workers
