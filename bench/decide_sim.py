@@ -424,8 +424,8 @@ def main() -> None:
     hours = max(headline_hours, default=math.nan)
     powers, ratios = [], []
     print("| profile | power at 2 SE | cheapest fixed k x n at that power (its power, GPU-h) | GPU-h at 0 / 1 / 2 SE "
-          "| hours_vs_best_fixed |")  # fmt: skip
-    print("|---|---|---|---|---|")
+          "| hours_vs_best_fixed | against the fixed designs' hours interpolated to that power |")  # fmt: skip
+    print("|---|---|---|---|---|---|")
     for profile in EQUAL_POWER_PROFILES:
         at = {c.effect / se_unit(*PROFILES[c.profile]): t for c, t in by_cell.items()
               if c.variant == "equal power" and c.profile == profile}  # fmt: skip
@@ -439,7 +439,7 @@ def main() -> None:
         powers.append(power)
         ratios.append(e.ratio)
         print(f"| {profile} | {power:.3f} | {e.words()} | {' / '.join(f'{h:.1f}' for h in e.hours)} | "
-              f"{'' if e.reached else '<'}{e.ratio:.3f} |")  # fmt: skip
+              f"{'' if e.reached else '<'}{e.ratio:.3f} | {e.interpolated:.3f} |")  # fmt: skip
     named = f": {'; '.join(over)}" if over else ""
     print(f"null rate above alpha + 2 SE in {len(over)} of {len(by_cell)} cells{named}")
     print(f"gpu_hours_vs_fixed3 {hours:.3f} type_I {worst_type1:.4f} power {min(powers, default=math.nan):.3f} "

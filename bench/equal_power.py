@@ -39,10 +39,23 @@ class EqualPower:
     best_power: float
     best_hours: float
     reached: bool  # False: no fixed design reached it; `best` is the largest
+    below: tuple[float, float] | None = None  # (power, GPU-h) of the strongest cheaper design, short of it
 
     @property
     def ratio(self) -> float:
         return sum(self.hours) / len(self.hours) / self.best_hours
+
+    @property
+    def interpolated(self) -> float:
+        """The ratio against a fixed design's GPU-hours at exactly the grid's power, on the line between the
+        strongest cheaper design (short of that power) and `best`: the ratio is a step function of the fixed
+        designs' powers (a grid just past one design's power is held against the next, up to 17% dearer),
+        so this says how much of a ratio is that step. The ratio itself where there is no such pair."""
+        if self.below is None or not self.reached or not self.best_power > self.below[0]:
+            return self.ratio
+        power, hours = self.below
+        at = hours + (self.power - power) / (self.best_power - power) * (self.best_hours - hours)
+        return sum(self.hours) / len(self.hours) / at
 
     def words(self) -> str:
         mark = "" if self.reached else ">"
@@ -56,5 +69,9 @@ def equal_power(power: float, hours: Sequence[float], fixed_power: Mapping[tuple
     priced = sorted(fixed_designs(), key=lambda d: design_hours(*d, seed_hours, image_hours))
     reaching = [d for d in priced if fixed_power.get(d, 0.0) >= power]
     best = reaching[0] if reaching else max(priced, key=lambda d: design_hours(*d, seed_hours, image_hours))
+    cheaper = priced[: priced.index(best)]
+    strongest = max(cheaper, key=lambda d: fixed_power.get(d, 0.0), default=None)
+    below = (None if strongest is None
+             else (fixed_power.get(strongest, 0.0), design_hours(*strongest, seed_hours, image_hours)))  # fmt: skip
     return EqualPower(power, tuple(hours), best, fixed_power.get(best, 0.0),
-                      design_hours(*best, seed_hours, image_hours), bool(reaching))  # fmt: skip
+                      design_hours(*best, seed_hours, image_hours), bool(reaching), below)  # fmt: skip

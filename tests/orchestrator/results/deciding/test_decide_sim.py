@@ -55,3 +55,19 @@ def test_borrowed_seed_variances_decide_on_fewer_gpu_hours() -> None:
     called = [float(x.split()[0]) for x in borrowed[6].split("/")]
     assert min(called) >= 0.8
     assert 1 / 3 <= float(borrowed[7]) < float(default[7]) - 0.15
+
+
+def test_the_ratio_interpolated_between_the_fixed_designs_around_the_grids_power() -> None:
+    """bench/equal_power.py: a grid of power 0.878 is held against 7 x 256 (the first at or above it) though
+    6 x 256 reached 0.874; interpolated between the two, the fixed design at 0.878 costs a tenth of the way
+    from one to the other, and the ratio says so."""
+    from bench.equal_power import design_hours, equal_power
+
+    hours = {"A": 6.66, "B": 3.15, "C": 3.16, "D": 3.23}
+    image = 10.0 / 64 / 3600
+    fixed = {(6, 256): 0.874, (7, 256): 0.912, (5, 256): 0.80, (8, 64): 0.85}
+    e = equal_power(0.878, [60.0, 90.0, 120.0], fixed, hours, image)
+    six, seven = design_hours(6, 256, hours, image), design_hours(7, 256, hours, image)
+    assert e.best == (7, 256) and e.ratio == 90.0 / seven
+    at = six + (0.878 - 0.874) / (0.912 - 0.874) * (seven - six)
+    assert abs(e.interpolated - 90.0 / at) < 1e-12 and e.interpolated > e.ratio
