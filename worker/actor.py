@@ -9,6 +9,7 @@ DB may have missed. Imports model/ and worker/ only (plus ray and torch), never 
 from __future__ import annotations
 
 import errno
+import inspect
 import json
 import os
 import socket
@@ -102,6 +103,8 @@ class ArmWorker:
             the store compiled arms share; handed to train_fn only when set.
         evaluation: worker.protocol.EvaluationArgs (or its dict): this worker evaluates a stored checkpoint
             again (train_fn worker.evaluation:evaluate_arm, handed it) and trains nothing.
+        end_evaluation: worker.protocol.EndEvaluation (or its dict): a deciding grid's run on one GPU also
+            evaluates its last checkpoint before it ends, with the model loaded; handed to a train_fn that takes it.
     """
 
     def __init__(
@@ -117,6 +120,7 @@ class ArmWorker:
         code_archive: str | None = None,
         compile_cache: dict[str, Any] | None = None,
         evaluation: Any = None,
+        end_evaluation: Any = None,
     ) -> None:
         self.run_id = run_id
         self.out_dir = Path(out_dir)
@@ -127,6 +131,7 @@ class ArmWorker:
         self._code_archive = Path(code_archive) if code_archive else None
         self._compile_cache = compile_cache
         self._evaluation = evaluation.model_dump() if hasattr(evaluation, "model_dump") else evaluation
+        self._end_evaluation = end_evaluation.model_dump() if hasattr(end_evaluation, "model_dump") else end_evaluation
         self._cond = threading.Condition()
         self._records: list[dict[str, Any]] = []
         self._state = "running"  # running | done | error
@@ -180,6 +185,8 @@ class ArmWorker:
                 data["compile_cache"] = self._compile_cache
             if self._evaluation is not None:
                 data["evaluation"] = self._evaluation
+            if self._end_evaluation is not None and "end_evaluation" in inspect.signature(train_arm).parameters:
+                data["end_evaluation"] = self._end_evaluation  # a synthetic train_fn without it: a job evaluates
             command = None
             if spec.command is not None:  # the researcher's own trainer, with train_arm's record contract
                 from worker.command import CommandArm

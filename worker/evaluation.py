@@ -13,6 +13,9 @@ Nothing of the run's directory is written.
 `measures` (the evaluation's per-image metrics; None: every one) without an LPIPS metric measures the flow loss
 alone: none of the LPIPS metrics' sampling (a deciding grid's look on the flow loss, grids/deciding.py).
 
+A deciding grid's training job scores its last checkpoint the same way at its end (`evaluate_in_training`, the
+same `score`), with the model still loaded: no second start (orchestrator/runs/in_training.py).
+
 With `samples` and `metrics` (the distribution metrics, worker/distribution.py) it also generates that many
 samples, sample i from the same prompt and noise as in every run and in training's own passes, and scores them
 with the final extractors against the held-out split's reference features (read from the node or the store
@@ -33,9 +36,9 @@ from model.spec import ArmSpec
 from worker import checkpoint as ckpt
 from worker.distribution import DistributionPass
 from worker.failure import describe_error
-from worker.protocol import EVALUATION_ERROR
+from worker.protocol import EVALUATION_ERROR, IN_TRAINING_ERROR, IN_TRAINING_RECORD
 from worker.run_files import BEST_NAME, ckpt_name
-from worker.train_parts import build
+from worker.train_parts import Parts, build
 from worker.train_record import EVAL_BATCH, restore_parts
 
 LPIPS_KEYS = ("recon_lpips", "text_lpips", "text_manip_delta")  # asked for none: the flow loss alone, no sampling
@@ -121,7 +124,7 @@ def evaluate_one(spec: ArmSpec, out_dir: Path, device: str, lpips_weights: Path 
     state = ckpt.load(path, map_location="cpu")
     if path.name == SOURCE_NAME:  # a copy from storage, as large as the checkpoint: read, not kept
         path.unlink(missing_ok=True)
-    spec = spec.model_copy(update={"eval": spec.eval.model_copy(update={"num_samples": images})})
+    spec = with_images(spec, images)
     dev = torch.device(device)
     pin = (state.get("record") or {}).get("data_manifest_sha256")  # the prepared data the run trained on
     fetched = None
@@ -135,13 +138,7 @@ def evaluate_one(spec: ArmSpec, out_dir: Path, device: str, lpips_weights: Path 
     )  # fmt: skip
     restore_parts(parts, state, {})
     use_ema = spec.eval.use_ema and "model" in parts.emas
-    measures = evaluation.get("measures") or list(LPIPS_KEYS) + ["val_flow_loss"]
-    metrics = evaluate(
-        parts.emas["model"].module if use_ema else parts.model,
-        parts.emas["text_encoder"].module if use_ema and "text_encoder" in parts.emas else parts.text_encoder,
-        parts.flow, parts.dataset, spec.eval, parts.lpips, parts.device,
-        batch_size=EVAL_BATCH, autocast=parts.autocast, lpips=bool(set(measures) & set(LPIPS_KEYS)),
-    )  # fmt: skip
+    metrics = score(parts, spec, evaluation.get("measures"))
     samples, asked = evaluation.get("samples"), evaluation.get("metrics")
     if samples and asked:  # the node's reference cache lies beside its compile cache, as training's does
         node_dir = Path(compile_cache["dir"]).parent if compile_cache else out_dir
@@ -162,3 +159,41 @@ def evaluate_one(spec: ArmSpec, out_dir: Path, device: str, lpips_weights: Path 
         "evaluated_images": images,
         "evaluated_from": str(path),  # the run's file, or the copy from storage (read, then removed)
     }
+
+
+def with_images(spec: ArmSpec, images: int) -> ArmSpec:
+    """`spec` evaluating its first `images` held-out images."""
+    return spec.model_copy(update={"eval": spec.eval.model_copy(update={"num_samples": images})})
+
+
+def score(parts: Parts, spec: ArmSpec, measures: list[str] | None) -> dict[str, Any]:
+    """The per-image metrics `measures` (None: every one; without an LPIPS metric, the flow loss alone) of the
+    loaded `parts` on spec.eval.num_samples held-out images: an evaluation job's scoring, and a training job's
+    at its end (evaluate_in_training)."""
+    use_ema = spec.eval.use_ema and "model" in parts.emas
+    measures = measures or list(LPIPS_KEYS) + ["val_flow_loss"]
+    return evaluate(
+        parts.emas["model"].module if use_ema else parts.model,
+        parts.emas["text_encoder"].module if use_ema and "text_encoder" in parts.emas else parts.text_encoder,
+        parts.flow, parts.dataset, spec.eval, parts.lpips, parts.device,
+        batch_size=EVAL_BATCH, autocast=parts.autocast, lpips=bool(set(measures) & set(LPIPS_KEYS)),
+    )  # fmt: skip
+
+
+def evaluate_in_training(parts: Parts, record: dict[str, Any], asked: dict[str, Any]) -> dict[str, Any]:
+    """A training job's last checkpoint (`record`, just saved) evaluated as an evaluation job would evaluate it
+    (`score`, the same record's fields), with the model still loaded: no second start (issue 62). `asked`:
+    worker/protocol.py EndEvaluation. Returns {IN_TRAINING_RECORD: the job's record}, or, where it failed,
+    {IN_TRAINING_ERROR: why}: the controller then leaves the run to an evaluation job."""
+    t0 = time.perf_counter()
+    try:
+        images = int(asked["images"])
+        metrics = score(parts, with_images(parts.spec, images), asked.get("measures"))
+        use_ema = parts.spec.eval.use_ema and "model" in parts.emas
+        return {IN_TRAINING_RECORD: {
+            "step": record["step"], **metrics, "eval_weights": "ema" if use_ema else "live",
+            "wall_time_s": time.perf_counter() - t0, "evaluated_images": images,
+            "evaluated_from": str(record.get("checkpoint")),
+        }}  # fmt: skip
+    except Exception as exc:  # noqa: BLE001 - the run's training stands; its evaluation falls back to a job
+        return {IN_TRAINING_ERROR: describe_error(exc)[:4000]}

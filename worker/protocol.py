@@ -110,6 +110,8 @@ PerImageMetric = Literal["recon_lpips", "text_lpips", "text_manip_delta", "val_f
 
 MAX_BATCH = 256  # runs one evaluation worker may score in turn
 EVALUATION_ERROR = "evaluation_error"  # a batched run's record: why its checkpoint could not be evaluated
+# A training job's last record (EndEvaluation asked): its in-training evaluation's record, or why it failed.
+IN_TRAINING_RECORD, IN_TRAINING_ERROR = "in_training_evaluation", "in_training_evaluation_error"
 
 
 class BatchedRun(_Strict):
@@ -140,6 +142,14 @@ class EvaluationArgs(_Strict):
     batch: Annotated[list[BatchedRun], Field(min_length=1, max_length=MAX_BATCH)] | None = None
 
 
+class EndEvaluation(_Strict):
+    """A deciding grid's run: at its last step its training job evaluates the kept checkpoint on `images` held-out
+    images with the model still loaded (worker/evaluation.py evaluate_in_training), as an evaluation job would."""
+
+    images: Annotated[int, Field(ge=1, le=1_000_000)]
+    measures: Annotated[list[PerImageMetric], Field(min_length=1, max_length=4)] | None = None  # None: every one
+
+
 class WorkerArgs(_Strict):
     """What a node builds a run's worker from (worker/actor.py ArmWorker's arguments)."""
 
@@ -154,6 +164,7 @@ class WorkerArgs(_Strict):
     code_archive: Path_ | None = None  # a command arm's code as shipped to this node (None: read in place)
     compile_cache: dict[str, Any] | None = None  # worker.compile_cache.CompileCache as a dict
     evaluation: EvaluationArgs | None = None  # set: evaluate a stored checkpoint, no training step
+    end_evaluation: EndEvaluation | None = None  # set: a training job that evaluates its last checkpoint too
 
 
 class OpRequest(_Strict):

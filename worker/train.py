@@ -33,6 +33,7 @@ from worker import checkpoint as ckpt
 from worker.compile_cache import CompileCache, cache_key
 from worker.data_fetch import DataStore, fetch_prepared
 from worker.distribution import DistributionPass
+from worker.evaluation import evaluate_in_training
 from worker.micro_batch import oom_message, resumed_micro_batch
 from worker.train_parts import (  # noqa: F401 - LPIPS_STANDIN_FALLBACK and REPA_STANDIN_FALLBACK: read through here
     LPIPS_STANDIN_FALLBACK,
@@ -120,6 +121,7 @@ def train_arm(
     data_store: DataStore | dict[str, Any] | None = None,
     world: World | None = None,
     compile_cache: dict[str, Any] | None = None,
+    end_evaluation: dict[str, Any] | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Train `spec` on `device`, yielding one record per checkpoint (every schedule.checkpoint_every
     steps and at the last step). Resumes from the latest checkpoint in out_dir. When should_stop()
@@ -132,11 +134,15 @@ def train_arm(
     world: this rank of a data-parallel arm (worker/ranks.py starts them); only rank 0 writes and yields.
     compile_cache: worker.compile_cache.CompileCache as a dict (the node's cache directory, and a store a
     compiled arm loads its artefacts from and saves them to; records say which: `compile_cache`).
+    end_evaluation: worker/protocol.py EndEvaluation as a dict (a deciding grid's run): at the last step, the
+    final checkpoint is also evaluated on its images with the model loaded, on the final record
+    (worker/evaluation.py evaluate_in_training), so no evaluation job has to start for it.
     """
     cache = CompileCache.from_dict(compile_cache) if compile_cache is not None else None
     with deterministic_algorithms(spec.precision.deterministic):
         yield from _train(
-            spec, out_dir, device, should_stop, lpips_weights, on_step, data_store, world or World(), cache
+            spec, out_dir, device, should_stop, lpips_weights, on_step, data_store, world or World(), cache,
+            end_evaluation,
         )
 
 
@@ -150,6 +156,7 @@ def _train(
     data_store: DataStore | dict[str, Any] | None,
     world: World,
     cache: CompileCache | None,
+    end_evaluation: dict[str, Any] | None = None,
 ) -> Iterator[dict[str, Any]]:
     out_dir = Path(out_dir)
     if cache is not None:
@@ -261,7 +268,10 @@ def _train(
                 on_step(step, loss.item())
             if step % sched.checkpoint_every == 0 or step == sched.steps:
                 if world.is_main:  # the other ranks go on to the next step's all-reduce and wait there
-                    yield checkpoints.save(step, window, final=step == sched.steps)
+                    record = checkpoints.save(step, window, final=step == sched.steps)
+                    if step == sched.steps and end_evaluation:  # the model loaded: its evaluation, no new start
+                        record = {**record, **evaluate_in_training(parts, record, end_evaluation)}
+                    yield record
                 window = Window.empty(dev, timing=window.t_timing is not None)
     except torch.OutOfMemoryError:
         raise TrainError(

@@ -58,6 +58,14 @@ def flow_only(measures: Sequence[str]) -> bool:
 
 ASKED = "asked"  # a job's `extra` key: the distribution samples and metrics its record must carry
 DISTRIBUTION_ONLY = "distribution_only"  # in ASKED: the images' metrics of this evaluation stand for nothing
+# A job's `extra` key: True where the run's own training job scored it at its end, the model still loaded
+# (runs/in_training.py): no start of its own, and its GPU time is inside the run's.
+IN_TRAINING = "in_training"
+
+
+def ran_in_training(job: EvaluationResult) -> bool:
+    """Whether the run's training job scored this job's result (IN_TRAINING)."""
+    return (job.extra or {}).get(IN_TRAINING) is True
 
 
 class EvaluationCreate(BaseModel):

@@ -22,7 +22,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from orchestrator.db.models import Evaluation, EvaluationResult, Grid, aware
-from orchestrator.grids.evaluations import ASKED, DISTRIBUTION_ONLY, EVERY_METRIC, measured_by
+from orchestrator.grids.evaluations import ASKED, DISTRIBUTION_ONLY, EVERY_METRIC, measured_by, ran_in_training
 from orchestrator.results.reports.model import EvaluationUsed
 from orchestrator.results.reports.stats import DISTRIBUTION
 from orchestrator.results.views import MetricValues, Public, UTCDatetime
@@ -46,6 +46,9 @@ class EvaluationRun(MetricValues):  # type: ignore[misc, valid-type]
     error: str | None
     gpu_seconds: float | None  # the node's measured time on its GPU
     distribution: dict[str, Any] = {}  # the distribution metrics' value, _se, _n, _extractor; distribution_seconds
+    # scored by the run's own training job at its end, the model loaded: no start of its own, its GPU time
+    # inside the run's (runs/in_training.py)
+    in_training: bool = False
 
 
 class EvaluationView(Public):
@@ -69,11 +72,13 @@ class EvaluationView(Public):
     waiting: str | None = None
     runs: list[EvaluationRun]
     skipped: list[str] = []  # each skipped job's reason (a diverged run's checkpoint), "run N diverged ..."
+    in_training: bool = False  # every job scored inside its run's training job (runs/in_training.py)
 
     @classmethod
     def from_row(cls, evaluation: Evaluation) -> Self:
         runs = [EvaluationRun.model_validate(r).model_copy(update={"gpu_seconds": job_gpu_seconds(r),
-                                                                   "distribution": _distribution(r)})
+                                                                   "distribution": _distribution(r),
+                                                                   "in_training": ran_in_training(r)})
                 for r in evaluation.results]  # fmt: skip
         cost = sum(r.gpu_seconds or 0.0 for r in runs)
         waiting = next((r.error for r in runs if r.state == EvaluationState.queued and r.error), None)
@@ -85,6 +90,7 @@ class EvaluationView(Public):
             samples=asked.get("samples"), metrics=asked.get("metrics") or [], waiting=waiting,
             measures=list(measured_by(evaluation)),
             skipped=[r.error or f"run {r.run_id}" for r in runs if r.state == EvaluationState.skipped],
+            in_training=bool(runs) and all(r.in_training for r in runs),
         )  # fmt: skip
 
 
@@ -148,7 +154,8 @@ def largest_evaluation(session: Session, grid: Grid) -> tuple[EvaluationUsed | N
             if (older.images, older.step) == (found.images, found.step):
                 for run_id, row in _believed(older, trusted)[0].items():
                     rows.setdefault(run_id, row)
-        used = EvaluationUsed(id=found.id, images=found.images, step=found.step, measures=list(measured_by(found)))
+        used = EvaluationUsed(id=found.id, images=found.images, step=found.step, measures=list(measured_by(found)),
+                              in_training=sum(ran_in_training(r) for r in rows.values()))  # fmt: skip
         return used, rows
     return None, {}
 

@@ -154,6 +154,29 @@ def settle(evaluation: Evaluation) -> None:
         evaluation.finished_at = utcnow()
 
 
+def store_record(job: EvaluationResult, record: dict, worker: str) -> None:
+    """The record as the job's result; its wall time and cost bounded by the controller's own (the claim and
+    the time seen kept beside them in `extra`). `worker`: the worker that scored it (a batch's, or the run's
+    training worker: runs/in_training.py)."""
+    values = metric_values(record)
+    claimed, seen = record.get("wall_time_s"), seen_seconds(job)
+    wall = bounded_wall_time(claimed, seen)
+    extra = values["extra"]
+    extra.get("nonfinite", {}).pop("wall_time_s", None)  # the stored wall time is the bounded one
+    if "nonfinite" in extra and not extra["nonfinite"]:
+        del extra["nonfinite"]
+    extra[CLAIMED_KEY], extra[SEEN_KEY] = json_safe(claimed), seen
+    extra[WORKER_KEY] = worker  # one name for every job of a batch: scored with one start
+    extra.pop("run_id", None)  # a batched record's: the job's own run, checked (refused_records)
+    if (asked := distribution_asked(job)) and isinstance(extra, dict):
+        extra[ASKED] = asked  # what the record was checked against, kept with it
+    for key, value in values.items():
+        setattr(job, key, value)
+    job.wall_time_s, job.gpu_seconds = wall, wall * JOB_GPUS
+    job.gpu_hours = job.gpu_seconds / 3600
+    job.state, job.finished_at = EvaluationState.completed, utcnow()
+
+
 CANCELLED = "cancelled by the user"
 
 
@@ -326,7 +349,7 @@ class EvaluationJobs:
             job = session.get(EvaluationResult, job.id)
             self._fail(session, job, f"node {worker.node} sent {refused}: refused, nothing stored")
         elif records:
-            self._store(job, records[-1], worker.name)
+            store_record(job, records[-1], worker.name)
             settle(job.evaluation)
         elif reply.state == "error":
             self._fail(session, job, reply.error or "the worker failed without a message")
@@ -335,28 +358,6 @@ class EvaluationJobs:
         else:
             return False
         return True
-
-    @staticmethod
-    def _store(job: EvaluationResult, record: dict, worker: str) -> None:
-        """The record as the job's result; its wall time and cost bounded by the controller's own (the
-        claim and the time seen kept beside them in `extra`)."""
-        values = metric_values(record)
-        claimed, seen = record.get("wall_time_s"), seen_seconds(job)
-        wall = bounded_wall_time(claimed, seen)
-        extra = values["extra"]
-        extra.get("nonfinite", {}).pop("wall_time_s", None)  # the stored wall time is the bounded one
-        if "nonfinite" in extra and not extra["nonfinite"]:
-            del extra["nonfinite"]
-        extra[CLAIMED_KEY], extra[SEEN_KEY] = json_safe(claimed), seen
-        extra[WORKER_KEY] = worker  # one name for every job of a batch: scored with one start
-        extra.pop("run_id", None)  # a batched record's: the job's own run, checked (refused_records)
-        if (asked := distribution_asked(job)) and isinstance(extra, dict):
-            extra[ASKED] = asked  # what the record was checked against, kept with it
-        for key, value in values.items():
-            setattr(job, key, value)
-        job.wall_time_s, job.gpu_seconds = wall, wall * JOB_GPUS
-        job.gpu_hours = job.gpu_seconds / 3600
-        job.state, job.finished_at = EvaluationState.completed, utcnow()
 
     def _fail(self, session: Session, job: EvaluationResult, why: str) -> None:
         job.state, job.error, job.finished_at = EvaluationState.failed, why[:4000], utcnow()

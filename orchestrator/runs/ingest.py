@@ -28,6 +28,7 @@ from orchestrator.runs.detector import (
     judge,
     resolve_policy,
 )
+from orchestrator.runs.in_training import split_off
 from orchestrator.runs.metric_ranges import ANY_METRIC_BOUND, out_of_range, overflowed
 from orchestrator.runs.trust import untrusted_control
 from orchestrator.vocabulary import STOP_DECISIONS, RunDecision
@@ -369,8 +370,10 @@ def ingest(session: Session, run: Run, records: list[dict[str, Any]], detect: bo
     """Store a worker's records (idempotent, one INSERT per batch); returns the steps that were new.
 
     Each new checkpoint, in step order, gets a `checkpoint` event, advances the run's best (the
-    policy's metric and direction) and is judged by the detector unless the run is already stopping.
+    policy's metric and direction) and is judged by the detector unless the run is already stopping. A final
+    record's in-training evaluation is never part of it (the launcher stores it: runs/in_training_store.py).
     """
+    records, _ = split_off(records)  # an in-training evaluation: a job's result (runs/in_training_store.py)
     by_step = {int(r["step"]): r for r in records}
     new = insert_metrics(session, run.id, list(by_step.values()))
     if not new:

@@ -53,6 +53,7 @@ from orchestrator.messages import strip_ansi
 from orchestrator.runs.command_code import CodeRefused, ship_code
 from orchestrator.runs.evaluation_jobs import NO_GPUS, EvaluationJobs, not_placed_workers
 from orchestrator.runs.grow import Grower
+from orchestrator.runs.in_training_store import stored_in_training
 from orchestrator.runs.ingest import ingest, last_step, refused_metrics
 from orchestrator.runs.placement import (
     Worker,
@@ -378,7 +379,7 @@ class Launcher:
             if not worker.started and reply.state != "error":  # a worker that failed never started
                 mark_running(session, run, reply.info.model_dump(), worker.node)
             if records:
-                ingest(session, run, records)
+                stored_in_training(session, run, records, ingest(session, run, records))  # runs/in_training.py
             seen = record_storage(session, run, worker.attempt, reply.storage, worker.storage_seen)
             if run.being_stopped:
                 self._request_stop(worker)

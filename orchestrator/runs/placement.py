@@ -21,6 +21,7 @@ from model.spec import ArmSpec
 from orchestrator.db.events import record_event
 from orchestrator.db.models import Event, Run, utcnow
 from orchestrator.db.transitions import transition
+from orchestrator.runs.in_training import end_evaluation_of
 from orchestrator.runs.storage import worker_compile_cache, worker_data_store, worker_storage
 from orchestrator.settings import Settings
 from orchestrator.vocabulary import RunState
@@ -101,6 +102,7 @@ def worker_args(settings: Settings, run: Run, out_dir: Path, train_fn: str, code
         data_store=worker_data_store(settings),
         code_archive=code_archive,
         compile_cache=worker_compile_cache(settings),
+        end_evaluation=end_evaluation_of(run),  # a deciding grid's run: its evaluation too (runs/in_training.py)
     )
 
 

@@ -57,6 +57,7 @@ window.AblateEffects = function (kit) {
     const evaluated = d.evaluation
       ? ` · on evaluation ${d.evaluation.id}: each run's ${d.evaluation.step} checkpoint on ${d.evaluation.images} held-out images` +
         (flowOnly(d.evaluation.measures) ? " (the flow loss alone, the metric the grid decides on: its LPIPS metrics are the training-time evaluation's)" : "") +
+        (d.evaluation.in_training ? ` (${d.evaluation.in_training} of its runs scored inside their training jobs, with no evaluation start)` : "") +
         (skipped.length ? ` (skipped: ${skipped.join(", ")}, on its own records)` : "")
       : "";
     document.getElementById("effects-seeds").textContent = (d.seeds > 1

@@ -30,7 +30,7 @@ from orchestrator.grids.deciding import (
     measures_of,
     with_budget,
 )
-from orchestrator.grids.evaluations import evaluated_runs, measured_by
+from orchestrator.grids.evaluations import evaluated_runs, measured_by, ran_in_training
 from orchestrator.grids.projection import project
 from orchestrator.results.deciding import sequential
 from orchestrator.results.evaluations import job_gpu_seconds
@@ -74,10 +74,11 @@ def held_hours(run: Run, now: datetime) -> float | None:
 
 def spent_gpu_hours(session: Session, grid: Grid) -> float:
     """What the grid has spent: its runs' held GPU-hours (held_hours) and every evaluation job's measured
-    GPU-seconds (at most its placement-to-end time: results/evaluations.py job_gpu_seconds)."""
+    GPU-seconds (at most its placement-to-end time: results/evaluations.py job_gpu_seconds), but a training job's
+    own (grids/evaluations.py ran_in_training): its time is inside its run's held hours."""
     now = utcnow()
     jobs = session.scalars(select(EvaluationResult).join(Evaluation).where(Evaluation.grid_id == grid.id))
-    seconds = [_finite_hours(job_gpu_seconds(job)) for job in jobs]
+    seconds = [_finite_hours(job_gpu_seconds(job)) for job in jobs if not ran_in_training(job)]  # in the run's
     runs = sum(h for h in (held_hours(r, now) for r in grid.runs) if h is not None)
     return runs + sum(s / 3600 for s in seconds if s is not None)
 
@@ -164,6 +165,7 @@ def evaluation_jobs(session: Session, grid: Grid, measures: Sequence[str] | None
     evaluation's images cost many times a flow-only one's)."""
     rows = session.execute(select(EvaluationResult, Evaluation).join(Evaluation).where(
         Evaluation.grid_id == grid.id, EvaluationResult.state == EvaluationState.completed)).all()  # fmt: skip
-    same = [(job, e.images) for job, e in rows if measures is None or set(measured_by(e)) == set(measures)]
+    same = [(job, e.images) for job, e in rows if (measures is None or set(measured_by(e)) == set(measures))
+            and not ran_in_training(job)]  # a training job's own: no start, not what a job costs  # fmt: skip
     jobs = [(_finite_hours(job_gpu_seconds(job)), int(n)) for job, n in same]
     return [(s, n) for s, n in jobs if s is not None]

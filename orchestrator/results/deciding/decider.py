@@ -4,7 +4,9 @@ grid whose current wave has ended (every run and every evaluation of the grid in
 
 A look is results/deciding/plan_look.py `plan_look` (pure; the simulations in bench/ call it too): this
 module gathers its state (`look_state`) and queues the work it returns (`queue_work`). A comparison is first
-evaluated on every image the split allows where that costs little beside a seed, then seeds are bought to
+evaluated on every image the split allows where that costs little beside a seed (a run on one GPU is already
+evaluated on them inside its training job: runs/in_training.py; a run that was not, by a catch-up job), then
+seeds are bought to
 planned counts (2, 3, 4, 5, 6, 8). At a look: every comparison's effect on the decided metrics (the report's own
 code: build.py `grid_effects_now`, with the largest completed evaluation in place of the runs' final rows), the decision
 at this look from the group-sequential maths (results/deciding/sequential.py), and for each comparison still open

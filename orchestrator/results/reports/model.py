@@ -231,6 +231,7 @@ class EvaluationUsed(BaseModel):
     # The per-image metrics it measured (grids/evaluations.py EVERY_METRIC, or the flow loss alone: a deciding
     # grid's look, whose effects then read the LPIPS metrics from the training records); None: every one.
     measures: list[str] | None = None
+    in_training: int = 0  # of the runs' rows it gives, those scored inside the run's training job (runs/in_training.py)
 
 
 class GridReport(BaseModel):

@@ -3,9 +3,10 @@ and started again: A against A with its lr x30 takes more work (images or seeds,
 prices better) only while the comparison is open, decides it, and the restart loses no look and repeats
 none.
 
-On this machine's tiny runs the looks went: open on 8 images (killed here), open on 32, open on 64 (the
-whole split), a seed, the seeds re-scored on the 64 images, better; the test holds whatever mix of
-actions the chooser takes.
+Each run is scored on the whole split (64 images) inside its training job (runs/in_training.py), so the first
+look judges the comparison on 64 images and queues no evaluation: open (killed here), then seeds, each new one
+scored on the 64 images in its own training job, until it is better; the test holds whatever mix of actions
+the chooser takes.
 
 The controller is `python -m orchestrator.loop` (the launcher with its listeners: the decision pass
 among them) in a subprocess joined to this module's Ray; its workers are named, detached actors, which the
@@ -27,6 +28,7 @@ from sqlalchemy import select
 
 from orchestrator.db.models import DecisionLook, Evaluation, Event, Grid
 from orchestrator.db.session import session_scope
+from orchestrator.grids.evaluations import ran_in_training
 from orchestrator.grids.service import GridCreate, create_grid
 from orchestrator.results.deciding.decisions import look_comparisons
 from tests.kit.polling import wait_for
@@ -87,7 +89,7 @@ def test_a_deciding_grid_adds_seeds_while_open_decides_and_survives_a_restart(
             first.kill()
     (look1,) = looks(database_url, grid_id)
     (c1,) = look_comparisons(look1)
-    assert (c1.arm, c1.other_arm, c1.k, c1.n, c1.decision, look1.final) == ("A-lr30", "A", 2, 8, "open", False)
+    assert (c1.arm, c1.other_arm, c1.k, c1.n, c1.decision, look1.final) == ("A-lr30", "A", 2, 64, "open", False)
     second = start_loop(database_url, ray_address, tmp_path, log)
     try:
         wait_for(lambda: report_written(database_url, grid_id), "the final look, then the report", 600, 0.5, log,
@@ -119,13 +121,15 @@ def test_a_deciding_grid_adds_seeds_while_open_decides_and_survives_a_restart(
         assert pairs == sorted((arm, s) for arm in ("A", "A-lr30") for s in range(last.k))  # no seed twice
         assert all(r.state == "completed" for r in grid.runs), [(r.arm, r.seed, r.state, r.error) for r in grid.runs]
         found = session.scalars(select(Evaluation).where(Evaluation.grid_id == grid_id).order_by(Evaluation.id))
-        evaluations = [(e.images, e.state) for e in found]
+        evaluations = [(e.images, e.state, bool(e.results) and all(map(ran_in_training, e.results))) for e in found]
         events = [(e.kind, e.data) for e in session.scalars(select(Event).where(Event.grid_id == grid_id)
                                                              .order_by(Event.id))]  # fmt: skip
     kinds = [kind for kind, _ in events]
-    # Every evaluation is an images action, or the catch-up that scores a seed added after one on its images.
+    # The runs' training jobs scored every run on the split (one in-training evaluation, no job started for it);
+    # every other evaluation is an images action, or the catch-up that scores a run not scored in training.
+    assert [(n, state) for n, state, trained in evaluations if trained] == [(64, "completed")], evaluations
     queued = [(d["images"], "completed") for kind, d in events
               if kind == "decide.catch_up" or kind == "decide.action" and d["action"] == "images"]  # fmt: skip
-    assert evaluations == queued
+    assert [(n, state) for n, state, trained in evaluations if not trained] == queued
     assert kinds.count("decide.look") == len(taken) and kinds.count("decide.action") == len(taken) - 1
     assert kinds.count("report.written") == 1  # once, after the decision ended

@@ -161,7 +161,8 @@ def test_an_evaluation_of_16_images_changes_the_reports_n_and_no_runs_step(
         assert effect_ns(client, grid) == {HELD_OUT}
         report = client.get(f"/api/grids/{grid}/report.json").json()
         assert report["evaluation"] == {"id": eid, "images": HELD_OUT, "step": "final", "samples": None,
-                                        "measures": ["recon_lpips", "text_lpips", "text_manip_delta", "val_flow_loss"]}
+                                        "measures": ["recon_lpips", "text_lpips", "text_manip_delta", "val_flow_loss"],
+                                        "in_training": 0}  # a user's: every row scored by an evaluation job
         assert f"The effects use evaluation {eid}: each run's final checkpoint evaluated again on {HELD_OUT}" in (
             client.get(f"/api/grids/{grid}/report.md").text)
         # The dashboard's live effects table uses the same evaluation and names it.

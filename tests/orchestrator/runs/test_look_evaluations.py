@@ -3,7 +3,8 @@ measures the flow loss alone (no LPIPS sampling), is priced for that, and is rec
 evaluation, the report and the dashboard; `ablate evaluate` (a user's) still measures every metric.
 
 A 2-arm x 2-seed tiny deciding grid trained on the CPU in this process, a migrated database, and the
-launcher on a module's real Ray (4 logical GPUs) running the evaluation jobs.
+launcher on a module's real Ray (4 logical GPUs) running the evaluation jobs, and, last, a deciding grid's runs
+trained through it, each evaluated inside its training job (runs/in_training.py).
 """
 
 from __future__ import annotations
@@ -182,3 +183,35 @@ def test_a_restarted_controller_adopts_a_batch_with_its_worker(
     assert [(s, a) for s, a, _ in ended] == [("completed", 0)] * 4, ended
     assert len({extra["worker"] for _, _, extra in ended}) == 1
     assert not any("batch_worker" in extra for _, _, extra in ended)  # stored rows carry the record's extra
+
+
+def test_the_launcher_stores_a_deciding_runs_evaluation_from_its_training_job(
+    settings: Settings, ray_cluster: str, tmp_path: Path
+) -> None:
+    """Through the node's agent and Ray: each run's training job evaluates its last checkpoint on the split's
+    images (runs/in_training.py) and the launcher stores it as a completed evaluation job, with no job started."""
+    overrides = tiny_overrides(3, checkpoint_every=3, warmup_steps=1)
+    overrides["data"]["held_out"], overrides["eval"]["num_samples"] = HELD_OUT, TRAINED_ON
+    decide = {"min_seeds": 1, "max_seeds": 2, "margin": {"val_flow_ivw": 0.0}}
+    with session_scope(settings.database_url) as session:
+        gid = create_grid(session, GridCreate(name="trained-here", arms=["A", "B"], overrides=overrides,
+                                              decide=decide)).id  # fmt: skip
+    launcher = Launcher(launcher_settings_for(settings.database_url, tmp_path, ray_cluster, max_retries=1))
+    launcher.start()
+    try:
+        def ended() -> bool:
+            with session_scope(settings.database_url) as session:
+                return all(r.state in ("completed", "failed") for r in session.get(Grid, gid).runs)
+
+        wait_for(ended, "the runs to end", timeout=300, interval=0.5)
+    finally:
+        launcher.stop()
+    with session_scope(settings.database_url) as session:
+        g = session.get(Grid, gid)
+        assert [r.state for r in g.runs] == ["completed"] * 2, [r.error for r in g.runs]
+        [evaluation] = session.scalars(select(Evaluation).where(Evaluation.grid_id == gid)).all()
+        assert (evaluation.state, evaluation.images, evaluation.measures) == ("completed", HELD_OUT, ["val_flow_loss"])
+        for job in evaluation.results:  # scored by the run's own worker, on its own node
+            assert job.extra["in_training"] and job.extra["worker"] == f"ablate-run-{job.run_id}-0"
+            assert (job.state, job.node, job.val_flow_loss_n, job.recon_lpips_n) == ("completed", "local", HELD_OUT,
+                                                                                     None)  # fmt: skip
