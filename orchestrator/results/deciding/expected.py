@@ -18,7 +18,9 @@ errs high, by about a tenth.
 
 Evaluations are priced as a grid runs them: an images action evaluates every run of the grid, a seed added
 after one is caught up on its images, and each evaluation's runs are scored by one worker with one start per
-BATCH_RUNS runs (runs/evaluation_batch.py: the jobs of an evaluation on one node share a worker).
+BATCH_RUNS runs (runs/evaluation_batch.py: the jobs of an evaluation on one node share a worker), none for
+an evaluation on the split's images where the runs were scored on them inside their training jobs
+(runs/in_training.py: runs on one GPU, `in_training`).
 """
 
 from __future__ import annotations
@@ -53,12 +55,13 @@ def simulated_grid(decide: DecideSpec, seed_hours: Mapping[str, float], comparis
                    rng: np.random.Generator, *, images: int, max_images: int,
                    image_hours: Mapping[str, float] | None = None, start: float = 0.0,
                    variance: VarianceComponents = MEASURED, effect: float = 0.0,
-                   batch_runs: int = BATCH_RUNS) -> Outcome:  # fmt: skip
+                   batch_runs: int = BATCH_RUNS, in_training: bool = False) -> Outcome:  # fmt: skip
     """One simulated grid at `decide` (its alpha the comparison's, its caps filled in: grids/deciding.py
     with_budget), every arm of a comparison starting at decide.min_seeds, each run scored on `images` by its
     training records. `image_hours`: one image of one run's evaluation, each arm's, without the start
-    (None: free); `start`: one evaluation worker's start. Returns (its GPU-hours, each arm's seeds at the end, each
-    look's comparisons as plan_look returned them)."""
+    (None: free); `start`: one evaluation worker's start; `in_training`: runs scored on the split's images
+    (max_images) inside their training jobs (runs/in_training.py), those evaluations with no start. Returns
+    (its GPU-hours, each arm's seeds at the end, each look's comparisons as plan_look returned them)."""
     pairs = list(comparisons)
     arms = list(dict.fromkeys(a for pair in pairs for a in pair))
     per_image = {a: (image_hours or {}).get(a, 0.0) for a in arms}
@@ -73,7 +76,7 @@ def simulated_grid(decide: DecideSpec, seed_hours: Mapping[str, float], comparis
     evaluated, evaluations, looks = 0.0, 0, []
 
     def evaluate(counts: Mapping[str, int], n: int) -> float:  # one evaluation of `counts` runs of each arm
-        starts = math.ceil(sum(counts.values()) / batch_runs)
+        starts = 0 if in_training and n == max_images else math.ceil(sum(counts.values()) / batch_runs)
         return starts * start + sum(c * n * per_image[a] for a, c in counts.items())
 
     while True:
@@ -118,7 +121,8 @@ def simulated_grid(decide: DecideSpec, seed_hours: Mapping[str, float], comparis
 
 def expected_gpu_hours(decide: DecideSpec, seed_hours: Mapping[str, float], comparisons: Sequence[Pair], *,
                        images: int, max_images: int, evaluation: Callable[[str, int], float] | None = None,
-                       start: float = 0.0, variance: VarianceComponents = MEASURED, effect: float = 0.0,
+                       start: float = 0.0, in_training: bool = False,
+                       variance: VarianceComponents = MEASURED, effect: float = 0.0,
                        studies: int = 200, seed: int = 0) -> float:  # fmt: skip
     """The mean GPU-hours over `studies` simulated grids (simulated_grid), with `variance` (the measured
     headline's by default) and true `effect` (0: no arm differs, the longest case). `evaluation(arm, n)`: one
@@ -129,5 +133,6 @@ def expected_gpu_hours(decide: DecideSpec, seed_hours: Mapping[str, float], comp
     total = 0.0
     for _ in range(studies):
         total += simulated_grid(decide, seed_hours, comparisons, rng, images=images, max_images=max_images,
-                                image_hours=image_hours, start=start, variance=variance, effect=effect)[0]  # fmt: skip
+                                image_hours=image_hours, start=start, variance=variance, effect=effect,
+                                in_training=in_training)[0]  # fmt: skip
     return total / studies

@@ -20,7 +20,8 @@ class DecideCost(BaseModel):
     default of decide.max_gpu_hours; and the expected GPU-hours: the mean of simulated grids taken look by look
     through the rule grids run (results/deciding/expected.py: plan_look.py `plan_look`), with the measured
     headline's noise and no true effect (the longest case), runs priced as the worst case prices them and
-    each evaluation with one worker's start (runs/evaluation_batch.py); None where a command arm cannot be
+    each evaluation with one worker's start (runs/evaluation_batch.py) but those on the split's images of runs on
+    one GPU, done inside their training jobs (runs/in_training.py); None where a command arm cannot be
     projected. `budget`: the decide as stored, its caps filled in."""
 
     worst_case_gpu_hours: float | None
@@ -68,8 +69,10 @@ def decide_cost(arms: list[tuple[str, ArmSpec]], control: str | None, decide: De
 
     # Each comparison judged at its own alpha, as a grid's looks judge it (decider.py look_state).
     judged = budget.model_copy(update={"alpha": comparison_alpha_of(decide, m)})
+    # Runs on one GPU are scored on the split inside their training jobs: no evaluation start (runs/in_training.py).
+    in_training = all(spec.command is None and spec.gpu_count() == 1 for spec in specs.values())
     expected = expected_gpu_hours(judged, known, pairs, images=images, max_images=max_images, evaluation=evaluation,
-                                  start=max(starts.values()), studies=studies)  # fmt: skip
+                                  start=max(starts.values()), in_training=in_training, studies=studies)  # fmt: skip
     words = (f"{head}: worst case {worst:,.4g} GPU-hours (every comparison open to the budget, its evaluations "
              f"included), expected {expected:,.4g} (its evaluations included; projected at an H100's measured "
              f"rate); {budget_words(budget)}")  # fmt: skip

@@ -69,3 +69,12 @@ def test_one_seed_is_read_only_where_the_seed_variance_is_borrowed() -> None:
     borrowed = expected_gpu_hours(borrows, HOURS, PAIRS, images=64, max_images=256, studies=50)
     assert alone >= 2 * sum(HOURS.values())  # every arm at two seeds at least
     assert sum(HOURS.values()) <= borrowed < alone
+
+
+def test_runs_scored_in_training_pay_no_evaluation_start() -> None:
+    """The same clear grid with its runs scored on the split inside their training jobs (runs/in_training.py):
+    both evaluations, the first and the new seeds' catch-up, are on the split, so neither pays a start."""
+    expected = expected_gpu_hours(DecideSpec(), HOURS, PAIRS, images=64, max_images=256, evaluation=evaluation,
+                                  start=START, in_training=True, effect=1.0, studies=5)  # fmt: skip
+    assert expected == pytest.approx(3 * sum(HOURS.values()) + 12 * evaluation("A", 256))
+
