@@ -12,12 +12,13 @@ variance, on Satterthwaite's df).
 Which one a look reads: a two-way analysis of the runs' values over the arms that ran every one of the
 comparison's seeds (arms x seeds, additive): the seeds' mean square against the residual's, an F test of
 "seed s moves every arm alike". Where it finds no shared effect (p at least SHARED_P) the comparison is read
-unpaired, else paired, as before. Both readings are valid for the difference: unpaired with a shared effect
-only overstates the variance (the shared part counts twice instead of cancelling), so the test guards power,
-not the error rate. Checked: bench/decide_sim.py's null rates stay within alpha + 2 SE with seeds that share
-nothing, that share the effect measured on a GPU, and with one arm's seeds 3x wider (docs/benchmarks.md,
-issue 62); the chosen reading's 95% interval covers 93-97.5% with a shared part of none, half and all of
-each arm's own (tests/orchestrator/results/deciding/test_unpaired.py). Pure: numpy-free, scipy lazily.
+unpaired, else paired, as before. Each reading is valid on its own: unpaired with a shared effect only
+overstates the variance (the shared part counts twice instead of cancelling), so the test guards power. The
+choice rests on the same runs, so its error rate is checked, not assumed: bench/decide_sim.py's null rates
+stay within alpha + 2 SE with seeds that share nothing, that share the effect measured on a GPU, and with one
+arm's seeds 3x wider (docs/benchmarks.md, issue 62); the chosen reading's 95% interval covers 93-97.5% with a
+shared part of none, half and all of each arm's own (tests/orchestrator/results/deciding/test_unpaired.py).
+Pure: numpy-free, scipy lazily.
 """
 
 from __future__ import annotations
