@@ -246,7 +246,6 @@ def reading_of(e: Effect, decide: DecideSpec, earlier: SeedVariance | None = Non
     return Reading(**common, se=e.se, df=df, variance=v)  # type: ignore[arg-type]
 
 
-
 def judge_comparison(e: Effect, decide: DecideSpec, look: int, max_images: int, at_seeds: bool, at_images: bool,
                      previous: ComparisonLook | None, earlier: SeedVariance | None = None,
                      jobs: Sequence[tuple[float, int]] = ()) -> ComparisonLook:  # fmt: skip
