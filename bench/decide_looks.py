@@ -18,6 +18,7 @@ import numpy as np
 from model.flow_headline import HEADLINE
 from orchestrator.grids.deciding import DecideSpec
 from orchestrator.results.deciding.decisions import ComparisonLook
+from orchestrator.results.deciding.expected import againsts
 from orchestrator.results.deciding.plan_look import LookState, Reading, plan_look
 from orchestrator.results.deciding.sequential import Costs, Variance
 from orchestrator.results.reports import crossed
@@ -64,17 +65,6 @@ class GridOutcome:
     images: int
     hours: float
     waves: int
-
-
-def againsts(pairs: Sequence[Pair]) -> dict[Pair, str]:
-    """Each comparison's `against` in a look's key: an arm's first comparison is against its parent, its
-    second against the control (the lineage's pairs list the parent first)."""
-    seen: set[str] = set()
-    out = {}
-    for arm, other in pairs:
-        out[arm, other] = "control" if arm in seen else "parent"
-        seen.add(arm)
-    return out
 
 
 def grid_study(values: Mapping[str, np.ndarray], pairs: Sequence[Pair], spec: DecideSpec,

@@ -40,9 +40,10 @@ Pair = tuple[str, str]
 Outcome = tuple[float, dict[str, int], list[list[ComparisonLook]]]  # GPU-hours, each arm's seeds, each look's
 
 
-def _againsts(pairs: Sequence[Pair]) -> dict[Pair, str]:
+def againsts(pairs: Sequence[Pair]) -> dict[Pair, str]:
     """Each comparison's `against` in a look's key: an arm's first comparison is against its parent, its
-    second against the control (grids/deciding.py submitted_pairs lists the parent first)."""
+    second against the control (grids/deciding.py submitted_pairs lists the parent first). The simulations'
+    grids key their looks the same way (bench/decide_looks.py)."""
     seen: set[str] = set()
     out = {}
     for arm, other in pairs:
@@ -66,7 +67,7 @@ def simulated_grid(decide: DecideSpec, seed_hours: Mapping[str, float], comparis
     arms = list(dict.fromkeys(a for pair in pairs for a in pair))
     per_image = {a: (image_hours or {}).get(a, 0.0) for a in arms}
     metric = next(iter(decide.margin))
-    against = _againsts(pairs)
+    against = againsts(pairs)
     borrowed = bool(decide.borrow_from)
     seeds = dict.fromkeys(arms, decide.min_seeds)
     n_now, asked = images, None
